@@ -1,0 +1,189 @@
+/*
+ * gptoss.h - the public C API of gptoss.
+ *
+ * One header a user reads to use the library: load a gpt-oss checkpoint, create a backend
+ * (CPU reference or CUDA), and run batch plans through it. The CLI and the server are built
+ * on exactly this API.
+ *
+ * Conventions:
+ *   - Every function that can fail returns a gptoss_status and, when given a non-NULL
+ *     gptoss_error, fills it with a message a user can act on.
+ *   - Handles are opaque. Whoever creates a handle frees it with the matching _free call.
+ *   - Nothing here prints; progress goes through an optional callback.
+ */
+#ifndef GPTOSS_H
+#define GPTOSS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------- */
+/* Errors                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum gptoss_status {
+    GPTOSS_OK = 0,
+    GPTOSS_ERR_INVALID_ARGUMENT = 1, /* a caller passed something out of range */
+    GPTOSS_ERR_IO = 2,               /* a file could not be opened, read, written or mapped */
+    GPTOSS_ERR_FORMAT = 3,           /* a file's contents are malformed */
+    GPTOSS_ERR_MODEL = 4,            /* well-formed files that do not describe a valid model */
+    GPTOSS_ERR_UNSUPPORTED = 5,      /* valid, but not something gptoss implements */
+    GPTOSS_ERR_OUT_OF_MEMORY = 6,    /* host or device allocation failed */
+    GPTOSS_ERR_BACKEND = 7,          /* the compute backend failed (e.g. a CUDA error) */
+    GPTOSS_ERR_CAPACITY = 8,         /* a fixed capacity (KV blocks, queue) is exhausted */
+} gptoss_status;
+
+#define GPTOSS_ERROR_MESSAGE_MAX 1024
+
+typedef struct gptoss_error {
+    gptoss_status status;                   /* copy of the returned status */
+    char message[GPTOSS_ERROR_MESSAGE_MAX]; /* NUL-terminated, human readable */
+} gptoss_error;
+
+/* A short stable name for a status, e.g. "format error". Never NULL. */
+const char *gptoss_status_name(gptoss_status status);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Model configuration (config.json, validated)                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+#define GPTOSS_MAX_LAYERS 256
+
+typedef struct gptoss_config {
+    int32_t n_layers;            /* num_hidden_layers */
+    int32_t hidden_size;         /* H: residual width (2880 in the real models) */
+    int32_t intermediate_size;   /* I: expert MLP width; gate_up has 2*I rows */
+    int32_t n_heads;             /* query heads (64) */
+    int32_t n_kv_heads;          /* KV heads (8); n_heads % n_kv_heads == 0 */
+    int32_t head_dim;            /* D (64); read from the file, never derived */
+    int32_t n_experts;           /* num_local_experts */
+    int32_t n_experts_per_token; /* top-k (4) */
+    int32_t vocab_size;          /* embedding and lm_head rows */
+    int32_t sliding_window;      /* window of sliding layers, in tokens, including self */
+    int32_t max_position_embeddings;
+    double rope_theta;           /* RoPE base */
+    double rope_scaling_factor;  /* YaRN factor f (32) */
+    double rope_beta_fast;       /* YaRN beta_fast (32) */
+    double rope_beta_slow;       /* YaRN beta_slow (1) */
+    int32_t rope_original_max_position_embeddings; /* YaRN L0 (4096) */
+    bool rope_truncate;          /* round the YaRN ramp bounds (false for gpt-oss) */
+    double rms_norm_eps;         /* 1e-5 */
+    double swiglu_limit;         /* clamp of the SwiGLU inputs (7.0) */
+    double swiglu_alpha;         /* sigmoid slope (1.702) */
+    int32_t eos_token_id;        /* config.json eos_token_id (first, if a list) */
+    int32_t pad_token_id;        /* config.json pad_token_id, or -1 */
+    bool layer_is_sliding[GPTOSS_MAX_LAYERS]; /* from layer_types */
+} gptoss_config;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Models                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct gptoss_model gptoss_model;
+
+/* Loads a Hugging Face gpt-oss model folder: config.json, tokenizer.json and the safetensors
+ * weights (one file or sharded with model.safetensors.index.json), memory-mapped, zero-copy.
+ * Every header, dtype, shape and byte range is validated; missing and unexpected tensors are
+ * listed in the error. On success *out owns the mappings until gptoss_model_free. */
+gptoss_status gptoss_model_load(const char *dir, gptoss_model **out, gptoss_error *error);
+
+/* Frees a model from gptoss_model_load. NULL is allowed. */
+void gptoss_model_free(gptoss_model *model);
+
+/* The model's validated configuration; valid while the model lives. */
+const gptoss_config *gptoss_model_config(const gptoss_model *model);
+
+/* The folder the model was loaded from. */
+const char *gptoss_model_dir(const gptoss_model *model);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Batch plans: the seam between the engine and a backend                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * One step of work for a backend. Tokens are grouped by sequence (varlen, no padding):
+ * sequence s owns tokens [seq_token_start[s], seq_token_start[s+1]). Its new tokens sit at
+ * positions seq_n_cached[s], seq_n_cached[s]+1, ... and the backend writes their K and V into
+ * the KV pages named by the sequence's block table before attending over
+ * [0, position] (or the sliding window).
+ *
+ * KV paging: position p of sequence s lives in physical block
+ * block_tables[s * max_blocks_per_seq + p / kv_block_size], slot p % kv_block_size.
+ * Full-attention layers use block_tables; sliding-window layers use sliding_block_tables
+ * (a separate pool of the same block size), or block_tables again when it is NULL. Entries a
+ * step never touches may be -1 (e.g. sliding blocks that fell out of every window).
+ */
+typedef struct gptoss_batch_plan {
+    int32_t n_tokens;                    /* new tokens this step, all sequences */
+    const int32_t *token_ids;            /* [n_tokens] */
+    const int32_t *positions;            /* [n_tokens] absolute positions */
+    int32_t n_seqs;                      /* sequences in this step */
+    const int32_t *seq_token_start;      /* [n_seqs + 1] prefix offsets into token_ids */
+    const int32_t *seq_n_cached;         /* [n_seqs] tokens already in the KV cache */
+    int32_t max_blocks_per_seq;          /* row stride of the block tables */
+    const int32_t *block_tables;         /* [n_seqs, max_blocks_per_seq] full-layer pages */
+    const int32_t *sliding_block_tables; /* same shape for sliding layers, or NULL */
+    int32_t n_logits;                    /* rows of logits wanted */
+    const int32_t *logit_token_index;    /* [n_logits] indices into token_ids */
+} gptoss_batch_plan;
+
+/* Checks a plan against a backend's KV geometry: offsets monotone, positions equal
+ * n_cached + i, block ids in range and present where needed, logit indices valid. */
+gptoss_status gptoss_batch_plan_validate(const gptoss_batch_plan *plan, const gptoss_config *config,
+                                         int32_t kv_block_size, int32_t n_kv_blocks,
+                                         int32_t n_sliding_kv_blocks, gptoss_error *error);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Backends                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum gptoss_backend_kind {
+    GPTOSS_BACKEND_CPU = 0,
+    GPTOSS_BACKEND_CUDA = 1,
+} gptoss_backend_kind;
+
+typedef void (*gptoss_progress_fn)(void *user, const char *what, double fraction);
+
+typedef struct gptoss_backend_options {
+    gptoss_backend_kind kind;
+    int32_t n_threads;           /* CPU: worker threads, 0 = all cores */
+    int32_t kv_block_size;       /* tokens per KV page (default 16) */
+    int32_t n_kv_blocks;         /* pages in the full-attention pool */
+    int32_t n_sliding_kv_blocks; /* pages in the sliding pool; 0 = n_kv_blocks */
+    int32_t device;              /* CUDA device ordinal */
+    gptoss_progress_fn progress; /* optional: weight upload progress */
+    void *progress_user;
+} gptoss_backend_options;
+
+/* Defaults: CPU, all cores, 16-token pages, 256 pages. */
+gptoss_backend_options gptoss_backend_options_default(void);
+
+typedef struct gptoss_backend gptoss_backend;
+
+/* Creates a backend for a loaded model; the model must outlive the backend. */
+gptoss_status gptoss_backend_create(const gptoss_model *model, const gptoss_backend_options *options,
+                                    gptoss_backend **out, gptoss_error *error);
+
+/* Runs one plan. logits: [plan->n_logits, vocab_size] float32, written row by row in the
+ * order of plan->logit_token_index. The plan is validated first; a bad plan changes nothing. */
+gptoss_status gptoss_backend_forward(gptoss_backend *backend, const gptoss_batch_plan *plan,
+                                     float *logits, gptoss_error *error);
+
+/* The backend's name ("cpu", "cuda"). */
+const char *gptoss_backend_name(const gptoss_backend *backend);
+
+void gptoss_backend_free(gptoss_backend *backend);
+
+/* Whether this build includes the CUDA backend. */
+bool gptoss_has_cuda(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GPTOSS_H */

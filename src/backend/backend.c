@@ -1,0 +1,156 @@
+/*
+ * backend.c - the public gptoss_backend_* API: option defaults, plan validation, and dispatch
+ * to the chosen backend's ops table (backend.h). Validation lives here, once, so no backend
+ * ever sees a plan that could make it read or write outside its KV pools.
+ */
+#include "backend/backend.h"
+#include "util/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct gptoss_backend {
+    const gptoss_backend_ops *ops;
+    void *state;
+    const gptoss_model *model;
+    gptoss_backend_options options; /* defaults resolved */
+};
+
+gptoss_backend_options gptoss_backend_options_default(void) {
+    gptoss_backend_options o;
+    memset(&o, 0, sizeof o);
+    o.kind = GPTOSS_BACKEND_CPU;
+    o.kv_block_size = 16;
+    o.n_kv_blocks = 256;
+    return o;
+}
+
+bool gptoss_has_cuda(void) {
+#ifdef GPTOSS_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+gptoss_status gptoss_batch_plan_validate(const gptoss_batch_plan *p, const gptoss_config *c, int32_t block_size,
+                                         int32_t n_blocks, int32_t n_sliding_blocks, gptoss_error *error) {
+    if (!p) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "plan is NULL");
+    if (p->n_tokens < 1 || p->n_seqs < 1 || p->n_seqs > p->n_tokens)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "plan: n_tokens (%d) and n_seqs (%d) must be positive with n_seqs <= n_tokens",
+                                p->n_tokens, p->n_seqs);
+    if (!p->token_ids || !p->positions || !p->seq_token_start || !p->seq_n_cached || !p->block_tables)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "plan: a required array is NULL");
+    if (p->n_logits < 0 || p->n_logits > p->n_tokens || (p->n_logits > 0 && !p->logit_token_index))
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "plan: n_logits = %d is invalid", p->n_logits);
+    if (p->max_blocks_per_seq < 1)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "plan: max_blocks_per_seq must be positive");
+    if (p->seq_token_start[0] != 0 || p->seq_token_start[p->n_seqs] != p->n_tokens)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "plan: seq_token_start must run from 0 to n_tokens (%d)", p->n_tokens);
+    for (int32_t t = 0; t < p->n_tokens; t++)
+        if (p->token_ids[t] < 0 || p->token_ids[t] >= c->vocab_size)
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "token id %d at index %d is outside the model's vocabulary [0, %d)",
+                                    p->token_ids[t], t, c->vocab_size);
+    for (int32_t s = 0; s < p->n_seqs; s++) {
+        int32_t begin = p->seq_token_start[s], end = p->seq_token_start[s + 1];
+        if (end <= begin)
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "plan: sequence %d has no tokens", s);
+        int64_t cached = p->seq_n_cached[s];
+        int64_t total = cached + (end - begin);
+        if (cached < 0 || total > (int64_t)p->max_blocks_per_seq * block_size)
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "plan: sequence %d needs %lld KV slots but its block table holds %lld", s,
+                                    (long long)total, (long long)p->max_blocks_per_seq * block_size);
+        if (total > c->max_position_embeddings)
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "plan: sequence %d reaches position %lld, beyond max_position_embeddings (%d)", s,
+                                    (long long)total - 1, c->max_position_embeddings);
+        for (int32_t t = begin; t < end; t++)
+            if (p->positions[t] != cached + (t - begin))
+                return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                        "plan: token %d of sequence %d has position %d, expected %lld", t, s,
+                                        p->positions[t], (long long)(cached + (t - begin)));
+        /* Full layers read [0, total): every block up to there must exist. Sliding layers read
+         * only the last window before each new token. */
+        const int32_t *row = p->block_tables + (size_t)s * p->max_blocks_per_seq;
+        int64_t last_block = (total - 1) / block_size;
+        for (int64_t b = 0; b <= last_block; b++)
+            if (row[b] < 0 || row[b] >= n_blocks)
+                return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                        "plan: sequence %d block table entry %lld = %d is not a block in [0, %d)", s,
+                                        (long long)b, row[b], n_blocks);
+        if (p->sliding_block_tables) {
+            const int32_t *srow = p->sliding_block_tables + (size_t)s * p->max_blocks_per_seq;
+            int64_t first_pos = cached - (c->sliding_window - 1);
+            if (first_pos < 0) first_pos = 0;
+            for (int64_t b = first_pos / block_size; b <= last_block; b++)
+                if (srow[b] < 0 || srow[b] >= n_sliding_blocks)
+                    return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                            "plan: sequence %d sliding block table entry %lld = %d is not a block in "
+                                            "[0, %d)",
+                                            s, (long long)b, srow[b], n_sliding_blocks);
+        }
+    }
+    for (int32_t i = 0; i < p->n_logits; i++)
+        if (p->logit_token_index[i] < 0 || p->logit_token_index[i] >= p->n_tokens)
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "plan: logit_token_index[%d] = %d is out of range",
+                                    i, p->logit_token_index[i]);
+    return GPTOSS_OK;
+}
+
+gptoss_status gptoss_backend_create(const gptoss_model *model, const gptoss_backend_options *options,
+                                    gptoss_backend **out, gptoss_error *error) {
+    *out = NULL;
+    if (!model) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "backend: no model");
+    gptoss_backend_options o = options ? *options : gptoss_backend_options_default();
+    if (o.kv_block_size <= 0) o.kv_block_size = 16;
+    if (o.n_kv_blocks <= 0) o.n_kv_blocks = 256;
+    if (o.n_sliding_kv_blocks <= 0) o.n_sliding_kv_blocks = o.n_kv_blocks;
+    if (o.kv_block_size > 4096)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "backend: kv_block_size %d is too large",
+                                o.kv_block_size);
+    const gptoss_backend_ops *ops = NULL;
+    if (o.kind == GPTOSS_BACKEND_CPU) ops = &gptoss_cpu_backend_ops;
+#ifdef GPTOSS_WITH_CUDA
+    else if (o.kind == GPTOSS_BACKEND_CUDA) ops = &gptoss_cuda_backend_ops;
+#endif
+    else if (o.kind == GPTOSS_BACKEND_CUDA)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "this gptoss was built without CUDA");
+    else return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "unknown backend kind %d", (int)o.kind);
+    gptoss_backend *b = calloc(1, sizeof *b);
+    if (!b) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    b->ops = ops;
+    b->model = model;
+    b->options = o;
+    gptoss_status st = ops->create(model, &b->options, &b->state, error);
+    if (st != GPTOSS_OK) {
+        free(b);
+        return st;
+    }
+    *out = b;
+    return GPTOSS_OK;
+}
+
+gptoss_status gptoss_backend_forward(gptoss_backend *b, const gptoss_batch_plan *plan, float *logits,
+                                     gptoss_error *error) {
+    if (!b) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "backend is NULL");
+    gptoss_status st = gptoss_batch_plan_validate(plan, gptoss_model_config(b->model), b->options.kv_block_size,
+                                                  b->options.n_kv_blocks, b->options.n_sliding_kv_blocks, error);
+    if (st != GPTOSS_OK) return st;
+    if (plan->n_logits > 0 && !logits)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "plan asks for logits but the buffer is NULL");
+    return b->ops->forward(b->state, plan, logits, error);
+}
+
+const char *gptoss_backend_name(const gptoss_backend *b) {
+    return b ? b->ops->name : "none";
+}
+
+void gptoss_backend_free(gptoss_backend *b) {
+    if (!b) return;
+    b->ops->destroy(b->state);
+    free(b);
+}

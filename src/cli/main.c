@@ -1,0 +1,50 @@
+/*
+ * main.c - the gptoss binary: dispatches to one subcommand (see cli.h).
+ */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct cli_command {
+    const char *name;
+    gptoss_cli_fn fn;
+    const char *summary;
+} cli_command;
+
+static const cli_command commands[] = {
+    {"run", gptoss_cmd_run, "generate from a prompt (token ids or text)"},
+    {"info", gptoss_cmd_info, "what a checkpoint holds and what its KV cache costs"},
+    {"make-model", gptoss_cmd_make_model, "write a random-weight checkpoint (tiny, 20b, 120b, config)"},
+    /* more subcommands register here */
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "gptoss %s - inference for OpenAI's gpt-oss models\n\n", GPTOSS_VERSION_STRING);
+    fprintf(out, "usage: gptoss <command> [options]   (gptoss <command> --help for details)\n\n");
+    fprintf(out, "commands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\nbackends: cpu%s\n", gptoss_has_cuda() ? ", cuda" : " (built without CUDA)");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *name = argv[1];
+    if (strcmp(name, "-h") == 0 || strcmp(name, "--help") == 0 || strcmp(name, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(name, "--version") == 0 || strcmp(name, "version") == 0) {
+        printf("gptoss %s\n", GPTOSS_VERSION_STRING);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(commands[i].name, name) == 0) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "gptoss: unknown command '%s'\n\n", name);
+    usage(stderr);
+    return 2;
+}
