@@ -303,7 +303,7 @@ gptoss_status gptoss_config_validate(const gptoss_config *c, gptoss_error *error
     /* Absurd totals: refuse models whose tensors could not be addressed. */
     double bytes = (double)c->vocab_size * c->hidden_size * 4.0 +
                    (double)c->n_layers * c->n_experts * 3.0 * c->intermediate_size * c->hidden_size;
-    if (bytes > 4e12)
+    if (bytes > 1e12)
         return gptoss_set_error(error, GPTOSS_ERR_MODEL, "config: the model would need %.0f GB of weights; refusing",
                                 bytes / 1e9);
     return GPTOSS_OK;

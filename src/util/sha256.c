@@ -77,3 +77,10 @@ void gptoss_sha256_final(gptoss_sha256 *h, uint8_t digest[32]) {
 void gptoss_sha256_hex(const uint8_t digest[32], char out[65]) {
     for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", digest[i]);
 }
+
+void gptoss_sha256_digest(const void *data, size_t len, uint8_t digest[32]) {
+    gptoss_sha256 h;
+    gptoss_sha256_init(&h);
+    gptoss_sha256_update(&h, data, len);
+    gptoss_sha256_final(&h, digest);
+}
