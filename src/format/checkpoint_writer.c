@@ -137,12 +137,9 @@ gptoss_status gptoss_checkpoint_write_random(const gptoss_config *c, const char 
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) total += gptoss_init_tensor_bytes(&tensors[i]);
 
-    /* Greedy sharding in checkpoint order. shard_of[i] = shard index of tensor i. */
-    uint64_t max_shard = options->max_shard_bytes;
-    if (!max_shard) {
-        max_shard = (total + 2) / 3;
-        if (max_shard > DEFAULT_MAX_SHARD_BYTES) max_shard = DEFAULT_MAX_SHARD_BYTES;
-    }
+    /* Sharding in checkpoint order. With an explicit limit: greedy packing under it. By
+     * default, the published layout: n = max(3, ceil(total / 4.6 GB)) shards (3 for 20b, 15
+     * for 120b), each tensor placed by where its first byte falls, empty shards dropped. */
     size_t *shard_of = calloc(n, sizeof *shard_of);
     gptoss_st_write_tensor *views = calloc(n, sizeof *views);
     const char **names = calloc(n, sizeof *names);
@@ -151,22 +148,32 @@ gptoss_status gptoss_checkpoint_write_random(const gptoss_config *c, const char 
         st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
         goto done;
     }
+    uint64_t n_target = (total + DEFAULT_MAX_SHARD_BYTES - 1) / DEFAULT_MAX_SHARD_BYTES;
+    if (n_target < 3) n_target = 3;
     size_t n_shards = 1;
-    uint64_t in_shard = 0;
+    uint64_t in_shard = 0, offset = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t bytes = gptoss_init_tensor_bytes(&tensors[i]);
-        if (!options->single_file && in_shard > 0 && in_shard + bytes > max_shard) {
-            n_shards++;
-            in_shard = 0;
+        if (options->single_file) shard_of[i] = 0;
+        else if (options->max_shard_bytes) {
+            if (in_shard > 0 && in_shard + bytes > options->max_shard_bytes) {
+                n_shards++;
+                in_shard = 0;
+            }
+            shard_of[i] = n_shards - 1;
+            in_shard += bytes;
+        } else {
+            shard_of[i] = (size_t)((double)offset / (double)total * (double)n_target);
+            if (i > 0 && shard_of[i] > shard_of[i - 1]) shard_of[i] = shard_of[i - 1] + 1; /* compact */
         }
-        shard_of[i] = n_shards - 1;
-        in_shard += bytes;
+        offset += bytes;
         views[i].name = tensors[i].name;
         views[i].dtype = tensors[i].dtype;
         views[i].n_dims = tensors[i].n_dims;
         views[i].shape = tensors[i].shape;
         names[i] = tensors[i].name;
     }
+    if (!options->single_file && !options->max_shard_bytes) n_shards = shard_of[n - 1] + 1;
     uint64_t done_before = 0;
     for (size_t s = 0, first = 0; s < n_shards; s++) {
         size_t last = first;

@@ -14,7 +14,7 @@
 
 typedef struct gptoss_checkpoint_options {
     uint64_t seed;               /* same seed, same bytes */
-    uint64_t max_shard_bytes;    /* 0 = min(4.6 GB, a third of the model): 3 shards for 20b, 15 for 120b */
+    uint64_t max_shard_bytes;    /* 0 = the published layout: 3 shards for 20b, 15 for 120b */
     bool single_file;            /* write model.safetensors without an index */
     const char *tokenizer_dir;   /* folder holding tokenizer.json (+ tokenizer_config.json); NULL = none */
     gptoss_progress_fn progress; /* optional */

@@ -42,12 +42,28 @@ N_PROBES = 16
 
 
 def checkpoint_sha256(folder):
+    """SHA-256 over every tensor, in name order: name, NUL, dtype, NUL, shape as decimal
+    numbers joined by ',', NUL, then the tensor's bytes. Independent of how the tensors are
+    split into shards or ordered in a file."""
+    tensors = []
+    for file in os.listdir(folder):
+        if not file.endswith(".safetensors"):
+            continue
+        with open(os.path.join(folder, file), "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+            data_start = 8 + n
+        for name, entry in header.items():
+            if name != "__metadata__":
+                tensors.append((name, entry, os.path.join(folder, file), data_start))
     h = hashlib.sha256()
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
-            with open(os.path.join(folder, name), "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
+    for name, entry, path, data_start in sorted(tensors, key=lambda t: t[0].encode()):
+        h.update(name.encode() + b"\0" + entry["dtype"].encode() + b"\0")
+        h.update(",".join(str(d) for d in entry["shape"]).encode() + b"\0")
+        begin, end = entry["data_offsets"]
+        with open(path, "rb") as f:
+            f.seek(data_start + begin)
+            h.update(f.read(end - begin))
     return h.hexdigest()
 
 

@@ -11,6 +11,7 @@
 #include "model_fixture.h"
 #include "test_support.h"
 
+#include "format/safetensors.h"
 #include "util/sha256.h"
 
 #include <dirent.h>
@@ -20,31 +21,57 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* SHA-256 over every tensor in name order (name, NUL, dtype, NUL, shape "d0,d1,...", NUL,
+ * bytes): the definition make_golden.py uses, independent of sharding. */
+typedef struct named_tensor {
+    const gptoss_st_tensor *tensor;
+} named_tensor;
+
+static int by_name(const void *a, const void *b) {
+    return strcmp(((const named_tensor *)a)->tensor->name, ((const named_tensor *)b)->tensor->name);
+}
+
 static void checkpoint_sha256(const char *dir, char hex[65]) {
     struct dirent **names = NULL;
     int n = scandir(dir, &names, NULL, alphasort);
     assert_true(n > 0);
-    gptoss_sha256 h;
-    gptoss_sha256_init(&h);
+    gptoss_st_file *files[64];
+    int n_files = 0;
+    size_t n_tensors = 0;
     for (int i = 0; i < n; i++) {
         const char *name = names[i]->d_name;
         size_t len = strlen(name);
-        if (len > 12 && strcmp(name + len - 12, ".safetensors") == 0) {
+        if (len > 12 && strcmp(name + len - 12, ".safetensors") == 0 && n_files < 64) {
             char *path = ts_path(dir, name);
-            FILE *f = fopen(path, "rb");
-            assert_non_null(f);
-            static unsigned char buf[1 << 16];
-            size_t got;
-            while ((got = fread(buf, 1, sizeof buf, f)) > 0) gptoss_sha256_update(&h, buf, got);
-            fclose(f);
+            gptoss_error err = {0};
+            if (gptoss_st_open(path, &files[n_files], &err) != GPTOSS_OK) fail_msg("%s", err.message);
+            n_tensors += files[n_files++]->n_tensors;
             free(path);
         }
         free(names[i]);
     }
     free(names);
+    named_tensor *all = malloc(n_tensors * sizeof *all);
+    size_t k = 0;
+    for (int f = 0; f < n_files; f++)
+        for (size_t t = 0; t < files[f]->n_tensors; t++) all[k++].tensor = &files[f]->tensors[t];
+    qsort(all, n_tensors, sizeof *all, by_name);
+    gptoss_sha256 h;
+    gptoss_sha256_init(&h);
+    for (size_t i = 0; i < n_tensors; i++) {
+        const gptoss_st_tensor *t = all[i].tensor;
+        char meta[512];
+        int len = snprintf(meta, sizeof meta, "%s%c%s%c", t->name, 0, gptoss_dtype_name(t->dtype), 0);
+        for (int32_t d = 0; d < t->n_dims; d++) len += snprintf(meta + len, sizeof meta - (size_t)len, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        meta[len++] = 0;
+        gptoss_sha256_update(&h, meta, (size_t)len);
+        gptoss_sha256_update(&h, t->data, (size_t)(t->end - t->begin));
+    }
     uint8_t digest[32];
     gptoss_sha256_final(&h, digest);
     gptoss_sha256_hex(digest, hex);
+    free(all);
+    for (int f = 0; f < n_files; f++) gptoss_st_close(files[f]);
 }
 
 static void check_fixture(const char *name) {

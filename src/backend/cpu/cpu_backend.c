@@ -87,6 +87,16 @@ static inline float bf16_at(const uint8_t *p, size_t i) {
     return gptoss_bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
 }
 
+/* Widens n bf16 values (possibly unaligned) to f32; written so the compiler vectorizes it. */
+static void widen_bf16_row(float *dst, const uint8_t *src, int32_t n) {
+    for (int32_t c = 0; c < n; c++) {
+        uint16_t h;
+        memcpy(&h, src + 2 * (size_t)c, 2);
+        uint32_t u = (uint32_t)h << 16;
+        memcpy(&dst[c], &u, 4);
+    }
+}
+
 /* Dot product with eight independent partial sums (a fixed order, so results are the same for
  * every call with the same inputs). */
 static float dot(const float *a, const float *b, int32_t n) {
@@ -110,7 +120,7 @@ static void matmul_bf16(float *out, const float *x, int32_t n, const gptoss_tens
 #pragma omp for schedule(static)
         for (int32_t r = 0; r < rows; r++) {
             const uint8_t *src = base + (size_t)r * cols * 2;
-            for (int32_t c = 0; c < cols; c++) row[c] = bf16_at(src, (size_t)c);
+            widen_bf16_row(row, src, cols);
             float b = bias ? bias[r] : 0.0f;
             for (int32_t t = 0; t < n; t++) out[(size_t)t * rows + r] = dot(x + (size_t)t * cols, row, cols) + b;
         }
