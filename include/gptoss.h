@@ -158,6 +158,7 @@ typedef struct gptoss_backend_options {
     int32_t device;              /* CUDA device ordinal */
     gptoss_progress_fn progress; /* optional: weight upload progress */
     void *progress_user;
+    bool layer_stats;            /* CPU: print each layer's residual RMS and max to stderr */
 } gptoss_backend_options;
 
 /* Defaults: CPU, all cores, 16-token pages, 256 pages. */

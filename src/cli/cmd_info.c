@@ -73,8 +73,7 @@ int gptoss_cmd_info(int argc, char **argv) {
            bytes / 1e9, mx_bytes / 1e9, (bytes - mx_bytes) / 1e9);
     printf("parameters: %lld total (%.2f B); %lld active per token excluding the embedding table (%.2f B)\n",
            (long long)gptoss_config_n_params(c), gptoss_config_n_params(c) / 1e9,
-           (long long)(gptoss_config_n_active_params(c) - (int64_t)c->vocab_size * c->hidden_size),
-           (gptoss_config_n_active_params(c) - (double)c->vocab_size * c->hidden_size) / 1e9);
+           (long long)gptoss_config_n_active_params(c), gptoss_config_n_active_params(c) / 1e9);
     int64_t kv = gptoss_config_kv_dim(c);
     int64_t per_token_full = (c->n_layers - n_sliding) * 2 * kv * 2; /* K and V, bf16 */
     int64_t sliding_total = (int64_t)n_sliding * 2 * kv * 2 * c->sliding_window;

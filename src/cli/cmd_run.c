@@ -1,18 +1,22 @@
 /*
  * cmd_run.c - `gptoss run`: greedy generation for one prompt of token ids, with an optional
  * dump of every prompt position's logits so others can check the model independently.
+ * A text prompt (-p TEXT) is handed to cli_run_text (cmd_chat.c), which renders it as a chat
+ * and streams decoded text; this file keeps the ids-in, ids-out path.
  */
 #include "cli.h"
 #include "model/config.h"
 #include "util/error.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static void help(FILE *out) {
     fprintf(out,
-            "usage: gptoss run -m DIR --tokens \"ID ID ...\" [-n N] [options]\n\n"
+            "usage: gptoss run -m DIR --tokens \"ID ID ...\" [-n N] [options]\n"
+            "       gptoss run -m DIR -p TEXT [options]   (a chat prompt; see gptoss run -p x --help)\n\n"
             "Runs the prompt through the model and generates greedily, printing generated token ids.\n\n"
             "options:\n"
             "  -m, --model DIR       Hugging Face gpt-oss folder (config.json, tokenizer.json, safetensors)\n"
@@ -24,12 +28,34 @@ static void help(FILE *out) {
             "  --ignore-eos          do not stop at <|return|>, <|call|> or the config's eos id\n"
             "  --backend cpu|cuda    compute backend (default: cuda when built with it, else cpu)\n"
             "  -t, --threads N       CPU threads (default: all cores)\n"
-            "  --chunk N             prefill the prompt in chunks of N tokens (default: all at once)\n");
+            "  --chunk N             prefill the prompt in chunks of N tokens (default: all at once)\n"
+            "  --stats               print each layer's residual statistics and the logit spread\n"
+            "                        (CPU backend), to check a model is numerically healthy\n");
 }
 
 static gptoss_status write_logits_header(FILE *f, int32_t rows, int32_t vocab) {
     fprintf(f, "{\"shape\":[%d,%d],\"dtype\":\"float32\",\"order\":\"row-major\",\"endian\":\"little\"}\n", rows, vocab);
     return GPTOSS_OK;
+}
+
+/* Spread of one logits row: a model whose logits are flat (all equal) is broken even if finite. */
+static void print_logit_stats(const float *row, int32_t vocab) {
+    double mean = 0, sq = 0, max = -INFINITY, z = 0, entropy = 0;
+    int32_t n_bad = 0;
+    for (int32_t v = 0; v < vocab; v++) {
+        if (!isfinite(row[v])) n_bad++;
+        mean += row[v], sq += (double)row[v] * row[v];
+        if (row[v] > max) max = row[v];
+    }
+    mean /= vocab;
+    for (int32_t v = 0; v < vocab; v++) z += exp(row[v] - max);
+    for (int32_t v = 0; v < vocab; v++) {
+        double p = exp(row[v] - max) / z;
+        if (p > 0) entropy -= p * log(p);
+    }
+    fprintf(stderr, "last position logits: mean %.4g, std %.4g, max %.4g, softmax entropy %.3f nats (uniform: %.3f), "
+                    "%d non-finite\n",
+            mean, sqrt(sq / vocab - mean * mean), max, entropy, log((double)vocab), n_bad);
 }
 
 static bool is_stop(const gptoss_config *c, int32_t id) {
@@ -39,7 +65,9 @@ static bool is_stop(const gptoss_config *c, int32_t id) {
 int gptoss_cmd_run(int argc, char **argv) {
     const char *model_dir = NULL, *tokens_text = NULL, *logits_path = NULL, *backend_name = NULL;
     int64_t max_tokens = 16, threads = 0, chunk = 0;
-    bool ignore_eos = false;
+    bool ignore_eos = false, stats = false;
+    for (int i = 1; i < argc; i++) /* a text prompt: the chat path */
+        if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) return cli_run_text(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has_value = i + 1 < argc;
@@ -51,6 +79,7 @@ int gptoss_cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--logits") && has_value) logits_path = argv[++i];
         else if (!strcmp(a, "--backend") && has_value) backend_name = argv[++i];
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
+        else if (!strcmp(a, "--stats")) stats = true;
         else if ((!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) && has_value) {
             if (!cli_parse_i64(argv[++i], 0, 1 << 20, &max_tokens)) return cli_usage_error("run", "-n needs an integer in [0, 1048576]");
         } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && has_value) {
@@ -89,6 +118,7 @@ int gptoss_cmd_run(int argc, char **argv) {
         }
     }
     options.n_threads = (int32_t)threads;
+    options.layer_stats = stats;
     options.progress = cli_progress;
     int64_t total = n_prompt + max_tokens;
     int32_t block_size = options.kv_block_size;
@@ -149,6 +179,8 @@ int gptoss_cmd_run(int argc, char **argv) {
         }
         logits_file = NULL;
     }
+
+    if (stats) print_logit_stats(logits, vocab);
 
     /* Greedy decode. */
     int32_t n_generated = 0;

@@ -16,6 +16,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,6 +61,7 @@ typedef struct cpu_state {
     float *inv_freq;         /* [D/2] YaRN inverse frequencies */
     float concentration;     /* YaRN attention scaling on cos and sin */
     float mxfp4_scale[256];  /* 2^(s-127) for every E8M0 byte (255 = NaN) */
+    bool layer_stats;        /* print residual statistics per layer (diagnostics) */
     int32_t block_size;      /* tokens per KV page */
     int32_t n_full_layers, n_sliding_layers;
     int32_t n_blocks, n_sliding_blocks;
@@ -202,6 +204,7 @@ static gptoss_status cpu_create(const gptoss_model *model, const gptoss_backend_
     st->config = c;
     st->weights = gptoss_model_weights(model);
     st->block_size = o->kv_block_size;
+    st->layer_stats = o->layer_stats;
     st->n_blocks = o->n_kv_blocks;
     st->n_sliding_blocks = o->n_sliding_kv_blocks;
     if (o->n_threads > 0) omp_set_num_threads(o->n_threads);
@@ -472,6 +475,14 @@ static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float
         /* MoE block: norm, router, experts, weighted sum, residual add. */
         for (int32_t t = 0; t < n; t++) rmsnorm(s->t + (size_t)t * H, s->x + (size_t)t * H, L->mlp_norm, H, c->rms_norm_eps);
         moe(st, l, n);
+        if (st->layer_stats) {
+            /* Residual stream of the step's last token: finite, and neither vanishing nor exploding. */
+            const float *x = s->x + (size_t)(n - 1) * H;
+            double sq = 0, max_abs = 0;
+            for (int32_t h = 0; h < H; h++) sq += (double)x[h] * x[h], max_abs = fmax(max_abs, fabs(x[h]));
+            fprintf(stderr, "layer %3d%s: residual rms %.4g, max |x| %.4g\n", l, c->layer_is_sliding[l] ? " (sliding)" : "",
+                    sqrt(sq / H), max_abs);
+        }
     }
 
     /* logits = RMSNorm(x, final) . lm_head^T for the tokens that need them. */
