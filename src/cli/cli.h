@@ -18,6 +18,13 @@ typedef int (*gptoss_cli_fn)(int argc, char **argv);
 int gptoss_cmd_run(int argc, char **argv);
 int gptoss_cmd_info(int argc, char **argv);
 int gptoss_cmd_make_model(int argc, char **argv);
+int gptoss_cmd_bench(int argc, char **argv);
+int gptoss_cmd_tokenize(int argc, char **argv);
+int gptoss_cmd_detokenize(int argc, char **argv);
+int gptoss_cmd_chat(int argc, char **argv);
+int cli_run_text(int argc, char **argv); /* gptoss run -p TEXT (cmd_chat.c) */
+int gptoss_cmd_serve(int argc, char **argv);
+int gptoss_cmd_bench_serve(int argc, char **argv);
 
 /* Prints "gptoss: <message>" for an error to stderr and returns 1. */
 int cli_fail(const gptoss_error *error);

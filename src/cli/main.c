@@ -16,6 +16,12 @@ static const cli_command commands[] = {
     {"run", gptoss_cmd_run, "generate from a prompt (token ids or text)"},
     {"info", gptoss_cmd_info, "what a checkpoint holds and what its KV cache costs"},
     {"make-model", gptoss_cmd_make_model, "write a random-weight checkpoint (tiny, 20b, 120b, config)"},
+    {"tokenize", gptoss_cmd_tokenize, "text on stdin -> o200k_harmony token ids"},
+    {"detokenize", gptoss_cmd_detokenize, "token ids on stdin -> text"},
+    {"chat", gptoss_cmd_chat, "interactive chat in the terminal (streams reasoning and answer)"},
+    {"bench", gptoss_cmd_bench, "prefill/decode tokens/s on this GPU (llama-bench style table)"},
+    {"serve", gptoss_cmd_serve, "OpenAI-compatible HTTP server"},
+    {"bench-serve", gptoss_cmd_bench_serve, "load generator for any OpenAI-compatible server"},
     /* more subcommands register here */
 };
 
