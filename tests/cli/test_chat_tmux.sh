@@ -23,8 +23,11 @@ fail() {
 }
 screen() { tm capture-pane -p -J -S - -t chat; }
 # wait_for PATTERN SECONDS: polls the screen until grep -E matches.
+# Sanitizer builds run several times slower: every wait stretches by the same factor.
+slow=1
+[ "${GPTOSS_SANITIZE:-0}" = 1 ] && slow=6
 wait_for() {
-    local deadline=$((SECONDS + $2))
+    local deadline=$((SECONDS + $2 * slow))
     while [ $SECONDS -lt $deadline ]; do
         screen | grep -qE -- "$1" && return 0
         sleep 0.2
@@ -44,7 +47,7 @@ tm send-keys -t chat "Hello, who are you?" Enter
 wait_for '^> Hello, who are you\?' 5 || fail "the question was not echoed"
 # Something must stream after the question (reasoning, answer or a tool call line).
 answer_appeared() { screen | sed -n '/^> Hello, who are you?/,$p' | sed 1d | grep -qE '[^[:space:]]'; }
-deadline=$((SECONDS + 20))
+deadline=$((SECONDS + 20 * slow))
 until answer_appeared; do
     [ $SECONDS -lt $deadline ] || fail "no answer text within 20 s"
     sleep 0.2
