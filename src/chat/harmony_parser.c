@@ -463,7 +463,7 @@ static bool parse_header(gptoss_harmony_parser *p, char *why, size_t why_size, c
         if (again && (cut_channel(again, &dummy, true) || true)) {
             size_t count = split_words(again, &all);
             if (from > count) from = count;
-            *leftover = join_words(all + from, count - from);
+            *leftover = all ? join_words(all + from, count - from) : NULL;
         }
         free(dummy);
         free(all);
@@ -503,7 +503,7 @@ static void recover_header(gptoss_harmony_parser *p, int32_t stop_token, gptoss_
         p->current.role = role;
         first = 1;
     }
-    char *text = join_words(words + first, n - first);
+    char *text = words ? join_words(words + first, n - first) : NULL;
     free(words);
     free(s);
     begin_message(p);

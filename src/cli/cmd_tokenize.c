@@ -61,7 +61,8 @@ typedef struct tok_options {
 } tok_options;
 
 /* Returns -1 to continue, or the exit status to return now. */
-static int parse_options(const char *cmd, int argc, char **argv, bool is_tokenize, tok_options *opt) {
+static int parse_options(const char *cmd, int argc, char **argv, bool is_tokenize,
+                         tok_options *opt) {
     memset(opt, 0, sizeof *opt);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -84,12 +85,16 @@ static int parse_options(const char *cmd, int argc, char **argv, bool is_tokeniz
             return cli_usage_error(cmd, "unknown option '%s'", a);
         }
     }
-    if (opt->model_dir && opt->tokenizer_path) return cli_usage_error(cmd, "give either -m DIR or --tokenizer FILE, not both");
-    if (!opt->model_dir && !opt->tokenizer_path) return cli_usage_error(cmd, "which tokenizer? give -m DIR (a model folder) or --tokenizer FILE");
+    if (opt->model_dir && opt->tokenizer_path)
+        return cli_usage_error(cmd, "give either -m DIR or --tokenizer FILE, not both");
+    if (!opt->model_dir && !opt->tokenizer_path)
+        return cli_usage_error(cmd,
+                               "which tokenizer? give -m DIR (a model folder) or --tokenizer FILE");
     return -1;
 }
 
-static gptoss_status load_tokenizer(const tok_options *opt, gptoss_tokenizer **tok, gptoss_error *err) {
+static gptoss_status load_tokenizer(const tok_options *opt, gptoss_tokenizer **tok,
+                                    gptoss_error *err) {
     if (opt->tokenizer_path) return gptoss_tokenizer_load(opt->tokenizer_path, tok, err);
     size_t n = strlen(opt->model_dir) + sizeof "/tokenizer.json";
     char *path = malloc(n);
@@ -111,7 +116,8 @@ static gptoss_status read_stdin(char **data, size_t *len, gptoss_error *err) {
             char *grown = realloc(buf, cap);
             if (!grown) {
                 free(buf);
-                return gptoss_set_error(err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory reading stdin (%zu bytes so far)", n);
+                return gptoss_set_error(err, GPTOSS_ERR_OUT_OF_MEMORY,
+                                        "out of memory reading stdin (%zu bytes so far)", n);
             }
             buf = grown;
         }
@@ -129,7 +135,8 @@ static gptoss_status read_stdin(char **data, size_t *len, gptoss_error *err) {
     return GPTOSS_OK;
 }
 
-static int run_bench(const gptoss_tokenizer *tok, const char *text, size_t len, bool special, double load_s) {
+static int run_bench(const gptoss_tokenizer *tok, const char *text, size_t len, bool special,
+                     double load_s) {
     gptoss_tokens ids = {0};
     gptoss_error err = {0};
     double best = 1e30, start = cli_now_seconds();
@@ -150,8 +157,10 @@ static int run_bench(const gptoss_tokenizer *tok, const char *text, size_t len, 
     }
     gptoss_tokens_free(&ids);
     printf("tokenizer load: %.3f s\n", load_s);
-    printf("input: %zu bytes, %zu tokens (%.2f bytes/token)\n", len, n_tokens, n_tokens ? (double)len / (double)n_tokens : 0.0);
-    printf("encode: best of %d runs %.4f s = %.2f MB/s, %.2f M tokens/s\n", runs, best, (double)len / best / 1e6, (double)n_tokens / best / 1e6);
+    printf("input: %zu bytes, %zu tokens (%.2f bytes/token)\n", len, n_tokens,
+           n_tokens ? (double)len / (double)n_tokens : 0.0);
+    printf("encode: best of %d runs %.4f s = %.2f MB/s, %.2f M tokens/s\n", runs, best,
+           (double)len / best / 1e6, (double)n_tokens / best / 1e6);
     return 0;
 }
 
@@ -183,7 +192,8 @@ int gptoss_cmd_tokenize(int argc, char **argv) {
         return cli_fail(&err);
     }
     if (opt.json) putchar('[');
-    for (size_t i = 0; i < ids.n; i++) printf(i ? (opt.json ? ",%d" : " %d") : "%d", ids.ids[i]);
+    for (size_t i = 0; i < ids.n; i++)
+        printf(i ? (opt.json ? ",%d" : " %d") : "%d", ids.ids[i]);
     if (opt.json) putchar(']');
     putchar('\n');
     gptoss_tokens_free(&ids);
@@ -203,7 +213,8 @@ static bool is_space(char c) {
 /* Parses ids: "1 2,3" or "[1, 2, 3]". On failure prints what and where, returns false. */
 static bool parse_ids(const char *text, size_t len, gptoss_tokens *ids) {
     size_t i = 0;
-    while (i < len && is_space(text[i])) i++;
+    while (i < len && is_space(text[i]))
+        i++;
     bool array = i < len && text[i] == '[';
     if (array) i++;
     bool need_separator = false, closed = false;
@@ -216,7 +227,10 @@ static bool parse_ids(const char *text, size_t len, gptoss_tokens *ids) {
         }
         if (c == ',') {
             if (!need_separator) {
-                fprintf(stderr, "gptoss detokenize: unexpected ',' at byte %zu of the input (empty entry)\n", i);
+                fprintf(
+                    stderr,
+                    "gptoss detokenize: unexpected ',' at byte %zu of the input (empty entry)\n",
+                    i);
                 return false;
             }
             need_separator = false;
@@ -226,9 +240,12 @@ static bool parse_ids(const char *text, size_t len, gptoss_tokens *ids) {
         if (array && c == ']') {
             closed = true;
             i++;
-            while (i < len && is_space(text[i])) i++;
+            while (i < len && is_space(text[i]))
+                i++;
             if (i < len) {
-                fprintf(stderr, "gptoss detokenize: unexpected data after ']' at byte %zu of the input\n", i);
+                fprintf(stderr,
+                        "gptoss detokenize: unexpected data after ']' at byte %zu of the input\n",
+                        i);
                 return false;
             }
             break;
@@ -238,7 +255,8 @@ static bool parse_ids(const char *text, size_t len, gptoss_tokens *ids) {
             return false;
         }
         size_t start = i;
-        while (i < len && !is_space(text[i]) && text[i] != ',' && text[i] != ']' && text[i] != '[') i++;
+        while (i < len && !is_space(text[i]) && text[i] != ',' && text[i] != ']' && text[i] != '[')
+            i++;
         if (i == start) i++; /* a lone '[' or ']' out of place */
         int64_t v;
         char word[32];
@@ -250,7 +268,9 @@ static bool parse_ids(const char *text, size_t len, gptoss_tokens *ids) {
             ok = cli_parse_i64(word, 0, INT32_MAX, &v);
         }
         if (!ok) {
-            fprintf(stderr, "gptoss detokenize: '%.*s' at byte %zu of the input is not a token id (expected a non-negative integer)\n",
+            fprintf(stderr,
+                    "gptoss detokenize: '%.*s' at byte %zu of the input is not a token id "
+                    "(expected a non-negative integer)\n",
                     (int)(wlen > 40 ? 40 : wlen), text + start, start);
             return false;
         }
@@ -279,18 +299,25 @@ static void print_json_string(const gptoss_tokenizer *tok, const int32_t *ids, s
         size_t len = 0;
         if (i < n) {
             gptoss_error err = {0};
-            if (gptoss_stream_decoder_push(&dec, ids[i], buf, cap, &len, &err)) len = 0; /* ids were checked */
+            if (gptoss_stream_decoder_push(&dec, ids[i], buf, cap, &len, &err))
+                len = 0; /* ids were checked */
         } else {
             gptoss_stream_decoder_flush(&dec, buf, cap, &len);
         }
         for (size_t j = 0; j < len; j++) {
             unsigned char c = (unsigned char)buf[j];
-            if (c == '"' || c == '\\') printf("\\%c", c);
-            else if (c == '\n') fputs("\\n", stdout);
-            else if (c == '\r') fputs("\\r", stdout);
-            else if (c == '\t') fputs("\\t", stdout);
-            else if (c < 0x20 || c == 0x7f) printf("\\u%04x", c);
-            else putchar(c);
+            if (c == '"' || c == '\\')
+                printf("\\%c", c);
+            else if (c == '\n')
+                fputs("\\n", stdout);
+            else if (c == '\r')
+                fputs("\\r", stdout);
+            else if (c == '\t')
+                fputs("\\t", stdout);
+            else if (c < 0x20 || c == 0x7f)
+                printf("\\u%04x", c);
+            else
+                putchar(c);
         }
     }
     fputs("\"\n", stdout);

@@ -23,8 +23,8 @@
 
 #define NO_RANK INT32_MAX
 
-static inline int32_t pair_rank(const gptoss_tokenizer *tok, const unsigned char *piece, size_t start,
-                                size_t end) {
+static inline int32_t pair_rank(const gptoss_tokenizer *tok, const unsigned char *piece,
+                                size_t start, size_t end) {
     int32_t rank = gptoss_tok_rank(tok, piece + start, end - start);
     return rank < 0 ? NO_RANK : rank;
 }
@@ -36,8 +36,10 @@ static gptoss_status bpe_small(const gptoss_tokenizer *tok, const unsigned char 
     uint32_t starts[BPE_SMALL_MAX + 1];
     int32_t ranks[BPE_SMALL_MAX];
     size_t n_parts = len;
-    for (size_t i = 0; i <= len; i++) starts[i] = (uint32_t)i;
-    for (size_t i = 0; i + 1 < len; i++) ranks[i] = pair_rank(tok, piece, i, i + 2);
+    for (size_t i = 0; i <= len; i++)
+        starts[i] = (uint32_t)i;
+    for (size_t i = 0; i + 1 < len; i++)
+        ranks[i] = pair_rank(tok, piece, i, i + 2);
     if (len) ranks[len - 1] = NO_RANK;
     while (n_parts > 1) {
         int32_t best = NO_RANK;
@@ -50,8 +52,10 @@ static gptoss_status bpe_small(const gptoss_tokenizer *tok, const unsigned char 
         }
         if (best == NO_RANK) break;
         /* Merge parts at and at+1: drop boundary at+1. */
-        for (size_t i = at + 1; i < n_parts; i++) starts[i] = starts[i + 1];
-        for (size_t i = at + 1; i + 1 < n_parts; i++) ranks[i] = ranks[i + 1];
+        for (size_t i = at + 1; i < n_parts; i++)
+            starts[i] = starts[i + 1];
+        for (size_t i = at + 1; i + 1 < n_parts; i++)
+            ranks[i] = ranks[i + 1];
         n_parts--;
         ranks[at] = at + 1 < n_parts ? pair_rank(tok, piece, starts[at], starts[at + 2]) : NO_RANK;
         if (at > 0) ranks[at - 1] = pair_rank(tok, piece, starts[at - 1], starts[at + 1]);
@@ -99,7 +103,9 @@ static uint64_t heap_pop(uint64_t *heap, size_t *n) {
 
 static gptoss_status bpe_large(const gptoss_tokenizer *tok, const unsigned char *piece, size_t len,
                                gptoss_tokens *out, gptoss_error *error) {
-    if (len >= UINT32_MAX) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "a single pre-token of %zu bytes is too long to encode", len);
+    if (len >= UINT32_MAX)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "a single pre-token of %zu bytes is too long to encode", len);
     /* Parts are named by their first byte s. next[s]: start of the following part (len for
      * the last; next[len] == len). prev[s]: start of the previous part. pair[s]: rank of the
      * concatenation of part s and the next, NO_RANK if none; pair[s] == NO_RANK also for
@@ -111,7 +117,8 @@ static gptoss_status bpe_large(const gptoss_tokenizer *tok, const unsigned char 
     uint64_t *heap = malloc(heap_cap * sizeof *heap);
     gptoss_status st = GPTOSS_OK;
     if (!next || !prev || !pair || !heap) {
-        st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory encoding a %zu-byte piece", len);
+        st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                              "out of memory encoding a %zu-byte piece", len);
         goto done;
     }
     size_t n_heap = 0;
@@ -138,7 +145,8 @@ static gptoss_status bpe_large(const gptoss_tokenizer *tok, const unsigned char 
             n_heap = 0;
             for (uint32_t s = 0; s < len; s = next[s])
                 if (pair[s] != NO_RANK && s != start) heap[n_heap++] = (uint64_t)pair[s] << 32 | s;
-            for (size_t i = n_heap / 2; i-- > 0;) sift_down(heap, n_heap, i, heap[i]);
+            for (size_t i = n_heap / 2; i-- > 0;)
+                sift_down(heap, n_heap, i, heap[i]);
         }
         pair[start] = end < len ? pair_rank(tok, piece, start, next[end]) : NO_RANK;
         if (pair[start] != NO_RANK) heap_push(heap, &n_heap, (uint64_t)pair[start] << 32 | start);

@@ -15,8 +15,8 @@
 /* The special token that starts at text[0], or NULL. Specials all begin with "<|" in the
  * gpt-oss tokenizer, but any added token works: each is compared in full. When two match,
  * the longer wins. */
-static const gptoss_special_token *special_at(const gptoss_tokenizer *tok, const unsigned char *text,
-                                              size_t avail) {
+static const gptoss_special_token *special_at(const gptoss_tokenizer *tok,
+                                              const unsigned char *text, size_t avail) {
     const gptoss_special_token *best = NULL;
     for (int32_t i = 0; i < tok->n_special; i++) {
         const gptoss_special_token *s = &tok->specials[i];
@@ -29,8 +29,13 @@ static const gptoss_special_token *special_at(const gptoss_tokenizer *tok, const
 
 gptoss_status gptoss_tokenizer_encode(const gptoss_tokenizer *tok, const char *text, size_t len,
                                       bool allow_special, gptoss_tokens *out, gptoss_error *error) {
-    if (!tok || !out || (!text && len)) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_tokenizer_encode: NULL argument");
-    if (len >= UINT32_MAX) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "text of %zu bytes is too long to encode at once (limit 4 GiB)", len);
+    if (!tok || !out || (!text && len))
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "gptoss_tokenizer_encode: NULL argument");
+    if (len >= UINT32_MAX)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "text of %zu bytes is too long to encode at once (limit 4 GiB)",
+                                len);
     const unsigned char *bytes = (const unsigned char *)text;
     size_t n_before = out->n;
     gptoss_status st = GPTOSS_OK;
@@ -39,7 +44,8 @@ gptoss_status gptoss_tokenizer_encode(const gptoss_tokenizer *tok, const char *t
     } else {
         /* Bitmap of the first bytes of special tokens, so most bytes are skipped at once. */
         bool first_byte[256] = {false};
-        for (int32_t i = 0; i < tok->n_special; i++) first_byte[tok->pool[tok->specials[i].offset]] = true;
+        for (int32_t i = 0; i < tok->n_special; i++)
+            first_byte[tok->pool[tok->specials[i].offset]] = true;
         size_t segment = 0;
         for (size_t i = 0; i < len && !st; i++) {
             if (!first_byte[bytes[i]]) continue;

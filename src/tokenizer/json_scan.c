@@ -53,7 +53,8 @@ gptoss_status gptoss_jscan_fail(gptoss_jscan *scan, gptoss_error *error, const c
 
 static void skip_space(gptoss_jscan *scan) {
     const char *p = scan->p;
-    while (p < scan->end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    while (p < scan->end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
     scan->p = p;
 }
 
@@ -78,9 +79,12 @@ gptoss_status gptoss_jscan_expect(gptoss_jscan *scan, char c, gptoss_error *erro
 static gptoss_status scratch_reserve(gptoss_jscan *scan, size_t extra, gptoss_error *error) {
     if (scan->scratch_len + extra + 1 <= scan->scratch_cap) return GPTOSS_OK;
     size_t cap = scan->scratch_cap ? scan->scratch_cap : 256;
-    while (cap < scan->scratch_len + extra + 1) cap *= 2;
+    while (cap < scan->scratch_len + extra + 1)
+        cap *= 2;
     char *grown = realloc(scan->scratch, cap);
-    if (!grown) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory reading %s", scan->what);
+    if (!grown)
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory reading %s",
+                                scan->what);
     scan->scratch = grown;
     scan->scratch_cap = cap;
     return GPTOSS_OK;
@@ -130,10 +134,13 @@ gptoss_status gptoss_jscan_string(gptoss_jscan *scan, gptoss_error *error) {
             scan->p++;
             break;
         }
-        if (c < 0x20) return gptoss_jscan_fail(scan, error, "raw control character 0x%02x in a string", c);
+        if (c < 0x20)
+            return gptoss_jscan_fail(scan, error, "raw control character 0x%02x in a string", c);
         if (c >= 0x80) {
-            size_t len = gptoss_utf8_sequence_length((const unsigned char *)scan->p, (size_t)(scan->end - scan->p));
-            if (len == 0) return gptoss_jscan_fail(scan, error, "invalid UTF-8 byte 0x%02x in a string", c);
+            size_t len = gptoss_utf8_sequence_length((const unsigned char *)scan->p,
+                                                     (size_t)(scan->end - scan->p));
+            if (len == 0)
+                return gptoss_jscan_fail(scan, error, "invalid UTF-8 byte 0x%02x in a string", c);
             if ((st = scratch_reserve(scan, len, error))) return st;
             memcpy(scan->scratch + scan->scratch_len, scan->p, len);
             scan->scratch_len += len;
@@ -142,31 +149,54 @@ gptoss_status gptoss_jscan_string(gptoss_jscan *scan, gptoss_error *error) {
         }
         /* An escape. */
         scan->p++;
-        if (scan->p >= scan->end) return gptoss_jscan_fail(scan, error, "unterminated escape in a string");
+        if (scan->p >= scan->end)
+            return gptoss_jscan_fail(scan, error, "unterminated escape in a string");
         char e = *scan->p++;
         unsigned char out[4];
         size_t out_len = 1;
         switch (e) {
-        case '"': out[0] = '"'; break;
-        case '\\': out[0] = '\\'; break;
-        case '/': out[0] = '/'; break;
-        case 'b': out[0] = '\b'; break;
-        case 'f': out[0] = '\f'; break;
-        case 'n': out[0] = '\n'; break;
-        case 'r': out[0] = '\r'; break;
-        case 't': out[0] = '\t'; break;
+        case '"':
+            out[0] = '"';
+            break;
+        case '\\':
+            out[0] = '\\';
+            break;
+        case '/':
+            out[0] = '/';
+            break;
+        case 'b':
+            out[0] = '\b';
+            break;
+        case 'f':
+            out[0] = '\f';
+            break;
+        case 'n':
+            out[0] = '\n';
+            break;
+        case 'r':
+            out[0] = '\r';
+            break;
+        case 't':
+            out[0] = '\t';
+            break;
         case 'u': {
             uint32_t cp;
-            if (!read_hex4(scan, &cp)) return gptoss_jscan_fail(scan, error, "bad \\u escape (need 4 hex digits)");
+            if (!read_hex4(scan, &cp))
+                return gptoss_jscan_fail(scan, error, "bad \\u escape (need 4 hex digits)");
             if (cp >= 0xDC00 && cp <= 0xDFFF)
-                return gptoss_jscan_fail(scan, error, "lone low surrogate \\u%04X in a string", (unsigned)cp);
+                return gptoss_jscan_fail(scan, error, "lone low surrogate \\u%04X in a string",
+                                         (unsigned)cp);
             if (cp >= 0xD800 && cp <= 0xDBFF) {
                 uint32_t low;
                 if (scan->end - scan->p < 2 || scan->p[0] != '\\' || scan->p[1] != 'u')
-                    return gptoss_jscan_fail(scan, error, "high surrogate \\u%04X not followed by a low surrogate", (unsigned)cp);
+                    return gptoss_jscan_fail(
+                        scan, error, "high surrogate \\u%04X not followed by a low surrogate",
+                        (unsigned)cp);
                 scan->p += 2;
                 if (!read_hex4(scan, &low) || low < 0xDC00 || low > 0xDFFF)
-                    return gptoss_jscan_fail(scan, error, "high surrogate \\u%04X not followed by a low surrogate", (unsigned)cp);
+                    return gptoss_jscan_fail(
+                        scan, error, "high surrogate \\u%04X not followed by a low surrogate",
+                        (unsigned)cp);
                 cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
             }
             out_len = gptoss_utf8_encode(cp, out);
@@ -189,24 +219,30 @@ static gptoss_status scan_number(gptoss_jscan *scan, bool *is_integer, gptoss_er
     const char *p = scan->p;
     *is_integer = true;
     if (p < scan->end && *p == '-') p++;
-    if (p >= scan->end || *p < '0' || *p > '9') return gptoss_jscan_fail(scan, error, "malformed number");
+    if (p >= scan->end || *p < '0' || *p > '9')
+        return gptoss_jscan_fail(scan, error, "malformed number");
     if (*p == '0') {
         p++;
     } else {
-        while (p < scan->end && *p >= '0' && *p <= '9') p++;
+        while (p < scan->end && *p >= '0' && *p <= '9')
+            p++;
     }
     if (p < scan->end && *p == '.') {
         *is_integer = false;
         p++;
-        if (p >= scan->end || *p < '0' || *p > '9') return gptoss_jscan_fail(scan, error, "malformed number");
-        while (p < scan->end && *p >= '0' && *p <= '9') p++;
+        if (p >= scan->end || *p < '0' || *p > '9')
+            return gptoss_jscan_fail(scan, error, "malformed number");
+        while (p < scan->end && *p >= '0' && *p <= '9')
+            p++;
     }
     if (p < scan->end && (*p == 'e' || *p == 'E')) {
         *is_integer = false;
         p++;
         if (p < scan->end && (*p == '+' || *p == '-')) p++;
-        if (p >= scan->end || *p < '0' || *p > '9') return gptoss_jscan_fail(scan, error, "malformed number");
-        while (p < scan->end && *p >= '0' && *p <= '9') p++;
+        if (p >= scan->end || *p < '0' || *p > '9')
+            return gptoss_jscan_fail(scan, error, "malformed number");
+        while (p < scan->end && *p >= '0' && *p <= '9')
+            p++;
     }
     scan->p = p;
     return GPTOSS_OK;
@@ -232,14 +268,16 @@ gptoss_status gptoss_jscan_int(gptoss_jscan *scan, int64_t lo, int64_t hi, int64
     for (; p < scan->p; p++) {
         if (v > (INT64_MAX - 9) / 10) {
             scan->p = start;
-            return gptoss_jscan_fail(scan, error, "integer out of range [%lld, %lld]", (long long)lo, (long long)hi);
+            return gptoss_jscan_fail(scan, error, "integer out of range [%lld, %lld]",
+                                     (long long)lo, (long long)hi);
         }
         v = v * 10 + (*p - '0');
     }
     if (negative) v = -v;
     if (v < lo || v > hi) {
         scan->p = start;
-        return gptoss_jscan_fail(scan, error, "integer %lld out of range [%lld, %lld]", (long long)v, (long long)lo, (long long)hi);
+        return gptoss_jscan_fail(scan, error, "integer %lld out of range [%lld, %lld]",
+                                 (long long)v, (long long)lo, (long long)hi);
     }
     *out = v;
     return GPTOSS_OK;
@@ -267,7 +305,8 @@ gptoss_status gptoss_jscan_bool(gptoss_jscan *scan, bool *out, gptoss_error *err
 
 gptoss_status gptoss_jscan_object_begin(gptoss_jscan *scan, bool *more, gptoss_error *error) {
     skip_space(scan);
-    if (scan->p >= scan->end || *scan->p != '{') return gptoss_jscan_fail(scan, error, "expected an object");
+    if (scan->p >= scan->end || *scan->p != '{')
+        return gptoss_jscan_fail(scan, error, "expected an object");
     scan->p++;
     *more = gptoss_jscan_peek(scan) != '}';
     if (!*more) scan->p++;
@@ -275,13 +314,15 @@ gptoss_status gptoss_jscan_object_begin(gptoss_jscan *scan, bool *more, gptoss_e
 }
 
 gptoss_status gptoss_jscan_key(gptoss_jscan *scan, gptoss_error *error) {
-    if (gptoss_jscan_peek(scan) != '"') return gptoss_jscan_fail(scan, error, "expected an object key (a string)");
+    if (gptoss_jscan_peek(scan) != '"')
+        return gptoss_jscan_fail(scan, error, "expected an object key (a string)");
     gptoss_status st = gptoss_jscan_string(scan, error);
     if (st) return st;
     return gptoss_jscan_expect(scan, ':', error);
 }
 
-static gptoss_status container_next(gptoss_jscan *scan, char close, bool *more, gptoss_error *error) {
+static gptoss_status container_next(gptoss_jscan *scan, char close, bool *more,
+                                    gptoss_error *error) {
     char c = gptoss_jscan_peek(scan);
     if (c == ',') {
         scan->p++;
@@ -305,7 +346,8 @@ gptoss_status gptoss_jscan_object_next(gptoss_jscan *scan, bool *more, gptoss_er
 
 gptoss_status gptoss_jscan_array_begin(gptoss_jscan *scan, bool *more, gptoss_error *error) {
     skip_space(scan);
-    if (scan->p >= scan->end || *scan->p != '[') return gptoss_jscan_fail(scan, error, "expected an array");
+    if (scan->p >= scan->end || *scan->p != '[')
+        return gptoss_jscan_fail(scan, error, "expected an array");
     scan->p++;
     *more = gptoss_jscan_peek(scan) != ']';
     if (!*more) scan->p++;
@@ -317,7 +359,8 @@ gptoss_status gptoss_jscan_array_next(gptoss_jscan *scan, bool *more, gptoss_err
 }
 
 static gptoss_status skip_value(gptoss_jscan *scan, int depth, gptoss_error *error) {
-    if (depth > JSCAN_MAX_DEPTH) return gptoss_jscan_fail(scan, error, "nesting deeper than %d levels", JSCAN_MAX_DEPTH);
+    if (depth > JSCAN_MAX_DEPTH)
+        return gptoss_jscan_fail(scan, error, "nesting deeper than %d levels", JSCAN_MAX_DEPTH);
     char c = gptoss_jscan_peek(scan);
     gptoss_status st;
     bool more;
@@ -354,7 +397,8 @@ static gptoss_status skip_value(gptoss_jscan *scan, int depth, gptoss_error *err
             bool is_integer;
             return scan_number(scan, &is_integer, error);
         }
-        return gptoss_jscan_fail(scan, error, "expected a value (object, array, string, number, true, false or null)");
+        return gptoss_jscan_fail(
+            scan, error, "expected a value (object, array, string, number, true, false or null)");
     }
 }
 

@@ -19,13 +19,13 @@
 #include <stdint.h>
 
 typedef struct gptoss_jscan {
-    const char *begin;   /* start of the document (for line/column in errors) */
-    const char *p;       /* next unread byte */
-    const char *end;     /* one past the last byte */
-    const char *what;    /* file name used in error messages */
-    char *scratch;       /* decoded string of the last gptoss_jscan_string call */
-    size_t scratch_len;  /* bytes in scratch (not counting the NUL kept after them) */
-    size_t scratch_cap;  /* bytes allocated for scratch */
+    const char *begin;  /* start of the document (for line/column in errors) */
+    const char *p;      /* next unread byte */
+    const char *end;    /* one past the last byte */
+    const char *what;   /* file name used in error messages */
+    char *scratch;      /* decoded string of the last gptoss_jscan_string call */
+    size_t scratch_len; /* bytes in scratch (not counting the NUL kept after them) */
+    size_t scratch_cap; /* bytes allocated for scratch */
 } gptoss_jscan;
 
 void gptoss_jscan_init(gptoss_jscan *scan, const char *data, size_t len, const char *what);

@@ -19,23 +19,47 @@
 
 /* Spec 5.2, character for character as tokenizer.json's pre_tokenizer "Regex" holds it. */
 const char gptoss_tok_o200k_pattern[] =
-    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'"
+    "s|'t|'re|'ve|'m|'ll|'d)?"
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:"
+    "'s|'t|'re|'ve|'m|'ll|'d)?"
     "|\\p{N}{1,3}"
     "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*"
     "|\\s*[\\r\\n]+"
     "|\\s+(?!\\S)"
     "|\\s+";
 
+/*
+ * The same pattern as PCRE2 compiles it. tiktoken runs it with Rust's regex engine, where \s
+ * is the Unicode White_Space property; PCRE2's \s (even with UCP) leaves out U+0085 NEXT
+ * LINE, so White_Space is spelled out here. (JavaScript's \s differs the other way: it adds
+ * U+FEFF, which is why gpt-tokenizer disagrees with tiktoken on U+FEFF; see
+ * tests/tokenizer/test_pretokenize.c.)
+ */
+#define WHITE_SPACE                                                                                \
+    "\\t-\\r "                                                                                     \
+    "\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+static const char pcre2_pattern[] = "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*["
+                                    "\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                                    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+["
+                                    "\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                                    "|\\p{N}{1,3}"
+                                    "| ?[^" WHITE_SPACE "\\p{L}\\p{N}]+[\\r\\n/]*"
+                                    "|[" WHITE_SPACE "]*[\\r\\n]+"
+                                    "|[" WHITE_SPACE "]+(?![^" WHITE_SPACE "])"
+                                    "|[" WHITE_SPACE "]+";
+
 gptoss_status gptoss_tok_regex_compile(gptoss_tokenizer *tok, gptoss_error *error) {
     int code = 0;
     PCRE2_SIZE offset = 0;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)gptoss_tok_o200k_pattern, PCRE2_ZERO_TERMINATED,
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pcre2_pattern, PCRE2_ZERO_TERMINATED,
                                    PCRE2_UTF | PCRE2_UCP, &code, &offset, NULL);
     if (!re) {
         PCRE2_UCHAR message[256];
         pcre2_get_error_message(code, message, sizeof message);
-        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "cannot compile the o200k pre-tokenizer regex at offset %zu: %s (PCRE2 built without Unicode support?)",
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "cannot compile the o200k pre-tokenizer regex at offset %zu: %s "
+                                "(PCRE2 built without Unicode support?)",
                                 (size_t)offset, (const char *)message);
     }
     /* JIT is an optimization: without it (e.g. an SELinux-restricted system) the interpreter
@@ -73,7 +97,7 @@ static inline int ascii_class(const unsigned char *s, size_t j, size_t len, size
     if (c >= 'A' && c <= 'Z') return C_UPPER;
     if (c >= '0' && c <= '9') return C_DIGIT;
     if (c == '\n' || c == '\r') return C_NEWLINE;
-    if (c == ' ' || c == '\t' || c == '\v' || c == '\f') return C_SPACE; /* \s in PCRE2 UCP and JS */
+    if (c == ' ' || c == '\t' || c == '\v' || c == '\f') return C_SPACE; /* Unicode White_Space */
     return C_OTHER; /* punctuation, symbols and the remaining control characters */
 }
 
@@ -104,10 +128,12 @@ static size_t ascii_piece(const unsigned char *s, size_t at, size_t len, size_t 
         size_t first = (c == C_UPPER || c == C_LOWER) ? at : at + 1;
         k = first;
         int ck;
-        while ((ck = CLS(k)) == C_UPPER) k++;
+        while ((ck = CLS(k)) == C_UPPER)
+            k++;
         if (ck == C_UNKNOWN) return 0;
         if (ck == C_LOWER) {
-            while ((ck = CLS(k)) == C_LOWER) k++;
+            while ((ck = CLS(k)) == C_LOWER)
+                k++;
             if (ck == C_UNKNOWN) return 0;
             return contraction(s, k, len, ascii_end);
         }
@@ -118,7 +144,8 @@ static size_t ascii_piece(const unsigned char *s, size_t at, size_t len, size_t 
     if (c == C_DIGIT) {
         k = at;
         int ck = C_DIGIT;
-        while (k < at + 3 && (ck = CLS(k)) == C_DIGIT) k++;
+        while (k < at + 3 && (ck = CLS(k)) == C_DIGIT)
+            k++;
         if (k < at + 3 && ck == C_UNKNOWN) return 0;
         return k;
     }
@@ -132,9 +159,11 @@ static size_t ascii_piece(const unsigned char *s, size_t at, size_t len, size_t 
     if (CLS(p) == C_OTHER) {
         int ck;
         k = p;
-        while ((ck = CLS(k)) == C_OTHER) k++;
+        while ((ck = CLS(k)) == C_OTHER)
+            k++;
         if (ck == C_UNKNOWN) return 0;
-        while (k < ascii_end && k < len && (s[k] == '\r' || s[k] == '\n' || s[k] == '/')) k++;
+        while (k < ascii_end && k < len && (s[k] == '\r' || s[k] == '\n' || s[k] == '/'))
+            k++;
         return k;
     }
     /* 5, 6, 7: whitespace runs. */
@@ -161,10 +190,10 @@ static size_t ascii_piece(const unsigned char *s, size_t at, size_t len, size_t 
 
 typedef struct splitter {
     const gptoss_tokenizer *tok;
-    pcre2_match_data *match;       /* reused across matches */
-    pcre2_match_context *context;  /* NULL until a pathological run needs lifted limits */
-    pcre2_jit_stack *jit_stack;    /* with context, when JIT is used */
-    bool fast;                     /* use the ASCII fast path */
+    pcre2_match_data *match;      /* reused across matches */
+    pcre2_match_context *context; /* NULL until a pathological run needs lifted limits */
+    pcre2_jit_stack *jit_stack;   /* with context, when JIT is used */
+    bool fast;                    /* use the ASCII fast path */
 } splitter;
 
 static int regex_match(splitter *sp, const unsigned char *text, size_t len, size_t at) {
@@ -181,7 +210,8 @@ static gptoss_status split_valid_run(splitter *sp, const unsigned char *text, si
         if (sp->fast && text[at] < 0x80) {
             if (ascii_end <= at) {
                 ascii_end = at;
-                while (ascii_end < len && text[ascii_end] < 0x80) ascii_end++;
+                while (ascii_end < len && text[ascii_end] < 0x80)
+                    ascii_end++;
             }
             size_t end = ascii_piece(text, at, len, ascii_end);
             if (end > at) {
@@ -192,15 +222,18 @@ static gptoss_status split_valid_run(splitter *sp, const unsigned char *text, si
             }
         }
         int rc = regex_match(sp, text, len, at);
-        if ((rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
-             rc == PCRE2_ERROR_HEAPLIMIT) && !sp->context) {
+        if ((rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_JIT_STACKLIMIT ||
+             rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT) &&
+            !sp->context) {
             /* A pathological run (megabytes of whitespace make `\s*[\r\n]+` backtrack across
              * the whole run) hit PCRE2's default match limit or the 32 KiB JIT stack. The
              * work is still linear, so retry here with the limits lifted. */
             sp->context = pcre2_match_context_create(NULL);
-            if (sp->tok->regex_jit) sp->jit_stack = pcre2_jit_stack_create(64 * 1024, 64 * 1024 * 1024, NULL);
+            if (sp->tok->regex_jit)
+                sp->jit_stack = pcre2_jit_stack_create(64 * 1024, 64 * 1024 * 1024, NULL);
             if (!sp->context || (sp->tok->regex_jit && !sp->jit_stack))
-                return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory for the regex match context");
+                return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                                        "out of memory for the regex match context");
             pcre2_set_match_limit(sp->context, UINT32_MAX);
             pcre2_set_depth_limit(sp->context, UINT32_MAX);
             pcre2_set_heap_limit(sp->context, UINT32_MAX);
@@ -217,7 +250,9 @@ static gptoss_status split_valid_run(splitter *sp, const unsigned char *text, si
         } else {
             PCRE2_UCHAR message[256];
             pcre2_get_error_message(rc, message, sizeof message);
-            return gptoss_set_error(error, GPTOSS_ERR_CAPACITY, "pre-tokenizer regex failed at byte %zu: %s", at, (const char *)message);
+            return gptoss_set_error(error, GPTOSS_ERR_CAPACITY,
+                                    "pre-tokenizer regex failed at byte %zu: %s", at,
+                                    (const char *)message);
         }
         /* The alternatives cover every character, so gaps and empty matches cannot happen;
          * should they, the skipped bytes still become a piece so nothing is lost. */
@@ -243,7 +278,9 @@ gptoss_status gptoss_tok_split(const gptoss_tokenizer *tok, const unsigned char 
     if (len == 0) return GPTOSS_OK;
     splitter sp = {.tok = tok, .fast = ascii_fast_path};
     sp.match = pcre2_match_data_create_from_pattern((const pcre2_code *)tok->regex, NULL);
-    if (!sp.match) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory creating regex match data");
+    if (!sp.match)
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                                "out of memory creating regex match data");
     gptoss_status st = GPTOSS_OK;
     size_t at = 0;
     while (at < len && !st) {
@@ -255,7 +292,8 @@ gptoss_status gptoss_tok_split(const gptoss_tokenizer *tok, const unsigned char 
         }
         /* A maximal run of bytes that do not start a valid sequence: one piece. */
         size_t bad = 1;
-        while (at + bad < len && gptoss_utf8_sequence_length(text + at + bad, len - at - bad) == 0) bad++;
+        while (at + bad < len && gptoss_utf8_sequence_length(text + at + bad, len - at - bad) == 0)
+            bad++;
         st = fn(user, text + at, bad, error);
         at += bad;
     }
@@ -280,11 +318,11 @@ enum {
 };
 
 typedef struct piece_cache_entry {
-    uint64_t hash;                                /* gptoss_tok_hash of the piece */
-    uint8_t len;                                  /* piece bytes; 0 = empty entry */
-    uint8_t n_ids;                                /* ids in use */
-    unsigned char bytes[PIECE_CACHE_MAX_BYTES];   /* the piece */
-    int32_t ids[PIECE_CACHE_MAX_IDS];             /* its BPE ids */
+    uint64_t hash;                              /* gptoss_tok_hash of the piece */
+    uint8_t len;                                /* piece bytes; 0 = empty entry */
+    uint8_t n_ids;                              /* ids in use */
+    unsigned char bytes[PIECE_CACHE_MAX_BYTES]; /* the piece */
+    int32_t ids[PIECE_CACHE_MAX_IDS];           /* its BPE ids */
 } piece_cache_entry;
 
 typedef struct emit_state {
@@ -294,7 +332,8 @@ typedef struct emit_state {
 } emit_state;
 
 /* Emits one piece: its rank when the whole piece is a token, BPE otherwise. */
-static gptoss_status emit_piece(void *user, const unsigned char *piece, size_t len, gptoss_error *error) {
+static gptoss_status emit_piece(void *user, const unsigned char *piece, size_t len,
+                                gptoss_error *error) {
     emit_state *es = user;
     const gptoss_tokenizer *tok = es->tok;
     if (len == 1) return gptoss_tok_push(es->out, tok->byte_rank[piece[0]], error);

@@ -66,15 +66,19 @@ gptoss_status gptoss_stream_decoder_push(gptoss_stream_decoder *decoder, int32_t
     size_t len;
     const char *bytes = gptoss_tokenizer_token_bytes(decoder->tokenizer, id, &len);
     if (!bytes)
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "unknown token id %d (this tokenizer knows ids 0..%d)", id,
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "unknown token id %d (this tokenizer knows ids 0..%d)", id,
                                 decoder->tokenizer->n_vocab - 1);
     /* Worst case: 3 bytes per input byte, plus the pending bytes as U+FFFD or a character. */
     if (out_capacity < 3 * len + 8)
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "stream decoder output buffer of %zu bytes is too small for token %d (need %zu)",
-                                out_capacity, id, 3 * len + 8);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_INVALID_ARGUMENT,
+            "stream decoder output buffer of %zu bytes is too small for token %d (need %zu)",
+            out_capacity, id, 3 * len + 8);
     unsigned char *dst = (unsigned char *)out;
     size_t n = 0;
-    for (size_t i = 0; i < len; i++) n += feed_byte(decoder, (unsigned char)bytes[i], dst + n);
+    for (size_t i = 0; i < len; i++)
+        n += feed_byte(decoder, (unsigned char)bytes[i], dst + n);
     *out_len = n;
     return GPTOSS_OK;
 }

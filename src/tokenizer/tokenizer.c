@@ -37,7 +37,9 @@ gptoss_status gptoss_tokens_push(gptoss_tokens *tokens, int32_t id, gptoss_error
     if (tokens->n == tokens->capacity) {
         size_t cap = tokens->capacity ? tokens->capacity * 2 : 64;
         int32_t *grown = realloc(tokens->ids, cap * sizeof *grown);
-        if (!grown) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory growing a token list to %zu ids", cap);
+        if (!grown)
+            return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                                    "out of memory growing a token list to %zu ids", cap);
         tokens->ids = grown;
         tokens->capacity = cap;
     }
@@ -58,10 +60,12 @@ void gptoss_tokens_free(gptoss_tokens *tokens) {
 
 /* code point -> byte for code points below 0x144; -1 where no byte maps there. */
 static void byte_alphabet_inverse(int16_t inverse[0x144]) {
-    for (int i = 0; i < 0x144; i++) inverse[i] = -1;
+    for (int i = 0; i < 0x144; i++)
+        inverse[i] = -1;
     int next = 0;
     for (int b = 0; b < 256; b++) {
-        bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        bool printable =
+            (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
         if (printable) {
             inverse[b] = (int16_t)b;
         } else {
@@ -82,24 +86,30 @@ typedef struct vocab_entry {
 } vocab_entry;
 
 typedef struct loader {
-    gptoss_jscan scan;          /* cursor over the file */
-    gptoss_tokenizer *tok;      /* being built */
-    size_t pool_cap;            /* bytes allocated for tok->pool */
-    vocab_entry *vocab;         /* [n_vocab_entries] ordinary entries in file order */
+    gptoss_jscan scan;     /* cursor over the file */
+    gptoss_tokenizer *tok; /* being built */
+    size_t pool_cap;       /* bytes allocated for tok->pool */
+    vocab_entry *vocab;    /* [n_vocab_entries] ordinary entries in file order */
     size_t n_vocab_entries;
     size_t vocab_cap;
     bool have_model, have_vocab, have_added;
-    int16_t alphabet[0x144];    /* byte-level alphabet inverse */
+    int16_t alphabet[0x144]; /* byte-level alphabet inverse */
 } loader;
 
-static gptoss_status pool_append(loader *ld, const void *bytes, size_t len, uint32_t *offset, gptoss_error *error) {
+static gptoss_status pool_append(loader *ld, const void *bytes, size_t len, uint32_t *offset,
+                                 gptoss_error *error) {
     gptoss_tokenizer *tok = ld->tok;
-    if (tok->pool_len + len > UINT32_MAX) return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: token bytes exceed 4 GiB", ld->scan.what);
+    if (tok->pool_len + len > UINT32_MAX)
+        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: token bytes exceed 4 GiB",
+                                ld->scan.what);
     if (tok->pool_len + len > ld->pool_cap) {
         size_t cap = ld->pool_cap ? ld->pool_cap : (1u << 20);
-        while (cap < tok->pool_len + len) cap *= 2;
+        while (cap < tok->pool_len + len)
+            cap *= 2;
         unsigned char *grown = realloc(tok->pool, cap);
-        if (!grown) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s", ld->scan.what);
+        if (!grown)
+            return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s",
+                                    ld->scan.what);
         tok->pool = grown;
         ld->pool_cap = cap;
     }
@@ -119,12 +129,18 @@ static gptoss_status unmap_byte_alphabet(loader *ld, gptoss_error *error) {
     for (size_t i = 0; i < n_in;) {
         uint32_t cp;
         size_t len = gptoss_utf8_sequence_length(in + i, n_in - i); /* valid: the scanner checked */
-        if (len == 1) cp = in[i];
-        else if (len == 2) cp = ((uint32_t)(in[i] & 0x1F) << 6) | (in[i + 1] & 0x3F);
-        else cp = 0x144; /* 3- and 4-byte sequences are all above the alphabet */
+        if (len == 1)
+            cp = in[i];
+        else if (len == 2)
+            cp = ((uint32_t)(in[i] & 0x1F) << 6) | (in[i + 1] & 0x3F);
+        else
+            cp = 0x144; /* 3- and 4-byte sequences are all above the alphabet */
         if (cp >= 0x144 || ld->alphabet[cp] < 0)
-            return gptoss_jscan_fail(scan, error, "vocab key \"%.40s\" has a character (at byte %zu) outside the byte-level alphabet; "
-                                     "tokenizer.json vocab keys must be GPT-2 byte-level strings", scan->scratch, i);
+            return gptoss_jscan_fail(scan, error,
+                                     "vocab key \"%.40s\" has a character (at byte %zu) outside "
+                                     "the byte-level alphabet; "
+                                     "tokenizer.json vocab keys must be GPT-2 byte-level strings",
+                                     scan->scratch, i);
         out[n_out++] = (unsigned char)ld->alphabet[cp];
         i += len;
     }
@@ -134,9 +150,11 @@ static gptoss_status unmap_byte_alphabet(loader *ld, gptoss_error *error) {
 
 static gptoss_status read_vocab(loader *ld, gptoss_error *error) {
     gptoss_jscan *scan = &ld->scan;
-    if (ld->have_vocab) return gptoss_jscan_fail(scan, error, "\"vocab\" appears twice in \"model\"");
+    if (ld->have_vocab)
+        return gptoss_jscan_fail(scan, error, "\"vocab\" appears twice in \"model\"");
     ld->have_vocab = true;
-    if (gptoss_jscan_peek(scan) != '{') return gptoss_jscan_fail(scan, error, "\"model.vocab\" must be an object of string -> id");
+    if (gptoss_jscan_peek(scan) != '{')
+        return gptoss_jscan_fail(scan, error, "\"model.vocab\" must be an object of string -> id");
     bool more;
     gptoss_status st = gptoss_jscan_object_begin(scan, &more, error);
     while (!st && more) {
@@ -147,7 +165,9 @@ static gptoss_status read_vocab(loader *ld, gptoss_error *error) {
         }
         if ((st = unmap_byte_alphabet(ld, error))) break;
         if (scan->scratch_len > MAX_TOKEN_BYTES) {
-            st = gptoss_jscan_fail(scan, error, "vocab key of %zu bytes is longer than the %d allowed", scan->scratch_len, MAX_TOKEN_BYTES);
+            st = gptoss_jscan_fail(scan, error,
+                                   "vocab key of %zu bytes is longer than the %d allowed",
+                                   scan->scratch_len, MAX_TOKEN_BYTES);
             break;
         }
         int64_t id;
@@ -159,7 +179,8 @@ static gptoss_status read_vocab(loader *ld, gptoss_error *error) {
             size_t cap = ld->vocab_cap ? ld->vocab_cap * 2 : 1u << 18;
             vocab_entry *grown = realloc(ld->vocab, cap * sizeof *grown);
             if (!grown) {
-                st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s", scan->what);
+                st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s",
+                                      scan->what);
                 break;
             }
             ld->vocab = grown;
@@ -178,7 +199,8 @@ static gptoss_status read_model(loader *ld, gptoss_error *error) {
     gptoss_jscan *scan = &ld->scan;
     if (ld->have_model) return gptoss_jscan_fail(scan, error, "\"model\" appears twice");
     ld->have_model = true;
-    if (gptoss_jscan_peek(scan) != '{') return gptoss_jscan_fail(scan, error, "\"model\" must be an object");
+    if (gptoss_jscan_peek(scan) != '{')
+        return gptoss_jscan_fail(scan, error, "\"model\" must be an object");
     bool more;
     gptoss_status st = gptoss_jscan_object_begin(scan, &more, error);
     while (!st && more) {
@@ -194,7 +216,10 @@ static gptoss_status read_model(loader *ld, gptoss_error *error) {
             if (!gptoss_jscan_scratch_is(scan, "BPE")) {
                 char type[64];
                 snprintf(type, sizeof type, "%s", scan->scratch);
-                st = gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "%s: model.type is \"%s\"; only byte-level \"BPE\" (o200k) is supported", scan->what, type);
+                st = gptoss_set_error(
+                    error, GPTOSS_ERR_UNSUPPORTED,
+                    "%s: model.type is \"%s\"; only byte-level \"BPE\" (o200k) is supported",
+                    scan->what, type);
             }
         } else {
             /* merges, dropout, ignore_merges, ...: validated as JSON, not needed (see top). */
@@ -207,8 +232,8 @@ static gptoss_status read_model(loader *ld, gptoss_error *error) {
 }
 
 typedef struct added_token {
-    int64_t id;       /* -1 until read */
-    uint32_t offset;  /* content bytes in the pool */
+    int64_t id;      /* -1 until read */
+    uint32_t offset; /* content bytes in the pool */
     uint32_t len;
     bool has_content;
 } added_token;
@@ -218,12 +243,15 @@ static gptoss_status read_added_tokens(loader *ld, gptoss_error *error) {
     gptoss_tokenizer *tok = ld->tok;
     if (ld->have_added) return gptoss_jscan_fail(scan, error, "\"added_tokens\" appears twice");
     ld->have_added = true;
-    if (gptoss_jscan_peek(scan) != '[') return gptoss_jscan_fail(scan, error, "\"added_tokens\" must be an array");
+    if (gptoss_jscan_peek(scan) != '[')
+        return gptoss_jscan_fail(scan, error, "\"added_tokens\" must be an array");
     bool more;
     size_t cap = 0;
     gptoss_status st = gptoss_jscan_array_begin(scan, &more, error);
     while (!st && more) {
-        if (gptoss_jscan_peek(scan) != '{') return gptoss_jscan_fail(scan, error, "each added token must be an object with \"id\" and \"content\"");
+        if (gptoss_jscan_peek(scan) != '{')
+            return gptoss_jscan_fail(
+                scan, error, "each added token must be an object with \"id\" and \"content\"");
         added_token added = {.id = -1};
         bool more_fields;
         if ((st = gptoss_jscan_object_begin(scan, &more_fields, error))) return st;
@@ -235,11 +263,16 @@ static gptoss_status read_added_tokens(loader *ld, gptoss_error *error) {
                     return st;
                 }
             } else if (gptoss_jscan_scratch_is(scan, "content")) {
-                if (gptoss_jscan_peek(scan) != '"') return gptoss_jscan_fail(scan, error, "added token \"content\" must be a string");
+                if (gptoss_jscan_peek(scan) != '"')
+                    return gptoss_jscan_fail(scan, error,
+                                             "added token \"content\" must be a string");
                 if ((st = gptoss_jscan_string(scan, error))) return st;
-                if (scan->scratch_len == 0) return gptoss_jscan_fail(scan, error, "added token with empty \"content\"");
-                if (scan->scratch_len > MAX_TOKEN_BYTES) return gptoss_jscan_fail(scan, error, "added token content is too long");
-                if ((st = pool_append(ld, scan->scratch, scan->scratch_len, &added.offset, error))) return st;
+                if (scan->scratch_len == 0)
+                    return gptoss_jscan_fail(scan, error, "added token with empty \"content\"");
+                if (scan->scratch_len > MAX_TOKEN_BYTES)
+                    return gptoss_jscan_fail(scan, error, "added token content is too long");
+                if ((st = pool_append(ld, scan->scratch, scan->scratch_len, &added.offset, error)))
+                    return st;
                 added.len = (uint32_t)scan->scratch_len;
                 added.has_content = true;
             } else {
@@ -248,14 +281,18 @@ static gptoss_status read_added_tokens(loader *ld, gptoss_error *error) {
             if ((st = gptoss_jscan_object_next(scan, &more_fields, error))) return st;
         }
         if (added.id < 0 || !added.has_content)
-            return gptoss_jscan_fail(scan, error, "added token #%d lacks %s", tok->n_special, added.id < 0 ? "\"id\"" : "\"content\"");
+            return gptoss_jscan_fail(scan, error, "added token #%d lacks %s", tok->n_special,
+                                     added.id < 0 ? "\"id\"" : "\"content\"");
         if ((size_t)tok->n_special == cap) {
             cap = cap ? cap * 2 : 32;
             gptoss_special_token *grown = realloc(tok->specials, cap * sizeof *grown);
-            if (!grown) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s", scan->what);
+            if (!grown)
+                return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s",
+                                        scan->what);
             tok->specials = grown;
         }
-        tok->specials[tok->n_special++] = (gptoss_special_token){(int32_t)added.id, added.offset, added.len};
+        tok->specials[tok->n_special++] =
+            (gptoss_special_token){(int32_t)added.id, added.offset, added.len};
         st = gptoss_jscan_array_next(scan, &more, error);
     }
     return st;
@@ -278,7 +315,9 @@ static gptoss_status check_pre_tokenizer(loader *ld, int depth, bool *found, gpt
                 if ((st = gptoss_jscan_string(scan, error))) return st;
                 if (!gptoss_jscan_scratch_is(scan, gptoss_tok_o200k_pattern))
                     return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
-                                            "%s: the pre-tokenizer regex is not o200k's; only o200k_harmony tokenizers (gpt-oss) are supported", scan->what);
+                                            "%s: the pre-tokenizer regex is not o200k's; only "
+                                            "o200k_harmony tokenizers (gpt-oss) are supported",
+                                            scan->what);
                 *found = true;
             } else if ((st = check_pre_tokenizer(ld, depth + 1, found, error))) {
                 return st;
@@ -301,7 +340,8 @@ static gptoss_status check_pre_tokenizer(loader *ld, int depth, bool *found, gpt
 static gptoss_status read_document(loader *ld, gptoss_error *error) {
     gptoss_jscan *scan = &ld->scan;
     if (gptoss_jscan_peek(scan) != '{')
-        return gptoss_jscan_fail(scan, error, "not a tokenizer.json: the file must be a JSON object");
+        return gptoss_jscan_fail(scan, error,
+                                 "not a tokenizer.json: the file must be a JSON object");
     bool more;
     gptoss_status st = gptoss_jscan_object_begin(scan, &more, error);
     while (!st && more) {
@@ -320,9 +360,15 @@ static gptoss_status read_document(loader *ld, gptoss_error *error) {
         st = gptoss_jscan_object_next(scan, &more, error);
     }
     if (st) return st;
-    if (gptoss_jscan_peek(scan) != 0) return gptoss_jscan_fail(scan, error, "unexpected data after the top-level object");
-    if (!ld->have_model) return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: no \"model\" object (not a Hugging Face tokenizer.json?)", scan->what);
-    if (!ld->have_vocab) return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: \"model\" has no \"vocab\"", scan->what);
+    if (gptoss_jscan_peek(scan) != 0)
+        return gptoss_jscan_fail(scan, error, "unexpected data after the top-level object");
+    if (!ld->have_model)
+        return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                "%s: no \"model\" object (not a Hugging Face tokenizer.json?)",
+                                scan->what);
+    if (!ld->have_vocab)
+        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: \"model\" has no \"vocab\"",
+                                scan->what);
     return GPTOSS_OK;
 }
 
@@ -331,7 +377,10 @@ static gptoss_status build_tables(loader *ld, gptoss_error *error) {
     gptoss_tokenizer *tok = ld->tok;
     const char *what = ld->scan.what;
     if (ld->n_vocab_entries < 256)
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: the vocab has %zu entries; a byte-level BPE needs at least the 256 single bytes", what, ld->n_vocab_entries);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_FORMAT,
+            "%s: the vocab has %zu entries; a byte-level BPE needs at least the 256 single bytes",
+            what, ld->n_vocab_entries);
     int32_t max_id = -1;
     for (size_t i = 0; i < ld->n_vocab_entries; i++)
         if (ld->vocab[i].id > max_id) max_id = ld->vocab[i].id;
@@ -339,51 +388,71 @@ static gptoss_status build_tables(loader *ld, gptoss_error *error) {
     tok->n_vocab = tok->n_ordinary;
     for (int32_t i = 0; i < tok->n_special; i++) {
         if (tok->specials[i].id < tok->n_ordinary)
-            return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: added token \"%.*s\" has id %d, which is already an ordinary vocab id (ordinary ids are 0..%d)",
-                                    what, (int)tok->specials[i].len, (const char *)tok->pool + tok->specials[i].offset, tok->specials[i].id, tok->n_ordinary - 1);
+            return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                    "%s: added token \"%.*s\" has id %d, which is already an "
+                                    "ordinary vocab id (ordinary ids are 0..%d)",
+                                    what, (int)tok->specials[i].len,
+                                    (const char *)tok->pool + tok->specials[i].offset,
+                                    tok->specials[i].id, tok->n_ordinary - 1);
         if (tok->specials[i].id + 1 > tok->n_vocab) tok->n_vocab = tok->specials[i].id + 1;
     }
     tok->spans = malloc((size_t)tok->n_vocab * sizeof *tok->spans);
     tok->is_special = calloc((size_t)tok->n_vocab, sizeof *tok->is_special);
-    if (!tok->spans || !tok->is_special) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s", what);
-    for (int32_t i = 0; i < tok->n_vocab; i++) tok->spans[i] = (gptoss_token_span){0, GPTOSS_TOKEN_ABSENT};
+    if (!tok->spans || !tok->is_special)
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s", what);
+    for (int32_t i = 0; i < tok->n_vocab; i++)
+        tok->spans[i] = (gptoss_token_span){0, GPTOSS_TOKEN_ABSENT};
     for (size_t i = 0; i < ld->n_vocab_entries; i++) {
         const vocab_entry *e = &ld->vocab[i];
         if (tok->spans[e->id].len != GPTOSS_TOKEN_ABSENT)
-            return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: vocab id %d is given to two different keys", what, e->id);
+            return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                    "%s: vocab id %d is given to two different keys", what, e->id);
         tok->spans[e->id] = (gptoss_token_span){e->offset, e->len};
         if (e->len > tok->max_token_len) tok->max_token_len = e->len;
     }
     /* tiktoken ranks are dense: a hole would make an id decode to nothing. */
     for (int32_t id = 0; id < tok->n_ordinary; id++)
         if (tok->spans[id].len == GPTOSS_TOKEN_ABSENT)
-            return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: vocab ids must be dense 0..%d but id %d is missing", what, tok->n_ordinary - 1, id);
+            return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                    "%s: vocab ids must be dense 0..%d but id %d is missing", what,
+                                    tok->n_ordinary - 1, id);
     for (int32_t i = 0; i < tok->n_special; i++) {
         const gptoss_special_token *s = &tok->specials[i];
         if (tok->spans[s->id].len != GPTOSS_TOKEN_ABSENT)
-            return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: added token id %d appears twice", what, s->id);
+            return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: added token id %d appears twice",
+                                    what, s->id);
         for (int32_t j = 0; j < i; j++)
-            if (tok->specials[j].len == s->len && memcmp(tok->pool + tok->specials[j].offset, tok->pool + s->offset, s->len) == 0)
-                return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: added token \"%.*s\" appears twice (ids %d and %d)", what, (int)s->len, (const char *)tok->pool + s->offset, tok->specials[j].id, s->id);
+            if (tok->specials[j].len == s->len &&
+                memcmp(tok->pool + tok->specials[j].offset, tok->pool + s->offset, s->len) == 0)
+                return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                        "%s: added token \"%.*s\" appears twice (ids %d and %d)",
+                                        what, (int)s->len, (const char *)tok->pool + s->offset,
+                                        tok->specials[j].id, s->id);
         tok->spans[s->id] = (gptoss_token_span){s->offset, s->len};
         tok->is_special[s->id] = true;
         if (s->len > tok->max_token_len) tok->max_token_len = s->len;
     }
     /* The hash table of ordinary tokens, at most half full. */
     uint32_t size = 1024;
-    while (size < 2u * (uint32_t)tok->n_ordinary) size *= 2;
+    while (size < 2u * (uint32_t)tok->n_ordinary)
+        size *= 2;
     tok->slot_mask = size - 1;
     tok->slots = calloc(size, sizeof *tok->slots);
-    if (!tok->slots) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s", what);
+    if (!tok->slots)
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s", what);
     tok->pair_rank = malloc(65536 * sizeof *tok->pair_rank);
-    if (!tok->pair_rank) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s", what);
-    for (int i = 0; i < 65536; i++) tok->pair_rank[i] = -1;
-    for (int i = 0; i < 256; i++) tok->byte_rank[i] = -1;
+    if (!tok->pair_rank)
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s", what);
+    for (int i = 0; i < 65536; i++)
+        tok->pair_rank[i] = -1;
+    for (int i = 0; i < 256; i++)
+        tok->byte_rank[i] = -1;
     for (int32_t id = 0; id < tok->n_ordinary; id++) {
         if (!gptoss_tok_hash_insert(tok, id)) {
             const gptoss_token_span *s = &tok->spans[id];
             int32_t other = gptoss_tok_rank(tok, tok->pool + s->offset, s->len);
-            return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: vocab ids %d and %d have the same bytes", what, other, id);
+            return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                    "%s: vocab ids %d and %d have the same bytes", what, other, id);
         }
         const unsigned char *bytes = tok->pool + tok->spans[id].offset;
         if (tok->spans[id].len == 1) tok->byte_rank[bytes[0]] = id;
@@ -391,13 +460,18 @@ static gptoss_status build_tables(loader *ld, gptoss_error *error) {
     }
     for (int b = 0; b < 256; b++)
         if (tok->byte_rank[b] < 0)
-            return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: the vocab lacks the single byte 0x%02x; byte-level BPE needs all 256", what, b);
+            return gptoss_set_error(
+                error, GPTOSS_ERR_FORMAT,
+                "%s: the vocab lacks the single byte 0x%02x; byte-level BPE needs all 256", what,
+                b);
     return GPTOSS_OK;
 }
 
 static gptoss_status read_file(const char *path, char **data, size_t *len, gptoss_error *error) {
     FILE *f = fopen(path, "rb");
-    if (!f) return gptoss_set_error(error, GPTOSS_ERR_IO, "cannot open tokenizer %s: %s", path, strerror(errno));
+    if (!f)
+        return gptoss_set_error(error, GPTOSS_ERR_IO, "cannot open tokenizer %s: %s", path,
+                                strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(f);
@@ -405,7 +479,10 @@ static gptoss_status read_file(const char *path, char **data, size_t *len, gptos
     }
     if (st.st_size > MAX_FILE_BYTES) {
         fclose(f);
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "tokenizer %s is %lld bytes; more than 1 GiB cannot be a tokenizer.json", path, (long long)st.st_size);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_FORMAT,
+            "tokenizer %s is %lld bytes; more than 1 GiB cannot be a tokenizer.json", path,
+            (long long)st.st_size);
     }
     size_t size = (size_t)st.st_size;
     char *buf = malloc(size + 1);
@@ -418,7 +495,8 @@ static gptoss_status read_file(const char *path, char **data, size_t *len, gptos
     fclose(f);
     if (failed || got != size) {
         free(buf);
-        return gptoss_set_error(error, GPTOSS_ERR_IO, "cannot read tokenizer %s (got %zu of %zu bytes)", path, got, size);
+        return gptoss_set_error(error, GPTOSS_ERR_IO,
+                                "cannot read tokenizer %s (got %zu of %zu bytes)", path, got, size);
     }
     buf[size] = '\0';
     *data = buf;
@@ -428,7 +506,9 @@ static gptoss_status read_file(const char *path, char **data, size_t *len, gptos
 
 gptoss_status gptoss_tokenizer_load(const char *tokenizer_json_path, gptoss_tokenizer **out,
                                     gptoss_error *error) {
-    if (!tokenizer_json_path || !out) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_tokenizer_load: NULL argument");
+    if (!tokenizer_json_path || !out)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "gptoss_tokenizer_load: NULL argument");
     *out = NULL;
     char *data = NULL;
     size_t len = 0;
@@ -440,7 +520,8 @@ gptoss_status gptoss_tokenizer_load(const char *tokenizer_json_path, gptoss_toke
     ld.tok = calloc(1, sizeof *ld.tok);
     if (!ld.tok) {
         free(data);
-        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s", tokenizer_json_path);
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s",
+                                tokenizer_json_path);
     }
     gptoss_jscan_init(&ld.scan, data, len, tokenizer_json_path);
     st = read_document(&ld, error);
@@ -514,11 +595,16 @@ gptoss_status gptoss_tokenizer_decode(const gptoss_tokenizer *tok, const int32_t
     for (size_t i = 0; i < n; i++) {
         int32_t id = ids[i];
         if (id < 0 || id >= tok->n_vocab || tok->spans[id].len == GPTOSS_TOKEN_ABSENT)
-            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "unknown token id %d at position %zu (this tokenizer knows ids 0..%d)", id, i, tok->n_vocab - 1);
+            return gptoss_set_error(
+                error, GPTOSS_ERR_INVALID_ARGUMENT,
+                "unknown token id %d at position %zu (this tokenizer knows ids 0..%d)", id, i,
+                tok->n_vocab - 1);
         total += tok->spans[id].len;
     }
     char *buf = malloc(total + 1);
-    if (!buf) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory decoding %zu tokens", n);
+    if (!buf)
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                                "out of memory decoding %zu tokens", n);
     size_t at = 0;
     for (size_t i = 0; i < n; i++) {
         const gptoss_token_span *s = &tok->spans[ids[i]];

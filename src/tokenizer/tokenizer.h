@@ -103,8 +103,7 @@ size_t gptoss_stream_decoder_out_capacity(const gptoss_tokenizer *tokenizer);
  * the token's length + 8 always suffices, and gptoss_stream_decoder_out_capacity() for any
  * token). An unknown id or a too-small buffer is an error and changes nothing. */
 gptoss_status gptoss_stream_decoder_push(gptoss_stream_decoder *decoder, int32_t id, char *out,
-                                         size_t out_capacity, size_t *out_len,
-                                         gptoss_error *error);
+                                         size_t out_capacity, size_t *out_len, gptoss_error *error);
 /* Writes a U+FFFD for held bytes of an unfinished sequence (out needs 3 bytes) and resets. */
 void gptoss_stream_decoder_flush(gptoss_stream_decoder *decoder, char *out, size_t out_capacity,
                                  size_t *out_len);

@@ -25,33 +25,33 @@ typedef struct gptoss_token_span {
 
 /* One slot of the bytes -> rank hash table; both fields in one cache line fetch. */
 typedef struct gptoss_vocab_slot {
-    uint32_t tag;    /* upper 32 bits of the key's hash (fast reject) */
-    uint32_t id_p1;  /* ordinary id + 1; 0 = empty slot */
+    uint32_t tag;   /* upper 32 bits of the key's hash (fast reject) */
+    uint32_t id_p1; /* ordinary id + 1; 0 = empty slot */
 } gptoss_vocab_slot;
 
 typedef struct gptoss_special_token {
-    int32_t id;       /* token id (>= n_ordinary) */
-    uint32_t offset;  /* its text in pool */
-    uint32_t len;     /* bytes of its text, e.g. 7 for "<|end|>" */
+    int32_t id;      /* token id (>= n_ordinary) */
+    uint32_t offset; /* its text in pool */
+    uint32_t len;    /* bytes of its text, e.g. 7 for "<|end|>" */
 } gptoss_special_token;
 
 struct gptoss_tokenizer {
-    int32_t n_ordinary;         /* ordinary (BPE) tokens: ids [0, n_ordinary), id = merge rank */
-    int32_t n_vocab;            /* max id + 1 over ordinary and special tokens */
-    unsigned char *pool;        /* [pool_len] bytes of every token, ordinary and special */
-    size_t pool_len;            /* bytes used in pool */
-    gptoss_token_span *spans;   /* [n_vocab] where each id's bytes are */
-    bool *is_special;           /* [n_vocab] whether an id is a special token */
-    gptoss_vocab_slot *slots;   /* [slot_mask + 1] open-addressing table of ordinary tokens */
-    uint32_t slot_mask;         /* table size - 1 (a power of two >= 2 * n_ordinary) */
-    uint32_t max_token_len;     /* longest token in bytes (bounds stream decoder output) */
-    int32_t byte_rank[256];     /* id of each single-byte token (all 256 must exist) */
-    int32_t *pair_rank;         /* [65536] id of the two-byte token b0 b1 at b0 << 8 | b1, or -1:
-                                   BPE's first pass looks up every adjacent byte pair */
-    int32_t n_special;          /* special tokens */
+    int32_t n_ordinary;       /* ordinary (BPE) tokens: ids [0, n_ordinary), id = merge rank */
+    int32_t n_vocab;          /* max id + 1 over ordinary and special tokens */
+    unsigned char *pool;      /* [pool_len] bytes of every token, ordinary and special */
+    size_t pool_len;          /* bytes used in pool */
+    gptoss_token_span *spans; /* [n_vocab] where each id's bytes are */
+    bool *is_special;         /* [n_vocab] whether an id is a special token */
+    gptoss_vocab_slot *slots; /* [slot_mask + 1] open-addressing table of ordinary tokens */
+    uint32_t slot_mask;       /* table size - 1 (a power of two >= 2 * n_ordinary) */
+    uint32_t max_token_len;   /* longest token in bytes (bounds stream decoder output) */
+    int32_t byte_rank[256];   /* id of each single-byte token (all 256 must exist) */
+    int32_t *pair_rank;       /* [65536] id of the two-byte token b0 b1 at b0 << 8 | b1, or -1:
+                                 BPE's first pass looks up every adjacent byte pair */
+    int32_t n_special;        /* special tokens */
     gptoss_special_token *specials; /* [n_special], in file order */
-    void *regex;                /* compiled pre-tokenizer (pcre2_code *) */
-    bool regex_jit;             /* whether the regex was JIT-compiled */
+    void *regex;                    /* compiled pre-tokenizer (pcre2_code *) */
+    bool regex_jit;                 /* whether the regex was JIT-compiled */
 };
 
 /* 64-bit hash of a byte string (fast, not cryptographic). */
@@ -96,7 +96,8 @@ gptoss_status gptoss_tok_encode_ordinary(const gptoss_tokenizer *tok, const unsi
                                          size_t len, gptoss_tokens *out, gptoss_error *error);
 
 /* Fast push used on the hot path (gptoss_tokens_push is the public one). */
-static inline gptoss_status gptoss_tok_push(gptoss_tokens *tokens, int32_t id, gptoss_error *error) {
+static inline gptoss_status gptoss_tok_push(gptoss_tokens *tokens, int32_t id,
+                                            gptoss_error *error) {
     if (tokens->n < tokens->capacity) {
         tokens->ids[tokens->n++] = id;
         return GPTOSS_OK;

@@ -17,11 +17,16 @@ int gptoss_utf8_continues(const unsigned char *seq, size_t n, unsigned char byte
         /* The second byte carries the range limits that rule out overlongs, surrogates and
          * code points above U+10FFFF. */
         switch (seq[0]) {
-        case 0xE0: return byte >= 0xA0 && byte <= 0xBF;
-        case 0xED: return byte >= 0x80 && byte <= 0x9F;
-        case 0xF0: return byte >= 0x90 && byte <= 0xBF;
-        case 0xF4: return byte >= 0x80 && byte <= 0x8F;
-        default: break;
+        case 0xE0:
+            return byte >= 0xA0 && byte <= 0xBF;
+        case 0xED:
+            return byte >= 0x80 && byte <= 0x9F;
+        case 0xF0:
+            return byte >= 0x90 && byte <= 0xBF;
+        case 0xF4:
+            return byte >= 0x80 && byte <= 0x8F;
+        default:
+            break;
         }
     }
     return byte >= 0x80 && byte <= 0xBF;

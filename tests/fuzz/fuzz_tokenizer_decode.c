@@ -44,14 +44,22 @@ static bool valid_utf8(const unsigned char *s, size_t n) {
             continue;
         }
         /* need: continuation bytes; [lo, hi]: range of the first one (spec'd by RFC 3629). */
-        if (c >= 0xC2 && c <= 0xDF) need = 1;
-        else if (c == 0xE0) need = 2, lo = 0xA0;
-        else if (c == 0xED) need = 2, hi = 0x9F;
-        else if (c >= 0xE1 && c <= 0xEF) need = 2;
-        else if (c == 0xF0) need = 3, lo = 0x90;
-        else if (c == 0xF4) need = 3, hi = 0x8F;
-        else if (c >= 0xF1 && c <= 0xF3) need = 3;
-        else return false;
+        if (c >= 0xC2 && c <= 0xDF)
+            need = 1;
+        else if (c == 0xE0)
+            need = 2, lo = 0xA0;
+        else if (c == 0xED)
+            need = 2, hi = 0x9F;
+        else if (c >= 0xE1 && c <= 0xEF)
+            need = 2;
+        else if (c == 0xF0)
+            need = 3, lo = 0x90;
+        else if (c == 0xF4)
+            need = 3, hi = 0x8F;
+        else if (c >= 0xF1 && c <= 0xF3)
+            need = 3;
+        else
+            return false;
         if (i + need >= n) return false; /* truncated at the end */
         if (s[i + 1] < lo || s[i + 1] > hi) return false;
         for (size_t k = 2; k <= need; k++)
@@ -71,7 +79,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         memcpy(&raw, data + 4 * i, 4);
         /* Mostly small ids (where single bytes and short tokens live), some anywhere. */
         ids[i] = (raw & 0x80000000u) ? (int32_t)raw : (int32_t)(raw % (uint32_t)(n_vocab + 16));
-        if (ids[i] < 0 || ids[i] >= n_vocab || !gptoss_tokenizer_token_bytes(tokenizer, ids[i], NULL)) all_known = false;
+        if (ids[i] < 0 || ids[i] >= n_vocab ||
+            !gptoss_tokenizer_token_bytes(tokenizer, ids[i], NULL))
+            all_known = false;
     }
     char *text = NULL;
     size_t len = 0;
@@ -88,7 +98,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t i = 0; i < n; i++) {
         size_t got = 0;
         gptoss_status ps = gptoss_stream_decoder_push(&dec, ids[i], chunk, cap, &got, &err);
-        bool known = ids[i] >= 0 && ids[i] < n_vocab && gptoss_tokenizer_token_bytes(tokenizer, ids[i], NULL);
+        bool known = ids[i] >= 0 && ids[i] < n_vocab &&
+                     gptoss_tokenizer_token_bytes(tokenizer, ids[i], NULL);
         if ((ps == GPTOSS_OK) != known) abort();
         if (got > cap) abort();
         memcpy(streamed + total, chunk, got);
@@ -99,7 +110,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(streamed + total, chunk, got);
     total += got;
     if (!valid_utf8((const unsigned char *)streamed, total)) abort();
-    if (st == GPTOSS_OK && valid_utf8((const unsigned char *)text, len) && (total != len || memcmp(streamed, text, len) != 0)) abort();
+    if (st == GPTOSS_OK && valid_utf8((const unsigned char *)text, len) &&
+        (total != len || memcmp(streamed, text, len) != 0))
+        abort();
     free(chunk);
     free(streamed);
     free(text);

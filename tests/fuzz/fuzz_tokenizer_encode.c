@@ -42,7 +42,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (ids.ids[i] < 0 || ids.ids[i] >= gptoss_tokenizer_n_vocab(tokenizer)) abort();
     char *back = NULL;
     size_t back_len = 0;
-    if (gptoss_tokenizer_decode(tokenizer, ids.ids, ids.n, &back, &back_len, &err) != GPTOSS_OK) abort();
+    if (gptoss_tokenizer_decode(tokenizer, ids.ids, ids.n, &back, &back_len, &err) != GPTOSS_OK)
+        abort();
     if (back_len != len || memcmp(back, text, len) != 0) abort(); /* lossless for any bytes */
     free(back);
     gptoss_tokens_free(&ids);

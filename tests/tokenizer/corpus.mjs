@@ -146,7 +146,7 @@ export const SPECIAL_LOOKALIKES = [
 
 export const CONTRACTIONS = [
   "'S", "'T", "'Re", "'vE", "'LL", "'d", "'s", "'t", "'re", "'ve", "'m", "'M", "'ll", "'D", "'RE",
-  "'Ve", "'lL", "'x", "''", "'",
+  "'Ve", "'lL", "'x", "''", "'", "'İ", "’s", // not "'ſ": see test_pretokenize.c
 ];
 
 function digitRun(r, n) {
@@ -213,7 +213,9 @@ function stressDocuments(r) {
   docs.push({ name: "contractions-all", text: CONTRACTIONS.map((c) => "word" + c).join(" ") + " " + CONTRACTIONS.map((c) => "WORD" + c + "x").join("") });
   docs.push({ name: "control-chars", text: Array.from({ length: 32 }, (_, i) => String.fromCharCode(i) + "a" + String.fromCharCode(i)).join("") + "\u007f\u0080\u009f" });
   docs.push({ name: "unicode-spaces", text: ["\u00a0", "\u1680", "\u2000", "\u2001", "\u2002", "\u2003", "\u2009", "\u200a", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000", "\u000b", "\u000c"].map((s) => `a${s}b${s}${s}c ${s}\n`).join("") });
-  docs.push({ name: "all-bmp-sample", text: Array.from({ length: 3000 }, () => { let cp; do { cp = int(r, 0x20, 0xfffd); } while (cp >= 0xd800 && cp <= 0xdfff); return String.fromCodePoint(cp); }).join("") });
+  // U+0085 and U+FEFF are left out: JavaScript's \s disagrees with tiktoken's on them
+  // (see test_pretokenize.c), so gpt-tokenizer is not a valid reference there.
+  docs.push({ name: "all-bmp-sample", text: Array.from({ length: 3000 }, () => { let cp; do { cp = int(r, 0x20, 0xfffd); } while ((cp >= 0xd800 && cp <= 0xdfff) || cp === 0x85 || cp === 0xfeff); return String.fromCodePoint(cp); }).join("") });
   docs.push({ name: "astral-sample", text: Array.from({ length: 1500 }, () => String.fromCodePoint(int(r, 0x10000, 0x10ffff))).join("") });
   return docs;
 }

@@ -15,7 +15,8 @@ typedef struct reader {
 
 static uint32_t read_u32(reader *r) {
     if (r->end - r->p < 4) fail_msg("peer file truncated");
-    uint32_t v = (uint32_t)r->p[0] | (uint32_t)r->p[1] << 8 | (uint32_t)r->p[2] << 16 | (uint32_t)r->p[3] << 24;
+    uint32_t v = (uint32_t)r->p[0] | (uint32_t)r->p[1] << 8 | (uint32_t)r->p[2] << 16 |
+                 (uint32_t)r->p[3] << 24;
     r->p += 4;
     return v;
 }
@@ -35,20 +36,26 @@ static void print_context(const gptoss_tokenizer *tok, const int32_t *ids, size_
         fprintf(stderr, "%s%d=", i == at ? " >>" : " ", ids[i]);
         for (size_t j = 0; bytes && j < len; j++) {
             unsigned char c = (unsigned char)bytes[j];
-            if (c >= 0x20 && c < 0x7f && c != '\\') fputc(c, stderr);
-            else fprintf(stderr, "\\x%02x", c);
+            if (c >= 0x20 && c < 0x7f && c != '\\')
+                fputc(c, stderr);
+            else
+                fprintf(stderr, "\\x%02x", c);
         }
     }
     fputc('\n', stderr);
 }
 
 /* Compares one encoding; returns whether it matched (prints where it did not). */
-static bool compare(const gptoss_tokenizer *tok, const char *name, const char *mode, const gptoss_tokens *ours,
-                    const int32_t *peer, size_t n_peer) {
+static bool compare(const gptoss_tokenizer *tok, const char *name, const char *mode,
+                    const gptoss_tokens *ours, const int32_t *peer, size_t n_peer) {
     size_t i = 0;
-    while (i < ours->n && i < n_peer && ours->ids[i] == peer[i]) i++;
+    while (i < ours->n && i < n_peer && ours->ids[i] == peer[i])
+        i++;
     if (i == ours->n && i == n_peer) return true;
-    fprintf(stderr, "MISMATCH in document '%s' (%s): first difference at token %zu (ours %zu tokens, peer %zu)\n", name, mode, i, ours->n, n_peer);
+    fprintf(stderr,
+            "MISMATCH in document '%s' (%s): first difference at token %zu (ours %zu tokens, peer "
+            "%zu)\n",
+            name, mode, i, ours->n, n_peer);
     fprintf(stderr, "  ours:");
     print_context(tok, ours->ids, ours->n, i);
     fprintf(stderr, "  peer:");
@@ -86,13 +93,17 @@ static void test_corpus_matches_gpt_tokenizer(void **state) {
             int32_t *peer = malloc(((size_t)n + 1) * sizeof *peer);
             memcpy(peer, read_bytes(&r, (size_t)n * 4), (size_t)n * 4); /* little-endian host */
             gptoss_tokens ours = tok_test_encode(tok, text, text_len, mode == 1);
-            if (!compare(tok, name, mode ? "special tokens parsed" : "special tokens as text", &ours, peer, n)) failures++;
+            if (!compare(tok, name, mode ? "special tokens parsed" : "special tokens as text",
+                         &ours, peer, n))
+                failures++;
             total_ids += n;
             if (mode == 0) {
                 char *back = NULL;
                 size_t back_len = 0;
                 gptoss_error err = {0};
-                assert_int_equal(gptoss_tokenizer_decode(tok, ours.ids, ours.n, &back, &back_len, &err), GPTOSS_OK);
+                assert_int_equal(
+                    gptoss_tokenizer_decode(tok, ours.ids, ours.n, &back, &back_len, &err),
+                    GPTOSS_OK);
                 if (back_len != text_len || memcmp(back, text, text_len) != 0) {
                     fprintf(stderr, "ROUNDTRIP FAILED for document '%s'\n", name);
                     failures++;
@@ -103,7 +114,8 @@ static void test_corpus_matches_gpt_tokenizer(void **state) {
             free(peer);
         }
     }
-    fprintf(stderr, "compared %u documents, %zu bytes, %zu peer ids; %zu failures\n", n_docs, total_bytes, total_ids, failures);
+    fprintf(stderr, "compared %u documents, %zu bytes, %zu peer ids; %zu failures\n", n_docs,
+            total_bytes, total_ids, failures);
     assert_true(total_bytes >= 2000000);
     assert_int_equal(failures, 0);
     gptoss_tokenizer_free(tok);

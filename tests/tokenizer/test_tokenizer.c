@@ -35,21 +35,23 @@ static bool sanitized(void) {
     return s && !strcmp(s, "1");
 }
 
-#define EXPECT_IDS(text, special, ...)                                                            \
-    do {                                                                                          \
-        const int32_t expected_[] = {__VA_ARGS__};                                                \
-        gptoss_tokens got_ = tok_test_encode(real, text, strlen(text), special);                  \
-        tok_test_assert_ids(&got_, expected_, sizeof expected_ / sizeof expected_[0], text);      \
-        gptoss_tokens_free(&got_);                                                                \
+#define EXPECT_IDS(text, special, ...)                                                             \
+    do {                                                                                           \
+        const int32_t expected_[] = {__VA_ARGS__};                                                 \
+        gptoss_tokens got_ = tok_test_encode(real, text, strlen(text), special);                   \
+        tok_test_assert_ids(&got_, expected_, sizeof expected_ / sizeof expected_[0], text);       \
+        gptoss_tokens_free(&got_);                                                                 \
     } while (0)
 
 /* Decodes ids and asserts the bytes equal text[0..len). */
-static void assert_roundtrip(const gptoss_tokenizer *tok, const char *text, size_t len, bool special) {
+static void assert_roundtrip(const gptoss_tokenizer *tok, const char *text, size_t len,
+                             bool special) {
     gptoss_tokens ids = tok_test_encode(tok, text, len, special);
     char *back = NULL;
     size_t back_len = 0;
     gptoss_error err = {0};
-    assert_int_equal(gptoss_tokenizer_decode(tok, ids.ids, ids.n, &back, &back_len, &err), GPTOSS_OK);
+    assert_int_equal(gptoss_tokenizer_decode(tok, ids.ids, ids.n, &back, &back_len, &err),
+                     GPTOSS_OK);
     assert_int_equal(back_len, len);
     assert_memory_equal(back, text, len);
     free(back);
@@ -65,8 +67,9 @@ static void test_spec_vectors(void **state) {
     EXPECT_IDS("assistant", false, 173781);
     EXPECT_IDS("final", false, 17196);
     EXPECT_IDS("user", false, 1428);
-    EXPECT_IDS("User asks: \"What is 2 + 2?\" Simple arithmetic. Provide answer.", false, 1844, 31064, 25, 392,
-               4827, 382, 220, 17, 659, 220, 17, 16842, 12295, 81645, 13, 51441, 6052, 13);
+    EXPECT_IDS("User asks: \"What is 2 + 2?\" Simple arithmetic. Provide answer.", false, 1844,
+               31064, 25, 392, 4827, 382, 220, 17, 659, 220, 17, 16842, 12295, 81645, 13, 51441,
+               6052, 13);
     EXPECT_IDS("2 + 2 = 4.", false, 17, 659, 220, 17, 314, 220, 19, 13);
 }
 
@@ -94,11 +97,16 @@ static void test_special_tokens(void **state) {
         const char *text;
         int32_t id;
     } named[] = {
-        {"<|startoftext|>", GPTOSS_TOKEN_STARTOFTEXT}, {"<|endoftext|>", GPTOSS_TOKEN_ENDOFTEXT},
-        {"<|return|>", GPTOSS_TOKEN_RETURN},           {"<|constrain|>", GPTOSS_TOKEN_CONSTRAIN},
-        {"<|channel|>", GPTOSS_TOKEN_CHANNEL},         {"<|start|>", GPTOSS_TOKEN_START},
-        {"<|end|>", GPTOSS_TOKEN_END},                 {"<|message|>", GPTOSS_TOKEN_MESSAGE},
-        {"<|call|>", GPTOSS_TOKEN_CALL},               {"<|reserved_200000|>", 200000},
+        {"<|startoftext|>", GPTOSS_TOKEN_STARTOFTEXT},
+        {"<|endoftext|>", GPTOSS_TOKEN_ENDOFTEXT},
+        {"<|return|>", GPTOSS_TOKEN_RETURN},
+        {"<|constrain|>", GPTOSS_TOKEN_CONSTRAIN},
+        {"<|channel|>", GPTOSS_TOKEN_CHANNEL},
+        {"<|start|>", GPTOSS_TOKEN_START},
+        {"<|end|>", GPTOSS_TOKEN_END},
+        {"<|message|>", GPTOSS_TOKEN_MESSAGE},
+        {"<|call|>", GPTOSS_TOKEN_CALL},
+        {"<|reserved_200000|>", 200000},
         {"<|endofprompt|>", 200018},
     };
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
@@ -128,7 +136,8 @@ static void test_special_tokens(void **state) {
     EXPECT_IDS("<|END|>", true, 27, 91, 7671, 91, 29);
     /* A name only other sources reserve (spec 5.5) is not in tokenizer.json: text. */
     gptoss_tokens a = tok_test_encode(real, "<|reserved_200100|>", 19, true);
-    for (size_t i = 0; i < a.n; i++) assert_true(a.ids[i] < 199998);
+    for (size_t i = 0; i < a.n; i++)
+        assert_true(a.ids[i] < 199998);
     gptoss_tokens_free(&a);
     /* Special text round-trips in both modes. */
     const char *mixed = "x<|start|>y<|end|><|e<|call|>|>";
@@ -141,11 +150,22 @@ static void test_special_tokens(void **state) {
 static void test_invalid_utf8_and_nul(void **state) {
     (void)state;
     static const char *const cases[] = {
-        "\xff",           "\xfe\xff abc",       "abc\x80",          "\xc3",           "\xe4\xb8",
-        "\xf0\x9f\x98",   "a\xc3\x28 b",        "\xed\xa0\x80",     "\xc0\xaf",       "\xf4\x90\x80\x80",
-        "x\xe4\xb8y\xe4", "\xc3\xa9\xc3",       " \xff\xff\xff\xff \xff",
+        "\xff",
+        "\xfe\xff abc",
+        "abc\x80",
+        "\xc3",
+        "\xe4\xb8",
+        "\xf0\x9f\x98",
+        "a\xc3\x28 b",
+        "\xed\xa0\x80",
+        "\xc0\xaf",
+        "\xf4\x90\x80\x80",
+        "x\xe4\xb8y\xe4",
+        "\xc3\xa9\xc3",
+        " \xff\xff\xff\xff \xff",
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) assert_roundtrip(real, cases[i], strlen(cases[i]), false);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        assert_roundtrip(real, cases[i], strlen(cases[i]), false);
     /* Embedded NULs are ordinary characters. */
     const char nul[] = "a\0b\0\0 c\0";
     assert_roundtrip(real, nul, sizeof nul - 1, false);
@@ -175,7 +195,8 @@ static void test_decode_unknown_ids(void **state) {
         char *text = (char *)0x1;
         size_t len = 99;
         gptoss_error err = {0};
-        assert_int_equal(gptoss_tokenizer_decode(real, bad[i], 2, &text, &len, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+        assert_int_equal(gptoss_tokenizer_decode(real, bad[i], 2, &text, &len, &err),
+                         GPTOSS_ERR_INVALID_ARGUMENT);
         assert_null(text);
         assert_non_null(strstr(err.message, "unknown token id"));
     }
@@ -204,8 +225,18 @@ static void test_large_inputs_are_fast(void **state) {
     assert_non_null(buf);
     /* Budgets are generous (shared 2-core CI, sanitizers) but far below quadratic time. */
     double budget = sanitized() ? 60.0 : 15.0;
-    static const char *const fragments[] = {"hello ", "world", "\xe4\xb8\xad\xe6\x96\x87", "  ", "\n", "123456",
-                                            "\xf0\x9f\x91\x8b\xf0\x9f\x8f\xbd", "\xff", "'s ", "<|end|>", "\r\n", "\t\t"};
+    static const char *const fragments[] = {"hello ",
+                                            "world",
+                                            "\xe4\xb8\xad\xe6\x96\x87",
+                                            "  ",
+                                            "\n",
+                                            "123456",
+                                            "\xf0\x9f\x91\x8b\xf0\x9f\x8f\xbd",
+                                            "\xff",
+                                            "'s ",
+                                            "<|end|>",
+                                            "\r\n",
+                                            "\t\t"};
     uint32_t seed = 12345;
     for (int kind = 0; kind < 4; kind++) {
         size_t n = sizes[kind];
@@ -222,9 +253,11 @@ static void test_large_inputs_are_fast(void **state) {
         } else if (kind == 1) {
             memset(buf, ' ', n); /* one 10 MB whitespace piece */
         } else if (kind == 2) {
-            for (size_t i = 0; i < n; i++) buf[i] = (char)('a' + lcg(&seed) % 26); /* one 10 MB word */
+            for (size_t i = 0; i < n; i++)
+                buf[i] = (char)('a' + lcg(&seed) % 26); /* one 10 MB word */
         } else {
-            for (size_t i = 0; i < n; i++) buf[i] = (char)(lcg(&seed) & 0xFF); /* random bytes */
+            for (size_t i = 0; i < n; i++)
+                buf[i] = (char)(lcg(&seed) & 0xFF); /* random bytes */
         }
         double t0 = seconds();
         gptoss_tokens ids = tok_test_encode(real, buf, n, kind == 0);
@@ -234,7 +267,8 @@ static void test_large_inputs_are_fast(void **state) {
         char *back = NULL;
         size_t back_len = 0;
         gptoss_error err = {0};
-        assert_int_equal(gptoss_tokenizer_decode(real, ids.ids, ids.n, &back, &back_len, &err), GPTOSS_OK);
+        assert_int_equal(gptoss_tokenizer_decode(real, ids.ids, ids.n, &back, &back_len, &err),
+                         GPTOSS_OK);
         assert_int_equal(back_len, n);
         assert_memory_equal(back, buf, n);
         free(back);
@@ -287,7 +321,8 @@ static char *write_vocab(const char *dir, const char *name, const char *extra, c
         len += byte_level((unsigned char)b, json + len);
         len += (size_t)snprintf(json + len, cap - len, "\": %d", b);
     }
-    len += (size_t)snprintf(json + len, cap - len, "%s%s}, \"merges\": []}%s}", extra[0] ? ", " : "", extra, tail);
+    len += (size_t)snprintf(json + len, cap - len, "%s%s}, \"merges\": []}%s}",
+                            extra[0] ? ", " : "", extra, tail);
     char *path = ts_path(dir, name);
     ts_write_file(path, json, len);
     free(json);
@@ -297,11 +332,13 @@ static char *write_vocab(const char *dir, const char *name, const char *extra, c
 static gptoss_tokenizer *load_ok(const char *path) {
     gptoss_tokenizer *tok = NULL;
     gptoss_error err = {0};
-    if (gptoss_tokenizer_load(path, &tok, &err) != GPTOSS_OK) fail_msg("expected %s to load: %s", path, err.message);
+    if (gptoss_tokenizer_load(path, &tok, &err) != GPTOSS_OK)
+        fail_msg("expected %s to load: %s", path, err.message);
     return tok;
 }
 
-static void expect_synthetic(gptoss_tokenizer *tok, const char *text, size_t len, const int32_t *expected, size_t n) {
+static void expect_synthetic(gptoss_tokenizer *tok, const char *text, size_t len,
+                             const int32_t *expected, size_t n) {
     gptoss_tokens ids = tok_test_encode(tok, text, len, false);
     tok_test_assert_ids(&ids, expected, n, text);
     gptoss_tokens_free(&ids);
@@ -311,7 +348,8 @@ static void test_bpe_hand_worked(void **state) {
     (void)state;
     char *dir = ts_mkdtemp();
     /* aa=256, aaaa=257, bc=258, abc=259, ab=260. Ranks decide merge order, not length. */
-    char *path = write_vocab(dir, "t.json", "\"aa\": 256, \"aaaa\": 257, \"bc\": 258, \"abc\": 259, \"ab\": 260", "");
+    char *path = write_vocab(
+        dir, "t.json", "\"aa\": 256, \"aaaa\": 257, \"bc\": 258, \"abc\": 259, \"ab\": 260", "");
     gptoss_tokenizer *tok = load_ok(path);
     assert_int_equal(gptoss_tokenizer_n_vocab(tok), 261);
     /* Whole piece in vocab: emitted directly. */
@@ -330,16 +368,19 @@ static void test_bpe_hand_worked(void **state) {
     char *as = malloc(400);
     memset(as, 'a', 400);
     int32_t expected[80];
-    for (int i = 0; i < 75; i++) expected[i] = 257;
+    for (int i = 0; i < 75; i++)
+        expected[i] = 257;
     expected[75] = 256;
     expect_synthetic(tok, as, 302, expected, 76);
     expected[75] = 'a';
     expect_synthetic(tok, as, 301, expected, 76);
     /* 200 x "abc" with no separator is one 600-byte piece: "abc" tokens throughout. */
     char *abc = malloc(600);
-    for (int i = 0; i < 600; i++) abc[i] = "abc"[i % 3];
+    for (int i = 0; i < 600; i++)
+        abc[i] = "abc"[i % 3];
     int32_t abc_ids[200];
-    for (int i = 0; i < 200; i++) abc_ids[i] = 259;
+    for (int i = 0; i < 200; i++)
+        abc_ids[i] = 259;
     expect_synthetic(tok, abc, 600, abc_ids, 200);
     free(abc);
     free(as);
@@ -352,9 +393,10 @@ static void test_bpe_hand_worked(void **state) {
 static void test_synthetic_specials(void **state) {
     (void)state;
     char *dir = ts_mkdtemp();
-    char *path = write_vocab(dir, "t.json", "",
-                             ", \"added_tokens\": [{\"id\": 300, \"content\": \"<|x|>\", \"special\": true},"
-                             " {\"id\": 301, \"content\": \"<|xy|>\"}]");
+    char *path =
+        write_vocab(dir, "t.json", "",
+                    ", \"added_tokens\": [{\"id\": 300, \"content\": \"<|x|>\", \"special\": true},"
+                    " {\"id\": 301, \"content\": \"<|xy|>\"}]");
     gptoss_tokenizer *tok = load_ok(path);
     assert_int_equal(gptoss_tokenizer_n_vocab(tok), 302);
     assert_null(gptoss_tokenizer_token_bytes(tok, 299, NULL)); /* a gap between ids */
@@ -364,7 +406,8 @@ static void test_synthetic_specials(void **state) {
     gptoss_error err = {0};
     char *text;
     size_t len;
-    assert_int_equal(gptoss_tokenizer_decode(tok, (const int32_t[]){299}, 1, &text, &len, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(gptoss_tokenizer_decode(tok, (const int32_t[]){299}, 1, &text, &len, &err),
+                     GPTOSS_ERR_INVALID_ARGUMENT);
     gptoss_tokenizer_free(tok);
     free(path);
     ts_rmtree(dir);
@@ -378,7 +421,8 @@ static void expect_load_error(const char *path, gptoss_status status, const char
     gptoss_error err = {0};
     gptoss_status st = gptoss_tokenizer_load(path, &tok, &err);
     if (st != status || !strstr(err.message, needle))
-        fail_msg("loading %s: expected status %d with \"%s\", got %d: %s", path, status, needle, st, err.message);
+        fail_msg("loading %s: expected status %d with \"%s\", got %d: %s", path, status, needle, st,
+                 err.message);
     assert_null(tok);
 }
 
@@ -399,27 +443,49 @@ static void test_corrupt_files(void **state) {
         {"notjson.json", "hello, world", "must be a JSON object", GPTOSS_ERR_FORMAT},
         {"array.json", "[1, 2]", "must be a JSON object", GPTOSS_ERR_FORMAT},
         {"nomodel.json", "{\"version\": \"1.0\"}", "no \"model\"", GPTOSS_ERR_FORMAT},
-        {"novocab.json", "{\"model\": {\"type\": \"BPE\", \"merges\": []}}", "has no \"vocab\"", GPTOSS_ERR_FORMAT},
-        {"vocabarray.json", "{\"model\": {\"vocab\": [1]}}", "must be an object", GPTOSS_ERR_FORMAT},
-        {"unigram.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": {}}}", "only byte-level", GPTOSS_ERR_UNSUPPORTED},
-        {"trailing.json", "{\"model\": {\"vocab\": {\"a\": 0,}}}", "trailing comma", GPTOSS_ERR_FORMAT},
-        {"unterminated.json", "{\"model\": {\"vocab\": {\"a", "unterminated string", GPTOSS_ERR_FORMAT},
-        {"badid.json", "{\"model\": {\"vocab\": {\"a\": \"zero\"}}}", "expected an integer", GPTOSS_ERR_FORMAT},
+        {"novocab.json", "{\"model\": {\"type\": \"BPE\", \"merges\": []}}", "has no \"vocab\"",
+         GPTOSS_ERR_FORMAT},
+        {"vocabarray.json", "{\"model\": {\"vocab\": [1]}}", "must be an object",
+         GPTOSS_ERR_FORMAT},
+        {"unigram.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": {}}}", "only byte-level",
+         GPTOSS_ERR_UNSUPPORTED},
+        {"trailing.json", "{\"model\": {\"vocab\": {\"a\": 0,}}}", "trailing comma",
+         GPTOSS_ERR_FORMAT},
+        {"unterminated.json", "{\"model\": {\"vocab\": {\"a", "unterminated string",
+         GPTOSS_ERR_FORMAT},
+        {"badid.json", "{\"model\": {\"vocab\": {\"a\": \"zero\"}}}", "expected an integer",
+         GPTOSS_ERR_FORMAT},
         {"negid.json", "{\"model\": {\"vocab\": {\"a\": -1}}}", "out of range", GPTOSS_ERR_FORMAT},
         {"fracid.json", "{\"model\": {\"vocab\": {\"a\": 1.5}}}", "fraction", GPTOSS_ERR_FORMAT},
-        {"hugeid.json", "{\"model\": {\"vocab\": {\"a\": 99999999999999999999}}}", "out of range", GPTOSS_ERR_FORMAT},
-        {"alphabet.json", "{\"model\": {\"vocab\": {\"a b\": 0}}}", "outside the byte-level alphabet", GPTOSS_ERR_FORMAT},
-        {"cjkkey.json", "{\"model\": {\"vocab\": {\"\xe4\xb8\xad\": 0}}}", "outside the byte-level alphabet", GPTOSS_ERR_FORMAT},
-        {"emptykey.json", "{\"model\": {\"vocab\": {\"\": 0}}}", "empty vocab key", GPTOSS_ERR_FORMAT},
-        {"fewbytes.json", "{\"model\": {\"vocab\": {\"a\": 0, \"b\": 1}}}", "at least the 256", GPTOSS_ERR_FORMAT},
-        {"badutf8.json", "{\"model\": {\"vocab\": {\"\xff\": 0}}}", "invalid UTF-8", GPTOSS_ERR_FORMAT},
-        {"surrogate.json", "{\"model\": {\"vocab\": {\"\\ud800\": 0}}}", "surrogate", GPTOSS_ERR_FORMAT},
-        {"ctrl.json", "{\"model\": {\"vocab\": {\"a\nb\": 0}}}", "control character", GPTOSS_ERR_FORMAT},
-        {"after.json", "{\"model\": {\"vocab\": {}}} {}", "after the top-level object", GPTOSS_ERR_FORMAT},
-        {"twomodels.json", "{\"model\": {\"vocab\": {}}, \"model\": {}}", "appears twice", GPTOSS_ERR_FORMAT},
-        {"addednotarray.json", "{\"added_tokens\": {}, \"model\": {\"vocab\": {}}}", "must be an array", GPTOSS_ERR_FORMAT},
-        {"addednoid.json", "{\"added_tokens\": [{\"content\": \"<|x|>\"}], \"model\": {\"vocab\": {}}}", "lacks \"id\"", GPTOSS_ERR_FORMAT},
-        {"regex.json", "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\s+\"}}, \"model\": {\"vocab\": {}}}", "not o200k", GPTOSS_ERR_UNSUPPORTED},
+        {"hugeid.json", "{\"model\": {\"vocab\": {\"a\": 99999999999999999999}}}", "out of range",
+         GPTOSS_ERR_FORMAT},
+        {"alphabet.json", "{\"model\": {\"vocab\": {\"a b\": 0}}}",
+         "outside the byte-level alphabet", GPTOSS_ERR_FORMAT},
+        {"cjkkey.json", "{\"model\": {\"vocab\": {\"\xe4\xb8\xad\": 0}}}",
+         "outside the byte-level alphabet", GPTOSS_ERR_FORMAT},
+        {"emptykey.json", "{\"model\": {\"vocab\": {\"\": 0}}}", "empty vocab key",
+         GPTOSS_ERR_FORMAT},
+        {"fewbytes.json", "{\"model\": {\"vocab\": {\"a\": 0, \"b\": 1}}}", "at least the 256",
+         GPTOSS_ERR_FORMAT},
+        {"badutf8.json", "{\"model\": {\"vocab\": {\"\xff\": 0}}}", "invalid UTF-8",
+         GPTOSS_ERR_FORMAT},
+        {"surrogate.json", "{\"model\": {\"vocab\": {\"\\ud800\": 0}}}", "surrogate",
+         GPTOSS_ERR_FORMAT},
+        {"ctrl.json", "{\"model\": {\"vocab\": {\"a\nb\": 0}}}", "control character",
+         GPTOSS_ERR_FORMAT},
+        {"after.json", "{\"model\": {\"vocab\": {}}} {}", "after the top-level object",
+         GPTOSS_ERR_FORMAT},
+        {"twomodels.json", "{\"model\": {\"vocab\": {}}, \"model\": {}}", "appears twice",
+         GPTOSS_ERR_FORMAT},
+        {"addednotarray.json", "{\"added_tokens\": {}, \"model\": {\"vocab\": {}}}",
+         "must be an array", GPTOSS_ERR_FORMAT},
+        {"addednoid.json",
+         "{\"added_tokens\": [{\"content\": \"<|x|>\"}], \"model\": {\"vocab\": {}}}",
+         "lacks \"id\"", GPTOSS_ERR_FORMAT},
+        {"regex.json",
+         "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\s+\"}}, "
+         "\"model\": {\"vocab\": {}}}",
+         "not o200k", GPTOSS_ERR_UNSUPPORTED},
     };
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
         write_text(dir, texts[i].name, texts[i].text, &p);
@@ -430,13 +496,21 @@ static void test_corrupt_files(void **state) {
     struct {
         const char *extra, *tail, *needle;
     } vocabs[] = {
-        {"\"aa\": 300", "", "id 256 is missing"},                          /* a hole in the ids */
-        {"\"aa\": 5", "", "id 5 is given to two different keys"},          /* duplicate id */
-        {"\"aa\": 256, \"aa\": 257", "", "have the same bytes"},           /* duplicate key */
-        {"\"aa\": 256", ", \"added_tokens\": [{\"id\": 7, \"content\": \"<|x|>\"}]", "already an ordinary vocab id"},
-        {"\"aa\": 256", ", \"added_tokens\": [{\"id\": 300, \"content\": \"<|x|>\"}, {\"id\": 300, \"content\": \"<|y|>\"}]", "appears twice"},
-        {"\"aa\": 256", ", \"added_tokens\": [{\"id\": 300, \"content\": \"<|x|>\"}, {\"id\": 301, \"content\": \"<|x|>\"}]", "appears twice"},
-        {"\"aa\": 256", ", \"added_tokens\": [{\"id\": 300, \"content\": \"\"}]", "empty \"content\""},
+        {"\"aa\": 300", "", "id 256 is missing"},                 /* a hole in the ids */
+        {"\"aa\": 5", "", "id 5 is given to two different keys"}, /* duplicate id */
+        {"\"aa\": 256, \"aa\": 257", "", "have the same bytes"},  /* duplicate key */
+        {"\"aa\": 256", ", \"added_tokens\": [{\"id\": 7, \"content\": \"<|x|>\"}]",
+         "already an ordinary vocab id"},
+        {"\"aa\": 256",
+         ", \"added_tokens\": [{\"id\": 300, \"content\": \"<|x|>\"}, {\"id\": 300, \"content\": "
+         "\"<|y|>\"}]",
+         "appears twice"},
+        {"\"aa\": 256",
+         ", \"added_tokens\": [{\"id\": 300, \"content\": \"<|x|>\"}, {\"id\": 301, \"content\": "
+         "\"<|x|>\"}]",
+         "appears twice"},
+        {"\"aa\": 256", ", \"added_tokens\": [{\"id\": 300, \"content\": \"\"}]",
+         "empty \"content\""},
     };
     for (size_t i = 0; i < sizeof vocabs / sizeof vocabs[0]; i++) {
         char name[32];
@@ -503,16 +577,11 @@ static void test_load_time(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_spec_vectors),
-        cmocka_unit_test(test_vocabulary_shape),
-        cmocka_unit_test(test_special_tokens),
-        cmocka_unit_test(test_invalid_utf8_and_nul),
-        cmocka_unit_test(test_decode_unknown_ids),
-        cmocka_unit_test(test_large_inputs_are_fast),
-        cmocka_unit_test(test_bpe_hand_worked),
-        cmocka_unit_test(test_synthetic_specials),
-        cmocka_unit_test(test_corrupt_files),
-        cmocka_unit_test(test_load_time),
+        cmocka_unit_test(test_spec_vectors),       cmocka_unit_test(test_vocabulary_shape),
+        cmocka_unit_test(test_special_tokens),     cmocka_unit_test(test_invalid_utf8_and_nul),
+        cmocka_unit_test(test_decode_unknown_ids), cmocka_unit_test(test_large_inputs_are_fast),
+        cmocka_unit_test(test_bpe_hand_worked),    cmocka_unit_test(test_synthetic_specials),
+        cmocka_unit_test(test_corrupt_files),      cmocka_unit_test(test_load_time),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
