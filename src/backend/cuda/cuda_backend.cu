@@ -1,0 +1,698 @@
+/*
+ * cuda_backend.cu - the CUDA backend: weight upload, KV pools, workspace, and the forward
+ * pass of one batch plan as a fixed sequence of kernels (spec section 2).
+ *
+ * Per step:  plan upload -> embed -> [per layer: attn-norm, QKV GEMM (cuBLAS), bias+RoPE+KV
+ * write, paged sink attention, O GEMM (cuBLAS), residual+mlp-norm, router logits (fp32 input),
+ * top-k, route, MoE (MXFP4)] -> residual+final norm of the logit rows only -> lm_head GEMM.
+ * The residual stream is fp32; GEMM inputs are bf16 (as the references round them), except
+ * the router, whose discrete choice is made from fp32 activations; every reduction
+ * accumulates in fp32. KV pages are bf16. Steps of up to 64 tokens (decode) are captured once
+ * per shape as CUDA graphs and replayed (GPTOSS_CUDA_GRAPHS=0 turns that off).
+ *
+ * Owns: every device allocation of a state (freed by gptoss_cuda_state_free). Must not:
+ * print, touch KV pages a plan does not name, or leave the device in a failed state without
+ * an error message.
+ */
+#include "backend/cuda/cuda_backend.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "model/config.h"
+}
+
+gptoss_status gptoss_cuda_error(gptoss_error *error, cudaError_t code, const char *what) {
+    gptoss_status status = (code == cudaErrorMemoryAllocation) ? GPTOSS_ERR_OUT_OF_MEMORY : GPTOSS_ERR_BACKEND;
+    return gptoss_set_error(error, status, "CUDA: %s failed: %s (%s)", what, cudaGetErrorString(code),
+                            cudaGetErrorName(code));
+}
+
+#define CUDA_TRY(call, what)                                                                   \
+    do {                                                                                       \
+        cudaError_t cuda_try_code_ = (call);                                                   \
+        if (cuda_try_code_ != cudaSuccess) return gptoss_cuda_error(error, cuda_try_code_, what); \
+    } while (0)
+
+static gptoss_status cublas_check(cublasStatus_t s, const char *what, gptoss_error *error) {
+    if (s == CUBLAS_STATUS_SUCCESS) return GPTOSS_OK;
+    return gptoss_set_error(error, GPTOSS_ERR_BACKEND, "cuBLAS: %s failed with status %d", what, (int)s);
+}
+
+/* Y[M, N] f32 = X[M, K] bf16 . W[N, K]^T (row-major), fp32 accumulation. */
+static gptoss_status gemm_bf16(gptoss_cuda_state *s, const bf16 *w, const bf16 *x, float *y,
+                               int32_t m, int32_t n, int32_t k, gptoss_error *error) {
+    if (m <= 0) return GPTOSS_OK;
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = cublasGemmEx(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_16BF, k,
+                                     x, CUDA_R_16BF, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT);
+    return cublas_check(st, "bf16 GEMM", error);
+}
+
+/* ---- configuration checks ------------------------------------------------------------- */
+
+static gptoss_status check_supported(const gptoss_config *c, gptoss_error *error) {
+    if (c->hidden_size % 32 || c->intermediate_size % 32)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "CUDA backend: hidden_size (%d) and intermediate_size (%d) must be "
+                                "multiples of 32 (MXFP4 groups)", c->hidden_size, c->intermediate_size);
+    if (c->hidden_size > 4096 || c->intermediate_size > 4096)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "CUDA backend: hidden_size %d / intermediate_size %d exceed the 4096 the "
+                                "norm and GEMV kernels hold", c->hidden_size, c->intermediate_size);
+    if (c->head_dim != 16 && c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "CUDA backend: head_dim %d not supported (16, 32, 64 or 128)", c->head_dim);
+    if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > 32)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "CUDA backend: %d query heads per KV head not supported (at most 32)",
+                                c->n_kv_heads > 0 ? c->n_heads / c->n_kv_heads : 0);
+    if (c->n_experts > 1024 || c->n_experts_per_token > 32 || c->n_experts_per_token > c->n_experts)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "CUDA backend: %d experts with top-%d not supported (at most 1024, top-32)",
+                                c->n_experts, c->n_experts_per_token);
+    return GPTOSS_OK;
+}
+
+/* ---- allocation ------------------------------------------------------------------------- */
+
+static size_t layer_weight_bytes(const gptoss_config *c) {
+    size_t H = c->hidden_size, I = c->intermediate_size, E = c->n_experts;
+    size_t qkv = (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim, q = (size_t)c->n_heads * c->head_dim;
+    size_t b = 0;
+    b += 2 * H * 4 + qkv * H * 2 + qkv * 4 + H * q * 2 + H * 4 + c->n_heads * 4 + E * H * 2 + E * 4;
+    b += E * 2 * I * (H / 32) * 17 + E * 2 * I * 4 + E * H * (I / 32) * 17 + E * H * 4;
+    return b + 16 * 256; /* alignment slack */
+}
+
+static gptoss_status dev_alloc(void **p, size_t bytes, const char *what, gptoss_error *error) {
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&free_b, &total_b);
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                                "CUDA: cannot allocate %.1f MiB for %s (%.1f MiB free of %.1f MiB); use "
+                                "fewer KV blocks or a smaller model",
+                                bytes / 1048576.0, what, free_b / 1048576.0, total_b / 1048576.0);
+    }
+    return GPTOSS_OK;
+}
+
+/* Creates everything except the weights' contents: stream, cuBLAS, weight buffers, pools. */
+static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backend_options *options,
+                                 gptoss_cuda_state **out, gptoss_error *error) {
+    gptoss_status st = check_supported(config, error);
+    if (st) return st;
+    int n_dev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&n_dev);
+    if (ce != cudaSuccess || n_dev == 0)
+        return gptoss_set_error(error, GPTOSS_ERR_BACKEND, "CUDA: no usable GPU (%s)",
+                                ce != cudaSuccess ? cudaGetErrorString(ce) : "device count is 0");
+    if (options->device < 0 || options->device >= n_dev)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "CUDA: device %d does not exist (this machine has %d)", options->device, n_dev);
+    CUDA_TRY(cudaSetDevice(options->device), "cudaSetDevice");
+    cudaDeviceProp prop;
+    CUDA_TRY(cudaGetDeviceProperties(&prop, options->device), "cudaGetDeviceProperties");
+    if (prop.major < 8)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "CUDA: %s is compute capability %d.%d; gptoss needs 8.0 or newer (bf16 "
+                                "tensor cores)", prop.name, prop.major, prop.minor);
+
+    gptoss_cuda_state *s = (gptoss_cuda_state *)calloc(1, sizeof *s);
+    if (!s) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
+    *out = s;
+    s->config = *config;
+    s->device = options->device;
+    s->n_sms = prop.multiProcessorCount;
+    snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
+    s->use_graphs = getenv("GPTOSS_CUDA_GRAPHS") == NULL || strcmp(getenv("GPTOSS_CUDA_GRAPHS"), "0") != 0;
+    s->kv_block_size = options->kv_block_size;
+    s->n_kv_blocks = options->n_kv_blocks;
+    s->n_sliding_kv_blocks = options->n_sliding_kv_blocks > 0 ? options->n_sliding_kv_blocks : options->n_kv_blocks;
+    CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    st = cublas_check(cublasCreate(&s->cublas), "cublasCreate", error);
+    if (st) return st;
+    st = cublas_check(cublasSetStream(s->cublas, s->stream), "cublasSetStream", error);
+    if (st) return st;
+    CUDA_TRY(gptoss_cuda_moe_prepare(config->hidden_size, config->intermediate_size), "MoE kernel setup");
+    CUDA_TRY(gptoss_cuda_router_prepare(config->hidden_size), "router kernel setup");
+
+    const gptoss_config *c = config;
+    size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
+    size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
+    size_t QKV = (NH + 2 * NKV) * D;
+    size_t need = 2 * V * H * 2 + (size_t)c->n_layers * layer_weight_bytes(c);
+    size_t kv_token = NKV * D * 2 * 2; /* K and V, bf16 */
+    size_t n_sliding = 0;
+    for (int l = 0; l < c->n_layers; l++) n_sliding += c->layer_is_sliding[l];
+    size_t kv_need = ((size_t)c->n_layers - n_sliding) * s->n_kv_blocks * s->kv_block_size * kv_token +
+                     n_sliding * s->n_sliding_kv_blocks * s->kv_block_size * kv_token;
+    size_t free_b = 0, total_b = 0;
+    CUDA_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    if (need + kv_need > free_b)
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                                "CUDA: the model needs %.2f GiB of weights and %.2f GiB of KV cache but %s "
+                                "has %.2f GiB free; lower n_kv_blocks or use a larger GPU",
+                                need / 1073741824.0, kv_need / 1073741824.0, prop.name, free_b / 1073741824.0);
+
+#define ALLOC(ptr, bytes, what)                                                    \
+    do {                                                                           \
+        st = dev_alloc((void **)&(ptr), (bytes), (what), error);                   \
+        if (st) return st;                                                         \
+        s->weight_bytes += (bytes);                                                \
+    } while (0)
+    ALLOC(s->embedding, V * H * 2, "the embedding");
+    ALLOC(s->lm_head, V * H * 2, "lm_head");
+    ALLOC(s->final_norm, H * 4, "the final norm");
+    ALLOC(s->inv_freq, D / 2 * 4, "RoPE tables");
+    s->layers = (cuda_layer *)calloc((size_t)c->n_layers, sizeof(cuda_layer));
+    if (!s->layers) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int l = 0; l < c->n_layers; l++) {
+        cuda_layer *L = &s->layers[l];
+        L->sliding = c->layer_is_sliding[l] && c->sliding_window > 0;
+        ALLOC(L->attn_norm, H * 4, "norms");
+        ALLOC(L->mlp_norm, H * 4, "norms");
+        ALLOC(L->qkv_weight, QKV * H * 2, "QKV weights");
+        ALLOC(L->qkv_bias, QKV * 4, "QKV bias");
+        ALLOC(L->o_weight, H * NH * D * 2, "O weights");
+        ALLOC(L->o_bias, H * 4, "O bias");
+        ALLOC(L->sinks, NH * 4, "sinks");
+        ALLOC(L->router_weight, E * H * 2, "router");
+        ALLOC(L->router_bias, E * 4, "router bias");
+        gptoss_cuda_moe_weights *m = &L->moe;
+        ALLOC(m->gate_up_blocks, E * 2 * I * (H / 32) * 16, "expert gate_up blocks");
+        ALLOC(m->gate_up_scales, E * 2 * I * (H / 32), "expert gate_up scales");
+        ALLOC(m->gate_up_bias, E * 2 * I * 4, "expert gate_up bias");
+        ALLOC(m->down_blocks, E * H * (I / 32) * 16, "expert down blocks");
+        ALLOC(m->down_scales, E * H * (I / 32), "expert down scales");
+        ALLOC(m->down_bias, E * H * 4, "expert down bias");
+        m->n_experts = (int32_t)E;
+        m->hidden = (int32_t)H;
+        m->intermediate = (int32_t)I;
+        m->swiglu_limit = (float)c->swiglu_limit;
+        m->swiglu_alpha = (float)c->swiglu_alpha;
+        size_t pool = (size_t)(L->sliding ? s->n_sliding_kv_blocks : s->n_kv_blocks) * s->kv_block_size * NKV * D * 2;
+        st = dev_alloc((void **)&L->k_cache, pool, "the KV cache", error);
+        if (st) return st;
+        st = dev_alloc((void **)&L->v_cache, pool, "the KV cache", error);
+        if (st) return st;
+        s->kv_bytes += 2 * pool;
+    }
+#undef ALLOC
+    float inv_freq[512];
+    float conc = 1.0f;
+    gptoss_rope_yarn_inv_freq(c, inv_freq, &conc);
+    s->concentration = conc;
+    CUDA_TRY(cudaMemcpy(s->inv_freq, inv_freq, D / 2 * sizeof(float), cudaMemcpyHostToDevice), "upload RoPE");
+    return GPTOSS_OK;
+}
+
+static void graphs_clear_all(gptoss_cuda_state *s) {
+    for (int i = 0; i < GPTOSS_CUDA_MAX_GRAPHS; i++)
+        if (s->graphs[i].valid) cudaGraphExecDestroy(s->graphs[i].exec);
+    for (int i = 0; i < GPTOSS_CUDA_MAX_PROF_EVENTS; i++)
+        if (s->prof_events[i]) cudaEventDestroy(s->prof_events[i]);
+}
+
+void gptoss_cuda_state_free(gptoss_cuda_state *s) {
+    if (!s) return;
+    cudaSetDevice(s->device);
+    if (s->stream) cudaStreamSynchronize(s->stream);
+    cudaFree(s->embedding);
+    cudaFree(s->lm_head);
+    cudaFree(s->final_norm);
+    cudaFree(s->inv_freq);
+    if (s->layers) {
+        for (int l = 0; l < s->config.n_layers; l++) {
+            cuda_layer *L = &s->layers[l];
+            cudaFree(L->attn_norm);
+            cudaFree(L->mlp_norm);
+            cudaFree(L->qkv_weight);
+            cudaFree(L->qkv_bias);
+            cudaFree(L->o_weight);
+            cudaFree(L->o_bias);
+            cudaFree(L->sinks);
+            cudaFree(L->router_weight);
+            cudaFree(L->router_bias);
+            cudaFree((void *)L->moe.gate_up_blocks);
+            cudaFree((void *)L->moe.gate_up_scales);
+            cudaFree((void *)L->moe.gate_up_bias);
+            cudaFree((void *)L->moe.down_blocks);
+            cudaFree((void *)L->moe.down_scales);
+            cudaFree((void *)L->moe.down_bias);
+            cudaFree(L->k_cache);
+            cudaFree(L->v_cache);
+        }
+        free(s->layers);
+    }
+    graphs_clear_all(s);
+    cudaFree(s->ws.base);
+    cudaFreeHost(s->ws.plan_host);
+    cudaFree(s->ws.plan_dev);
+    if (s->cublas) cublasDestroy(s->cublas);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    free(s);
+}
+
+/* ---- weight upload ---------------------------------------------------------------------- */
+
+typedef struct upload_ctx {
+    gptoss_cuda_state *s;
+    const gptoss_backend_options *options;
+    size_t done, total; /* bytes */
+    float *host_f32;    /* staging for small vectors converted to f32 */
+    size_t host_cap;
+} upload_ctx;
+
+static void upload_progress(upload_ctx *u, size_t bytes) {
+    u->done += bytes;
+    if (u->options->progress)
+        u->options->progress(u->options->progress_user, "uploading weights", u->total ? (double)u->done / u->total : 1.0);
+}
+
+static gptoss_status upload_raw(upload_ctx *u, void *dst, const gptoss_tensor *t, size_t expect_bytes,
+                                gptoss_error *error) {
+    if (t->n_bytes != expect_bytes)
+        return gptoss_set_error(error, GPTOSS_ERR_MODEL, "CUDA upload: tensor %s has %zu bytes, expected %zu",
+                                t->name ? t->name : "?", t->n_bytes, expect_bytes);
+    CUDA_TRY(cudaMemcpy(dst, t->data, expect_bytes, cudaMemcpyHostToDevice), "weight upload");
+    upload_progress(u, expect_bytes);
+    return GPTOSS_OK;
+}
+
+static gptoss_status upload_bf16_matrix(upload_ctx *u, bf16 *dst, const gptoss_tensor *t, size_t n,
+                                        gptoss_error *error) {
+    if (t->dtype != GPTOSS_DTYPE_BF16)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "CUDA upload: tensor %s is %s; the CUDA backend "
+                                "needs BF16 for dense matrices", t->name ? t->name : "?", gptoss_dtype_name(t->dtype));
+    return upload_raw(u, dst, t, n * 2, error);
+}
+
+/* Small vectors (norms, biases, sinks) become f32 on the device whatever their file dtype. */
+static gptoss_status upload_vector_f32(upload_ctx *u, float *dst, const gptoss_tensor *t, size_t n,
+                                       gptoss_error *error) {
+    if (n > u->host_cap) {
+        float *grown = (float *)realloc(u->host_f32, n * sizeof(float));
+        if (!grown) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
+        u->host_f32 = grown;
+        u->host_cap = n;
+    }
+    const unsigned char *p = (const unsigned char *)t->data;
+    size_t esz = gptoss_dtype_size(t->dtype);
+    if (t->n_bytes != n * esz || (t->dtype != GPTOSS_DTYPE_BF16 && t->dtype != GPTOSS_DTYPE_F32))
+        return gptoss_set_error(error, GPTOSS_ERR_MODEL, "CUDA upload: tensor %s: expected %zu BF16 or F32 values",
+                                t->name ? t->name : "?", n);
+    for (size_t i = 0; i < n; i++) {
+        if (t->dtype == GPTOSS_DTYPE_BF16) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            u->host_f32[i] = gptoss_bf16_to_f32(h);
+        } else {
+            memcpy(&u->host_f32[i], p + 4 * i, 4);
+        }
+    }
+    CUDA_TRY(cudaMemcpy(dst, u->host_f32, n * sizeof(float), cudaMemcpyHostToDevice), "weight upload");
+    upload_progress(u, t->n_bytes);
+    return GPTOSS_OK;
+}
+
+static gptoss_status upload_weights(gptoss_cuda_state *s, const gptoss_weights *w,
+                                    const gptoss_backend_options *options, gptoss_error *error) {
+    const gptoss_config *c = &s->config;
+    size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
+    size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
+    upload_ctx u = {s, options, 0, 0, NULL, 0};
+    u.total = w->embedding.n_bytes + w->lm_head.n_bytes + w->final_norm.n_bytes;
+    for (int l = 0; l < w->n_layers; l++) {
+        const gptoss_tensor *ts = &w->layers[l].attn_norm;
+        for (size_t i = 0; i < sizeof(gptoss_layer_weights) / sizeof(gptoss_tensor); i++) u.total += ts[i].n_bytes;
+    }
+    gptoss_status st = GPTOSS_OK;
+#define TRY(x)          \
+    do {                \
+        st = (x);       \
+        if (st) goto done; \
+    } while (0)
+    if (w->n_layers != c->n_layers) {
+        st = gptoss_set_error(error, GPTOSS_ERR_MODEL, "CUDA upload: weights have %d layers, config %d",
+                              w->n_layers, c->n_layers);
+        goto done;
+    }
+    TRY(upload_bf16_matrix(&u, s->embedding, &w->embedding, V * H, error));
+    TRY(upload_bf16_matrix(&u, s->lm_head, &w->lm_head, V * H, error));
+    TRY(upload_vector_f32(&u, s->final_norm, &w->final_norm, H, error));
+    for (int l = 0; l < c->n_layers; l++) {
+        const gptoss_layer_weights *lw = &w->layers[l];
+        cuda_layer *L = &s->layers[l];
+        TRY(upload_vector_f32(&u, L->attn_norm, &lw->attn_norm, H, error));
+        TRY(upload_vector_f32(&u, L->mlp_norm, &lw->mlp_norm, H, error));
+        TRY(upload_bf16_matrix(&u, L->qkv_weight, &lw->q_weight, NH * D * H, error));
+        TRY(upload_bf16_matrix(&u, L->qkv_weight + NH * D * H, &lw->k_weight, NKV * D * H, error));
+        TRY(upload_bf16_matrix(&u, L->qkv_weight + (NH + NKV) * D * H, &lw->v_weight, NKV * D * H, error));
+        TRY(upload_vector_f32(&u, L->qkv_bias, &lw->q_bias, NH * D, error));
+        TRY(upload_vector_f32(&u, L->qkv_bias + NH * D, &lw->k_bias, NKV * D, error));
+        TRY(upload_vector_f32(&u, L->qkv_bias + (NH + NKV) * D, &lw->v_bias, NKV * D, error));
+        TRY(upload_bf16_matrix(&u, L->o_weight, &lw->o_weight, H * NH * D, error));
+        TRY(upload_vector_f32(&u, L->o_bias, &lw->o_bias, H, error));
+        TRY(upload_vector_f32(&u, L->sinks, &lw->sinks, NH, error));
+        TRY(upload_bf16_matrix(&u, L->router_weight, &lw->router_weight, E * H, error));
+        TRY(upload_vector_f32(&u, L->router_bias, &lw->router_bias, E, error));
+        TRY(upload_raw(&u, (void *)L->moe.gate_up_blocks, &lw->gate_up_blocks, E * 2 * I * (H / 32) * 16, error));
+        TRY(upload_raw(&u, (void *)L->moe.gate_up_scales, &lw->gate_up_scales, E * 2 * I * (H / 32), error));
+        TRY(upload_vector_f32(&u, (float *)L->moe.gate_up_bias, &lw->gate_up_bias, E * 2 * I, error));
+        TRY(upload_raw(&u, (void *)L->moe.down_blocks, &lw->down_blocks, E * H * (I / 32) * 16, error));
+        TRY(upload_raw(&u, (void *)L->moe.down_scales, &lw->down_scales, E * H * (I / 32), error));
+        TRY(upload_vector_f32(&u, (float *)L->moe.down_bias, &lw->down_bias, E * H, error));
+    }
+#undef TRY
+done:
+    free(u.host_f32);
+    return st;
+}
+
+/* ---- random weights (bench) --------------------------------------------------------------- */
+
+gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
+                                              const gptoss_backend_options *options, uint64_t seed,
+                                              gptoss_cuda_state **out, gptoss_error *error) {
+    gptoss_cuda_state *s = NULL;
+    gptoss_status st = state_alloc(config, options, &s, error);
+    if (st) {
+        gptoss_cuda_state_free(s);
+        return st;
+    }
+    const gptoss_config *c = config;
+    size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
+    size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads, QKV = (NH + 2 * NKV) * D;
+    cudaStream_t k = s->stream;
+    uint64_t n = seed * 1000003ull;
+    /* make-model's distributions (model/random_init.h): embedding N(0, 1), Linear weights
+     * N(0, 1/sqrt(in)), biases N(0, 0.02), norm gains 1 + N(0, 0.05), sinks N(0, 1), MXFP4
+     * codes uniform, scale bytes s0 + {-1, 0, 1} with s0 = 127 + round(log2(1/(2.93 sqrt(in)))).
+     * The values differ from make-model's (another hash); the cost does not depend on them. */
+    float lin_h = 1.0f / sqrtf((float)H), lin_q = 1.0f / sqrtf((float)(NH * D));
+    int s0_h = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)H))));
+    int s0_i = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)I))));
+    gptoss_cuda_fill_normal_bf16(s->embedding, V * H, n++, 0.0f, 1.0f, k);
+    gptoss_cuda_fill_normal_bf16(s->lm_head, V * H, n++, 0.0f, lin_h, k);
+    gptoss_cuda_fill_normal_f32(s->final_norm, H, n++, 1.0f, 0.05f, k);
+    for (int l = 0; l < c->n_layers; l++) {
+        cuda_layer *L = &s->layers[l];
+        gptoss_cuda_fill_normal_f32(L->attn_norm, H, n++, 1.0f, 0.05f, k);
+        gptoss_cuda_fill_normal_f32(L->mlp_norm, H, n++, 1.0f, 0.05f, k);
+        gptoss_cuda_fill_normal_bf16(L->qkv_weight, QKV * H, n++, 0.0f, lin_h, k);
+        gptoss_cuda_fill_normal_f32(L->qkv_bias, QKV, n++, 0.0f, 0.02f, k);
+        gptoss_cuda_fill_normal_bf16(L->o_weight, H * NH * D, n++, 0.0f, lin_q, k);
+        gptoss_cuda_fill_normal_f32(L->o_bias, H, n++, 0.0f, 0.02f, k);
+        gptoss_cuda_fill_normal_f32(L->sinks, NH, n++, 0.0f, 1.0f, k);
+        gptoss_cuda_fill_normal_bf16(L->router_weight, E * H, n++, 0.0f, lin_h, k);
+        gptoss_cuda_fill_normal_f32(L->router_bias, E, n++, 0.0f, 0.02f, k);
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_blocks, E * 2 * I * (H / 32) * 16, n++, 0, 255, k);
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_scales, E * 2 * I * (H / 32), n++, s0_h - 1, s0_h + 1, k);
+        gptoss_cuda_fill_normal_f32((float *)L->moe.gate_up_bias, E * 2 * I, n++, 0.0f, 0.02f, k);
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_blocks, E * H * (I / 32) * 16, n++, 0, 255, k);
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_scales, E * H * (I / 32), n++, s0_i - 1, s0_i + 1, k);
+        gptoss_cuda_fill_normal_f32((float *)L->moe.down_bias, E * H, n++, 0.0f, 0.02f, k);
+        if (options->progress) options->progress(options->progress_user, "generating weights", (l + 1.0) / c->n_layers);
+    }
+    cudaError_t ce = cudaStreamSynchronize(k);
+    if (ce == cudaSuccess) ce = cudaGetLastError();
+    if (ce != cudaSuccess) {
+        gptoss_cuda_state_free(s);
+        return gptoss_cuda_error(error, ce, "random weight generation");
+    }
+    *out = s;
+    return GPTOSS_OK;
+}
+
+/* ---- workspace ---------------------------------------------------------------------------- */
+
+static size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
+
+static gptoss_status ensure_workspace(gptoss_cuda_state *s, int32_t n_tokens, int32_t n_logits,
+                                      int32_t table_ints, gptoss_error *error) {
+    cuda_workspace *w = &s->ws;
+    const gptoss_config *c = &s->config;
+    if (n_tokens > w->cap_tokens || n_logits > w->cap_logits) {
+        int32_t T = n_tokens > w->cap_tokens ? n_tokens : w->cap_tokens;
+        int32_t NL = n_logits > w->cap_logits ? n_logits : w->cap_logits;
+        if (T < 16) T = 16;
+        if (NL < 1) NL = 1;
+        size_t H = c->hidden_size, I = c->intermediate_size, E = c->n_experts, K = c->n_experts_per_token;
+        size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads, QKV = (NH + 2 * NKV) * D;
+        size_t V = c->vocab_size;
+        /* split-K partials exist only while n_tokens * n_kv_heads * splits < 4 * SMs (see
+         * gptoss_cuda_attention_splits), i.e. n_tokens * n_heads * splits < 4 * SMs * group */
+        size_t part = (size_t)4 * s->n_sms * (NH / NKV) * (D + 2);
+        size_t sizes[15] = {
+            (size_t)T * H * 4, (size_t)T * H * 2, (size_t)T * H * 4, (size_t)T * QKV * 4, (size_t)T * NH * D * 4,
+            (size_t)T * NH * D * 2, (size_t)T * (H > E ? H : E) * 4, (size_t)T * K * 4, (size_t)T * K * 4,
+            gptoss_cuda_route_bytes((int32_t)(T * K), (int32_t)E), (size_t)T * K * I * 2, (size_t)T * K * H * 4,
+            part * 4, (size_t)NL * H * 2, (size_t)NL * V * 4};
+        size_t total = 0;
+        for (int i = 0; i < 15; i++) total += align_up(sizes[i]);
+        if (w->base) {
+            cudaStreamSynchronize(s->stream);
+            cudaFree(w->base);
+            w->base = NULL;
+        }
+        gptoss_status st = dev_alloc(&w->base, total, "the step workspace", error);
+        if (st) {
+            w->cap_tokens = w->cap_logits = 0;
+            return st;
+        }
+        w->bytes = total;
+        char *p = (char *)w->base;
+        void **slots[15] = {(void **)&w->x, (void **)&w->t, (void **)&w->t_f32, (void **)&w->qkv, (void **)&w->q,
+                            (void **)&w->attn, (void **)&w->proj, (void **)&w->topk_idx,
+                            (void **)&w->topk_weight, (void **)&w->route_mem, (void **)&w->h,
+                            (void **)&w->y, (void **)&w->partial, (void **)&w->lm_in, (void **)&w->logits};
+        for (int i = 0; i < 15; i++) {
+            *slots[i] = p;
+            p += align_up(sizes[i]);
+        }
+        w->partial_floats = part;
+        w->cap_tokens = T;
+        w->cap_logits = NL;
+    }
+    size_t plan_ints = (size_t)3 * w->cap_tokens + w->cap_logits + 2 * (size_t)table_ints;
+    if (plan_ints > w->plan_ints) {
+        if (w->plan_dev) {
+            cudaStreamSynchronize(s->stream);
+            cudaFree(w->plan_dev);
+            cudaFreeHost(w->plan_host);
+            w->plan_dev = NULL;
+            w->plan_host = NULL;
+        }
+        plan_ints = plan_ints * 2;
+        gptoss_status st = dev_alloc((void **)&w->plan_dev, plan_ints * 4, "the plan buffer", error);
+        if (st) return st;
+        CUDA_TRY(cudaMallocHost((void **)&w->plan_host, plan_ints * 4), "cudaMallocHost");
+        w->plan_ints = plan_ints;
+    }
+    return GPTOSS_OK;
+}
+
+/* ---- forward ---------------------------------------------------------------------------- */
+
+static void prof_mark(gptoss_cuda_state *s, int part) {
+    if (!s->profiling || s->prof_n >= GPTOSS_CUDA_MAX_PROF_EVENTS) return;
+    cudaEventRecord(s->prof_events[s->prof_n], s->stream);
+    s->prof_part[s->prof_n++] = part;
+}
+
+static void graphs_clear(gptoss_cuda_state *s) {
+    for (int i = 0; i < GPTOSS_CUDA_MAX_GRAPHS; i++) {
+        if (s->graphs[i].valid) cudaGraphExecDestroy(s->graphs[i].exec);
+        s->graphs[i].valid = false;
+    }
+}
+
+/* Enqueues one whole step on s->stream from the staged plan (no host work depends on the
+ * plan's contents here, so the same sequence can be captured once and replayed). */
+static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key, gptoss_error *error) {
+    const gptoss_config *c = &s->config;
+    cuda_workspace *w = &s->ws;
+    int32_t T = key->n_tokens, NL = key->n_logits;
+    int32_t table_ints = key->n_seqs * key->max_blocks;
+    int32_t H = c->hidden_size, E = c->n_experts, K = c->n_experts_per_token, D = c->head_dim;
+    int32_t NH = c->n_heads, NKV = c->n_kv_heads, QKV = (NH + 2 * NKV) * D;
+    float eps = (float)c->rms_norm_eps;
+    cudaStream_t k = s->stream;
+    gptoss_status st;
+    prof_mark(s, PART_GAPS);
+    CUDA_TRY(cudaMemcpyAsync(w->plan_dev, w->plan_host, key->staged_ints * 4, cudaMemcpyHostToDevice, k), "plan upload");
+    prof_mark(s, PART_UPLOAD);
+    const int32_t *d_ids = w->plan_dev, *d_pos = w->plan_dev + w->cap_tokens, *d_seq = w->plan_dev + 2 * w->cap_tokens;
+    const int32_t *d_logit = w->plan_dev + 3 * w->cap_tokens;
+    const int32_t *d_full = d_logit + w->cap_logits, *d_slide = d_full + table_ints;
+    gptoss_cuda_route route;
+    gptoss_cuda_route_bind(w->route_mem, T * K, E, &route);
+
+    gptoss_cuda_embed(s->embedding, d_ids, T, H, w->x, k);
+    gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, NULL, NULL, 0, s->layers[0].attn_norm, eps, NULL, T, H, w->t, NULL, k);
+    prof_mark(s, PART_SMALL);
+    for (int l = 0; l < c->n_layers; l++) {
+        cuda_layer *L = &s->layers[l];
+        st = gemm_bf16(s, L->qkv_weight, w->t, w->qkv, T, QKV, H, error);
+        if (st) return st;
+        prof_mark(s, PART_DENSE);
+        const int32_t *table = L->sliding ? d_slide : d_full;
+        gptoss_cuda_rope_kv_write(w->qkv, L->qkv_bias, d_pos, d_seq, s->inv_freq, s->concentration, T, NH, NKV, D,
+                                  table, key->max_blocks, s->kv_block_size, w->q, L->k_cache, L->v_cache, k);
+        prof_mark(s, PART_SMALL);
+        if (gptoss_cuda_attention(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table, key->max_blocks,
+                                  s->kv_block_size, L->sinks, T, NH, NKV, D, L->sliding ? c->sliding_window : 0,
+                                  L->sliding ? key->splits_sliding : key->splits_full, w->partial, w->attn, k) != 0)
+            return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "CUDA: attention shape not supported");
+        prof_mark(s, PART_ATTENTION);
+        st = gemm_bf16(s, L->o_weight, w->attn, w->proj, T, H, NH * D, error);
+        if (st) return st;
+        prof_mark(s, PART_DENSE);
+        gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps, NULL, T, H, w->t,
+                                     w->t_f32, k);
+        gptoss_cuda_router_logits(w->t_f32, L->router_weight, L->router_bias, T, E, H, w->proj, k);
+        gptoss_cuda_router_topk(w->proj, NULL, T, E, K, w->topk_idx, w->topk_weight, k);
+        gptoss_cuda_moe_route(w->topk_idx, T, K, E, &route, k);
+        prof_mark(s, PART_SMALL);
+        gptoss_cuda_moe(&L->moe, w->t, T, K, &route, w->h, w->y, s->moe_path, k);
+        prof_mark(s, PART_MOE);
+        if (l + 1 < c->n_layers) {
+            gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K, s->layers[l + 1].attn_norm, eps,
+                                         NULL, T, H, w->t, NULL, k);
+        } else {
+            /* only the rows that want logits: residual update + final norm, gathered */
+            gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K, s->final_norm, eps, d_logit,
+                                         NL, H, w->lm_in, NULL, k);
+        }
+        prof_mark(s, PART_SMALL);
+    }
+    st = gemm_bf16(s, s->lm_head, w->lm_in, w->logits, NL, c->vocab_size, H, error);
+    if (st) return st;
+    prof_mark(s, PART_LM_HEAD);
+    CUDA_TRY(cudaGetLastError(), "kernel launch");
+    return GPTOSS_OK;
+}
+
+static bool key_equal(const cuda_step_key *a, const cuda_step_key *b) {
+    return a->n_tokens == b->n_tokens && a->n_logits == b->n_logits && a->n_seqs == b->n_seqs &&
+           a->max_blocks == b->max_blocks && a->splits_full == b->splits_full &&
+           a->splits_sliding == b->splits_sliding && a->staged_ints == b->staged_ints;
+}
+
+/* Steps of up to this many tokens are captured as graphs when graphs are on (decode). */
+#define GRAPH_MAX_TOKENS 64
+
+gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batch_plan *plan,
+                                         gptoss_error *error) {
+    const gptoss_config *c = &s->config;
+    int32_t T = plan->n_tokens, NL = plan->n_logits;
+    if (T <= 0) return GPTOSS_OK;
+    CUDA_TRY(cudaSetDevice(s->device), "cudaSetDevice");
+    int32_t table_ints = plan->n_seqs * plan->max_blocks_per_seq;
+    int32_t old_cap = s->ws.cap_tokens, old_logits = s->ws.cap_logits;
+    size_t old_plan = s->ws.plan_ints;
+    /* the pinned staging buffer may still feed the previous step's copy */
+    CUDA_TRY(cudaStreamSynchronize(s->stream), "previous step");
+    gptoss_status st = ensure_workspace(s, T, NL, table_ints, error);
+    if (st) return st;
+    cuda_workspace *w = &s->ws;
+    if (w->cap_tokens != old_cap || w->cap_logits != old_logits || w->plan_ints != old_plan) graphs_clear(s);
+    int32_t NH = c->n_heads, NKV = c->n_kv_heads, D = c->head_dim;
+
+    /* stage the plan's integer arrays: ids | positions | token_seq | logit rows | tables */
+    int32_t *hp = w->plan_host;
+    int32_t *h_ids = hp, *h_pos = hp + w->cap_tokens, *h_seq = hp + 2 * w->cap_tokens;
+    int32_t *h_logit = hp + 3 * w->cap_tokens, *h_full = h_logit + w->cap_logits, *h_slide = h_full + table_ints;
+    memcpy(h_ids, plan->token_ids, (size_t)T * 4);
+    memcpy(h_pos, plan->positions, (size_t)T * 4);
+    int32_t max_pos = 0;
+    for (int32_t sq = 0; sq < plan->n_seqs; sq++)
+        for (int32_t i = plan->seq_token_start[sq]; i < plan->seq_token_start[sq + 1]; i++) h_seq[i] = sq;
+    for (int32_t i = 0; i < T; i++)
+        if (plan->positions[i] > max_pos) max_pos = plan->positions[i];
+    for (int32_t i = 0; i < NL; i++) h_logit[i] = plan->logit_token_index[i];
+    memcpy(h_full, plan->block_tables, (size_t)table_ints * 4);
+    memcpy(h_slide, plan->sliding_block_tables ? plan->sliding_block_tables : plan->block_tables, (size_t)table_ints * 4);
+
+    cuda_step_key key;
+    memset(&key, 0, sizeof key);
+    key.n_tokens = T;
+    key.n_logits = NL;
+    key.n_seqs = plan->n_seqs;
+    key.max_blocks = plan->max_blocks_per_seq;
+    key.staged_ints = (size_t)(h_slide + table_ints - hp);
+    key.splits_full = gptoss_cuda_attention_splits(T, NKV, max_pos + 1, s->n_sms);
+    int32_t win_span = (max_pos + 1 < c->sliding_window) ? max_pos + 1 : c->sliding_window;
+    key.splits_sliding = gptoss_cuda_attention_splits(T, NKV, win_span, s->n_sms);
+    while ((size_t)T * NH * key.splits_full * (D + 2) > w->partial_floats && key.splits_full > 1) key.splits_full /= 2;
+    while ((size_t)T * NH * key.splits_sliding * (D + 2) > w->partial_floats && key.splits_sliding > 1)
+        key.splits_sliding /= 2;
+
+    s->prof_n = 0;
+    if (!s->use_graphs || T > GRAPH_MAX_TOKENS || s->profiling) return enqueue_step(s, &key, error);
+
+    for (int i = 0; i < GPTOSS_CUDA_MAX_GRAPHS; i++) {
+        if (s->graphs[i].valid && key_equal(&s->graphs[i].key, &key)) {
+            CUDA_TRY(cudaGraphLaunch(s->graphs[i].exec, s->stream), "cudaGraphLaunch");
+            return GPTOSS_OK;
+        }
+    }
+    cuda_graph_entry *slot = &s->graphs[s->graph_next];
+    s->graph_next = (s->graph_next + 1) % GPTOSS_CUDA_MAX_GRAPHS;
+    if (slot->valid) cudaGraphExecDestroy(slot->exec);
+    slot->valid = false;
+    CUDA_TRY(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    st = enqueue_step(s, &key, error);
+    cudaGraph_t graph = NULL;
+    cudaError_t ce = cudaStreamEndCapture(s->stream, &graph);
+    if (st) {
+        if (graph) cudaGraphDestroy(graph);
+        return st;
+    }
+    if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "cudaStreamEndCapture");
+    ce = cudaGraphInstantiate(&slot->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "cudaGraphInstantiate");
+    slot->valid = true;
+    slot->key = key;
+    CUDA_TRY(cudaGraphLaunch(slot->exec, s->stream), "cudaGraphLaunch");
+    return GPTOSS_OK;
+}
+
+/* ---- the ops table ---------------------------------------------------------------------- */
+
+static gptoss_status cuda_create(const gptoss_model *model, const gptoss_backend_options *options, void **state,
+                                 gptoss_error *error) {
+    gptoss_cuda_state *s = NULL;
+    gptoss_status st = state_alloc(gptoss_model_config(model), options, &s, error);
+    if (st == GPTOSS_OK) st = upload_weights(s, gptoss_model_weights(model), options, error);
+    if (st) {
+        gptoss_cuda_state_free(s);
+        return st;
+    }
+    *state = s;
+    return GPTOSS_OK;
+}
+
+static void cuda_destroy(void *state) { gptoss_cuda_state_free((gptoss_cuda_state *)state); }
+
+static gptoss_status cuda_forward(void *state, const gptoss_batch_plan *plan, float *logits, gptoss_error *error) {
+    gptoss_cuda_state *s = (gptoss_cuda_state *)state;
+    gptoss_status st = gptoss_cuda_forward_device(s, plan, error);
+    if (st) return st;
+    if (plan->n_logits > 0)
+        CUDA_TRY(cudaMemcpyAsync(logits, s->ws.logits, (size_t)plan->n_logits * s->config.vocab_size * sizeof(float),
+                                 cudaMemcpyDeviceToHost, s->stream),
+                 "logits download");
+    CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
+    return GPTOSS_OK;
+}
+
+extern "C" const gptoss_backend_ops gptoss_cuda_backend_ops = {"cuda", cuda_create, cuda_destroy, cuda_forward};

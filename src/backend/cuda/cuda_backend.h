@@ -1,0 +1,128 @@
+/*
+ * cuda_backend.h - the CUDA backend's state and its internal entry points (CUDA C++ only).
+ *
+ * The state owns everything it puts on the device: weights (uploaded once), the two KV pools
+ * (full-attention and sliding layers), per-step workspace (grown to the largest step seen,
+ * never on the decode hot path once warm), the plan staging buffers and cuBLAS handle.
+ * gptoss_cuda_backend_ops (cuda_backend.cu) is the public face; the bench and the GPU tests
+ * use the functions below to build a state from random weights and to run a step without
+ * copying logits back.
+ */
+#ifndef GPTOSS_CUDA_BACKEND_H
+#define GPTOSS_CUDA_BACKEND_H
+
+#include "backend/cuda/cuda_kernels.h"
+
+#include <cublas_v2.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "util/error.h"
+}
+
+typedef struct cuda_layer {
+    float *attn_norm;        /* [H] */
+    float *mlp_norm;         /* [H] */
+    bf16 *qkv_weight;        /* [(NH + 2 NKV) D, H]: q rows, then k, then v */
+    float *qkv_bias;         /* [(NH + 2 NKV) D] */
+    bf16 *o_weight;          /* [H, NH D] */
+    float *o_bias;           /* [H] */
+    float *sinks;            /* [NH] */
+    bf16 *router_weight;     /* [E, H] */
+    float *router_bias;      /* [E] */
+    gptoss_cuda_moe_weights moe; /* MXFP4 experts + f32 biases */
+    bf16 *k_cache;           /* [pool blocks, block_size, NKV, D] */
+    bf16 *v_cache;           /* same */
+    bool sliding;            /* uses the sliding window and the sliding pool */
+} cuda_layer;
+
+typedef struct cuda_workspace {
+    int32_t cap_tokens;      /* tokens per step the buffers hold */
+    int32_t cap_logits;      /* logit rows they hold */
+    int32_t cap_table;       /* ints of each block table */
+    void *base;              /* one device allocation carved below */
+    size_t bytes;
+    float *x;                /* [T, H] residual stream */
+    bf16 *t;                 /* [T, H] normalized activations */
+    float *t_f32;            /* [T, H] the same before rounding (router input) */
+    float *qkv;              /* [T, QKV] */
+    float *q;                /* [T, NH, D] roped, pre-scaled */
+    bf16 *attn;              /* [T, NH D] */
+    float *proj;             /* [T, max(H, E)] o-proj and router outputs */
+    int32_t *topk_idx;       /* [T, K] */
+    float *topk_weight;      /* [T, K] */
+    void *route_mem;         /* gptoss_cuda_route storage */
+    bf16 *h;                 /* [T K, I] */
+    float *y;                /* [T K, H] */
+    float *partial;          /* split-K attention partials */
+    size_t partial_floats;
+    bf16 *lm_in;             /* [n_logits, H] */
+    float *logits;           /* [n_logits, V] */
+    int32_t *plan_dev;       /* device copy of the step's integer arrays */
+    int32_t *plan_host;      /* pinned staging for the same */
+    size_t plan_ints;
+} cuda_workspace;
+
+/* What fixes a captured step: every scalar its kernels were launched with. */
+typedef struct cuda_step_key {
+    int32_t n_tokens, n_logits, n_seqs, max_blocks, splits_full, splits_sliding;
+    size_t staged_ints;
+} cuda_step_key;
+
+typedef struct cuda_graph_entry {
+    bool valid;
+    cuda_step_key key;
+    cudaGraphExec_t exec;
+} cuda_graph_entry;
+
+#define GPTOSS_CUDA_MAX_GRAPHS 8
+#define GPTOSS_CUDA_MAX_PROF_EVENTS 1024
+
+typedef struct gptoss_cuda_state {
+    gptoss_config config;     /* copy of the model's config */
+    int32_t device;           /* CUDA ordinal */
+    int32_t n_sms;            /* multiprocessors */
+    char device_name[256];
+    int32_t kv_block_size;    /* tokens per page */
+    int32_t n_kv_blocks;      /* pages of the full pool */
+    int32_t n_sliding_kv_blocks; /* pages of the sliding pool */
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    bf16 *embedding;          /* [V, H] */
+    bf16 *lm_head;            /* [V, H] */
+    float *final_norm;        /* [H] */
+    float *inv_freq;          /* [D/2] YaRN */
+    float concentration;
+    cuda_layer *layers;       /* [L] */
+    cuda_workspace ws;
+    int moe_path;             /* 0 auto, 1 GEMV, 2 GEMM (tests force one) */
+    size_t weight_bytes;      /* device bytes of weights */
+    size_t kv_bytes;          /* device bytes of both KV pools */
+    bool use_graphs;          /* replay small steps (decode) as CUDA graphs */
+    cuda_graph_entry graphs[GPTOSS_CUDA_MAX_GRAPHS]; /* captured steps, keyed by shape */
+    int32_t graph_next;       /* round-robin slot for the next capture */
+    bool profiling;           /* record events between components (bench --profile) */
+    int32_t prof_n;           /* events recorded this step */
+    cudaEvent_t prof_events[GPTOSS_CUDA_MAX_PROF_EVENTS];
+    int32_t prof_part[GPTOSS_CUDA_MAX_PROF_EVENTS]; /* component the time before event i is charged to */
+} gptoss_cuda_state;
+
+/* Components of a step for profiling (index into gptoss_bench_part_names). */
+enum { PART_MOE = 0, PART_ATTENTION, PART_DENSE, PART_LM_HEAD, PART_SMALL, PART_UPLOAD, PART_GAPS };
+
+/* Creates a state with weights generated on the GPU (bench; values follow make-model's
+ * distributions, cost does not depend on them). */
+gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
+                                              const gptoss_backend_options *options, uint64_t seed,
+                                              gptoss_cuda_state **out, gptoss_error *error);
+
+/* Runs one validated plan; logits stay in state->ws.logits [n_logits, V] on the device. */
+gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *state, const gptoss_batch_plan *plan,
+                                         gptoss_error *error);
+
+void gptoss_cuda_state_free(gptoss_cuda_state *state);
+
+/* Formats a CUDA error into *error. */
+gptoss_status gptoss_cuda_error(gptoss_error *error, cudaError_t code, const char *what);
+
+#endif

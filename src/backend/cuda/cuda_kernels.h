@@ -1,0 +1,138 @@
+/*
+ * cuda_kernels.h - launchers of the CUDA backend's kernels (kernels.cu, moe_mxfp4.cu).
+ *
+ * Owns nothing: every launcher takes device pointers and a stream and enqueues work; none
+ * allocates, synchronizes or checks results (the caller checks cudaGetLastError once per
+ * step). Shapes are in the comments; "bf16" buffers hold __nv_bfloat16, row-major. The GPU
+ * tests (tests/cuda) call these directly against host references.
+ */
+#ifndef GPTOSS_CUDA_KERNELS_H
+#define GPTOSS_CUDA_KERNELS_H
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+typedef __nv_bfloat16 bf16;
+
+/* x[t, :] = float(embedding[token_ids[t], :]); x [n_tokens, hidden] f32. */
+void gptoss_cuda_embed(const bf16 *embedding, const int32_t *token_ids, int32_t n_tokens,
+                       int32_t hidden, float *x, cudaStream_t stream);
+
+/*
+ * Residual update fused with the next RMSNorm, one row per block. For output row i the
+ * residual row is r = row_map ? row_map[i] : i:
+ *   x[r] += add[r] + add_bias                       (when add != NULL; add_bias may be NULL)
+ *   x[r] += sum_k moe_weight[r, k] * moe_y[r*k_top + k]   (when moe_y != NULL)
+ *   out[i] = bf16(gain * x[r] / sqrt(mean(x[r]^2) + eps))   (and out_f32[i] unrounded, if given)
+ * x [*, hidden] f32, add [*, hidden] f32, moe_y [*, k_top, hidden] f32, out [n_rows, hidden].
+ */
+void gptoss_cuda_residual_rmsnorm(float *x, const float *add, const float *add_bias,
+                                  const float *moe_y, const float *moe_weight, int32_t k_top,
+                                  const float *gain, float eps, const int32_t *row_map,
+                                  int32_t n_rows, int32_t hidden, bf16 *out, float *out_f32,
+                                  cudaStream_t stream);
+
+/*
+ * Adds the QKV bias, applies YaRN RoPE (half-split; cos/sin of positions[t]*inv_freq[j], both
+ * times `concentration`) to q and k, writes q (f32, pre-scaled by 1/sqrt(head_dim)) and
+ * stores k, v (bf16) into the paged cache at the token's slot.
+ * qkv [n_tokens, (n_heads + 2*n_kv_heads) * head_dim] f32 (q | k | v), qkv_bias same width;
+ * q_out [n_tokens, n_heads, head_dim] f32; caches [n_blocks, block_size, n_kv_heads, head_dim];
+ * block_tables [n_seqs, max_blocks]; token_seq [n_tokens] = sequence of each token.
+ */
+void gptoss_cuda_rope_kv_write(const float *qkv, const float *qkv_bias, const int32_t *positions,
+                               const int32_t *token_seq, const float *inv_freq,
+                               float concentration, int32_t n_tokens, int32_t n_heads,
+                               int32_t n_kv_heads, int32_t head_dim, const int32_t *block_tables,
+                               int32_t max_blocks, int32_t block_size, float *q_out,
+                               bf16 *k_cache, bf16 *v_cache, cudaStream_t stream);
+
+/* Attention over paged KV with GQA, sinks and an optional sliding window (window <= 0: full).
+ * Each token attends to key positions [max(0, p - window + 1), p] of its own sequence, where
+ * p = positions[t]. n_splits > 1 splits the keys of each token into chunks (split-K) whose
+ * partial results go through `partial` [n_tokens, n_heads, n_splits, head_dim + 2] f32 and are
+ * merged by a second kernel. out [n_tokens, n_heads * head_dim] bf16. */
+int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cache,
+                          const int32_t *positions, const int32_t *token_seq,
+                          const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
+                          const float *sinks, int32_t n_tokens, int32_t n_heads,
+                          int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
+                          float *partial, bf16 *out, cudaStream_t stream);
+
+/* Splits worth using for a step whose longest key span is max_span over n_tokens tokens. */
+int32_t gptoss_cuda_attention_splits(int32_t n_tokens, int32_t n_kv_heads, int32_t max_span,
+                                     int32_t n_sms);
+
+/* Router logits from fp32 activations: logits[t, e] = t[t, :] . weight[e, :] + bias[e].
+ * t [n_tokens, hidden] f32, weight [n_experts, hidden] bf16. The prepare call raises the
+ * shared-memory limit (once per hidden size). */
+void gptoss_cuda_router_logits(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
+                               int32_t n_experts, int32_t hidden, float *logits, cudaStream_t stream);
+cudaError_t gptoss_cuda_router_prepare(int32_t hidden);
+
+/* Router: logits [n_tokens, n_experts] f32 (+ bias, NULL when already added), top-k by value (ties: lower index first),
+ * softmax over the k selected. topk_idx/topk_weight [n_tokens, k_top]. */
+void gptoss_cuda_router_topk(const float *logits, const float *bias, int32_t n_tokens,
+                             int32_t n_experts, int32_t k_top, int32_t *topk_idx,
+                             float *topk_weight, cudaStream_t stream);
+
+/* Groups the n_tokens*k_top (token, slot) pairs by expert (see moe_mxfp4.cu for the layout of
+ * `route`). Returns nothing; route lives in device memory of gptoss_cuda_route_bytes bytes. */
+typedef struct gptoss_cuda_route {
+    int32_t *expert_offsets; /* [n_experts + 1] prefix offsets into the sorted rows */
+    int32_t *sorted_token;   /* [n_pairs] token of each sorted row */
+    int32_t *sorted_pair;    /* [n_pairs] token*k_top + slot of each sorted row */
+    int32_t *tile_expert;    /* [max_tiles] expert of each 64-row tile, -1 past the end */
+    int32_t *tile_row;       /* [max_tiles] first sorted row of each tile */
+    int32_t *active_experts; /* [n_experts] experts with at least one row, then -1 */
+} gptoss_cuda_route;
+
+#define GPTOSS_MOE_TILE_M 64
+
+int32_t gptoss_cuda_route_max_tiles(int32_t n_pairs, int32_t n_experts);
+size_t gptoss_cuda_route_bytes(int32_t n_pairs, int32_t n_experts);
+void gptoss_cuda_route_bind(void *memory, int32_t n_pairs, int32_t n_experts,
+                            gptoss_cuda_route *route);
+void gptoss_cuda_moe_route(const int32_t *topk_idx, int32_t n_tokens, int32_t k_top,
+                           int32_t n_experts, const gptoss_cuda_route *route,
+                           cudaStream_t stream);
+
+/* MXFP4 expert weights of one layer, HF layout (spec 3.4). */
+typedef struct gptoss_cuda_moe_weights {
+    const uint8_t *gate_up_blocks; /* [E, 2I, H/32, 16] */
+    const uint8_t *gate_up_scales; /* [E, 2I, H/32] E8M0 */
+    const float *gate_up_bias;     /* [E, 2I] interleaved gate, up */
+    const uint8_t *down_blocks;    /* [E, H, I/32, 16] */
+    const uint8_t *down_scales;    /* [E, H, I/32] */
+    const float *down_bias;        /* [E, H] */
+    int32_t n_experts, hidden, intermediate;
+    float swiglu_limit, swiglu_alpha;
+} gptoss_cuda_moe_weights;
+
+/*
+ * The expert MLPs of one layer. t [n_tokens, H] bf16 (normalized input); h scratch
+ * [n_pairs, I] bf16 (by sorted row); y [n_tokens * k_top, H] f32 (by token*k_top + slot),
+ * each row = down(swiglu(gate_up(t))) + down_bias, unweighted. path: 0 = choose, 1 = GEMV
+ * (decode: weights read once per expert, up to 8 tokens per pass), 2 = tiled tensor-core GEMM.
+ */
+void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
+                     int32_t k_top, const gptoss_cuda_route *route, bf16 *h, float *y, int path,
+                     cudaStream_t stream);
+
+/* Raises the GEMV kernels' dynamic shared-memory limit for these widths (call once). */
+cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate);
+
+/* out[i] = src[rows[i], :], bf16 rows of width `width`. */
+void gptoss_cuda_gather_rows(const bf16 *src, const int32_t *rows, int32_t n_rows, int32_t width,
+                             bf16 *out, cudaStream_t stream);
+
+/* Fills with deterministic hash-based pseudo-random values (bench --random-weights). */
+void gptoss_cuda_fill_normal_bf16(bf16 *out, size_t n, uint64_t seed, float mean, float stddev,
+                                  cudaStream_t stream);
+void gptoss_cuda_fill_normal_f32(float *out, size_t n, uint64_t seed, float mean, float stddev,
+                                 cudaStream_t stream);
+void gptoss_cuda_fill_uniform_u8(uint8_t *out, size_t n, uint64_t seed, int lo, int hi,
+                                 cudaStream_t stream);
+
+#endif

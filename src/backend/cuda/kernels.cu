@@ -1,0 +1,516 @@
+/*
+ * kernels.cu - the CUDA backend's dense-side kernels: embedding gather, residual + RMSNorm,
+ * QKV bias + YaRN RoPE + paged KV write, paged sink attention (GQA, sliding window, split-K),
+ * router top-k, row gather, and the hash RNG fills used by random-weight benchmarks.
+ *
+ * Every kernel accumulates in fp32. Nothing here allocates memory or synchronizes; launchers
+ * only enqueue (see cuda_kernels.h). The MXFP4 expert kernels live in moe_mxfp4.cu.
+ */
+#include "backend/cuda/cuda_kernels.h"
+
+#include <math.h>
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* ---- embedding ------------------------------------------------------------------------ */
+
+static __global__ void embed_kernel(const bf16 *embedding, const int32_t *token_ids, int32_t hidden,
+                                    float *x) {
+    int t = blockIdx.x;
+    const bf16 *row = embedding + (size_t)token_ids[t] * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) x[(size_t)t * hidden + i] = __bfloat162float(row[i]);
+}
+
+void gptoss_cuda_embed(const bf16 *embedding, const int32_t *token_ids, int32_t n_tokens,
+                       int32_t hidden, float *x, cudaStream_t stream) {
+    if (n_tokens <= 0) return;
+    embed_kernel<<<n_tokens, 256, 0, stream>>>(embedding, token_ids, hidden, x);
+}
+
+/* ---- residual + RMSNorm --------------------------------------------------------------- */
+
+/* One block of 1024 threads per row (many loads in flight even for a single decode row). The
+ * row is kept in registers between the residual update and the normalization
+ * (hidden <= 1024 * 4). */
+#define NORM_THREADS 1024
+#define NORM_MAX_PER_THREAD 4
+
+static __global__ void residual_rmsnorm_kernel(float *x, const float *add, const float *add_bias,
+                                               const float *moe_y, const float *moe_weight,
+                                               int32_t k_top, const float *gain, float eps,
+                                               const int32_t *row_map, int32_t hidden, bf16 *out,
+                                               float *out_f32) {
+    __shared__ float partial[NORM_THREADS / 32];
+    int i = blockIdx.x;
+    int r = row_map ? row_map[i] : i;
+    float *xr = x + (size_t)r * hidden;
+    float vals[NORM_MAX_PER_THREAD];
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NORM_MAX_PER_THREAD; c++) {
+        int j = threadIdx.x + c * NORM_THREADS;
+        float v = 0.0f;
+        if (j < hidden) {
+            v = xr[j];
+            if (add) v += add[(size_t)r * hidden + j] + (add_bias ? add_bias[j] : 0.0f);
+            if (moe_y) {
+                float s = 0.0f;
+                for (int k = 0; k < k_top; k++)
+                    s += moe_weight[(size_t)r * k_top + k] * moe_y[((size_t)r * k_top + k) * hidden + j];
+                v += s;
+            }
+            if (add || moe_y) xr[j] = v;
+        }
+        vals[c] = v;
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NORM_THREADS / 32; w++) total += partial[w];
+    float inv = rsqrtf(total / (float)hidden + eps);
+#pragma unroll
+    for (int c = 0; c < NORM_MAX_PER_THREAD; c++) {
+        int j = threadIdx.x + c * NORM_THREADS;
+        if (j < hidden) {
+            float y = gain[j] * (vals[c] * inv);
+            out[(size_t)i * hidden + j] = __float2bfloat16(y);
+            if (out_f32) out_f32[(size_t)i * hidden + j] = y;
+        }
+    }
+}
+
+void gptoss_cuda_residual_rmsnorm(float *x, const float *add, const float *add_bias,
+                                  const float *moe_y, const float *moe_weight, int32_t k_top,
+                                  const float *gain, float eps, const int32_t *row_map,
+                                  int32_t n_rows, int32_t hidden, bf16 *out, float *out_f32,
+                                  cudaStream_t stream) {
+    if (n_rows <= 0) return;
+    residual_rmsnorm_kernel<<<n_rows, NORM_THREADS, 0, stream>>>(x, add, add_bias, moe_y, moe_weight,
+                                                                 k_top, gain, eps, row_map, hidden, out, out_f32);
+}
+
+/* ---- QKV bias + RoPE + KV write ------------------------------------------------------- */
+
+/* Grid (n_tokens, n_heads + n_kv_heads), head_dim/2 threads: one thread per rotated pair
+ * (j, j + D/2). Blocks of the k heads also copy the matching v head into the cache. */
+static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, const int32_t *positions,
+                                      const int32_t *token_seq, const float *inv_freq,
+                                      float concentration, int32_t n_heads, int32_t n_kv_heads,
+                                      int32_t head_dim, const int32_t *block_tables,
+                                      int32_t max_blocks, int32_t block_size, float *q_out,
+                                      bf16 *k_cache, bf16 *v_cache) {
+    int t = blockIdx.x, head = blockIdx.y, j = threadIdx.x;
+    int half = head_dim / 2;
+    int width = (n_heads + 2 * n_kv_heads) * head_dim;
+    const float *row = qkv + (size_t)t * width;
+    int p = positions[t];
+    float angle = (float)p * inv_freq[j];
+    float s, c;
+    sincosf(angle, &s, &c);
+    c *= concentration;
+    s *= concentration;
+    int base = head * head_dim;
+    float a = row[base + j] + qkv_bias[base + j];
+    float b = row[base + j + half] + qkv_bias[base + j + half];
+    float ra = a * c - b * s;
+    float rb = b * c + a * s;
+    if (head < n_heads) {
+        float scale = rsqrtf((float)head_dim);
+        float *qo = q_out + ((size_t)t * n_heads + head) * head_dim;
+        qo[j] = ra * scale;
+        qo[j + half] = rb * scale;
+    } else {
+        int g = head - n_heads;
+        int seq = token_seq[t];
+        int blk = block_tables[(size_t)seq * max_blocks + p / block_size];
+        size_t slot = ((size_t)blk * block_size + p % block_size) * n_kv_heads + g;
+        bf16 *kd = k_cache + slot * head_dim;
+        bf16 *vd = v_cache + slot * head_dim;
+        kd[j] = __float2bfloat16(ra);
+        kd[j + half] = __float2bfloat16(rb);
+        int vbase = (n_heads + n_kv_heads + g) * head_dim;
+        vd[j] = __float2bfloat16(row[vbase + j] + qkv_bias[vbase + j]);
+        vd[j + half] = __float2bfloat16(row[vbase + j + half] + qkv_bias[vbase + j + half]);
+    }
+}
+
+void gptoss_cuda_rope_kv_write(const float *qkv, const float *qkv_bias, const int32_t *positions,
+                               const int32_t *token_seq, const float *inv_freq,
+                               float concentration, int32_t n_tokens, int32_t n_heads,
+                               int32_t n_kv_heads, int32_t head_dim, const int32_t *block_tables,
+                               int32_t max_blocks, int32_t block_size, float *q_out,
+                               bf16 *k_cache, bf16 *v_cache, cudaStream_t stream) {
+    if (n_tokens <= 0) return;
+    dim3 grid(n_tokens, n_heads + n_kv_heads);
+    rope_kv_kernel<<<grid, head_dim / 2, 0, stream>>>(qkv, qkv_bias, positions, token_seq, inv_freq,
+                                                      concentration, n_heads, n_kv_heads, head_dim,
+                                                      block_tables, max_blocks, block_size, q_out,
+                                                      k_cache, v_cache);
+}
+
+/* ---- attention -------------------------------------------------------------------------- */
+
+/*
+ * Grid (n_tokens, n_kv_heads, n_splits); one warp per query head of the KV head's group, so
+ * the group's warps share each K/V tile in shared memory (GQA). Keys are walked in tiles of
+ * 32: lane i scores key i of the tile against the whole query (K rows padded by one bf16 pair
+ * so the 32 lanes hit 32 banks), then the warp does one online-softmax step and lane l
+ * accumulates output dims l, l+32, ... from V. The sink is not part of the running max here:
+ * it enters when the result is finalized (in-kernel when n_splits == 1, else in the merge).
+ */
+#define ATT_TILE 32
+
+template <int D>
+static __global__ void attention_kernel(const float *q, const bf16 *k_cache, const bf16 *v_cache,
+                                        const int32_t *positions, const int32_t *token_seq,
+                                        const int32_t *block_tables, int32_t max_blocks,
+                                        int32_t block_size, const float *sinks, int32_t n_heads,
+                                        int32_t n_kv_heads, int32_t window, int32_t n_splits,
+                                        float *partial, bf16 *out) {
+    constexpr int DPAD = D + 2;
+    constexpr int PER_LANE = (D + 31) / 32;
+    extern __shared__ float smem[];
+    int group = n_heads / n_kv_heads;
+    float *qs = smem;                                      /* [group][D] */
+    bf16 *ks = (bf16 *)(qs + group * D);                   /* [ATT_TILE][DPAD] */
+    bf16 *vs = ks + ATT_TILE * DPAD;                       /* [ATT_TILE][D] */
+    int t = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int head = g * group + warp;
+    int p = positions[t];
+    int seq = token_seq[t];
+    int lo = window > 0 ? max(0, p - window + 1) : 0;
+    int span = p - lo + 1;
+    int chunk = ((span + n_splits - 1) / n_splits + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    int begin = lo + split * chunk;
+    int end = min(p + 1, begin + chunk); /* exclusive */
+
+    for (int i = threadIdx.x; i < group * D; i += blockDim.x)
+        qs[i] = q[((size_t)t * n_heads + g * group) * D + i];
+    const int32_t *table = block_tables + (size_t)seq * max_blocks;
+
+    float m = -INFINITY, l = 0.0f;
+    float acc[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) acc[i] = 0.0f;
+
+    for (int k0 = begin; k0 < end; k0 += ATT_TILE) {
+        __syncthreads();
+        /* cooperative load of K and V rows [k0, k0 + 32) as bf16 pairs */
+        for (int e = threadIdx.x; e < ATT_TILE * (D / 2); e += blockDim.x) {
+            int r = e / (D / 2), c = e % (D / 2);
+            int j = k0 + r;
+            __nv_bfloat162 kv = __float2bfloat162_rn(0.0f), vv = kv;
+            if (j < end) {
+                int blk = table[j / block_size];
+                size_t off = (((size_t)blk * block_size + j % block_size) * n_kv_heads + g) * D;
+                kv = ((const __nv_bfloat162 *)(k_cache + off))[c];
+                vv = ((const __nv_bfloat162 *)(v_cache + off))[c];
+            }
+            ((__nv_bfloat162 *)(ks + r * DPAD))[c] = kv;
+            ((__nv_bfloat162 *)(vs + r * D))[c] = vv;
+        }
+        __syncthreads();
+        if (warp >= group) continue;
+        const float *qh = qs + warp * D;
+        float score = -INFINITY;
+        if (k0 + lane < end) {
+            const __nv_bfloat162 *kr = (const __nv_bfloat162 *)(ks + lane * DPAD);
+            float sdot = 0.0f;
+#pragma unroll
+            for (int c = 0; c < D / 2; c++) {
+                float2 kf = __bfloat1622float2(kr[c]);
+                sdot += qh[2 * c] * kf.x + qh[2 * c + 1] * kf.y;
+            }
+            score = sdot;
+        }
+        float tile_max = warp_max(score);
+        float m_new = fmaxf(m, tile_max);
+        float pj = (k0 + lane < end) ? __expf(score - m_new) : 0.0f;
+        float corr = (m == -INFINITY) ? 0.0f : __expf(m - m_new);
+        l = l * corr + warp_sum(pj);
+#pragma unroll
+        for (int i = 0; i < PER_LANE; i++) acc[i] *= corr;
+        int n_valid = min(ATT_TILE, end - k0);
+        for (int jj = 0; jj < n_valid; jj++) {
+            float pb = __shfl_sync(0xffffffffu, pj, jj);
+#pragma unroll
+            for (int i = 0; i < PER_LANE; i++) {
+                int d = lane + 32 * i;
+                if (d < D) acc[i] += pb * __bfloat162float(vs[jj * D + d]);
+            }
+        }
+        m = m_new;
+    }
+    if (warp >= group) return;
+    if (n_splits == 1) {
+        float sink = sinks[head];
+        float mm = fmaxf(m, sink);
+        float scale_acc = (m == -INFINITY) ? 0.0f : __expf(m - mm);
+        float denom = l * scale_acc + __expf(sink - mm);
+        float f = scale_acc / denom;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; i++) {
+            int d = lane + 32 * i;
+            if (d < D) out[((size_t)t * n_heads + head) * D + d] = __float2bfloat16(acc[i] * f);
+        }
+    } else {
+        float *pp = partial + (((size_t)t * n_heads + head) * n_splits + split) * (D + 2);
+#pragma unroll
+        for (int i = 0; i < PER_LANE; i++) {
+            int d = lane + 32 * i;
+            if (d < D) pp[d] = acc[i];
+        }
+        if (lane == 0) {
+            pp[D] = m;
+            pp[D + 1] = l;
+        }
+    }
+}
+
+/* Merges split-K partials with the sink: grid (n_tokens, n_heads), D threads. */
+static __global__ void attention_merge_kernel(const float *partial, const float *sinks,
+                                              int32_t n_heads, int32_t head_dim, int32_t n_splits,
+                                              bf16 *out) {
+    int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+    const float *pp = partial + ((size_t)t * n_heads + head) * n_splits * (head_dim + 2);
+    float sink = sinks[head];
+    float mm = sink;
+    for (int s = 0; s < n_splits; s++) mm = fmaxf(mm, pp[s * (head_dim + 2) + head_dim]);
+    float denom = __expf(sink - mm), num = 0.0f;
+    for (int s = 0; s < n_splits; s++) {
+        const float *ps = pp + s * (head_dim + 2);
+        float ms = ps[head_dim];
+        if (ms == -INFINITY) continue;
+        float f = __expf(ms - mm);
+        denom += ps[head_dim + 1] * f;
+        num += ps[d] * f;
+    }
+    out[((size_t)t * n_heads + head) * head_dim + d] = __float2bfloat16(num / denom);
+}
+
+int32_t gptoss_cuda_attention_splits(int32_t n_tokens, int32_t n_kv_heads, int32_t max_span,
+                                     int32_t n_sms) {
+    int32_t blocks = n_tokens * n_kv_heads;
+    int32_t splits = 1;
+    /* split while the grid is under two waves and each split keeps >= 128 keys */
+    while (blocks * splits < 2 * n_sms && max_span / (splits * 2) >= 128 && splits < 64) splits *= 2;
+    return splits;
+}
+
+int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cache,
+                          const int32_t *positions, const int32_t *token_seq,
+                          const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
+                          const float *sinks, int32_t n_tokens, int32_t n_heads,
+                          int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
+                          float *partial, bf16 *out, cudaStream_t stream) {
+    if (n_tokens <= 0) return 0;
+    int group = n_heads / n_kv_heads;
+    if (group < 1 || group > 32 || n_heads % n_kv_heads != 0) return -1;
+    if (n_splits < 1) n_splits = 1;
+    dim3 grid(n_tokens, n_kv_heads, n_splits);
+    int threads = 32 * group;
+    if (threads < 64) threads = 64; /* enough threads for the tile loads */
+    size_t smem;
+#define LAUNCH_ATT(DIM)                                                                        \
+    smem = (size_t)group * DIM * sizeof(float) + (size_t)ATT_TILE * (2 * DIM + 2) * sizeof(bf16); \
+    attention_kernel<DIM><<<grid, threads, smem, stream>>>(                                    \
+        q, k_cache, v_cache, positions, token_seq, block_tables, max_blocks, block_size, sinks, \
+        n_heads, n_kv_heads, window, n_splits, partial, out)
+    switch (head_dim) {
+    case 16: LAUNCH_ATT(16); break;
+    case 32: LAUNCH_ATT(32); break;
+    case 64: LAUNCH_ATT(64); break;
+    case 128: LAUNCH_ATT(128); break;
+    default: return -1;
+    }
+#undef LAUNCH_ATT
+    if (n_splits > 1) {
+        dim3 mgrid(n_tokens, n_heads);
+        attention_merge_kernel<<<mgrid, head_dim, 0, stream>>>(partial, sinks, n_heads, head_dim,
+                                                               n_splits, out);
+    }
+    return 0;
+}
+
+/* ---- router logits (fp32 activations) ---------------------------------------------------- */
+
+/* Routing is a discrete choice, so its logits are computed from the fp32 normalized input
+ * (not its bf16 copy): grid (ceil(T / 8), ceil(E / 8)), 8 warps; a block stages 8 token rows
+ * in shared memory and each warp produces one expert's logits for them (lanes stride the
+ * row in bf16 pairs). */
+#define ROUTER_TOKENS 8
+
+static __global__ void router_logits_kernel(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
+                                            int32_t n_experts, int32_t hidden, float *logits) {
+    extern __shared__ float rows[]; /* [ROUTER_TOKENS][hidden] */
+    int t0 = blockIdx.x * ROUTER_TOKENS;
+    int nt = min(ROUTER_TOKENS, n_tokens - t0);
+    for (int i = threadIdx.x; i < nt * hidden; i += blockDim.x) rows[i] = t[(size_t)t0 * hidden + i];
+    __syncthreads();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
+    for (int e = blockIdx.y * n_warps + warp; e < n_experts; e += gridDim.y * n_warps) {
+        const uint4 *w = (const uint4 *)(weight + (size_t)e * hidden);
+        float acc[ROUTER_TOKENS] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+        for (int j = lane; j < hidden / 8; j += 32) { /* 8 weights per 16-byte load */
+            uint4 wq = __ldg(w + j);
+            const uint32_t ww[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+            for (int k = 0; k < ROUTER_TOKENS; k++) {
+                if (k >= nt) break;
+                const float *xr = rows + k * hidden + 8 * j;
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[k] += __uint_as_float(ww[i] << 16) * xr[2 * i] + __uint_as_float(ww[i] & 0xffff0000u) * xr[2 * i + 1];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < ROUTER_TOKENS; k++) {
+            float v = warp_sum(acc[k]);
+            if (lane == 0 && k < nt) logits[(size_t)(t0 + k) * n_experts + e] = v + bias[e];
+        }
+    }
+}
+
+void gptoss_cuda_router_logits(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
+                               int32_t n_experts, int32_t hidden, float *logits, cudaStream_t stream) {
+    if (n_tokens <= 0) return;
+    size_t smem = (size_t)ROUTER_TOKENS * hidden * sizeof(float);
+    dim3 grid((n_tokens + ROUTER_TOKENS - 1) / ROUTER_TOKENS, (n_experts + 7) / 8);
+    router_logits_kernel<<<grid, 256, smem, stream>>>(
+        t, weight, bias, n_tokens, n_experts, hidden, logits);
+}
+
+cudaError_t gptoss_cuda_router_prepare(int32_t hidden) {
+    return cudaFuncSetAttribute(router_logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(ROUTER_TOKENS * hidden * sizeof(float)));
+}
+
+/* ---- router top-k --------------------------------------------------------------------- */
+
+/* One warp per token: k rounds of warp-wide argmax (ties to the lower expert index). */
+static __global__ void router_topk_kernel(const float *logits, const float *bias, int32_t n_tokens,
+                                          int32_t n_experts, int32_t k_top, int32_t *topk_idx,
+                                          float *topk_weight) {
+    int t = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (t >= n_tokens) return;
+    const float *row = logits + (size_t)t * n_experts;
+    float chosen_val[32];
+    int chosen_idx[32];
+    unsigned taken_mask[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* per lane: experts lane + 32*i taken */
+    for (int k = 0; k < k_top; k++) {
+        float best = -INFINITY;
+        int best_i = 0x7fffffff;
+        for (int e = lane, i = 0; e < n_experts; e += 32, i++) {
+            if (taken_mask[i >> 5] >> (i & 31) & 1u) continue;
+            float v = row[e] + (bias ? bias[e] : 0.0f);
+            if (v > best || (v == best && e < best_i)) {
+                best = v;
+                best_i = e;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+            if (ov > best || (ov == best && oi < best_i)) {
+                best = ov;
+                best_i = oi;
+            }
+        }
+        chosen_val[k] = best;
+        chosen_idx[k] = best_i;
+        if ((best_i & 31) == lane) {
+            int i = best_i >> 5;
+            taken_mask[i >> 5] |= 1u << (i & 31);
+        }
+    }
+    if (lane == 0) {
+        float mx = chosen_val[0], sum = 0.0f;
+        for (int k = 0; k < k_top; k++) sum += __expf(chosen_val[k] - mx);
+        for (int k = 0; k < k_top; k++) {
+            topk_idx[(size_t)t * k_top + k] = chosen_idx[k];
+            topk_weight[(size_t)t * k_top + k] = __expf(chosen_val[k] - mx) / sum;
+        }
+    }
+}
+
+void gptoss_cuda_router_topk(const float *logits, const float *bias, int32_t n_tokens,
+                             int32_t n_experts, int32_t k_top, int32_t *topk_idx,
+                             float *topk_weight, cudaStream_t stream) {
+    if (n_tokens <= 0) return;
+    int warps = 4;
+    router_topk_kernel<<<(n_tokens + warps - 1) / warps, 32 * warps, 0, stream>>>(
+        logits, bias, n_tokens, n_experts, k_top, topk_idx, topk_weight);
+}
+
+/* ---- gathers and fills ------------------------------------------------------------------ */
+
+static __global__ void gather_rows_kernel(const bf16 *src, const int32_t *rows, int32_t width, bf16 *out) {
+    int i = blockIdx.x;
+    const bf16 *s = src + (size_t)rows[i] * width;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) out[(size_t)i * width + j] = s[j];
+}
+
+void gptoss_cuda_gather_rows(const bf16 *src, const int32_t *rows, int32_t n_rows, int32_t width,
+                             bf16 *out, cudaStream_t stream) {
+    if (n_rows <= 0) return;
+    gather_rows_kernel<<<n_rows, 256, 0, stream>>>(src, rows, width, out);
+}
+
+/* splitmix64: a counter-based hash, so every element is independent of launch shape. */
+static __device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static __device__ __forceinline__ float hash_normal(uint64_t seed, size_t i) {
+    uint64_t h = mix64(seed ^ mix64((uint64_t)i));
+    float u1 = ((float)(h >> 40) + 1.0f) * (1.0f / 16777217.0f); /* (0, 1] */
+    float u2 = (float)((h >> 16) & 0xffffffu) * (1.0f / 16777216.0f);
+    return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+
+static __global__ void fill_normal_bf16_kernel(bf16 *out, size_t n, uint64_t seed, float mean, float sd) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16(mean + sd * hash_normal(seed, i));
+}
+static __global__ void fill_normal_f32_kernel(float *out, size_t n, uint64_t seed, float mean, float sd) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = mean + sd * hash_normal(seed, i);
+}
+static __global__ void fill_uniform_u8_kernel(uint8_t *out, size_t n, uint64_t seed, int lo, int hi) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t h = mix64(seed ^ mix64((uint64_t)i));
+        if (lo == 0 && hi == 255) {
+            out[i] = (uint8_t)(h >> 32);
+        } else {
+            out[i] = (uint8_t)(lo + (int)((h >> 32) % (uint64_t)(hi - lo + 1)));
+        }
+    }
+}
+
+void gptoss_cuda_fill_normal_bf16(bf16 *out, size_t n, uint64_t seed, float mean, float stddev,
+                                  cudaStream_t stream) {
+    if (n) fill_normal_bf16_kernel<<<4096, 256, 0, stream>>>(out, n, seed, mean, stddev);
+}
+void gptoss_cuda_fill_normal_f32(float *out, size_t n, uint64_t seed, float mean, float stddev,
+                                 cudaStream_t stream) {
+    if (n) fill_normal_f32_kernel<<<1024, 256, 0, stream>>>(out, n, seed, mean, stddev);
+}
+void gptoss_cuda_fill_uniform_u8(uint8_t *out, size_t n, uint64_t seed, int lo, int hi,
+                                 cudaStream_t stream) {
+    if (n) fill_uniform_u8_kernel<<<4096, 256, 0, stream>>>(out, n, seed, lo, hi);
+}

@@ -1,0 +1,463 @@
+/*
+ * moe_mxfp4.cu - the MXFP4 mixture-of-experts MLP on the GPU: routing (grouping token/slot
+ * pairs by expert), a GEMV path for decode and a tiled tensor-core path for prefill.
+ *
+ * Weights stay MXFP4 in device memory in the checkpoint's layout (spec 3.4): each output row
+ * is H/32 groups of 16 code bytes (low nibble = even lane) plus one E8M0 scale byte per group,
+ * which is already what both paths want (a group is one aligned 16-byte load). Dequantized
+ * values exist only in registers (GEMV) or shared memory (GEMM), never in global memory.
+ *
+ * Data flow for one layer (n_pairs = n_tokens * k_top):
+ *
+ *   topk_idx [T, k] --route--> expert_offsets, sorted rows (token, pair), 64-row tiles
+ *   t [T, H] bf16 --gate_up + bias + clamped SwiGLU--> h [n_pairs, I] bf16 (by sorted row)
+ *   h --down + bias--> y [T*k, H] f32 (by pair = token*k + slot; weighting happens in the
+ *                                      residual kernel, so no atomics are needed)
+ *
+ * Must not: allocate, synchronize, or read experts no token was routed to.
+ */
+#include "backend/cuda/cuda_kernels.h"
+
+#include <mma.h>
+
+using namespace nvcuda;
+
+/*
+ * Dequantizes the 8 E2M1 codes of one 32-bit word (code k in bits 4k..4k+3) without a table:
+ * the code's sign goes to the fp32 sign bit and its 3 magnitude bits (e1 e0 m) to bits 24..22,
+ * i.e. the two low exponent bits and the top mantissa bit. That float equals
+ * fp4(code) * 2^-126 exactly (e = 0 lands on the subnormal 0.5 * 2^-126 = m * 2^-127), so one
+ * multiply by 2^(s-127) * 2^126 = 2^(s-1) gives the value (no shared-memory lookups, which
+ * otherwise limit the decode GEMV).
+ */
+static __device__ __forceinline__ void fp4x8_to_float(uint32_t word, float scale_x2_126, float out[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        uint32_t q = word >> (4 * k);
+        uint32_t bits = ((q & 8u) << 28) | ((q & 7u) << 22);
+        out[k] = __uint_as_float(bits) * scale_x2_126;
+    }
+}
+
+/* The E8M0 scale times the 2^126 that fp4x8_to_float leaves out, as a product hi * lo of two
+ * finite floats: hi = 2^(min(s,128) - 1), lo = 2^(max(s,128) - 128) (lo is 1 for every scale
+ * up to 2^1, i.e. in practice; it keeps scales up to 2^127 exact). */
+static __device__ __forceinline__ void e8m0_split(uint8_t s, float *hi, float *lo) {
+    int a = s < 128 ? s : 128;
+    *hi = __uint_as_float((uint32_t)(a + 126) << 23);
+    *lo = __uint_as_float((uint32_t)((s > 128 ? s : 128) - 1) << 23);
+}
+
+static __device__ __forceinline__ float swiglu(float gate, float up, float limit, float alpha) {
+    float a = fminf(gate, limit);
+    float c = fminf(fmaxf(up, -limit), limit);
+    return a / (1.0f + expf(-alpha * a)) * (c + 1.0f);
+}
+
+/* ---- routing -------------------------------------------------------------------------- */
+
+int32_t gptoss_cuda_route_max_tiles(int32_t n_pairs, int32_t n_experts) {
+    return (n_pairs + GPTOSS_MOE_TILE_M - 1) / GPTOSS_MOE_TILE_M + n_experts;
+}
+
+size_t gptoss_cuda_route_bytes(int32_t n_pairs, int32_t n_experts) {
+    int32_t tiles = gptoss_cuda_route_max_tiles(n_pairs, n_experts);
+    return sizeof(int32_t) * ((size_t)n_experts + 1 + 2 * (size_t)n_pairs + 2 * (size_t)tiles + n_experts);
+}
+
+void gptoss_cuda_route_bind(void *memory, int32_t n_pairs, int32_t n_experts,
+                            gptoss_cuda_route *route) {
+    int32_t tiles = gptoss_cuda_route_max_tiles(n_pairs, n_experts);
+    int32_t *p = (int32_t *)memory;
+    route->expert_offsets = p;
+    p += n_experts + 1;
+    route->sorted_token = p;
+    p += n_pairs;
+    route->sorted_pair = p;
+    p += n_pairs;
+    route->tile_expert = p;
+    p += tiles;
+    route->tile_row = p;
+    p += tiles;
+    route->active_experts = p;
+}
+
+#define ROUTE_MAX_EXPERTS 1024
+
+/* One block: count pairs per expert, prefix-sum, list tiles and active experts, scatter. */
+static __global__ void route_kernel(const int32_t *topk_idx, int32_t n_pairs, int32_t k_top,
+                                    int32_t n_experts, int32_t max_tiles, gptoss_cuda_route route) {
+    __shared__ int32_t counts[ROUTE_MAX_EXPERTS];
+    __shared__ int32_t cursor[ROUTE_MAX_EXPERTS];
+    for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
+        counts[e] = 0;
+        route.active_experts[e] = -1;
+    }
+    for (int i = threadIdx.x; i < max_tiles; i += blockDim.x) route.tile_expert[i] = -1;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) atomicAdd(&counts[topk_idx[i]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t offset = 0, tile = 0, active = 0;
+        for (int e = 0; e < n_experts; e++) {
+            route.expert_offsets[e] = offset;
+            cursor[e] = offset;
+            if (counts[e] > 0) route.active_experts[active++] = e;
+            for (int r = 0; r < counts[e]; r += GPTOSS_MOE_TILE_M) {
+                route.tile_expert[tile] = e;
+                route.tile_row[tile] = offset + r;
+                tile++;
+            }
+            offset += counts[e];
+        }
+        route.expert_offsets[n_experts] = offset;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
+        int32_t pos = atomicAdd(&cursor[topk_idx[i]], 1);
+        route.sorted_token[pos] = i / k_top;
+        route.sorted_pair[pos] = i;
+    }
+}
+
+void gptoss_cuda_moe_route(const int32_t *topk_idx, int32_t n_tokens, int32_t k_top,
+                           int32_t n_experts, const gptoss_cuda_route *route,
+                           cudaStream_t stream) {
+    int32_t n_pairs = n_tokens * k_top;
+    if (n_pairs <= 0) return;
+    route_kernel<<<1, 1024, 0, stream>>>(topk_idx, n_pairs, k_top, n_experts,
+                                         gptoss_cuda_route_max_tiles(n_pairs, n_experts), *route);
+}
+
+/* ---- GEMV path (decode) ------------------------------------------------------------------ */
+
+/*
+ * Grid (row-pair groups, active-expert slot); 8 warps. The block stages the activations of
+ * up to MAXT rows routed to its expert in shared memory; each warp then owns one pair of
+ * weight rows (gate_up: rows 2u and 2u+1, i.e. the gate and up of unit u; down: rows 2u and
+ * 2u+1 of the output). Lane l takes groups l, l+32, l+64, l+96 of both rows and issues all of
+ * their 16-byte code loads and scale loads before any arithmetic, so up to 8 loads per lane
+ * are in flight (the decode step is bound by how fast expert bytes stream in). The 32 values
+ * of a group are dequantized in registers and multiplied into every staged token's
+ * accumulator; a warp reduction finishes each row. Weights are read once per expert per pass
+ * of MAXT tokens.
+ */
+#define GEMV_WARPS 8
+#define GEMV_MAX_TOKENS 8
+#define GEMV_MAX_GROUPS_PER_LANE 4 /* k_in <= 4096 */
+
+template <bool GATE_UP, int MAXT>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32)
+moe_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const bf16 *act,
+                const int32_t *act_rows_sorted_token, int32_t k_in, int32_t n_out_rows,
+                gptoss_cuda_route route, float limit, float alpha, bf16 *h_out, float *y_out) {
+    extern __shared__ __align__(16) unsigned char gemv_smem[];
+    bf16 *xs = (bf16 *)gemv_smem; /* [MAXT][k_in] */
+    int e = route.active_experts[blockIdx.y];
+    if (e < 0) return;
+    int row_begin = route.expert_offsets[e], row_end = route.expert_offsets[e + 1];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n_groups = k_in / 32;
+    size_t row_bytes = (size_t)n_groups * 16;
+    int unit = blockIdx.x * GEMV_WARPS + warp;
+    bool active = 2 * unit < n_out_rows;
+    int row0 = 2 * unit;
+    const uint8_t *eb = blocks + ((size_t)e * n_out_rows + row0) * row_bytes;
+    const uint8_t *es = scales + ((size_t)e * n_out_rows + row0) * n_groups;
+    const float *ebias = bias + (size_t)e * n_out_rows;
+
+    /* all loads of this warp's two rows first */
+    uint4 codes[2][GEMV_MAX_GROUPS_PER_LANE];
+    uint8_t scl[2][GEMV_MAX_GROUPS_PER_LANE];
+#pragma unroll
+    for (int gi = 0; gi < GEMV_MAX_GROUPS_PER_LANE; gi++) {
+        int g = lane + 32 * gi;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            if (active && g < n_groups) {
+                codes[r][gi] = __ldg((const uint4 *)(eb + r * row_bytes + (size_t)g * 16));
+                scl[r][gi] = __ldg(es + (size_t)r * n_groups + g);
+            } else {
+                codes[r][gi] = make_uint4(0, 0, 0, 0);
+                scl[r][gi] = 127;
+            }
+        }
+    }
+
+    for (int r0 = row_begin; r0 < row_end; r0 += MAXT) {
+        int cnt = min(MAXT, row_end - r0);
+        __syncthreads();
+        for (int c = 0; c < cnt; c++) {
+            /* gate_up reads the token's normalized input; down reads the sorted h row */
+            const bf16 *src = GATE_UP ? act + (size_t)act_rows_sorted_token[r0 + c] * k_in
+                                      : act + (size_t)(r0 + c) * k_in;
+            /* 16-byte chunk q of group g lands at chunk q ^ ((g >> 1) & 3): lanes reading the
+             * same chunk of consecutive groups then hit 8 different bank quads */
+            for (int ci = threadIdx.x; ci < k_in / 8; ci += blockDim.x) {
+                int g = ci >> 2, q = ci & 3;
+                *(uint4 *)(xs + (size_t)c * k_in + g * 32 + ((q ^ ((g >> 1) & 3)) * 8)) = *(const uint4 *)(src + ci * 8);
+            }
+        }
+        __syncthreads();
+        if (!active) continue;
+        float acc[2][MAXT];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int c = 0; c < MAXT; c++) acc[r][c] = 0.0f;
+#pragma unroll
+        for (int gi = 0; gi < GEMV_MAX_GROUPS_PER_LANE; gi++) {
+            int g = lane + 32 * gi;
+            if (g >= n_groups) break;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                /* dequantize 8 codes at a time and use them at once for every token, so only
+                 * 8 weights are live (keeps the kernel out of local memory) */
+                float hi, lo;
+                e8m0_split(scl[r][gi], &hi, &lo);
+                const uint4 cg = codes[r][gi];
+                float part[MAXT];
+#pragma unroll
+                for (int c = 0; c < MAXT; c++) part[c] = 0.0f;
+#pragma unroll 1
+                for (int q = 0; q < 4; q++) { /* not unrolled: bounds the live registers */
+                    float w8[8];
+                    uint32_t word = q == 0 ? cg.x : q == 1 ? cg.y : q == 2 ? cg.z : cg.w;
+                    fp4x8_to_float(word, hi, w8);
+#pragma unroll
+                    for (int c = 0; c < MAXT; c++) {
+                        if (c >= cnt) break;
+                        /* 128-bit shared load of the 8 matching inputs (swizzled, see staging) */
+                        uint4 xq = ((const uint4 *)(xs + (size_t)c * k_in + g * 32))[q ^ ((g >> 1) & 3)];
+                        const uint32_t xw[4] = {xq.x, xq.y, xq.z, xq.w};
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            float x0 = __uint_as_float(xw[j] << 16), x1 = __uint_as_float(xw[j] & 0xffff0000u);
+                            part[c] += w8[2 * j] * x0 + w8[2 * j + 1] * x1;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int c = 0; c < MAXT; c++) acc[r][c] += part[c] * lo;
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < MAXT; c++) {
+            if (c >= cnt) break;
+            float v0 = acc[0][c], v1 = acc[1][c];
+            for (int o = 16; o > 0; o >>= 1) {
+                v0 += __shfl_xor_sync(0xffffffffu, v0, o);
+                v1 += __shfl_xor_sync(0xffffffffu, v1, o);
+            }
+            if (lane == 0) {
+                if (GATE_UP) {
+                    float gate = v0 + ebias[row0], up = v1 + ebias[row0 + 1];
+                    h_out[(size_t)(r0 + c) * (n_out_rows / 2) + unit] = __float2bfloat16(swiglu(gate, up, limit, alpha));
+                } else {
+                    float *yr = y_out + (size_t)route.sorted_pair[r0 + c] * n_out_rows;
+                    yr[row0] = v0 + ebias[row0];
+                    yr[row0 + 1] = v1 + ebias[row0 + 1];
+                }
+            }
+        }
+    }
+}
+
+template <int MAXT>
+static void launch_gemv(const gptoss_cuda_moe_weights *w, const bf16 *t, const gptoss_cuda_route *route,
+                        int32_t slots, bf16 *h, float *y, cudaStream_t stream) {
+    int32_t H = w->hidden, I = w->intermediate;
+    size_t smem_gu = (size_t)MAXT * H * sizeof(bf16);
+    size_t smem_dn = (size_t)MAXT * I * sizeof(bf16);
+    dim3 g1((I + GEMV_WARPS - 1) / GEMV_WARPS, slots); /* one unit (2 rows) per warp */
+    moe_gemv_kernel<true, MAXT><<<g1, GEMV_WARPS * 32, smem_gu, stream>>>(
+        w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, t, route->sorted_token, H, 2 * I, *route,
+        w->swiglu_limit, w->swiglu_alpha, h, nullptr);
+    dim3 g2((H / 2 + GEMV_WARPS - 1) / GEMV_WARPS, slots);
+    moe_gemv_kernel<false, MAXT><<<g2, GEMV_WARPS * 32, smem_dn, stream>>>(
+        w->down_blocks, w->down_scales, w->down_bias, h, nullptr, I, H, *route, w->swiglu_limit,
+        w->swiglu_alpha, nullptr, y);
+}
+
+/* ---- tiled tensor-core path (prefill) --------------------------------------------------- */
+
+/*
+ * Grid (output-row tiles of 64, expert tiles of 64 sorted rows); 4 warps, each owning a
+ * 32x32 quarter of the 64x64 output tile as 2x2 WMMA 16x16x16 bf16 fragments (fp32 acc).
+ * The reduction walks one MXFP4 group (32 inputs) at a time:
+ *
+ *        A tile: 64 sorted rows x 32 inputs (bf16, gathered by token)   -> As
+ *        B tile: 64 weight rows x 32 inputs (dequantized from 16 B + scale) -> Bs
+ *        C += As * Bs^T
+ *
+ * Rows past the expert's end and weight rows past the matrix load as zero and are not
+ * stored. Epilogue through shared memory: gate_up applies bias and the clamped SwiGLU to
+ * (even, odd) column pairs, down adds the bias and scatters rows to their pair index.
+ */
+#define GEMM_BN 64
+#define GEMM_BK 32
+#define GEMM_LDS (GEMM_BK + 8)
+#define GEMM_LDC (GEMM_BN + 4)
+
+template <bool GATE_UP>
+static __global__ void __launch_bounds__(128)
+moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const bf16 *act,
+                int32_t k_in, int32_t n_out_rows, gptoss_cuda_route route, float limit,
+                float alpha, bf16 *h_out, float *y_out) {
+    constexpr int BM = GPTOSS_MOE_TILE_M;
+    __shared__ __align__(128) bf16 As[BM * GEMM_LDS];
+    __shared__ __align__(128) bf16 Bs[GEMM_BN * GEMM_LDS];
+    __shared__ __align__(128) float Cs[BM * GEMM_LDC];
+    int tile = blockIdx.y;
+    int e = route.tile_expert[tile];
+    if (e < 0) return;
+    int r0 = route.tile_row[tile];
+    int r_end = route.expert_offsets[e + 1];
+    int n0 = blockIdx.x * GEMM_BN;
+    int tid = threadIdx.x, warp = tid >> 5;
+    int n_groups = k_in / 32;
+    size_t row_bytes = (size_t)n_groups * 16;
+    const uint8_t *eb = blocks + (size_t)e * n_out_rows * row_bytes;
+    const uint8_t *es = scales + (size_t)e * n_out_rows * n_groups;
+
+    /* each thread loads half a row (16 values) of A and of B per step */
+    int lrow = tid >> 1, lhalf = tid & 1;
+    bool a_valid = r0 + lrow < r_end;
+    const bf16 *a_src = nullptr;
+    if (a_valid) {
+        size_t src_row = GATE_UP ? (size_t)route.sorted_token[r0 + lrow] : (size_t)(r0 + lrow);
+        a_src = act + src_row * k_in + lhalf * 16;
+    }
+    bool b_valid = n0 + lrow < n_out_rows;
+    const uint8_t *b_src = eb + (size_t)(n0 + lrow) * row_bytes + lhalf * 8;
+    const uint8_t *s_src = es + (size_t)(n0 + lrow) * n_groups;
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+
+    /* software pipeline: the global loads of group g+1 are in flight while group g is
+     * multiplied (registers hold the next stage; shared memory the current one) */
+    uint4 a0 = make_uint4(0, 0, 0, 0), a1 = a0;
+    uint2 codes = make_uint2(0, 0);
+    uint8_t sbyte = 127;
+    if (a_valid) {
+        a0 = *(const uint4 *)(a_src);
+        a1 = *(const uint4 *)(a_src + 8);
+    }
+    if (b_valid) {
+        codes = __ldg((const uint2 *)(b_src));
+        sbyte = __ldg(s_src);
+    }
+    for (int g = 0; g < n_groups; g++) {
+        *(uint4 *)(As + lrow * GEMM_LDS + lhalf * 16) = a0;
+        *(uint4 *)(As + lrow * GEMM_LDS + lhalf * 16 + 8) = a1;
+        __nv_bfloat162 wv[8];
+        {
+            float wf[16], hi, lo;
+            e8m0_split(sbyte, &hi, &lo);
+            fp4x8_to_float(codes.x, hi, wf);
+            fp4x8_to_float(codes.y, hi, wf + 8);
+#pragma unroll
+            for (int b = 0; b < 8; b++) wv[b] = __floats2bfloat162_rn(wf[2 * b] * lo, wf[2 * b + 1] * lo);
+        }
+        *(uint4 *)(Bs + lrow * GEMM_LDS + lhalf * 16) = *(uint4 *)&wv[0];
+        *(uint4 *)(Bs + lrow * GEMM_LDS + lhalf * 16 + 8) = *(uint4 *)&wv[4];
+        __syncthreads();
+        if (g + 1 < n_groups) {
+            if (a_valid) {
+                a0 = *(const uint4 *)(a_src + (g + 1) * 32);
+                a1 = *(const uint4 *)(a_src + (g + 1) * 32 + 8);
+            }
+            if (b_valid) {
+                codes = __ldg((const uint2 *)(b_src + (size_t)(g + 1) * 16));
+                sbyte = __ldg(s_src + g + 1);
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < GEMM_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], As + (wm + 16 * i) * GEMM_LDS + kk, GEMM_LDS);
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Bs + (wn + 16 * j) * GEMM_LDS + kk, GEMM_LDS);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(Cs + (wm + 16 * i) * GEMM_LDC + wn + 16 * j, acc[i][j], GEMM_LDC,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    const float *ebias = bias + (size_t)e * n_out_rows;
+    if (GATE_UP) {
+        int n_units = n_out_rows / 2;
+        for (int idx = tid; idx < BM * (GEMM_BN / 2); idx += blockDim.x) {
+            int m = idx / (GEMM_BN / 2), u = idx % (GEMM_BN / 2);
+            int n = n0 + 2 * u;
+            if (r0 + m >= r_end || n >= n_out_rows) continue;
+            float gate = Cs[m * GEMM_LDC + 2 * u] + ebias[n];
+            float up = Cs[m * GEMM_LDC + 2 * u + 1] + ebias[n + 1];
+            h_out[(size_t)(r0 + m) * n_units + n / 2] = __float2bfloat16(swiglu(gate, up, limit, alpha));
+        }
+    } else {
+        for (int idx = tid; idx < BM * GEMM_BN; idx += blockDim.x) {
+            int m = idx / GEMM_BN, n = idx % GEMM_BN;
+            if (r0 + m >= r_end || n0 + n >= n_out_rows) continue;
+            y_out[(size_t)route.sorted_pair[r0 + m] * n_out_rows + n0 + n] = Cs[m * GEMM_LDC + n] + ebias[n0 + n];
+        }
+    }
+}
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
+                     int32_t k_top, const gptoss_cuda_route *route, bf16 *h, float *y, int path,
+                     cudaStream_t stream) {
+    int32_t n_pairs = n_tokens * k_top;
+    if (n_pairs <= 0) return;
+    int32_t H = w->hidden, I = w->intermediate;
+    if (path == 0) path = n_tokens <= 16 ? 1 : 2;
+    if (path == 1) {
+        int32_t slots = n_pairs < w->n_experts ? n_pairs : w->n_experts;
+        if (n_tokens <= 1) launch_gemv<1>(w, t, route, slots, h, y, stream);
+        else if (n_tokens <= 2) launch_gemv<2>(w, t, route, slots, h, y, stream);
+        else if (n_tokens <= 4) launch_gemv<4>(w, t, route, slots, h, y, stream);
+        else launch_gemv<8>(w, t, route, slots, h, y, stream);
+    } else {
+        int32_t tiles = gptoss_cuda_route_max_tiles(n_pairs, w->n_experts);
+        dim3 g1((2 * I + GEMM_BN - 1) / GEMM_BN, tiles);
+        moe_gemm_kernel<true><<<g1, 128, 0, stream>>>(w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias,
+                                                      t, H, 2 * I, *route, w->swiglu_limit,
+                                                      w->swiglu_alpha, h, nullptr);
+        dim3 g2((H + GEMM_BN - 1) / GEMM_BN, tiles);
+        moe_gemm_kernel<false><<<g2, 128, 0, stream>>>(w->down_blocks, w->down_scales, w->down_bias, h,
+                                                       I, H, *route, w->swiglu_limit, w->swiglu_alpha,
+                                                       nullptr, y);
+    }
+}
+
+/* Raises the dynamic shared-memory limit of the GEMV kernels (hidden sizes above 3072). */
+cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate) {
+    int32_t widest = hidden > intermediate ? hidden : intermediate;
+    if (widest > 32 * 32 * GEMV_MAX_GROUPS_PER_LANE) return cudaErrorInvalidValue;
+    int bytes = (int)(GEMV_MAX_TOKENS * widest * sizeof(bf16));
+    cudaError_t err = cudaSuccess;
+#define RAISE(GU, T)                                                                                   \
+    if (err == cudaSuccess)                                                                            \
+        err = cudaFuncSetAttribute(moe_gemv_kernel<GU, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    RAISE(true, 1) RAISE(true, 2) RAISE(true, 4) RAISE(true, 8)
+    RAISE(false, 1) RAISE(false, 2) RAISE(false, 4) RAISE(false, 8)
+#undef RAISE
+    return err;
+}

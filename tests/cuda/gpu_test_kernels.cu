@@ -1,0 +1,591 @@
+/*
+ * gpu_test_kernels.cu - every CUDA backend kernel against a plain host reference.
+ *
+ * Needs a GPU, so it is not a ctest test: scripts/gpu-check builds and runs it on the GPU
+ * machine. Inputs are random and never zero; outputs are poisoned (NaN bytes) before each
+ * launch so an unwritten element fails. References are written here from the spec (section
+ * 2), in double precision, independent of the backend's code. Tolerances follow from the
+ * storage precision of each output and are stated next to each check. Prints one line per
+ * case and a summary table last; exits 1 on any failure.
+ */
+#include "backend/cuda/cuda_kernels.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+#include <algorithm>
+
+#define CK(call)                                                                                 \
+    do {                                                                                         \
+        cudaError_t e_ = (call);                                                                 \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, \
+                    cudaGetErrorString(e_));                                                     \
+            exit(2);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+/* ---- small host helpers (independent of the backend) ---------------------------------- */
+
+static uint64_t rng_state = 0x1234567887654321ull;
+static uint64_t rnd_u64(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static double rnd_unit(void) { return (double)(rnd_u64() >> 11) * (1.0 / 9007199254740992.0); }
+/* uniform in +-[lo, hi]: never zero */
+static float rnd_nz(float scale) {
+    double u = 0.05 + 0.95 * rnd_unit();
+    return (float)((rnd_u64() & 1) ? u : -u) * scale;
+}
+static int rnd_int(int n) { return (int)(rnd_u64() % (uint64_t)n); }
+
+static uint16_t f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static double bfround(double x) { return bf2f(f2bf((float)x)); }
+
+template <typename T> static T *dev_upload(const std::vector<T> &v) {
+    T *d = NULL;
+    CK(cudaMalloc(&d, v.size() * sizeof(T) + 16));
+    CK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+template <typename T> static T *dev_poisoned(size_t n) {
+    T *d = NULL;
+    CK(cudaMalloc(&d, n * sizeof(T) + 16));
+    CK(cudaMemset(d, 0xff, n * sizeof(T))); /* NaN in f32 and bf16 */
+    return d;
+}
+template <typename T> static std::vector<T> dev_download(const T *d, size_t n) {
+    std::vector<T> v(n);
+    CK(cudaDeviceSynchronize());
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+/* ---- result bookkeeping ----------------------------------------------------------------- */
+
+typedef struct result {
+    char name[96];
+    double rel_l2;   /* ||out - ref|| / ||ref|| */
+    double max_abs;  /* max |out - ref| */
+    double tol;      /* bound on rel_l2 */
+    bool ok;
+} result;
+static std::vector<result> results;
+
+/* Compares out against ref: relative L2 error under tol, and every element finite. */
+static bool check(const char *name, const std::vector<double> &out, const std::vector<double> &ref, double tol) {
+    double num = 0, den = 0, mx = 0;
+    bool finite = true;
+    for (size_t i = 0; i < ref.size(); i++) {
+        if (!isfinite(out[i])) finite = false;
+        double d = out[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+        mx = fmax(mx, fabs(d));
+    }
+    result r;
+    snprintf(r.name, sizeof r.name, "%s", name);
+    r.rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
+    r.max_abs = mx;
+    r.tol = tol;
+    r.ok = finite && r.rel_l2 <= tol && ref.size() > 0;
+    if (!finite) r.rel_l2 = NAN;
+    printf("%-58s rel_l2 %.2e  max_abs %.2e  tol %.0e  %s\n", r.name, r.rel_l2, r.max_abs, tol, r.ok ? "ok" : "FAIL");
+    results.push_back(r);
+    return r.ok;
+}
+
+/* ---- residual + RMSNorm ----------------------------------------------------------------- */
+
+static void test_rmsnorm(int T, int H, int mode) {
+    const int K = 4;
+    std::vector<float> x(T * H), add(T * H), bias(H), y((size_t)T * K * H), w(T * K), gain(H);
+    for (auto &v : x) v = rnd_nz(2.0f);
+    for (auto &v : add) v = rnd_nz(1.0f);
+    for (auto &v : bias) v = rnd_nz(0.1f);
+    for (auto &v : y) v = rnd_nz(1.0f);
+    for (auto &v : w) v = rnd_nz(1.0f);
+    for (auto &v : gain) v = 1.0f + rnd_nz(0.1f);
+    /* mode 0: plain, 1: + add + bias, 2: + weighted expert rows, 3: mode 2 through a row map */
+    int n_rows = mode == 3 ? (T + 1) / 2 : T;
+    std::vector<int32_t> map(n_rows);
+    for (int i = 0; i < n_rows; i++) map[i] = (mode == 3) ? (T - 1 - 2 * i) : i;
+    float *dx = dev_upload(x), *dadd = dev_upload(add), *dbias = dev_upload(bias), *dy = dev_upload(y),
+          *dw = dev_upload(w), *dg = dev_upload(gain);
+    int32_t *dmap = dev_upload(map);
+    bf16 *dout = dev_poisoned<bf16>((size_t)n_rows * H);
+    float *dout32 = dev_poisoned<float>((size_t)n_rows * H);
+    gptoss_cuda_residual_rmsnorm(dx, mode == 1 ? dadd : NULL, mode == 1 ? dbias : NULL, mode >= 2 ? dy : NULL,
+                                 mode >= 2 ? dw : NULL, K, dg, 1e-5f, mode == 3 ? dmap : NULL, n_rows, H, dout, dout32, 0);
+    std::vector<bf16> out = dev_download(dout, (size_t)n_rows * H);
+    std::vector<float> out32 = dev_download(dout32, (size_t)n_rows * H);
+    std::vector<double> got32;
+    std::vector<float> xo = dev_download(dx, (size_t)T * H);
+    std::vector<double> got, ref, gotx, refx;
+    for (int i = 0; i < n_rows; i++) {
+        int r = map[i];
+        std::vector<double> v(H);
+        double ss = 0;
+        for (int j = 0; j < H; j++) {
+            double a = x[(size_t)r * H + j];
+            if (mode == 1) a += add[(size_t)r * H + j] + bias[j];
+            if (mode >= 2)
+                for (int k = 0; k < K; k++) a += (double)w[r * K + k] * y[((size_t)r * K + k) * H + j];
+            v[j] = a;
+            ss += a * a;
+            gotx.push_back(xo[(size_t)r * H + j]);
+            refx.push_back(a);
+        }
+        double inv = 1.0 / sqrt(ss / H + 1e-5);
+        for (int j = 0; j < H; j++) {
+            ref.push_back(gain[j] * v[j] * inv);
+            uint16_t hb;
+            memcpy(&hb, &out[(size_t)i * H + j], 2);
+            got.push_back(bf2f(hb));
+            got32.push_back(out32[(size_t)i * H + j]);
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof name, "rmsnorm mode=%d T=%d H=%d: normalized (f32)", mode, T, H);
+    check(name, got32, ref, 1e-6);
+    snprintf(name, sizeof name, "rmsnorm mode=%d T=%d H=%d: normalized (bf16)", mode, T, H);
+    check(name, got, ref, 4e-3); /* bf16 output: 2^-9 relative rounding */
+    if (mode >= 1) {
+        snprintf(name, sizeof name, "rmsnorm mode=%d T=%d H=%d: residual (f32)", mode, T, H);
+        check(name, gotx, refx, 1e-6);
+    }
+    cudaFree(dx), cudaFree(dadd), cudaFree(dbias), cudaFree(dy), cudaFree(dw), cudaFree(dg), cudaFree(dmap), cudaFree(dout), cudaFree(dout32);
+}
+
+/* ---- paged KV helpers ------------------------------------------------------------------- */
+
+typedef struct paged {
+    int n_seqs, block_size, max_blocks, n_blocks;
+    std::vector<int32_t> table; /* [n_seqs, max_blocks], physical ids shuffled */
+} paged;
+
+static paged make_pages(int n_seqs, int max_len, int block_size) {
+    paged p;
+    p.n_seqs = n_seqs;
+    p.block_size = block_size;
+    p.max_blocks = (max_len + block_size - 1) / block_size;
+    p.n_blocks = n_seqs * p.max_blocks + 3;
+    std::vector<int32_t> ids(p.n_blocks);
+    for (int i = 0; i < p.n_blocks; i++) ids[i] = i;
+    for (int i = p.n_blocks - 1; i > 0; i--) std::swap(ids[i], ids[rnd_int(i + 1)]);
+    p.table.resize((size_t)n_seqs * p.max_blocks);
+    for (size_t i = 0; i < p.table.size(); i++) p.table[i] = ids[i];
+    return p;
+}
+
+static void yarn_inv_freq(int D, std::vector<float> &inv_freq, float &conc) {
+    /* spec 2.4 with the gpt-oss constants, in double, rounded once */
+    double base = 150000, f = 32, L0 = 4096, bf = 32, bs = 1;
+    double low = (D / 2.0) * log(L0 / (bf * 2 * M_PI)) / log(base);
+    double high = (D / 2.0) * log(L0 / (bs * 2 * M_PI)) / log(base);
+    inv_freq.resize(D / 2);
+    for (int j = 0; j < D / 2; j++) {
+        double freq = pow(base, 2.0 * j / D);
+        double ramp = fmin(fmax((j - low) / (high - low), 0.0), 1.0);
+        double e = 1 - ramp;
+        inv_freq[j] = (float)((1 / freq) * e + (1 / (f * freq)) * (1 - e));
+    }
+    conc = (float)(0.1 * log(f) + 1);
+}
+
+/* ---- bias + RoPE + KV write ------------------------------------------------------------ */
+
+static void test_rope_kv(int NH, int NKV, int D) {
+    const int bs = 16;
+    int lens[3] = {5, 37, 1};
+    int cached[3] = {0, 20000, 130};
+    int T = 43, S = 3;
+    std::vector<int32_t> pos, seq, start = {0};
+    for (int s = 0; s < S; s++) {
+        for (int i = 0; i < lens[s]; i++) {
+            pos.push_back(cached[s] + i);
+            seq.push_back(s);
+        }
+        start.push_back((int)pos.size());
+    }
+    int max_len = 20000 + 40;
+    paged pg = make_pages(S, max_len, bs);
+    int W = (NH + 2 * NKV) * D;
+    std::vector<float> qkv((size_t)T * W), bias(W), inv;
+    float conc;
+    yarn_inv_freq(D, inv, conc);
+    for (auto &v : qkv) v = rnd_nz(1.0f);
+    for (auto &v : bias) v = rnd_nz(0.1f);
+    float *dqkv = dev_upload(qkv), *dbias = dev_upload(bias), *dinv = dev_upload(inv);
+    int32_t *dpos = dev_upload(pos), *dseq = dev_upload(seq), *dtab = dev_upload(pg.table);
+    size_t cache_elems = (size_t)pg.n_blocks * bs * NKV * D;
+    bf16 *kc = dev_poisoned<bf16>(cache_elems), *vc = dev_poisoned<bf16>(cache_elems);
+    float *dq = dev_poisoned<float>((size_t)T * NH * D);
+    gptoss_cuda_rope_kv_write(dqkv, dbias, dpos, dseq, dinv, conc, T, NH, NKV, D, dtab, pg.max_blocks, bs, dq, kc, vc, 0);
+    std::vector<float> q = dev_download(dq, (size_t)T * NH * D);
+    std::vector<bf16> kh = dev_download(kc, cache_elems), vh = dev_download(vc, cache_elems);
+    std::vector<double> gq, rq, gk, rk, gv, rv;
+    for (int t = 0; t < T; t++) {
+        const float *row = &qkv[(size_t)t * W];
+        for (int head = 0; head < NH + NKV; head++) {
+            for (int j = 0; j < D / 2; j++) {
+                float angle = (float)pos[t] * inv[j]; /* fp32 angle, as REF computes it */
+                double c = cos((double)angle) * conc, s = sin((double)angle) * conc;
+                double a = (double)row[head * D + j] + bias[head * D + j];
+                double b = (double)row[head * D + j + D / 2] + bias[head * D + j + D / 2];
+                double ra = a * c - b * s, rb = b * c + a * s;
+                if (head < NH) {
+                    double sc = 1.0 / sqrt((double)D);
+                    rq.push_back(ra * sc), rq.push_back(rb * sc);
+                    gq.push_back(q[((size_t)t * NH + head) * D + j]);
+                    gq.push_back(q[((size_t)t * NH + head) * D + j + D / 2]);
+                } else {
+                    int g = head - NH;
+                    int blk = pg.table[(size_t)seq[t] * pg.max_blocks + pos[t] / bs];
+                    size_t off = (((size_t)blk * bs + pos[t] % bs) * NKV + g) * D;
+                    uint16_t h1, h2, h3, h4;
+                    memcpy(&h1, &kh[off + j], 2), memcpy(&h2, &kh[off + j + D / 2], 2);
+                    memcpy(&h3, &vh[off + j], 2), memcpy(&h4, &vh[off + j + D / 2], 2);
+                    rk.push_back(ra), rk.push_back(rb);
+                    gk.push_back(bf2f(h1)), gk.push_back(bf2f(h2));
+                    int vb = (NH + NKV + g) * D;
+                    rv.push_back((double)row[vb + j] + bias[vb + j]);
+                    rv.push_back((double)row[vb + j + D / 2] + bias[vb + j + D / 2]);
+                    gv.push_back(bf2f(h3)), gv.push_back(bf2f(h4));
+                }
+            }
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof name, "rope+kv NH=%d NKV=%d D=%d: q (f32)", NH, NKV, D);
+    check(name, gq, rq, 2e-5); /* fp32 math; cos/sin of the same fp32 angle */
+    snprintf(name, sizeof name, "rope+kv NH=%d NKV=%d D=%d: k pages (bf16)", NH, NKV, D);
+    check(name, gk, rk, 4e-3);
+    snprintf(name, sizeof name, "rope+kv NH=%d NKV=%d D=%d: v pages (bf16)", NH, NKV, D);
+    check(name, gv, rv, 4e-3);
+    cudaFree(dqkv), cudaFree(dbias), cudaFree(dinv), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab);
+    cudaFree(kc), cudaFree(vc), cudaFree(dq);
+}
+
+/* ---- attention ------------------------------------------------------------------------- */
+
+/* seqs: (n_cached, n_new) pairs; window 0 = full; splits forced (1 = single pass). */
+static void test_attention(int NH, int NKV, int D, std::vector<std::pair<int, int>> seqs, int window, int splits,
+                           const char *label) {
+    const int bs = 16;
+    int S = (int)seqs.size(), max_len = 0, T = 0;
+    std::vector<int32_t> pos, seq;
+    for (int s = 0; s < S; s++) {
+        for (int i = 0; i < seqs[s].second; i++) {
+            pos.push_back(seqs[s].first + i);
+            seq.push_back(s);
+        }
+        max_len = std::max(max_len, seqs[s].first + seqs[s].second);
+    }
+    T = (int)pos.size();
+    paged pg = make_pages(S, max_len, bs);
+    size_t cache_elems = (size_t)pg.n_blocks * bs * NKV * D;
+    std::vector<uint16_t> kc(cache_elems), vc(cache_elems);
+    for (auto &v : kc) v = f2bf(rnd_nz(1.0f));
+    for (auto &v : vc) v = f2bf(rnd_nz(1.0f));
+    std::vector<float> q((size_t)T * NH * D), sinks(NH);
+    for (auto &v : q) v = rnd_nz(0.6f);
+    for (auto &v : sinks) v = rnd_nz(3.0f);
+    bf16 *dk = NULL, *dv = NULL;
+    CK(cudaMalloc(&dk, cache_elems * 2));
+    CK(cudaMalloc(&dv, cache_elems * 2));
+    CK(cudaMemcpy(dk, kc.data(), cache_elems * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv, vc.data(), cache_elems * 2, cudaMemcpyHostToDevice));
+    float *dq = dev_upload(q), *dsink = dev_upload(sinks);
+    int32_t *dpos = dev_upload(pos), *dseq = dev_upload(seq), *dtab = dev_upload(pg.table);
+    float *partial = dev_poisoned<float>((size_t)T * NH * splits * (D + 2));
+    bf16 *dout = dev_poisoned<bf16>((size_t)T * NH * D);
+    int rc = gptoss_cuda_attention(dq, dk, dv, dpos, dseq, dtab, pg.max_blocks, bs, dsink, T, NH, NKV, D, window,
+                                   splits, partial, dout, 0);
+    if (rc != 0) {
+        fprintf(stderr, "attention launcher refused the shape\n");
+        exit(1);
+    }
+    std::vector<bf16> out = dev_download(dout, (size_t)T * NH * D);
+    std::vector<double> got, ref;
+    for (int t = 0; t < T; t++) {
+        int p = pos[t], s = seq[t];
+        int lo = window > 0 ? std::max(0, p - window + 1) : 0;
+        for (int h = 0; h < NH; h++) {
+            int g = h / (NH / NKV);
+            std::vector<double> sc;
+            double m = sinks[h];
+            for (int j = lo; j <= p; j++) {
+                int blk = pg.table[(size_t)s * pg.max_blocks + j / bs];
+                size_t off = (((size_t)blk * bs + j % bs) * NKV + g) * D;
+                double d = 0;
+                for (int c = 0; c < D; c++) d += (double)q[((size_t)t * NH + h) * D + c] * bf2f(kc[off + c]);
+                sc.push_back(d); /* q arrives pre-scaled */
+                m = fmax(m, d);
+            }
+            double z = exp(sinks[h] - m);
+            for (double v : sc) z += exp(v - m);
+            for (int c = 0; c < D; c++) {
+                double o = 0;
+                for (int j = lo; j <= p; j++) {
+                    int blk = pg.table[(size_t)s * pg.max_blocks + j / bs];
+                    size_t off = (((size_t)blk * bs + j % bs) * NKV + g) * D;
+                    o += exp(sc[j - lo] - m) / z * bf2f(vc[off + c]);
+                }
+                ref.push_back(o);
+                uint16_t hb;
+                memcpy(&hb, &out[((size_t)t * NH + h) * D + c], 2);
+                got.push_back(bf2f(hb));
+            }
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof name, "attention %s NH=%d NKV=%d D=%d T=%d win=%d splits=%d", label, NH, NKV, D, T, window,
+             splits);
+    check(name, got, ref, 6e-3); /* bf16 output (2^-9) plus fast exp */
+    cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dsink), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab);
+    cudaFree(partial), cudaFree(dout);
+}
+
+/* ---- router top-k ---------------------------------------------------------------------- */
+
+static void test_router(int T, int E, int K) {
+    std::vector<float> logits((size_t)T * E), bias(E);
+    for (auto &v : logits) v = rnd_nz(2.0f);
+    for (auto &v : bias) v = rnd_nz(0.5f);
+    float *dl = dev_upload(logits), *db = dev_upload(bias);
+    int32_t *di = dev_poisoned<int32_t>((size_t)T * K);
+    float *dw = dev_poisoned<float>((size_t)T * K);
+    gptoss_cuda_router_topk(dl, db, T, E, K, di, dw, 0);
+    std::vector<int32_t> idx = dev_download(di, (size_t)T * K);
+    std::vector<float> wts = dev_download(dw, (size_t)T * K);
+    std::vector<double> got, ref;
+    int mismatched = 0;
+    for (int t = 0; t < T; t++) {
+        std::vector<std::pair<double, int>> v(E);
+        for (int e = 0; e < E; e++) v[e] = {-((double)logits[(size_t)t * E + e] + bias[e]), e};
+        std::sort(v.begin(), v.end());
+        double mx = -v[0].first, z = 0;
+        for (int k = 0; k < K; k++) z += exp(-v[k].first - mx);
+        for (int k = 0; k < K; k++) {
+            if (idx[(size_t)t * K + k] != v[k].second) mismatched++;
+            ref.push_back(exp(-v[k].first - mx) / z);
+            got.push_back(wts[(size_t)t * K + k]);
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof name, "router top-%d T=%d E=%d: %d index mismatches", K, T, E, mismatched);
+    if (mismatched) got[0] = NAN; /* any wrong expert fails the case */
+    check(name, got, ref, 1e-5);
+    cudaFree(dl), cudaFree(db), cudaFree(di), cudaFree(dw);
+}
+
+static void test_router_logits(int T, int E, int H) {
+    std::vector<float> t((size_t)T * H), bias(E);
+    std::vector<uint16_t> w((size_t)E * H);
+    for (auto &v : t) v = rnd_nz(1.0f);
+    for (auto &v : bias) v = rnd_nz(0.1f);
+    for (auto &v : w) v = f2bf(rnd_nz(0.05f));
+    float *dt = dev_upload(t), *db = dev_upload(bias);
+    bf16 *dw;
+    CK(cudaMalloc(&dw, w.size() * 2));
+    CK(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+    float *dl = dev_poisoned<float>((size_t)T * E);
+    CK(gptoss_cuda_router_prepare(H));
+    gptoss_cuda_router_logits(dt, dw, db, T, E, H, dl, 0);
+    std::vector<float> l = dev_download(dl, (size_t)T * E);
+    std::vector<double> got(l.begin(), l.end()), ref;
+    for (int i = 0; i < T; i++)
+        for (int e = 0; e < E; e++) {
+            double a = bias[e];
+            for (int j = 0; j < H; j++) a += (double)t[(size_t)i * H + j] * bf2f(w[(size_t)e * H + j]);
+            ref.push_back(a);
+        }
+    char name[96];
+    snprintf(name, sizeof name, "router logits f32 T=%d E=%d H=%d", T, E, H);
+    check(name, got, ref, 1e-5); /* fp32 accumulation of exact products */
+    cudaFree(dt), cudaFree(db), cudaFree(dw), cudaFree(dl);
+}
+
+/* ---- MoE ---------------------------------------------------------------------------------- */
+
+static const double kFp4[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6};
+
+/* pattern: 0 random distinct experts, 1 every token's first slot is expert 0 (one expert
+ * gets all tokens), 2 only experts {1, 3, 4, 6, 7} are used (others empty). */
+static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, bool wide_scales = false) {
+    size_t gu_rows = (size_t)E * 2 * I, dn_rows = (size_t)E * H;
+    std::vector<uint8_t> gub(gu_rows * (H / 32) * 16), gus(gu_rows * (H / 32)), dnb(dn_rows * (I / 32) * 16),
+        dns(dn_rows * (I / 32));
+    for (auto &v : gub) v = (uint8_t)rnd_u64();
+    for (auto &v : dnb) v = (uint8_t)rnd_u64();
+    int s0h = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)H))));
+    int s0i = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)I))));
+    for (auto &v : gus) v = (uint8_t)(wide_scales ? 110 + rnd_int(31) : s0h - 1 + rnd_int(3));
+    for (auto &v : dns) v = (uint8_t)(wide_scales ? 110 + rnd_int(31) : s0i - 1 + rnd_int(3));
+    std::vector<float> gubias(gu_rows), dnbias(dn_rows);
+    for (auto &v : gubias) v = rnd_nz(0.1f);
+    for (auto &v : dnbias) v = rnd_nz(0.1f);
+    std::vector<uint16_t> t((size_t)T * H);
+    for (auto &v : t) v = f2bf(rnd_nz(2.0f));
+    std::vector<int32_t> topk((size_t)T * K);
+    int allowed[5] = {1, 3, 4, 6, 7};
+    for (int i = 0; i < T; i++) {
+        std::vector<int> pool;
+        if (pattern == 2 && E >= 8) pool.assign(allowed, allowed + 5);
+        else for (int e = 0; e < E; e++) pool.push_back(e);
+        for (int k = 0; k < K; k++) {
+            int j = k + rnd_int((int)pool.size() - k);
+            std::swap(pool[k], pool[j]);
+        }
+        if (pattern == 1) {
+            auto it = std::find(pool.begin(), pool.end(), 0);
+            std::swap(pool[0], *it);
+        }
+        for (int k = 0; k < K; k++) topk[(size_t)i * K + k] = pool[k];
+    }
+    /* device */
+    uint8_t *d_gub = dev_upload(gub), *d_gus = dev_upload(gus), *d_dnb = dev_upload(dnb), *d_dns = dev_upload(dns);
+    float *d_gubias = dev_upload(gubias), *d_dnbias = dev_upload(dnbias);
+    bf16 *d_t;
+    CK(cudaMalloc(&d_t, t.size() * 2));
+    CK(cudaMemcpy(d_t, t.data(), t.size() * 2, cudaMemcpyHostToDevice));
+    int32_t *d_topk = dev_upload(topk);
+    void *route_mem;
+    CK(cudaMalloc(&route_mem, gptoss_cuda_route_bytes(T * K, E)));
+    gptoss_cuda_route route;
+    gptoss_cuda_route_bind(route_mem, T * K, E, &route);
+    CK(gptoss_cuda_moe_prepare(H, I));
+    bf16 *d_h = dev_poisoned<bf16>((size_t)T * K * I);
+    float *d_y = dev_poisoned<float>((size_t)T * K * H);
+    gptoss_cuda_moe_weights w = {d_gub, d_gus, d_gubias, d_dnb, d_dns, d_dnbias, E, H, I, 7.0f, 1.702f};
+    gptoss_cuda_moe_route(d_topk, T, K, E, &route, 0);
+    gptoss_cuda_moe(&w, d_t, T, K, &route, d_h, d_y, path, 0);
+    std::vector<float> y = dev_download(d_y, (size_t)T * K * H);
+    /* reference: double math from the spec; h rounded to bf16 as the backend stores it */
+    std::vector<double> ref((size_t)T * K * H);
+#pragma omp parallel for schedule(dynamic)
+    for (int pr = 0; pr < T * K; pr++) {
+        int tok = pr / K, e = topk[pr];
+        std::vector<double> x(H), h(I), wrow(std::max(H, I));
+        for (int j = 0; j < H; j++) x[j] = bf2f(t[(size_t)tok * H + j]);
+        for (int i = 0; i < I; i++) {
+            double u[2];
+            for (int r = 0; r < 2; r++) {
+                size_t row = (size_t)e * 2 * I + 2 * i + r;
+                double acc = 0;
+                for (int j = 0; j < H; j++) {
+                    uint8_t byte = gub[row * (H / 32) * 16 + (j / 32) * 16 + (j % 32) / 2];
+                    int code = (j % 2) ? byte >> 4 : byte & 15;
+                    acc += kFp4[code] * ldexp(1.0, gus[row * (H / 32) + j / 32] - 127) * x[j];
+                }
+                u[r] = acc + gubias[row];
+            }
+            double a = fmin(u[0], 7.0), c = fmin(fmax(u[1], -7.0), 7.0);
+            h[i] = bfround(a / (1 + exp(-1.702 * a)) * (c + 1));
+        }
+        for (int n = 0; n < H; n++) {
+            size_t row = (size_t)e * H + n;
+            double acc = 0;
+            for (int i = 0; i < I; i++) {
+                uint8_t byte = dnb[row * (I / 32) * 16 + (i / 32) * 16 + (i % 32) / 2];
+                int code = (i % 2) ? byte >> 4 : byte & 15;
+                acc += kFp4[code] * ldexp(1.0, dns[row * (I / 32) + i / 32] - 127) * h[i];
+            }
+            ref[(size_t)pr * H + n] = acc + dnbias[row];
+        }
+    }
+    std::vector<double> got(y.begin(), y.end());
+    char name[96];
+    snprintf(name, sizeof name, "moe %s T=%d H=%d I=%d E=%d pattern=%d%s", path == 1 ? "gemv" : "gemm", T, H, I, E,
+             pattern, wide_scales ? " scales 110..140" : "");
+    check(name, got, ref, 2e-3); /* fp32 accumulation; h is bf16 on both sides, rare 1-ulp flips */
+    cudaFree(d_gub), cudaFree(d_gus), cudaFree(d_dnb), cudaFree(d_dns), cudaFree(d_gubias), cudaFree(d_dnbias);
+    cudaFree(d_t), cudaFree(d_topk), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y);
+}
+
+int main(int argc, char **argv) {
+    int dev = 0;
+    CK(cudaSetDevice(dev));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, dev));
+    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+
+    for (int mode = 0; mode < 4; mode++) {
+        test_rmsnorm(1, 2880, mode);
+        test_rmsnorm(37, 2880, mode);
+        test_rmsnorm(300, 64, mode);
+    }
+    test_rope_kv(64, 8, 64);
+    test_rope_kv(8, 2, 32);
+    test_rope_kv(4, 4, 128);
+    test_rope_kv(4, 1, 16);
+
+    /* decode at depth, prefill from empty, chunked prefill, mixed batch; full and sliding */
+    std::vector<std::pair<int, int>> decode_deep = {{5000, 1}};
+    std::vector<std::pair<int, int>> decode_batch = {{0, 1}, {130, 1}, {2047, 1}, {700, 1}};
+    std::vector<std::pair<int, int>> prefill = {{0, 300}};
+    std::vector<std::pair<int, int>> chunk = {{200, 77}};
+    std::vector<std::pair<int, int>> mixed = {{0, 40}, {150, 1}, {64, 33}, {3, 1}};
+    for (int window : {0, 128}) {
+        test_attention(64, 8, 64, decode_deep, window, 1, "decode-deep");
+        test_attention(64, 8, 64, decode_deep, window, 16, "decode-deep");
+        test_attention(64, 8, 64, decode_batch, window, 4, "decode-batch");
+        test_attention(64, 8, 64, prefill, window, 1, "prefill");
+        test_attention(64, 8, 64, chunk, window, 1, "chunked");
+        test_attention(64, 8, 64, chunk, window, 3, "chunked");
+        test_attention(64, 8, 64, mixed, window, 1, "mixed");
+    }
+    test_attention(8, 2, 32, mixed, 16, 1, "mixed");
+    test_attention(4, 4, 128, chunk, 0, 2, "chunked");
+    test_attention(4, 1, 16, mixed, 0, 1, "mixed");
+    test_attention(32, 1, 64, decode_batch, 0, 8, "decode-batch");
+
+    test_router_logits(1, 32, 2880);
+    test_router_logits(7, 128, 2880);
+    test_router_logits(301, 16, 512);
+    test_router(1, 32, 4);
+    test_router(300, 128, 4);
+    test_router(77, 8, 2);
+
+    /* MoE: real widths at decode-sized batches, small widths at prefill sizes (host cost) */
+    for (int T : {1, 2, 5, 8, 16}) test_moe(T, 2880, 2880, 32, 4, 0, 1);
+    test_moe(13, 2880, 2880, 32, 4, 1, 1);
+    test_moe(40, 2880, 2880, 32, 4, 0, 1); /* more than 8 tokens for one expert: chunked GEMV */
+    test_moe(3, 2880, 2880, 128, 4, 0, 2);
+    test_moe(33, 2880, 2880, 32, 4, 0, 2);
+    test_moe(100, 2880, 2880, 32, 4, 1, 2);
+    for (int T : {1, 7, 64, 65, 100, 333, 1000, 4096}) test_moe(T, 256, 192, 16, 4, T % 3, 2);
+    for (int T : {1, 6, 20}) test_moe(T, 160, 96, 8, 2, 2, 1);
+    for (int T : {3, 129, 500}) test_moe(T, 160, 96, 8, 2, 2, 2);
+    test_moe(4096, 64, 64, 4, 4, 1, 2);
+    test_moe(5, 256, 192, 16, 4, 0, 1, true);
+    test_moe(300, 256, 192, 16, 4, 0, 2, true);
+
+    int failed = 0;
+    printf("\n| kernel case | rel_l2 | tol | result |\n|---|---|---|---|\n");
+    for (auto &r : results) {
+        printf("| %s | %.2e | %.0e | %s |\n", r.name, r.rel_l2, r.tol, r.ok ? "ok" : "FAIL");
+        failed += !r.ok;
+    }
+    printf("\ngpu_test_kernels: %zu cases, %d failed\n", results.size(), failed);
+    (void)argc, (void)argv;
+    return failed ? 1 : 0;
+}
