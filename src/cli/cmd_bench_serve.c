@@ -26,25 +26,30 @@
 #define MAX_LEVELS 32
 
 static void help(FILE *out) {
-    fprintf(out,
-            "usage: gptoss bench-serve --url URL (--concurrency 1,8,64 | --request-rate R) --num-requests N\n"
-            "                          (--input-len I --output-len O | --sharegpt-like) [options]\n\n"
-            "Streams requests at an OpenAI-compatible server and reports request throughput, output and\n"
-            "total tokens/s, TTFT, TPOT and ITL (mean, median, p99).\n\n"
-            "options:\n"
-            "  --url URL            server base, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)\n"
-            "  --model NAME         model id (default: the first of GET /v1/models)\n"
-            "  --api-key KEY        sent as 'Authorization: Bearer KEY'\n"
-            "  --endpoint E         completions (default) or chat\n"
-            "  --concurrency LIST   clients in flight, one run per value (e.g. 1,8,64)\n"
-            "  --request-rate R     Poisson arrivals at R requests/s instead (inf = all at once)\n"
-            "  --num-requests N     requests per run\n"
-            "  --input-len I        prompt tokens (random words; exact when the gpt-oss tokenizer is found)\n"
-            "  --output-len O       generated tokens (ignore_eos + max_tokens)\n"
-            "  --sharegpt-like      lognormal lengths: mean ~215 prompt and ~200 output tokens, long tail\n"
-            "  --seed S             workload seed (default 0)\n"
-            "  --timeout S          per-request socket timeout in seconds (default 600)\n"
-            "  --json FILE          also write the results as JSON\n");
+    fprintf(
+        out,
+        "usage: gptoss bench-serve --url URL (--concurrency 1,8,64 | --request-rate R) "
+        "--num-requests N\n"
+        "                          (--input-len I --output-len O | --sharegpt-like) [options]\n\n"
+        "Streams requests at an OpenAI-compatible server and reports request throughput, output "
+        "and\n"
+        "total tokens/s, TTFT, TPOT and ITL (mean, median, p99).\n\n"
+        "options:\n"
+        "  --url URL            server base, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)\n"
+        "  --model NAME         model id (default: the first of GET /v1/models)\n"
+        "  --api-key KEY        sent as 'Authorization: Bearer KEY'\n"
+        "  --endpoint E         completions (default) or chat\n"
+        "  --concurrency LIST   clients in flight, one run per value (e.g. 1,8,64)\n"
+        "  --request-rate R     Poisson arrivals at R requests/s instead (inf = all at once)\n"
+        "  --num-requests N     requests per run\n"
+        "  --input-len I        prompt tokens (random words; exact when the gpt-oss tokenizer is "
+        "found)\n"
+        "  --output-len O       generated tokens (ignore_eos + max_tokens)\n"
+        "  --sharegpt-like      lognormal lengths: mean ~215 prompt and ~200 output tokens, long "
+        "tail\n"
+        "  --seed S             workload seed (default 0)\n"
+        "  --timeout S          per-request socket timeout in seconds (default 600)\n"
+        "  --json FILE          also write the results as JSON\n");
 }
 
 /* ---- workload ---------------------------------------------------------------------------- */
@@ -56,7 +61,9 @@ static uint64_t splitmix(uint64_t *state) {
     return z ^ (z >> 31);
 }
 
-static double uniform01(uint64_t *state) { return ((double)(splitmix(state) >> 11) + 0.5) / 9007199254740992.0; }
+static double uniform01(uint64_t *state) {
+    return ((double)(splitmix(state) >> 11) + 0.5) / 9007199254740992.0;
+}
 
 static double normal(uint64_t *state) {
     return sqrt(-2.0 * log(uniform01(state))) * cos(6.283185307179586 * uniform01(state));
@@ -64,15 +71,19 @@ static double normal(uint64_t *state) {
 
 /* Common English words; each, after a space, is one o200k token. */
 static const char *const words[] = {
-    "time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school",
-    "state", "family", "student", "group", "country", "problem", "hand", "part", "place", "case", "week",
-    "company", "system", "program", "question", "work", "government", "number", "night", "point", "home",
-    "water", "room", "mother", "area", "money", "story", "fact", "month", "lot", "right", "study", "book",
-    "eye", "job", "word", "business", "issue", "side", "kind", "head", "house", "service", "friend",
-    "father", "power", "hour", "game", "line", "end", "member", "law", "car", "city", "community", "name",
-    "president", "team", "minute", "idea", "kid", "body", "information", "back", "parent", "face", "others",
-    "level", "office", "door", "health", "person", "art", "war", "history", "party", "result", "change",
-    "morning", "reason", "research", "girl", "guy", "moment", "air", "teacher", "force", "education"};
+    "time",     "year",    "people",      "way",      "day",        "man",    "thing",   "woman",
+    "life",     "child",   "world",       "school",   "state",      "family", "student", "group",
+    "country",  "problem", "hand",        "part",     "place",      "case",   "week",    "company",
+    "system",   "program", "question",    "work",     "government", "number", "night",   "point",
+    "home",     "water",   "room",        "mother",   "area",       "money",  "story",   "fact",
+    "month",    "lot",     "right",       "study",    "book",       "eye",    "job",     "word",
+    "business", "issue",   "side",        "kind",     "head",       "house",  "service", "friend",
+    "father",   "power",   "hour",        "game",     "line",       "end",    "member",  "law",
+    "car",      "city",    "community",   "name",     "president",  "team",   "minute",  "idea",
+    "kid",      "body",    "information", "back",     "parent",     "face",   "others",  "level",
+    "office",   "door",    "health",      "person",   "art",        "war",    "history", "party",
+    "result",   "change",  "morning",     "reason",   "research",   "girl",   "guy",     "moment",
+    "air",      "teacher", "force",       "education"};
 
 typedef struct work_item {
     char *prompt;       /* request text */
@@ -86,12 +97,14 @@ static char *make_prompt(int32_t n_tokens, uint64_t *rng, const gptoss_tokenizer
     if (!text) return NULL;
     text[0] = '\0';
     for (size_t i = 0; i < n_words; i++)
-        len += (size_t)snprintf(text + len, cap - len, "%s%s", i ? " " : "", words[splitmix(rng) % (sizeof words / sizeof *words)]);
+        len += (size_t)snprintf(text + len, cap - len, "%s%s", i ? " " : "",
+                                words[splitmix(rng) % (sizeof words / sizeof *words)]);
     if (!tok) { /* one token per word */
         size_t cut = 0, seen = 0;
         while (cut < len && seen < (size_t)n_tokens) {
             cut++;
-            while (cut < len && text[cut] != ' ') cut++;
+            while (cut < len && text[cut] != ' ')
+                cut++;
             seen++;
         }
         text[cut] = '\0';
@@ -103,7 +116,8 @@ static char *make_prompt(int32_t n_tokens, uint64_t *rng, const gptoss_tokenizer
     size_t out_len = 0;
     if (gptoss_tokenizer_encode(tok, text, len, false, &ids, &err) == GPTOSS_OK) {
         size_t keep = ids.n < (size_t)n_tokens ? ids.n : (size_t)n_tokens;
-        if (gptoss_tokenizer_decode(tok, ids.ids, keep, &out, &out_len, &err) != GPTOSS_OK) out = NULL;
+        if (gptoss_tokenizer_decode(tok, ids.ids, keep, &out, &out_len, &err) != GPTOSS_OK)
+            out = NULL;
     }
     gptoss_tokens_free(&ids);
     free(text);
@@ -120,14 +134,14 @@ static int32_t lognormal_len(uint64_t *rng, double mean, double sigma, int32_t l
 /* ---- one request ------------------------------------------------------------------------- */
 
 typedef struct result {
-    bool ok;              /* HTTP 200 and a [DONE] or usage seen */
-    int status;           /* HTTP status */
+    bool ok;                  /* HTTP 200 and a [DONE] or usage seen */
+    int status;               /* HTTP status */
     double start, first, end; /* seconds (monotonic) */
-    int32_t output_tokens; /* usage.completion_tokens, else content chunks */
-    int32_t prompt_tokens; /* usage.prompt_tokens, else the intended length */
-    double *itl;          /* [n_itl] gaps between content chunks, seconds */
+    int32_t output_tokens;    /* usage.completion_tokens, else content chunks */
+    int32_t prompt_tokens;    /* usage.prompt_tokens, else the intended length */
+    double *itl;              /* [n_itl] gaps between content chunks, seconds */
     size_t n_itl, cap_itl;
-    char error[256];      /* first error */
+    char error[256]; /* first error */
 } result;
 
 typedef struct stream_parse {
@@ -135,8 +149,8 @@ typedef struct stream_parse {
     char line[1 << 16]; /* the SSE line being assembled */
     size_t len;
     bool overflow;
-    double last;        /* time of the previous content chunk */
-    int32_t chunks;     /* content-bearing chunks */
+    double last;    /* time of the previous content chunk */
+    int32_t chunks; /* content-bearing chunks */
     bool chat;
 } stream_parse;
 
@@ -147,12 +161,14 @@ static void on_event(stream_parse *p, const char *data) {
     double now = cli_now_seconds();
     json_t *usage = json_object_get(j, "usage");
     if (json_is_object(usage)) {
-        json_t *ct = json_object_get(usage, "completion_tokens"), *pt = json_object_get(usage, "prompt_tokens");
+        json_t *ct = json_object_get(usage, "completion_tokens"),
+               *pt = json_object_get(usage, "prompt_tokens");
         if (json_is_integer(ct)) p->res->output_tokens = (int32_t)json_integer_value(ct);
         if (json_is_integer(pt)) p->res->prompt_tokens = (int32_t)json_integer_value(pt);
     }
     json_t *err = json_object_get(j, "error");
-    if (err && !p->res->error[0]) snprintf(p->res->error, sizeof p->res->error, "stream error: %.200s", data);
+    if (err && !p->res->error[0])
+        snprintf(p->res->error, sizeof p->res->error, "stream error: %.200s", data);
     json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
     bool content = false;
     if (c0) {
@@ -170,7 +186,8 @@ static void on_event(stream_parse *p, const char *data) {
         }
     }
     if (content) {
-        if (p->chunks == 0) p->res->first = now;
+        if (p->chunks == 0)
+            p->res->first = now;
         else {
             result *r = p->res;
             if (r->n_itl == r->cap_itl) {
@@ -193,7 +210,8 @@ static int on_stream_bytes(void *user, const char *data, size_t len) {
         if (ch == '\n') {
             p->line[p->len] = '\0';
             if (p->len && p->line[p->len - 1] == '\r') p->line[--p->len] = '\0';
-            if (!p->overflow && !strncmp(p->line, "data:", 5)) on_event(p, p->line[5] == ' ' ? p->line + 6 : p->line + 5);
+            if (!p->overflow && !strncmp(p->line, "data:", 5))
+                on_event(p, p->line[5] == ' ' ? p->line + 6 : p->line + 5);
             p->len = 0, p->overflow = false;
         } else if (p->len + 1 < sizeof p->line) {
             p->line[p->len++] = ch;
@@ -210,17 +228,18 @@ typedef struct bench {
     const char *model;
     bool chat;
     int timeout_ms;
-    work_item *items;  /* [n_items] */
-    result *results;   /* [n_items] */
+    work_item *items; /* [n_items] */
+    result *results;  /* [n_items] */
     int32_t n_items;
-    atomic_int next;   /* concurrency mode: next item to send */
+    atomic_int next; /* concurrency mode: next item to send */
 } bench;
 
 static void run_one(bench *b, int32_t i) {
     work_item *w = &b->items[i];
     result *r = &b->results[i];
-    json_t *req = json_pack("{s:s, s:b, s:{s:b}, s:i, s:b, s:f}", "model", b->model, "stream", 1, "stream_options",
-                            "include_usage", 1, "max_tokens", w->output_len, "ignore_eos", 1, "temperature", 0.0);
+    json_t *req = json_pack("{s:s, s:b, s:{s:b}, s:i, s:b, s:f}", "model", b->model, "stream", 1,
+                            "stream_options", "include_usage", 1, "max_tokens", w->output_len,
+                            "ignore_eos", 1, "temperature", 0.0);
     if (b->chat) {
         json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", w->prompt);
         json_object_set_new(req, "messages", msgs);
@@ -239,12 +258,15 @@ static void run_one(bench *b, int32_t i) {
     r->prompt_tokens = w->input_len;
     gptoss_error err = {0};
     r->start = cli_now_seconds();
-    gptoss_status st = gptoss_http_request(&b->url, "POST", b->chat ? "/v1/chat/completions" : "/v1/completions", b->api_key,
-                                           body, strlen(body), b->timeout_ms, &r->status, on_stream_bytes, p, &err);
+    gptoss_status st = gptoss_http_request(
+        &b->url, "POST", b->chat ? "/v1/chat/completions" : "/v1/completions", b->api_key, body,
+        strlen(body), b->timeout_ms, &r->status, on_stream_bytes, p, &err);
     r->end = cli_now_seconds();
     if (r->output_tokens == 0) r->output_tokens = p->chunks;
-    if (st != GPTOSS_OK) snprintf(r->error, sizeof r->error, "%s", err.message);
-    else if (r->status != 200 && !r->error[0]) snprintf(r->error, sizeof r->error, "HTTP %d", r->status);
+    if (st != GPTOSS_OK)
+        snprintf(r->error, sizeof r->error, "%s", err.message);
+    else if (r->status != 200 && !r->error[0])
+        snprintf(r->error, sizeof r->error, "HTTP %d", r->status);
     r->ok = st == GPTOSS_OK && r->status == 200 && !r->error[0] && p->chunks > 0;
     if (!r->ok && !r->error[0]) snprintf(r->error, sizeof r->error, "no content streamed");
     free(body);
@@ -287,7 +309,8 @@ static summary summarize(double *v, size_t n) {
     if (n == 0) return s;
     qsort(v, n, sizeof *v, cmp_double);
     double sum = 0;
-    for (size_t i = 0; i < n; i++) sum += v[i];
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
     s.mean = sum / (double)n;
     s.median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
     size_t k = (size_t)ceil(0.99 * (double)n);
@@ -297,9 +320,12 @@ static summary summarize(double *v, size_t n) {
 
 static void put_summary(json_t *o, const char *name, summary s) {
     char key[64];
-    snprintf(key, sizeof key, "mean_%s_ms", name), json_object_set_new(o, key, json_real(s.mean * 1e3));
-    snprintf(key, sizeof key, "median_%s_ms", name), json_object_set_new(o, key, json_real(s.median * 1e3));
-    snprintf(key, sizeof key, "p99_%s_ms", name), json_object_set_new(o, key, json_real(s.p99 * 1e3));
+    snprintf(key, sizeof key, "mean_%s_ms", name),
+        json_object_set_new(o, key, json_real(s.mean * 1e3));
+    snprintf(key, sizeof key, "median_%s_ms", name),
+        json_object_set_new(o, key, json_real(s.median * 1e3));
+    snprintf(key, sizeof key, "p99_%s_ms", name),
+        json_object_set_new(o, key, json_real(s.p99 * 1e3));
 }
 
 static json_t *report(bench *b, double duration, const char *label) {
@@ -311,7 +337,8 @@ static json_t *report(bench *b, double duration, const char *label) {
         if (!r->ok) continue;
         ok++, in += r->prompt_tokens, out += r->output_tokens, n_itl += r->n_itl;
     }
-    double *ttft = calloc((size_t)b->n_items + 1, sizeof *ttft), *tpot = calloc((size_t)b->n_items + 1, sizeof *tpot);
+    double *ttft = calloc((size_t)b->n_items + 1, sizeof *ttft),
+           *tpot = calloc((size_t)b->n_items + 1, sizeof *tpot);
     double *itl = calloc(n_itl + 1, sizeof *itl);
     size_t n_ttft = 0, n_tpot = 0, k = 0;
     for (int32_t i = 0; i < b->n_items && ttft && tpot && itl; i++) {
@@ -319,9 +346,11 @@ static json_t *report(bench *b, double duration, const char *label) {
         if (!r->ok) continue;
         ttft[n_ttft++] = r->first - r->start;
         if (r->output_tokens > 1) tpot[n_tpot++] = (r->end - r->first) / (r->output_tokens - 1);
-        for (size_t j = 0; j < r->n_itl; j++) itl[k++] = r->itl[j];
+        for (size_t j = 0; j < r->n_itl; j++)
+            itl[k++] = r->itl[j];
     }
-    summary s_ttft = summarize(ttft, n_ttft), s_tpot = summarize(tpot, n_tpot), s_itl = summarize(itl, k);
+    summary s_ttft = summarize(ttft, n_ttft), s_tpot = summarize(tpot, n_tpot),
+            s_itl = summarize(itl, k);
     free(ttft), free(tpot), free(itl);
     double d = duration > 0 ? duration : 1e-9;
     printf("\n==== %s ====\n", label);
@@ -329,18 +358,23 @@ static json_t *report(bench *b, double duration, const char *label) {
     for (int32_t i = 0, shown = 0; i < b->n_items && shown < 3; i++)
         if (!b->results[i].ok) printf("  failed request %d: %s\n", i, b->results[i].error), shown++;
     printf("%-34s %.2f\n", "benchmark duration (s)", duration);
-    printf("%-34s %lld\n%-34s %lld\n", "total input tokens", (long long)in, "total generated tokens", (long long)out);
+    printf("%-34s %lld\n%-34s %lld\n", "total input tokens", (long long)in,
+           "total generated tokens", (long long)out);
     printf("%-34s %.2f\n", "request throughput (req/s)", ok / d);
     printf("%-34s %.2f\n", "output token throughput (tok/s)", out / d);
     printf("%-34s %.2f\n", "total token throughput (tok/s)", (in + out) / d);
     printf("%-34s %10s %10s %10s\n", "latency (ms)", "mean", "median", "p99");
-    printf("%-34s %10.2f %10.2f %10.2f\n", "time to first token", s_ttft.mean * 1e3, s_ttft.median * 1e3, s_ttft.p99 * 1e3);
-    printf("%-34s %10.2f %10.2f %10.2f\n", "time per output token", s_tpot.mean * 1e3, s_tpot.median * 1e3, s_tpot.p99 * 1e3);
-    printf("%-34s %10.2f %10.2f %10.2f\n", "inter-token latency", s_itl.mean * 1e3, s_itl.median * 1e3, s_itl.p99 * 1e3);
+    printf("%-34s %10.2f %10.2f %10.2f\n", "time to first token", s_ttft.mean * 1e3,
+           s_ttft.median * 1e3, s_ttft.p99 * 1e3);
+    printf("%-34s %10.2f %10.2f %10.2f\n", "time per output token", s_tpot.mean * 1e3,
+           s_tpot.median * 1e3, s_tpot.p99 * 1e3);
+    printf("%-34s %10.2f %10.2f %10.2f\n", "inter-token latency", s_itl.mean * 1e3,
+           s_itl.median * 1e3, s_itl.p99 * 1e3);
     fflush(stdout);
-    json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:f, s:I, s:I, s:f, s:f, s:f}", "label", label, "num_requests", b->n_items,
-                          "completed", ok, "failed", b->n_items - ok, "duration_s", duration, "total_input_tokens",
-                          (json_int_t)in, "total_output_tokens", (json_int_t)out, "request_throughput", ok / d,
+    json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:f, s:I, s:I, s:f, s:f, s:f}", "label", label,
+                          "num_requests", b->n_items, "completed", ok, "failed", b->n_items - ok,
+                          "duration_s", duration, "total_input_tokens", (json_int_t)in,
+                          "total_output_tokens", (json_int_t)out, "request_throughput", ok / d,
                           "output_throughput", out / d, "total_token_throughput", (in + out) / d);
     put_summary(o, "ttft", s_ttft);
     put_summary(o, "tpot", s_tpot);
@@ -371,8 +405,10 @@ static bool parse_levels(const char *text, int32_t *levels, int *n) {
         if (end == p || v < 1 || v > 100000 || *n == MAX_LEVELS) return false;
         levels[(*n)++] = (int32_t)v;
         p = end;
-        if (*p == ',') p++;
-        else if (*p) return false;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            return false;
     }
     return *n > 0;
 }
@@ -386,7 +422,8 @@ static void reset_results(bench *b) {
 }
 
 int gptoss_cmd_bench_serve(int argc, char **argv) {
-    const char *url_text = NULL, *model = NULL, *api_key = NULL, *json_path = NULL, *levels_text = NULL, *rate_text = NULL;
+    const char *url_text = NULL, *model = NULL, *api_key = NULL, *json_path = NULL,
+               *levels_text = NULL, *rate_text = NULL;
     const char *endpoint = "completions";
     int64_t n_requests = 0, input_len = 0, output_len = 0, seed = 0, timeout_s = 600;
     bool sharegpt = false;
@@ -396,42 +433,63 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             help(stdout);
             return 0;
-        } else if (!strcmp(a, "--url") && v) url_text = argv[++i];
-        else if (!strcmp(a, "--model") && v) model = argv[++i];
-        else if (!strcmp(a, "--api-key") && v) api_key = argv[++i];
-        else if (!strcmp(a, "--json") && v) json_path = argv[++i];
-        else if (!strcmp(a, "--endpoint") && v) endpoint = argv[++i];
-        else if (!strcmp(a, "--concurrency") && v) levels_text = argv[++i];
-        else if (!strcmp(a, "--request-rate") && v) rate_text = argv[++i];
-        else if (!strcmp(a, "--sharegpt-like")) sharegpt = true;
+        } else if (!strcmp(a, "--url") && v)
+            url_text = argv[++i];
+        else if (!strcmp(a, "--model") && v)
+            model = argv[++i];
+        else if (!strcmp(a, "--api-key") && v)
+            api_key = argv[++i];
+        else if (!strcmp(a, "--json") && v)
+            json_path = argv[++i];
+        else if (!strcmp(a, "--endpoint") && v)
+            endpoint = argv[++i];
+        else if (!strcmp(a, "--concurrency") && v)
+            levels_text = argv[++i];
+        else if (!strcmp(a, "--request-rate") && v)
+            rate_text = argv[++i];
+        else if (!strcmp(a, "--sharegpt-like"))
+            sharegpt = true;
         else if (!strcmp(a, "--num-requests") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 24, &n_requests)) return cli_usage_error("bench-serve", "--num-requests needs a positive integer");
+            if (!cli_parse_i64(argv[++i], 1, 1 << 24, &n_requests))
+                return cli_usage_error("bench-serve", "--num-requests needs a positive integer");
         } else if (!strcmp(a, "--input-len") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &input_len)) return cli_usage_error("bench-serve", "--input-len needs a positive integer");
+            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &input_len))
+                return cli_usage_error("bench-serve", "--input-len needs a positive integer");
         } else if (!strcmp(a, "--output-len") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &output_len)) return cli_usage_error("bench-serve", "--output-len needs a positive integer");
+            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &output_len))
+                return cli_usage_error("bench-serve", "--output-len needs a positive integer");
         } else if (!strcmp(a, "--seed") && v) {
-            if (!cli_parse_i64(argv[++i], 0, INT64_MAX, &seed)) return cli_usage_error("bench-serve", "--seed needs a non-negative integer");
+            if (!cli_parse_i64(argv[++i], 0, INT64_MAX, &seed))
+                return cli_usage_error("bench-serve", "--seed needs a non-negative integer");
         } else if (!strcmp(a, "--timeout") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 86400, &timeout_s)) return cli_usage_error("bench-serve", "--timeout needs seconds in [1, 86400]");
+            if (!cli_parse_i64(argv[++i], 1, 86400, &timeout_s))
+                return cli_usage_error("bench-serve", "--timeout needs seconds in [1, 86400]");
         } else
             return cli_usage_error("bench-serve", "unknown or incomplete option '%s'", a);
     }
-    if (!url_text) return cli_usage_error("bench-serve", "missing --url (e.g. http://127.0.0.1:8000)");
+    if (!url_text)
+        return cli_usage_error("bench-serve", "missing --url (e.g. http://127.0.0.1:8000)");
     if (!n_requests) return cli_usage_error("bench-serve", "missing --num-requests N");
-    if (!!levels_text == !!rate_text) return cli_usage_error("bench-serve", "give exactly one of --concurrency LIST or --request-rate R");
+    if (!!levels_text == !!rate_text)
+        return cli_usage_error("bench-serve",
+                               "give exactly one of --concurrency LIST or --request-rate R");
     if (sharegpt == (input_len && output_len) || (!sharegpt && (!input_len || !output_len)))
-        return cli_usage_error("bench-serve", "give --input-len I and --output-len O, or --sharegpt-like");
-    if (strcmp(endpoint, "completions") && strcmp(endpoint, "chat")) return cli_usage_error("bench-serve", "--endpoint must be completions or chat");
+        return cli_usage_error("bench-serve",
+                               "give --input-len I and --output-len O, or --sharegpt-like");
+    if (strcmp(endpoint, "completions") && strcmp(endpoint, "chat"))
+        return cli_usage_error("bench-serve", "--endpoint must be completions or chat");
     int32_t levels[MAX_LEVELS];
     int n_levels = 0;
     double rate = 0;
     if (levels_text && !parse_levels(levels_text, levels, &n_levels))
-        return cli_usage_error("bench-serve", "--concurrency needs positive integers separated by commas (e.g. 1,8,64)");
+        return cli_usage_error(
+            "bench-serve",
+            "--concurrency needs positive integers separated by commas (e.g. 1,8,64)");
     if (rate_text) {
         char *end = NULL;
         rate = !strcmp(rate_text, "inf") ? INFINITY : strtod(rate_text, &end);
-        if ((end && *end) || !(rate > 0)) return cli_usage_error("bench-serve", "--request-rate needs a positive number or inf");
+        if ((end && *end) || !(rate > 0))
+            return cli_usage_error("bench-serve", "--request-rate needs a positive number or inf");
     }
 
     bench b;
@@ -439,14 +497,16 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
     gptoss_error err = {0};
     if (gptoss_http_url_parse(url_text, &b.url, &err) != GPTOSS_OK) return cli_fail(&err);
     size_t plen = strlen(b.url.path_prefix);
-    if (plen >= 3 && !strcmp(b.url.path_prefix + plen - 3, "/v1")) b.url.path_prefix[plen - 3] = '\0';
+    if (plen >= 3 && !strcmp(b.url.path_prefix + plen - 3, "/v1"))
+        b.url.path_prefix[plen - 3] = '\0';
     b.api_key = api_key, b.chat = !strcmp(endpoint, "chat"), b.timeout_ms = (int)(timeout_s * 1000);
 
     char *models_body = NULL;
     json_t *models_json = NULL;
     if (!model) {
         int status = 0;
-        if (gptoss_http_request(&b.url, "GET", "/v1/models", api_key, NULL, 0, 30000, &status, body_to_buf, &models_body, &err) != GPTOSS_OK) {
+        if (gptoss_http_request(&b.url, "GET", "/v1/models", api_key, NULL, 0, 30000, &status,
+                                body_to_buf, &models_body, &err) != GPTOSS_OK) {
             free(models_body);
             return cli_fail(&err);
         }
@@ -455,7 +515,9 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
         json_t *id = json_object_get(json_array_get(json_object_get(models_json, "data"), 0), "id");
         if (status != 200 || !json_is_string(id)) {
             json_decref(models_json);
-            gptoss_set_error(&err, GPTOSS_ERR_IO, "GET /v1/models answered %d without a model id; pass --model NAME", status);
+            gptoss_set_error(&err, GPTOSS_ERR_IO,
+                             "GET /v1/models answered %d without a model id; pass --model NAME",
+                             status);
             return cli_fail(&err);
         }
         model = json_string_value(id);
@@ -470,7 +532,9 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
         snprintf(path, sizeof path, "%s/tokenizer.json", tok_dir);
         if (gptoss_tokenizer_load(path, &tok, &err) != GPTOSS_OK) tok = NULL;
     }
-    if (!tok) fprintf(stderr, "bench-serve: gpt-oss tokenizer not found; prompts assume one token per word\n");
+    if (!tok)
+        fprintf(stderr,
+                "bench-serve: gpt-oss tokenizer not found; prompts assume one token per word\n");
     b.n_items = (int32_t)n_requests;
     b.items = calloc((size_t)b.n_items, sizeof *b.items);
     b.results = calloc((size_t)b.n_items, sizeof *b.results);
@@ -493,8 +557,8 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
             goto done;
         }
     }
-    fprintf(stderr, "bench-serve: %s%s/v1/%s model '%s', %d requests per run\n", url_text, "", b.chat ? "chat/completions" : "completions",
-            model, b.n_items);
+    fprintf(stderr, "bench-serve: %s%s/v1/%s model '%s', %d requests per run\n", url_text, "",
+            b.chat ? "chat/completions" : "completions", model, b.n_items);
     int n_runs = levels_text ? n_levels : 1;
     for (int run = 0; run < n_runs; run++) {
         reset_results(&b);
@@ -508,7 +572,8 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
             for (int32_t t = 0; th && t < c; t++)
                 if (pthread_create(&th[t], NULL, concurrency_worker, &b) == 0) started++;
             if (started == 0) concurrency_worker(&b);
-            for (int32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+            for (int32_t t = 0; t < started; t++)
+                pthread_join(th[t], NULL);
             free(th);
         } else {
             snprintf(label, sizeof label, "request rate %g/s", rate);
@@ -532,16 +597,20 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
         }
         double duration = cli_now_seconds() - t0;
         json_t *o = report(&b, duration, label);
-        if (levels_text) json_object_set_new(o, "concurrency", json_integer(levels[run]));
-        else json_object_set_new(o, "request_rate", isfinite(rate) ? json_real(rate) : json_string("inf"));
+        if (levels_text)
+            json_object_set_new(o, "concurrency", json_integer(levels[run]));
+        else
+            json_object_set_new(o, "request_rate",
+                                isfinite(rate) ? json_real(rate) : json_string("inf"));
         json_array_append_new(runs, o);
     }
     rc = 0;
     for (size_t i = 0; i < json_array_size(runs); i++)
         if (json_integer_value(json_object_get(json_array_get(runs, i), "completed")) == 0) rc = 1;
     if (json_path) {
-        json_t *doc = json_pack("{s:s, s:s, s:s, s:I, s:b, s:O}", "url", url_text, "model", model, "endpoint", endpoint,
-                                "seed", (json_int_t)seed, "sharegpt_like", sharegpt, "runs", runs);
+        json_t *doc =
+            json_pack("{s:s, s:s, s:s, s:I, s:b, s:O}", "url", url_text, "model", model, "endpoint",
+                      endpoint, "seed", (json_int_t)seed, "sharegpt_like", sharegpt, "runs", runs);
         if (!sharegpt) {
             json_object_set_new(doc, "input_len", json_integer(input_len));
             json_object_set_new(doc, "output_len", json_integer(output_len));
@@ -554,7 +623,8 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
     }
 done:
     reset_results(&b);
-    for (int32_t i = 0; b.items && i < b.n_items; i++) free(b.items[i].prompt);
+    for (int32_t i = 0; b.items && i < b.n_items; i++)
+        free(b.items[i].prompt);
     free(b.items);
     free(b.results);
     json_decref(runs);

@@ -22,38 +22,46 @@
 
 static volatile sig_atomic_t stop_signal = 0;
 
-static void on_signal(int sig) { stop_signal = sig; }
-
-static void help(FILE *out) {
-    fprintf(out,
-            "usage: gptoss serve -m DIR [options]\n\n"
-            "Serves the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions,\n"
-            "POST /v1/completions, GET /v1/models, GET /health, GET /metrics (Prometheus).\n\n"
-            "options:\n"
-            "  -m, --model DIR                Hugging Face gpt-oss folder (make a tiny one with\n"
-            "                                 `gptoss make-model --preset tiny -o DIR`)\n"
-            "  --host ADDR                    listen address (default 127.0.0.1)\n"
-            "  --port N                       listen port (default 8000; 0 = any free port)\n"
-            "  --api-key KEY                  require 'Authorization: Bearer KEY' on /v1/*\n"
-            "  --served-model-name NAME       model id clients use (default: the folder's name)\n"
-            "  --backend cpu|cuda             compute backend (default: cuda when built with it)\n"
-            "  -t, --threads N                CPU threads (default: all cores)\n"
-            "  --max-num-seqs N               sequences per engine step (default 64)\n"
-            "  --max-num-batched-tokens N     new tokens per engine step (default 2048)\n"
-            "  --max-model-len N              prompt + generated tokens per sequence (default: model's)\n"
-            "  --kv-blocks N                  KV pages of 16 tokens (default: as many as fit 4 GiB)\n"
-            "  --gpu-memory-utilization F     size the KV cache to F (0-1] of memory (CPU backend: RAM)\n"
-            "  --no-prefix-cache              do not reuse KV blocks across requests\n"
-            "  --max-queue N                  waiting requests before 429 (default 1024)\n"
-            "  --max-body-bytes N             larger request bodies get 413 (default 8388608)\n"
-            "  --drain-timeout S              on SIGTERM, wait this long for requests (default 60)\n");
+static void on_signal(int sig) {
+    stop_signal = sig;
 }
 
-static void print_progress(void *user, const char *what, double fraction) { cli_progress(user, what, fraction); }
+static void help(FILE *out) {
+    fprintf(
+        out,
+        "usage: gptoss serve -m DIR [options]\n\n"
+        "Serves the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions,\n"
+        "POST /v1/completions, GET /v1/models, GET /health, GET /metrics (Prometheus).\n\n"
+        "options:\n"
+        "  -m, --model DIR                Hugging Face gpt-oss folder (make a tiny one with\n"
+        "                                 `gptoss make-model --preset tiny -o DIR`)\n"
+        "  --host ADDR                    listen address (default 127.0.0.1)\n"
+        "  --port N                       listen port (default 8000; 0 = any free port)\n"
+        "  --api-key KEY                  require 'Authorization: Bearer KEY' on /v1/*\n"
+        "  --served-model-name NAME       model id clients use (default: the folder's name)\n"
+        "  --backend cpu|cuda             compute backend (default: cuda when built with it)\n"
+        "  -t, --threads N                CPU threads (default: all cores)\n"
+        "  --max-num-seqs N               sequences per engine step (default 64)\n"
+        "  --max-num-batched-tokens N     new tokens per engine step (default 2048)\n"
+        "  --max-model-len N              prompt + generated tokens per sequence (default: "
+        "model's)\n"
+        "  --kv-blocks N                  KV pages of 16 tokens (default: as many as fit 4 GiB)\n"
+        "  --gpu-memory-utilization F     size the KV cache to F (0-1] of memory (CPU backend: "
+        "RAM)\n"
+        "  --no-prefix-cache              do not reuse KV blocks across requests\n"
+        "  --max-queue N                  waiting requests before 429 (default 1024)\n"
+        "  --max-body-bytes N             larger request bodies get 413 (default 8388608)\n"
+        "  --drain-timeout S              on SIGTERM, wait this long for requests (default 60)\n");
+}
+
+static void print_progress(void *user, const char *what, double fraction) {
+    cli_progress(user, what, fraction);
+}
 
 /* KV bytes per token for sizing: K and V of every layer, float32 on the CPU, bf16 on CUDA. */
 static double kv_bytes_per_token(const gptoss_config *c, gptoss_backend_kind kind) {
-    return 2.0 * (double)c->n_layers * (double)gptoss_config_kv_dim(c) * (kind == GPTOSS_BACKEND_CPU ? 4.0 : 2.0);
+    return 2.0 * (double)c->n_layers * (double)gptoss_config_kv_dim(c) *
+           (kind == GPTOSS_BACKEND_CPU ? 4.0 : 2.0);
 }
 
 int gptoss_cmd_serve(int argc, char **argv) {
@@ -69,61 +77,88 @@ int gptoss_cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             help(stdout);
             return 0;
-        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) model_dir = argv[++i];
-        else if (!strcmp(a, "--host") && v) so.host = argv[++i];
-        else if (!strcmp(a, "--api-key") && v) so.api_key = argv[++i];
-        else if (!strcmp(a, "--served-model-name") && v) served_name = argv[++i];
-        else if (!strcmp(a, "--backend") && v) backend_name = argv[++i];
-        else if (!strcmp(a, "--no-prefix-cache")) prefix_cache = false;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v)
+            model_dir = argv[++i];
+        else if (!strcmp(a, "--host") && v)
+            so.host = argv[++i];
+        else if (!strcmp(a, "--api-key") && v)
+            so.api_key = argv[++i];
+        else if (!strcmp(a, "--served-model-name") && v)
+            served_name = argv[++i];
+        else if (!strcmp(a, "--backend") && v)
+            backend_name = argv[++i];
+        else if (!strcmp(a, "--no-prefix-cache"))
+            prefix_cache = false;
         else if (!strcmp(a, "--port") && v) {
-            if (!cli_parse_i64(argv[++i], 0, 65535, &port)) return cli_usage_error("serve", "--port needs an integer in [0, 65535]");
+            if (!cli_parse_i64(argv[++i], 0, 65535, &port))
+                return cli_usage_error("serve", "--port needs an integer in [0, 65535]");
         } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && v) {
-            if (!cli_parse_i64(argv[++i], 1, 4096, &threads)) return cli_usage_error("serve", "--threads needs an integer in [1, 4096]");
+            if (!cli_parse_i64(argv[++i], 1, 4096, &threads))
+                return cli_usage_error("serve", "--threads needs an integer in [1, 4096]");
         } else if (!strcmp(a, "--max-num-seqs") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 4096, &max_num_seqs)) return cli_usage_error("serve", "--max-num-seqs needs an integer in [1, 4096]");
+            if (!cli_parse_i64(argv[++i], 1, 4096, &max_num_seqs))
+                return cli_usage_error("serve", "--max-num-seqs needs an integer in [1, 4096]");
         } else if (!strcmp(a, "--max-num-batched-tokens") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &max_batched)) return cli_usage_error("serve", "--max-num-batched-tokens needs an integer in [1, 1048576]");
+            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &max_batched))
+                return cli_usage_error("serve",
+                                       "--max-num-batched-tokens needs an integer in [1, 1048576]");
         } else if (!strcmp(a, "--max-model-len") && v) {
-            if (!cli_parse_i64(argv[++i], 2, 1 << 24, &max_model_len)) return cli_usage_error("serve", "--max-model-len needs an integer >= 2");
+            if (!cli_parse_i64(argv[++i], 2, 1 << 24, &max_model_len))
+                return cli_usage_error("serve", "--max-model-len needs an integer >= 2");
         } else if (!strcmp(a, "--kv-blocks") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 24, &kv_blocks)) return cli_usage_error("serve", "--kv-blocks needs a positive integer");
+            if (!cli_parse_i64(argv[++i], 1, 1 << 24, &kv_blocks))
+                return cli_usage_error("serve", "--kv-blocks needs a positive integer");
         } else if (!strcmp(a, "--max-queue") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &max_queue)) return cli_usage_error("serve", "--max-queue needs an integer in [1, 1048576]");
+            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &max_queue))
+                return cli_usage_error("serve", "--max-queue needs an integer in [1, 1048576]");
         } else if (!strcmp(a, "--max-body-bytes") && v) {
-            if (!cli_parse_i64(argv[++i], 64, (int64_t)1 << 32, &max_body)) return cli_usage_error("serve", "--max-body-bytes needs an integer in [64, 4294967296]");
+            if (!cli_parse_i64(argv[++i], 64, (int64_t)1 << 32, &max_body))
+                return cli_usage_error("serve",
+                                       "--max-body-bytes needs an integer in [64, 4294967296]");
         } else if (!strcmp(a, "--drain-timeout") && v) {
-            if (!cli_parse_i64(argv[++i], 0, 86400, &drain_s)) return cli_usage_error("serve", "--drain-timeout needs seconds in [0, 86400]");
+            if (!cli_parse_i64(argv[++i], 0, 86400, &drain_s))
+                return cli_usage_error("serve", "--drain-timeout needs seconds in [0, 86400]");
         } else if (!strcmp(a, "--gpu-memory-utilization") && v) {
             char *end = NULL;
             memory_fraction = strtod(argv[++i], &end);
             if (!end || *end || !(memory_fraction > 0 && memory_fraction <= 1))
-                return cli_usage_error("serve", "--gpu-memory-utilization needs a fraction in (0, 1]");
+                return cli_usage_error("serve",
+                                       "--gpu-memory-utilization needs a fraction in (0, 1]");
         } else
             return cli_usage_error("serve", "unknown or incomplete option '%s'", a);
     }
     if (!model_dir)
-        return cli_usage_error("serve", "missing -m DIR: point it at a Hugging Face gpt-oss folder, or make a tiny "
-                                        "random one to try the server with: gptoss make-model --preset tiny -o /tmp/tiny "
-                                        "&& gptoss serve -m /tmp/tiny");
-    if (kv_blocks && memory_fraction > 0) return cli_usage_error("serve", "give --kv-blocks or --gpu-memory-utilization, not both");
+        return cli_usage_error(
+            "serve",
+            "missing -m DIR: point it at a Hugging Face gpt-oss folder, or make a tiny "
+            "random one to try the server with: gptoss make-model --preset tiny -o /tmp/tiny "
+            "&& gptoss serve -m /tmp/tiny");
+    if (kv_blocks && memory_fraction > 0)
+        return cli_usage_error("serve", "give --kv-blocks or --gpu-memory-utilization, not both");
     gptoss_backend_options bo = gptoss_backend_options_default();
     bo.kind = gptoss_has_cuda() ? GPTOSS_BACKEND_CUDA : GPTOSS_BACKEND_CPU;
     if (backend_name) {
-        if (!strcmp(backend_name, "cpu")) bo.kind = GPTOSS_BACKEND_CPU;
-        else if (!strcmp(backend_name, "cuda")) bo.kind = GPTOSS_BACKEND_CUDA;
-        else return cli_usage_error("serve", "--backend must be cpu or cuda");
+        if (!strcmp(backend_name, "cpu"))
+            bo.kind = GPTOSS_BACKEND_CPU;
+        else if (!strcmp(backend_name, "cuda"))
+            bo.kind = GPTOSS_BACKEND_CUDA;
+        else
+            return cli_usage_error("serve", "--backend must be cpu or cuda");
     }
     if (bo.kind == GPTOSS_BACKEND_CUDA && memory_fraction > 0)
-        return cli_usage_error("serve", "--gpu-memory-utilization is not available for the CUDA backend yet; size the "
-                                        "cache with --kv-blocks N (pages of 16 tokens)");
+        return cli_usage_error(
+            "serve", "--gpu-memory-utilization is not available for the CUDA backend yet; size the "
+                     "cache with --kv-blocks N (pages of 16 tokens)");
 
     /* The served name defaults to the folder's last component, as vLLM does with paths. */
     char name_buf[256];
     if (!served_name) {
         size_t len = strlen(model_dir);
-        while (len > 1 && model_dir[len - 1] == '/') len--;
+        while (len > 1 && model_dir[len - 1] == '/')
+            len--;
         size_t start = len;
-        while (start > 0 && model_dir[start - 1] != '/') start--;
+        while (start > 0 && model_dir[start - 1] != '/')
+            start--;
         snprintf(name_buf, sizeof name_buf, "%.*s", (int)(len - start), model_dir + start);
         served_name = name_buf;
     }
@@ -146,7 +181,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
     gptoss_engine *engine = NULL;
     int rc = 1;
     if (gptoss_server_start(&so, &server, &err) != GPTOSS_OK) goto fail;
-    fprintf(stderr, "gptoss serve: listening on http://%s:%d (GET /health answers 503 until the model is loaded)\n",
+    fprintf(stderr,
+            "gptoss serve: listening on http://%s:%d (GET /health answers 503 until the model is "
+            "loaded)\n",
             so.host, gptoss_server_port(server));
     double t0 = cli_now_seconds();
     fprintf(stderr, "loading %s ...\n", model_dir);
@@ -155,19 +192,24 @@ int gptoss_cmd_serve(int argc, char **argv) {
     char tok_path[4096];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
     if (gptoss_tokenizer_load(tok_path, &tokenizer, &err) != GPTOSS_OK) goto fail;
-    fprintf(stderr, "model: %d layers, hidden %d, %d experts (top %d), %d heads / %d KV heads x %d, vocab %d, context %d\n",
-            c->n_layers, c->hidden_size, c->n_experts, c->n_experts_per_token, c->n_heads, c->n_kv_heads, c->head_dim,
-            c->vocab_size, c->max_position_embeddings);
+    fprintf(stderr,
+            "model: %d layers, hidden %d, %d experts (top %d), %d heads / %d KV heads x %d, vocab "
+            "%d, context %d\n",
+            c->n_layers, c->hidden_size, c->n_experts, c->n_experts_per_token, c->n_heads,
+            c->n_kv_heads, c->head_dim, c->vocab_size, c->max_position_embeddings);
 
     double per_token = kv_bytes_per_token(c, bo.kind);
     double per_block = per_token * bo.kv_block_size;
     if (kv_blocks == 0) {
         double budget = 4.0 * (1 << 30);
-        if (memory_fraction > 0) budget = memory_fraction * (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) * 0.5;
+        if (memory_fraction > 0)
+            budget = memory_fraction * (double)sysconf(_SC_PHYS_PAGES) *
+                     (double)sysconf(_SC_PAGESIZE) * 0.5;
         kv_blocks = (int64_t)(budget / per_block);
         if (memory_fraction == 0 && kv_blocks > 8192) kv_blocks = 8192;
         if (kv_blocks < 1) {
-            gptoss_set_error(&err, GPTOSS_ERR_CAPACITY, "no KV block fits the memory budget; use --kv-blocks N");
+            gptoss_set_error(&err, GPTOSS_ERR_CAPACITY,
+                             "no KV block fits the memory budget; use --kv-blocks N");
             goto fail;
         }
     }
@@ -187,12 +229,14 @@ int gptoss_cmd_serve(int argc, char **argv) {
     if (gptoss_engine_start(engine, &err) != GPTOSS_OK) goto fail;
     gptoss_server_set_ready(server, engine, tokenizer, eo.max_model_len, eo.max_num_seqs);
     fprintf(stderr,
-            "backend %s: KV cache %lld blocks x %d tokens = %lld tokens (%.1f MiB), max %d sequences, prefix cache %s, "
+            "backend %s: KV cache %lld blocks x %d tokens = %lld tokens (%.1f MiB), max %d "
+            "sequences, prefix cache %s, "
             "context %d\n",
-            gptoss_backend_name(backend), (long long)kv_blocks, bo.kv_block_size, (long long)kv_blocks * bo.kv_block_size,
-            per_block * (double)kv_blocks / (1 << 20), eo.max_num_seqs, prefix_cache ? "on" : "off", eo.max_model_len);
-    fprintf(stderr, "ready in %.1f s: model '%s' at http://%s:%d/v1\n", cli_now_seconds() - t0, served_name, so.host,
-            gptoss_server_port(server));
+            gptoss_backend_name(backend), (long long)kv_blocks, bo.kv_block_size,
+            (long long)kv_blocks * bo.kv_block_size, per_block * (double)kv_blocks / (1 << 20),
+            eo.max_num_seqs, prefix_cache ? "on" : "off", eo.max_model_len);
+    fprintf(stderr, "ready in %.1f s: model '%s' at http://%s:%d/v1\n", cli_now_seconds() - t0,
+            served_name, so.host, gptoss_server_port(server));
 
     while (!stop_signal) {
         struct timespec ts = {0, 50 * 1000 * 1000};
@@ -207,7 +251,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
         struct timespec ts = {0, 25 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    fprintf(stderr, "gptoss serve: %s, shutting down\n", drained ? "drained" : "drain timed out, cancelling the rest");
+    fprintf(stderr, "gptoss serve: %s, shutting down\n",
+            drained ? "drained" : "drain timed out, cancelling the rest");
     if (!drained) { /* cancel what is left so connection threads finish before the daemon stops */
         gptoss_engine_free(engine);
         engine = NULL;

@@ -1,0 +1,1035 @@
+/*
+ * engine.c - the engine thread, request handles and their event queues (see engine.h).
+ *
+ * Threads and locks:
+ *   - engine->mutex guards the inbox of newly submitted requests, the registry of live
+ *     requests (for cancel by id), the drain/stop flags and the published statistics.
+ *   - request->mutex guards one request's event queue and reference count.
+ *   - Everything else (scheduler, KV manager, sampler, sequences) belongs to the engine
+ *     thread alone; other threads only set atomic flags (cancel, stop_choice) on requests.
+ * Callbacks (notify) run on the engine thread without any lock held.
+ * It must not parse text or talk HTTP.
+ */
+#include "engine/engine.h"
+
+#include "engine/kv_cache.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "engine/sha256.h"
+#include "util/error.h"
+
+#include <errno.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const double gptoss_latency_bucket_bounds[GPTOSS_LATENCY_BUCKETS] = {
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 1e300};
+
+struct gptoss_request {
+    uint64_t id;
+    pthread_mutex_t mutex;       /* guards events and refs */
+    pthread_cond_t cond;         /* signalled when events arrive */
+    gptoss_engine_event *events; /* ring buffer [cap_events] */
+    int32_t head, n_events, cap_events;
+    int32_t n_choices;       /* params.n */
+    int32_t n_finish_events; /* finish events queued so far */
+    int refs;                /* caller + engine */
+    atomic_bool cancel_requested;
+    atomic_bool *stop_requested; /* [n_choices] stop-string hits reported by the caller */
+    atomic_int cached_prompt_tokens;
+    char error_message[GPTOSS_ERROR_MESSAGE_MAX];
+    gptoss_request_notify_fn notify;
+    void *notify_user;
+    gptoss_engine *engine; /* (mutex) NULL once the engine let go of the request */
+    /* Registry links (engine->mutex). */
+    gptoss_request *prev, *next;
+    gptoss_request *inbox_next;
+    /* Engine thread only. */
+    gptoss_sampling_params params;
+    int32_t max_tokens;      /* resolved (> 0) */
+    gptoss_seq **seqs;       /* [n_choices] live sequences, NULL once finished/not forked */
+    gptoss_rng *rngs;        /* [n_choices] */
+    double *last_token_time; /* [n_choices] seconds, 0 = none yet */
+    bool *choice_done;       /* [n_choices] finish event queued */
+    int32_t n_done;
+    bool forked;      /* children of choice 0 created */
+    bool started;     /* choice 0 admitted once */
+    bool failed_step; /* a forward carrying this request failed */
+    double submit_time;
+};
+
+/* One token to draw this step: which sequence, from which logits row, and the result. */
+typedef struct sample_job {
+    gptoss_seq *seq;           /* its request is seq->user */
+    const float *row;          /* [vocab] logits */
+    gptoss_engine_event event; /* filled by draw(): token and logprobs */
+} sample_job;
+
+struct gptoss_engine {
+    gptoss_engine_options options;
+    gptoss_kv_manager *kv;
+    gptoss_scheduler *sched;
+    gptoss_sampler **samplers; /* [n_samplers] one per sampling thread */
+    int32_t n_samplers;
+    sample_job *jobs; /* [cap_jobs] draws of the current step */
+    int32_t n_jobs, cap_jobs;
+    float *logits; /* [max_num_seqs + 1, vocab] */
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mutex;
+    pthread_cond_t wake; /* engine thread waits here for work */
+    pthread_cond_t idle; /* drain waits here for the registry to empty */
+    gptoss_request *inbox_head, *inbox_tail;
+    gptoss_request *registry; /* live requests (submitted, not fully finished) */
+    int32_t n_live;           /* requests in the registry */
+    int32_t n_queued;         /* submitted, not started */
+    bool stop, draining;
+    bool attention; /* a cancel/stop flag was set since the last look */
+    uint64_t next_id;
+    gptoss_rng entropy;        /* seeds for requests without a seed (under mutex) */
+    gptoss_engine_stats stats; /* published snapshot (under mutex) */
+    /* Engine thread only. */
+    gptoss_request **active; /* requests the engine thread is serving */
+    int32_t n_active, cap_active;
+    gptoss_engine_stats local; /* counters accumulated by the thread */
+};
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+const char *gptoss_finish_reason_name(gptoss_finish_reason reason) {
+    switch (reason) {
+    case GPTOSS_FINISH_NONE:
+        return "none";
+    case GPTOSS_FINISH_STOP:
+        return "stop";
+    case GPTOSS_FINISH_LENGTH:
+        return "length";
+    case GPTOSS_FINISH_CANCELLED:
+        return "cancelled";
+    case GPTOSS_FINISH_ERROR:
+        return "error";
+    }
+    return "unknown";
+}
+
+/* ---- options ----------------------------------------------------------------------------- */
+
+gptoss_engine_options gptoss_engine_options_default(void) {
+    gptoss_engine_options o;
+    memset(&o, 0, sizeof o);
+    o.kv_block_size = 16;
+    o.n_kv_blocks = 256;
+    o.max_num_seqs = 64;
+    o.max_num_batched_tokens = 2048;
+    o.max_model_len = 8192;
+    o.max_queue_len = 1024;
+    o.enable_prefix_cache = true;
+    return o;
+}
+
+static gptoss_status backend_forward(void *user, const gptoss_batch_plan *plan, float *logits,
+                                     gptoss_error *error) {
+    return gptoss_backend_forward((gptoss_backend *)user, plan, logits, error);
+}
+
+void gptoss_engine_options_for_backend(gptoss_engine_options *o, const gptoss_config *config,
+                                       gptoss_backend *backend,
+                                       const gptoss_backend_options *backend_options) {
+    o->forward = backend_forward;
+    o->forward_user = backend;
+    o->vocab_size = config->vocab_size;
+    o->sliding_window = 0;
+    for (int32_t l = 0; l < config->n_layers; l++)
+        if (config->layer_is_sliding[l]) o->sliding_window = config->sliding_window;
+    o->kv_block_size = backend_options->kv_block_size;
+    o->n_kv_blocks = backend_options->n_kv_blocks;
+    o->n_sliding_kv_blocks = backend_options->n_sliding_kv_blocks;
+    if (config->max_position_embeddings < o->max_model_len || o->max_model_len <= 0)
+        o->max_model_len = config->max_position_embeddings;
+    o->n_eos_token_ids = 0;
+    /* gpt-oss ends a turn with <|return|> and a tool call with <|call|>. */
+    if (config->vocab_size > 200012) {
+        o->eos_token_ids[o->n_eos_token_ids++] = 200002;
+        o->eos_token_ids[o->n_eos_token_ids++] = 200012;
+    } else if (config->eos_token_id >= 0 && config->eos_token_id < config->vocab_size) {
+        o->eos_token_ids[o->n_eos_token_ids++] = config->eos_token_id;
+    }
+}
+
+static gptoss_status validate_options(const gptoss_engine_options *o, gptoss_error *error) {
+    const gptoss_status bad = GPTOSS_ERR_INVALID_ARGUMENT;
+    if (!o->forward) return gptoss_set_error(error, bad, "engine options: no forward function");
+    if (o->vocab_size < 1)
+        return gptoss_set_error(error, bad, "engine options: vocab_size must be positive");
+    if (o->kv_block_size < 1 || o->kv_block_size > 4096)
+        return gptoss_set_error(error, bad,
+                                "engine options: kv_block_size %d is out of range [1, 4096]",
+                                o->kv_block_size);
+    if (o->n_kv_blocks < 1 || o->n_sliding_kv_blocks < 0 || o->sliding_window < 0)
+        return gptoss_set_error(error, bad,
+                                "engine options: KV pools need blocks (full %d, sliding %d)",
+                                o->n_kv_blocks, o->n_sliding_kv_blocks);
+    if (o->max_num_seqs < 1 || o->max_num_seqs > 4096)
+        return gptoss_set_error(error, bad,
+                                "engine options: max_num_seqs %d is out of range [1, 4096]",
+                                o->max_num_seqs);
+    if (o->max_num_batched_tokens < 1)
+        return gptoss_set_error(error, bad,
+                                "engine options: max_num_batched_tokens must be positive");
+    if (o->max_model_len < 2)
+        return gptoss_set_error(error, bad, "engine options: max_model_len must be at least 2");
+    if (o->max_queue_len < 1)
+        return gptoss_set_error(error, bad, "engine options: max_queue_len must be positive");
+    if (o->prefix_hash_bits < 0 || o->prefix_hash_bits > 64)
+        return gptoss_set_error(error, bad,
+                                "engine options: prefix_hash_bits %d is out of range [0, 64]",
+                                o->prefix_hash_bits);
+    if (o->n_eos_token_ids < 0 || o->n_eos_token_ids > GPTOSS_ENGINE_MAX_EOS)
+        return gptoss_set_error(error, bad, "engine options: at most %d eos tokens",
+                                GPTOSS_ENGINE_MAX_EOS);
+    for (int32_t i = 0; i < o->n_eos_token_ids; i++)
+        if (o->eos_token_ids[i] < 0 || o->eos_token_ids[i] >= o->vocab_size)
+            return gptoss_set_error(error, bad,
+                                    "engine options: eos token %d is outside the vocabulary",
+                                    o->eos_token_ids[i]);
+    if (o->sliding_window > 0) {
+        int32_t sliding = o->n_sliding_kv_blocks ? o->n_sliding_kv_blocks : o->n_kv_blocks;
+        int32_t need = (o->sliding_window - 1 + o->kv_block_size - 1) / o->kv_block_size + 1;
+        if (sliding < need)
+            return gptoss_set_error(error, GPTOSS_ERR_CAPACITY,
+                                    "the sliding KV pool has %d blocks but one sequence needs %d "
+                                    "(window %d, block size %d); give it more blocks",
+                                    sliding, need, o->sliding_window, o->kv_block_size);
+    }
+    return GPTOSS_OK;
+}
+
+/* ---- requests ---------------------------------------------------------------------------- */
+
+static void request_free(gptoss_request *r) {
+    if (!r) return;
+    for (int32_t i = 0; r->seqs && i < r->n_choices; i++)
+        gptoss_seq_free(r->seqs[i]);
+    pthread_mutex_destroy(&r->mutex);
+    pthread_cond_destroy(&r->cond);
+    free(r->events);
+    free(r->stop_requested);
+    free(r->seqs);
+    free(r->rngs);
+    free(r->last_token_time);
+    free(r->choice_done);
+    free(r);
+}
+
+static void request_unref(gptoss_request *r) {
+    pthread_mutex_lock(&r->mutex);
+    int refs = --r->refs;
+    pthread_mutex_unlock(&r->mutex);
+    if (refs == 0) request_free(r);
+}
+
+/* Queues an event; false only when memory ran out (the event is dropped). */
+static bool request_push(gptoss_request *r, const gptoss_engine_event *event) {
+    pthread_mutex_lock(&r->mutex);
+    if (r->n_events == r->cap_events) {
+        int32_t cap = r->cap_events ? r->cap_events * 2 : 16;
+        gptoss_engine_event *events = malloc((size_t)cap * sizeof *events);
+        if (!events) {
+            pthread_mutex_unlock(&r->mutex);
+            return false;
+        }
+        for (int32_t i = 0; i < r->n_events; i++)
+            events[i] = r->events[(r->head + i) % r->cap_events];
+        free(r->events);
+        r->events = events;
+        r->head = 0;
+        r->cap_events = cap;
+    }
+    r->events[(r->head + r->n_events) % r->cap_events] = *event;
+    r->n_events++;
+    if (event->finish != GPTOSS_FINISH_NONE) r->n_finish_events++;
+    pthread_cond_broadcast(&r->cond);
+    pthread_mutex_unlock(&r->mutex);
+    return true;
+}
+
+uint64_t gptoss_request_id(const gptoss_request *r) {
+    return r->id;
+}
+
+/* Pops the oldest event (caller holds r->mutex and checked n_events > 0). */
+static void pop_event(gptoss_request *r, gptoss_engine_event *event) {
+    *event = r->events[r->head];
+    r->head = (r->head + 1) % r->cap_events;
+    r->n_events--;
+}
+
+int gptoss_request_next_event(gptoss_request *r, gptoss_engine_event *event, int64_t timeout_ms) {
+    struct timespec deadline;
+    if (timeout_ms > 0) {
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += (time_t)(timeout_ms / 1000);
+        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&r->mutex);
+    int result = 0;
+    bool timed_out = false;
+    for (;;) {
+        if (r->n_events > 0) {
+            pop_event(r, event);
+            result = 1;
+            break;
+        }
+        if (r->n_finish_events >= r->n_choices) {
+            result = -1; /* every choice finished and every event was taken */
+            break;
+        }
+        if (timeout_ms == 0 || timed_out) break;
+        if (timeout_ms < 0)
+            pthread_cond_wait(&r->cond, &r->mutex);
+        else
+            timed_out = pthread_cond_timedwait(&r->cond, &r->mutex, &deadline) == ETIMEDOUT;
+    }
+    pthread_mutex_unlock(&r->mutex);
+    return result;
+}
+
+int32_t gptoss_request_cached_prompt_tokens(const gptoss_request *r) {
+    return atomic_load(&((gptoss_request *)r)->cached_prompt_tokens);
+}
+
+const char *gptoss_request_error(const gptoss_request *r) {
+    return r->error_message;
+}
+
+/* Flags the engine thread; a request the engine already let go of needs nothing. Lock order:
+ * request->mutex, then engine->mutex (the engine never holds its mutex while taking a
+ * request's). */
+static void poke_engine(gptoss_request *r) {
+    pthread_mutex_lock(&r->mutex);
+    gptoss_engine *e = r->engine;
+    if (e) {
+        pthread_mutex_lock(&e->mutex);
+        e->attention = true;
+        pthread_cond_signal(&e->wake);
+        pthread_mutex_unlock(&e->mutex);
+    }
+    pthread_mutex_unlock(&r->mutex);
+}
+
+void gptoss_request_cancel(gptoss_request *r) {
+    atomic_store(&r->cancel_requested, true);
+    poke_engine(r);
+}
+
+void gptoss_request_stop_choice(gptoss_request *r, int32_t index) {
+    if (index < 0 || index >= r->n_choices) return;
+    atomic_store(&r->stop_requested[index], true);
+    poke_engine(r);
+}
+
+void gptoss_request_release(gptoss_request *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mutex);
+    bool finished = r->n_finish_events >= r->n_choices;
+    pthread_mutex_unlock(&r->mutex);
+    if (!finished) gptoss_request_cancel(r);
+    request_unref(r);
+}
+
+/* ---- engine ------------------------------------------------------------------------------ */
+
+/* Sampling threads: the OpenMP default, at most 8 (each sampler holds ~4 MB of scratch). */
+static gptoss_status create_samplers(gptoss_engine *e, gptoss_error *error) {
+    int n = omp_get_max_threads();
+    if (n > 8) n = 8;
+    if (n < 1) n = 1;
+    e->samplers = calloc((size_t)n, sizeof *e->samplers);
+    if (!e->samplers)
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (samplers)");
+    for (int i = 0; i < n; i++) {
+        gptoss_status st = gptoss_sampler_create(e->options.vocab_size, &e->samplers[i], error);
+        if (st != GPTOSS_OK) return st;
+        e->n_samplers = i + 1;
+    }
+    return GPTOSS_OK;
+}
+
+gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_engine **out,
+                                   gptoss_error *error) {
+    *out = NULL;
+    gptoss_status st = validate_options(options, error);
+    if (st != GPTOSS_OK) return st;
+    gptoss_engine *e = calloc(1, sizeof *e);
+    if (!e) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (engine)");
+    e->options = *options;
+    if (e->options.sliding_window > 0 && e->options.n_sliding_kv_blocks == 0)
+        e->options.n_sliding_kv_blocks = e->options.n_kv_blocks;
+    gptoss_kv_manager_options kv_options = {
+        .block_size = options->kv_block_size,
+        .n_blocks = options->n_kv_blocks,
+        .n_sliding_blocks = e->options.sliding_window > 0 ? e->options.n_sliding_kv_blocks : 0,
+        .enable_prefix_cache = options->enable_prefix_cache,
+        .hash_bits = options->prefix_hash_bits,
+    };
+    gptoss_scheduler_options sched_options = {
+        .max_num_seqs = options->max_num_seqs,
+        .max_num_batched_tokens = options->max_num_batched_tokens,
+        .sliding_window = e->options.sliding_window,
+    };
+    pthread_mutex_init(&e->mutex, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    pthread_cond_init(&e->idle, NULL);
+    e->next_id = 1;
+    uint64_t seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)e ^ (uint64_t)(now_seconds() * 1e9);
+    gptoss_rng_seed(&e->entropy, seed, 0);
+    if ((st = gptoss_kv_manager_create(&kv_options, &e->kv, error)) != GPTOSS_OK ||
+        (st = gptoss_scheduler_create(&sched_options, e->kv, &e->sched, error)) != GPTOSS_OK ||
+        (st = create_samplers(e, error)) != GPTOSS_OK) {
+        gptoss_engine_free(e);
+        return st;
+    }
+    e->logits =
+        malloc((size_t)(options->max_num_seqs + 1) * (size_t)options->vocab_size * sizeof(float));
+    if (!e->logits) {
+        gptoss_engine_free(e);
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (logits buffer)");
+    }
+    e->stats.kv_blocks_total = options->n_kv_blocks;
+    e->stats.sliding_blocks_total = kv_options.n_sliding_blocks;
+    *out = e;
+    return GPTOSS_OK;
+}
+
+/* ---- engine thread ----------------------------------------------------------------------- */
+
+static void histogram_add(gptoss_latency_histogram *h, double seconds) {
+    for (int i = 0; i < GPTOSS_LATENCY_BUCKETS; i++)
+        if (seconds <= gptoss_latency_bucket_bounds[i]) h->buckets[i]++;
+    h->count++;
+    h->sum_seconds += seconds;
+}
+
+/* Records that a request's first sequence was admitted (queue length, cached prompt). */
+static void note_started(gptoss_engine *e, gptoss_request *r) {
+    if (r->started || !r->seqs[0] || !r->seqs[0]->started) return;
+    r->started = true;
+    atomic_store(&r->cached_prompt_tokens, r->seqs[0]->n_cached_prompt);
+    pthread_mutex_lock(&e->mutex);
+    e->n_queued--;
+    pthread_mutex_unlock(&e->mutex);
+}
+
+/* Ends one choice: releases its sequence and queues its last event (`event` may carry the
+ * final token; NULL for a finish without one). */
+static void finish_choice(gptoss_engine *e, gptoss_request *r, int32_t index,
+                          gptoss_finish_reason reason, gptoss_engine_event *event,
+                          int32_t stop_token) {
+    if (r->choice_done[index]) return;
+    note_started(e, r);
+    gptoss_seq *seq = r->seqs[index];
+    if (seq) {
+        gptoss_scheduler_finish(e->sched, seq);
+        gptoss_seq_free(seq);
+        r->seqs[index] = NULL;
+    }
+    gptoss_engine_event finish;
+    if (event) {
+        finish = *event;
+    } else {
+        memset(&finish, 0, sizeof finish);
+        finish.index = index;
+        finish.token_id = -1;
+    }
+    finish.finish = reason;
+    finish.stop_token_id = stop_token;
+    r->choice_done[index] = true;
+    r->n_done++;
+    e->local.requests_finished[reason]++;
+    if (!request_push(r, &finish)) {
+        /* Out of memory for one event: still count the choice as finished so readers end. */
+        pthread_mutex_lock(&r->mutex);
+        r->n_finish_events++;
+        pthread_cond_broadcast(&r->cond);
+        pthread_mutex_unlock(&r->mutex);
+    }
+    if (r->notify) r->notify(r->notify_user, r);
+}
+
+static void finish_request(gptoss_engine *e, gptoss_request *r, gptoss_finish_reason reason) {
+    for (int32_t i = 0; i < r->n_choices; i++)
+        finish_choice(e, r, i, reason, NULL, -1);
+}
+
+static bool is_in(int32_t token, const int32_t *list, int32_t n) {
+    for (int32_t i = 0; i < n; i++)
+        if (list[i] == token) return true;
+    return false;
+}
+
+/* Draws the next token of job->seq from job->row with a sampler of its own: touches only
+ * the sequence's own RNG and the job, so jobs run in parallel. */
+static void draw(const gptoss_engine *e, gptoss_sampler *sampler, sample_job *job) {
+    gptoss_seq *seq = job->seq;
+    gptoss_request *r = seq->user;
+    const gptoss_sampling_params *p = &r->params;
+    const int32_t index = seq->index;
+    const int32_t n_generated = seq->n_tokens - seq->n_prompt;
+    int32_t masked[GPTOSS_MAX_STOP_TOKENS + GPTOSS_ENGINE_MAX_EOS];
+    int32_t n_masked = 0;
+    if (n_generated < p->min_tokens) {
+        for (int32_t i = 0; i < p->n_stop_token_ids; i++)
+            masked[n_masked++] = p->stop_token_ids[i];
+        if (!p->ignore_eos)
+            for (int32_t i = 0; i < e->options.n_eos_token_ids; i++)
+                masked[n_masked++] = e->options.eos_token_ids[i];
+    }
+    gptoss_sample_history history = {
+        .prompt = seq->tokens,
+        .n_prompt = seq->n_prompt,
+        .output = seq->tokens + seq->n_prompt,
+        .n_output = n_generated,
+        .masked = masked,
+        .n_masked = n_masked,
+    };
+    int32_t token = gptoss_sampler_sample(sampler, p, &history, job->row, &r->rngs[index]);
+    gptoss_engine_event *event = &job->event;
+    memset(event, 0, sizeof *event);
+    event->index = index;
+    event->token_id = token;
+    event->stop_token_id = -1;
+    if (p->logprobs || p->top_logprobs > 0) {
+        event->logprob = gptoss_sampler_logprobs(job->row, e->options.vocab_size, token,
+                                                 p->top_logprobs, event->top_logprobs);
+        event->n_top_logprobs = p->top_logprobs;
+    }
+}
+
+/* Appends a drawn token, updates statistics and reports it (engine thread, in job order). */
+static void deliver(gptoss_engine *e, sample_job *job) {
+    gptoss_seq *seq = job->seq;
+    gptoss_request *r = seq->user;
+    const gptoss_sampling_params *p = &r->params;
+    const int32_t index = seq->index;
+    const int32_t n_generated = seq->n_tokens - seq->n_prompt;
+    const int32_t token = job->event.token_id;
+    gptoss_seq_append(seq, token);
+    double now = now_seconds();
+    if (n_generated == 0 && index == 0) {
+        histogram_add(&e->local.ttft, now - r->submit_time);
+        e->local.prompt_tokens += (uint64_t)seq->n_prompt;
+    }
+    if (r->last_token_time[index] > 0)
+        histogram_add(&e->local.itl, now - r->last_token_time[index]);
+    r->last_token_time[index] = now;
+    e->local.generation_tokens++;
+
+    if (is_in(token, p->stop_token_ids, p->n_stop_token_ids) ||
+        (!p->ignore_eos && is_in(token, e->options.eos_token_ids, e->options.n_eos_token_ids))) {
+        finish_choice(e, r, index, GPTOSS_FINISH_STOP, &job->event, token);
+    } else if (n_generated + 1 >= r->max_tokens || seq->n_tokens >= seq->cap_tokens) {
+        finish_choice(e, r, index, GPTOSS_FINISH_LENGTH, &job->event, -1);
+    } else {
+        if (!request_push(r, &job->event)) {
+            snprintf(r->error_message, sizeof r->error_message, "out of memory queueing a token");
+            finish_choice(e, r, index, GPTOSS_FINISH_ERROR, NULL, -1);
+            return;
+        }
+        if (r->notify) r->notify(r->notify_user, r);
+    }
+}
+
+static bool add_job(gptoss_engine *e, gptoss_seq *seq, const float *row) {
+    if (e->n_jobs == e->cap_jobs) {
+        int32_t cap = e->cap_jobs ? e->cap_jobs * 2 : 64;
+        sample_job *jobs = realloc(e->jobs, (size_t)cap * sizeof *jobs);
+        if (!jobs) return false;
+        e->jobs = jobs;
+        e->cap_jobs = cap;
+    }
+    e->jobs[e->n_jobs].seq = seq;
+    e->jobs[e->n_jobs].row = row;
+    e->n_jobs++;
+    return true;
+}
+
+/* Queues the draws of one logits row: the sequence's, and at the end of a prompt with
+ * n > 1 also those of the choices forked from it (they share the prompt's KV). */
+static void plan_row(gptoss_engine *e, gptoss_seq *seq, const float *row) {
+    gptoss_request *r = seq->user;
+    if (seq->index == 0 && r->n_choices > 1 && !r->forked) {
+        r->forked = true;
+        seq->n_slots = 1;
+        for (int32_t j = 1; j < r->n_choices; j++) {
+            if (r->choice_done[j]) continue;
+            gptoss_seq *child;
+            gptoss_error err;
+            if (gptoss_scheduler_fork(e->sched, seq, j, &child, &err) != GPTOSS_OK) {
+                snprintf(r->error_message, sizeof r->error_message, "%s", err.message);
+                finish_choice(e, r, j, GPTOSS_FINISH_ERROR, NULL, -1);
+                continue;
+            }
+            child->user = r;
+            r->seqs[j] = child;
+            if (!add_job(e, child, row)) {
+                snprintf(r->error_message, sizeof r->error_message, "out of memory (sample jobs)");
+                finish_choice(e, r, j, GPTOSS_FINISH_ERROR, NULL, -1);
+            }
+        }
+    }
+    if (!add_job(e, seq, row)) {
+        snprintf(r->error_message, sizeof r->error_message, "out of memory (sample jobs)");
+        finish_choice(e, r, seq->index, GPTOSS_FINISH_ERROR, NULL, -1);
+    }
+}
+
+/* Samples every queued job (in parallel across rows when there are several: sampling a
+ * 201k vocabulary costs about a millisecond per row), then delivers them in order. */
+static void run_jobs(gptoss_engine *e) {
+    const int32_t n = e->n_jobs;
+    if (n >= 4 && e->n_samplers > 1) {
+        int n_threads = e->n_samplers < n ? e->n_samplers : n;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
+        for (int32_t i = 0; i < n; i++)
+            draw(e, e->samplers[omp_get_thread_num()], &e->jobs[i]);
+    } else {
+        for (int32_t i = 0; i < n; i++)
+            draw(e, e->samplers[0], &e->jobs[i]);
+    }
+    for (int32_t i = 0; i < n; i++)
+        deliver(e, &e->jobs[i]);
+    e->n_jobs = 0;
+}
+
+/* Applies cancel and stop-string flags set by other threads. */
+static void apply_flags(gptoss_engine *e) {
+    for (int32_t i = 0; i < e->n_active; i++) {
+        gptoss_request *r = e->active[i];
+        if (r->n_done == r->n_choices) continue;
+        if (atomic_load(&r->cancel_requested)) {
+            finish_request(e, r, GPTOSS_FINISH_CANCELLED);
+            continue;
+        }
+        for (int32_t j = 0; j < r->n_choices; j++) {
+            if (!atomic_load(&r->stop_requested[j]) || r->choice_done[j]) continue;
+            if (j > 0 && !r->forked) continue; /* not born yet: finished once forked */
+            finish_choice(e, r, j, GPTOSS_FINISH_STOP, NULL, -1);
+        }
+    }
+}
+
+/* Lets go of finished requests: registry, counters, the engine's reference. */
+static void sweep(gptoss_engine *e) {
+    int32_t kept = 0;
+    for (int32_t i = 0; i < e->n_active; i++) {
+        gptoss_request *r = e->active[i];
+        note_started(e, r);
+        if (r->n_done < r->n_choices) {
+            e->active[kept++] = r;
+            continue;
+        }
+        pthread_mutex_lock(&e->mutex);
+        if (r->prev)
+            r->prev->next = r->next;
+        else
+            e->registry = r->next;
+        if (r->next) r->next->prev = r->prev;
+        e->n_live--;
+        if (!r->started) e->n_queued--;
+        if (e->n_live == 0) pthread_cond_broadcast(&e->idle);
+        pthread_mutex_unlock(&e->mutex);
+        pthread_mutex_lock(&r->mutex);
+        r->engine = NULL;
+        pthread_mutex_unlock(&r->mutex);
+        request_unref(r);
+    }
+    e->n_active = kept;
+}
+
+static void publish_stats(gptoss_engine *e) {
+    pthread_mutex_lock(&e->mutex);
+    gptoss_engine_stats *s = &e->stats;
+    *s = e->local;
+    s->n_running = gptoss_scheduler_n_running(e->sched);
+    s->n_waiting = gptoss_scheduler_n_waiting(e->sched);
+    s->n_waiting_requests = e->n_queued;
+    s->kv_blocks_total = gptoss_kv_total(e->kv, GPTOSS_KV_POOL_FULL);
+    s->kv_blocks_used = gptoss_kv_used(e->kv, GPTOSS_KV_POOL_FULL);
+    s->kv_blocks_cached = gptoss_kv_idle_cached(e->kv, GPTOSS_KV_POOL_FULL);
+    s->sliding_blocks_total = gptoss_kv_total(e->kv, GPTOSS_KV_POOL_SLIDING);
+    s->sliding_blocks_used = gptoss_kv_used(e->kv, GPTOSS_KV_POOL_SLIDING);
+    gptoss_scheduler_counters c = gptoss_scheduler_get_counters(e->sched);
+    s->prefix_cache_queries = c.prefix_query_tokens;
+    s->prefix_cache_hits = c.prefix_hit_tokens;
+    s->preemptions = c.preemptions;
+    s->draining = e->draining;
+    pthread_mutex_unlock(&e->mutex);
+}
+
+/* One scheduler step: plan, forward, sample. Returns false when there was nothing to run. */
+static bool step(gptoss_engine *e) {
+    gptoss_batch_plan plan;
+    gptoss_error err;
+    gptoss_error_clear(&err);
+    memset(&plan, 0, sizeof plan);
+    gptoss_status st = gptoss_scheduler_schedule(e->sched, &plan, &err);
+    if (st != GPTOSS_OK) {
+        /* Only host memory can fail here; retrying would spin, so fail what is live. */
+        gptoss_scheduler_abort_step(e->sched);
+        for (int32_t a = 0; a < e->n_active; a++) {
+            gptoss_request *r = e->active[a];
+            if (!r->error_message[0])
+                snprintf(r->error_message, sizeof r->error_message, "%s", err.message);
+            finish_request(e, r, GPTOSS_FINISH_ERROR);
+        }
+        return true;
+    }
+    if (plan.n_seqs == 0) return false;
+    st = e->options.forward(e->options.forward_user, &plan, e->logits, &err);
+    e->local.steps++;
+    if (st != GPTOSS_OK) {
+        /* Nothing of this step reached the KV cache: fail the requests it carried. Mark the
+         * requests first: finishing one frees all of its sequences (siblings too), and the
+         * scheduler must forget the step before any sequence is freed. */
+        for (int32_t i = 0; i < plan.n_seqs; i++) {
+            gptoss_request *r = gptoss_scheduler_plan_seq(e->sched, i)->user;
+            r->failed_step = true;
+            if (!r->error_message[0])
+                snprintf(r->error_message, sizeof r->error_message, "%s: %s",
+                         gptoss_status_name(st), err.message);
+        }
+        gptoss_scheduler_abort_step(e->sched);
+        for (int32_t a = 0; a < e->n_active; a++)
+            if (e->active[a]->failed_step) finish_request(e, e->active[a], GPTOSS_FINISH_ERROR);
+        return true;
+    }
+    gptoss_scheduler_commit(e->sched);
+    for (int32_t i = 0; i < plan.n_logits; i++)
+        plan_row(e, gptoss_scheduler_logit_seq(e->sched, i),
+                 e->logits + (size_t)i * (size_t)e->options.vocab_size);
+    run_jobs(e);
+    return true;
+}
+
+static bool activate(gptoss_engine *e, gptoss_request *r) {
+    if (e->n_active == e->cap_active) {
+        int32_t cap = e->cap_active ? e->cap_active * 2 : 64;
+        gptoss_request **active = realloc(e->active, (size_t)cap * sizeof *active);
+        if (!active) return false;
+        e->active = active;
+        e->cap_active = cap;
+    }
+    e->active[e->n_active++] = r;
+    r->seqs[0]->user = r;
+    gptoss_scheduler_add(e->sched, r->seqs[0]);
+    return true;
+}
+
+/* Moves the inbox into the scheduler (caller holds e->mutex; released around the work). */
+static gptoss_request *take_inbox(gptoss_engine *e) {
+    gptoss_request *list = e->inbox_head;
+    e->inbox_head = e->inbox_tail = NULL;
+    return list;
+}
+
+static void admit_list(gptoss_engine *e, gptoss_request *list) {
+    while (list) {
+        gptoss_request *r = list;
+        list = r->inbox_next;
+        r->inbox_next = NULL;
+        if (!activate(e, r)) {
+            /* Could not even track it: finish it so its reader ends. */
+            snprintf(r->error_message, sizeof r->error_message,
+                     "out of memory admitting the request");
+            for (int32_t i = 0; i < r->n_choices; i++) {
+                gptoss_seq_free(r->seqs[i]);
+                r->seqs[i] = NULL;
+            }
+            if (e->n_active < e->cap_active) e->active[e->n_active++] = r;
+            finish_request(e, r, GPTOSS_FINISH_ERROR);
+        }
+    }
+}
+
+static void shutdown_requests(gptoss_engine *e) {
+    pthread_mutex_lock(&e->mutex);
+    gptoss_request *list = take_inbox(e);
+    pthread_mutex_unlock(&e->mutex);
+    admit_list(e, list);
+    for (int32_t i = 0; i < e->n_active; i++)
+        finish_request(e, e->active[i], GPTOSS_FINISH_CANCELLED);
+    sweep(e);
+    publish_stats(e);
+}
+
+static void *engine_main(void *arg) {
+    gptoss_engine *e = arg;
+    pthread_mutex_lock(&e->mutex);
+    for (;;) {
+        if (e->stop) break;
+        gptoss_request *list = take_inbox(e);
+        bool attention = e->attention;
+        e->attention = false;
+        if (!list && !attention && e->n_active == 0) {
+            pthread_cond_wait(&e->wake, &e->mutex);
+            continue;
+        }
+        pthread_mutex_unlock(&e->mutex);
+        admit_list(e, list);
+        apply_flags(e);
+        bool ran = step(e);
+        sweep(e);
+        publish_stats(e);
+        pthread_mutex_lock(&e->mutex);
+        if (!ran && e->n_active > 0 && !e->inbox_head && !e->attention && !e->stop) {
+            /* Nothing could run although requests are live (should not happen: submit checks
+             * that every sequence fits). Wait for a change instead of spinning. */
+            struct timespec t;
+            clock_gettime(CLOCK_REALTIME, &t);
+            t.tv_nsec += 10 * 1000000L;
+            if (t.tv_nsec >= 1000000000L) t.tv_sec++, t.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&e->wake, &e->mutex, &t);
+        }
+    }
+    pthread_mutex_unlock(&e->mutex);
+    shutdown_requests(e);
+    return NULL;
+}
+
+gptoss_status gptoss_engine_start(gptoss_engine *e, gptoss_error *error) {
+    if (e->thread_started)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "the engine thread is already running");
+    int rc = pthread_create(&e->thread, NULL, engine_main, e);
+    if (rc != 0)
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                                "cannot start the engine thread: %s", strerror(rc));
+    e->thread_started = true;
+    return GPTOSS_OK;
+}
+
+bool gptoss_engine_drain(gptoss_engine *e, int64_t timeout_ms) {
+    struct timespec deadline;
+    if (timeout_ms >= 0) {
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += (time_t)(timeout_ms / 1000);
+        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&e->mutex);
+    e->draining = true;
+    e->stats.draining = true;
+    while (e->n_live > 0) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&e->idle, &e->mutex);
+        } else if (pthread_cond_timedwait(&e->idle, &e->mutex, &deadline) == ETIMEDOUT) {
+            break;
+        }
+    }
+    bool empty = e->n_live == 0;
+    pthread_mutex_unlock(&e->mutex);
+    return empty;
+}
+
+void gptoss_engine_free(gptoss_engine *e) {
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mutex);
+        e->stop = true;
+        pthread_cond_signal(&e->wake);
+        pthread_mutex_unlock(&e->mutex);
+        pthread_join(e->thread, NULL);
+    } else if (e->sched) {
+        shutdown_requests(e);
+    }
+    gptoss_scheduler_free(e->sched);
+    gptoss_kv_manager_free(e->kv);
+    for (int32_t i = 0; i < e->n_samplers; i++)
+        gptoss_sampler_free(e->samplers[i]);
+    free(e->samplers);
+    free(e->jobs);
+    free(e->logits);
+    free(e->active);
+    pthread_mutex_destroy(&e->mutex);
+    pthread_cond_destroy(&e->wake);
+    pthread_cond_destroy(&e->idle);
+    free(e);
+}
+
+/* ---- submission -------------------------------------------------------------------------- */
+
+gptoss_status gptoss_engine_submit(gptoss_engine *e, const int32_t *prompt, int32_t n_prompt,
+                                   const gptoss_sampling_params *params,
+                                   const gptoss_request_options *request_options,
+                                   gptoss_request **out, gptoss_error *error) {
+    *out = NULL;
+    const gptoss_engine_options *o = &e->options;
+    const gptoss_status bad = GPTOSS_ERR_INVALID_ARGUMENT;
+    gptoss_sampling_params defaults = gptoss_sampling_params_default();
+    if (!params) params = &defaults;
+    gptoss_status st = gptoss_sampling_params_validate(params, o->vocab_size, error);
+    if (st != GPTOSS_OK) return st;
+    if (!prompt || n_prompt < 1) return gptoss_set_error(error, bad, "the prompt is empty");
+    for (int32_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= o->vocab_size)
+            return gptoss_set_error(error, bad,
+                                    "prompt token %d (at %d) is outside the vocabulary [0, %d)",
+                                    prompt[i], i, o->vocab_size);
+    if (params->n > o->max_num_seqs)
+        return gptoss_set_error(error, bad, "n=%d exceeds the engine's max_num_seqs=%d", params->n,
+                                o->max_num_seqs);
+    if (request_options && request_options->cache_salt_len > GPTOSS_MAX_SALT_BYTES)
+        return gptoss_set_error(error, bad, "cache salt has %zu bytes; at most %d are allowed",
+                                request_options->cache_salt_len, GPTOSS_MAX_SALT_BYTES);
+    if (request_options && request_options->cache_salt_len > 0 && !request_options->cache_salt)
+        return gptoss_set_error(error, bad, "cache salt length given without bytes");
+    /* Length: the prompt plus at least one token must fit max_model_len and the KV pool. The
+     * last sampled token is never fed back, so n_prompt + max_tokens - 1 positions need KV. */
+    const int64_t kv_tokens = (int64_t)o->n_kv_blocks * o->kv_block_size;
+    if (n_prompt >= o->max_model_len)
+        return gptoss_set_error(
+            error, GPTOSS_ERR_CAPACITY,
+            "the prompt has %d tokens; this engine's max_model_len is %d, which "
+            "leaves no room to generate",
+            n_prompt, o->max_model_len);
+    if (n_prompt > kv_tokens)
+        return gptoss_set_error(
+            error, GPTOSS_ERR_CAPACITY,
+            "the prompt has %d tokens but the KV cache holds %lld; it can never run", n_prompt,
+            (long long)kv_tokens);
+    int64_t max_tokens = params->max_tokens;
+    if (max_tokens == 0) {
+        max_tokens = o->max_model_len - n_prompt;
+        if (max_tokens > kv_tokens - n_prompt + 1) max_tokens = kv_tokens - n_prompt + 1;
+    } else if (n_prompt + max_tokens > o->max_model_len) {
+        return gptoss_set_error(error, GPTOSS_ERR_CAPACITY,
+                                "prompt (%d tokens) + max_tokens (%lld) exceeds max_model_len %d",
+                                n_prompt, (long long)max_tokens, o->max_model_len);
+    } else if (n_prompt + max_tokens - 1 > kv_tokens) {
+        return gptoss_set_error(
+            error, GPTOSS_ERR_CAPACITY,
+            "prompt (%d tokens) + max_tokens (%lld) needs %lld KV tokens but the "
+            "cache holds %lld (%d blocks of %d); lower max_tokens",
+            n_prompt, (long long)max_tokens, (long long)(n_prompt + max_tokens - 1),
+            (long long)kv_tokens, o->n_kv_blocks, o->kv_block_size);
+    }
+    if (params->min_tokens > max_tokens)
+        return gptoss_set_error(error, bad,
+                                "min_tokens %d exceeds the %lld tokens this request may generate",
+                                params->min_tokens, (long long)max_tokens);
+
+    gptoss_request *r = calloc(1, sizeof *r);
+    if (!r) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (request)");
+    const int32_t n = params->n;
+    r->n_choices = n;
+    r->params = *params;
+    r->max_tokens = (int32_t)max_tokens;
+    r->refs = 2;
+    pthread_mutex_init(&r->mutex, NULL);
+    pthread_cond_init(&r->cond, NULL);
+    atomic_init(&r->cancel_requested, false);
+    atomic_init(&r->cached_prompt_tokens, 0);
+    r->stop_requested = malloc((size_t)n * sizeof(atomic_bool));
+    r->seqs = calloc((size_t)n, sizeof(gptoss_seq *));
+    r->rngs = malloc((size_t)n * sizeof(gptoss_rng));
+    r->last_token_time = calloc((size_t)n, sizeof(double));
+    r->choice_done = calloc((size_t)n, sizeof(bool));
+    if (request_options) {
+        r->notify = request_options->notify;
+        r->notify_user = request_options->notify_user;
+    }
+    uint8_t salt[GPTOSS_SHA256_BYTES] = {0};
+    if (request_options && request_options->cache_salt_len > 0)
+        gptoss_sha256_digest(request_options->cache_salt, request_options->cache_salt_len, salt);
+    if (!r->stop_requested || !r->seqs || !r->rngs || !r->last_token_time || !r->choice_done) {
+        request_free(r);
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (request)");
+    }
+    for (int32_t i = 0; i < n; i++)
+        atomic_init(&r->stop_requested[i], false);
+    st = gptoss_seq_create(prompt, n_prompt, n_prompt + (int32_t)max_tokens, o->kv_block_size, 0, 0,
+                           salt, &r->seqs[0], error);
+    if (st != GPTOSS_OK) {
+        request_free(r);
+        return st;
+    }
+    r->seqs[0]->n_slots = n;
+
+    pthread_mutex_lock(&e->mutex);
+    if (e->draining || e->stop) {
+        pthread_mutex_unlock(&e->mutex);
+        request_free(r);
+        return gptoss_set_error(error, GPTOSS_ERR_CAPACITY,
+                                "the engine is shutting down; not accepting requests");
+    }
+    if (e->n_queued >= o->max_queue_len) {
+        int32_t queued = e->n_queued;
+        pthread_mutex_unlock(&e->mutex);
+        request_free(r);
+        return gptoss_set_error(error, GPTOSS_ERR_CAPACITY,
+                                "the request queue is full (%d waiting); retry later", queued);
+    }
+    r->id = e->next_id++;
+    r->seqs[0]->priority = r->id;
+    uint64_t seed = params->has_seed ? params->seed : gptoss_rng_next(&e->entropy);
+    for (int32_t i = 0; i < n; i++)
+        gptoss_rng_seed(&r->rngs[i], seed, (uint64_t)i);
+    r->submit_time = now_seconds();
+    r->engine = e;
+    r->next = e->registry;
+    if (e->registry) e->registry->prev = r;
+    e->registry = r;
+    if (e->inbox_tail)
+        e->inbox_tail->inbox_next = r;
+    else
+        e->inbox_head = r;
+    e->inbox_tail = r;
+    e->n_live++;
+    e->n_queued++;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mutex);
+    *out = r;
+    return GPTOSS_OK;
+}
+
+bool gptoss_engine_queue_full(gptoss_engine *e) {
+    pthread_mutex_lock(&e->mutex);
+    bool full = e->draining || e->stop || e->n_queued >= e->options.max_queue_len;
+    pthread_mutex_unlock(&e->mutex);
+    return full;
+}
+
+bool gptoss_engine_cancel(gptoss_engine *e, uint64_t request_id) {
+    pthread_mutex_lock(&e->mutex);
+    gptoss_request *r = e->registry;
+    while (r && r->id != request_id)
+        r = r->next;
+    if (r) {
+        atomic_store(&r->cancel_requested, true);
+        e->attention = true;
+        pthread_cond_signal(&e->wake);
+    }
+    pthread_mutex_unlock(&e->mutex);
+    return r != NULL;
+}
+
+void gptoss_engine_get_stats(gptoss_engine *e, gptoss_engine_stats *stats) {
+    pthread_mutex_lock(&e->mutex);
+    *stats = e->stats;
+    stats->n_waiting_requests = e->n_queued;
+    stats->draining = e->draining;
+    pthread_mutex_unlock(&e->mutex);
+}

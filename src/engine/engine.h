@@ -1,0 +1,264 @@
+/*
+ * engine.h - the inference engine: requests in, tokens out, one dedicated thread.
+ *
+ * The engine owns the request queue, the scheduler (continuous batching with chunked
+ * prefill and preemption), the KV block manager with its prefix cache, and the sampler.
+ * Each step it builds one gptoss_batch_plan, runs it through an injectable forward function
+ * (normally gptoss_backend_forward) and samples one token for every sequence that produced
+ * logits. It must not know about HTTP, JSON, text or the tokenizer: callers speak token ids.
+ *
+ * Threads: gptoss_engine_start() launches the engine thread. Every other function here may
+ * be called from any thread, except gptoss_engine_free (one caller, after all other calls
+ * returned). Requests submitted before start simply wait in the queue.
+ *
+ * Life of a request:
+ *   gptoss_engine_submit()      -> a gptoss_request handle (the caller holds one reference)
+ *   gptoss_request_next_event() -> tokens (with logprobs) and, last, one finish event per
+ *                                  choice; or set an on_event callback to be woken instead
+ *   gptoss_request_cancel()     -> the engine frees the request's KV blocks at its next step
+ *                                  and emits finish events with GPTOSS_FINISH_CANCELLED
+ *   gptoss_request_release()    -> drops the caller's reference (cancels if unfinished)
+ *
+ * Stop strings need text, which the engine does not have: the caller detokenizes, and on a
+ * match calls gptoss_request_stop_choice(); the engine then finishes that choice with
+ * GPTOSS_FINISH_STOP (tokens generated in the meantime are still delivered; ignore them).
+ */
+#ifndef GPTOSS_ENGINE_H
+#define GPTOSS_ENGINE_H
+
+#include "gptoss.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* Options                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+/* The forward function the engine calls once per step; the same contract as
+ * gptoss_backend_forward: logits [plan->n_logits, vocab_size] float32. Tests inject fakes. */
+typedef gptoss_status (*gptoss_forward_fn)(void *user, const gptoss_batch_plan *plan, float *logits,
+                                           gptoss_error *error);
+
+/* KV cache element type. The engine only records it (for metrics and sizing); the backend
+ * stores the pages. */
+typedef enum gptoss_kv_dtype {
+    GPTOSS_KV_BF16 = 0,
+    GPTOSS_KV_FP8 = 1,
+} gptoss_kv_dtype;
+
+#define GPTOSS_ENGINE_MAX_EOS 8
+
+typedef struct gptoss_engine_options {
+    gptoss_forward_fn forward;      /* required */
+    void *forward_user;             /* passed to forward (e.g. the gptoss_backend) */
+    int32_t vocab_size;             /* logits row width */
+    int32_t sliding_window;         /* tokens incl. self of sliding layers; 0 = none */
+    int32_t kv_block_size;          /* tokens per KV page; must match the backend */
+    int32_t n_kv_blocks;            /* pages in the full-attention pool; match the backend */
+    int32_t n_sliding_kv_blocks;    /* pages in the sliding pool (0 = n_kv_blocks) */
+    gptoss_kv_dtype kv_dtype;       /* recorded only; the backend stores the pages */
+    int32_t max_num_seqs;           /* sequences per step (default 64) */
+    int32_t max_num_batched_tokens; /* new tokens per step, decodes + prefill (default 2048) */
+    int32_t max_model_len;          /* prompt + generated tokens per sequence */
+    int32_t max_queue_len;          /* requests waiting to start; submit beyond -> CAPACITY */
+    bool enable_prefix_cache;       /* reuse full KV blocks across requests (default on) */
+    int32_t prefix_hash_bits;       /* test knob: keep only this many bits of the block hash
+                                       (forces collisions); 0 = all 64 index bits */
+    int32_t eos_token_ids[GPTOSS_ENGINE_MAX_EOS]; /* tokens that end generation */
+    int32_t n_eos_token_ids;
+} gptoss_engine_options;
+
+/* Defaults: 16-token pages, 256 pages, 64 seqs, 2048 tokens/step, max_model_len 8192,
+ * queue 1024, prefix cache on, no forward function (the caller must set one). */
+gptoss_engine_options gptoss_engine_options_default(void);
+
+/* Fills forward/forward_user (gptoss_backend_forward on `backend`), vocab_size, sliding_window
+ * (0 when no layer slides), the KV geometry of backend_options, and the eos tokens (gpt-oss
+ * stop tokens <|return|> 200002 and <|call|> 200012 when the vocabulary holds them, else
+ * config eos_token_id); caps max_model_len at max_position_embeddings. Other fields keep
+ * what the caller set. */
+void gptoss_engine_options_for_backend(gptoss_engine_options *options, const gptoss_config *config,
+                                       gptoss_backend *backend,
+                                       const gptoss_backend_options *backend_options);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Sampling parameters (vLLM / OpenAI semantics)                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+#define GPTOSS_MAX_TOP_LOGPROBS 20
+#define GPTOSS_MAX_STOP_TOKENS 16
+#define GPTOSS_MAX_SALT_BYTES 256
+
+typedef struct gptoss_sampling_params {
+    float temperature;        /* 0 = greedy (argmax after penalties) */
+    float top_p;              /* (0, 1]; 1 = off */
+    int32_t top_k;            /* 0 or -1 = off */
+    float min_p;              /* [0, 1]; 0 = off; keeps p >= min_p * max p */
+    float presence_penalty;   /* [-2, 2], on generated tokens */
+    float frequency_penalty;  /* [-2, 2], on generated tokens, per occurrence */
+    float repetition_penalty; /* > 0; 1 = off; prompt and generated tokens */
+    bool has_seed;            /* false: seeded from the engine's own entropy */
+    uint64_t seed;            /* same seed, same output, whatever the batch */
+    bool logprobs;            /* return the sampled token's logprob */
+    int32_t top_logprobs;     /* 0..GPTOSS_MAX_TOP_LOGPROBS alternatives per token */
+    int32_t max_tokens;       /* generated tokens; 0 = up to max_model_len / KV capacity */
+    int32_t min_tokens;       /* stop tokens are masked until this many were generated */
+    bool ignore_eos;          /* do not stop on the engine's eos tokens */
+    int32_t stop_token_ids[GPTOSS_MAX_STOP_TOKENS]; /* extra stop tokens */
+    int32_t n_stop_token_ids;
+    int32_t n; /* choices sharing the prompt's KV (1..max_num_seqs) */
+} gptoss_sampling_params;
+
+/* temperature 1, top_p 1, top_k off, min_p 0, no penalties, no seed, no logprobs,
+ * max_tokens 0 (as many as fit), n 1. */
+gptoss_sampling_params gptoss_sampling_params_default(void);
+
+/* Checks ranges; the message names the offending field (fit for an HTTP 400). */
+gptoss_status gptoss_sampling_params_validate(const gptoss_sampling_params *params,
+                                              int32_t vocab_size, gptoss_error *error);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Events                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum gptoss_finish_reason {
+    GPTOSS_FINISH_NONE = 0,      /* not finished: the event carries a token */
+    GPTOSS_FINISH_STOP = 1,      /* eos / stop token / stop string reported by the caller */
+    GPTOSS_FINISH_LENGTH = 2,    /* max_tokens or max_model_len reached */
+    GPTOSS_FINISH_CANCELLED = 3, /* gptoss_request_cancel, release, or engine shutdown */
+    GPTOSS_FINISH_ERROR = 4,     /* the backend failed; see gptoss_request_error */
+} gptoss_finish_reason;
+
+/* Short stable name: "stop", "length", "cancelled", "error", "none". */
+const char *gptoss_finish_reason_name(gptoss_finish_reason reason);
+
+typedef struct gptoss_token_logprob {
+    int32_t token_id;
+    float logprob; /* natural log of the model's probability (raw logits, before penalties) */
+} gptoss_token_logprob;
+
+typedef struct gptoss_engine_event {
+    int32_t index;          /* choice 0..n-1 */
+    int32_t token_id;       /* the generated token, or -1 on a finish event without one */
+    float logprob;          /* when params.logprobs or top_logprobs > 0 */
+    int32_t n_top_logprobs; /* filled entries of top_logprobs, highest first */
+    gptoss_token_logprob top_logprobs[GPTOSS_MAX_TOP_LOGPROBS];
+    gptoss_finish_reason finish; /* != NONE: this is the choice's last event */
+    int32_t stop_token_id;       /* on FINISH_STOP by a token: that token, else -1 */
+} gptoss_engine_event;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Engine                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct gptoss_engine gptoss_engine;
+typedef struct gptoss_request gptoss_request;
+
+/* Validates options and allocates everything the engine needs (no thread yet). */
+gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_engine **out,
+                                   gptoss_error *error);
+
+/* Starts the engine thread. Calling it twice is an error. */
+gptoss_status gptoss_engine_start(gptoss_engine *engine, gptoss_error *error);
+
+/* Graceful drain (SIGTERM): stop accepting new requests (submit answers CAPACITY with a
+ * "shutting down" message), let in-flight ones finish. Waits up to timeout_ms (< 0 = forever)
+ * and returns true when nothing is left. The thread keeps running until free. */
+bool gptoss_engine_drain(gptoss_engine *engine, int64_t timeout_ms);
+
+/* Stops the thread, cancels whatever is left (its requests get FINISH_CANCELLED) and frees
+ * the engine. Request handles still held by callers stay valid until released. NULL ok. */
+void gptoss_engine_free(gptoss_engine *engine);
+
+/* Called on the engine thread whenever new events were queued for a request; must be quick
+ * and must not block (typically: wake the connection that reads the events). */
+typedef void (*gptoss_request_notify_fn)(void *user, gptoss_request *request);
+
+typedef struct gptoss_request_options {
+    const uint8_t *cache_salt;       /* per-tenant salt: prefix cache hits only within a salt */
+    size_t cache_salt_len;           /* 0..GPTOSS_MAX_SALT_BYTES */
+    gptoss_request_notify_fn notify; /* optional */
+    void *notify_user;
+} gptoss_request_options;
+
+/* Queues a request. prompt: [n_prompt] token ids, copied. Refuses with a clear message:
+ * bad params or token ids (INVALID_ARGUMENT), a prompt/max_tokens beyond max_model_len or
+ * a sequence that could never fit the KV pools (CAPACITY, permanent), a full queue or a
+ * draining engine (CAPACITY, retry later; see gptoss_engine_queue_full). */
+gptoss_status gptoss_engine_submit(gptoss_engine *engine, const int32_t *prompt, int32_t n_prompt,
+                                   const gptoss_sampling_params *params,
+                                   const gptoss_request_options *request_options,
+                                   gptoss_request **out, gptoss_error *error);
+
+/* Whether the waiting queue is at max_queue_len or the engine is draining (HTTP 429/503). */
+bool gptoss_engine_queue_full(gptoss_engine *engine);
+
+/* Cancels by id; false when no such live request. */
+bool gptoss_engine_cancel(gptoss_engine *engine, uint64_t request_id);
+
+/* Unique id of a request (monotone in submission order, starting at 1). */
+uint64_t gptoss_request_id(const gptoss_request *request);
+
+/* Takes the next event. timeout_ms: 0 = poll, < 0 = wait forever. Returns 1 with an event,
+ * 0 on timeout, -1 when every choice has finished and all events were taken. */
+int gptoss_request_next_event(gptoss_request *request, gptoss_engine_event *event,
+                              int64_t timeout_ms);
+
+/* Asks the engine to finish the request (all choices) as cancelled. Idempotent. */
+void gptoss_request_cancel(gptoss_request *request);
+
+/* The caller found a stop string in choice `index`: finish it with GPTOSS_FINISH_STOP. */
+void gptoss_request_stop_choice(gptoss_request *request, int32_t index);
+
+/* Prompt tokens served from the prefix cache (known once the request started). */
+int32_t gptoss_request_cached_prompt_tokens(const gptoss_request *request);
+
+/* The message of a GPTOSS_FINISH_ERROR (empty otherwise); valid until release. */
+const char *gptoss_request_error(const gptoss_request *request);
+
+/* Drops the caller's reference; cancels the request when it has not finished. NULL ok. */
+void gptoss_request_release(gptoss_request *request);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Statistics (/metrics)                                                                     */
+/* ---------------------------------------------------------------------------------------- */
+
+#define GPTOSS_LATENCY_BUCKETS 12
+
+/* Upper bounds in seconds of the latency histogram buckets (cumulative, Prometheus style;
+ * the last bucket is +Inf). */
+extern const double gptoss_latency_bucket_bounds[GPTOSS_LATENCY_BUCKETS];
+
+typedef struct gptoss_latency_histogram {
+    uint64_t buckets[GPTOSS_LATENCY_BUCKETS]; /* cumulative counts <= bound */
+    uint64_t count;
+    double sum_seconds;
+} gptoss_latency_histogram;
+
+typedef struct gptoss_engine_stats {
+    int32_t n_running;          /* sequences holding KV and being stepped */
+    int32_t n_waiting;          /* sequences queued (new or preempted) */
+    int32_t n_waiting_requests; /* requests not yet started (queue length) */
+    int32_t kv_blocks_total;    /* full-attention pool */
+    int32_t kv_blocks_used;     /* referenced by a sequence (cached-but-idle not counted) */
+    int32_t kv_blocks_cached;   /* idle blocks kept for the prefix cache (evictable) */
+    int32_t sliding_blocks_total;
+    int32_t sliding_blocks_used;
+    uint64_t prefix_cache_queries; /* prompt tokens looked up */
+    uint64_t prefix_cache_hits;    /* prompt tokens found */
+    uint64_t prompt_tokens;        /* prompt tokens of started requests */
+    uint64_t generation_tokens;    /* tokens sampled */
+    uint64_t requests_finished[5]; /* choices finished, indexed by gptoss_finish_reason */
+    uint64_t preemptions;          /* sequences preempted for lack of KV */
+    uint64_t steps;                /* forward calls */
+    gptoss_latency_histogram ttft; /* submit -> first token of choice 0 */
+    gptoss_latency_histogram itl;  /* between consecutive tokens of a choice */
+    bool draining;
+} gptoss_engine_stats;
+
+/* A consistent snapshot (as of the end of the last step). */
+void gptoss_engine_get_stats(gptoss_engine *engine, gptoss_engine_stats *stats);
+
+#endif

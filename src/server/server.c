@@ -1,0 +1,512 @@
+/*
+ * server.c - HTTP plumbing of the OpenAI-compatible server: the libmicrohttpd daemon,
+ * request bodies (with their size limit), routing, API keys, errors, /health, /metrics and
+ * /v1/models.
+ *
+ * Owns: connection state (the body being uploaded) and the server's counters. The OpenAI
+ * generation endpoints live in openai_api.c. Must not block a connection thread without a
+ * timeout, and must answer every request, however malformed, with an OpenAI-style error.
+ */
+#include "server/server_internal.h"
+
+#include "tokenizer/utf8.h"
+#include "util/error.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <time.h>
+
+gptoss_server_options gptoss_server_options_default(void) {
+    gptoss_server_options o;
+    memset(&o, 0, sizeof o);
+    o.host = "127.0.0.1";
+    o.port = 8000;
+    o.served_model_name = "gpt-oss";
+    o.max_body_bytes = 8u << 20;
+    o.connection_timeout_s = 120;
+    return o;
+}
+
+/* ---- replies ------------------------------------------------------------------------------ */
+
+static struct MHD_Response *buffer_response(const char *text, size_t len,
+                                            const char *content_type) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, (void *)text, MHD_RESPMEM_MUST_COPY);
+    if (r) MHD_add_response_header(r, "Content-Type", content_type);
+    return r;
+}
+
+server_reply server_json(unsigned status, json_t *body) {
+    server_reply reply = {status, NULL};
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    if (!text) {
+        static const char oom[] =
+            "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+            "\"param\":null,\"code\":null}}";
+        reply.status = 500;
+        reply.response = buffer_response(oom, sizeof oom - 1, "application/json");
+        return reply;
+    }
+    reply.response = buffer_response(text, strlen(text), "application/json");
+    free(text);
+    return reply;
+}
+
+json_t *server_json_text(const char *bytes, size_t len) {
+    size_t valid = gptoss_utf8_valid_prefix((const unsigned char *)bytes, len);
+    if (valid == len) return json_stringn(bytes, len);
+    /* Replace each invalid byte by U+FFFD. */
+    char *out = malloc(len * 3 + 1);
+    if (!out) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        size_t n = gptoss_utf8_valid_prefix((const unsigned char *)bytes + i, len - i);
+        if (n > 0) {
+            memcpy(out + o, bytes + i, n);
+            o += n, i += n;
+        } else {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3, i++;
+        }
+    }
+    json_t *s = json_stringn(out, o);
+    free(out);
+    return s;
+}
+
+server_reply server_error(unsigned status, const char *type, const char *param, const char *code,
+                          const char *fmt, ...) {
+    char message[GPTOSS_ERROR_MESSAGE_MAX + 256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    json_t *error = json_object();
+    json_object_set_new(error, "message", server_json_text(message, strlen(message)));
+    json_object_set_new(error, "type", json_string(type));
+    json_object_set_new(error, "param",
+                        param ? server_json_text(param, strlen(param)) : json_null());
+    json_object_set_new(error, "code", code ? json_string(code) : json_null());
+    json_t *body = json_object();
+    json_object_set_new(body, "error", error);
+    return server_json(status, body);
+}
+
+bool server_client_gone(struct MHD_Connection *connection) {
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!info) return true;
+    struct pollfd p = {.fd = info->connect_fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+    char byte;
+    ssize_t n = recv(info->connect_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* ---- endpoints that need no engine work --------------------------------------------------- */
+
+static server_reply health(gptoss_server *s) {
+    if (atomic_load(&s->draining))
+        return server_error(503, "server_error", NULL, "draining", "the server is shutting down");
+    if (!atomic_load_explicit(&s->ready, memory_order_acquire))
+        return server_error(503, "server_error", NULL, "not_ready", "the model is still loading");
+    json_t *body = json_pack("{s:s}", "status", "ok");
+    return server_json(200, body);
+}
+
+static json_t *model_object(gptoss_server *s) {
+    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->model_name, "object", "model", "created",
+                     (json_int_t)s->created_unix, "owned_by", "gptoss", "max_model_len",
+                     (int)s->max_model_len);
+}
+
+static server_reply models(gptoss_server *s, const char *url) {
+    const char *prefix = "/v1/models/";
+    if (strncmp(url, prefix, strlen(prefix)) == 0) {
+        const char *id = url + strlen(prefix);
+        if (strcmp(id, s->model_name) != 0)
+            return server_error(404, "invalid_request_error", "model", "model_not_found",
+                                "The model '%s' does not exist; this server serves '%s'", id,
+                                s->model_name);
+        return server_json(200, model_object(s));
+    }
+    json_t *list = json_array();
+    json_array_append_new(list, model_object(s));
+    return server_json(200, json_pack("{s:s, s:o}", "object", "list", "data", list));
+}
+
+/* Appends printf output to a growable text buffer (metrics). */
+typedef struct text_buf {
+    char *data;
+    size_t len, cap;
+    bool failed;
+} text_buf;
+
+static void tb_printf(text_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tb_printf(text_buf *b, const char *fmt, ...) {
+    if (b->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n =
+            vsnprintf(b->data ? b->data + b->len : NULL, b->data ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = true;
+            return;
+        }
+        if (b->data && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
+        char *grown = realloc(b->data, cap);
+        if (!grown) {
+            b->failed = true;
+            return;
+        }
+        b->data = grown, b->cap = cap;
+    }
+}
+
+static void histogram(text_buf *b, const char *name, const char *help, const char *model,
+                      const gptoss_latency_histogram *h) {
+    tb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int i = 0; i < GPTOSS_LATENCY_BUCKETS; i++) {
+        if (i == GPTOSS_LATENCY_BUCKETS - 1)
+            tb_printf(b, "%s_bucket{model_name=\"%s\",le=\"+Inf\"} %llu\n", name, model,
+                      (unsigned long long)h->count);
+        else
+            tb_printf(b, "%s_bucket{model_name=\"%s\",le=\"%g\"} %llu\n", name, model,
+                      gptoss_latency_bucket_bounds[i], (unsigned long long)h->buckets[i]);
+    }
+    tb_printf(b, "%s_sum{model_name=\"%s\"} %.9g\n%s_count{model_name=\"%s\"} %llu\n", name, model,
+              h->sum_seconds, name, model, (unsigned long long)h->count);
+}
+
+static void gauge(text_buf *b, const char *name, const char *type, const char *help,
+                  const char *model, double value) {
+    tb_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s{model_name=\"%s\"} %.17g\n", name, help, name,
+              type, name, model, value);
+}
+
+static server_reply metrics(gptoss_server *s) {
+    text_buf b = {0};
+    const char *m = s->model_name;
+    bool ready = atomic_load_explicit(&s->ready, memory_order_acquire);
+    gauge(&b, "gptoss:ready", "gauge", "1 when the model is loaded and requests are served", m,
+          ready && !atomic_load(&s->draining));
+    if (ready) {
+        gptoss_engine_stats st;
+        gptoss_engine_get_stats(s->engine, &st);
+        gauge(&b, "gptoss:num_requests_running", "gauge", "Sequences holding KV and being stepped",
+              m, st.n_running);
+        gauge(&b, "gptoss:num_requests_waiting", "gauge", "Sequences waiting to start or resume", m,
+              st.n_waiting);
+        gauge(&b, "gptoss:kv_cache_usage_perc", "gauge",
+              "Fraction of full-attention KV blocks in use (0-1)", m,
+              st.kv_blocks_total ? (double)st.kv_blocks_used / st.kv_blocks_total : 0.0);
+        gauge(&b, "gptoss:kv_cache_blocks_used", "gauge",
+              "Full-attention KV blocks referenced by sequences", m, st.kv_blocks_used);
+        gauge(&b, "gptoss:kv_cache_blocks_cached", "gauge",
+              "Idle KV blocks kept for the prefix cache", m, st.kv_blocks_cached);
+        gauge(&b, "gptoss:kv_cache_blocks_total", "gauge", "Full-attention KV blocks in the pool",
+              m, st.kv_blocks_total);
+        gauge(&b, "gptoss:prefix_cache_queries_total", "counter",
+              "Prompt tokens looked up in the prefix cache", m, (double)st.prefix_cache_queries);
+        gauge(&b, "gptoss:prefix_cache_hits_total", "counter",
+              "Prompt tokens found in the prefix cache", m, (double)st.prefix_cache_hits);
+        gauge(&b, "gptoss:prefix_cache_hit_rate", "gauge",
+              "prefix_cache_hits / prefix_cache_queries", m,
+              st.prefix_cache_queries
+                  ? (double)st.prefix_cache_hits / (double)st.prefix_cache_queries
+                  : 0.0);
+        gauge(&b, "gptoss:prompt_tokens_total", "counter", "Prompt tokens of started requests", m,
+              (double)st.prompt_tokens);
+        gauge(&b, "gptoss:generation_tokens_total", "counter", "Generated tokens", m,
+              (double)st.generation_tokens);
+        gauge(&b, "gptoss:num_preemptions_total", "counter",
+              "Sequences preempted for lack of KV blocks", m, (double)st.preemptions);
+        tb_printf(&b, "# HELP gptoss:request_success_total Finished choices by finish reason\n"
+                      "# TYPE gptoss:request_success_total counter\n");
+        for (int r = 1; r < 5; r++)
+            tb_printf(
+                &b, "gptoss:request_success_total{model_name=\"%s\",finished_reason=\"%s\"} %llu\n",
+                m, gptoss_finish_reason_name((gptoss_finish_reason)r),
+                (unsigned long long)st.requests_finished[r]);
+        histogram(&b, "gptoss:time_to_first_token_seconds", "Submit to first token", m, &st.ttft);
+        histogram(&b, "gptoss:inter_token_latency_seconds", "Time between consecutive tokens", m,
+                  &st.itl);
+    }
+    tb_printf(&b, "# HELP gptoss:http_responses_total HTTP responses by status class\n"
+                  "# TYPE gptoss:http_responses_total counter\n");
+    for (int c = 2; c < 6; c++)
+        tb_printf(&b, "gptoss:http_responses_total{code=\"%dxx\"} %llu\n", c,
+                  (unsigned long long)atomic_load(&s->responses_by_class[c]));
+    if (b.failed) {
+        free(b.data);
+        return server_error(500, "server_error", NULL, NULL, "out of memory");
+    }
+    server_reply reply = {
+        200, buffer_response(b.data, b.len, "text/plain; version=0.0.4; charset=utf-8")};
+    free(b.data);
+    return reply;
+}
+
+/* ---- connections ------------------------------------------------------------------------- */
+
+typedef struct connection_state {
+    char *body;      /* [len] uploaded bytes (NUL-terminated), NULL when empty or dropped */
+    size_t len, cap; /* bytes held / allocated */
+    bool too_large;  /* the body passed max_body_bytes: answer 413, drop the rest */
+} connection_state;
+
+/* Compares without an early exit so the time taken says nothing about where keys differ. */
+static bool constant_time_equal(const char *a, size_t a_len, const char *b, size_t b_len) {
+    size_t n = a_len > b_len ? a_len : b_len;
+    unsigned char diff = (unsigned char)(a_len != b_len);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char x = i < a_len ? (unsigned char)a[i] : 0,
+                      y = i < b_len ? (unsigned char)b[i] : 0;
+        diff |= (unsigned char)(x ^ y);
+    }
+    return diff == 0;
+}
+
+static bool authorized(gptoss_server *s, struct MHD_Connection *c) {
+    if (!s->api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+    const char *token = h + 7;
+    while (*token == ' ')
+        token++;
+    return constant_time_equal(token, strlen(token), s->api_key, s->api_key_len);
+}
+
+static server_reply method_not_allowed(const char *allow, const char *method, const char *url) {
+    server_reply r = server_error(405, "invalid_request_error", NULL, "method_not_allowed",
+                                  "Method %s is not allowed on %s; use %s", method, url, allow);
+    if (r.response) MHD_add_response_header(r.response, "Allow", allow);
+    return r;
+}
+
+static server_reply route(gptoss_server *s, struct MHD_Connection *c, const char *url,
+                          const char *method, connection_state *st) {
+    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(url, "/health")) return get ? health(s) : method_not_allowed("GET", method, url);
+    if (!strcmp(url, "/metrics")) return get ? metrics(s) : method_not_allowed("GET", method, url);
+    bool is_chat = !strcmp(url, "/v1/chat/completions"),
+         is_completions = !strcmp(url, "/v1/completions");
+    bool is_models = !strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11);
+    if (!is_chat && !is_completions && !is_models)
+        return server_error(404, "invalid_request_error", NULL, "not_found",
+                            "No route %s %s; try POST /v1/chat/completions, POST /v1/completions, "
+                            "GET /v1/models, GET /health or GET /metrics",
+                            method, url);
+    if (is_models && !get) return method_not_allowed("GET", method, url);
+    if (!is_models && !post) return method_not_allowed("POST", method, url);
+    if (!authorized(s, c))
+        return server_error(
+            401, "invalid_request_error", NULL, "invalid_api_key",
+            "Missing or incorrect API key: send the header 'Authorization: Bearer KEY' "
+            "with the key given to --api-key");
+    if (st->too_large)
+        return server_error(413, "invalid_request_error", NULL, "request_too_large",
+                            "Request body is larger than the limit of %zu bytes (--max-body-bytes)",
+                            s->max_body_bytes);
+    if (atomic_load(&s->draining))
+        return server_error(503, "server_error", NULL, "draining", "the server is shutting down");
+    if (!atomic_load_explicit(&s->ready, memory_order_acquire))
+        return server_error(503, "server_error", NULL, "not_ready",
+                            "the model is still loading; retry when GET /health answers 200");
+    if (is_models) return models(s, url);
+    if (is_chat) return server_chat_completions(s, c, st->body ? st->body : "", st->len);
+    return server_completions(s, c, st->body ? st->body : "", st->len);
+}
+
+static enum MHD_Result queue(gptoss_server *s, struct MHD_Connection *c, server_reply reply) {
+    if (!reply.response) return MHD_NO; /* out of memory: drop the connection */
+    unsigned cls = reply.status / 100;
+    if (cls < 6) atomic_fetch_add(&s->responses_by_class[cls], 1);
+    enum MHD_Result ok = MHD_queue_response(c, reply.status, reply.response);
+    MHD_destroy_response(reply.response);
+    return ok;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls) {
+    gptoss_server *s = cls;
+    connection_state *st = *con_cls;
+    if (!st) {
+        st = calloc(1, sizeof *st);
+        if (!st) return MHD_NO;
+        *con_cls = st;
+        atomic_fetch_add(&s->active_requests, 1);
+        /* A declared length over the limit is refused before reading a byte of it. */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl) {
+            char *end = NULL;
+            errno = 0;
+            unsigned long long n = strtoull(cl, &end, 10);
+            if (errno == 0 && end != cl && *end == '\0' && n > s->max_body_bytes) {
+                st->too_large = true;
+                return queue(
+                    s, c,
+                    server_error(413, "invalid_request_error", NULL, "request_too_large",
+                                 "Request body of %llu bytes is larger than the limit of %zu bytes "
+                                 "(--max-body-bytes)",
+                                 n, s->max_body_bytes));
+            }
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (st->too_large) return MHD_YES;
+        if (st->len + n > s->max_body_bytes) {
+            st->too_large = true;
+            free(st->body);
+            st->body = NULL, st->len = st->cap = 0;
+            return MHD_YES;
+        }
+        if (st->len + n + 1 > st->cap) {
+            size_t cap = st->cap ? st->cap : 4096;
+            while (cap < st->len + n + 1)
+                cap *= 2;
+            if (cap > s->max_body_bytes + 1) cap = s->max_body_bytes + 1;
+            char *grown = realloc(st->body, cap);
+            if (!grown) return MHD_NO;
+            st->body = grown, st->cap = cap;
+        }
+        memcpy(st->body + st->len, upload_data, n);
+        st->len += n;
+        st->body[st->len] = '\0';
+        return MHD_YES;
+    }
+    return queue(s, c, route(s, c, url, method, st));
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    gptoss_server *s = cls;
+    connection_state *st = *con_cls;
+    if (!st) return;
+    free(st->body);
+    free(st);
+    *con_cls = NULL;
+    atomic_fetch_sub(&s->active_requests, 1);
+}
+
+/* ---- life cycle -------------------------------------------------------------------------- */
+
+gptoss_status gptoss_server_start(const gptoss_server_options *o, gptoss_server **out,
+                                  gptoss_error *error) {
+    *out = NULL;
+    if (o->port < 0 || o->port > 65535)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "port %d is out of range [0, 65535]", o->port);
+    if (!o->served_model_name || !*o->served_model_name)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "the served model name must not be empty");
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *addr = NULL;
+    char port_text[16];
+    snprintf(port_text, sizeof port_text, "%d", o->port);
+    int rc = getaddrinfo(o->host, port_text, &hints, &addr);
+    if (rc != 0 || !addr)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "--host %s: %s",
+                                o->host ? o->host : "(null)", gai_strerror(rc));
+    gptoss_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        freeaddrinfo(addr);
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    s->host = strdup(o->host);
+    s->model_name = strdup(o->served_model_name);
+    if (o->api_key && *o->api_key) {
+        s->api_key = strdup(o->api_key);
+        s->api_key_len = strlen(o->api_key);
+    }
+    s->max_body_bytes = o->max_body_bytes;
+    s->created_unix = (int64_t)time(NULL);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    s->id_salt =
+        ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 40);
+    atomic_init(&s->ready, false);
+    atomic_init(&s->draining, false);
+    atomic_init(&s->active_requests, 0);
+    for (int i = 0; i < 6; i++)
+        atomic_init(&s->responses_by_class[i], 0);
+    if (!s->host || !s->model_name || (o->api_key && *o->api_key && !s->api_key)) {
+        freeaddrinfo(addr);
+        gptoss_server_stop(s);
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    if (addr->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->daemon = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
+                                 MHD_OPTION_SOCK_ADDR, addr->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT,
+                                 o->connection_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+                                 s, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096, MHD_OPTION_END);
+    freeaddrinfo(addr);
+    if (!s->daemon) {
+        gptoss_server_stop(s);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_IO,
+            "cannot listen on %s:%d (port in use, or not allowed?); pick another with --port",
+            o->host, o->port);
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = info ? info->port : o->port;
+    *out = s;
+    return GPTOSS_OK;
+}
+
+int gptoss_server_port(const gptoss_server *s) {
+    return s->port;
+}
+
+void gptoss_server_set_ready(gptoss_server *s, gptoss_engine *engine,
+                             const gptoss_tokenizer *tokenizer, int32_t max_model_len,
+                             int32_t max_num_seqs) {
+    s->engine = engine;
+    s->tokenizer = tokenizer;
+    s->max_model_len = max_model_len;
+    s->max_num_seqs = max_num_seqs;
+    atomic_store_explicit(&s->ready, true, memory_order_release);
+}
+
+void gptoss_server_set_draining(gptoss_server *s) {
+    atomic_store(&s->draining, true);
+}
+
+int64_t gptoss_server_active_requests(const gptoss_server *s) {
+    return atomic_load(&((gptoss_server *)s)->active_requests);
+}
+
+void gptoss_server_stop(gptoss_server *s) {
+    if (!s) return;
+    if (s->daemon) MHD_stop_daemon(s->daemon);
+    free(s->host);
+    free(s->model_name);
+    free(s->api_key);
+    free(s);
+}

@@ -1,0 +1,59 @@
+/*
+ * server_internal.h - what server.c (HTTP plumbing) and openai_api.c (the OpenAI endpoints)
+ * share. Not a public interface: nothing outside src/server includes it.
+ */
+#ifndef GPTOSS_SERVER_INTERNAL_H
+#define GPTOSS_SERVER_INTERNAL_H
+
+#include "server/server.h"
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <stdatomic.h>
+
+struct gptoss_server {
+    struct MHD_Daemon *daemon;           /* the listening daemon, thread per connection */
+    char *host;                          /* copy of options.host */
+    char *api_key;                       /* copy, or NULL: no authentication */
+    size_t api_key_len;                  /* bytes of api_key */
+    char *model_name;                    /* served model id */
+    size_t max_body_bytes;               /* request bodies beyond this: 413 */
+    int port;                            /* bound port */
+    uint64_t id_salt;                    /* makes response ids unique across restarts */
+    int64_t created_unix;                /* start time, for /v1/models "created" */
+    gptoss_engine *engine;               /* set once before `ready` is published */
+    const gptoss_tokenizer *tokenizer;   /* idem */
+    int32_t max_model_len;               /* prompt + generated tokens per sequence */
+    int32_t max_num_seqs;                /* bound for `n` */
+    atomic_bool ready;                   /* engine handed over (release/acquire) */
+    atomic_bool draining;                /* SIGTERM seen */
+    atomic_llong active_requests;        /* HTTP requests not yet completed */
+    atomic_ullong responses_by_class[6]; /* [1xx..5xx] counts, index status/100 */
+};
+
+/* An HTTP answer built by an endpoint: status + response (owned by the caller). */
+typedef struct server_reply {
+    unsigned status;
+    struct MHD_Response *response;
+} server_reply;
+
+/* {"error":{"message","type","param","code"}} with the given status. param/code may be NULL. */
+server_reply server_error(unsigned status, const char *type, const char *param, const char *code,
+                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* A JSON body (takes ownership of `body`). */
+server_reply server_json(unsigned status, json_t *body);
+
+/* A JSON string from arbitrary bytes: invalid UTF-8 becomes U+FFFD. NULL on out-of-memory. */
+json_t *server_json_text(const char *bytes, size_t len);
+
+/* Whether the client of `connection` hung up (a read of the socket sees EOF or an error). */
+bool server_client_gone(struct MHD_Connection *connection);
+
+/* POST /v1/chat/completions and POST /v1/completions; body is the raw request body. */
+server_reply server_chat_completions(gptoss_server *server, struct MHD_Connection *connection,
+                                     const char *body, size_t len);
+server_reply server_completions(gptoss_server *server, struct MHD_Connection *connection,
+                                const char *body, size_t len);
+
+#endif
