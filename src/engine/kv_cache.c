@@ -342,7 +342,17 @@ uint64_t gptoss_kv_register(gptoss_kv_manager *kv, const uint8_t digest[GPTOSS_S
     assert(sliding_block < 0 || kv->pools[GPTOSS_KV_POOL_SLIDING].ref_count[sliding_block] > 0);
     uint64_t index_key = index_key_of(kv, digest);
     int32_t existing = find_entry(kv, index_key, parent_uid, salt_digest, tokens);
-    if (existing >= 0) return kv->entries[existing].uid;
+    if (existing >= 0) {
+        /* Same prefix, recomputed because its SLIDING page had been evicted: adopt the new
+         * one so later hits can resume past it again. */
+        kv_entry *entry = &kv->entries[existing];
+        kv_pool *sliding = &kv->pools[GPTOSS_KV_POOL_SLIDING];
+        if (entry->sliding_block < 0 && sliding_block >= 0 && sliding->entry[sliding_block] < 0) {
+            entry->sliding_block = sliding_block;
+            sliding->entry[sliding_block] = existing;
+        }
+        return entry->uid;
+    }
     kv_pool *full = &kv->pools[GPTOSS_KV_POOL_FULL];
     kv_pool *sliding = &kv->pools[GPTOSS_KV_POOL_SLIDING];
     /* A page already named by another entry (same KV under a different identity cannot

@@ -87,7 +87,8 @@ bool gptoss_kv_lookup(const gptoss_kv_manager *kv, const uint8_t digest[GPTOSS_S
                       const int32_t *tokens, gptoss_kv_hit *hit);
 
 /* Publishes a full, completely written block. If an identical entry exists (same parent,
- * salt, tokens) it is kept and its uid returned; otherwise a new entry names full_block (and
+ * salt, tokens) it is kept and its uid returned (adopting sliding_block if the entry had lost
+ * its own); otherwise a new entry names full_block (and
  * sliding_block, may be -1). Returns 0 when the cache is disabled. The caller keeps its
  * references; the pages become idle-cached instead of free when they drop to zero. */
 uint64_t gptoss_kv_register(gptoss_kv_manager *kv, const uint8_t digest[GPTOSS_SHA256_BYTES],

@@ -317,6 +317,14 @@ static void test_prefix_hit_and_sliding_requirement(void **state) {
     finish_step(&r);
     gptoss_scheduler_finish(r.sched, c);
     gptoss_seq_free(c);
+    /* c's recomputed window pages were adopted by the existing entries: hits work again. */
+    gptoss_seq *d = make_seq(&r, 20, 2, 4, 0);
+    gptoss_scheduler_add(r.sched, d);
+    schedule(&r);
+    assert_int_equal(d->n_cached, 16);
+    finish_step(&r);
+    gptoss_scheduler_finish(r.sched, d);
+    gptoss_seq_free(d);
     rig_free(&r);
 }
 
