@@ -15,7 +15,7 @@
 #include "engine/kv_cache.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
-#include "engine/sha256.h"
+#include "util/sha256.h"
 #include "util/error.h"
 
 #include <errno.h>

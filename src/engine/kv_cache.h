@@ -23,7 +23,7 @@
 #ifndef GPTOSS_ENGINE_KV_CACHE_H
 #define GPTOSS_ENGINE_KV_CACHE_H
 
-#include "engine/sha256.h"
+#include "util/sha256.h"
 #include "gptoss.h"
 
 #include <stdbool.h>
