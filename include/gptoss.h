@@ -159,6 +159,10 @@ typedef struct gptoss_backend_options {
     gptoss_progress_fn progress; /* optional: weight upload progress */
     void *progress_user;
     bool layer_stats;            /* CPU: print each layer's residual RMS and max to stderr */
+    /* CPU, tests only: round activations to bf16 at exactly the points where the CUDA backend
+     * stores them as bf16 (see cpu_backend.c), so the two can be compared strictly. Off by
+     * default: the default CPU path stays fp32 everywhere. */
+    bool emulate_bf16_activations;
 } gptoss_backend_options;
 
 /* Defaults: CPU, all cores, 16-token pages, 256 pages. */

@@ -7,24 +7,37 @@
  * lengths, and a paged run with shuffled pages and separate sliding pages that crosses the
  * sliding window), and every logit row is compared.
  *
- * Why the bounds: the CPU backend keeps activations and the KV cache in fp32, while the CUDA
- * backend rounds GEMM inputs (normalized activations, attention output, SwiGLU output) and KV
- * entries to bf16 as the reference implementations do; each rounding adds up to 2^-9 (0.2%)
- * relative error and a layer has five of them, so a few layers accumulate about 1% relative
- * error in the logits. A real bug (a wrong head, mask, page or expert) gives errors of order 1.
+ * Three references on the same model and plans:
  *
- * Routing is a discrete choice: when a token's 4th and 5th router logits are closer than that
- * 1% noise, the two backends pick different experts and that token's output (and, through
- * its KV, later tokens) legitimately differ by O(1). So the criteria depend on the model:
- *   - every expert selected (n_experts == top-k; routing cannot flip): each row's relative
- *     L2 error ||cuda - cpu|| / ||cpu|| under 3e-2, and the top-1 token agrees on >= 99% of the
- *     rows where the choice is decisive (CPU margin between its top-1 and the CUDA pick larger
- *     than 5x the RMS difference of that row: with a large vocabulary the
- *     arg-max over many near-tied random logits picks out the entries whose noise is largest; raw agreement is printed too);
- *   - top-k < n_experts: decisive top-1 agreement >= 99% as above, and the median row error
- *     under 5e-2 (a flip early in a long sequence reaches every later token through the KV
- *     cache, so the per-row bound cannot hold; the raw top-1 agreement is printed, not
- *     asserted). Routing itself is checked exactly by gpu_test_kernels.
+ * 1. Strict: the CPU backend with emulate_bf16_activations, which rounds to bf16 at exactly the
+ *    six points where the CUDA backend stores bf16 activations (listed in cpu_backend.c). What
+ *    is left between the two is fp32 summation order (about 1e-6 per reduction), which now and
+ *    then moves a value across a bf16 rounding boundary (one bf16 ulp on that element).
+ * 2. Noise floor: a second CUDA backend whose GEMMs all run on the GEMV kernel
+ *    (GPTOSS_CUDA_GEMV=all), i.e. the same roundings and a different summation order only.
+ *    Measured on the mid-size random models this alone gives ~5e-3 median logit error and
+ *    97-100% raw top-1 agreement: at hidden 512 a few bf16 flips per layer are certain, and
+ *    the random models amplify them (rows either match to ~1e-7 or jump to ~1e-3 when a
+ *    flip happens). No reference can beat this floor without bit-matching every summation
+ *    order, so the strict bars are:
+ *      - raw top-1 agreement >= 99% (never a "decisive" filter); 96% where the floor's median
+ *        is >= 1e-3 (the mid-size and tiny models: there the floor itself measured 97.3-100%
+ *        on 80-330 rows, and a single row is 0.3-1.3% of a scenario);
+ *      - median per-row relative L2 error ||cuda - cpu|| / ||cpu|| under 2^-8 (3.9e-3, one
+ *        bf16 ulp), or under twice the floor's median where that is larger;
+ *      - rows over STRICT_ROW (3e-2: routing flips, which then reach later tokens through
+ *        the KV cache) at most twice the floor's count plus 5% of the rows; none when every
+ *        expert is selected (routing cannot flip).
+ *    A missing or extra rounding point shows up as 2^-9 per element per layer on every row,
+ *    i.e. well above these bars on the small models (where the floor is ~1e-7).
+ * 3. Loose, labelled "fp32 CPU": the default fp32 CPU backend. It differs from CUDA by the
+ *    bf16 roundings themselves (about 1% in the logits after a few layers), so with top-k <
+ *    n_experts the backends route differently on near-ties and raw top-1 agreement drops;
+ *    the bar is top-1 agreement >= 99% on the rows where the choice is decisive (CPU margin
+ *    between its top-1 and the CUDA pick larger than 5x the RMS difference of that row) and
+ *    a median row error under 5e-2 (3e-2 for every row when routing is fixed).
+ *
+ * A real bug (a wrong head, mask, page or expert) gives errors of order 1 on both.
  * Prints one line per scenario and a table; exits 1 on failure.
  */
 #include "gptoss.h"
@@ -44,11 +57,18 @@ typedef struct stats {
     double max_rel, sum_rel;
 } stats;
 
+#define STRICT_MEDIAN 3.90625e-3 /* 2^-8: one bf16 ulp */
+#define STRICT_ROW 3e-2
+#define ORDER_NOISE 1e-3 /* floor median from which summation order alone flips top-1 choices */
+
 typedef struct pair {
-    gptoss_backend *cpu, *cuda;
+    gptoss_backend *cpu, *cpu_bf16, *cuda; /* fp32 reference, bf16-emulating reference, tested */
+    gptoss_backend *cuda_floor;            /* CUDA with GEMMs in another summation order */
     int32_t vocab;
-    float *lc, *lg; /* logits buffers */
-    stats st;
+    float *lc, *lb, *lg, *lf; /* logits buffers: cpu, cpu_bf16, cuda, cuda_floor */
+    stats st;                 /* cuda vs fp32 cpu (loose) */
+    stats strict;             /* cuda vs bf16-emulating cpu */
+    stats noise;              /* cuda vs cuda_floor: what summation order alone produces */
     int failed_calls;
 } pair;
 
@@ -60,13 +80,13 @@ static int32_t rnd_token(int32_t vocab) {
     return (int32_t)(rng % (uint64_t)vocab);
 }
 
-static void compare_rows(pair *p, int32_t n_rows) {
+static void compare_rows(stats *st, const float *ref, const float *got, int32_t vocab, int32_t n_rows, double row_bound) {
     for (int32_t r = 0; r < n_rows; r++) {
-        const float *a = p->lc + (size_t)r * p->vocab, *b = p->lg + (size_t)r * p->vocab;
+        const float *a = ref + (size_t)r * vocab, *b = got + (size_t)r * vocab;
         double num = 0, den = 0;
         int32_t am = 0, bm = 0;
         bool finite = true;
-        for (int32_t v = 0; v < p->vocab; v++) {
+        for (int32_t v = 0; v < vocab; v++) {
             double d = (double)b[v] - a[v];
             num += d * d;
             den += (double)a[v] * a[v];
@@ -75,36 +95,43 @@ static void compare_rows(pair *p, int32_t n_rows) {
             if (!isfinite(b[v])) finite = false;
         }
         double rel = finite ? sqrt(num / (den > 0 ? den : 1)) : INFINITY;
-        double rms_diff = sqrt(num / p->vocab);
+        double rms_diff = sqrt(num / vocab);
         if (am == bm || (double)a[am] - a[bm] > 5 * rms_diff) {
-            p->st.decisive_rows++;
-            p->st.decisive_agree += am == bm;
+            st->decisive_rows++;
+            st->decisive_agree += am == bm;
         }
-        if (p->st.rows < MAX_ROWS) p->st.row_rel[p->st.rows] = rel;
-        if (rel >= 5e-2) {
-            if (p->st.bad_rows++ == 0) p->st.first_bad_row = p->st.rows;
+        if (st->rows < MAX_ROWS) st->row_rel[st->rows] = rel;
+        if (rel >= row_bound) {
+            if (st->bad_rows++ == 0) st->first_bad_row = st->rows;
         }
-        p->st.rows++;
-        p->st.top1_agree += am == bm;
-        p->st.sum_rel += rel;
-        if (rel > p->st.max_rel) p->st.max_rel = rel;
+        st->rows++;
+        st->top1_agree += am == bm;
+        st->sum_rel += rel;
+        if (rel > st->max_rel) st->max_rel = rel;
     }
 }
 
 static void run_both(pair *p, const gptoss_batch_plan *plan) {
-    gptoss_error e1 = {0}, e2 = {0};
+    gptoss_error e1 = {0}, e2 = {0}, e3 = {0};
     size_t bytes = (size_t)plan->n_logits * p->vocab * sizeof(float);
     p->lc = realloc(p->lc, bytes ? bytes : 4);
+    p->lb = realloc(p->lb, bytes ? bytes : 4);
     p->lg = realloc(p->lg, bytes ? bytes : 4);
+    p->lf = realloc(p->lf, bytes ? bytes : 4);
     memset(p->lg, 0xff, bytes); /* NaN: unwritten rows fail */
     gptoss_status s1 = gptoss_backend_forward(p->cpu, plan, p->lc, &e1);
+    gptoss_status s3 = gptoss_backend_forward(p->cpu_bf16, plan, p->lb, &e3);
     gptoss_status s2 = gptoss_backend_forward(p->cuda, plan, p->lg, &e2);
-    if (s1 || s2) {
-        fprintf(stderr, "forward failed: cpu: %s / cuda: %s\n", s1 ? e1.message : "ok", s2 ? e2.message : "ok");
+    if (!s2) s2 = gptoss_backend_forward(p->cuda_floor, plan, p->lf, &e2);
+    if (s1 || s2 || s3) {
+        fprintf(stderr, "forward failed: cpu: %s / cpu bf16: %s / cuda: %s\n", s1 ? e1.message : "ok",
+                s3 ? e3.message : "ok", s2 ? e2.message : "ok");
         p->failed_calls++;
         return;
     }
-    compare_rows(p, plan->n_logits);
+    compare_rows(&p->st, p->lc, p->lg, p->vocab, plan->n_logits, 5e-2);
+    compare_rows(&p->strict, p->lb, p->lg, p->vocab, plan->n_logits, STRICT_ROW);
+    compare_rows(&p->noise, p->lf, p->lg, p->vocab, plan->n_logits, STRICT_ROW);
 }
 
 /* Sequence bookkeeping for building plans. */
@@ -179,11 +206,20 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 typedef struct scenario_result {
-    double median, decisive;
+    double median, decisive;  /* loose: vs the fp32 CPU */
+    double strict_median;     /* strict: vs the bf16-emulating CPU */
+    double floor_median, floor_agree; /* the noise floor: CUDA vs CUDA, other summation order */
+    double top1_bar, median_bar;      /* the strict bars this scenario was held to */
     const char *name;
-    stats st;
-    bool ok;
+    stats st, strict, noise;
+    bool ok_strict, ok_loose;
 } scenario_result;
+
+static double median_of(stats *st) {
+    int n = st->rows < MAX_ROWS ? st->rows : MAX_ROWS;
+    qsort(st->row_rel, n, sizeof(double), cmp_double);
+    return n ? st->row_rel[n / 2] : INFINITY;
+}
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -208,6 +244,8 @@ int main(int argc, char **argv) {
     for (int sc = 0; sc < 5; sc++) {
         pair p = {0};
         p.st.first_bad_row = -1;
+        p.strict.first_bad_row = -1;
+        p.noise.first_bad_row = -1;
         p.vocab = c->vocab_size;
         gptoss_backend_options o = gptoss_backend_options_default();
         o.kv_block_size = block_size;
@@ -218,7 +256,22 @@ int main(int argc, char **argv) {
             fprintf(stderr, "cpu backend: %s\n", err.message);
             return 1;
         }
+        o.emulate_bf16_activations = true;
+        if (gptoss_backend_create(model, &o, &p.cpu_bf16, &err)) {
+            fprintf(stderr, "cpu backend (bf16 emulation): %s\n", err.message);
+            return 1;
+        }
+        o.emulate_bf16_activations = false;
         o.kind = GPTOSS_BACKEND_CUDA;
+        /* the noise floor: the same CUDA backend with every GEMM on the GEMV kernel (the
+         * switch is read when a backend is created), so only fp32 summation order differs */
+        setenv("GPTOSS_CUDA_GEMV", "all", 1);
+        gptoss_status floor_st = gptoss_backend_create(model, &o, &p.cuda_floor, &err);
+        unsetenv("GPTOSS_CUDA_GEMV");
+        if (floor_st) {
+            fprintf(stderr, "cuda backend (noise floor): %s\n", err.message);
+            return 1;
+        }
         if (gptoss_backend_create(model, &o, &p.cuda, &err)) {
             fprintf(stderr, "cuda backend: %s\n", err.message);
             return 1;
@@ -260,36 +313,61 @@ int main(int argc, char **argv) {
             break;
         }
         }
-        double mean = p.st.rows ? p.st.sum_rel / p.st.rows : INFINITY;
-        double agree = p.st.rows ? (double)p.st.top1_agree / p.st.rows : 0;
-        double decisive = p.st.decisive_rows ? (double)p.st.decisive_agree / p.st.decisive_rows : 0;
-        int n = p.st.rows < MAX_ROWS ? p.st.rows : MAX_ROWS;
-        qsort(p.st.row_rel, n, sizeof(double), cmp_double);
-        double med = n ? p.st.row_rel[n / 2] : INFINITY;
-        res[sc].median = med;
-        res[sc].decisive = decisive;
         bool routing_fixed = c->n_experts == c->n_experts_per_token;
-        bool ok = p.failed_calls == 0 && p.st.rows > 0 &&
-                  decisive >= 0.99 && (routing_fixed ? p.st.max_rel < 3e-2 : med < 5e-2);
-        res[sc].name = names[sc];
-        res[sc].st = p.st;
-        res[sc].ok = ok;
-        failures += !ok;
-        printf("%s: %-58s rows %4d  top1 %6.2f%% (decisive %6.2f%%)  rel max %.2e median %.2e mean %.2e  rows "
-               "over 5e-2 %d (first %d)  %s\n",
-               label, names[sc], p.st.rows, 100 * agree, 100 * decisive, p.st.max_rel, med, mean, p.st.bad_rows,
-               p.st.first_bad_row, ok ? "ok" : "FAIL");
+        scenario_result *R = &res[sc];
+        R->name = names[sc];
+        double agree = p.st.rows ? (double)p.st.top1_agree / p.st.rows : 0;
+        R->decisive = p.st.decisive_rows ? (double)p.st.decisive_agree / p.st.decisive_rows : 0;
+        R->median = median_of(&p.st);
+        R->strict_median = median_of(&p.strict);
+        double strict_agree = p.strict.rows ? (double)p.strict.top1_agree / p.strict.rows : 0;
+        double floor_agree = p.noise.rows ? (double)p.noise.top1_agree / p.noise.rows : 0;
+        R->floor_median = median_of(&p.noise);
+        R->floor_agree = floor_agree;
+        /* strict bars (see the header). Where summation order alone already moves the
+         * logits (floor median >= ORDER_NOISE) the top-1 and median bars follow the floor. */
+        bool order_noise = R->floor_median >= ORDER_NOISE;
+        R->top1_bar = order_noise ? 0.96 : 0.99;
+        R->median_bar = 2 * R->floor_median > STRICT_MEDIAN ? 2 * R->floor_median : STRICT_MEDIAN;
+        int strict_bad_allowed = routing_fixed ? 0 : 2 * p.noise.bad_rows + p.strict.rows / 20;
+        R->ok_strict = p.failed_calls == 0 && p.strict.rows > 0 && strict_agree >= R->top1_bar &&
+                       R->strict_median < R->median_bar && p.strict.bad_rows <= strict_bad_allowed;
+        R->ok_loose = p.failed_calls == 0 && p.st.rows > 0 && R->decisive >= 0.99 &&
+                      (routing_fixed ? p.st.max_rel < 3e-2 : R->median < 5e-2);
+        R->st = p.st;
+        R->strict = p.strict;
+        R->noise = p.noise;
+        failures += !R->ok_strict + !R->ok_loose;
+        printf("%s: %-58s rows %4d | strict (bf16-emulating CPU): top1 %6.2f%% (bar %.2f%%) rel max %.2e median "
+               "%.2e (bar %.2e), rows over %.0e: %d (first %d) %s | floor (CUDA, other GEMM order): top1 %6.2f%% "
+               "median %.2e rows over %d | loose (fp32 CPU): top1 %6.2f%% (decisive %6.2f%%) rel max %.2e median "
+               "%.2e %s => %s\n",
+               label, names[sc], p.st.rows, 100 * strict_agree, 100 * R->top1_bar, p.strict.max_rel, R->strict_median,
+               R->median_bar, STRICT_ROW, p.strict.bad_rows, p.strict.first_bad_row, R->ok_strict ? "ok" : "FAIL",
+               100 * floor_agree, R->floor_median, p.noise.bad_rows, 100 * agree,
+               100 * R->decisive, p.st.max_rel, R->median, R->ok_loose ? "ok" : "FAIL",
+               R->ok_strict && R->ok_loose ? "ok" : "FAIL");
         gptoss_backend_free(p.cpu);
+        gptoss_backend_free(p.cpu_bf16);
         gptoss_backend_free(p.cuda);
+        gptoss_backend_free(p.cuda_floor);
+        free(p.lf);
         free(p.lc);
+        free(p.lb);
         free(p.lg);
     }
-    printf("\n| model | scenario | rows | top-1 agree (decisive) | max rel err | median rel err | result |\n");
-    printf("|---|---|---:|---:|---:|---:|---|\n");
-    for (int sc = 0; sc < 5; sc++)
-        printf("| %s | %s | %d | %.2f%% (%.2f%%) | %.2e | %.2e | %s |\n", label, res[sc].name, res[sc].st.rows,
-               100.0 * res[sc].st.top1_agree / (res[sc].st.rows ? res[sc].st.rows : 1), 100 * res[sc].decisive,
-               res[sc].st.max_rel, res[sc].median, res[sc].ok ? "ok" : "FAIL");
+    printf("\n| model | scenario | rows | strict top-1 (bar) | strict median (bar) | floor top-1 / median | "
+           "fp32-CPU top-1 (decisive) | fp32-CPU median | result |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|---:|---|\n");
+    for (int sc = 0; sc < 5; sc++) {
+        const scenario_result *R = &res[sc];
+        int rows = R->st.rows ? R->st.rows : 1;
+        printf("| %s | %s | %d | %.2f%% (%.1f%%) | %.2e (%.1e) | %.2f%% / %.2e | %.2f%% (%.2f%%) | %.2e | %s |\n", label,
+               R->name, R->st.rows, 100.0 * R->strict.top1_agree / rows, 100 * R->top1_bar, R->strict_median,
+               R->median_bar, 100 * R->floor_agree, R->floor_median, 100.0 * R->st.top1_agree / rows,
+               100 * R->decisive, R->median,
+               R->ok_strict && R->ok_loose ? "ok" : !R->ok_strict ? "FAIL strict" : "FAIL loose");
+    }
     gptoss_model_free(model);
     return failures ? 1 : 0;
 }

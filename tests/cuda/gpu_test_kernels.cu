@@ -476,8 +476,10 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     bf16 *d_h = dev_poisoned<bf16>((size_t)T * K * I);
     float *d_y = dev_poisoned<float>((size_t)T * K * H);
     gptoss_cuda_moe_weights w = {d_gub, d_gus, d_gubias, d_dnb, d_dns, d_dnbias, E, H, I, 7.0f, 1.702f};
-    gptoss_cuda_moe_route(d_topk, T, K, E, &route, 0);
-    gptoss_cuda_moe(&w, d_t, T, K, &route, d_h, d_y, path, 0);
+    /* the pair path (3) must not need the route: leave it unbuilt (garbage) then */
+    int used_path = gptoss_cuda_moe_choose_path(path, T, K);
+    if (used_path != 3) gptoss_cuda_moe_route(d_topk, T, K, E, &route, 0);
+    gptoss_cuda_moe(&w, d_t, T, K, d_topk, &route, d_h, d_y, path, 0);
     std::vector<float> y = dev_download(d_y, (size_t)T * K * H);
     /* reference: double math from the spec; h rounded to bf16 as the backend stores it */
     std::vector<double> ref((size_t)T * K * H);
@@ -514,11 +516,97 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     }
     std::vector<double> got(y.begin(), y.end());
     char name[96];
-    snprintf(name, sizeof name, "moe %s T=%d H=%d I=%d E=%d pattern=%d%s", path == 1 ? "gemv" : "gemm", T, H, I, E,
+    snprintf(name, sizeof name, "moe %s T=%d H=%d I=%d E=%d pattern=%d%s",
+             used_path == 3 ? "pair-gemv" : used_path == 1 ? "gemv" : "gemm", T, H, I, E,
              pattern, wide_scales ? " scales 110..140" : "");
     check(name, got, ref, 2e-3); /* fp32 accumulation; h is bf16 on both sides, rare 1-ulp flips */
     cudaFree(d_gub), cudaFree(d_gus), cudaFree(d_dnb), cudaFree(d_dns), cudaFree(d_gubias), cudaFree(d_dnbias);
     cudaFree(d_t), cudaFree(d_topk), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y);
+}
+
+/* ---- dense bf16 GEMV (decode projections) ------------------------------------------------- */
+
+static void test_gemv(int M, int N, int K) {
+    std::vector<uint16_t> w((size_t)N * K), x((size_t)M * K);
+    for (auto &v : w) v = f2bf(rnd_nz(0.05f));
+    for (auto &v : x) v = f2bf(rnd_nz(2.0f));
+    bf16 *dw, *dx;
+    CK(cudaMalloc(&dw, w.size() * 2));
+    CK(cudaMalloc(&dx, x.size() * 2));
+    CK(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    float *dy = dev_poisoned<float>((size_t)M * N);
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int rc = gptoss_cuda_gemv_bf16(dw, dx, dy, M, N, K, sms, 0);
+    std::vector<float> y = dev_download(dy, (size_t)M * N);
+    std::vector<double> got(y.begin(), y.end()), ref((size_t)M * N);
+    for (int i = 0; i < M; i++)
+        for (int n = 0; n < N; n++) {
+            double a = 0;
+            for (int k = 0; k < K; k++) a += (double)bf2f(x[(size_t)i * K + k]) * bf2f(w[(size_t)n * K + k]);
+            ref[(size_t)i * N + n] = a;
+        }
+    char name[96];
+    snprintf(name, sizeof name, "gemv bf16 M=%d N=%d K=%d%s", M, N, K, rc ? " (refused)" : "");
+    if (rc) got[0] = NAN; /* every shape here is one the GEMV must take */
+    check(name, got, ref, 1e-5); /* fp32 accumulation of exact bf16 products */
+    cudaFree(dw), cudaFree(dx), cudaFree(dy);
+}
+
+/* Fused router (logits + top-k by the last block): logits against a double reference, the
+ * selection against a host top-k of the logits the kernel wrote (so near-ties between fp32
+ * and double cannot fail it). Runs twice on one counter: the second launch must re-arm. */
+static void test_router_fused(int T, int E, int H, int K) {
+    unsigned *counter;
+    CK(cudaMalloc(&counter, sizeof(unsigned)));
+    CK(cudaMemset(counter, 0, sizeof(unsigned)));
+    CK(gptoss_cuda_router_prepare(H));
+    for (int rep = 0; rep < 2; rep++) {
+        std::vector<float> t((size_t)T * H), bias(E);
+        std::vector<uint16_t> w((size_t)E * H);
+        for (auto &v : t) v = rnd_nz(1.0f);
+        for (auto &v : bias) v = rnd_nz(0.1f);
+        for (auto &v : w) v = f2bf(rnd_nz(0.05f));
+        float *dt = dev_upload(t), *db = dev_upload(bias);
+        bf16 *dw;
+        CK(cudaMalloc(&dw, w.size() * 2));
+        CK(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+        float *dl = dev_poisoned<float>((size_t)T * E), *dwt = dev_poisoned<float>((size_t)T * K);
+        int32_t *di = dev_poisoned<int32_t>((size_t)T * K);
+        gptoss_cuda_router(dt, dw, db, T, E, H, K, dl, counter, di, dwt, 0);
+        std::vector<float> l = dev_download(dl, (size_t)T * E), wts = dev_download(dwt, (size_t)T * K);
+        std::vector<int32_t> idx = dev_download(di, (size_t)T * K);
+        std::vector<unsigned> cnt = dev_download(counter, 1);
+        std::vector<double> got, ref;
+        int mismatched = 0;
+        for (int i = 0; i < T; i++) {
+            for (int e = 0; e < E; e++) {
+                double a = bias[e];
+                for (int j = 0; j < H; j++) a += (double)t[(size_t)i * H + j] * bf2f(w[(size_t)e * H + j]);
+                ref.push_back(a);
+                got.push_back(l[(size_t)i * E + e]);
+            }
+            std::vector<std::pair<double, int>> v(E);
+            for (int e = 0; e < E; e++) v[e] = {-(double)l[(size_t)i * E + e], e};
+            std::sort(v.begin(), v.end());
+            double mx = -v[0].first, z = 0;
+            for (int k = 0; k < K; k++) z += exp(-v[k].first - mx);
+            for (int k = 0; k < K; k++) {
+                if (idx[(size_t)i * K + k] != v[k].second) mismatched++;
+                ref.push_back(exp(-v[k].first - mx) / z);
+                got.push_back(wts[(size_t)i * K + k]);
+            }
+        }
+        char name[96];
+        snprintf(name, sizeof name, "router fused T=%d E=%d H=%d top-%d run %d: %d mismatches, counter %u", T, E, H,
+                 K, rep, mismatched, cnt[0]);
+        if (mismatched || cnt[0] != 0) got[0] = NAN;
+        check(name, got, ref, 1e-5);
+        cudaFree(dt), cudaFree(db), cudaFree(dw), cudaFree(dl), cudaFree(dwt), cudaFree(di);
+    }
+    cudaFree(counter);
 }
 
 int main(int argc, char **argv) {
@@ -564,6 +652,16 @@ int main(int argc, char **argv) {
     test_router(1, 32, 4);
     test_router(300, 128, 4);
     test_router(77, 8, 2);
+    test_router_fused(1, 32, 2880, 4);
+    test_router_fused(1, 128, 2880, 4);
+    test_router_fused(7, 128, 2880, 4);
+    test_router_fused(301, 16, 512, 2);
+
+    for (int M = 1; M <= 4; M++) test_gemv(M, 5120, 2880);
+    test_gemv(1, 2880, 4096);
+    test_gemv(3, 2880, 4096);
+    test_gemv(2, 37, 64);
+    test_gemv(1, 1, 8);
 
     /* MoE: real widths at decode-sized batches, small widths at prefill sizes (host cost) */
     for (int T : {1, 2, 5, 8, 16}) test_moe(T, 2880, 2880, 32, 4, 0, 1);
@@ -578,6 +676,14 @@ int main(int argc, char **argv) {
     test_moe(4096, 64, 64, 4, 4, 1, 2);
     test_moe(5, 256, 192, 16, 4, 0, 1, true);
     test_moe(300, 256, 192, 16, 4, 0, 2, true);
+    /* pair path (single decode token; forced for up to 8 pairs, falls back to 1 above) */
+    test_moe(1, 2880, 2880, 32, 4, 0, 0); /* the default choice for one token */
+    test_moe(1, 2880, 2880, 128, 4, 0, 3);
+    test_moe(2, 2880, 2880, 32, 4, 1, 3); /* 8 pairs, expert 0 in both tokens */
+    test_moe(3, 160, 96, 8, 2, 2, 3);
+    test_moe(1, 256, 192, 16, 4, 0, 3, true);
+    test_moe(1, 4096, 4096, 8, 4, 0, 3); /* widest supported rows: 4 groups per lane */
+    test_moe(5, 256, 192, 16, 4, 0, 3);  /* 20 pairs: forced path 3 falls back to the GEMV */
 
     int failed = 0;
     printf("\n| kernel case | rel_l2 | tol | result |\n|---|---|---|---|\n");

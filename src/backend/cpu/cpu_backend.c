@@ -1,7 +1,8 @@
 /*
  * cpu_backend.c - the reference gpt-oss forward pass on the CPU (spec section 2).
  *
- * Plain C11 with fp32 activations and fp32 accumulation everywhere; bf16 weights are widened
+ * Plain C11 with fp32 activations and fp32 accumulation everywhere (unless a test asks for
+ * the CUDA backend's bf16 activation rounding, see round_bf16); bf16 weights are widened
  * on the fly and MXFP4 expert rows are dequantized on the fly (never materialized). It is the
  * reference every other backend is tested against, so it is written to be read top to bottom
  * (cpu_forward) and is batch-invariant: a token's result does not depend on what else is in
@@ -62,6 +63,7 @@ typedef struct cpu_state {
     float concentration;     /* YaRN attention scaling on cos and sin */
     float mxfp4_scale[256];  /* 2^(s-127) for every E8M0 byte (255 = NaN) */
     bool layer_stats;        /* print residual statistics per layer (diagnostics) */
+    bool emulate_bf16;       /* round activations to bf16 where the CUDA backend does (tests) */
     int32_t block_size;      /* tokens per KV page */
     int32_t n_full_layers, n_sliding_layers;
     int32_t n_blocks, n_sliding_blocks;
@@ -87,6 +89,33 @@ static float *widen(const gptoss_tensor *t) {
 
 static inline float bf16_at(const uint8_t *p, size_t i) {
     return gptoss_bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+}
+
+/*
+ * bf16 emulation (opt-in, for comparing against the CUDA backend). The CUDA backend keeps the
+ * residual stream, router input, q, scores and every accumulation in fp32 and stores these
+ * activations as bf16 (round to nearest even), and only these:
+ *   1. the attention-norm output (QKV GEMM input),
+ *   2. K after bias + RoPE and V after bias, as written to the KV pages,
+ *   3. the attention output (O GEMM input),
+ *   4. the MLP-norm output as the experts' input (the router reads it unrounded),
+ *   5. the clamped SwiGLU output (down-projection input),
+ *   6. the final-norm output (lm_head input).
+ * round_bf16 applies the same rounding at the same six points when emulate_bf16 is set; the
+ * default path never calls it, so it stays fp32 and bit-identical.
+ */
+static void round_bf16(float *v, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], 4);
+        if ((u & 0x7f800000u) == 0x7f800000u) { /* inf / NaN: keep (quiet NaN stays NaN) */
+            if (u & 0x007fffffu) u |= 0x00400000u;
+        } else {
+            u += 0x7fffu + ((u >> 16) & 1u); /* nearest, ties to even */
+        }
+        u &= 0xffff0000u;
+        memcpy(&v[i], &u, 4);
+    }
 }
 
 /* Widens n bf16 values (possibly unaligned) to f32; written so the compiler vectorizes it. */
@@ -205,6 +234,7 @@ static gptoss_status cpu_create(const gptoss_model *model, const gptoss_backend_
     st->weights = gptoss_model_weights(model);
     st->block_size = o->kv_block_size;
     st->layer_stats = o->layer_stats;
+    st->emulate_bf16 = o->emulate_bf16_activations;
     st->n_blocks = o->n_kv_blocks;
     st->n_sliding_blocks = o->n_sliding_kv_blocks;
     if (o->n_threads > 0) omp_set_num_threads(o->n_threads);
@@ -340,6 +370,7 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
     cpu_scratch *s = &st->s;
 
     matmul_bf16(s->router, s->t, n, &w->router_weight, L->router_bias);
+    if (st->emulate_bf16) round_bf16(s->t, (size_t)n * H); /* point 4: after the router read it */
     for (int32_t t = 0; t < n; t++) {
         const float *r = s->router + (size_t)t * E;
         int32_t *sel = s->expert + (size_t)t * K;
@@ -397,7 +428,9 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
                         g = g < limit ? g : limit;                     /* gate: upper clamp only */
                         u = u < -limit ? -limit : u > limit ? limit : u; /* up: both sides */
                         float glu = g / (1.0f + expf(-alpha * g));
-                        s->act[((size_t)t * K + k) * I + i] = glu * (u + 1.0f);
+                        float a = glu * (u + 1.0f);
+                        if (st->emulate_bf16) round_bf16(&a, 1); /* point 5 */
+                        s->act[((size_t)t * K + k) * I + i] = a;
                     }
             }
             /* (implicit barrier) down projection: output row h of expert e. */
@@ -451,6 +484,7 @@ static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float
         /* Attention block: norm, QKV with biases, RoPE on q and k, K/V into the pages, attend,
          * o_proj with bias, residual add. */
         for (int32_t t = 0; t < n; t++) rmsnorm(s->t + (size_t)t * H, s->x + (size_t)t * H, L->attn_norm, H, c->rms_norm_eps);
+        if (st->emulate_bf16) round_bf16(s->t, (size_t)n * H); /* point 1 */
         matmul_bf16(s->q, s->t, n, &lw->q_weight, L->q_bias);
         matmul_bf16(s->k, s->t, n, &lw->k_weight, L->k_bias);
         matmul_bf16(s->v, s->t, n, &lw->v_weight, L->v_bias);
@@ -463,12 +497,17 @@ static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float
             for (int32_t h = 0; h < c->n_heads; h++) rope(s->q + (size_t)t * q_dim + (size_t)h * D, D, pos, st->inv_freq, st->concentration);
             for (int32_t g = 0; g < c->n_kv_heads; g++) rope(s->k + (size_t)t * kv_dim + (size_t)g * D, D, pos, st->inv_freq, st->concentration);
             const int32_t *row = tables + (size_t)s->seq_of[t] * p->max_blocks_per_seq;
+            if (st->emulate_bf16) { /* point 2 */
+                round_bf16(s->k + (size_t)t * kv_dim, (size_t)kv_dim);
+                round_bf16(s->v + (size_t)t * kv_dim, (size_t)kv_dim);
+            }
             memcpy(kv_slot(pool_k, n_group_layers, st->block_size, kv_dim, row, L->group_slot, pos),
                    s->k + (size_t)t * kv_dim, (size_t)kv_dim * sizeof(float));
             memcpy(kv_slot(pool_v, n_group_layers, st->block_size, kv_dim, row, L->group_slot, pos),
                    s->v + (size_t)t * kv_dim, (size_t)kv_dim * sizeof(float));
         }
         attention(st, l, p);
+        if (st->emulate_bf16) round_bf16(s->attn, (size_t)n * q_dim); /* point 3 */
         matmul_bf16(s->proj, s->attn, n, &lw->o_weight, L->o_bias);
         for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->proj[i];
 
@@ -490,6 +529,7 @@ static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float
         int32_t t = p->logit_token_index[i];
         rmsnorm(s->t + (size_t)i * H, s->x + (size_t)t * H, st->final_norm, H, c->rms_norm_eps);
     }
+    if (st->emulate_bf16) round_bf16(s->t, (size_t)p->n_logits * H); /* point 6 */
     if (p->n_logits > 0) matmul_bf16(logits, s->t, p->n_logits, &w->lm_head, NULL);
     return GPTOSS_OK;
 }

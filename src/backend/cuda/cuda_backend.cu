@@ -2,12 +2,16 @@
  * cuda_backend.cu - the CUDA backend: weight upload, KV pools, workspace, and the forward
  * pass of one batch plan as a fixed sequence of kernels (spec section 2).
  *
- * Per step:  plan upload -> embed -> [per layer: attn-norm, QKV GEMM (cuBLAS), bias+RoPE+KV
- * write, paged sink attention, O GEMM (cuBLAS), residual+mlp-norm, router logits (fp32 input),
- * top-k, route, MoE (MXFP4)] -> residual+final norm of the logit rows only -> lm_head GEMM.
+ * Per step:  plan upload -> embed -> [per layer: attn-norm, QKV GEMM (our GEMV for <= 4
+ * tokens, else cuBLAS), bias+RoPE+KV write, paged sink attention, O GEMM (likewise),
+ * residual+mlp-norm, router logits (fp32 input) + top-k in one launch, route (not for a
+ * single token), MoE (MXFP4)] -> residual+final norm of the logit rows only -> lm_head GEMM.
  * The residual stream is fp32; GEMM inputs are bf16 (as the references round them), except
  * the router, whose discrete choice is made from fp32 activations; every reduction
- * accumulates in fp32. KV pages are bf16. Steps of up to 64 tokens (decode) are captured once
+ * accumulates in fp32. KV pages are bf16. The complete list of bf16 roundings (the CPU
+ * backend's emulate_bf16_activations mode repeats exactly these, see cpu_backend.c):
+ * attention-norm output, K (after bias + RoPE) and V (after bias) in the pages, attention
+ * output, MLP-norm output as the experts' input, SwiGLU output, final-norm output. Steps of up to 64 tokens (decode) are captured once
  * per shape as CUDA graphs and replayed (GPTOSS_CUDA_GRAPHS=0 turns that off).
  *
  * Owns: every device allocation of a state (freed by gptoss_cuda_state_free). Must not:
@@ -42,10 +46,22 @@ static gptoss_status cublas_check(cublasStatus_t s, const char *what, gptoss_err
     return gptoss_set_error(error, GPTOSS_ERR_BACKEND, "cuBLAS: %s failed with status %d", what, (int)s);
 }
 
-/* Y[M, N] f32 = X[M, K] bf16 . W[N, K]^T (row-major), fp32 accumulation. */
+/* Y[M, N] f32 = X[M, K] bf16 . W[N, K]^T (row-major), fp32 accumulation. Decode shapes of
+ * the layer projections go to our GEMV (cuBLAS reaches about half the bandwidth at M = 1);
+ * lm_head stays on cuBLAS, which is at its floor already. */
 static gptoss_status gemm_bf16(gptoss_cuda_state *s, const bf16 *w, const bf16 *x, float *y,
-                               int32_t m, int32_t n, int32_t k, gptoss_error *error) {
+                               int32_t m, int32_t n, int32_t k, bool allow_gemv, gptoss_error *error) {
     if (m <= 0) return GPTOSS_OK;
+    if (allow_gemv && s->use_gemv && gptoss_cuda_gemv_bf16(w, x, y, m, n, k, s->n_sms, s->stream) == 0)
+        return GPTOSS_OK;
+    if (s->gemv_all) { /* diagnostics: every row block through the GEMV, no cuBLAS */
+        bool ok = true;
+        for (int32_t r = 0; r < m && ok; r += GPTOSS_GEMV_MAX_ROWS) {
+            int32_t rows = m - r < GPTOSS_GEMV_MAX_ROWS ? m - r : GPTOSS_GEMV_MAX_ROWS;
+            ok = gptoss_cuda_gemv_bf16(w, x + (size_t)r * k, y + (size_t)r * n, rows, n, k, s->n_sms, s->stream) == 0;
+        }
+        if (ok) return GPTOSS_OK;
+    }
     const float one = 1.0f, zero = 0.0f;
     cublasStatus_t st = cublasGemmEx(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_16BF, k,
                                      x, CUDA_R_16BF, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
@@ -132,6 +148,18 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     s->n_sms = prop.multiProcessorCount;
     snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
     s->use_graphs = getenv("GPTOSS_CUDA_GRAPHS") == NULL || strcmp(getenv("GPTOSS_CUDA_GRAPHS"), "0") != 0;
+    /* A/B switches for measurements: GPTOSS_CUDA_GEMV=0 sends decode projections to cuBLAS,
+     * GPTOSS_CUDA_GEMV=all sends every projection and lm_head through it (no cuBLAS at all),
+     * GPTOSS_CUDA_PDL=0 launches every kernel after its predecessor has fully finished,
+     * GPTOSS_CUDA_MOE_PATH=1|2|3 forces a MoE path (default: chosen per step). */
+    s->use_gemv = getenv("GPTOSS_CUDA_GEMV") == NULL || strcmp(getenv("GPTOSS_CUDA_GEMV"), "0") != 0;
+    gptoss_cuda_set_pdl(prop.major >= 9 &&
+                        (getenv("GPTOSS_CUDA_PDL") == NULL || strcmp(getenv("GPTOSS_CUDA_PDL"), "0") != 0));
+    s->gemv_all = getenv("GPTOSS_CUDA_GEMV") && strcmp(getenv("GPTOSS_CUDA_GEMV"), "all") == 0;
+    if (getenv("GPTOSS_CUDA_MOE_PATH")) {
+        int mp = atoi(getenv("GPTOSS_CUDA_MOE_PATH"));
+        s->moe_path = mp >= 1 && mp <= 3 ? mp : 0;
+    }
     s->kv_block_size = options->kv_block_size;
     s->n_kv_blocks = options->n_kv_blocks;
     s->n_sliding_kv_blocks = options->n_sliding_kv_blocks > 0 ? options->n_sliding_kv_blocks : options->n_kv_blocks;
@@ -450,13 +478,13 @@ static gptoss_status ensure_workspace(gptoss_cuda_state *s, int32_t n_tokens, in
         /* split-K partials exist only while n_tokens * n_kv_heads * splits < 4 * SMs (see
          * gptoss_cuda_attention_splits), i.e. n_tokens * n_heads * splits < 4 * SMs * group */
         size_t part = (size_t)4 * s->n_sms * (NH / NKV) * (D + 2);
-        size_t sizes[15] = {
+        size_t sizes[16] = {
             (size_t)T * H * 4, (size_t)T * H * 2, (size_t)T * H * 4, (size_t)T * QKV * 4, (size_t)T * NH * D * 4,
             (size_t)T * NH * D * 2, (size_t)T * (H > E ? H : E) * 4, (size_t)T * K * 4, (size_t)T * K * 4,
             gptoss_cuda_route_bytes((int32_t)(T * K), (int32_t)E), (size_t)T * K * I * 2, (size_t)T * K * H * 4,
-            part * 4, (size_t)NL * H * 2, (size_t)NL * V * 4};
+            part * 4, (size_t)NL * H * 2, (size_t)NL * V * 4, 16};
         size_t total = 0;
-        for (int i = 0; i < 15; i++) total += align_up(sizes[i]);
+        for (int i = 0; i < 16; i++) total += align_up(sizes[i]);
         if (w->base) {
             cudaStreamSynchronize(s->stream);
             cudaFree(w->base);
@@ -469,14 +497,16 @@ static gptoss_status ensure_workspace(gptoss_cuda_state *s, int32_t n_tokens, in
         }
         w->bytes = total;
         char *p = (char *)w->base;
-        void **slots[15] = {(void **)&w->x, (void **)&w->t, (void **)&w->t_f32, (void **)&w->qkv, (void **)&w->q,
+        void **slots[16] = {(void **)&w->x, (void **)&w->t, (void **)&w->t_f32, (void **)&w->qkv, (void **)&w->q,
                             (void **)&w->attn, (void **)&w->proj, (void **)&w->topk_idx,
                             (void **)&w->topk_weight, (void **)&w->route_mem, (void **)&w->h,
-                            (void **)&w->y, (void **)&w->partial, (void **)&w->lm_in, (void **)&w->logits};
-        for (int i = 0; i < 15; i++) {
+                            (void **)&w->y, (void **)&w->partial, (void **)&w->lm_in, (void **)&w->logits,
+                            (void **)&w->router_done};
+        for (int i = 0; i < 16; i++) {
             *slots[i] = p;
             p += align_up(sizes[i]);
         }
+        CUDA_TRY(cudaMemset(w->router_done, 0, sizeof(unsigned)), "workspace setup");
         w->partial_floats = part;
         w->cap_tokens = T;
         w->cap_logits = NL;
@@ -534,13 +564,14 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
     const int32_t *d_full = d_logit + w->cap_logits, *d_slide = d_full + table_ints;
     gptoss_cuda_route route;
     gptoss_cuda_route_bind(w->route_mem, T * K, E, &route);
+    int moe_path = gptoss_cuda_moe_choose_path(s->moe_path, T, K); /* 3 needs no route */
 
     gptoss_cuda_embed(s->embedding, d_ids, T, H, w->x, k);
     gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, NULL, NULL, 0, s->layers[0].attn_norm, eps, NULL, T, H, w->t, NULL, k);
     prof_mark(s, PART_SMALL);
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &s->layers[l];
-        st = gemm_bf16(s, L->qkv_weight, w->t, w->qkv, T, QKV, H, error);
+        st = gemm_bf16(s, L->qkv_weight, w->t, w->qkv, T, QKV, H, true, error);
         if (st) return st;
         prof_mark(s, PART_DENSE);
         const int32_t *table = L->sliding ? d_slide : d_full;
@@ -552,16 +583,16 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
                                   L->sliding ? key->splits_sliding : key->splits_full, w->partial, w->attn, k) != 0)
             return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "CUDA: attention shape not supported");
         prof_mark(s, PART_ATTENTION);
-        st = gemm_bf16(s, L->o_weight, w->attn, w->proj, T, H, NH * D, error);
+        st = gemm_bf16(s, L->o_weight, w->attn, w->proj, T, H, NH * D, true, error);
         if (st) return st;
         prof_mark(s, PART_DENSE);
         gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps, NULL, T, H, w->t,
                                      w->t_f32, k);
-        gptoss_cuda_router_logits(w->t_f32, L->router_weight, L->router_bias, T, E, H, w->proj, k);
-        gptoss_cuda_router_topk(w->proj, NULL, T, E, K, w->topk_idx, w->topk_weight, k);
-        gptoss_cuda_moe_route(w->topk_idx, T, K, E, &route, k);
+        gptoss_cuda_router(w->t_f32, L->router_weight, L->router_bias, T, E, H, K, w->proj, w->router_done,
+                           w->topk_idx, w->topk_weight, k);
+        if (moe_path != 3) gptoss_cuda_moe_route(w->topk_idx, T, K, E, &route, k);
         prof_mark(s, PART_SMALL);
-        gptoss_cuda_moe(&L->moe, w->t, T, K, &route, w->h, w->y, s->moe_path, k);
+        gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
         prof_mark(s, PART_MOE);
         if (l + 1 < c->n_layers) {
             gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K, s->layers[l + 1].attn_norm, eps,
@@ -573,7 +604,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         }
         prof_mark(s, PART_SMALL);
     }
-    st = gemm_bf16(s, s->lm_head, w->lm_in, w->logits, NL, c->vocab_size, H, error);
+    st = gemm_bf16(s, s->lm_head, w->lm_in, w->logits, NL, c->vocab_size, H, false, error);
     if (st) return st;
     prof_mark(s, PART_LM_HEAD);
     CUDA_TRY(cudaGetLastError(), "kernel launch");

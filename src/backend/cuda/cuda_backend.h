@@ -58,6 +58,7 @@ typedef struct cuda_workspace {
     size_t partial_floats;
     bf16 *lm_in;             /* [n_logits, H] */
     float *logits;           /* [n_logits, V] */
+    unsigned *router_done;   /* [1] blocks of the fused router done (kept at 0 between launches) */
     int32_t *plan_dev;       /* device copy of the step's integer arrays */
     int32_t *plan_host;      /* pinned staging for the same */
     size_t plan_ints;
@@ -95,7 +96,9 @@ typedef struct gptoss_cuda_state {
     float concentration;
     cuda_layer *layers;       /* [L] */
     cuda_workspace ws;
-    int moe_path;             /* 0 auto, 1 GEMV, 2 GEMM (tests force one) */
+    int moe_path;             /* 0 auto, 1 GEMV, 2 GEMM, 3 pair GEMV (tests and A/B runs force one) */
+    bool use_gemv;            /* decode projections on our GEMV rather than cuBLAS */
+    bool gemv_all;            /* diagnostics: every GEMM as GEMV row blocks (GPTOSS_CUDA_GEMV=all) */
     size_t weight_bytes;      /* device bytes of weights */
     size_t kv_bytes;          /* device bytes of both KV pools */
     bool use_graphs;          /* replay small steps (decode) as CUDA graphs */

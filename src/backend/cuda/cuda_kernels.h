@@ -15,6 +15,42 @@
 
 typedef __nv_bfloat16 bf16;
 
+/*
+ * Programmatic dependent launch (sm_90): a kernel launched through launch_pdl may be
+ * scheduled while the kernel before it in the stream is still finishing; it must run
+ * pdl_wait() in every block before reading anything that kernel (or an earlier one) wrote,
+ * and must not exit before that wait (a grid that finished without waiting would let its
+ * own successor run ahead of the predecessor). Work that only reads weights (loads of the
+ * first weight rows) goes before the wait, which is where the overlap comes from. Off unless
+ * gptoss_cuda_set_pdl(true) (the backend turns it on; GPTOSS_CUDA_PDL=0 keeps it off).
+ */
+void gptoss_cuda_set_pdl(bool on);
+bool gptoss_cuda_pdl_enabled(void);
+
+#ifdef __CUDACC__
+static __device__ __forceinline__ void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+template <typename... KArgs, typename... Args>
+static inline void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                              Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = gptoss_cuda_pdl_enabled() ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+}
+#endif
+
 /* x[t, :] = float(embedding[token_ids[t], :]); x [n_tokens, hidden] f32. */
 void gptoss_cuda_embed(const bf16 *embedding, const int32_t *token_ids, int32_t n_tokens,
                        int32_t hidden, float *x, cudaStream_t stream);
@@ -71,6 +107,20 @@ void gptoss_cuda_router_logits(const float *t, const bf16 *weight, const float *
                                int32_t n_experts, int32_t hidden, float *logits, cudaStream_t stream);
 cudaError_t gptoss_cuda_router_prepare(int32_t hidden);
 
+/* Router logits and top-k in one launch: as gptoss_cuda_router_logits, then the last block to
+ * finish runs gptoss_cuda_router_topk's selection (bias already added). done_counter: one
+ * device word, zero before the first launch; the kernel leaves it zero again. */
+void gptoss_cuda_router(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
+                        int32_t n_experts, int32_t hidden, int32_t k_top, float *logits, unsigned *done_counter,
+                        int32_t *topk_idx, float *topk_weight, cudaStream_t stream);
+
+/* y[m, n] f32 = x[m, k] bf16 . w[n, k]^T bf16 for decode shapes (m <= GPTOSS_GEMV_MAX_ROWS,
+ * k % 8 == 0, k <= 4096, 16-byte aligned). Returns nonzero (and enqueues nothing) for any
+ * other shape, so the caller falls back to a GEMM. */
+#define GPTOSS_GEMV_MAX_ROWS 4
+int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k,
+                          int32_t n_sms, cudaStream_t stream);
+
 /* Router: logits [n_tokens, n_experts] f32 (+ bias, NULL when already added), top-k by value (ties: lower index first),
  * softmax over the k selected. topk_idx/topk_weight [n_tokens, k_top]. */
 void gptoss_cuda_router_topk(const float *logits, const float *bias, int32_t n_tokens,
@@ -112,13 +162,17 @@ typedef struct gptoss_cuda_moe_weights {
 
 /*
  * The expert MLPs of one layer. t [n_tokens, H] bf16 (normalized input); h scratch
- * [n_pairs, I] bf16 (by sorted row); y [n_tokens * k_top, H] f32 (by token*k_top + slot),
- * each row = down(swiglu(gate_up(t))) + down_bias, unweighted. path: 0 = choose, 1 = GEMV
- * (decode: weights read once per expert, up to 8 tokens per pass), 2 = tiled tensor-core GEMM.
+ * [n_pairs, I] bf16 (by sorted row, or by pair on path 3); y [n_tokens * k_top, H] f32 (by
+ * token*k_top + slot), each row = down(swiglu(gate_up(t))) + down_bias, unweighted. path:
+ * 0 = choose (gptoss_cuda_moe_choose_path), 1 = GEMV over the route (up to 8 tokens per
+ * pass), 2 = tiled tensor-core GEMM, 3 = pair GEMV (n_tokens * k_top <= GPTOSS_MOE_PAIR_MAX;
+ * reads topk_idx [n_tokens, k_top] and ignores route, which need not have been built).
  */
+#define GPTOSS_MOE_PAIR_MAX 8
+int gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int32_t k_top);
 void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
-                     int32_t k_top, const gptoss_cuda_route *route, bf16 *h, float *y, int path,
-                     cudaStream_t stream);
+                     int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route, bf16 *h,
+                     float *y, int path, cudaStream_t stream);
 
 /* Raises the GEMV kernels' dynamic shared-memory limit for these widths (call once). */
 cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate);

@@ -10,6 +10,10 @@
 
 #include <math.h>
 
+static bool pdl_on = false; /* see cuda_kernels.h; one setting per process */
+void gptoss_cuda_set_pdl(bool on) { pdl_on = on; }
+bool gptoss_cuda_pdl_enabled(void) { return pdl_on; }
+
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -343,6 +347,105 @@ int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cac
     return 0;
 }
 
+/* ---- bf16 GEMV for decode rows ---------------------------------------------------------- */
+
+/*
+ * y[i, r] = x[i, :] . w[r, :] for m <= 4 rows of x: the decode shapes of the QKV and O
+ * projections, where a GEMM library at M = 1 reaches about half the bandwidth. The block
+ * stages x (bf16, m * k * 2 <= 32 KB) in shared memory; each warp takes two weight rows at a
+ * time (grid-stride) and keeps 2 x DG_UNROLL 16-byte loads per lane in flight; fp32
+ * accumulation, one warp reduction per row. k % 8 == 0, rows 16-byte aligned.
+ */
+#define DG_WARPS 8
+#define DG_UNROLL 4
+
+template <int M>
+static __global__ void __launch_bounds__(DG_WARPS * 32)
+dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k) {
+    extern __shared__ __align__(16) unsigned char dg_smem[];
+    uint4 *xs = (uint4 *)dg_smem; /* [m][k / 8] */
+    const int chunks = k >> 3;
+    {   /* warm L2 with this warp's first rows while the previous kernel finishes */
+        int r = 2 * (blockIdx.x * DG_WARPS + (threadIdx.x >> 5));
+        if (r < n) {
+            const char *p0 = (const char *)(w + (size_t)r * k);
+            size_t bytes = (size_t)(r + 1 < n ? 2 : 1) * k * sizeof(bf16);
+            for (size_t off = (size_t)(threadIdx.x & 31) * 128; off < bytes; off += 32 * 128)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p0 + off));
+        }
+    }
+    pdl_wait();
+    for (int i = threadIdx.x; i < m * chunks; i += blockDim.x) xs[i] = ((const uint4 *)x)[i];
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int row0 = 2 * (blockIdx.x * DG_WARPS + warp); row0 < n; row0 += 2 * gridDim.x * DG_WARPS) {
+        const bool two = row0 + 1 < n;
+        const uint4 *w0 = (const uint4 *)(w + (size_t)row0 * k);
+        const uint4 *w1 = two ? w0 + chunks : w0;
+        float acc[2][M];
+#pragma unroll
+        for (int i = 0; i < M; i++) acc[0][i] = acc[1][i] = 0.0f;
+        for (int c0 = lane; c0 < chunks; c0 += 32 * DG_UNROLL) {
+            uint4 a[DG_UNROLL], b[DG_UNROLL];
+#pragma unroll
+            for (int u = 0; u < DG_UNROLL; u++) {
+                int c = c0 + 32 * u;
+                if (c < chunks) {
+                    a[u] = __ldg(w0 + c);
+                    b[u] = __ldg(w1 + c);
+                } else {
+                    a[u] = b[u] = make_uint4(0, 0, 0, 0);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < DG_UNROLL; u++) {
+                int c = c0 + 32 * u;
+                if (c >= chunks) break;
+                const uint32_t wa[4] = {a[u].x, a[u].y, a[u].z, a[u].w};
+                const uint32_t wb[4] = {b[u].x, b[u].y, b[u].z, b[u].w};
+#pragma unroll
+                for (int i = 0; i < M; i++) {
+                    if (i >= m) break;
+                    uint4 xv = xs[i * chunks + c];
+                    const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        float x0 = __uint_as_float(xw[j] << 16), x1 = __uint_as_float(xw[j] & 0xffff0000u);
+                        acc[0][i] = fmaf(__uint_as_float(wa[j] << 16), x0, acc[0][i]);
+                        acc[0][i] = fmaf(__uint_as_float(wa[j] & 0xffff0000u), x1, acc[0][i]);
+                        acc[1][i] = fmaf(__uint_as_float(wb[j] << 16), x0, acc[1][i]);
+                        acc[1][i] = fmaf(__uint_as_float(wb[j] & 0xffff0000u), x1, acc[1][i]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < M; i++) {
+            if (i >= m) break;
+            float v0 = warp_sum(acc[0][i]), v1 = warp_sum(acc[1][i]);
+            if (lane == 0) {
+                y[(size_t)i * n + row0] = v0;
+                if (two) y[(size_t)i * n + row0 + 1] = v1;
+            }
+        }
+    }
+}
+
+int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k,
+                          int32_t n_sms, cudaStream_t stream) {
+    if (m <= 0 || n <= 0) return 0;
+    if (m > GPTOSS_GEMV_MAX_ROWS || k % 8 != 0 || k > 4096 ||
+        ((uintptr_t)w | (uintptr_t)x) % 16 != 0)
+        return 1;
+    size_t smem = (size_t)m * k * sizeof(bf16);
+    int want = (n + 2 * DG_WARPS - 1) / (2 * DG_WARPS);
+    int grid = want < 4 * n_sms ? want : 4 * n_sms;
+    if (m == 1) launch_pdl(dense_gemv_kernel<1>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
+    else if (m == 2) launch_pdl(dense_gemv_kernel<2>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
+    else launch_pdl(dense_gemv_kernel<4>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
+    return 0;
+}
+
 /* ---- router logits (fp32 activations) ---------------------------------------------------- */
 
 /* Routing is a discrete choice, so its logits are computed from the fp32 normalized input
@@ -351,9 +454,15 @@ int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cac
  * row in bf16 pairs). */
 #define ROUTER_TOKENS 8
 
+static __device__ void topk_warp(const volatile float *row, const float *bias, int32_t n_experts, int32_t k_top,
+                                 int32_t *topk_idx, float *topk_weight);
+
 static __global__ void router_logits_kernel(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
-                                            int32_t n_experts, int32_t hidden, float *logits) {
+                                            int32_t n_experts, int32_t hidden, float *logits,
+                                            unsigned *done_counter, int32_t k_top, int32_t *topk_idx,
+                                            float *topk_weight) {
     extern __shared__ float rows[]; /* [ROUTER_TOKENS][hidden] */
+    pdl_wait();
     int t0 = blockIdx.x * ROUTER_TOKENS;
     int nt = min(ROUTER_TOKENS, n_tokens - t0);
     for (int i = threadIdx.x; i < nt * hidden; i += blockDim.x) rows[i] = t[(size_t)t0 * hidden + i];
@@ -381,6 +490,20 @@ static __global__ void router_logits_kernel(const float *t, const bf16 *weight, 
             if (lane == 0 && k < nt) logits[(size_t)(t0 + k) * n_experts + e] = v + bias[e];
         }
     }
+    if (!done_counter) return;
+    /* Fused top-k: the last block to finish (every logit is then written and, after the
+     * fences, visible) runs it for all tokens and re-arms the counter for the next launch. */
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done_counter, 1u) == gridDim.x * gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int tok = warp; tok < n_tokens; tok += n_warps)
+        topk_warp(logits + (size_t)tok * n_experts, nullptr, n_experts, k_top,
+                  topk_idx + (size_t)tok * k_top, topk_weight + (size_t)tok * k_top);
+    if (threadIdx.x == 0) *done_counter = 0u;
 }
 
 void gptoss_cuda_router_logits(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
@@ -389,7 +512,17 @@ void gptoss_cuda_router_logits(const float *t, const bf16 *weight, const float *
     size_t smem = (size_t)ROUTER_TOKENS * hidden * sizeof(float);
     dim3 grid((n_tokens + ROUTER_TOKENS - 1) / ROUTER_TOKENS, (n_experts + 7) / 8);
     router_logits_kernel<<<grid, 256, smem, stream>>>(
-        t, weight, bias, n_tokens, n_experts, hidden, logits);
+        t, weight, bias, n_tokens, n_experts, hidden, logits, nullptr, 0, nullptr, nullptr);
+}
+
+void gptoss_cuda_router(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
+                        int32_t n_experts, int32_t hidden, int32_t k_top, float *logits, unsigned *done_counter,
+                        int32_t *topk_idx, float *topk_weight, cudaStream_t stream) {
+    if (n_tokens <= 0) return;
+    size_t smem = (size_t)ROUTER_TOKENS * hidden * sizeof(float);
+    dim3 grid((n_tokens + ROUTER_TOKENS - 1) / ROUTER_TOKENS, (n_experts + 7) / 8);
+    launch_pdl(router_logits_kernel, grid, dim3(256), smem, stream, t, weight, bias, n_tokens, n_experts, hidden,
+               logits, done_counter, k_top, topk_idx, topk_weight);
 }
 
 cudaError_t gptoss_cuda_router_prepare(int32_t hidden) {
@@ -399,14 +532,11 @@ cudaError_t gptoss_cuda_router_prepare(int32_t hidden) {
 
 /* ---- router top-k --------------------------------------------------------------------- */
 
-/* One warp per token: k rounds of warp-wide argmax (ties to the lower expert index). */
-static __global__ void router_topk_kernel(const float *logits, const float *bias, int32_t n_tokens,
-                                          int32_t n_experts, int32_t k_top, int32_t *topk_idx,
-                                          float *topk_weight) {
-    int t = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+/* One warp, one token: k rounds of warp-wide argmax (ties to the lower expert index), then
+ * the softmax over the k chosen logits. */
+static __device__ void topk_warp(const volatile float *row, const float *bias, int32_t n_experts, int32_t k_top,
+                                 int32_t *topk_idx, float *topk_weight) {
     int lane = threadIdx.x & 31;
-    if (t >= n_tokens) return;
-    const float *row = logits + (size_t)t * n_experts;
     float chosen_val[32];
     int chosen_idx[32];
     unsigned taken_mask[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* per lane: experts lane + 32*i taken */
@@ -440,10 +570,19 @@ static __global__ void router_topk_kernel(const float *logits, const float *bias
         float mx = chosen_val[0], sum = 0.0f;
         for (int k = 0; k < k_top; k++) sum += __expf(chosen_val[k] - mx);
         for (int k = 0; k < k_top; k++) {
-            topk_idx[(size_t)t * k_top + k] = chosen_idx[k];
-            topk_weight[(size_t)t * k_top + k] = __expf(chosen_val[k] - mx) / sum;
+            topk_idx[k] = chosen_idx[k];
+            topk_weight[k] = __expf(chosen_val[k] - mx) / sum;
         }
     }
+}
+
+static __global__ void router_topk_kernel(const float *logits, const float *bias, int32_t n_tokens,
+                                          int32_t n_experts, int32_t k_top, int32_t *topk_idx,
+                                          float *topk_weight) {
+    int t = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (t >= n_tokens) return;
+    topk_warp(logits + (size_t)t * n_experts, bias, n_experts, k_top, topk_idx + (size_t)t * k_top,
+              topk_weight + (size_t)t * k_top);
 }
 
 void gptoss_cuda_router_topk(const float *logits, const float *bias, int32_t n_tokens,
