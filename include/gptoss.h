@@ -163,6 +163,13 @@ typedef struct gptoss_backend_options {
      * stores them as bf16 (see cpu_backend.c), so the two can be compared strictly. Off by
      * default: the default CPU path stays fp32 everywhere. */
     bool emulate_bf16_activations;
+    /* CUDA: when > 0, size the full-attention pool (n_kv_blocks is then ignored) so that the
+     * process uses this fraction of the GPU's memory, after the weights and the workspace
+     * for steps of max_step_tokens tokens and max_step_logits logit rows are allocated. The
+     * chosen size is reported by gptoss_backend_get_options. */
+    double gpu_memory_utilization;
+    int32_t max_step_tokens;     /* workspace reserved at creation (0 = grow on demand) */
+    int32_t max_step_logits;
 } gptoss_backend_options;
 
 /* Defaults: CPU, all cores, 16-token pages, 256 pages. */
@@ -174,10 +181,50 @@ typedef struct gptoss_backend gptoss_backend;
 gptoss_status gptoss_backend_create(const gptoss_model *model, const gptoss_backend_options *options,
                                     gptoss_backend **out, gptoss_error *error);
 
+/* Creates a backend with random weights of the config's shape, generated on the device (for
+ * benchmarks and load tests; CUDA only). The config is copied. */
+gptoss_status gptoss_backend_create_random(const gptoss_config *config,
+                                           const gptoss_backend_options *options, uint64_t seed,
+                                           gptoss_backend **out, gptoss_error *error);
+
 /* Runs one plan. logits: [plan->n_logits, vocab_size] float32, written row by row in the
  * order of plan->logit_token_index. The plan is validated first; a bad plan changes nothing. */
 gptoss_status gptoss_backend_forward(gptoss_backend *backend, const gptoss_batch_plan *plan,
                                      float *logits, gptoss_error *error);
+
+/* At most this many top logits per row in a gptoss_logits_summary. */
+#define GPTOSS_MAX_SUMMARY_TOP 64
+
+/*
+ * What a caller wants back of each logits row when it does not need all of it. For row i:
+ * the n_top largest logits in decreasing order, ties by lower token id (NaN counts as -inf),
+ * their token ids, and the natural log of the sum of exp(logit) over the whole row (NaN
+ * logits skipped). Rows with full[i] != 0 are also written whole to logits (row i of
+ * [n_logits, vocab]); full may be NULL (no row whole).
+ */
+typedef struct gptoss_logits_summary {
+    int32_t n_top;            /* 1..GPTOSS_MAX_SUMMARY_TOP */
+    int32_t *top_ids;         /* [n_logits, n_top] */
+    float *top_logits;        /* [n_logits, n_top] */
+    float *logsumexp;         /* [n_logits] */
+    const uint8_t *full;      /* [n_logits] or NULL */
+    float *logits;            /* [n_logits, vocab] (rows with full[i]), or NULL if no full */
+} gptoss_logits_summary;
+
+/* Runs one plan and returns summaries of its logits: the backend reduces the rows where they
+ * are (the CUDA backend on the GPU, so only n_top values per row cross to the host). */
+gptoss_status gptoss_backend_forward_summary(gptoss_backend *backend, const gptoss_batch_plan *plan,
+                                             const gptoss_logits_summary *out, gptoss_error *error);
+
+/* The top-n and log-sum-exp of one host row, by the rules of gptoss_logits_summary. */
+void gptoss_logits_summarize_row(const float *row, int32_t vocab_size, int32_t n_top,
+                                 int32_t *top_ids, float *top_logits, float *logsumexp);
+
+/* The options the backend runs with, defaults and automatic sizes resolved. */
+gptoss_backend_options gptoss_backend_get_options(const gptoss_backend *backend);
+
+/* The shape the backend runs (the model's config, or the random-weight shape). */
+const gptoss_config *gptoss_backend_config(const gptoss_backend *backend);
 
 /* The backend's name ("cpu", "cuda"). */
 const char *gptoss_backend_name(const gptoss_backend *backend);

@@ -6,14 +6,18 @@
 #include "backend/backend.h"
 #include "util/error.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct gptoss_backend {
     const gptoss_backend_ops *ops;
     void *state;
-    const gptoss_model *model;
-    gptoss_backend_options options; /* defaults resolved */
+    const gptoss_model *model;      /* NULL for random weights */
+    gptoss_config config;           /* the shape it runs */
+    gptoss_backend_options options; /* defaults and automatic sizes resolved */
+    float *scratch;                 /* host summaries of backends without forward_summary */
+    size_t scratch_floats;
 };
 
 gptoss_backend_options gptoss_backend_options_default(void) {
@@ -101,10 +105,10 @@ gptoss_status gptoss_batch_plan_validate(const gptoss_batch_plan *p, const gptos
     return GPTOSS_OK;
 }
 
-gptoss_status gptoss_backend_create(const gptoss_model *model, const gptoss_backend_options *options,
-                                    gptoss_backend **out, gptoss_error *error) {
+/* Defaults the options and picks the ops table; shared by both ways of creating a backend. */
+static gptoss_status backend_prepare(const gptoss_backend_options *options, gptoss_backend **out,
+                                     gptoss_error *error) {
     *out = NULL;
-    if (!model) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "backend: no model");
     gptoss_backend_options o = options ? *options : gptoss_backend_options_default();
     if (o.kv_block_size <= 0) o.kv_block_size = 16;
     if (o.n_kv_blocks <= 0) o.n_kv_blocks = 256;
@@ -112,6 +116,13 @@ gptoss_status gptoss_backend_create(const gptoss_model *model, const gptoss_back
     if (o.kv_block_size > 4096)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "backend: kv_block_size %d is too large",
                                 o.kv_block_size);
+    if (!(o.gpu_memory_utilization >= 0 && o.gpu_memory_utilization <= 1))
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "backend: gpu_memory_utilization must be in (0, 1], got %g", o.gpu_memory_utilization);
+    if (o.max_step_tokens < 0 || o.max_step_logits < 0 || o.max_step_logits > o.max_step_tokens + 1024)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "backend: max_step_tokens %d / max_step_logits %d are invalid", o.max_step_tokens,
+                                o.max_step_logits);
     const gptoss_backend_ops *ops = NULL;
     if (o.kind == GPTOSS_BACKEND_CPU) ops = &gptoss_cpu_backend_ops;
 #ifdef GPTOSS_WITH_CUDA
@@ -123,9 +134,21 @@ gptoss_status gptoss_backend_create(const gptoss_model *model, const gptoss_back
     gptoss_backend *b = calloc(1, sizeof *b);
     if (!b) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     b->ops = ops;
-    b->model = model;
     b->options = o;
-    gptoss_status st = ops->create(model, &b->options, &b->state, error);
+    *out = b;
+    return GPTOSS_OK;
+}
+
+gptoss_status gptoss_backend_create(const gptoss_model *model, const gptoss_backend_options *options,
+                                    gptoss_backend **out, gptoss_error *error) {
+    *out = NULL;
+    if (!model) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "backend: no model");
+    gptoss_backend *b = NULL;
+    gptoss_status st = backend_prepare(options, &b, error);
+    if (st != GPTOSS_OK) return st;
+    b->model = model;
+    b->config = *gptoss_model_config(model);
+    st = b->ops->create(model, &b->options, &b->state, error);
     if (st != GPTOSS_OK) {
         free(b);
         return st;
@@ -134,15 +157,121 @@ gptoss_status gptoss_backend_create(const gptoss_model *model, const gptoss_back
     return GPTOSS_OK;
 }
 
+gptoss_status gptoss_backend_create_random(const gptoss_config *config, const gptoss_backend_options *options,
+                                           uint64_t seed, gptoss_backend **out, gptoss_error *error) {
+    *out = NULL;
+    if (!config) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "backend: no config");
+    gptoss_backend *b = NULL;
+    gptoss_status st = backend_prepare(options, &b, error);
+    if (st != GPTOSS_OK) return st;
+    if (!b->ops->create_random) {
+        st = gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                              "the %s backend cannot generate random weights; write a checkpoint with "
+                              "`gptoss make-model` and load it with -m DIR",
+                              b->ops->name);
+        free(b);
+        return st;
+    }
+    b->config = *config;
+    st = b->ops->create_random(&b->config, &b->options, seed, &b->state, error);
+    if (st != GPTOSS_OK) {
+        free(b);
+        return st;
+    }
+    *out = b;
+    return GPTOSS_OK;
+}
+
+gptoss_backend_options gptoss_backend_get_options(const gptoss_backend *b) {
+    return b ? b->options : gptoss_backend_options_default();
+}
+
+const gptoss_config *gptoss_backend_config(const gptoss_backend *b) {
+    return b ? &b->config : NULL;
+}
+
 gptoss_status gptoss_backend_forward(gptoss_backend *b, const gptoss_batch_plan *plan, float *logits,
                                      gptoss_error *error) {
     if (!b) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "backend is NULL");
-    gptoss_status st = gptoss_batch_plan_validate(plan, gptoss_model_config(b->model), b->options.kv_block_size,
-                                                  b->options.n_kv_blocks, b->options.n_sliding_kv_blocks, error);
+    gptoss_status st = gptoss_batch_plan_validate(plan, &b->config, b->options.kv_block_size, b->options.n_kv_blocks,
+                                                  b->options.n_sliding_kv_blocks, error);
     if (st != GPTOSS_OK) return st;
     if (plan->n_logits > 0 && !logits)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "plan asks for logits but the buffer is NULL");
     return b->ops->forward(b->state, plan, logits, error);
+}
+
+/* Order of the summary: larger first, NaN as -inf, ties by lower id. */
+static bool ranks_before(float a, int32_t ia, float b, int32_t ib) {
+    if (isnan(a)) a = -INFINITY;
+    if (isnan(b)) b = -INFINITY;
+    return a > b || (a == b && ia < ib);
+}
+
+void gptoss_logits_summarize_row(const float *row, int32_t vocab_size, int32_t n_top, int32_t *top_ids,
+                                 float *top_logits, float *logsumexp) {
+    if (n_top > vocab_size) n_top = vocab_size;
+    int32_t n_have = 0;
+    float max = -INFINITY;
+    for (int32_t i = 0; i < vocab_size; i++) {
+        float x = row[i];
+        if (x > max) max = x;
+        if (n_have == n_top && !ranks_before(x, i, row[top_ids[n_top - 1]], top_ids[n_top - 1])) continue;
+        int32_t pos = n_have < n_top ? n_have++ : n_top - 1;
+        while (pos > 0 && ranks_before(x, i, row[top_ids[pos - 1]], top_ids[pos - 1])) {
+            top_ids[pos] = top_ids[pos - 1];
+            pos--;
+        }
+        top_ids[pos] = i;
+    }
+    for (int32_t j = 0; j < n_have; j++)
+        top_logits[j] = isnan(row[top_ids[j]]) ? -INFINITY : row[top_ids[j]];
+    if (!isfinite(max)) {
+        *logsumexp = max; /* -inf (no finite logit) or +inf */
+        return;
+    }
+    double sum = 0.0;
+    for (int32_t i = 0; i < vocab_size; i++)
+        if (!isnan(row[i])) sum += exp((double)row[i] - (double)max);
+    *logsumexp = (float)((double)max + log(sum));
+}
+
+gptoss_status gptoss_backend_forward_summary(gptoss_backend *b, const gptoss_batch_plan *plan,
+                                             const gptoss_logits_summary *out, gptoss_error *error) {
+    if (!b) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "backend is NULL");
+    gptoss_status st = gptoss_batch_plan_validate(plan, &b->config, b->options.kv_block_size, b->options.n_kv_blocks,
+                                                  b->options.n_sliding_kv_blocks, error);
+    if (st != GPTOSS_OK) return st;
+    const int32_t NL = plan->n_logits, V = b->config.vocab_size;
+    if (NL > 0) {
+        if (!out || out->n_top < 1 || out->n_top > GPTOSS_MAX_SUMMARY_TOP || out->n_top > V || !out->top_ids ||
+            !out->top_logits || !out->logsumexp)
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "logits summary: n_top must be in [1, %d] and the output arrays set",
+                                    GPTOSS_MAX_SUMMARY_TOP);
+        bool any_full = false;
+        for (int32_t i = 0; out->full && i < NL; i++) any_full |= out->full[i] != 0;
+        if (any_full && !out->logits)
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "logits summary: full rows asked for but the logits buffer is NULL");
+    }
+    if (b->ops->forward_summary) return b->ops->forward_summary(b->state, plan, out, error);
+    size_t need = (size_t)NL * (size_t)V;
+    if (need > b->scratch_floats) {
+        float *p = realloc(b->scratch, need * sizeof(float));
+        if (!p) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (logits)");
+        b->scratch = p;
+        b->scratch_floats = need;
+    }
+    st = b->ops->forward(b->state, plan, b->scratch, error);
+    if (st != GPTOSS_OK) return st;
+    for (int32_t i = 0; i < NL; i++) {
+        const float *row = b->scratch + (size_t)i * V;
+        gptoss_logits_summarize_row(row, V, out->n_top, out->top_ids + (size_t)i * out->n_top,
+                                    out->top_logits + (size_t)i * out->n_top, &out->logsumexp[i]);
+        if (out->full && out->full[i]) memcpy(out->logits + (size_t)i * V, row, (size_t)V * sizeof(float));
+    }
+    return GPTOSS_OK;
 }
 
 const char *gptoss_backend_name(const gptoss_backend *b) {
@@ -152,5 +281,6 @@ const char *gptoss_backend_name(const gptoss_backend *b) {
 void gptoss_backend_free(gptoss_backend *b) {
     if (!b) return;
     b->ops->destroy(b->state);
+    free(b->scratch);
     free(b);
 }

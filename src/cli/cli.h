@@ -51,4 +51,7 @@ bool cli_find_tokenizer_dir(char *out, size_t size);
 /* A progress callback that draws "what [#####     ] 42%" on stderr (gptoss_progress_fn). */
 void cli_progress(void *user, const char *what, double fraction);
 
+/* A shape for random weights: a preset name (tiny, 20b, 120b) or a config.json path. */
+gptoss_status cli_load_shape(const char *shape, gptoss_config *config, gptoss_error *err);
+
 #endif

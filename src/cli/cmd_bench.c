@@ -45,26 +45,6 @@ static bool parse_list(const char *text, int32_t **out, int32_t *n, int32_t lo, 
 }
 
 #ifdef GPTOSS_WITH_CUDA
-static bool ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
-static gptoss_status load_shape(const char *shape, gptoss_config *config, gptoss_error *err) {
-    if (!ends_with(shape, ".json")) return gptoss_config_preset(shape, config, err);
-    FILE *f = fopen(shape, "rb");
-    if (!f) return gptoss_set_error(err, GPTOSS_ERR_IO, "cannot open %s", shape);
-    char *text = malloc(1 << 20);
-    size_t len = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
-    fclose(f);
-    if (!text) return gptoss_set_error(err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
-    text[len] = '\0';
-    gptoss_status st = gptoss_config_parse(text, len, config, err);
-    free(text);
-    if (st) gptoss_error_prefix(err, "%s: ", shape);
-    return st;
-}
-
 static void print_table(const char *label, const gptoss_bench_report *r, bool profile) {
     printf("device: %s, measured copy bandwidth %.0f GB/s (read + write)\n", r->device_name, r->copy_gb_per_s);
     printf("device memory: weights %.2f GiB, workspace %.2f GiB, KV cache %.2f GiB\n\n", r->weight_bytes / 1073741824.0,
@@ -169,7 +149,7 @@ int gptoss_cmd_bench(int argc, char **argv) {
         config = *gptoss_model_config(model);
         snprintf(label, sizeof label, "%s", "checkpoint");
     } else {
-        if (load_shape(shape, &config, &err) != GPTOSS_OK) {
+        if (cli_load_shape(shape, &config, &err) != GPTOSS_OK) {
             free(pp), free(tg), free(depth);
             return cli_fail(&err);
         }

@@ -29,24 +29,31 @@ static void on_signal(int sig) {
 static void help(FILE *out) {
     fprintf(
         out,
-        "usage: gptoss serve -m DIR [options]\n\n"
+        "usage: gptoss serve (-m DIR | --random-weights SHAPE) [options]\n\n"
         "Serves the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions,\n"
         "POST /v1/completions, GET /v1/models, GET /health, GET /metrics (Prometheus).\n\n"
         "options:\n"
         "  -m, --model DIR                Hugging Face gpt-oss folder (make a tiny one with\n"
         "                                 `gptoss make-model --preset tiny -o DIR`)\n"
+        "  --random-weights SHAPE         CUDA: serve random weights of a shape (20b, 120b, tiny\n"
+        "                                 or a config.json) generated on the GPU, for load tests\n"
+        "  --tokenizer PATH               tokenizer.json or its folder (default: the model's;\n"
+        "                                 with --random-weights: the installed gpt-oss one)\n"
         "  --host ADDR                    listen address (default 127.0.0.1)\n"
         "  --port N                       listen port (default 8000; 0 = any free port)\n"
         "  --api-key KEY                  require 'Authorization: Bearer KEY' on /v1/*\n"
         "  --served-model-name NAME       model id clients use (default: the folder's name)\n"
         "  --backend cpu|cuda             compute backend (default: cuda when built with it)\n"
         "  -t, --threads N                CPU threads (default: all cores)\n"
-        "  --max-num-seqs N               sequences per engine step (default 64)\n"
+        "  --max-num-seqs N               sequences per engine step (default 256 on CUDA, 64 on "
+        "CPU)\n"
         "  --max-num-batched-tokens N     new tokens per engine step (default 2048)\n"
         "  --max-model-len N              prompt + generated tokens per sequence (default: "
         "model's)\n"
-        "  --kv-blocks N                  KV pages of 16 tokens (default: as many as fit 4 GiB)\n"
-        "  --gpu-memory-utilization F     size the KV cache to F (0-1] of memory (CPU backend: "
+        "  --kv-blocks N                  KV pages of 16 tokens (default: CUDA fills the memory\n"
+        "                                 fraction below; CPU takes as many as fit 4 GiB)\n"
+        "  --gpu-memory-utilization F     size the KV cache so the process uses F (0-1] of the\n"
+        "                                 GPU's memory (default 0.9; CPU backend: half of F of "
         "RAM)\n"
         "  --no-prefix-cache              do not reuse KV blocks across requests\n"
         "  --max-queue N                  waiting requests before 429 (default 1024)\n"
@@ -64,10 +71,23 @@ static double kv_bytes_per_token(const gptoss_config *c, gptoss_backend_kind kin
            (kind == GPTOSS_BACKEND_CPU ? 4.0 : 2.0);
 }
 
+/* MiB of both pools as the backend sized them (full layers x full pool, sliding x sliding). */
+static double kv_mib(const gptoss_config *c, const gptoss_backend_options *bo) {
+    double per_layer_token = 2.0 * gptoss_config_kv_dim(c) * (bo->kind == GPTOSS_BACKEND_CPU ? 4.0 : 2.0);
+    int32_t n_sliding = 0;
+    for (int32_t l = 0; l < c->n_layers; l++)
+        n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
+    int32_t sliding_blocks = bo->n_sliding_kv_blocks > 0 ? bo->n_sliding_kv_blocks : bo->n_kv_blocks;
+    double tokens_full = (double)bo->n_kv_blocks * bo->kv_block_size;
+    double tokens_sliding = (double)sliding_blocks * bo->kv_block_size;
+    return per_layer_token * ((c->n_layers - n_sliding) * tokens_full + n_sliding * tokens_sliding) / (1 << 20);
+}
+
 int gptoss_cmd_serve(int argc, char **argv) {
-    const char *model_dir = NULL, *backend_name = NULL, *served_name = NULL;
+    const char *model_dir = NULL, *backend_name = NULL, *served_name = NULL, *shape = NULL,
+               *tokenizer_path = NULL;
     gptoss_server_options so = gptoss_server_options_default();
-    int64_t threads = 0, max_num_seqs = 64, max_batched = 2048, kv_blocks = 0, max_queue = 1024,
+    int64_t threads = 0, max_num_seqs = 0, max_batched = 2048, kv_blocks = 0, max_queue = 1024,
             max_body = (int64_t)so.max_body_bytes, port = so.port, drain_s = 60, max_model_len = 0;
     double memory_fraction = 0;
     bool prefix_cache = true;
@@ -79,6 +99,10 @@ int gptoss_cmd_serve(int argc, char **argv) {
             return 0;
         } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v)
             model_dir = argv[++i];
+        else if (!strcmp(a, "--random-weights") && v)
+            shape = argv[++i];
+        else if (!strcmp(a, "--tokenizer") && v)
+            tokenizer_path = argv[++i];
         else if (!strcmp(a, "--host") && v)
             so.host = argv[++i];
         else if (!strcmp(a, "--api-key") && v)
@@ -127,12 +151,12 @@ int gptoss_cmd_serve(int argc, char **argv) {
         } else
             return cli_usage_error("serve", "unknown or incomplete option '%s'", a);
     }
-    if (!model_dir)
+    if (!model_dir == !shape)
         return cli_usage_error(
             "serve",
-            "missing -m DIR: point it at a Hugging Face gpt-oss folder, or make a tiny "
-            "random one to try the server with: gptoss make-model --preset tiny -o /tmp/tiny "
-            "&& gptoss serve -m /tmp/tiny");
+            "give -m DIR (a Hugging Face gpt-oss folder; make a tiny random one to try the server "
+            "with: gptoss make-model --preset tiny -o /tmp/tiny && gptoss serve -m /tmp/tiny) or "
+            "--random-weights SHAPE, not both");
     if (kv_blocks && memory_fraction > 0)
         return cli_usage_error("serve", "give --kv-blocks or --gpu-memory-utilization, not both");
     gptoss_backend_options bo = gptoss_backend_options_default();
@@ -145,21 +169,23 @@ int gptoss_cmd_serve(int argc, char **argv) {
         else
             return cli_usage_error("serve", "--backend must be cpu or cuda");
     }
-    if (bo.kind == GPTOSS_BACKEND_CUDA && memory_fraction > 0)
-        return cli_usage_error(
-            "serve", "--gpu-memory-utilization is not available for the CUDA backend yet; size the "
-                     "cache with --kv-blocks N (pages of 16 tokens)");
+    if (shape && bo.kind != GPTOSS_BACKEND_CUDA)
+        return cli_usage_error("serve", "--random-weights needs the CUDA backend; on the CPU, write "
+                                        "a checkpoint with `gptoss make-model` and pass -m DIR");
+    if (max_num_seqs == 0) max_num_seqs = bo.kind == GPTOSS_BACKEND_CUDA ? 256 : 64;
 
     /* The served name defaults to the folder's last component, as vLLM does with paths. */
     char name_buf[256];
     if (!served_name) {
-        size_t len = strlen(model_dir);
-        while (len > 1 && model_dir[len - 1] == '/')
+        const char *path = model_dir ? model_dir : shape;
+        size_t len = strlen(path);
+        while (len > 1 && path[len - 1] == '/')
             len--;
         size_t start = len;
-        while (start > 0 && model_dir[start - 1] != '/')
+        while (start > 0 && path[start - 1] != '/')
             start--;
-        snprintf(name_buf, sizeof name_buf, "%.*s", (int)(len - start), model_dir + start);
+        snprintf(name_buf, sizeof name_buf, "%s%.*s", model_dir ? "" : "random-", (int)(len - start),
+                 path + start);
         served_name = name_buf;
     }
     so.served_model_name = served_name;
@@ -186,21 +212,58 @@ int gptoss_cmd_serve(int argc, char **argv) {
             "loaded)\n",
             so.host, gptoss_server_port(server));
     double t0 = cli_now_seconds();
-    fprintf(stderr, "loading %s ...\n", model_dir);
-    if (gptoss_model_load(model_dir, &model, &err) != GPTOSS_OK) goto fail;
-    const gptoss_config *c = gptoss_model_config(model);
-    char tok_path[4096];
-    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
+    gptoss_config shape_config;
+    const gptoss_config *c = NULL;
+    if (model_dir) {
+        fprintf(stderr, "loading %s ...\n", model_dir);
+        if (gptoss_model_load(model_dir, &model, &err) != GPTOSS_OK) goto fail;
+        c = gptoss_model_config(model);
+    } else {
+        if (cli_load_shape(shape, &shape_config, &err) != GPTOSS_OK) goto fail;
+        c = &shape_config;
+    }
+    char tok_path[4200];
+    if (tokenizer_path) {
+        size_t n = strlen(tokenizer_path);
+        bool is_file = n >= 5 && !strcmp(tokenizer_path + n - 5, ".json");
+        snprintf(tok_path, sizeof tok_path, is_file ? "%s" : "%s/tokenizer.json", tokenizer_path);
+    } else if (model_dir) {
+        snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
+    } else {
+        char dir[4096];
+        if (!cli_find_tokenizer_dir(dir, sizeof dir)) {
+            gptoss_set_error(&err, GPTOSS_ERR_IO,
+                             "cannot find the gpt-oss tokenizer (run scripts/setup, set "
+                             "GPTOSS_TOKENIZER_DIR, or pass --tokenizer PATH)");
+            goto fail;
+        }
+        snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
+    }
     if (gptoss_tokenizer_load(tok_path, &tokenizer, &err) != GPTOSS_OK) goto fail;
     fprintf(stderr,
             "model: %d layers, hidden %d, %d experts (top %d), %d heads / %d KV heads x %d, vocab "
-            "%d, context %d\n",
+            "%d, context %d%s\n",
             c->n_layers, c->hidden_size, c->n_experts, c->n_experts_per_token, c->n_heads,
-            c->n_kv_heads, c->head_dim, c->vocab_size, c->max_position_embeddings);
+            c->n_kv_heads, c->head_dim, c->vocab_size, c->max_position_embeddings,
+            model ? "" : " (random weights)");
 
     double per_token = kv_bytes_per_token(c, bo.kind);
     double per_block = per_token * bo.kv_block_size;
-    if (kv_blocks == 0) {
+    if (bo.kind == GPTOSS_BACKEND_CUDA) {
+        /* The sliding pool needs only each sequence's window plus one prefill chunk. */
+        int32_t window = 0;
+        for (int32_t l = 0; l < c->n_layers; l++)
+            if (c->layer_is_sliding[l]) window = c->sliding_window;
+        if (window > 0) {
+            int64_t sliding = max_num_seqs * ((window + bo.kv_block_size - 1) / bo.kv_block_size + 2) +
+                              (max_batched + bo.kv_block_size - 1) / bo.kv_block_size + 16;
+            if (kv_blocks && sliding > kv_blocks) sliding = kv_blocks;
+            bo.n_sliding_kv_blocks = (int32_t)sliding;
+        }
+        if (kv_blocks == 0) bo.gpu_memory_utilization = memory_fraction > 0 ? memory_fraction : 0.9;
+        bo.max_step_tokens = (int32_t)max_batched;
+        bo.max_step_logits = (int32_t)max_num_seqs + 1;
+    } else if (kv_blocks == 0) {
         double budget = 4.0 * (1 << 30);
         if (memory_fraction > 0)
             budget = memory_fraction * (double)sysconf(_SC_PHYS_PAGES) *
@@ -214,9 +277,16 @@ int gptoss_cmd_serve(int argc, char **argv) {
         }
     }
     bo.n_threads = (int32_t)threads;
-    bo.n_kv_blocks = (int32_t)kv_blocks;
+    if (kv_blocks) bo.n_kv_blocks = (int32_t)kv_blocks;
     bo.progress = print_progress;
-    if (gptoss_backend_create(model, &bo, &backend, &err) != GPTOSS_OK) goto fail;
+    if (model) {
+        if (gptoss_backend_create(model, &bo, &backend, &err) != GPTOSS_OK) goto fail;
+    } else if (gptoss_backend_create_random(c, &bo, 1, &backend, &err) != GPTOSS_OK) {
+        goto fail;
+    }
+    if (cli_stderr_is_tty()) fprintf(stderr, "\n");
+    bo = gptoss_backend_get_options(backend);
+    kv_blocks = bo.n_kv_blocks;
 
     gptoss_engine_options eo = gptoss_engine_options_default();
     if (max_model_len) eo.max_model_len = (int32_t)max_model_len;
@@ -233,7 +303,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
             "sequences, prefix cache %s, "
             "context %d\n",
             gptoss_backend_name(backend), (long long)kv_blocks, bo.kv_block_size,
-            (long long)kv_blocks * bo.kv_block_size, per_block * (double)kv_blocks / (1 << 20),
+            (long long)kv_blocks * bo.kv_block_size, kv_mib(c, &bo),
             eo.max_num_seqs, prefix_cache ? "on" : "off", eo.max_model_len);
     fprintf(stderr, "ready in %.1f s: model '%s' at http://%s:%d/v1\n", cli_now_seconds() - t0,
             served_name, so.host, gptoss_server_port(server));

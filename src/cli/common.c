@@ -3,6 +3,9 @@
  */
 #include "cli.h"
 
+#include "model/config.h"
+#include "util/error.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -139,4 +142,24 @@ bool cli_find_tokenizer_dir(char *out, size_t size) {
     char cwd[4096];
     if (getcwd(cwd, sizeof cwd) && probe_tokenizer_dir(cwd, out, size)) return true;
     return false;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+gptoss_status cli_load_shape(const char *shape, gptoss_config *config, gptoss_error *err) {
+    if (!ends_with(shape, ".json")) return gptoss_config_preset(shape, config, err);
+    FILE *f = fopen(shape, "rb");
+    if (!f) return gptoss_set_error(err, GPTOSS_ERR_IO, "cannot open %s", shape);
+    char *text = malloc(1 << 20);
+    size_t len = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (!text) return gptoss_set_error(err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    text[len] = '\0';
+    gptoss_status st = gptoss_config_parse(text, len, config, err);
+    free(text);
+    if (st) gptoss_error_prefix(err, "%s: ", shape);
+    return st;
 }

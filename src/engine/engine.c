@@ -66,7 +66,10 @@ struct gptoss_request {
 /* One token to draw this step: which sequence, from which logits row, and the result. */
 typedef struct sample_job {
     gptoss_seq *seq;           /* its request is seq->user */
-    const float *row;          /* [vocab] logits */
+    const float *row;          /* [vocab] logits, or NULL: draw from the row's summary */
+    const int32_t *top_ids;    /* summary of the row: GPTOSS_ENGINE_SUMMARY_TOP ids, values */
+    const float *top_logits;
+    float logsumexp;
     gptoss_engine_event event; /* filled by draw(): token and logprobs */
 } sample_job;
 
@@ -79,6 +82,10 @@ struct gptoss_engine {
     sample_job *jobs; /* [cap_jobs] draws of the current step */
     int32_t n_jobs, cap_jobs;
     float *logits; /* [max_num_seqs + 1, vocab] */
+    int32_t *top_ids;   /* [max_num_seqs + 1, GPTOSS_ENGINE_SUMMARY_TOP] (forward_summary) */
+    float *top_logits;  /* same */
+    float *logsumexp;   /* [max_num_seqs + 1] */
+    uint8_t *full_rows; /* [max_num_seqs + 1] rows the step needs whole */
     pthread_t thread;
     bool thread_started;
     pthread_mutex_t mutex;
@@ -136,6 +143,11 @@ gptoss_engine_options gptoss_engine_options_default(void) {
     return o;
 }
 
+static gptoss_status backend_forward_summary(void *user, const gptoss_batch_plan *plan,
+                                             const gptoss_logits_summary *out, gptoss_error *error) {
+    return gptoss_backend_forward_summary((gptoss_backend *)user, plan, out, error);
+}
+
 static gptoss_status backend_forward(void *user, const gptoss_batch_plan *plan, float *logits,
                                      gptoss_error *error) {
     return gptoss_backend_forward((gptoss_backend *)user, plan, logits, error);
@@ -145,6 +157,7 @@ void gptoss_engine_options_for_backend(gptoss_engine_options *o, const gptoss_co
                                        gptoss_backend *backend,
                                        const gptoss_backend_options *backend_options) {
     o->forward = backend_forward;
+    o->forward_summary = backend_forward_summary;
     o->forward_user = backend;
     o->vocab_size = config->vocab_size;
     o->sliding_window = 0;
@@ -404,7 +417,12 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
     }
     e->logits =
         malloc((size_t)(options->max_num_seqs + 1) * (size_t)options->vocab_size * sizeof(float));
-    if (!e->logits) {
+    const size_t rows = (size_t)options->max_num_seqs + 1;
+    e->top_ids = malloc(rows * GPTOSS_ENGINE_SUMMARY_TOP * sizeof(int32_t));
+    e->top_logits = malloc(rows * GPTOSS_ENGINE_SUMMARY_TOP * sizeof(float));
+    e->logsumexp = malloc(rows * sizeof(float));
+    e->full_rows = malloc(rows);
+    if (!e->logits || !e->top_ids || !e->top_logits || !e->logsumexp || !e->full_rows) {
         gptoss_engine_free(e);
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (logits buffer)");
     }
@@ -480,8 +498,33 @@ static bool is_in(int32_t token, const int32_t *list, int32_t n) {
     return false;
 }
 
-/* Draws the next token of job->seq from job->row with a sampler of its own: touches only
- * the sequence's own RNG and the job, so jobs run in parallel. */
+/* Tokens a draw of seq may not pick now: stop tokens (and EOS unless ignored) while fewer
+ * than min_tokens were generated. masked has room for both lists. */
+static int32_t masked_tokens(const gptoss_engine *e, const gptoss_seq *seq, int32_t *masked) {
+    const gptoss_request *r = seq->user;
+    const gptoss_sampling_params *p = &r->params;
+    int32_t n_masked = 0;
+    if (seq->n_tokens - seq->n_prompt < p->min_tokens) {
+        for (int32_t i = 0; i < p->n_stop_token_ids; i++)
+            masked[n_masked++] = p->stop_token_ids[i];
+        if (!p->ignore_eos)
+            for (int32_t i = 0; i < e->options.n_eos_token_ids; i++)
+                masked[n_masked++] = e->options.eos_token_ids[i];
+    }
+    return n_masked;
+}
+
+/* Whether the next draw of seq can come from the row's summary with the same result as from
+ * the whole row (see gptoss_sampler_summary_exact). */
+static bool summary_serves(const gptoss_engine *e, const gptoss_seq *seq) {
+    int32_t masked[GPTOSS_MAX_STOP_TOKENS + GPTOSS_ENGINE_MAX_EOS];
+    const gptoss_request *r = seq->user;
+    return gptoss_sampler_summary_exact(&r->params, masked_tokens(e, seq, masked),
+                                        GPTOSS_ENGINE_SUMMARY_TOP);
+}
+
+/* Draws the next token of job->seq from job->row (or its summary) with a sampler of its own:
+ * touches only the sequence's own RNG and the job, so jobs run in parallel. */
 static void draw(const gptoss_engine *e, gptoss_sampler *sampler, sample_job *job) {
     gptoss_seq *seq = job->seq;
     gptoss_request *r = seq->user;
@@ -489,14 +532,7 @@ static void draw(const gptoss_engine *e, gptoss_sampler *sampler, sample_job *jo
     const int32_t index = seq->index;
     const int32_t n_generated = seq->n_tokens - seq->n_prompt;
     int32_t masked[GPTOSS_MAX_STOP_TOKENS + GPTOSS_ENGINE_MAX_EOS];
-    int32_t n_masked = 0;
-    if (n_generated < p->min_tokens) {
-        for (int32_t i = 0; i < p->n_stop_token_ids; i++)
-            masked[n_masked++] = p->stop_token_ids[i];
-        if (!p->ignore_eos)
-            for (int32_t i = 0; i < e->options.n_eos_token_ids; i++)
-                masked[n_masked++] = e->options.eos_token_ids[i];
-    }
+    int32_t n_masked = masked_tokens(e, seq, masked);
     gptoss_sample_history history = {
         .prompt = seq->tokens,
         .n_prompt = seq->n_prompt,
@@ -505,12 +541,29 @@ static void draw(const gptoss_engine *e, gptoss_sampler *sampler, sample_job *jo
         .masked = masked,
         .n_masked = n_masked,
     };
-    int32_t token = gptoss_sampler_sample(sampler, p, &history, job->row, &r->rngs[index]);
     gptoss_engine_event *event = &job->event;
     memset(event, 0, sizeof *event);
     event->index = index;
-    event->token_id = token;
     event->stop_token_id = -1;
+    if (!job->row) {
+        const int32_t n_top = GPTOSS_ENGINE_SUMMARY_TOP;
+        int32_t token = gptoss_sampler_sample_summary(sampler, p, &history, job->top_ids,
+                                                      job->top_logits, n_top, &r->rngs[index]);
+        event->token_id = token;
+        if (p->logprobs || p->top_logprobs > 0) {
+            const double norm = (double)job->logsumexp;
+            for (int32_t i = 0; i < n_top; i++)
+                if (job->top_ids[i] == token) event->logprob = (float)((double)job->top_logits[i] - norm);
+            for (int32_t i = 0; i < p->top_logprobs && i < n_top; i++) {
+                event->top_logprobs[i].token_id = job->top_ids[i];
+                event->top_logprobs[i].logprob = (float)((double)job->top_logits[i] - norm);
+            }
+            event->n_top_logprobs = p->top_logprobs;
+        }
+        return;
+    }
+    int32_t token = gptoss_sampler_sample(sampler, p, &history, job->row, &r->rngs[index]);
+    event->token_id = token;
     if (p->logprobs || p->top_logprobs > 0) {
         event->logprob = gptoss_sampler_logprobs(job->row, e->options.vocab_size, token,
                                                  p->top_logprobs, event->top_logprobs);
@@ -552,7 +605,7 @@ static void deliver(gptoss_engine *e, sample_job *job) {
     }
 }
 
-static bool add_job(gptoss_engine *e, gptoss_seq *seq, const float *row) {
+static bool add_job(gptoss_engine *e, gptoss_seq *seq, int32_t row_index) {
     if (e->n_jobs == e->cap_jobs) {
         int32_t cap = e->cap_jobs ? e->cap_jobs * 2 : 64;
         sample_job *jobs = realloc(e->jobs, (size_t)cap * sizeof *jobs);
@@ -560,15 +613,20 @@ static bool add_job(gptoss_engine *e, gptoss_seq *seq, const float *row) {
         e->jobs = jobs;
         e->cap_jobs = cap;
     }
-    e->jobs[e->n_jobs].seq = seq;
-    e->jobs[e->n_jobs].row = row;
+    sample_job *job = &e->jobs[e->n_jobs];
+    job->seq = seq;
+    const size_t r = (size_t)row_index;
+    job->row = e->full_rows[r] ? e->logits + r * (size_t)e->options.vocab_size : NULL;
+    job->top_ids = e->top_ids + r * GPTOSS_ENGINE_SUMMARY_TOP;
+    job->top_logits = e->top_logits + r * GPTOSS_ENGINE_SUMMARY_TOP;
+    job->logsumexp = e->logsumexp[r];
     e->n_jobs++;
     return true;
 }
 
 /* Queues the draws of one logits row: the sequence's, and at the end of a prompt with
  * n > 1 also those of the choices forked from it (they share the prompt's KV). */
-static void plan_row(gptoss_engine *e, gptoss_seq *seq, const float *row) {
+static void plan_row(gptoss_engine *e, gptoss_seq *seq, int32_t row) {
     gptoss_request *r = seq->user;
     if (seq->index == 0 && r->n_choices > 1 && !r->forked) {
         r->forked = true;
@@ -698,7 +756,24 @@ static bool step(gptoss_engine *e) {
         return true;
     }
     if (plan.n_seqs == 0) return false;
-    st = e->options.forward(e->options.forward_user, &plan, e->logits, &err);
+    if (e->options.forward_summary && e->options.vocab_size >= GPTOSS_ENGINE_SUMMARY_TOP) {
+        /* Whole rows only where a draw needs them; forks at the end of a prompt share the
+         * request's parameters, so the first sequence of the row decides for all. */
+        for (int32_t i = 0; i < plan.n_logits; i++)
+            e->full_rows[i] = !summary_serves(e, gptoss_scheduler_logit_seq(e->sched, i));
+        gptoss_logits_summary summary = {
+            .n_top = GPTOSS_ENGINE_SUMMARY_TOP,
+            .top_ids = e->top_ids,
+            .top_logits = e->top_logits,
+            .logsumexp = e->logsumexp,
+            .full = e->full_rows,
+            .logits = e->logits,
+        };
+        st = e->options.forward_summary(e->options.forward_user, &plan, &summary, &err);
+    } else {
+        memset(e->full_rows, 1, (size_t)plan.n_logits);
+        st = e->options.forward(e->options.forward_user, &plan, e->logits, &err);
+    }
     e->local.steps++;
     if (st != GPTOSS_OK) {
         /* Nothing of this step reached the KV cache: fail the requests it carried. Mark the
@@ -718,8 +793,7 @@ static bool step(gptoss_engine *e) {
     }
     gptoss_scheduler_commit(e->sched);
     for (int32_t i = 0; i < plan.n_logits; i++)
-        plan_row(e, gptoss_scheduler_logit_seq(e->sched, i),
-                 e->logits + (size_t)i * (size_t)e->options.vocab_size);
+        plan_row(e, gptoss_scheduler_logit_seq(e->sched, i), i);
     run_jobs(e);
     return true;
 }
@@ -862,6 +936,10 @@ void gptoss_engine_free(gptoss_engine *e) {
     free(e->samplers);
     free(e->jobs);
     free(e->logits);
+    free(e->top_ids);
+    free(e->top_logits);
+    free(e->logsumexp);
+    free(e->full_rows);
     free(e->active);
     pthread_mutex_destroy(&e->mutex);
     pthread_cond_destroy(&e->wake);

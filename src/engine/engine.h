@@ -41,6 +41,15 @@
 typedef gptoss_status (*gptoss_forward_fn)(void *user, const gptoss_batch_plan *plan, float *logits,
                                            gptoss_error *error);
 
+/* Optional second form with gptoss_backend_forward_summary's contract: only the top logits
+ * and log-sum-exp of each row, plus whole rows where out->full says so. When set, the engine
+ * uses it for every step and asks for whole rows only for draws the summary cannot serve
+ * exactly (penalties, or sampling beyond the top GPTOSS_ENGINE_SUMMARY_TOP tokens). */
+typedef gptoss_status (*gptoss_forward_summary_fn)(void *user, const gptoss_batch_plan *plan,
+                                                   const gptoss_logits_summary *out,
+                                                   gptoss_error *error);
+#define GPTOSS_ENGINE_SUMMARY_TOP 64
+
 /* KV cache element type. The engine only records it (for metrics and sizing); the backend
  * stores the pages. */
 typedef enum gptoss_kv_dtype {
@@ -53,6 +62,7 @@ typedef enum gptoss_kv_dtype {
 typedef struct gptoss_engine_options {
     gptoss_forward_fn forward;      /* required */
     void *forward_user;             /* passed to forward (e.g. the gptoss_backend) */
+    gptoss_forward_summary_fn forward_summary; /* optional, same user */
     int32_t vocab_size;             /* logits row width */
     int32_t sliding_window;         /* tokens incl. self of sliding layers; 0 = none */
     int32_t kv_block_size;          /* tokens per KV page; must match the backend */

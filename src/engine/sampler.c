@@ -63,6 +63,7 @@ struct gptoss_sampler {
     int32_t *candidates; /* [vocab] candidate token ids */
     double *probs;       /* [vocab] candidate probabilities */
     uint8_t *bucket;     /* [vocab] weight bucket of each token (top_k / top_p draws) */
+    float *sparse_row;   /* [vocab] -inf between calls (draws from summaries) */
 };
 
 gptoss_status gptoss_sampler_create(int32_t vocab_size, gptoss_sampler **out, gptoss_error *error) {
@@ -79,17 +80,21 @@ gptoss_status gptoss_sampler_create(int32_t vocab_size, gptoss_sampler **out, gp
     s->candidates = malloc(n * sizeof(int32_t));
     s->probs = malloc(n * sizeof(double));
     s->bucket = malloc(n);
-    if (!s->work || !s->counts || !s->candidates || !s->probs || !s->bucket) {
+    s->sparse_row = malloc(n * sizeof(float));
+    if (!s->work || !s->counts || !s->candidates || !s->probs || !s->bucket || !s->sparse_row) {
         gptoss_sampler_free(s);
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
                                 "out of memory (sampler scratch for %d tokens)", vocab_size);
     }
+    for (size_t i = 0; i < n; i++)
+        s->sparse_row[i] = -INFINITY;
     *out = s;
     return GPTOSS_OK;
 }
 
 void gptoss_sampler_free(gptoss_sampler *s) {
     if (!s) return;
+    free(s->sparse_row);
     free(s->work);
     free(s->counts);
     free(s->candidates);
@@ -380,6 +385,38 @@ int32_t gptoss_sampler_sample(gptoss_sampler *s, const gptoss_sampling_params *p
         if (target < cumulative) return s->candidates[i];
     }
     return s->candidates[kept.n - 1];
+}
+
+bool gptoss_sampler_summary_exact(const gptoss_sampling_params *p, int32_t n_masked, int32_t n_top) {
+    if (p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f)
+        return false;
+    if (p->top_logprobs > n_top) return false;
+    if (is_greedy(p)) return n_masked < n_top;
+    return p->top_k > 0 && p->top_k < n_top - n_masked;
+}
+
+int32_t gptoss_sampler_sample_summary(gptoss_sampler *s, const gptoss_sampling_params *params,
+                                      const gptoss_sample_history *history, const int32_t *top_ids,
+                                      const float *top_logits, int32_t n_top, gptoss_rng *rng) {
+    if (is_greedy(params)) {
+        /* the first candidate not masked is the argmax of the masked row */
+        for (int32_t i = 0; i < n_top; i++) {
+            bool masked = false;
+            for (int32_t j = 0; j < history->n_masked && !masked; j++)
+                masked = history->masked[j] == top_ids[i];
+            if (!masked) return top_ids[i];
+        }
+        return top_ids[0];
+    }
+    /* The whole-row sampler on a row that is -inf outside the summary: tokens outside it
+     * have weight 0 there and cannot survive top_k here anyway. */
+    float *row = s->sparse_row;
+    for (int32_t i = 0; i < n_top; i++)
+        if (top_ids[i] >= 0 && top_ids[i] < s->vocab_size) row[top_ids[i]] = top_logits[i];
+    int32_t token = gptoss_sampler_sample(s, params, history, row, rng);
+    for (int32_t i = 0; i < n_top; i++)
+        if (top_ids[i] >= 0 && top_ids[i] < s->vocab_size) row[top_ids[i]] = -INFINITY;
+    return token;
 }
 
 float gptoss_sampler_logprobs(const float *logits, int32_t vocab_size, int32_t token, int32_t n_top,

@@ -55,6 +55,22 @@ int32_t gptoss_sampler_sample(gptoss_sampler *sampler, const gptoss_sampling_par
                               const gptoss_sample_history *history, const float *logits,
                               gptoss_rng *rng);
 
+/*
+ * Summaries (the n_top largest logits of a row, larger first, ties by lower id): whether a
+ * draw with these parameters and n_masked masked tokens picks exactly what it would pick from
+ * the whole row. True without penalties when greedy (n_masked < n_top) or when top_k keeps
+ * fewer than n_top - n_masked tokens: nothing outside the summary can then be drawn, and the
+ * kept set, its weights and the walk order are the same. (One caveat, also true of the whole
+ * row: tokens whose different logits round to the same weight tie by id.)
+ */
+bool gptoss_sampler_summary_exact(const gptoss_sampling_params *params, int32_t n_masked,
+                                  int32_t n_top);
+
+/* Draws from a summary (top_ids / top_logits [n_top]); valid when summary_exact said so. */
+int32_t gptoss_sampler_sample_summary(gptoss_sampler *sampler, const gptoss_sampling_params *params,
+                                      const gptoss_sample_history *history, const int32_t *top_ids,
+                                      const float *top_logits, int32_t n_top, gptoss_rng *rng);
+
 /* Raw-model logprob of `token` and the n_top most likely tokens (n_top <= 20), highest
  * first, ties by token id. */
 float gptoss_sampler_logprobs(const float *logits, int32_t vocab_size, int32_t token, int32_t n_top,

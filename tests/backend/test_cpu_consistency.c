@@ -1,8 +1,8 @@
 /*
  * test_cpu_consistency.c - the CPU backend computes the same logits however a prompt is fed:
  * one prefill, token by token, chunks of 1, 3, 17 and 64 tokens, alone or batched with other
- * sequences of different lengths, with any page size; and bad plans are refused without
- * touching state.
+ * sequences of different lengths, with any page size; bad plans are refused without
+ * touching state; and logits summaries (top-n, log-sum-exp) match a reference.
  *
  * The reference for each comparison is the same model run in one prefill; the bound is
  * 1e-4 relative to the row's max |logit| (the CPU backend is in fact exact here, because every
@@ -167,11 +167,111 @@ static void test_bad_plans_refused(void **state) {
     gptoss_backend_free(backend);
 }
 
+/* Reference summary written here: repeated selection of the largest (NaN as -inf, first of
+ * equals wins) and a double-precision log-sum-exp skipping NaN. */
+static void reference_summary(const float *row, int32_t n, int32_t n_top, int32_t *ids, float *vals, double *lse) {
+    char *taken = calloc((size_t)n, 1);
+    for (int32_t j = 0; j < n_top; j++) {
+        int32_t best = -1;
+        double best_v = 0;
+        for (int32_t v = 0; v < n; v++) {
+            double x = isnan(row[v]) ? -INFINITY : row[v];
+            if (!taken[v] && (best < 0 || x > best_v)) best = v, best_v = x;
+        }
+        taken[best] = 1;
+        ids[j] = best;
+        vals[j] = (float)best_v;
+    }
+    double m = -INFINITY, sum = 0;
+    for (int32_t v = 0; v < n; v++)
+        if (!isnan(row[v]) && row[v] > m) m = row[v];
+    for (int32_t v = 0; v < n; v++)
+        if (!isnan(row[v])) sum += exp((double)row[v] - m);
+    *lse = m + log(sum);
+    free(taken);
+}
+
+/* Host summaries of odd rows (ties, NaN, -inf, signed zeros) match the reference, and the
+ * backend's summary of a real step equals summarizing its full logits, with whole rows
+ * returned exactly where asked. */
+static void test_logits_summary(void **state) {
+    (void)state;
+    enum { N = 700, TOP = 64 };
+    float row[N];
+    int32_t ids[TOP], want_ids[TOP];
+    float vals[TOP], want_vals[TOP], lse;
+    double want_lse;
+    uint32_t seed = 5;
+    for (int trial = 0; trial < 20; trial++) {
+        for (int32_t v = 0; v < N; v++) {
+            seed = seed * 1664525u + 1013904223u;
+            row[v] = (float)((int32_t)(seed >> 20) - 2048) / (trial % 2 ? 256.0f : 16.0f); /* ties */
+        }
+        row[(trial * 37) % N] = NAN;
+        row[(trial * 11 + 3) % N] = -INFINITY;
+        row[(trial * 13 + 5) % N] = -0.0f;
+        row[(trial * 17 + 9) % N] = 0.0f;
+        int32_t n_top = trial == 0 ? 1 : TOP - trial % 3;
+        gptoss_logits_summarize_row(row, N, n_top, ids, vals, &lse);
+        reference_summary(row, N, n_top, want_ids, want_vals, &want_lse);
+        for (int32_t j = 0; j < n_top; j++) {
+            if (ids[j] != want_ids[j] || vals[j] != want_vals[j])
+                fail_msg("trial %d rank %d: got %d (%g), want %d (%g)", trial, j, ids[j], (double)vals[j], want_ids[j],
+                         (double)want_vals[j]);
+        }
+        assert_true(fabs(lse - want_lse) < 1e-5 * fmax(1.0, fabs(want_lse)));
+    }
+
+    gptoss_backend_options options = gptoss_backend_options_default();
+    gptoss_backend *backend = NULL;
+    gptoss_error err = {0};
+    assert_int_equal(gptoss_backend_create(model, &options, &backend, &err), GPTOSS_OK);
+    const int32_t vocab = gptoss_model_config(model)->vocab_size, T = 6;
+    int32_t *tok = random_ids(T, 77);
+    int32_t positions[6] = {0, 1, 2, 3, 4, 5}, starts[2] = {0, T}, cached = 0, table[1] = {0}, index[6] = {0, 1, 2, 3, 4, 5};
+    gptoss_batch_plan plan = {.n_tokens = T, .token_ids = tok, .positions = positions, .n_seqs = 1,
+                              .seq_token_start = starts, .seq_n_cached = &cached, .max_blocks_per_seq = 1,
+                              .block_tables = table, .n_logits = T, .logit_token_index = index};
+    float *full = malloc((size_t)T * vocab * sizeof *full);
+    assert_int_equal(gptoss_backend_forward(backend, &plan, full, &err), GPTOSS_OK);
+    /* Same plan again: the KV slots are rewritten with the same values, so the logits repeat. */
+    int32_t s_ids[6 * TOP];
+    float s_vals[6 * TOP], s_lse[6];
+    uint8_t want_full[6] = {0, 1, 0, 0, 1, 1};
+    float *rows = malloc((size_t)T * vocab * sizeof *rows);
+    for (size_t i = 0; i < (size_t)T * vocab; i++) rows[i] = 12345.0f;
+    gptoss_logits_summary out = {.n_top = TOP, .top_ids = s_ids, .top_logits = s_vals, .logsumexp = s_lse,
+                                 .full = want_full, .logits = rows};
+    assert_int_equal(gptoss_backend_forward_summary(backend, &plan, &out, &err), GPTOSS_OK);
+    for (int32_t r = 0; r < T; r++) {
+        const float *fr = full + (size_t)r * vocab;
+        reference_summary(fr, vocab, TOP, want_ids, want_vals, &want_lse);
+        assert_memory_equal(s_ids + r * TOP, want_ids, sizeof want_ids);
+        assert_memory_equal(s_vals + r * TOP, want_vals, sizeof want_vals);
+        assert_true(fabs(s_lse[r] - want_lse) < 1e-5 * fmax(1.0, fabs(want_lse)));
+        if (want_full[r])
+            assert_memory_equal(rows + (size_t)r * vocab, fr, (size_t)vocab * sizeof *fr);
+        else
+            assert_true(rows[(size_t)r * vocab] == 12345.0f && rows[(size_t)r * vocab + vocab - 1] == 12345.0f);
+    }
+    /* Bad summary requests are refused. */
+    out.n_top = 0;
+    assert_int_equal(gptoss_backend_forward_summary(backend, &plan, &out, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    out.n_top = TOP;
+    out.logits = NULL;
+    assert_int_equal(gptoss_backend_forward_summary(backend, &plan, &out, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    free(rows);
+    free(full);
+    free(tok);
+    gptoss_backend_free(backend);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunking),
         cmocka_unit_test(test_batched_with_others),
         cmocka_unit_test(test_bad_plans_refused),
+        cmocka_unit_test(test_logits_summary),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -477,7 +477,7 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     float *d_y = dev_poisoned<float>((size_t)T * K * H);
     gptoss_cuda_moe_weights w = {d_gub, d_gus, d_gubias, d_dnb, d_dns, d_dnbias, E, H, I, 7.0f, 1.702f};
     /* the pair path (3) must not need the route: leave it unbuilt (garbage) then */
-    int used_path = gptoss_cuda_moe_choose_path(path, T, K);
+    int used_path = gptoss_cuda_moe_choose_path(path, T, K, E);
     if (used_path != 3) gptoss_cuda_moe_route(d_topk, T, K, E, &route, 0);
     gptoss_cuda_moe(&w, d_t, T, K, d_topk, &route, d_h, d_y, path, 0);
     std::vector<float> y = dev_download(d_y, (size_t)T * K * H);
@@ -609,6 +609,81 @@ static void test_router_fused(int T, int E, int H, int K) {
     cudaFree(counter);
 }
 
+/* ---- logits summary (top-n, log-sum-exp) ------------------------------------------------ */
+
+/* rows of random logits; mode 1 coarse (ties across the cut), 2 sprinkled NaN / -inf / +-0,
+ * 3 all equal. Ids and values must match a host stable sort exactly; lse within 1e-5. */
+static void test_logits_summary(int rows, int V, int n_top, int mode) {
+    std::vector<float> x((size_t)rows * V);
+    for (auto &v : x) {
+        v = rnd_nz(8.0f);
+        if (mode == 1) v = roundf(v * 2.0f) / 2.0f;
+        if (mode == 3) v = 1.25f;
+    }
+    if (mode == 2)
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < 40; j++) {
+                float special[4] = {NAN, -INFINITY, -0.0f, 0.0f};
+                x[(size_t)r * V + rnd_int(V)] = special[j % 4];
+            }
+    float *d_x, *d_vals, *d_lse;
+    int32_t *d_ids;
+    CK(cudaMalloc(&d_x, x.size() * 4));
+    CK(cudaMalloc(&d_ids, (size_t)rows * n_top * 4));
+    CK(cudaMalloc(&d_vals, (size_t)rows * n_top * 4));
+    CK(cudaMalloc(&d_lse, (size_t)rows * 4));
+    CK(cudaMemcpy(d_x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(d_ids, 0xff, (size_t)rows * n_top * 4));
+    CK(cudaMemset(d_vals, 0xff, (size_t)rows * n_top * 4));
+    CK(cudaMemset(d_lse, 0xff, (size_t)rows * 4));
+    void *d_scratch;
+    size_t scratch_bytes = gptoss_cuda_logits_summary_scratch(rows, V);
+    CK(cudaMalloc(&d_scratch, scratch_bytes));
+    CK(cudaMemset(d_scratch, 0xff, scratch_bytes)); /* garbage: no initial contents needed */
+    for (int rep = 0; rep < 2; rep++) /* twice: a second run over the first one's scratch */
+        if (gptoss_cuda_logits_summary(d_x, rows, V, n_top, d_scratch, d_ids, d_vals, d_lse, 0) != 0) {
+            printf("logits summary: launcher refused %dx%d top %d\n", rows, V, n_top);
+            exit(1);
+        }
+    CK(cudaGetLastError());
+    CK(cudaFree(d_scratch));
+    std::vector<int32_t> ids((size_t)rows * n_top);
+    std::vector<float> vals((size_t)rows * n_top), lse(rows);
+    CK(cudaMemcpy(ids.data(), d_ids, ids.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(vals.data(), d_vals, vals.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(lse.data(), d_lse, lse.size() * 4, cudaMemcpyDeviceToHost));
+    int mismatches = 0;
+    std::vector<double> out_lse, ref_lse;
+    for (int r = 0; r < rows; r++) {
+        const float *row = x.data() + (size_t)r * V;
+        std::vector<int> order(V);
+        for (int i = 0; i < V; i++) order[i] = i;
+        auto val = [&](int i) { return isnan(row[i]) ? -INFINITY : (double)row[i]; };
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return val(a) > val(b); });
+        for (int j = 0; j < n_top; j++) {
+            int32_t gi = ids[(size_t)r * n_top + j];
+            if (gi != order[j] || (double)vals[(size_t)r * n_top + j] != val(order[j])) mismatches++;
+        }
+        double m = -INFINITY, sum = 0;
+        for (int i = 0; i < V; i++)
+            if (!isnan(row[i])) m = fmax(m, (double)row[i]);
+        for (int i = 0; i < V; i++)
+            if (!isnan(row[i])) sum += exp((double)row[i] - m);
+        ref_lse.push_back(m + log(sum));
+        out_lse.push_back(lse[r]);
+    }
+    char name[96];
+    snprintf(name, sizeof name, "logits summary %dx%d top %d mode %d (%d wrong ids)", rows, V, n_top, mode,
+             mismatches);
+    std::vector<double> out_m = out_lse, ref_m = ref_lse;
+    if (mismatches) out_m[0] = NAN; /* any wrong id or value fails the case */
+    check(name, out_m, ref_m, 1e-5);
+    cudaFree(d_x);
+    cudaFree(d_ids);
+    cudaFree(d_vals);
+    cudaFree(d_lse);
+}
+
 int main(int argc, char **argv) {
     int dev = 0;
     CK(cudaSetDevice(dev));
@@ -684,6 +759,17 @@ int main(int argc, char **argv) {
     test_moe(1, 256, 192, 16, 4, 0, 3, true);
     test_moe(1, 4096, 4096, 8, 4, 0, 3); /* widest supported rows: 4 groups per lane */
     test_moe(5, 256, 192, 16, 4, 0, 3);  /* 20 pairs: forced path 3 falls back to the GEMV */
+
+    test_logits_summary(3, 201088, 64, 0);
+    test_logits_summary(5, 201088, 64, 1);
+    test_logits_summary(4, 201088, 20, 2);
+    test_logits_summary(2, 201088, 64, 3);
+    test_logits_summary(64, 1000, 64, 1);
+    test_logits_summary(7, 64, 64, 2);
+    test_logits_summary(9, 3000, 1, 0);
+    test_logits_summary(3, 4096 * 3 + 17, 64, 2); /* a last chunk shorter than n_top */
+    test_logits_summary(2, 100, 64, 0);           /* one chunk, fewer logits than a chunk */
+    test_logits_summary(1, 1 << 20, 64, 1);       /* the largest vocabulary supported */
 
     int failed = 0;
     printf("\n| kernel case | rel_l2 | tol | result |\n|---|---|---|---|\n");

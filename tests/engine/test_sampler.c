@@ -246,6 +246,87 @@ static void test_seeded_reproducible(void **state) {
     gptoss_sampler_free(s);
 }
 
+/* The n largest of a row, larger first, ties by lower id (selection, written here). */
+static void reference_top(const float *x, int n, int n_top, int32_t *ids, float *vals) {
+    bool *taken = calloc((size_t)n, 1);
+    for (int j = 0; j < n_top; j++) {
+        int best = -1;
+        for (int v = 0; v < n; v++)
+            if (!taken[v] && (best < 0 || x[v] > x[best])) best = v; /* first of equals wins */
+        taken[best] = true;
+        ids[j] = best;
+        vals[j] = x[best];
+    }
+    free(taken);
+}
+
+/* Draws from a row's top-64 summary equal draws from the whole row, with the same generator,
+ * for every parameter set the summary is declared exact for; and it is declared inexact for
+ * penalties, plain temperature sampling and top_k too wide for the summary. */
+static void test_summary_draws_match_whole_row(void **state) {
+    (void)state;
+    enum { V = 3000, N_TOP = 64 };
+    gptoss_sampler *s;
+    gptoss_error err;
+    assert_int_equal(gptoss_sampler_create(V, &s, &err), GPTOSS_OK);
+    static float logits[V];
+    int32_t ids[N_TOP];
+    float vals[N_TOP];
+    int checked = 0;
+    for (int trial = 0; trial < 60; trial++) {
+        random_logits(logits, V, 4.0);
+        if (trial % 3 == 0) /* coarse values: many ties, some across the summary's edge */
+            for (int v = 0; v < V; v++)
+                logits[v] = roundf(logits[v] * 4.0f) / 4.0f;
+        reference_top(logits, V, N_TOP, ids, vals);
+        int32_t masked[3] = {ids[0], ids[2], 7};
+        gptoss_sample_history h = {0};
+        if (trial % 4 == 1) {
+            h.masked = masked;
+            h.n_masked = 3;
+        }
+        gptoss_sampling_params p = gptoss_sampling_params_default();
+        p.temperature = trial % 5 == 0 ? 0.0f : (float)(0.3 + urand() * 1.5);
+        p.top_k = 1 + (int32_t)(urand() * (N_TOP - 1 - h.n_masked - 1));
+        p.top_p = trial % 2 ? 1.0f : (float)(0.5 + 0.5 * urand());
+        p.min_p = trial % 7 == 3 ? 0.05f : 0.0f;
+        assert_true(gptoss_sampler_summary_exact(&p, h.n_masked, N_TOP));
+        for (int seed = 0; seed < 20; seed++) {
+            gptoss_rng r1, r2;
+            gptoss_rng_seed(&r1, (uint64_t)seed, (uint64_t)trial);
+            gptoss_rng_seed(&r2, (uint64_t)seed, (uint64_t)trial);
+            int32_t whole = gptoss_sampler_sample(s, &p, &h, logits, &r1);
+            int32_t part = gptoss_sampler_sample_summary(s, &p, &h, ids, vals, N_TOP, &r2);
+            if (whole != part)
+                fail_msg("trial %d seed %d (T=%g top_k=%d top_p=%g masked %d): whole row %d, summary %d",
+                         trial, seed, (double)p.temperature, p.top_k, (double)p.top_p, h.n_masked, whole,
+                         part);
+            assert_int_equal(gptoss_rng_next(&r1), gptoss_rng_next(&r2)); /* same draws used */
+            checked++;
+        }
+    }
+    assert_int_equal(checked, 60 * 20);
+
+    gptoss_sampling_params p = gptoss_sampling_params_default();
+    assert_false(gptoss_sampler_summary_exact(&p, 0, N_TOP)); /* T=1 over the whole vocabulary */
+    p.top_p = 0.9f;
+    assert_false(gptoss_sampler_summary_exact(&p, 0, N_TOP));
+    p.top_k = N_TOP;
+    assert_false(gptoss_sampler_summary_exact(&p, 0, N_TOP));
+    p.top_k = N_TOP - 2;
+    assert_false(gptoss_sampler_summary_exact(&p, 2, N_TOP));
+    assert_true(gptoss_sampler_summary_exact(&p, 1, N_TOP));
+    p.temperature = 0.0f;
+    assert_true(gptoss_sampler_summary_exact(&p, 10, N_TOP));
+    assert_false(gptoss_sampler_summary_exact(&p, N_TOP, N_TOP));
+    p.repetition_penalty = 1.1f;
+    assert_false(gptoss_sampler_summary_exact(&p, 0, N_TOP));
+    p.repetition_penalty = 1.0f;
+    p.presence_penalty = 0.5f;
+    assert_false(gptoss_sampler_summary_exact(&p, 0, N_TOP));
+    gptoss_sampler_free(s);
+}
+
 /* Draw frequencies agree with the reference distribution (chi-square, fixed seed). */
 static void test_empirical_frequencies(void **state) {
     (void)state;
@@ -341,6 +422,7 @@ int main(void) {
         cmocka_unit_test(test_penalties_change_the_right_logits),
         cmocka_unit_test(test_greedy_and_top_k_1_are_argmax),
         cmocka_unit_test(test_seeded_reproducible),
+        cmocka_unit_test(test_summary_draws_match_whole_row),
         cmocka_unit_test(test_empirical_frequencies),
         cmocka_unit_test(test_full_vocab_speed),
         cmocka_unit_test(test_params_validation),

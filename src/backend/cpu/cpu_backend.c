@@ -225,7 +225,7 @@ static void cpu_destroy(void *opaque) {
     free(st);
 }
 
-static gptoss_status cpu_create(const gptoss_model *model, const gptoss_backend_options *o, void **out,
+static gptoss_status cpu_create(const gptoss_model *model, gptoss_backend_options *o, void **out,
                                 gptoss_error *error) {
     cpu_state *st = calloc(1, sizeof *st);
     if (!st) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");

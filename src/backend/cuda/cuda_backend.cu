@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 extern "C" {
 #include "model/config.h"
@@ -119,6 +120,9 @@ static gptoss_status dev_alloc(void **p, size_t bytes, const char *what, gptoss_
     return GPTOSS_OK;
 }
 
+static gptoss_status ensure_workspace(gptoss_cuda_state *s, int32_t n_tokens, int32_t n_logits,
+                                      int32_t table_ints, gptoss_error *error);
+
 /* Creates everything except the weights' contents: stream, cuBLAS, weight buffers, pools. */
 static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backend_options *options,
                                  gptoss_cuda_state **out, gptoss_error *error) {
@@ -160,6 +164,11 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
         int mp = atoi(getenv("GPTOSS_CUDA_MOE_PATH"));
         s->moe_path = mp >= 1 && mp <= 3 ? mp : 0;
     }
+    if (getenv("GPTOSS_CUDA_PROFILE") && strcmp(getenv("GPTOSS_CUDA_PROFILE"), "0") != 0) {
+        for (int i = 0; i < GPTOSS_CUDA_MAX_PROF_EVENTS; i++)
+            CUDA_TRY(cudaEventCreate(&s->prof_events[i]), "cudaEventCreate");
+        s->serve_profile = true;
+    }
     s->kv_block_size = options->kv_block_size;
     s->n_kv_blocks = options->n_kv_blocks;
     s->n_sliding_kv_blocks = options->n_sliding_kv_blocks > 0 ? options->n_sliding_kv_blocks : options->n_kv_blocks;
@@ -178,11 +187,14 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     size_t need = 2 * V * H * 2 + (size_t)c->n_layers * layer_weight_bytes(c);
     size_t kv_token = NKV * D * 2 * 2; /* K and V, bf16 */
     size_t n_sliding = 0;
-    for (int l = 0; l < c->n_layers; l++) n_sliding += c->layer_is_sliding[l];
-    size_t kv_need = ((size_t)c->n_layers - n_sliding) * s->n_kv_blocks * s->kv_block_size * kv_token +
-                     n_sliding * s->n_sliding_kv_blocks * s->kv_block_size * kv_token;
+    for (int l = 0; l < c->n_layers; l++) n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
+    size_t full_block = ((size_t)c->n_layers - n_sliding) * s->kv_block_size * kv_token; /* one page, all layers */
+    size_t sliding_block = n_sliding * s->kv_block_size * kv_token;
+    const bool auto_kv = options->gpu_memory_utilization > 0;
     size_t free_b = 0, total_b = 0;
     CUDA_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    size_t kv_need = auto_kv ? full_block + (size_t)s->n_sliding_kv_blocks * sliding_block
+                             : (size_t)s->n_kv_blocks * full_block + (size_t)s->n_sliding_kv_blocks * sliding_block;
     if (need + kv_need > free_b)
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
                                 "CUDA: the model needs %.2f GiB of weights and %.2f GiB of KV cache but %s "
@@ -225,6 +237,32 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
         m->intermediate = (int32_t)I;
         m->swiglu_limit = (float)c->swiglu_limit;
         m->swiglu_alpha = (float)c->swiglu_alpha;
+    }
+#undef ALLOC
+    if (options->max_step_tokens > 0) {
+        /* the largest step's workspace first, so the KV cache below does not take its memory */
+        int32_t T = options->max_step_tokens, NL = options->max_step_logits > 0 ? options->max_step_logits : 1;
+        st = ensure_workspace(s, T, NL, T * 64, error);
+        if (st) return st;
+    }
+    if (auto_kv) {
+        /* Everything allocated so far (ours, other processes', the context) counts against
+         * the fraction; keep 512 MiB for cuBLAS, graphs and the plan buffers. */
+        CUDA_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+        double budget = options->gpu_memory_utilization * (double)total_b - (double)(total_b - free_b) -
+                        512.0 * (1 << 20) - (double)s->n_sliding_kv_blocks * (double)sliding_block;
+        double blocks = full_block ? budget / (double)full_block : 0;
+        if (blocks > (double)(1 << 24)) blocks = (double)(1 << 24);
+        if (blocks < 1)
+            return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                                    "CUDA: no KV cache page fits in %.0f%% of %s's %.1f GiB after %.2f GiB of weights "
+                                    "and workspace; raise the memory fraction or use a larger GPU",
+                                    options->gpu_memory_utilization * 100, prop.name, total_b / 1073741824.0,
+                                    (s->weight_bytes + s->ws.bytes) / 1073741824.0);
+        s->n_kv_blocks = (int32_t)blocks;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        cuda_layer *L = &s->layers[l];
         size_t pool = (size_t)(L->sliding ? s->n_sliding_kv_blocks : s->n_kv_blocks) * s->kv_block_size * NKV * D * 2;
         st = dev_alloc((void **)&L->k_cache, pool, "the KV cache", error);
         if (st) return st;
@@ -232,7 +270,6 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
         if (st) return st;
         s->kv_bytes += 2 * pool;
     }
-#undef ALLOC
     float inv_freq[512];
     float conc = 1.0f;
     gptoss_rope_yarn_inv_freq(c, inv_freq, &conc);
@@ -248,14 +285,35 @@ static void graphs_clear_all(gptoss_cuda_state *s) {
         if (s->prof_events[i]) cudaEventDestroy(s->prof_events[i]);
 }
 
+/* GPTOSS_CUDA_PROFILE: where the time of served steps went, per kind of step. */
+static void print_serve_profile(const gptoss_cuda_state *s) {
+    static const char *names[8] = {"MoE", "attention", "dense GEMMs", "lm_head + summary", "norms/rope/router",
+                                   "plan upload", "gaps", "(host between steps)"};
+    for (int k = 0; k < 2; k++) {
+        if (s->serve_prof_steps[k] == 0) continue;
+        double steps = s->serve_prof_steps[k], gpu = 0;
+        for (int p = 0; p < 7; p++) gpu += s->serve_prof_ms[k][p];
+        fprintf(stderr, "profile of %.0f %s steps (%.1f tokens per step), ms per step:\n", steps,
+                k == 0 ? "decode-only" : "prefill-carrying", s->serve_prof_tokens[k] / steps);
+        for (int p = 0; p < 7; p++)
+            fprintf(stderr, "  %-22s %8.3f  (%4.1f%%)\n", names[p], s->serve_prof_ms[k][p] / steps,
+                    100.0 * s->serve_prof_ms[k][p] / gpu);
+        fprintf(stderr, "  %-22s %8.3f\n  %-22s %8.3f\n", "GPU total", gpu / steps, "wall per forward call",
+                s->serve_prof_wall_ms[k] / steps);
+    }
+}
+
 void gptoss_cuda_state_free(gptoss_cuda_state *s) {
     if (!s) return;
     cudaSetDevice(s->device);
     if (s->stream) cudaStreamSynchronize(s->stream);
+    if (s->serve_profile) print_serve_profile(s);
     cudaFree(s->embedding);
     cudaFree(s->lm_head);
     cudaFree(s->final_norm);
     cudaFree(s->inv_freq);
+    cudaFree(s->summary_dev);
+    cudaFreeHost(s->summary_host);
     if (s->layers) {
         for (int l = 0; l < s->config.n_layers; l++) {
             cuda_layer *L = &s->layers[l];
@@ -544,6 +602,9 @@ static void graphs_clear(gptoss_cuda_state *s) {
     }
 }
 
+/* Steps of up to this many tokens route through the fused router (logits + top-k). */
+#define ROUTER_FUSED_MAX_TOKENS 64
+
 /* Enqueues one whole step on s->stream from the staged plan (no host work depends on the
  * plan's contents here, so the same sequence can be captured once and replayed). */
 static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key, gptoss_error *error) {
@@ -564,7 +625,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
     const int32_t *d_full = d_logit + w->cap_logits, *d_slide = d_full + table_ints;
     gptoss_cuda_route route;
     gptoss_cuda_route_bind(w->route_mem, T * K, E, &route);
-    int moe_path = gptoss_cuda_moe_choose_path(s->moe_path, T, K); /* 3 needs no route */
+    int moe_path = gptoss_cuda_moe_choose_path(s->moe_path, T, K, E); /* 3 needs no route */
 
     gptoss_cuda_embed(s->embedding, d_ids, T, H, w->x, k);
     gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, NULL, NULL, 0, s->layers[0].attn_norm, eps, NULL, T, H, w->t, NULL, k);
@@ -588,8 +649,13 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         prof_mark(s, PART_DENSE);
         gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps, NULL, T, H, w->t,
                                      w->t_f32, k);
-        gptoss_cuda_router(w->t_f32, L->router_weight, L->router_bias, T, E, H, K, w->proj, w->router_done,
-                           w->topk_idx, w->topk_weight, k);
+        if (T <= ROUTER_FUSED_MAX_TOKENS) {
+            gptoss_cuda_router(w->t_f32, L->router_weight, L->router_bias, T, E, H, K, w->proj, w->router_done,
+                               w->topk_idx, w->topk_weight, k);
+        } else { /* the fused kernel selects in its last block alone: too serial for big steps */
+            gptoss_cuda_router_logits(w->t_f32, L->router_weight, L->router_bias, T, E, H, w->proj, k);
+            gptoss_cuda_router_topk(w->proj, NULL, T, E, K, w->topk_idx, w->topk_weight, k);
+        }
         if (moe_path != 3) gptoss_cuda_moe_route(w->topk_idx, T, K, E, &route, k);
         prof_mark(s, PART_SMALL);
         gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
@@ -626,7 +692,15 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     int32_t T = plan->n_tokens, NL = plan->n_logits;
     if (T <= 0) return GPTOSS_OK;
     CUDA_TRY(cudaSetDevice(s->device), "cudaSetDevice");
-    int32_t table_ints = plan->n_seqs * plan->max_blocks_per_seq;
+    /* Graph-sized steps stage their block tables with a power-of-two row stride, so a
+     * sequence growing by one page does not change the captured step (and force a new
+     * capture every kv_block_size tokens). */
+    int32_t stride = plan->max_blocks_per_seq;
+    if (T <= GRAPH_MAX_TOKENS) {
+        stride = 16;
+        while (stride < plan->max_blocks_per_seq) stride *= 2;
+    }
+    int32_t table_ints = plan->n_seqs * stride;
     int32_t old_cap = s->ws.cap_tokens, old_logits = s->ws.cap_logits;
     size_t old_plan = s->ws.plan_ints;
     /* the pinned staging buffer may still feed the previous step's copy */
@@ -649,15 +723,25 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     for (int32_t i = 0; i < T; i++)
         if (plan->positions[i] > max_pos) max_pos = plan->positions[i];
     for (int32_t i = 0; i < NL; i++) h_logit[i] = plan->logit_token_index[i];
-    memcpy(h_full, plan->block_tables, (size_t)table_ints * 4);
-    memcpy(h_slide, plan->sliding_block_tables ? plan->sliding_block_tables : plan->block_tables, (size_t)table_ints * 4);
+    const int32_t *slide_src = plan->sliding_block_tables ? plan->sliding_block_tables : plan->block_tables;
+    if (stride == plan->max_blocks_per_seq) {
+        memcpy(h_full, plan->block_tables, (size_t)table_ints * 4);
+        memcpy(h_slide, slide_src, (size_t)table_ints * 4);
+    } else {
+        const int32_t mb = plan->max_blocks_per_seq;
+        for (int32_t sq = 0; sq < plan->n_seqs; sq++) {
+            memcpy(h_full + (size_t)sq * stride, plan->block_tables + (size_t)sq * mb, (size_t)mb * 4);
+            memcpy(h_slide + (size_t)sq * stride, slide_src + (size_t)sq * mb, (size_t)mb * 4);
+            for (int32_t b = mb; b < stride; b++) h_full[(size_t)sq * stride + b] = h_slide[(size_t)sq * stride + b] = -1;
+        }
+    }
 
     cuda_step_key key;
     memset(&key, 0, sizeof key);
     key.n_tokens = T;
     key.n_logits = NL;
     key.n_seqs = plan->n_seqs;
-    key.max_blocks = plan->max_blocks_per_seq;
+    key.max_blocks = stride;
     key.staged_ints = (size_t)(h_slide + table_ints - hp);
     key.splits_full = gptoss_cuda_attention_splits(T, NKV, max_pos + 1, s->n_sms);
     int32_t win_span = (max_pos + 1 < c->sliding_window) ? max_pos + 1 : c->sliding_window;
@@ -699,7 +783,7 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
 
 /* ---- the ops table ---------------------------------------------------------------------- */
 
-static gptoss_status cuda_create(const gptoss_model *model, const gptoss_backend_options *options, void **state,
+static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_options *options, void **state,
                                  gptoss_error *error) {
     gptoss_cuda_state *s = NULL;
     gptoss_status st = state_alloc(gptoss_model_config(model), options, &s, error);
@@ -708,6 +792,19 @@ static gptoss_status cuda_create(const gptoss_model *model, const gptoss_backend
         gptoss_cuda_state_free(s);
         return st;
     }
+    options->n_kv_blocks = s->n_kv_blocks;
+    options->n_sliding_kv_blocks = s->n_sliding_kv_blocks;
+    *state = s;
+    return GPTOSS_OK;
+}
+
+static gptoss_status cuda_create_random(const gptoss_config *config, gptoss_backend_options *options, uint64_t seed,
+                                        void **state, gptoss_error *error) {
+    gptoss_cuda_state *s = NULL;
+    gptoss_status st = gptoss_cuda_state_create_random(config, options, seed, &s, error);
+    if (st) return st;
+    options->n_kv_blocks = s->n_kv_blocks;
+    options->n_sliding_kv_blocks = s->n_sliding_kv_blocks;
     *state = s;
     return GPTOSS_OK;
 }
@@ -726,4 +823,96 @@ static gptoss_status cuda_forward(void *state, const gptoss_batch_plan *plan, fl
     return GPTOSS_OK;
 }
 
-extern "C" const gptoss_backend_ops gptoss_cuda_backend_ops = {"cuda", cuda_create, cuda_destroy, cuda_forward};
+/* The step, then the summaries reduced on the GPU: n_top ids and values and one float per
+ * row cross to the host, plus only the rows asked for whole. */
+static gptoss_status summary_step(gptoss_cuda_state *s, const gptoss_batch_plan *plan, const gptoss_logits_summary *out,
+                                  gptoss_error *error);
+
+static double wall_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static gptoss_status cuda_forward_summary(void *state, const gptoss_batch_plan *plan, const gptoss_logits_summary *out,
+                                          gptoss_error *error) {
+    gptoss_cuda_state *s = (gptoss_cuda_state *)state;
+    if (!s->serve_profile) return summary_step(s, plan, out, error);
+    double t0 = wall_ms();
+    s->profiling = true;
+    gptoss_status st = summary_step(s, plan, out, error);
+    s->profiling = false;
+    if (st) return st;
+    int k = plan->n_tokens == plan->n_seqs ? 0 : 1;
+    for (int i = 1; i < s->prof_n; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, s->prof_events[i - 1], s->prof_events[i]);
+        s->serve_prof_ms[k][s->prof_part[i]] += ms;
+    }
+    s->serve_prof_steps[k] += 1;
+    s->serve_prof_tokens[k] += plan->n_tokens;
+    s->serve_prof_wall_ms[k] += wall_ms() - t0;
+    return GPTOSS_OK;
+}
+
+static gptoss_status summary_step(gptoss_cuda_state *s, const gptoss_batch_plan *plan, const gptoss_logits_summary *out,
+                                  gptoss_error *error) {
+    gptoss_status st = gptoss_cuda_forward_device(s, plan, error);
+    if (st) return st;
+    const int32_t NL = plan->n_logits, V = s->config.vocab_size;
+    if (NL > 0) {
+        const int32_t n = out->n_top;
+        size_t bytes = (size_t)NL * (2 * (size_t)n + 1) * 4; /* what comes back */
+        int32_t rows_cap = s->ws.cap_logits > NL ? s->ws.cap_logits : NL;
+        size_t out_cap = align_up((size_t)rows_cap * (2 * GPTOSS_MAX_SUMMARY_TOP + 1) * 4); /* scratch: 256-aligned */
+        size_t want = out_cap + gptoss_cuda_logits_summary_scratch(rows_cap, V);
+        if (bytes > s->summary_bytes || want > s->summary_dev_bytes) {
+            CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
+            cudaFree(s->summary_dev);
+            cudaFreeHost(s->summary_host);
+            s->summary_dev = s->summary_host = NULL;
+            s->summary_bytes = s->summary_dev_bytes = 0;
+            st = dev_alloc(&s->summary_dev, want, "logits summaries", error);
+            if (st) return st;
+            CUDA_TRY(cudaMemset(s->summary_dev, 0, want), "logits summaries");
+            CUDA_TRY(cudaMallocHost(&s->summary_host, out_cap), "cudaMallocHost");
+            s->summary_bytes = out_cap;
+            s->summary_dev_bytes = want;
+            s->summary_scratch = (char *)s->summary_dev + out_cap;
+        }
+        int32_t *ids = (int32_t *)s->summary_dev;
+        float *vals = (float *)(ids + (size_t)NL * n), *lse = vals + (size_t)NL * n;
+        if (gptoss_cuda_logits_summary(s->ws.logits, NL, V, n, s->summary_scratch, ids, vals, lse, s->stream) != 0)
+            return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                    "CUDA: logits summaries support vocabularies up to 1048576 and n_top up to %d",
+                                    GPTOSS_MAX_SUMMARY_TOP);
+        CUDA_TRY(cudaGetLastError(), "logits summary");
+        prof_mark(s, PART_LM_HEAD);
+        CUDA_TRY(cudaMemcpyAsync(s->summary_host, s->summary_dev, bytes, cudaMemcpyDeviceToHost, s->stream),
+                 "summary download");
+        for (int32_t i = 0; out->full && i < NL;) {
+            if (!out->full[i]) {
+                i++;
+                continue;
+            }
+            int32_t j = i;
+            while (j < NL && out->full[j]) j++;
+            CUDA_TRY(cudaMemcpyAsync(out->logits + (size_t)i * V, s->ws.logits + (size_t)i * V,
+                                     (size_t)(j - i) * V * sizeof(float), cudaMemcpyDeviceToHost, s->stream),
+                     "logits download");
+            i = j;
+        }
+        CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
+        const int32_t *h_ids = (const int32_t *)s->summary_host;
+        const float *h_vals = (const float *)(h_ids + (size_t)NL * n);
+        memcpy(out->top_ids, h_ids, (size_t)NL * n * 4);
+        memcpy(out->top_logits, h_vals, (size_t)NL * n * 4);
+        memcpy(out->logsumexp, h_vals + (size_t)NL * n, (size_t)NL * 4);
+        return GPTOSS_OK;
+    }
+    CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
+    return GPTOSS_OK;
+}
+
+extern "C" const gptoss_backend_ops gptoss_cuda_backend_ops = {"cuda", cuda_create, cuda_create_random, cuda_destroy,
+                                                               cuda_forward, cuda_forward_summary};

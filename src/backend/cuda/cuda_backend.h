@@ -96,6 +96,11 @@ typedef struct gptoss_cuda_state {
     float concentration;
     cuda_layer *layers;       /* [L] */
     cuda_workspace ws;
+    void *summary_dev;        /* logits summaries: [rows, n_top] ids | [rows, n_top] values | [rows] lse */
+    void *summary_host;       /* pinned copy of the same */
+    size_t summary_bytes;     /* of summary_host */
+    size_t summary_dev_bytes; /* of summary_dev, which ends with the kernels' scratch */
+    void *summary_scratch;
     int moe_path;             /* 0 auto, 1 GEMV, 2 GEMM, 3 pair GEMV (tests and A/B runs force one) */
     bool use_gemv;            /* decode projections on our GEMV rather than cuBLAS */
     bool gemv_all;            /* diagnostics: every GEMM as GEMV row blocks (GPTOSS_CUDA_GEMV=all) */
@@ -108,6 +113,9 @@ typedef struct gptoss_cuda_state {
     int32_t prof_n;           /* events recorded this step */
     cudaEvent_t prof_events[GPTOSS_CUDA_MAX_PROF_EVENTS];
     int32_t prof_part[GPTOSS_CUDA_MAX_PROF_EVENTS]; /* component the time before event i is charged to */
+    bool serve_profile;       /* GPTOSS_CUDA_PROFILE=1: profile every step, print totals at exit */
+    double serve_prof_ms[2][8]; /* [decode-only steps, steps with prefill][component] */
+    double serve_prof_steps[2], serve_prof_tokens[2], serve_prof_wall_ms[2];
 } gptoss_cuda_state;
 
 /* Components of a step for profiling (index into gptoss_bench_part_names). */

@@ -152,7 +152,7 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     for (int i = 0; i < rq->n_pp; i++) max_pp = std::max(max_pp, rq->pp[i]);
     for (int i = 0; i < rq->n_tg; i++) max_tg = std::max(max_tg, rq->tg[i]);
     for (int i = 0; i < rq->n_depth; i++) max_depth = std::max(max_depth, rq->depth[i]);
-    int32_t max_ctx = std::max(max_pp, max_depth + max_tg) + max_depth + 16;
+    int32_t max_ctx = max_depth + std::max(max_pp, max_tg) + 16; /* prefill and decode both start at a depth */
     int32_t n_cases = (rq->n_pp + rq->n_tg) * std::max(1, rq->n_depth);
     if (n_cases > GPTOSS_BENCH_MAX_CASES)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "bench: %d cases; at most %d", n_cases,

@@ -169,7 +169,7 @@ typedef struct gptoss_cuda_moe_weights {
  * reads topk_idx [n_tokens, k_top] and ignores route, which need not have been built).
  */
 #define GPTOSS_MOE_PAIR_MAX 8
-int gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int32_t k_top);
+int gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int32_t k_top, int32_t n_experts);
 void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
                      int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route, bf16 *h,
                      float *y, int path, cudaStream_t stream);
@@ -180,6 +180,16 @@ cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate);
 /* out[i] = src[rows[i], :], bf16 rows of width `width`. */
 void gptoss_cuda_gather_rows(const bf16 *src, const int32_t *rows, int32_t n_rows, int32_t width,
                              bf16 *out, cudaStream_t stream);
+
+/* Per row of logits [n_rows, vocab] f32: the n_top (<= 64, <= vocab) largest, larger first,
+ * NaN as -inf, ties by lower index, into top_ids / top_vals [n_rows, n_top], and the row's
+ * log-sum-exp (NaN skipped) into lse [n_rows] (logits_summary.cu). scratch: 16-byte aligned
+ * device memory of gptoss_cuda_logits_summary_scratch bytes (no initial contents needed).
+ * Returns nonzero (enqueuing nothing) for n_top or vocab out of range (vocab up to
+ * 1,048,576) or a misaligned scratch. */
+size_t gptoss_cuda_logits_summary_scratch(int32_t n_rows, int32_t vocab);
+int gptoss_cuda_logits_summary(const float *logits, int32_t n_rows, int32_t vocab, int32_t n_top, void *scratch,
+                               int32_t *top_ids, float *top_vals, float *lse, cudaStream_t stream);
 
 /* Fills with deterministic hash-based pseudo-random values (bench --random-weights). */
 void gptoss_cuda_fill_normal_bf16(bf16 *out, size_t n, uint64_t seed, float mean, float stddev,
