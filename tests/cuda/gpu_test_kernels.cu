@@ -366,6 +366,24 @@ static void test_attention(int NH, int NKV, int D, std::vector<std::pair<int, in
 
 /* ---- router top-k ---------------------------------------------------------------------- */
 
+/* Router reference for one token: top-k of logits (+ bias) by value, ties to the lower index,
+ * softmax over the k. Appends reference and kernel weights; returns wrong expert indices. */
+static int ref_topk(const float *logits, const float *bias, int E, int K, const int32_t *idx, const float *wts,
+                    std::vector<double> &ref, std::vector<double> &got) {
+    std::vector<std::pair<double, int>> v(E);
+    for (int e = 0; e < E; e++) v[e] = {-((double)logits[e] + (bias ? bias[e] : 0.0)), e};
+    std::sort(v.begin(), v.end());
+    double mx = -v[0].first, z = 0;
+    int mismatched = 0;
+    for (int k = 0; k < K; k++) z += exp(-v[k].first - mx);
+    for (int k = 0; k < K; k++) {
+        if (idx[k] != v[k].second) mismatched++;
+        ref.push_back(exp(-v[k].first - mx) / z);
+        got.push_back(wts[k]);
+    }
+    return mismatched;
+}
+
 static void test_router(int T, int E, int K) {
     std::vector<float> logits((size_t)T * E), bias(E);
     for (auto &v : logits) v = rnd_nz(2.0f);
@@ -379,16 +397,8 @@ static void test_router(int T, int E, int K) {
     std::vector<double> got, ref;
     int mismatched = 0;
     for (int t = 0; t < T; t++) {
-        std::vector<std::pair<double, int>> v(E);
-        for (int e = 0; e < E; e++) v[e] = {-((double)logits[(size_t)t * E + e] + bias[e]), e};
-        std::sort(v.begin(), v.end());
-        double mx = -v[0].first, z = 0;
-        for (int k = 0; k < K; k++) z += exp(-v[k].first - mx);
-        for (int k = 0; k < K; k++) {
-            if (idx[(size_t)t * K + k] != v[k].second) mismatched++;
-            ref.push_back(exp(-v[k].first - mx) / z);
-            got.push_back(wts[(size_t)t * K + k]);
-        }
+        mismatched += ref_topk(&logits[(size_t)t * E], bias.data(), E, K, &idx[(size_t)t * K], &wts[(size_t)t * K], ref,
+                               got);
     }
     char name[96];
     snprintf(name, sizeof name, "router top-%d T=%d E=%d: %d index mismatches", K, T, E, mismatched);
@@ -588,16 +598,7 @@ static void test_router_fused(int T, int E, int H, int K) {
                 ref.push_back(a);
                 got.push_back(l[(size_t)i * E + e]);
             }
-            std::vector<std::pair<double, int>> v(E);
-            for (int e = 0; e < E; e++) v[e] = {-(double)l[(size_t)i * E + e], e};
-            std::sort(v.begin(), v.end());
-            double mx = -v[0].first, z = 0;
-            for (int k = 0; k < K; k++) z += exp(-v[k].first - mx);
-            for (int k = 0; k < K; k++) {
-                if (idx[(size_t)i * K + k] != v[k].second) mismatched++;
-                ref.push_back(exp(-v[k].first - mx) / z);
-                got.push_back(wts[(size_t)i * K + k]);
-            }
+            mismatched += ref_topk(&l[(size_t)i * E], nullptr, E, K, &idx[(size_t)i * K], &wts[(size_t)i * K], ref, got);
         }
         char name[96];
         snprintf(name, sizeof name, "router fused T=%d E=%d H=%d top-%d run %d: %d mismatches, counter %u", T, E, H,
