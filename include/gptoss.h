@@ -206,7 +206,7 @@ typedef struct gptoss_logits_summary {
     int32_t n_top;            /* 1..GPTOSS_MAX_SUMMARY_TOP */
     int32_t *top_ids;         /* [n_logits, n_top] */
     float *top_logits;        /* [n_logits, n_top] */
-    float *logsumexp;         /* [n_logits] */
+    float *logsumexp;         /* [n_logits], or NULL: not needed (saves a pass over each row) */
     const uint8_t *full;      /* [n_logits] or NULL */
     float *logits;            /* [n_logits, vocab] (rows with full[i]), or NULL if no full */
 } gptoss_logits_summary;
@@ -216,7 +216,8 @@ typedef struct gptoss_logits_summary {
 gptoss_status gptoss_backend_forward_summary(gptoss_backend *backend, const gptoss_batch_plan *plan,
                                              const gptoss_logits_summary *out, gptoss_error *error);
 
-/* The top-n and log-sum-exp of one host row, by the rules of gptoss_logits_summary. */
+/* The top-n and log-sum-exp (skipped when logsumexp is NULL) of one host row, by the rules of
+ * gptoss_logits_summary. */
 void gptoss_logits_summarize_row(const float *row, int32_t vocab_size, int32_t n_top,
                                  int32_t *top_ids, float *top_logits, float *logsumexp);
 

@@ -226,6 +226,7 @@ void gptoss_logits_summarize_row(const float *row, int32_t vocab_size, int32_t n
     }
     for (int32_t j = 0; j < n_have; j++)
         top_logits[j] = isnan(row[top_ids[j]]) ? -INFINITY : row[top_ids[j]];
+    if (!logsumexp) return;
     if (!isfinite(max)) {
         *logsumexp = max; /* -inf (no finite logit) or +inf */
         return;
@@ -245,7 +246,7 @@ gptoss_status gptoss_backend_forward_summary(gptoss_backend *b, const gptoss_bat
     const int32_t NL = plan->n_logits, V = b->config.vocab_size;
     if (NL > 0) {
         if (!out || out->n_top < 1 || out->n_top > GPTOSS_MAX_SUMMARY_TOP || out->n_top > V || !out->top_ids ||
-            !out->top_logits || !out->logsumexp)
+            !out->top_logits)
             return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                     "logits summary: n_top must be in [1, %d] and the output arrays set",
                                     GPTOSS_MAX_SUMMARY_TOP);
@@ -268,7 +269,7 @@ gptoss_status gptoss_backend_forward_summary(gptoss_backend *b, const gptoss_bat
     for (int32_t i = 0; i < NL; i++) {
         const float *row = b->scratch + (size_t)i * V;
         gptoss_logits_summarize_row(row, V, out->n_top, out->top_ids + (size_t)i * out->n_top,
-                                    out->top_logits + (size_t)i * out->n_top, &out->logsumexp[i]);
+                                    out->top_logits + (size_t)i * out->n_top, out->logsumexp ? &out->logsumexp[i] : NULL);
         if (out->full && out->full[i]) memcpy(out->logits + (size_t)i * V, row, (size_t)V * sizeof(float));
     }
     return GPTOSS_OK;

@@ -759,13 +759,18 @@ static bool step(gptoss_engine *e) {
     if (e->options.forward_summary && e->options.vocab_size >= GPTOSS_ENGINE_SUMMARY_TOP) {
         /* Whole rows only where a draw needs them; forks at the end of a prompt share the
          * request's parameters, so the first sequence of the row decides for all. */
-        for (int32_t i = 0; i < plan.n_logits; i++)
-            e->full_rows[i] = !summary_serves(e, gptoss_scheduler_logit_seq(e->sched, i));
+        bool want_lse = false; /* logprobs anywhere in the step */
+        for (int32_t i = 0; i < plan.n_logits; i++) {
+            const gptoss_seq *seq = gptoss_scheduler_logit_seq(e->sched, i);
+            const gptoss_request *r = seq->user;
+            e->full_rows[i] = !summary_serves(e, seq);
+            want_lse |= r->params.logprobs || r->params.top_logprobs > 0;
+        }
         gptoss_logits_summary summary = {
             .n_top = GPTOSS_ENGINE_SUMMARY_TOP,
             .top_ids = e->top_ids,
             .top_logits = e->top_logits,
-            .logsumexp = e->logsumexp,
+            .logsumexp = want_lse ? e->logsumexp : NULL,
             .full = e->full_rows,
             .logits = e->logits,
         };

@@ -907,7 +907,7 @@ static gptoss_status summary_step(gptoss_cuda_state *s, const gptoss_batch_plan 
         const float *h_vals = (const float *)(h_ids + (size_t)NL * n);
         memcpy(out->top_ids, h_ids, (size_t)NL * n * 4);
         memcpy(out->top_logits, h_vals, (size_t)NL * n * 4);
-        memcpy(out->logsumexp, h_vals + (size_t)NL * n, (size_t)NL * 4);
+        if (out->logsumexp) memcpy(out->logsumexp, h_vals + (size_t)NL * n, (size_t)NL * 4);
         return GPTOSS_OK;
     }
     CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
