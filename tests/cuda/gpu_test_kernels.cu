@@ -459,7 +459,7 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     int allowed[5] = {1, 3, 4, 6, 7};
     for (int i = 0; i < T; i++) {
         std::vector<int> pool;
-        if (pattern == 2 && E >= 8) pool.assign(allowed, allowed + 5);
+        if (pattern == 2 && E >= 8) for (int a : allowed) pool.push_back(a);
         else for (int e = 0; e < E; e++) pool.push_back(e);
         for (int k = 0; k < K; k++) {
             int j = k + rnd_int((int)pool.size() - k);
@@ -485,53 +485,81 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     CK(gptoss_cuda_moe_prepare(H, I));
     bf16 *d_h = dev_poisoned<bf16>((size_t)T * K * I);
     float *d_y = dev_poisoned<float>((size_t)T * K * H);
-    gptoss_cuda_moe_weights w = {d_gub, d_gus, d_gubias, d_dnb, d_dns, d_dnbias, E, H, I, 7.0f, 1.702f};
+    gptoss_cuda_moe_weights w = {d_gub, d_gus, d_gubias, d_dnb, d_dns, d_dnbias, E, H, I, 7.0f, 1.702f, false};
+    unsigned *d_scratch = dev_poisoned<unsigned>(4);
+    CK(gptoss_cuda_moe_check_mma(&w, nullptr, d_scratch, 0));
+    /* path 4 is exact only for scale bytes in [104, 128]: wide scales must turn it down */
+    if (w.mma_ok == wide_scales) {
+        std::vector<double> bad = {NAN}, one = {1.0};
+        char nm[96];
+        snprintf(nm, sizeof nm, "moe mma check H=%d I=%d%s: mma_ok=%d", H, I, wide_scales ? " wide" : "", (int)w.mma_ok);
+        check(nm, bad, one, 0.0);
+    }
     /* the pair path (3) must not need the route: leave it unbuilt (garbage) then */
-    int used_path = gptoss_cuda_moe_choose_path(path, T, K, E);
-    if (used_path != 3) gptoss_cuda_moe_route(d_topk, T, K, E, &route, 0);
+    int used_path = gptoss_cuda_moe_choose_path(path, T, K, E, w.mma_ok);
+    if (used_path != 3) gptoss_cuda_moe_route(d_topk, T, K, E, used_path, &route, 0);
     gptoss_cuda_moe(&w, d_t, T, K, d_topk, &route, d_h, d_y, path, 0);
     std::vector<float> y = dev_download(d_y, (size_t)T * K * H);
-    /* reference: double math from the spec; h rounded to bf16 as the backend stores it */
+    /* reference: double math from the spec; h rounded to bf16 as the backend stores it.
+     * Expert by expert: its weights are dequantized once (exactly, into floats), then
+     * every pair routed to it. */
     std::vector<double> ref((size_t)T * K * H);
-#pragma omp parallel for schedule(dynamic)
-    for (int pr = 0; pr < T * K; pr++) {
-        int tok = pr / K, e = topk[pr];
-        std::vector<double> x(H), h(I), wrow(std::max(H, I));
-        for (int j = 0; j < H; j++) x[j] = bf2f(t[(size_t)tok * H + j]);
-        for (int i = 0; i < I; i++) {
-            double u[2];
-            for (int r = 0; r < 2; r++) {
-                size_t row = (size_t)e * 2 * I + 2 * i + r;
-                double acc = 0;
-                for (int j = 0; j < H; j++) {
-                    uint8_t byte = gub[row * (H / 32) * 16 + (j / 32) * 16 + (j % 32) / 2];
-                    int code = (j % 2) ? byte >> 4 : byte & 15;
-                    acc += kFp4[code] * ldexp(1.0, gus[row * (H / 32) + j / 32] - 127) * x[j];
-                }
-                u[r] = acc + gubias[row];
+    std::vector<std::vector<int>> pairs_of(E);
+    for (int pr = 0; pr < T * K; pr++) pairs_of[topk[pr]].push_back(pr);
+    std::vector<float> wgu((size_t)2 * I * H), wdn((size_t)H * I);
+    for (int e = 0; e < E; e++) {
+        if (pairs_of[e].empty()) continue;
+#pragma omp parallel for
+        for (int r = 0; r < 2 * I; r++) {
+            size_t row = (size_t)e * 2 * I + r;
+            for (int j = 0; j < H; j++) {
+                uint8_t byte = gub[row * (H / 32) * 16 + (j / 32) * 16 + (j % 32) / 2];
+                int code = (j % 2) ? byte >> 4 : byte & 15;
+                wgu[(size_t)r * H + j] = (float)(kFp4[code] * ldexp(1.0, gus[row * (H / 32) + j / 32] - 127));
             }
-            double a = fmin(u[0], 7.0), c = fmin(fmax(u[1], -7.0), 7.0);
-            h[i] = bfround(a / (1 + exp(-1.702 * a)) * (c + 1));
         }
+#pragma omp parallel for
         for (int n = 0; n < H; n++) {
             size_t row = (size_t)e * H + n;
-            double acc = 0;
             for (int i = 0; i < I; i++) {
                 uint8_t byte = dnb[row * (I / 32) * 16 + (i / 32) * 16 + (i % 32) / 2];
                 int code = (i % 2) ? byte >> 4 : byte & 15;
-                acc += kFp4[code] * ldexp(1.0, dns[row * (I / 32) + i / 32] - 127) * h[i];
+                wdn[(size_t)n * I + i] = (float)(kFp4[code] * ldexp(1.0, dns[row * (I / 32) + i / 32] - 127));
             }
-            ref[(size_t)pr * H + n] = acc + dnbias[row];
+        }
+        const std::vector<int> &prs = pairs_of[e];
+#pragma omp parallel for schedule(dynamic)
+        for (size_t pi = 0; pi < prs.size(); pi++) {
+            int pr = prs[pi], tok = pr / K;
+            std::vector<double> x(H), h(I);
+            for (int j = 0; j < H; j++) x[j] = bf2f(t[(size_t)tok * H + j]);
+            for (int i = 0; i < I; i++) {
+                double u[2];
+                for (int r = 0; r < 2; r++) {
+                    const float *wr = &wgu[(size_t)(2 * i + r) * H];
+                    double acc = 0;
+                    for (int j = 0; j < H; j++) acc += (double)wr[j] * x[j];
+                    u[r] = acc + gubias[(size_t)e * 2 * I + 2 * i + r];
+                }
+                double a = fmin(u[0], 7.0), c = fmin(fmax(u[1], -7.0), 7.0);
+                h[i] = bfround(a / (1 + exp(-1.702 * a)) * (c + 1));
+            }
+            for (int n = 0; n < H; n++) {
+                const float *wr = &wdn[(size_t)n * I];
+                double acc = 0;
+                for (int i = 0; i < I; i++) acc += (double)wr[i] * h[i];
+                ref[(size_t)pr * H + n] = acc + dnbias[(size_t)e * H + n];
+            }
         }
     }
     std::vector<double> got(y.begin(), y.end());
     char name[96];
     snprintf(name, sizeof name, "moe %s T=%d H=%d I=%d E=%d pattern=%d%s",
-             used_path == 3 ? "pair-gemv" : used_path == 1 ? "gemv" : "gemm", T, H, I, E,
+             used_path == 4 ? "mma" : used_path == 3 ? "pair-gemv" : used_path == 1 ? "gemv" : "gemm", T, H, I, E,
              pattern, wide_scales ? " scales 110..140" : "");
     check(name, got, ref, 2e-3); /* fp32 accumulation; h is bf16 on both sides, rare 1-ulp flips */
     cudaFree(d_gub), cudaFree(d_gus), cudaFree(d_dnb), cudaFree(d_dns), cudaFree(d_gubias), cudaFree(d_dnbias);
-    cudaFree(d_t), cudaFree(d_topk), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y);
+    cudaFree(d_t), cudaFree(d_topk), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y), cudaFree(d_scratch);
 }
 
 /* ---- dense bf16 GEMV (decode projections) ------------------------------------------------- */
@@ -759,7 +787,16 @@ int main(int argc, char **argv) {
     test_moe(3, 160, 96, 8, 2, 2, 3);
     test_moe(1, 256, 192, 16, 4, 0, 3, true);
     test_moe(1, 4096, 4096, 8, 4, 0, 3); /* widest supported rows: 4 groups per lane */
-    test_moe(5, 256, 192, 16, 4, 0, 3);  /* 20 pairs: forced path 3 falls back to the GEMV */
+    test_moe(5, 256, 192, 16, 4, 0, 3);  /* 20 pairs: forced path 3 falls back */
+    /* mma path: tile heights 8..128 (rows per expert), partial K blocks (H = 160: 5 groups,
+     * I = 96: 3), partial row blocks (96 units, 160 rows), skewed and sparse expert loads */
+    for (int T : {1, 2, 3, 8, 16, 33, 111, 300, 1000}) test_moe(T, 2880, 2880, 32, 4, T % 3, 4);
+    for (int T : {1, 5, 87, 500, 2048}) test_moe(T, 2880, 2880, 128, 4, T % 2, 4);
+    for (int T : {1, 7, 64, 65, 100, 333, 1000, 4096}) test_moe(T, 256, 192, 16, 4, T % 3, 4);
+    for (int T : {1, 3, 129, 500}) test_moe(T, 160, 96, 8, 2, 2, 4);
+    test_moe(4096, 64, 64, 4, 4, 1, 4);
+    test_moe(1, 4096, 4096, 8, 4, 0, 4);
+    test_moe(300, 256, 192, 16, 4, 0, 4, true); /* scales past 2^1: path 4 declines, another runs */
 
     test_logits_summary(3, 201088, 64, 0);
     test_logits_summary(5, 201088, 64, 1);

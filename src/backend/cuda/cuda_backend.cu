@@ -19,6 +19,7 @@
  * an error message.
  */
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/attention_tc.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -101,7 +102,7 @@ static size_t layer_weight_bytes(const gptoss_config *c) {
     size_t H = c->hidden_size, I = c->intermediate_size, E = c->n_experts;
     size_t qkv = (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim, q = (size_t)c->n_heads * c->head_dim;
     size_t b = 0;
-    b += 2 * H * 4 + qkv * H * 2 + qkv * 4 + H * q * 2 + H * 4 + c->n_heads * 4 + E * H * 2 + E * 4;
+    b += 2 * H * 4 + qkv * H * 2 + qkv * 4 + H * q * 2 + H * 4 + c->n_heads * 4 + E * H * (2 + 4) + E * 4;
     b += E * 2 * I * (H / 32) * 17 + E * 2 * I * 4 + E * H * (I / 32) * 17 + E * H * 4;
     return b + 16 * 256; /* alignment slack */
 }
@@ -155,14 +156,16 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     /* A/B switches for measurements: GPTOSS_CUDA_GEMV=0 sends decode projections to cuBLAS,
      * GPTOSS_CUDA_GEMV=all sends every projection and lm_head through it (no cuBLAS at all),
      * GPTOSS_CUDA_PDL=0 launches every kernel after its predecessor has fully finished,
-     * GPTOSS_CUDA_MOE_PATH=1|2|3 forces a MoE path (default: chosen per step). */
+     * GPTOSS_CUDA_ATTN_TC=0 keeps prefill attention on the scalar kernel,
+     * GPTOSS_CUDA_MOE_PATH=1|2|3|4 forces a MoE path (default: chosen per step). */
+    s->attn_tc = getenv("GPTOSS_CUDA_ATTN_TC") == NULL || strcmp(getenv("GPTOSS_CUDA_ATTN_TC"), "0") != 0;
     s->use_gemv = getenv("GPTOSS_CUDA_GEMV") == NULL || strcmp(getenv("GPTOSS_CUDA_GEMV"), "0") != 0;
     gptoss_cuda_set_pdl(prop.major >= 9 &&
                         (getenv("GPTOSS_CUDA_PDL") == NULL || strcmp(getenv("GPTOSS_CUDA_PDL"), "0") != 0));
     s->gemv_all = getenv("GPTOSS_CUDA_GEMV") && strcmp(getenv("GPTOSS_CUDA_GEMV"), "all") == 0;
     if (getenv("GPTOSS_CUDA_MOE_PATH")) {
         int mp = atoi(getenv("GPTOSS_CUDA_MOE_PATH"));
-        s->moe_path = mp >= 1 && mp <= 3 ? mp : 0;
+        s->moe_path = mp >= 1 && mp <= 4 ? mp : 0;
     }
     if (getenv("GPTOSS_CUDA_PROFILE") && strcmp(getenv("GPTOSS_CUDA_PROFILE"), "0") != 0) {
         for (int i = 0; i < GPTOSS_CUDA_MAX_PROF_EVENTS; i++)
@@ -224,6 +227,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
         ALLOC(L->o_bias, H * 4, "O bias");
         ALLOC(L->sinks, NH * 4, "sinks");
         ALLOC(L->router_weight, E * H * 2, "router");
+        ALLOC(L->router_weight_f32, E * H * 4, "router");
         ALLOC(L->router_bias, E * 4, "router bias");
         gptoss_cuda_moe_weights *m = &L->moe;
         ALLOC(m->gate_up_blocks, E * 2 * I * (H / 32) * 16, "expert gate_up blocks");
@@ -325,6 +329,7 @@ void gptoss_cuda_state_free(gptoss_cuda_state *s) {
             cudaFree(L->o_bias);
             cudaFree(L->sinks);
             cudaFree(L->router_weight);
+            cudaFree(L->router_weight_f32);
             cudaFree(L->router_bias);
             cudaFree((void *)L->moe.gate_up_blocks);
             cudaFree((void *)L->moe.gate_up_scales);
@@ -462,6 +467,30 @@ done:
     return st;
 }
 
+/* After the weights are in place: the fp32 copy of the router matrices, and per layer whether
+ * the tensor-core MoE path is exact (gptoss_cuda_moe_check_mma); layers where it is not keep
+ * the WMMA/GEMV paths, and the caller hears how many. */
+static gptoss_status check_moe_layers(gptoss_cuda_state *s, gptoss_error *error) {
+    for (int l = 0; l < s->config.n_layers; l++)
+        gptoss_cuda_bf16_to_f32(s->layers[l].router_weight, (size_t)s->config.n_experts * s->config.hidden_size,
+                                s->layers[l].router_weight_f32, s->stream);
+    unsigned *scratch = NULL;
+    gptoss_status st = dev_alloc((void **)&scratch, 16, "a check buffer", error);
+    if (st) return st;
+    int slow = 0;
+    cudaError_t ce = cudaSuccess;
+    for (int l = 0; l < s->config.n_layers && ce == cudaSuccess; l++) {
+        ce = gptoss_cuda_moe_check_mma(&s->layers[l].moe, s->layers[l].mlp_norm, scratch, s->stream);
+        slow += !s->layers[l].moe.mma_ok;
+    }
+    cudaFree(scratch);
+    if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "MoE weight check");
+    if (slow)
+        fprintf(stderr, "note: %d of %d MoE layers have scales outside [2^-23, 2^1] (or inputs too wide for fp16) "
+                        "and use the slower WMMA/GEMV kernels\n", slow, s->config.n_layers);
+    return GPTOSS_OK;
+}
+
 /* ---- random weights (bench) --------------------------------------------------------------- */
 
 gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
@@ -512,6 +541,11 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
     if (ce != cudaSuccess) {
         gptoss_cuda_state_free(s);
         return gptoss_cuda_error(error, ce, "random weight generation");
+    }
+    st = check_moe_layers(s, error);
+    if (st) {
+        gptoss_cuda_state_free(s);
+        return st;
     }
     *out = s;
     return GPTOSS_OK;
@@ -625,7 +659,10 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
     const int32_t *d_full = d_logit + w->cap_logits, *d_slide = d_full + table_ints;
     gptoss_cuda_route route;
     gptoss_cuda_route_bind(w->route_mem, T * K, E, &route);
-    int moe_path = gptoss_cuda_moe_choose_path(s->moe_path, T, K, E); /* 3 needs no route */
+    /* Tensor-core attention for prefill-shaped steps (runs of >= 16 tokens per sequence on
+     * average): it tiles 16 consecutive tokens of one sequence, so decode tokens (one per
+     * sequence) would each take a whole tile; those stay on the split-K kernel. */
+    const bool use_attn_tc = s->attn_tc && T >= 64 && T >= 16 * key->n_seqs;
 
     gptoss_cuda_embed(s->embedding, d_ids, T, H, w->x, k);
     gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, NULL, NULL, 0, s->layers[0].attn_norm, eps, NULL, T, H, w->t, NULL, k);
@@ -639,7 +676,11 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         gptoss_cuda_rope_kv_write(w->qkv, L->qkv_bias, d_pos, d_seq, s->inv_freq, s->concentration, T, NH, NKV, D,
                                   table, key->max_blocks, s->kv_block_size, w->q, L->k_cache, L->v_cache, k);
         prof_mark(s, PART_SMALL);
-        if (gptoss_cuda_attention(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table, key->max_blocks,
+        if ((!use_attn_tc ||
+             gptoss_cuda_attention_tc(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table, key->max_blocks,
+                                      s->kv_block_size, L->sinks, T, NH, NKV, D, L->sliding ? c->sliding_window : 0,
+                                      w->attn, k) != 0) &&
+            gptoss_cuda_attention(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table, key->max_blocks,
                                   s->kv_block_size, L->sinks, T, NH, NKV, D, L->sliding ? c->sliding_window : 0,
                                   L->sliding ? key->splits_sliding : key->splits_full, w->partial, w->attn, k) != 0)
             return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "CUDA: attention shape not supported");
@@ -653,10 +694,17 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             gptoss_cuda_router(w->t_f32, L->router_weight, L->router_bias, T, E, H, K, w->proj, w->router_done,
                                w->topk_idx, w->topk_weight, k);
         } else { /* the fused kernel selects in its last block alone: too serial for big steps */
-            gptoss_cuda_router_logits(w->t_f32, L->router_weight, L->router_bias, T, E, H, w->proj, k);
-            gptoss_cuda_router_topk(w->proj, NULL, T, E, K, w->topk_idx, w->topk_weight, k);
+            /* fp32 SGEMM (no TF32: cuBLAS's default math mode) on the fp32 copy of the
+             * router: the logits kernel re-reads the matrix per 8 tokens (36 ms of a 2048-token
+             * 120b prefill); bias added by the top-k kernel */
+            const float one = 1.0f, zero = 0.0f;
+            cublasStatus_t cs = cublasSgemm(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, E, T, H, &one, L->router_weight_f32,
+                                            H, w->t_f32, H, &zero, w->proj, E);
+            if (cs != CUBLAS_STATUS_SUCCESS) return cublas_check(cs, "router SGEMM", error);
+            gptoss_cuda_router_topk(w->proj, L->router_bias, T, E, K, w->topk_idx, w->topk_weight, k);
         }
-        if (moe_path != 3) gptoss_cuda_moe_route(w->topk_idx, T, K, E, &route, k);
+        int moe_path = gptoss_cuda_moe_choose_path(s->moe_path, T, K, E, L->moe.mma_ok);
+        if (moe_path != 3) gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k); /* 3 needs none */
         prof_mark(s, PART_SMALL);
         gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
         prof_mark(s, PART_MOE);
@@ -788,6 +836,7 @@ static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_optio
     gptoss_cuda_state *s = NULL;
     gptoss_status st = state_alloc(gptoss_model_config(model), options, &s, error);
     if (st == GPTOSS_OK) st = upload_weights(s, gptoss_model_weights(model), options, error);
+    if (st == GPTOSS_OK) st = check_moe_layers(s, error);
     if (st) {
         gptoss_cuda_state_free(s);
         return st;

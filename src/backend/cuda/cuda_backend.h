@@ -29,6 +29,7 @@ typedef struct cuda_layer {
     float *o_bias;           /* [H] */
     float *sinks;            /* [NH] */
     bf16 *router_weight;     /* [E, H] */
+    float *router_weight_f32; /* [E, H], the same values: SGEMM operand for large steps */
     float *router_bias;      /* [E] */
     gptoss_cuda_moe_weights moe; /* MXFP4 experts + f32 biases */
     bf16 *k_cache;           /* [pool blocks, block_size, NKV, D] */
@@ -102,6 +103,7 @@ typedef struct gptoss_cuda_state {
     size_t summary_dev_bytes; /* of summary_dev, which ends with the kernels' scratch */
     void *summary_scratch;
     int moe_path;             /* 0 auto, 1 GEMV, 2 GEMM, 3 pair GEMV (tests and A/B runs force one) */
+    bool attn_tc;            /* tensor-core attention for prefill-shaped steps */
     bool use_gemv;            /* decode projections on our GEMV rather than cuBLAS */
     bool gemv_all;            /* diagnostics: every GEMM as GEMV row blocks (GPTOSS_CUDA_GEMV=all) */
     size_t weight_bytes;      /* device bytes of weights */

@@ -11,6 +11,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef __nv_bfloat16 bf16;
@@ -128,24 +129,31 @@ void gptoss_cuda_router_topk(const float *logits, const float *bias, int32_t n_t
                              float *topk_weight, cudaStream_t stream);
 
 /* Groups the n_tokens*k_top (token, slot) pairs by expert (see moe_mxfp4.cu for the layout of
- * `route`). Returns nothing; route lives in device memory of gptoss_cuda_route_bytes bytes. */
+ * `route`) into tiles of route->tile_rows rows, the tile height of the MoE path that will read
+ * it (gptoss_cuda_moe_route sets it from that path). Returns nothing; route lives in device
+ * memory of gptoss_cuda_route_bytes bytes. */
 typedef struct gptoss_cuda_route {
     int32_t *expert_offsets; /* [n_experts + 1] prefix offsets into the sorted rows */
     int32_t *sorted_token;   /* [n_pairs] token of each sorted row */
     int32_t *sorted_pair;    /* [n_pairs] token*k_top + slot of each sorted row */
-    int32_t *tile_expert;    /* [max_tiles] expert of each 64-row tile, -1 past the end */
+    int32_t *tile_expert;    /* [max_tiles] expert of each tile, -1 past the end */
     int32_t *tile_row;       /* [max_tiles] first sorted row of each tile */
     int32_t *active_experts; /* [n_experts] experts with at least one row, then -1 */
+    int32_t tile_rows;       /* host side: rows per tile the route was built with */
 } gptoss_cuda_route;
 
-#define GPTOSS_MOE_TILE_M 64
+#define GPTOSS_MOE_TILE_M 64   /* tile height of the WMMA path (2) */
+#define GPTOSS_MOE_MIN_TILE 8  /* smallest tile of the mma path (4); sizes the route */
 
+/* Tiles a route of tile_rows-row tiles can need: every active expert may end in a partial one. */
+int32_t gptoss_cuda_route_tiles(int32_t n_pairs, int32_t n_experts, int32_t tile_rows);
 int32_t gptoss_cuda_route_max_tiles(int32_t n_pairs, int32_t n_experts);
 size_t gptoss_cuda_route_bytes(int32_t n_pairs, int32_t n_experts);
 void gptoss_cuda_route_bind(void *memory, int32_t n_pairs, int32_t n_experts,
                             gptoss_cuda_route *route);
+/* path: the resolved path (gptoss_cuda_moe_choose_path) the route is for (not 3). */
 void gptoss_cuda_moe_route(const int32_t *topk_idx, int32_t n_tokens, int32_t k_top,
-                           int32_t n_experts, const gptoss_cuda_route *route,
+                           int32_t n_experts, int path, gptoss_cuda_route *route,
                            cudaStream_t stream);
 
 /* MXFP4 expert weights of one layer, HF layout (spec 3.4). */
@@ -158,21 +166,35 @@ typedef struct gptoss_cuda_moe_weights {
     const float *down_bias;        /* [E, H] */
     int32_t n_experts, hidden, intermediate;
     float swiglu_limit, swiglu_alpha;
+    bool mma_ok; /* set by gptoss_cuda_moe_check_mma: path 4 is exact for this layer */
 } gptoss_cuda_moe_weights;
 
 /*
  * The expert MLPs of one layer. t [n_tokens, H] bf16 (normalized input); h scratch
- * [n_pairs, I] bf16 (by sorted row, or by pair on path 3); y [n_tokens * k_top, H] f32 (by
- * token*k_top + slot), each row = down(swiglu(gate_up(t))) + down_bias, unweighted. path:
- * 0 = choose (gptoss_cuda_moe_choose_path), 1 = GEMV over the route (up to 8 tokens per
- * pass), 2 = tiled tensor-core GEMM, 3 = pair GEMV (n_tokens * k_top <= GPTOSS_MOE_PAIR_MAX;
- * reads topk_idx [n_tokens, k_top] and ignores route, which need not have been built).
+ * [n_pairs, I] (16-bit values: bf16 by sorted row, by pair on path 3; fp16 in the mma
+ * layout on path 4); y [n_tokens * k_top, H] f32 (by token*k_top + slot), each row =
+ * down(swiglu(gate_up(t))) + down_bias, unweighted. path: 0 = choose
+ * (gptoss_cuda_moe_choose_path), 1 = GEMV over the route (up to 8 tokens per pass), 2 = tiled
+ * WMMA GEMM, 3 = pair GEMV (n_tokens * k_top <= GPTOSS_MOE_PAIR_MAX; reads topk_idx
+ * [n_tokens, k_top] and ignores route, which need not have been built), 4 = mma.sync
+ * grouped GEMM with fp16 operands (only where w->mma_ok; it also uses y as scratch for the
+ * fp16 copy of t before writing it). The route must have been built for the same path.
  */
 #define GPTOSS_MOE_PAIR_MAX 8
-int gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int32_t k_top, int32_t n_experts);
+int gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int32_t k_top, int32_t n_experts, bool mma_ok);
 void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
-                     int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route, bf16 *h,
+                     int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route, void *h,
                      float *y, int path, cudaStream_t stream);
+
+/*
+ * Decides w->mma_ok: path 4 dequantizes to fp16 (code * 2^(s-127) exactly) and feeds the
+ * inputs as fp16, which is exact when every scale byte of both projections lies in
+ * [104, 128], the SwiGLU output bound limit * (limit + 1) and the input bound
+ * sqrt(H) * max|input_gain| (an RMSNorm output; input_gain [H] f32 on the device, NULL to
+ * skip) stay below 2^15. scratch: 4 device words. Synchronizes the stream.
+ */
+cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *input_gain, unsigned *scratch,
+                                      cudaStream_t stream);
 
 /* Raises the GEMV kernels' dynamic shared-memory limit for these widths (call once). */
 cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate);
@@ -190,6 +212,9 @@ void gptoss_cuda_gather_rows(const bf16 *src, const int32_t *rows, int32_t n_row
 size_t gptoss_cuda_logits_summary_scratch(int32_t n_rows, int32_t vocab);
 int gptoss_cuda_logits_summary(const float *logits, int32_t n_rows, int32_t vocab, int32_t n_top, void *scratch,
                                int32_t *top_ids, float *top_vals, float *lse, cudaStream_t stream);
+
+/* out[i] = float(in[i]) (exact). */
+void gptoss_cuda_bf16_to_f32(const bf16 *in, size_t n, float *out, cudaStream_t stream);
 
 /* Fills with deterministic hash-based pseudo-random values (bench --random-weights). */
 void gptoss_cuda_fill_normal_bf16(bf16 *out, size_t n, uint64_t seed, float mean, float stddev,

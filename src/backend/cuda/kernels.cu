@@ -622,6 +622,15 @@ static __device__ __forceinline__ float hash_normal(uint64_t seed, size_t i) {
     return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
 }
 
+static __global__ void bf16_to_f32_kernel(const bf16 *in, size_t n, float *out) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __bfloat162float(in[i]);
+}
+
+void gptoss_cuda_bf16_to_f32(const bf16 *in, size_t n, float *out, cudaStream_t stream) {
+    if (n) bf16_to_f32_kernel<<<1024, 256, 0, stream>>>(in, n, out);
+}
+
 static __global__ void fill_normal_bf16_kernel(bf16 *out, size_t n, uint64_t seed, float mean, float sd) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         out[i] = __float2bfloat16(mean + sd * hash_normal(seed, i));

@@ -1,0 +1,425 @@
+/*
+ * attention_tc.cu - paged sink attention on tensor cores for prefill-sized steps (mma.sync
+ * m16n8k16, bf16 in, f32 accumulate; sm_80+). Computes what gptoss_cuda_attention computes
+ * with n_splits = 1 (kernels.cu) and replaces it when a step has many tokens; owns no memory.
+ *
+ * Grid (token tiles, n_kv_heads), latest tile first (causal tiles with the most keys start
+ * first). A block takes TQ = 16 * subtiles consecutive tokens of the step and the `group` query
+ * heads that share one KV head; warp w owns 16 rows: tokens 16 * (w / group) .. +15 of the
+ * tile for query head w % group. All warps read the same keys, so one K/V tile in shared
+ * memory serves the whole GQA group (group 8: 16 tokens x 8 heads = 128 rows, 8 warps):
+ *
+ *                 key tile (KT keys, cp.async, double-buffered, gathered via block table)
+ *                   K [KT][D] --ldmatrix-->  B fragments      V [KT][D] --ldmatrix.trans--> B
+ *   warp 0: Q(tok 0..15, head 0) [16 x D] . K^T -> S [16 x SUB] f32 -> mask, online softmax
+ *   warp 1: Q(tok 0..15, head 1)            -> P = exp2(S - max) (bf16 hi+lo) . V -> O [16 x D] f32
+ *   ...      (SUB = 32 keys per softmax step; O, max and sum live in registers across tiles)
+ *
+ * Data flow: Q rows (f32, global) become bf16 hi/lo A fragments in registers once, times log2(e)
+ * so the softmax runs on exp2. For each key tile the block copies KT rows of K and V (D bf16
+ * each, contiguous in the paged cache) into shared memory while the warps work on the
+ * previous tile; rows are padded by 16 bytes so the 8 row addresses of an ldmatrix hit 8
+ * distinct bank groups. P goes from the S accumulators straight into A fragments: the C
+ * layout of two adjacent m16n8 tiles is the A layout of one m16k16 tile. The running max
+ * starts at the sink logit, so it is always finite (fully masked rows give exp2(-inf) = 0 and
+ * a correction of 1, no -inf - -inf) and the sink joins the denominator once at the end:
+ *   out = O / (sum + exp2(sink - max)).
+ *
+ * Varlen: a tile may hold tokens of several sequences. The block walks the tile's segments
+ * (runs of one sequence) one after another; a segment's key range is the union of its tokens'
+ * ranges, rows outside the segment are fully masked there (their state does not change), and
+ * a warp skips the key tiles none of its rows can see. Keys past the segment's range are
+ * zero-filled, never read, so garbage (NaN) in unused cache slots cannot reach P . V.
+ *
+ * Rounding: q (times log2 e) and P enter the tensor cores as bf16 pairs hi + lo
+ * (split_bf16x2), two mma each, so they keep 16 significant bits instead of bf16's 8; K and V
+ * are bf16 already. Max and sums stay f32. With q and P in plain bf16 the kernel ran in 3.1 ms
+ * instead of the scalar kernel's 63 (20b shape, 2048 tokens) but moved logits by about 2^-8
+ * against the CPU reference, twice the bf16 bar of the forward tests; the split costs one
+ * more mma per product and keeps the result as exact as the scalar kernel's.
+ */
+#include "backend/cuda/attention_tc.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "attention_tc.cu needs sm_80 or newer (bf16 mma.sync, cp.async)"
+#endif
+
+#define ATC_MAX_WARPS 8                     /* warps per block; group * subtiles of them compute */
+#define ATC_THREADS (32 * ATC_MAX_WARPS)    /* all of them copy K/V tiles */
+#define ATC_MAX_TOKENS (16 * ATC_MAX_WARPS) /* tokens per block at most (group 1) */
+
+/* Tile shapes by head_dim D, in one place. Shared memory: 2 stages x (K, V) x KEYS x ROW bf16
+ * = 36 KB for D = 64, 34 KB for D = 128. */
+template <int D> struct atc_traits {
+    static_assert(D % 16 == 0 && D >= 16 && D <= 128, "head_dim: a multiple of 16 up to 128");
+    static constexpr int KEYS = D <= 64 ? 64 : 32;     /* keys per shared-memory tile */
+    static constexpr int SUB = 32;                     /* keys per online-softmax step */
+    static constexpr int ROW = D + 8;                  /* smem row stride (bf16): +16 bytes */
+    static constexpr int CHUNKS = D / 8;               /* 16-byte chunks per K/V row */
+    static constexpr int MIN_BLOCKS = D <= 64 ? 2 : 1; /* blocks per SM: caps registers at 128 */
+};
+
+/* ---- PTX wrappers ------------------------------------------------------------------------ */
+
+static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte asynchronous copy global -> shared, cached in L2 only (.cg): a K/V row is reused by
+ * the other token tiles of the same KV head (other blocks), never by this block. src_bytes 0
+ * reads nothing and writes 16 zero bytes. */
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+/* Waits until at most N of this thread's committed copy groups are still in flight. */
+template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Four 8x8 bf16 matrices from shared memory; lanes 8i..8i+7 give the row addresses of matrix
+ * i, and lane l receives row l/4, columns 2(l%4), 2(l%4)+1 of each (one register each). */
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+/* The same, transposed: lane l receives rows 2(l%4), 2(l%4)+1 of column l/4 (V as B operand). */
+static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* c[16x8] += a[16x16] . b[16x8], bf16 inputs, f32 accumulators. With g = lane/4, q = lane%4:
+ * a = {(g, 2q..2q+1), (g+8, 2q..), (g, 2q+8..), (g+8, 2q+8..)}, b = {(k 2q..2q+1, n g),
+ * (k 2q+8.., n g)}, c = {(g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1)}; the lower column (k)
+ * sits in the low 16 bits of a pair. */
+static __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                      uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 2^x in one MUFU instruction (2 ulp); 2^-inf = +0. */
+static __device__ __forceinline__ float exp2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* (lo, hi) -> one register of two bf16, lo in the low half (the lower column of a fragment). */
+static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    return u;
+}
+
+/* (a, b) as a bf16 pair hi plus the bf16 pair of what hi misses: hi + lo carries 16
+ * significant bits, so a product through two mma (hi and lo) is as exact as fp32 inputs
+ * for this purpose (relative 2^-17 instead of bf16's 2^-9). */
+static __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uint32_t &lo) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    float2 hf = __bfloat1622float2(h);
+    hi = *(const uint32_t *)&h;
+    lo = pack_bf16x2(a - hf.x, b - hf.y);
+}
+
+/* ---- the kernel -------------------------------------------------------------------------- */
+
+/* Starts the copy of keys [k0, k0 + KEYS) of one KV head into k_dst/v_dst ([KEYS][ROW]);
+ * keys at or past khi are zero-filled. Thread i copies chunk i % CHUNKS of rows i / CHUNKS,
+ * + ATC_THREADS / CHUNKS, ...: 8 consecutive threads read one 128-byte row (D = 64). */
+template <int D>
+static __device__ __forceinline__ void load_kv_tile(bf16 *k_dst, bf16 *v_dst, const bf16 *k_cache,
+                                                    const bf16 *v_cache, const int32_t *table,
+                                                    int32_t block_size, int32_t n_kv_heads, int kv_head,
+                                                    int k0, int khi) {
+    typedef atc_traits<D> tr;
+    constexpr int ROWS_PER_PASS = ATC_THREADS / tr::CHUNKS;
+    const int ch = threadIdx.x % tr::CHUNKS;
+#pragma unroll
+    for (int r = threadIdx.x / tr::CHUNKS; r < tr::KEYS; r += ROWS_PER_PASS) {
+        int j = k0 + r;
+        uint32_t kd = smem_addr(k_dst + r * tr::ROW + ch * 8), vd = smem_addr(v_dst + r * tr::ROW + ch * 8);
+        if (j < khi) {
+            int blk = table[j / block_size];
+            size_t off = (((size_t)blk * block_size + j % block_size) * n_kv_heads + kv_head) * D + ch * 8;
+            cp_async16(kd, k_cache + off, 16);
+            cp_async16(vd, v_cache + off, 16);
+        } else {
+            cp_async16(kd, k_cache, 0);
+            cp_async16(vd, v_cache, 0);
+        }
+    }
+}
+
+/* Grid (ceil(n_tokens / (16 * subtiles)), n_kv_heads), ATC_THREADS threads. */
+template <int D>
+static __global__ void __launch_bounds__(ATC_THREADS, atc_traits<D>::MIN_BLOCKS)
+attention_tc_kernel(const float *q, const bf16 *k_cache, const bf16 *v_cache, const int32_t *positions,
+                    const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
+                    int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
+                    int32_t n_kv_heads, int32_t group, int32_t subtiles, int32_t window, bf16 *out) {
+    typedef atc_traits<D> tr;
+    constexpr int KT = tr::KEYS, SUB = tr::SUB, ROW = tr::ROW;
+    __shared__ __align__(16) bf16 k_tile[2][KT * ROW]; /* [stage][key][d], padded rows */
+    __shared__ __align__(16) bf16 v_tile[2][KT * ROW];
+    __shared__ int32_t tile_pos[ATC_MAX_TOKENS], tile_seq[ATC_MAX_TOKENS]; /* the block's tokens */
+
+    pdl_wait(); /* q, positions and the caches come from earlier kernels */
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int frag_row = lane >> 2; /* g: fragment row of this lane (column of a B fragment) */
+    const int frag_col = lane & 3;  /* q: fragment column pair */
+    const int kv_head = blockIdx.y;
+    const int tokens_per_block = 16 * subtiles;
+    const int n_tiles = (n_tokens + tokens_per_block - 1) / tokens_per_block;
+    const int tb = (n_tiles - 1 - (int)blockIdx.x) * tokens_per_block; /* the block's tokens [tb, te) */
+    const int te = min(n_tokens, tb + tokens_per_block);
+    for (int i = threadIdx.x; i < te - tb; i += ATC_THREADS) {
+        tile_pos[i] = positions[tb + i];
+        tile_seq[i] = token_seq[tb + i];
+    }
+
+    /* warps past group * subtiles (group 3, 5, 6, 7) only copy: their rows lie past te */
+    const int head = kv_head * group + warp % group;
+    const int row0 = warp < group * subtiles ? tb + 16 * (warp / group) + frag_row : INT_MAX - 8; /* row g */
+    const int row1 = row0 + 8; /* token of fragment row g + 8 */
+    const float log2e = 1.4426950408889634f;
+
+    /* Q as A fragments for the D/16 k-steps, scaled by log2(e); rows past te are zero */
+    uint32_t qa[D / 16][4], ql[D / 16][4]; /* hi and lo parts (split_bf16x2) */
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int c = 16 * kk + 8 * half + 2 * frag_col;
+            float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
+            if (row0 < te) x0 = *(const float2 *)(q + ((size_t)row0 * n_heads + head) * D + c);
+            if (row1 < te) x1 = *(const float2 *)(q + ((size_t)row1 * n_heads + head) * D + c);
+            split_bf16x2(x0.x * log2e, x0.y * log2e, qa[kk][2 * half], ql[kk][2 * half]);
+            split_bf16x2(x1.x * log2e, x1.y * log2e, qa[kk][2 * half + 1], ql[kk][2 * half + 1]);
+        }
+    }
+
+    float o[D / 8][4]; /* O rows g, g+8: o[n] = C fragment of output columns 8n..8n+7 */
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    /* running max of rows g, g+8 (log2 units), seeded with the sink; kept finite (-1e30 for a
+     * sink of -inf) so that masked keys give 2^-inf = 0 and never inf - inf */
+    float max0 = fmaxf(sinks[head] * log2e, -1e30f), max1 = max0;
+    float sum0 = 0.0f, sum1 = 0.0f; /* this lane's share of the rows' sums, scaled to the max */
+
+    /* lane-constant parts of the ldmatrix addresses (bytes into a tile):
+     * K (x4 = two key n-tiles of one k-step): lanes 0-7 keys 0-7 at d 0, 8-15 keys 0-7 at d 8,
+     *   16-23 keys 8-15 at d 0, 24-31 keys 8-15 at d 8 -> b0b1, b2b3 of n-tile 2np, then 2np+1;
+     * V (x4.trans = two d n-tiles of one key k-step): lanes 0-7 keys 0-7 at d 0, 8-15 keys 8-15
+     *   at d 0, 16-23 keys 0-7 at d 8, 24-31 keys 8-15 at d 8 -> b0b1, b2b3 of d-tile 2dp, 2dp+1. */
+    const uint32_t k_lane = (uint32_t)((((lane >> 4) * 8 + (lane & 7)) * ROW + ((lane >> 3) & 1) * 8) * 2);
+    const uint32_t v_lane = (uint32_t)(((((lane >> 3) & 1) * 8 + (lane & 7)) * ROW + (lane >> 4) * 8) * 2);
+
+    __syncthreads(); /* tile_pos, tile_seq */
+
+    for (int seg_start = tb; seg_start < te;) {
+        /* the segment: tokens [seg_start, seg_end) of one sequence; keys [klo, khi) */
+        const int seq = tile_seq[seg_start - tb];
+        int seg_end = seg_start + 1;
+        while (seg_end < te && tile_seq[seg_end - tb] == seq) seg_end++;
+        int klo = INT_MAX, khi = 0;
+        for (int t = seg_start; t < seg_end; t++) {
+            int p = tile_pos[t - tb];
+            klo = min(klo, window > 0 ? max(0, p - window + 1) : 0);
+            khi = max(khi, p + 1);
+        }
+        /* this lane's rows see keys [lo(hi), hi), hi = p + 1; hi = 0 outside the segment */
+        int hi0 = row0 >= seg_start && row0 < seg_end ? tile_pos[row0 - tb] + 1 : 0;
+        int hi1 = row1 >= seg_start && row1 < seg_end ? tile_pos[row1 - tb] + 1 : 0;
+        /* over the warp's 16 rows (lo is monotonic in hi): keys the warp sees are
+         * [lo(first_hi), last_hi); keys every row sees are [lo(last_hi), all_hi), all_hi = 0
+         * when a row is outside the segment (such tiles are masked) */
+        int last_hi = max(hi0, hi1);
+        int first_hi = min(hi0 > 0 ? hi0 : INT_MAX, hi1 > 0 ? hi1 : INT_MAX);
+        int all_hi = min(hi0, hi1);
+#pragma unroll
+        for (int x = 4; x < 32; x <<= 1) {
+            last_hi = max(last_hi, __shfl_xor_sync(0xffffffffu, last_hi, x));
+            first_hi = min(first_hi, __shfl_xor_sync(0xffffffffu, first_hi, x));
+            all_hi = min(all_hi, __shfl_xor_sync(0xffffffffu, all_hi, x));
+        }
+        const int any_lo = window > 0 ? max(0, first_hi - window) : 0;
+        const int all_lo = window > 0 ? max(0, last_hi - window) : 0;
+
+        const int32_t *table = block_tables + (size_t)seq * max_blocks;
+        load_kv_tile<D>(k_tile[0], v_tile[0], k_cache, v_cache, table, block_size, n_kv_heads, kv_head, klo, khi);
+        cp_async_commit();
+        int stage = 0;
+        for (int k0 = klo; k0 < khi; k0 += KT, stage ^= 1) {
+            if (k0 + KT < khi)
+                load_kv_tile<D>(k_tile[stage ^ 1], v_tile[stage ^ 1], k_cache, v_cache, table, block_size,
+                                n_kv_heads, kv_head, k0 + KT, khi);
+            cp_async_commit(); /* possibly empty: keeps "all but the newest group" = this tile */
+            cp_async_wait<1>();
+            __syncthreads();
+            if (k0 < last_hi && k0 + KT > any_lo) { /* warp-uniform */
+                const uint32_t k_base = smem_addr(k_tile[stage]) + k_lane;
+                const uint32_t v_base = smem_addr(v_tile[stage]) + v_lane;
+
+                /* the tile in steps of SUB keys, one online-softmax update each (keeps S small) */
+#pragma unroll
+                for (int sub = 0; sub < KT / SUB; sub++) {
+                    const int ks = k0 + sub * SUB; /* first key of the step */
+                    if (ks >= last_hi || ks + SUB <= any_lo) continue;
+
+                    /* S = Q K^T (log2 units): s[n] = C fragment of keys ks + 8n .. +7 */
+                    float s[SUB / 8][4];
+#pragma unroll
+                    for (int n = 0; n < SUB / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+                    for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+                        for (int np = 0; np < SUB / 16; np++) {
+                            uint32_t b[4];
+                            ldmatrix_x4(b, k_base + (uint32_t)(((sub * SUB + np * 16) * ROW + kk * 16) * 2));
+                            mma_bf16_16816(s[2 * np], qa[kk], b[0], b[1]);
+                            mma_bf16_16816(s[2 * np + 1], qa[kk], b[2], b[3]);
+                            mma_bf16_16816(s[2 * np], ql[kk], b[0], b[1]);
+                            mma_bf16_16816(s[2 * np + 1], ql[kk], b[2], b[3]);
+                        }
+                    }
+
+                    /* causal / window / segment mask, only at the edge of some row's range */
+                    if (!(ks >= all_lo && ks + SUB <= all_hi)) {
+#pragma unroll
+                        for (int n = 0; n < SUB / 8; n++) {
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                int j = ks + 8 * n + 2 * frag_col + (e & 1);
+                                int hi = e < 2 ? hi0 : hi1;
+                                bool seen = j < hi && (window <= 0 || j >= hi - window);
+                                if (!seen) s[n][e] = -INFINITY;
+                            }
+                        }
+                    }
+
+                    /* online softmax: new max over the 4 lanes of a row, rescale, P = 2^(S - max) */
+                    float new0 = max0, new1 = max1;
+#pragma unroll
+                    for (int n = 0; n < SUB / 8; n++) {
+                        new0 = fmaxf(new0, fmaxf(s[n][0], s[n][1]));
+                        new1 = fmaxf(new1, fmaxf(s[n][2], s[n][3]));
+                    }
+                    new0 = fmaxf(new0, __shfl_xor_sync(0xffffffffu, new0, 1));
+                    new0 = fmaxf(new0, __shfl_xor_sync(0xffffffffu, new0, 2));
+                    new1 = fmaxf(new1, __shfl_xor_sync(0xffffffffu, new1, 1));
+                    new1 = fmaxf(new1, __shfl_xor_sync(0xffffffffu, new1, 2));
+                    const float corr0 = exp2_fast(max0 - new0), corr1 = exp2_fast(max1 - new1);
+                    max0 = new0;
+                    max1 = new1;
+                    float step0 = 0.0f, step1 = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < SUB / 8; n++) {
+                        s[n][0] = exp2_fast(s[n][0] - max0);
+                        s[n][1] = exp2_fast(s[n][1] - max0);
+                        s[n][2] = exp2_fast(s[n][2] - max1);
+                        s[n][3] = exp2_fast(s[n][3] - max1);
+                        step0 += s[n][0] + s[n][1];
+                        step1 += s[n][2] + s[n][3];
+                    }
+                    sum0 = sum0 * corr0 + step0;
+                    sum1 = sum1 * corr1 + step1;
+#pragma unroll
+                    for (int n = 0; n < D / 8; n++) {
+                        o[n][0] *= corr0;
+                        o[n][1] *= corr0;
+                        o[n][2] *= corr1;
+                        o[n][3] *= corr1;
+                    }
+
+                    /* O += P V: key n-tiles 2kk, 2kk+1 of P are the A fragment of k-step kk */
+#pragma unroll
+                    for (int kk = 0; kk < SUB / 16; kk++) {
+                        uint32_t pa[4], pl[4];
+                        split_bf16x2(s[2 * kk][0], s[2 * kk][1], pa[0], pl[0]);
+                        split_bf16x2(s[2 * kk][2], s[2 * kk][3], pa[1], pl[1]);
+                        split_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1], pa[2], pl[2]);
+                        split_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3], pa[3], pl[3]);
+#pragma unroll
+                        for (int dp = 0; dp < D / 16; dp++) {
+                            uint32_t b[4];
+                            ldmatrix_x4_trans(b, v_base + (uint32_t)(((sub * SUB + kk * 16) * ROW + dp * 16) * 2));
+                            mma_bf16_16816(o[2 * dp], pa, b[0], b[1]);
+                            mma_bf16_16816(o[2 * dp + 1], pa, b[2], b[3]);
+                            mma_bf16_16816(o[2 * dp], pl, b[0], b[1]);
+                            mma_bf16_16816(o[2 * dp + 1], pl, b[2], b[3]);
+                        }
+                    }
+                }
+            }
+            __syncthreads(); /* the stage read here is the one loaded next iteration */
+        }
+        seg_start = seg_end;
+    }
+
+    /* out = O / (row sum + 2^(sink - max)) */
+    const float sink = sinks[head] * log2e; /* read again: one register less in the loop */
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
+    const float inv0 = 1.0f / (sum0 + exp2_fast(sink - max0));
+    const float inv1 = 1.0f / (sum1 + exp2_fast(sink - max1));
+    if (row0 < te) {
+        bf16 *dst = out + ((size_t)row0 * n_heads + head) * D + 2 * frag_col;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            *(__nv_bfloat162 *)(dst + 8 * n) = __floats2bfloat162_rn(o[n][0] * inv0, o[n][1] * inv0);
+    }
+    if (row1 < te) {
+        bf16 *dst = out + ((size_t)row1 * n_heads + head) * D + 2 * frag_col;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            *(__nv_bfloat162 *)(dst + 8 * n) = __floats2bfloat162_rn(o[n][2] * inv1, o[n][3] * inv1);
+    }
+}
+
+/* ---- launcher ---------------------------------------------------------------------------- */
+
+int gptoss_cuda_attention_tc(const float *q, const bf16 *k_cache, const bf16 *v_cache,
+                             const int32_t *positions, const int32_t *token_seq,
+                             const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
+                             const float *sinks, int32_t n_tokens, int32_t n_heads,
+                             int32_t n_kv_heads, int32_t head_dim, int32_t window, bf16 *out,
+                             cudaStream_t stream) {
+    if (n_tokens <= 0) return 0;
+    if (n_heads <= 0 || n_kv_heads <= 0 || n_kv_heads > 65535 || n_heads % n_kv_heads != 0) return -1;
+    int32_t group = n_heads / n_kv_heads;
+    if (group > ATC_MAX_WARPS || block_size <= 0 || max_blocks <= 0) return -1;
+    if ((((uintptr_t)k_cache | (uintptr_t)v_cache) & 15) != 0 || ((uintptr_t)q & 7) != 0 || ((uintptr_t)out & 3) != 0)
+        return -1;
+    int32_t subtiles = ATC_MAX_WARPS / group; /* token tiles of 16 per block: 8 warps when group | 8 */
+    int32_t tokens_per_block = 16 * subtiles;
+    dim3 grid((unsigned)((n_tokens + tokens_per_block - 1) / tokens_per_block), (unsigned)n_kv_heads);
+    dim3 block(ATC_THREADS);
+#define LAUNCH_ATT_TC(DIM)                                                                                  \
+    launch_pdl(attention_tc_kernel<DIM>, grid, block, 0, stream, q, k_cache, v_cache, positions, token_seq, \
+               block_tables, max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, group, subtiles,  \
+               window, out)
+    switch (head_dim) {
+    case 16: LAUNCH_ATT_TC(16); break;
+    case 32: LAUNCH_ATT_TC(32); break;
+    case 64: LAUNCH_ATT_TC(64); break;
+    case 128: LAUNCH_ATT_TC(128); break;
+    default: return -1;
+    }
+#undef LAUNCH_ATT_TC
+    return 0;
+}

@@ -1,0 +1,36 @@
+/*
+ * attention_tc.h - tensor-core (mma.sync, sm_80+) paged sink attention for prefill-sized steps.
+ *
+ * Same contract as gptoss_cuda_attention with n_splits = 1 (cuda_kernels.h): it owns nothing,
+ * enqueues one kernel on `stream`, never allocates, synchronizes or reads device data on the
+ * host. The scalar kernel stays the one for decode steps (few tokens, split-K).
+ */
+#ifndef GPTOSS_ATTENTION_TC_H
+#define GPTOSS_ATTENTION_TC_H
+
+#include "backend/cuda/cuda_kernels.h"
+
+/*
+ * out[t, h*head_dim : (h+1)*head_dim] = softmax over key positions j in [max(0, p - window + 1), p]
+ * (window <= 0: [0, p]) of sequence token_seq[t], p = positions[t], of q[t, h] . k[j, h / group],
+ * with sinks[h] as an extra logit in the denominator, times v[j, h / group]; group =
+ * n_heads / n_kv_heads.
+ *   q [n_tokens, n_heads, head_dim] f32, already scaled by 1/sqrt(head_dim);
+ *   k_cache, v_cache [n_blocks, block_size, n_kv_heads, head_dim] bf16 (the step's keys
+ *   already written), block_tables [n_seqs, max_blocks]; positions, token_seq [n_tokens];
+ *   sinks [n_heads] f32; out [n_tokens, n_heads * head_dim] bf16.
+ * Rounding: q and the softmax probabilities are rounded to bf16 before their tensor-core
+ * products (fp32 accumulation, fp32 softmax statistics), so results differ from the scalar
+ * kernel's by about 2^-9 relative.
+ * Supports head_dim 16, 32, 64, 128 and 1 <= group <= 8, with k_cache/v_cache 16-byte aligned,
+ * q 8-byte and out 4-byte aligned. Returns nonzero, enqueuing nothing, for anything else (the
+ * caller falls back to gptoss_cuda_attention); 0 otherwise (also for n_tokens <= 0).
+ */
+int gptoss_cuda_attention_tc(const float *q, const bf16 *k_cache, const bf16 *v_cache,
+                             const int32_t *positions, const int32_t *token_seq,
+                             const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
+                             const float *sinks, int32_t n_tokens, int32_t n_heads,
+                             int32_t n_kv_heads, int32_t head_dim, int32_t window, bf16 *out,
+                             cudaStream_t stream);
+
+#endif
