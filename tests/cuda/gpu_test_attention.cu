@@ -265,11 +265,7 @@ static void bench(int T, int window) {
 }
 
 int main(int argc, char **argv) {
-    int dev = 0;
-    CK(cudaSetDevice(dev));
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, dev));
-    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    cudaDeviceProp prop = open_device();
 
     /* one long prefill from position 0, chunked prefill over a cached prefix, a varlen step
      * whose token tiles hold several sequences (lengths 1, 15, 16, 17, 100, T not a multiple

@@ -621,11 +621,7 @@ static void test_logits_summary(int rows, int V, int n_top, int mode) {
 }
 
 int main(int argc, char **argv) {
-    int dev = 0;
-    CK(cudaSetDevice(dev));
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, dev));
-    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    open_device();
 
     for (int mode = 0; mode < 4; mode++) {
         test_rmsnorm(1, 2880, mode);

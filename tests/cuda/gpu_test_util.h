@@ -80,6 +80,15 @@ template <typename T> static std::vector<T> dev_download(const T *d, size_t n) {
     return v;
 }
 
+/* Selects GPU 0 and says which it is; returns its properties. */
+static inline cudaDeviceProp open_device(void) {
+    CK(cudaSetDevice(0));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    return prop;
+}
+
 /* ---- result bookkeeping ----------------------------------------------------------------- */
 
 typedef struct result {
