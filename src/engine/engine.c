@@ -1114,5 +1114,10 @@ void gptoss_engine_get_stats(gptoss_engine *e, gptoss_engine_stats *stats) {
     *stats = e->stats;
     stats->n_waiting_requests = e->n_queued;
     stats->draining = e->draining;
+    /* The snapshot is published after each step; a request submitted since (still in the
+     * inbox) is live but neither running nor in the scheduler's queue yet: count it as
+     * waiting, so an idle-looking engine never hides work it is about to start. */
+    int32_t pending = e->n_live - stats->n_running;
+    if (pending > stats->n_waiting) stats->n_waiting = pending;
     pthread_mutex_unlock(&e->mutex);
 }

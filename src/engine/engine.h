@@ -249,7 +249,7 @@ typedef struct gptoss_latency_histogram {
 
 typedef struct gptoss_engine_stats {
     int32_t n_running;          /* sequences holding KV and being stepped */
-    int32_t n_waiting;          /* sequences queued (new or preempted) */
+    int32_t n_waiting;          /* sequences queued (new or preempted), requests not yet taken in */
     int32_t n_waiting_requests; /* requests not yet started (queue length) */
     int32_t kv_blocks_total;    /* full-attention pool */
     int32_t kv_blocks_used;     /* referenced by a sequence (cached-but-idle not counted) */

@@ -285,15 +285,18 @@ async function disconnect() {
     const s = await start(controller.signal);
     let n = 0;
     try { for await (const ch of s) { if (++n >= leaveAfter) controller.abort(); } } catch { /* aborted */ }
-    let used = NaN, running = NaN;
+    // Done means nothing running and nothing waiting: a request preempted for KV space sits
+    // in the waiting queue with no blocks for a moment, then resumes until the server sees
+    // the disconnect (a chat stream that has sent nothing yet finds out at its next write).
+    let used = NaN, running = NaN, waiting = NaN, m = null;
     for (let i = 0; i < 100; i++) {
-      const m = await metrics();
+      m = await metrics();
       used = m.get('gptoss:kv_cache_blocks_used'); running = m.get('gptoss:num_requests_running');
-      if (used === 0 && running === 0) break;
+      waiting = m.get('gptoss:num_requests_waiting');
+      if (used === 0 && running === 0 && waiting === 0) break;
       await sleep(100);
     }
-    check(used === 0 && running === 0, `${name}: after a mid-stream disconnect KV blocks in use return to 0 (used ${used}, running ${running})`);
-    const m = await metrics();
+    check(used === 0 && running === 0 && waiting === 0, `${name}: after a mid-stream disconnect KV blocks in use return to 0 (used ${used}, running ${running}, waiting ${waiting})`);
     check(m.get('gptoss:kv_cache_usage_perc') === 0, `${name}: kv_cache_usage_perc back to 0`);
     const generated = m.get('gptoss:generation_tokens_total') - before;
     check(generated < 200, `${name}: the abandoned generation was cancelled early (${generated} tokens of 400)`);
