@@ -467,10 +467,11 @@ done:
     return st;
 }
 
-/* After the weights are in place: the fp32 copy of the router matrices, and per layer whether
- * the tensor-core MoE path is exact (gptoss_cuda_moe_check_mma); layers where it is not keep
- * the WMMA/GEMV paths, and the caller hears how many. */
-static gptoss_status check_moe_layers(gptoss_cuda_state *s, gptoss_error *error) {
+/* What is derived from the weights once they are in place (uploaded or generated): the fp32
+ * copy of the router matrices, and per layer whether the tensor-core MoE path is exact
+ * (gptoss_cuda_moe_check_mma); layers where it is not keep the WMMA/GEMV paths, and the
+ * caller hears how many. */
+static gptoss_status finish_weights(gptoss_cuda_state *s, gptoss_error *error) {
     for (int l = 0; l < s->config.n_layers; l++)
         gptoss_cuda_bf16_to_f32(s->layers[l].router_weight, (size_t)s->config.n_experts * s->config.hidden_size,
                                 s->layers[l].router_weight_f32, s->stream);
@@ -542,7 +543,7 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
         gptoss_cuda_state_free(s);
         return gptoss_cuda_error(error, ce, "random weight generation");
     }
-    st = check_moe_layers(s, error);
+    st = finish_weights(s, error);
     if (st) {
         gptoss_cuda_state_free(s);
         return st;
@@ -836,7 +837,7 @@ static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_optio
     gptoss_cuda_state *s = NULL;
     gptoss_status st = state_alloc(gptoss_model_config(model), options, &s, error);
     if (st == GPTOSS_OK) st = upload_weights(s, gptoss_model_weights(model), options, error);
-    if (st == GPTOSS_OK) st = check_moe_layers(s, error);
+    if (st == GPTOSS_OK) st = finish_weights(s, error);
     if (st) {
         gptoss_cuda_state_free(s);
         return st;
