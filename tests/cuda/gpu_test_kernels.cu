@@ -392,7 +392,7 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     CK(gptoss_cuda_moe_prepare(H, I));
     bf16 *d_h = dev_poisoned<bf16>((size_t)T * K * I);
     float *d_y = dev_poisoned<float>((size_t)T * K * H);
-    gptoss_cuda_moe_weights w = {d_gub, d_gus, d_gubias, d_dnb, d_dns, d_dnbias, E, H, I, 7.0f, 1.702f, false};
+    gptoss_cuda_moe_weights w = {d_gub, d_gus, d_gubias, d_dnb, d_dns, d_dnbias, E, H, I, 7.0f, 1.702f, false, false};
     unsigned *d_scratch = dev_poisoned<unsigned>(4);
     CK(gptoss_cuda_moe_check_mma(&w, nullptr, d_scratch, 0));
     /* path 4 is exact only for scale bytes in [104, 128]: wide scales must turn it down */
@@ -403,8 +403,19 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
         check(nm, bad, one, 0.0);
     }
     /* the pair path (3) must not need the route: leave it unbuilt (garbage) then */
-    int used_path = gptoss_cuda_moe_choose_path(path, T, K, E, w.mma_ok);
-    if (used_path != 3) gptoss_cuda_moe_route(d_topk, T, K, E, used_path, &route, 0);
+    /* path 5 scales in fp32: any byte up to 240 is fine, so wide scales must not turn it down */
+    if (!w.pair_mma_ok) {
+        std::vector<double> bad = {NAN}, one = {1.0};
+        char nm[96];
+        snprintf(nm, sizeof nm, "moe pair-mma check H=%d I=%d%s: pair_mma_ok=0", H, I, wide_scales ? " wide" : "");
+        check(nm, bad, one, 0.0);
+    }
+    int used_path = gptoss_cuda_moe_choose_path(path, T, K, &w);
+    if (path == 0 && T == 1 && used_path != 5) {
+        std::vector<double> bad = {NAN}, one = {1.0};
+        check("moe: one token must choose path 5", bad, one, 0.0);
+    }
+    if (used_path != 3 && used_path != 5) gptoss_cuda_moe_route(d_topk, T, K, E, used_path, &route, 0);
     gptoss_cuda_moe(&w, d_t, T, K, d_topk, &route, d_h, d_y, path, 0);
     std::vector<float> y = dev_download(d_y, (size_t)T * K * H);
     /* reference: double math from the spec; h rounded to bf16 as the backend stores it.
@@ -462,7 +473,7 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     std::vector<double> got(y.begin(), y.end());
     char name[96];
     snprintf(name, sizeof name, "moe %s T=%d H=%d I=%d E=%d pattern=%d%s",
-             used_path == 4 ? "mma" : used_path == 3 ? "pair-gemv" : used_path == 1 ? "gemv" : "gemm", T, H, I, E,
+             used_path == 5 ? "pair-mma" : used_path == 4 ? "mma" : used_path == 3 ? "pair-gemv" : used_path == 1 ? "gemv" : "gemm", T, H, I, E,
              pattern, wide_scales ? " scales 110..140" : "");
     check(name, got, ref, 2e-3); /* fp32 accumulation; h is bf16 on both sides, rare 1-ulp flips */
     cudaFree(d_gub), cudaFree(d_gus), cudaFree(d_dnb), cudaFree(d_dns), cudaFree(d_gubias), cudaFree(d_dnbias);
@@ -691,6 +702,14 @@ int main(int argc, char **argv) {
     test_moe(1, 256, 192, 16, 4, 0, 3, true);
     test_moe(1, 4096, 4096, 8, 4, 0, 3); /* widest supported rows: 4 groups per lane */
     test_moe(5, 256, 192, 16, 4, 0, 3);  /* 20 pairs: forced path 3 falls back */
+    /* path 5: one decode token on the tensor cores (the default for one token) */
+    test_moe(1, 2880, 2880, 128, 4, 0, 5); /* 90 groups: K slices of 24, 24, 24, 18 */
+    test_moe(2, 2880, 2880, 32, 4, 1, 5); /* 8 pairs, expert 0 in both tokens */
+    test_moe(3, 160, 96, 8, 2, 2, 5);     /* 3 groups: slices past the end stay empty */
+    test_moe(1, 256, 192, 16, 4, 0, 5, true); /* scales 110..140: exact in fp32 */
+    test_moe(1, 4096, 4096, 8, 4, 0, 5);
+    test_moe(2, 64, 64, 4, 4, 2, 5);      /* 2 groups: one K slice per tile has work */
+    test_moe(5, 256, 192, 16, 4, 0, 5);   /* 20 pairs: forced path 5 falls back */
     /* mma path: tile heights 8..128 (rows per expert), partial K blocks (H = 160: 5 groups,
      * I = 96: 3), partial row blocks (96 units, 160 rows), skewed and sparse expert loads */
     for (int T : {1, 2, 3, 8, 16, 33, 111, 300, 1000}) test_moe(T, 2880, 2880, 32, 4, T % 3, 4);

@@ -157,7 +157,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
      * GPTOSS_CUDA_GEMV=all sends every projection and lm_head through it (no cuBLAS at all),
      * GPTOSS_CUDA_PDL=0 launches every kernel after its predecessor has fully finished,
      * GPTOSS_CUDA_ATTN_TC=0 keeps prefill attention on the scalar kernel,
-     * GPTOSS_CUDA_MOE_PATH=1|2|3|4 forces a MoE path (default: chosen per step). */
+     * GPTOSS_CUDA_MOE_PATH=1..5 forces a MoE path (default: chosen per step). */
     s->attn_tc = getenv("GPTOSS_CUDA_ATTN_TC") == NULL || strcmp(getenv("GPTOSS_CUDA_ATTN_TC"), "0") != 0;
     s->use_gemv = getenv("GPTOSS_CUDA_GEMV") == NULL || strcmp(getenv("GPTOSS_CUDA_GEMV"), "0") != 0;
     gptoss_cuda_set_pdl(prop.major >= 9 &&
@@ -165,7 +165,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     s->gemv_all = getenv("GPTOSS_CUDA_GEMV") && strcmp(getenv("GPTOSS_CUDA_GEMV"), "all") == 0;
     if (getenv("GPTOSS_CUDA_MOE_PATH")) {
         int mp = atoi(getenv("GPTOSS_CUDA_MOE_PATH"));
-        s->moe_path = mp >= 1 && mp <= 4 ? mp : 0;
+        s->moe_path = mp >= 1 && mp <= 5 ? mp : 0;
     }
     if (getenv("GPTOSS_CUDA_PROFILE") && strcmp(getenv("GPTOSS_CUDA_PROFILE"), "0") != 0) {
         for (int i = 0; i < GPTOSS_CUDA_MAX_PROF_EVENTS; i++)
@@ -704,8 +704,8 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             if (cs != CUBLAS_STATUS_SUCCESS) return cublas_check(cs, "router SGEMM", error);
             gptoss_cuda_router_topk(w->proj, L->router_bias, T, E, K, w->topk_idx, w->topk_weight, k);
         }
-        int moe_path = gptoss_cuda_moe_choose_path(s->moe_path, T, K, E, L->moe.mma_ok);
-        if (moe_path != 3) gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k); /* 3 needs none */
+        int moe_path = gptoss_cuda_moe_choose_path(s->moe_path, T, K, &L->moe);
+        if (moe_path != 3 && moe_path != 5) gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k); /* 3 needs none */
         prof_mark(s, PART_SMALL);
         gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
         prof_mark(s, PART_MOE);

@@ -166,7 +166,8 @@ typedef struct gptoss_cuda_moe_weights {
     const float *down_bias;        /* [E, H] */
     int32_t n_experts, hidden, intermediate;
     float swiglu_limit, swiglu_alpha;
-    bool mma_ok; /* set by gptoss_cuda_moe_check_mma: path 4 is exact for this layer */
+    bool mma_ok;      /* set by gptoss_cuda_moe_check_mma: path 4 is exact for this layer */
+    bool pair_mma_ok; /* ... and path 5 is */
 } gptoss_cuda_moe_weights;
 
 /*
@@ -178,10 +179,12 @@ typedef struct gptoss_cuda_moe_weights {
  * WMMA GEMM, 3 = pair GEMV (n_tokens * k_top <= GPTOSS_MOE_PAIR_MAX; reads topk_idx
  * [n_tokens, k_top] and ignores route, which need not have been built), 4 = mma.sync
  * grouped GEMM with fp16 operands (only where w->mma_ok; it also uses y as scratch for the
- * fp16 copy of t before writing it). The route must have been built for the same path.
+ * fp16 copy of t before writing it), 5 = pair GEMV on the tensor cores (like 3; only where
+ * w->pair_mma_ok, else 3; h by pair as fp16 in the mma layout). The route must have been
+ * built for the same path (paths 3 and 5 need none).
  */
 #define GPTOSS_MOE_PAIR_MAX 8
-int gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int32_t k_top, int32_t n_experts, bool mma_ok);
+int gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int32_t k_top, const gptoss_cuda_moe_weights *w);
 void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
                      int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route, void *h,
                      float *y, int path, cudaStream_t stream);
@@ -191,7 +194,9 @@ void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_
  * inputs as fp16, which is exact when every scale byte of both projections lies in
  * [104, 128], the SwiGLU output bound limit * (limit + 1) and the input bound
  * sqrt(H) * max|input_gain| (an RMSNorm output; input_gain [H] f32 on the device, NULL to
- * skip) stay below 2^15. scratch: 4 device words. Synchronizes the stream.
+ * skip) stay below 2^15. Also decides w->pair_mma_ok: path 5 scales in fp32, so it needs the
+ * same input bounds and scale bytes up to 240. scratch: 4 device words. Synchronizes the
+ * stream.
  */
 cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *input_gain, unsigned *scratch,
                                       cudaStream_t stream);

@@ -934,6 +934,157 @@ static void moe_mma(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_t
     }
 }
 
+/* ---- mma pair GEMV (path 5): one decode token on the tensor cores ------------------------- */
+
+/*
+ * The pair GEMV above spends about four integer operations per weight building floats, and
+ * the integer pipe (half the FP32 rate on sm_90) then takes longer than the bytes do. Here
+ * the dot products run on mma.sync.m16n8k16 (fp16 in, fp32 accumulate) with the token in
+ * every column of B (all eight columns equal; only one is read), so a weight costs two
+ * integer operations (mma_fp4_pair builds an fp16 pair in four) and no FMA.
+ *
+ * A warp owns a tile of 16 weight rows and a slice of K. For each MXFP4 group (32 inputs),
+ * thread (g = lane / 4, q = lane % 4) loads code word q of rows g and g + 8 (inputs
+ * 8q .. 8q + 7 of the group); two k16 mma steps cover the group with a fresh zero
+ * accumulator, and the group's partial sums are scaled in fp32 (acc += d * 2^(s - 113): the
+ * fp16 codes are code * 2^-14), so any scale byte up to 240 is exact, not only [104, 128].
+ * The token is staged in shared memory as fp16 in the mma layout (path 4's), one 16-byte
+ * load per group giving the B registers of both steps. Code and scale loads for the next
+ * four groups are in flight while the current four are computed.
+ *
+ * Block: PM_WARPS warps = PM_TPB tiles x PM_KS K slices, partial sums added in shared memory.
+ * gate_up: tile rows g and g + 8 are the gate and up rows of unit 8 * tile + g (interleaved
+ * in the checkpoint), so the epilogue applies bias and SwiGLU and writes h by pair as fp16
+ * (rounded to bf16 first) in the mma layout, which down stages directly.
+ */
+#define PM_WARPS 8
+#define PM_KS 4
+#define PM_TPB (PM_WARPS / PM_KS)
+#define PM_GPI 4 /* groups per iteration */
+
+template <bool GATE_UP>
+static __global__ void __launch_bounds__(PM_WARPS * 32)
+moe_pair_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const void *act,
+                    const int32_t *topk_idx, int32_t k_top, int32_t k_in, int32_t n_out_rows, float limit,
+                    float alpha, __half *h_out, float *y_out) {
+    extern __shared__ __align__(16) uint4 pm_xs[]; /* [k_in / 8] fp16 chunks, mma layout */
+    __shared__ float red[PM_WARPS][16];
+    const int pair = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int slice = warp % PM_KS, tl = warp / PM_KS;
+    const int tile = blockIdx.x * PM_TPB + tl, n_tiles = n_out_rows >> 4;
+    const int n_groups = k_in >> 5;
+    const size_t row_bytes = (size_t)n_groups * 16;
+    pdl_wait(); /* topk_idx comes from the router, the input from the norm or gate_up */
+    const int e = topk_idx[pair];
+    const uint8_t *eb = blocks + (size_t)e * n_out_rows * row_bytes;
+    const uint8_t *es = scales + (size_t)e * n_out_rows * n_groups;
+
+    const int per = ((n_groups + PM_KS - 1) / PM_KS + PM_GPI - 1) / PM_GPI * PM_GPI;
+    const int g0 = min(n_groups, slice * per);
+    const int g1 = tile < n_tiles ? min(n_groups, g0 + per) : g0; /* warp-uniform */
+    const int ra = GATE_UP ? 2 * (8 * tile + g) : 16 * tile + g, rb = GATE_UP ? ra + 1 : ra + 8;
+    const uint32_t *pa = (const uint32_t *)(eb + (size_t)ra * row_bytes) + q;
+    const uint32_t *pb = (const uint32_t *)(eb + (size_t)rb * row_bytes) + q;
+    const uint8_t *sa = es + (size_t)ra * n_groups, *sb = es + (size_t)rb * n_groups;
+
+    uint32_t cw[2][PM_GPI], cs[2][PM_GPI];
+    auto load = [&](int G, uint32_t (&w)[2][PM_GPI], uint32_t (&s)[2][PM_GPI]) {
+#pragma unroll
+        for (int j = 0; j < PM_GPI; j++)
+            if (G + j < g1) {
+                w[0][j] = __ldg(pa + 4 * (G + j));
+                w[1][j] = __ldg(pb + 4 * (G + j));
+                s[0][j] = __ldg(sa + G + j);
+                s[1][j] = __ldg(sb + G + j);
+            }
+    };
+    load(g0, cw, cs); /* in flight while the input is staged */
+
+    if (GATE_UP) {
+        const bf16 *src = (const bf16 *)act + (size_t)(pair / k_top) * k_in;
+        for (int ci = threadIdx.x; ci < (k_in >> 3); ci += blockDim.x) {
+            uint4 v = *(const uint4 *)(src + (size_t)ci * 8);
+            const bf16 *x = (const bf16 *)&v;
+            __align__(16) __half o[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) o[mma_pos(j)] = __float2half_rn(__bfloat162float(x[j]));
+            pm_xs[ci] = *(const uint4 *)o;
+        }
+    } else {
+        const uint4 *src = (const uint4 *)((const __half *)act + (size_t)pair * k_in);
+        for (int ci = threadIdx.x; ci < (k_in >> 3); ci += blockDim.x) pm_xs[ci] = src[ci];
+    }
+    __syncthreads();
+
+    float acc0 = 0.0f, acc1 = 0.0f;
+    for (int G = g0; G < g1; G += PM_GPI) {
+        uint32_t nw[2][PM_GPI], ns[2][PM_GPI];
+        load(G + PM_GPI, nw, ns);
+#pragma unroll
+        for (int j = 0; j < PM_GPI; j++)
+            if (G + j < g1) {
+                uint4 b = pm_xs[4 * (G + j) + q];
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                uint32_t wa = cw[0][j], wb = cw[1][j];
+                mma_f16(d, mma_fp4_pair(wa, 0), mma_fp4_pair(wb, 0), mma_fp4_pair(wa, 1), mma_fp4_pair(wb, 1), b.x,
+                        b.y);
+                mma_f16(d, mma_fp4_pair(wa, 2), mma_fp4_pair(wb, 2), mma_fp4_pair(wa, 3), mma_fp4_pair(wb, 3), b.z,
+                        b.w);
+                acc0 = fmaf(d[0], __uint_as_float((cs[0][j] + 14u) << 23), acc0);
+                acc1 = fmaf(d[2], __uint_as_float((cs[1][j] + 14u) << 23), acc1);
+            }
+#pragma unroll
+        for (int j = 0; j < PM_GPI; j++) {
+            cw[0][j] = nw[0][j], cw[1][j] = nw[1][j];
+            cs[0][j] = ns[0][j], cs[1][j] = ns[1][j];
+        }
+    }
+    if (q == 0) {
+        red[warp][g] = acc0;
+        red[warp][g + 8] = acc1;
+    }
+    __syncthreads();
+    const float *ebias = bias + (size_t)e * n_out_rows;
+    const int tid = threadIdx.x;
+    if (GATE_UP) {
+        if (tid >= PM_TPB * 8) return;
+        const int t2 = tid >> 3, gg = tid & 7, tt = blockIdx.x * PM_TPB + t2;
+        if (tt >= n_tiles) return;
+        float gate = 0.0f, up = 0.0f;
+#pragma unroll
+        for (int s = 0; s < PM_KS; s++) {
+            gate += red[t2 * PM_KS + s][gg];
+            up += red[t2 * PM_KS + s][gg + 8];
+        }
+        const int u = 8 * tt + gg, n_units = n_out_rows >> 1;
+        float v = swiglu(gate + ebias[2 * u], up + ebias[2 * u + 1], limit, alpha);
+        h_out[(size_t)pair * n_units + ((u & ~7) | mma_pos(u & 7))] =
+            __float2half_rn(__bfloat162float(__float2bfloat16(v)));
+    } else {
+        if (tid >= PM_TPB * 16) return;
+        const int t2 = tid >> 4, r = tid & 15, tt = blockIdx.x * PM_TPB + t2;
+        if (tt >= n_tiles) return;
+        float v = 0.0f;
+#pragma unroll
+        for (int s = 0; s < PM_KS; s++) v += red[t2 * PM_KS + s][r];
+        const int row = 16 * tt + r;
+        y_out[(size_t)pair * n_out_rows + row] = v + ebias[row];
+    }
+}
+
+static void launch_pair_mma(const gptoss_cuda_moe_weights *w, const bf16 *t, const int32_t *topk_idx,
+                            int32_t n_pairs, int32_t k_top, __half *h, float *y, cudaStream_t stream) {
+    int32_t H = w->hidden, I = w->intermediate;
+    int tiles1 = 2 * I / 16, tiles2 = H / 16;
+    launch_pdl(moe_pair_mma_kernel<true>, dim3((tiles1 + PM_TPB - 1) / PM_TPB, n_pairs), dim3(PM_WARPS * 32),
+               (size_t)H * sizeof(__half), stream, w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias,
+               (const void *)t, topk_idx, k_top, H, 2 * I, w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
+    launch_pdl(moe_pair_mma_kernel<false>, dim3((tiles2 + PM_TPB - 1) / PM_TPB, n_pairs), dim3(PM_WARPS * 32),
+               (size_t)I * sizeof(__half), stream, w->down_blocks, w->down_scales, w->down_bias, (const void *)h,
+               topk_idx, k_top, I, H, w->swiglu_limit, w->swiglu_alpha, (__half *)nullptr, y);
+}
+
 /* min and max of bytes (out[0] = min, out[1] = max; out starts at {255, 0}) */
 static __global__ void u8_range_kernel(const uint8_t *p, size_t n, unsigned *out) {
     unsigned lo = 255, hi = 0;
@@ -966,6 +1117,7 @@ static __global__ void absmax_kernel(const float *x, int32_t n, unsigned *out) {
 cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *input_gain, unsigned *scratch,
                                       cudaStream_t stream) {
     w->mma_ok = false;
+    w->pair_mma_ok = false;
     size_t E = (size_t)w->n_experts, H = (size_t)w->hidden, I = (size_t)w->intermediate;
     unsigned init[4] = {255u, 0u, 0u, 0u}, got[4];
     cudaError_t err = cudaMemcpyAsync(scratch, init, sizeof init, cudaMemcpyHostToDevice, stream);
@@ -980,24 +1132,27 @@ cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *i
     memcpy(&gain_f, &got[2], sizeof gain_f);
     double gain = gain_f;
     double in_bound = sqrt((double)H) * gain, h_bound = (double)w->swiglu_limit * ((double)w->swiglu_limit + 1.0);
-    w->mma_ok = got[0] >= 104 && got[1] <= 128 && in_bound < 32768.0 && isfinite(h_bound) && h_bound < 32768.0 &&
-                H % 32 == 0 && I % 32 == 0 && (int32_t)H <= mma_prepared_width && (int32_t)I <= mma_prepared_width;
+    bool fp16_ok = in_bound < 32768.0 && isfinite(h_bound) && h_bound < 32768.0 && H % 32 == 0 && I % 32 == 0 &&
+                   (int32_t)H <= mma_prepared_width && (int32_t)I <= mma_prepared_width;
+    w->mma_ok = fp16_ok && got[0] >= 104 && got[1] <= 128;
+    w->pair_mma_ok = fp16_ok && got[1] <= 240; /* scales applied in fp32: 2^(s - 113) must be finite */
     return cudaSuccess;
 }
 
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
-int gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int32_t k_top, int32_t n_experts, bool mma_ok) {
-    if (path == 3 && n_tokens * k_top > GPTOSS_MOE_PAIR_MAX) path = 0; /* too many pairs */
-    if (path == 4 && !mma_ok) path = 0;                                 /* not exact for this layer */
+int gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int32_t k_top, const gptoss_cuda_moe_weights *w) {
+    bool few = n_tokens * k_top <= GPTOSS_MOE_PAIR_MAX;
+    if ((path == 3 || path == 5) && !few) path = 0; /* too many pairs */
+    if (path == 4 && !w->mma_ok) path = 0;          /* not exact for this layer */
+    if (path == 5 && !w->pair_mma_ok) path = 3;
     if (path != 0) return path;
-    if (n_tokens == 1 && k_top <= GPTOSS_MOE_PAIR_MAX) return 3;
-    if (mma_ok) return 4;
+    if (n_tokens == 1 && few) return w->pair_mma_ok ? 5 : 3;
+    if (w->mma_ok) return 4;
     /* Measured on an H100 (120b shape, batched decode of ~87 tokens, ~2.7 rows per expert):
      * the GEMV path took 95.6 ms per step against 85.0 for the GEMM, although the GEMM's
      * 64-row tiles are mostly empty there; both are instruction-bound at that size. So the
      * GEMV only for small steps, whatever the expert count. */
-    (void)n_experts;
     return n_tokens <= 16 ? 1 : 2;
 }
 
@@ -1008,8 +1163,10 @@ void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_
     if (n_pairs <= 0) return;
     int32_t H = w->hidden, I = w->intermediate;
     bf16 *h = (bf16 *)h_mem;
-    path = gptoss_cuda_moe_choose_path(path, n_tokens, k_top, w->n_experts, w->mma_ok);
-    if (path == 4) {
+    path = gptoss_cuda_moe_choose_path(path, n_tokens, k_top, w);
+    if (path == 5) {
+        launch_pair_mma(w, t, topk_idx, n_pairs, k_top, (__half *)h_mem, y, stream);
+    } else if (path == 4) {
         moe_mma(w, t, n_tokens, k_top, route, (__half *)h_mem, y, stream);
     } else if (path == 3) {
         launch_pair_gemv(w, t, topk_idx, n_pairs, k_top, h, y, stream);
