@@ -672,6 +672,8 @@ int main(int argc, char **argv) {
     test_router(77, 8, 2);
     test_router_fused(1, 32, 2880, 4);
     test_router_fused(1, 128, 2880, 4);
+    test_router_fused(1, 6, 160, 2);   /* one token: a block with a warp past the last expert */
+    test_router_fused(1, 128, 4096, 4); /* one token, widest row: 16 chunks per lane */
     test_router_fused(7, 128, 2880, 4);
     test_router_fused(301, 16, 512, 2);
 
