@@ -152,9 +152,11 @@ typedef void (*gptoss_progress_fn)(void *user, const char *what, double fraction
 /* Dense layers the CUDA backend can hold in FP8 (gptoss_backend_options.fp8_layers, a mask):
  * e4m3 weights with one fp32 scale per output row (row absmax / 448), quantized when the
  * backend is created. Activations stay bf16 and products are summed in fp32. Decode reads
- * half the bytes of these matrices; the logits move by about 2-3% (relative L2) per
- * quantized projection on the way (e4m3 keeps 3 mantissa bits, so each weight is off by
- * at most 2^-4 of itself). Default: none. */
+ * half the bytes of these matrices. e4m3 keeps 3 mantissa bits, so each weight is off by at
+ * most 2^-4 of itself and each output of a quantized projection by about 2.6% (relative L2):
+ * lm_head alone moves the logits by that much, QKV and O move them further through the
+ * layers. Steps of more than 16 tokens decode the rows to bf16 first (slower prefill).
+ * Default: none. */
 typedef enum gptoss_fp8_layer {
     GPTOSS_FP8_QKV = 1u << 0,     /* attention q, k, v projections */
     GPTOSS_FP8_O = 1u << 1,       /* attention output projection */
