@@ -920,6 +920,7 @@ int main(int argc, char **argv) {
     /* FP8 dense layers: the quantizer on the 20b QKV and O shapes and odd ones; the GEMV on the
      * 20b QKV, O and lm_head shapes for 1..4 tokens and odd shapes; the prefill GEMM in one
      * block and in several */
+    CK(gptoss_cuda_dense_lowp_prepare());
     test_quantize_e4m3(5120, 2880, 1);
     test_quantize_e4m3(2880, 4096, 0);
     test_quantize_e4m3(37, 48, 1);

@@ -238,6 +238,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     if (st) return st;
     CUDA_TRY(gptoss_cuda_moe_prepare(config->hidden_size, config->intermediate_size), "MoE kernel setup");
     CUDA_TRY(gptoss_cuda_router_prepare(config->hidden_size), "router kernel setup");
+    if (options->fp8_layers) CUDA_TRY(gptoss_cuda_dense_lowp_prepare(), "FP8 GEMV setup");
 
     const gptoss_config *c = config;
     size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;

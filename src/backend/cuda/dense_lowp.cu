@@ -215,6 +215,23 @@ gemv_e4m3_kernel(const uint8_t *codes, const float *row_scale, const bf16 *x, fl
     }
 }
 
+/* Blocks of gemv_e4m3_kernel<1>, <2>, <4> one SM holds (gptoss_cuda_dense_lowp_prepare; 0:
+ * not measured, then one per SM). The grid is one wave of them: blocks past the wave would
+ * start only when others finish and leave most SMs idle for their whole turn. */
+static int e4_blocks_per_sm[3];
+
+cudaError_t gptoss_cuda_dense_lowp_prepare(void) {
+    const int threads = E4_WARPS * 32;
+    const size_t x_row = 4096 * sizeof(bf16); /* the widest rows taken */
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e4_blocks_per_sm[0], gemv_e4m3_kernel<1>, threads,
+                                                                  x_row);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e4_blocks_per_sm[1], gemv_e4m3_kernel<2>, threads, 2 * x_row);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e4_blocks_per_sm[2], gemv_e4m3_kernel<4>, threads, 4 * x_row);
+    return e;
+}
+
 int gptoss_cuda_gemv_e4m3(const uint8_t *codes, const float *row_scale, const bf16 *x, float *y, int32_t m,
                           int32_t n, int32_t k, int32_t n_sms, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return 0;
@@ -223,7 +240,8 @@ int gptoss_cuda_gemv_e4m3(const uint8_t *codes, const float *row_scale, const bf
     const size_t smem = (size_t)m * k * sizeof(bf16);
     const int rows_per_block = E4_ROWS * E4_WARPS;
     const int want = (n + rows_per_block - 1) / rows_per_block;
-    const int cap = 4 * (n_sms > 0 ? n_sms : 1);
+    const int variant = m == 1 ? 0 : m == 2 ? 1 : 2;
+    const int cap = (e4_blocks_per_sm[variant] > 0 ? e4_blocks_per_sm[variant] : 1) * (n_sms > 0 ? n_sms : 1);
     const int grid = want < cap ? want : cap;
     if (m == 1)
         launch_pdl(gemv_e4m3_kernel<1>, dim3(grid), dim3(E4_WARPS * 32), smem, stream, codes, row_scale, x, y, m, n, k);

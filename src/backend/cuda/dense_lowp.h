@@ -58,6 +58,11 @@ void gptoss_cuda_quantize_e4m3_rows(const bf16 *w, int32_t n, int32_t k, uint8_t
 int gptoss_cuda_gemv_e4m3(const uint8_t *codes, const float *row_scale, const bf16 *x, float *y, int32_t m,
                           int32_t n, int32_t k, int32_t n_sms, cudaStream_t stream);
 
+/* Measures how many GEMV blocks one SM of the current device holds, so each launch is a
+ * single wave (call once per process before launching; without it a launch uses one block
+ * per SM). */
+cudaError_t gptoss_cuda_dense_lowp_prepare(void);
+
 /* Tokens up to which the backend runs an e4m3 matrix as GEMV passes of
  * GPTOSS_GEMV_MAX_ROWS rows: each pass reads half the bytes of a bf16 pass, so up to 16
  * rows the passes move no more than the dequantizing GEMM below (which writes and reads
