@@ -149,6 +149,21 @@ typedef enum gptoss_backend_kind {
 
 typedef void (*gptoss_progress_fn)(void *user, const char *what, double fraction);
 
+/* Dense layers the CUDA backend can hold in FP8 (gptoss_backend_options.fp8_layers, a mask):
+ * e4m3 weights with one fp32 scale per output row (row absmax / 448), quantized when the
+ * backend is created. Activations stay bf16 and products are summed in fp32. Decode reads
+ * half the bytes of these matrices. e4m3 keeps 3 mantissa bits, so each weight is off by at
+ * most 2^-4 of itself and each output of a quantized projection by about 2.6% (relative L2):
+ * lm_head alone moves the logits by that much, QKV and O move them further through the
+ * layers. Steps of more than 16 tokens decode the rows to bf16 first (slower prefill).
+ * Default: none. */
+typedef enum gptoss_fp8_layer {
+    GPTOSS_FP8_QKV = 1u << 0,     /* attention q, k, v projections */
+    GPTOSS_FP8_O = 1u << 1,       /* attention output projection */
+    GPTOSS_FP8_LM_HEAD = 1u << 2, /* the unembedding */
+    GPTOSS_FP8_ALL = (1u << 3) - 1u,
+} gptoss_fp8_layer;
+
 typedef struct gptoss_backend_options {
     gptoss_backend_kind kind;
     int32_t n_threads;           /* CPU: worker threads, 0 = all cores */
@@ -170,6 +185,10 @@ typedef struct gptoss_backend_options {
     double gpu_memory_utilization;
     int32_t max_step_tokens;     /* workspace reserved at creation (0 = grow on demand) */
     int32_t max_step_logits;
+    /* CUDA: gptoss_fp8_layer bits of the dense layers to hold in FP8 (0 = all bf16). Bits
+     * outside GPTOSS_FP8_ALL are refused, and so is any bit with the CPU backend (which
+     * computes every layer in fp32). */
+    uint32_t fp8_layers;
 } gptoss_backend_options;
 
 /* Defaults: CPU, all cores, 16-token pages, 256 pages. */

@@ -123,6 +123,14 @@ static gptoss_status backend_prepare(const gptoss_backend_options *options, gpto
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                 "backend: max_step_tokens %d / max_step_logits %d are invalid", o.max_step_tokens,
                                 o.max_step_logits);
+    if (o.fp8_layers & ~(uint32_t)GPTOSS_FP8_ALL)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "backend: fp8_layers 0x%x has bits other than QKV, O and LM_HEAD (0x%x)",
+                                (unsigned)o.fp8_layers, (unsigned)GPTOSS_FP8_ALL);
+    if (o.fp8_layers && o.kind == GPTOSS_BACKEND_CPU)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "backend: FP8 dense layers are a CUDA backend option; the CPU backend computes "
+                                "every layer in fp32 (leave fp8_layers at 0)");
     const gptoss_backend_ops *ops = NULL;
     if (o.kind == GPTOSS_BACKEND_CPU) ops = &gptoss_cpu_backend_ops;
 #ifdef GPTOSS_WITH_CUDA

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef int (*gptoss_cli_fn)(int argc, char **argv);
 
@@ -50,6 +51,22 @@ bool cli_find_tokenizer_dir(char *out, size_t size);
 
 /* A progress callback that draws "what [#####     ] 42%" on stderr (gptoss_progress_fn). */
 void cli_progress(void *user, const char *what, double fraction);
+
+/* --fp8-layers: "none", "all", or a comma-separated list of qkv, o and lm_head, into
+ * gptoss_fp8_layer bits. False for anything else (unknown or empty items). */
+bool cli_parse_fp8_layers(const char *text, uint32_t *mask);
+
+/* The list form of a mask ("qkv,o,lm_head", "none" for 0) in buf. */
+const char *cli_fp8_layers_name(uint32_t mask, char *buf, size_t size);
+
+/* Usage error for a bad --fp8-layers value, or for FP8 layers asked of the CPU backend (they
+ * are a CUDA option). cli_check_fp8_layers returns 0 when the combination is fine. */
+int cli_fp8_layers_usage_error(const char *cmd, const char *value);
+int cli_check_fp8_layers(const char *cmd, uint32_t mask, gptoss_backend_kind kind);
+
+/* Prints the help of --fp8-layers (the same in every command that takes it), its text starting
+ * at `column` like the command's other options. */
+void cli_print_fp8_layers_help(FILE *out, int column);
 
 /* A shape for random weights: a preset name (tiny, 20b, 120b) or a config.json path. */
 gptoss_status cli_load_shape(const char *shape, gptoss_config *config, gptoss_error *err);

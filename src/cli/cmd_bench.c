@@ -35,6 +35,7 @@ static void help(FILE *out) {
             "  --profile                   per-component time split (MoE, attention, GEMMs, ...)\n"
             "  --no-graphs                 decode without CUDA graphs\n"
             "  --device N                  CUDA device (default 0)\n");
+    cli_print_fp8_layers_help(out, 30);
 }
 
 static bool parse_list(const char *text, int32_t **out, int32_t *n, int32_t lo, int32_t hi) {
@@ -45,8 +46,10 @@ static bool parse_list(const char *text, int32_t **out, int32_t *n, int32_t lo, 
 }
 
 #ifdef GPTOSS_WITH_CUDA
-static void print_table(const char *label, const gptoss_bench_report *r, bool profile) {
+static void print_table(const char *label, const gptoss_bench_report *r, uint32_t fp8_layers, bool profile) {
+    char fp8[64];
     printf("device: %s, measured copy bandwidth %.0f GB/s (read + write)\n", r->device_name, r->copy_gb_per_s);
+    printf("dense layers in FP8: %s\n", cli_fp8_layers_name(fp8_layers, fp8, sizeof fp8));
     printf("device memory: weights %.2f GiB, workspace %.2f GiB, KV cache %.2f GiB\n\n", r->weight_bytes / 1073741824.0,
            r->workspace_bytes / 1073741824.0, r->kv_bytes / 1073741824.0);
     printf("| model | backend | test | t/s | median ms | floor t/s | %% of floor |\n");
@@ -76,10 +79,12 @@ static void print_table(const char *label, const gptoss_bench_report *r, bool pr
     }
 }
 
-static void print_json(const char *label, const gptoss_bench_report *r) {
-    printf("{\"model\": \"%s\", \"device\": \"%s\", \"copy_gb_per_s\": %.1f, \"weight_bytes\": %.0f, "
-           "\"workspace_bytes\": %.0f, \"kv_bytes\": %.0f, \"results\": [",
-           label, r->device_name, r->copy_gb_per_s, r->weight_bytes, r->workspace_bytes, r->kv_bytes);
+static void print_json(const char *label, const gptoss_bench_report *r, uint32_t fp8_layers) {
+    char fp8[64];
+    printf("{\"model\": \"%s\", \"device\": \"%s\", \"copy_gb_per_s\": %.1f, \"fp8_layers\": \"%s\", "
+           "\"weight_bytes\": %.0f, \"workspace_bytes\": %.0f, \"kv_bytes\": %.0f, \"results\": [",
+           label, r->device_name, r->copy_gb_per_s, cli_fp8_layers_name(fp8_layers, fp8, sizeof fp8), r->weight_bytes,
+           r->workspace_bytes, r->kv_bytes);
     for (int i = 0; i < r->n_cases; i++) {
         const gptoss_bench_case *c = &r->cases[i];
         printf("%s\n  {\"test\": \"%s\", \"n_tokens\": %d, \"depth\": %d, \"tokens_per_s\": %.2f, \"median_ms\": %.4f",
@@ -100,6 +105,7 @@ int gptoss_cmd_bench(int argc, char **argv) {
     const char *model_dir = NULL, *shape = NULL;
     int32_t *pp = NULL, *tg = NULL, *depth = NULL, n_pp = 0, n_tg = 0, n_depth = 0;
     int64_t repeats = 5, device = 0;
+    uint32_t fp8_layers = 0;
     bool json = false, profile = false, graphs = true;
     int rc = 0;
     for (int i = 1; i < argc && rc == 0; i++) {
@@ -123,6 +129,8 @@ int gptoss_cmd_bench(int argc, char **argv) {
             if (!cli_parse_i64(argv[++i], 1, 1000, &repeats)) rc = cli_usage_error("bench", "-r needs a count in 1..1000");
         } else if (!strcmp(a, "--device") && has_value) {
             if (!cli_parse_i64(argv[++i], 0, 64, &device)) rc = cli_usage_error("bench", "--device needs an ordinal");
+        } else if (!strcmp(a, "--fp8-layers") && has_value) {
+            if (!cli_parse_fp8_layers(argv[++i], &fp8_layers)) rc = cli_fp8_layers_usage_error("bench", argv[i]);
         } else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--no-graphs")) graphs = false;
@@ -134,7 +142,7 @@ int gptoss_cmd_bench(int argc, char **argv) {
         return rc;
     }
 #ifndef GPTOSS_WITH_CUDA
-    (void)json, (void)profile, (void)graphs, (void)repeats, (void)device;
+    (void)json, (void)profile, (void)graphs, (void)repeats, (void)device, (void)fp8_layers;
     free(pp), free(tg), free(depth);
     fprintf(stderr, "gptoss bench: this build has no CUDA backend (configure with -DGPTOSS_CUDA=ON on a machine with nvcc)\n");
     return 1;
@@ -169,14 +177,15 @@ int gptoss_cmd_bench(int argc, char **argv) {
     rq.profile = profile;
     rq.use_graphs = graphs;
     rq.device = (int32_t)device;
+    rq.fp8_layers = fp8_layers;
     rq.progress = cli_stderr_is_tty() ? cli_progress : NULL;
     gptoss_bench_report *report = malloc(sizeof *report);
     gptoss_status st = report ? gptoss_cuda_bench(&rq, report, &err)
                               : gptoss_set_error(&err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     if (rq.progress) fprintf(stderr, "\n");
     if (st == GPTOSS_OK) {
-        if (json) print_json(label, report);
-        else print_table(label, report, profile);
+        if (json) print_json(label, report, fp8_layers);
+        else print_table(label, report, fp8_layers, profile);
     }
     free(report);
     free(pp), free(tg), free(depth);

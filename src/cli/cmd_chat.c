@@ -54,7 +54,7 @@ static void session_close(session *s) {
 }
 
 static gptoss_status session_open(session *s, const char *dir, const char *backend_name, int64_t threads,
-                                  int64_t context, gptoss_error *err) {
+                                  int64_t context, uint32_t fp8_layers, gptoss_error *err) {
     memset(s, 0, sizeof *s);
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -79,6 +79,7 @@ static gptoss_status session_open(session *s, const char *dir, const char *backe
         return gptoss_set_error(err, GPTOSS_ERR_INVALID_ARGUMENT, "--backend must be cpu or cuda, not '%s'",
                                 backend_name);
     options.n_threads = (int32_t)threads;
+    options.fp8_layers = fp8_layers;
     options.n_kv_blocks = (int32_t)((context + options.kv_block_size - 1) / options.kv_block_size);
     if (cli_stderr_is_tty()) options.progress = cli_progress;
     if ((st = gptoss_backend_create(s->model, &options, &s->backend, err))) return st;
@@ -298,6 +299,7 @@ static gptoss_status generate_reply(session *s, sampling *params, int64_t max_to
 typedef struct common_options {
     const char *model_dir, *backend, *date;
     int64_t threads, max_tokens, context;
+    uint32_t fp8_layers; /* gptoss_fp8_layer bits */
     gptoss_reasoning_effort effort;
     sampling sampling;
 } common_options;
@@ -317,6 +319,8 @@ static int parse_common(const char *cmd, int argc, char **argv, int *i, common_o
             d > 31)
             return cli_usage_error(cmd, "--date needs YYYY-MM-DD, got '%s'", v);
         o->date = v;
+    } else if (!strcmp(a, "--fp8-layers") && has_value) {
+        if (!cli_parse_fp8_layers(v, &o->fp8_layers)) return cli_fp8_layers_usage_error(cmd, v);
     } else if (!strcmp(a, "--effort") && has_value) {
         if (!gptoss_reasoning_effort_parse(v, &o->effort))
             return cli_usage_error(cmd, "--effort must be low, medium or high, not '%s'", v);
@@ -344,6 +348,13 @@ static int parse_common(const char *cmd, int argc, char **argv, int *i, common_o
         return 0;
     (*i)++;
     return 1;
+}
+
+/* Checks what the options ask of the backend before anything loads (2: usage error printed).
+ * A --backend name other than cpu and cuda is left to session_open to refuse. */
+static int check_common(const char *cmd, const common_options *o) {
+    bool cpu = o->backend ? !strcmp(o->backend, "cpu") : !gptoss_has_cuda();
+    return cli_check_fp8_layers(cmd, o->fp8_layers, cpu ? GPTOSS_BACKEND_CPU : GPTOSS_BACKEND_CUDA) ? 2 : 0;
 }
 
 static void common_defaults(common_options *o, int64_t max_tokens) {
@@ -435,6 +446,7 @@ static void run_help(FILE *out) {
             "  -n, --max-tokens N    tokens to generate (default 256)\n"
             "%s",
             common_help);
+    cli_print_fp8_layers_help(out, 24);
 }
 
 int cli_run_text(int argc, char **argv) {
@@ -459,9 +471,10 @@ int cli_run_text(int argc, char **argv) {
     if (!o.model_dir) return cli_usage_error("run", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
     if (!prompt) return cli_usage_error("run", "missing -p TEXT");
     if (special && !raw) return cli_usage_error("run", "--special only applies with --raw (chat prompts never parse special tokens in user text)");
+    if (check_common("run", &o)) return 2;
     gptoss_error err = {0};
     session s;
-    gptoss_status st = session_open(&s, o.model_dir, o.backend, o.threads, o.context, &err);
+    gptoss_status st = session_open(&s, o.model_dir, o.backend, o.threads, o.context, o.fp8_layers, &err);
     if (!st && raw) st = run_raw(&s, prompt, special, &o, &err);
     if (!st && !raw) {
         char date[16];
@@ -500,6 +513,7 @@ static void chat_help(FILE *out) {
             "  -n, --max-tokens N    tokens per reply (default 512)\n"
             "%s",
             common_help);
+    cli_print_fp8_layers_help(out, 24);
 }
 
 /* Reads one line from stdin into buf (newline stripped). Returns 1 for a line, 0 for end of
@@ -538,10 +552,11 @@ int gptoss_cmd_chat(int argc, char **argv) {
         if (r == 0) return cli_usage_error("chat", "unknown or incomplete option '%s'", a);
     }
     if (!o.model_dir) return cli_usage_error("chat", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
+    if (check_common("chat", &o)) return 2;
 
     gptoss_error err = {0};
     session s;
-    if (session_open(&s, o.model_dir, o.backend, o.threads, o.context, &err)) {
+    if (session_open(&s, o.model_dir, o.backend, o.threads, o.context, o.fp8_layers, &err)) {
         session_close(&s);
         return cli_fail(&err);
     }

@@ -31,6 +31,7 @@ static void help(FILE *out) {
             "  --chunk N             prefill the prompt in chunks of N tokens (default: all at once)\n"
             "  --stats               print each layer's residual statistics and the logit spread\n"
             "                        (CPU backend), to check a model is numerically healthy\n");
+    cli_print_fp8_layers_help(out, 24);
 }
 
 static gptoss_status write_logits_header(FILE *f, int32_t rows, int32_t vocab) {
@@ -65,6 +66,7 @@ static bool is_stop(const gptoss_config *c, int32_t id) {
 int gptoss_cmd_run(int argc, char **argv) {
     const char *model_dir = NULL, *tokens_text = NULL, *logits_path = NULL, *backend_name = NULL;
     int64_t max_tokens = 16, threads = 0, chunk = 0;
+    uint32_t fp8_layers = 0;
     bool ignore_eos = false, stats = false;
     for (int i = 1; i < argc; i++) /* a text prompt: the chat path */
         if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) return cli_run_text(argc, argv);
@@ -86,6 +88,8 @@ int gptoss_cmd_run(int argc, char **argv) {
             if (!cli_parse_i64(argv[++i], 1, 4096, &threads)) return cli_usage_error("run", "--threads needs a positive integer");
         } else if (!strcmp(a, "--chunk") && has_value) {
             if (!cli_parse_i64(argv[++i], 1, 1 << 20, &chunk)) return cli_usage_error("run", "--chunk needs a positive integer");
+        } else if (!strcmp(a, "--fp8-layers") && has_value) {
+            if (!cli_parse_fp8_layers(argv[++i], &fp8_layers)) return cli_fp8_layers_usage_error("run", argv[i]);
         } else
             return cli_usage_error("run", "unknown or incomplete option '%s'", a);
     }
@@ -117,6 +121,11 @@ int gptoss_cmd_run(int argc, char **argv) {
             goto done;
         }
     }
+    if (cli_check_fp8_layers("run", fp8_layers, options.kind)) {
+        rc = 2;
+        goto done;
+    }
+    options.fp8_layers = fp8_layers;
     options.n_threads = (int32_t)threads;
     options.layer_stats = stats;
     options.progress = cli_progress;

@@ -59,6 +59,7 @@ static void help(FILE *out) {
         "  --max-queue N                  waiting requests before 429 (default 1024)\n"
         "  --max-body-bytes N             larger request bodies get 413 (default 8388608)\n"
         "  --drain-timeout S              on SIGTERM, wait this long for requests (default 60)\n");
+    cli_print_fp8_layers_help(out, 33);
 }
 
 static void print_progress(void *user, const char *what, double fraction) {
@@ -90,6 +91,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
     int64_t threads = 0, max_num_seqs = 0, max_batched = 2048, kv_blocks = 0, max_queue = 1024,
             max_body = (int64_t)so.max_body_bytes, port = so.port, drain_s = 60, max_model_len = 0;
     double memory_fraction = 0;
+    uint32_t fp8_layers = 0;
     bool prefix_cache = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -142,6 +144,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--drain-timeout") && v) {
             if (!cli_parse_i64(argv[++i], 0, 86400, &drain_s))
                 return cli_usage_error("serve", "--drain-timeout needs seconds in [0, 86400]");
+        } else if (!strcmp(a, "--fp8-layers") && v) {
+            if (!cli_parse_fp8_layers(argv[++i], &fp8_layers))
+                return cli_fp8_layers_usage_error("serve", argv[i]);
         } else if (!strcmp(a, "--gpu-memory-utilization") && v) {
             char *end = NULL;
             memory_fraction = strtod(argv[++i], &end);
@@ -169,6 +174,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
         else
             return cli_usage_error("serve", "--backend must be cpu or cuda");
     }
+    if (cli_check_fp8_layers("serve", fp8_layers, bo.kind)) return 2;
+    bo.fp8_layers = fp8_layers;
     if (shape && bo.kind != GPTOSS_BACKEND_CUDA)
         return cli_usage_error("serve", "--random-weights needs the CUDA backend; on the CPU, write "
                                         "a checkpoint with `gptoss make-model` and pass -m DIR");
@@ -305,6 +312,11 @@ int gptoss_cmd_serve(int argc, char **argv) {
             gptoss_backend_name(backend), (long long)kv_blocks, bo.kv_block_size,
             (long long)kv_blocks * bo.kv_block_size, kv_mib(c, &bo),
             eo.max_num_seqs, prefix_cache ? "on" : "off", eo.max_model_len);
+    if (fp8_layers) {
+        char names[64];
+        fprintf(stderr, "dense layers in FP8 (e4m3, row scales): %s\n",
+                cli_fp8_layers_name(fp8_layers, names, sizeof names));
+    }
     fprintf(stderr, "ready in %.1f s: model '%s' at http://%s:%d/v1\n", cli_now_seconds() - t0,
             served_name, so.host, gptoss_server_port(server));
 

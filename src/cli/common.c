@@ -163,3 +163,70 @@ gptoss_status cli_load_shape(const char *shape, gptoss_config *config, gptoss_er
     if (st) gptoss_error_prefix(err, "%s: ", shape);
     return st;
 }
+
+static const struct {
+    const char *name;
+    uint32_t bit;
+} fp8_layer_names[] = {{"qkv", GPTOSS_FP8_QKV}, {"o", GPTOSS_FP8_O}, {"lm_head", GPTOSS_FP8_LM_HEAD}};
+
+bool cli_parse_fp8_layers(const char *text, uint32_t *mask) {
+    if (!text) return false;
+    if (!strcmp(text, "none")) {
+        *mask = 0;
+        return true;
+    }
+    if (!strcmp(text, "all")) {
+        *mask = GPTOSS_FP8_ALL;
+        return true;
+    }
+    uint32_t out = 0;
+    const char *p = text;
+    for (;;) {
+        size_t len = strcspn(p, ",");
+        bool known = false;
+        for (size_t i = 0; i < sizeof fp8_layer_names / sizeof fp8_layer_names[0]; i++)
+            if (len == strlen(fp8_layer_names[i].name) && !strncmp(p, fp8_layer_names[i].name, len)) {
+                out |= fp8_layer_names[i].bit;
+                known = true;
+            }
+        if (!known) return false; /* also an empty item: "", "qkv,", ",o" */
+        if (!p[len]) break;
+        p += len + 1;
+    }
+    *mask = out;
+    return true;
+}
+
+const char *cli_fp8_layers_name(uint32_t mask, char *buf, size_t size) {
+    size_t used = 0;
+    if (size) buf[0] = '\0';
+    for (size_t i = 0; i < sizeof fp8_layer_names / sizeof fp8_layer_names[0]; i++)
+        if ((mask & fp8_layer_names[i].bit) && used < size)
+            used += (size_t)snprintf(buf + used, size - used, "%s%s", used ? "," : "", fp8_layer_names[i].name);
+    if (!mask) snprintf(buf, size, "none");
+    return buf;
+}
+
+int cli_fp8_layers_usage_error(const char *cmd, const char *value) {
+    return cli_usage_error(cmd, "--fp8-layers needs qkv, o, lm_head (comma-separated), all or none, not '%s'", value);
+}
+
+int cli_check_fp8_layers(const char *cmd, uint32_t mask, gptoss_backend_kind kind) {
+    if (mask == 0 || kind == GPTOSS_BACKEND_CUDA) return 0;
+    return cli_usage_error(cmd, "--fp8-layers is a CUDA backend option; the CPU backend computes every layer in fp32 "
+                                "(use --backend cuda%s, or leave --fp8-layers out)",
+                           gptoss_has_cuda() ? "" : " in a build with CUDA");
+}
+
+void cli_print_fp8_layers_help(FILE *out, int column) {
+    static const char *const lines[] = {
+        "CUDA: hold these dense layers in FP8 (e4m3 weights,",
+        "one fp32 scale per output row): qkv, o, lm_head",
+        "(comma-separated), all or none (default none). Decode",
+        "reads half their bytes; logits move by a few percent;",
+        "steps of over 16 tokens decode the rows to bf16 first",
+        "(slower prefill). Refused with the CPU backend.",
+    };
+    fprintf(out, "  %-*s%s\n", column - 2, "--fp8-layers LIST", lines[0]);
+    for (size_t i = 1; i < sizeof lines / sizeof lines[0]; i++) fprintf(out, "%*s%s\n", column, "", lines[i]);
+}

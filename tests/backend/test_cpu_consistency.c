@@ -2,7 +2,8 @@
  * test_cpu_consistency.c - the CPU backend computes the same logits however a prompt is fed:
  * one prefill, token by token, chunks of 1, 3, 17 and 64 tokens, alone or batched with other
  * sequences of different lengths, with any page size; bad plans are refused without
- * touching state; and logits summaries (top-n, log-sum-exp) match a reference.
+ * touching state; FP8 dense layers (a CUDA option) and unknown layer bits are refused at
+ * creation; and logits summaries (top-n, log-sum-exp) match a reference.
  *
  * The reference for each comparison is the same model run in one prefill; the bound is
  * 1e-4 relative to the row's max |logit| (the CPU backend is in fact exact here, because every
@@ -167,6 +168,28 @@ static void test_bad_plans_refused(void **state) {
     gptoss_backend_free(backend);
 }
 
+/* fp8_layers: the CPU backend computes in fp32 and says so rather than ignoring the request;
+ * bits that name no layer are refused whatever the backend. */
+static void test_fp8_layers_refused(void **state) {
+    (void)state;
+    gptoss_backend_options options = gptoss_backend_options_default();
+    gptoss_backend *backend = NULL;
+    gptoss_error err = {0};
+    options.fp8_layers = GPTOSS_FP8_QKV;
+    assert_int_equal(gptoss_backend_create(model, &options, &backend, &err), GPTOSS_ERR_UNSUPPORTED);
+    assert_null(backend);
+    assert_non_null(strstr(err.message, "CUDA backend option"));
+    options.fp8_layers = GPTOSS_FP8_ALL + 1;
+    options.kind = GPTOSS_BACKEND_CUDA;
+    assert_int_equal(gptoss_backend_create(model, &options, &backend, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_null(backend);
+    assert_non_null(strstr(err.message, "fp8_layers"));
+    options.kind = GPTOSS_BACKEND_CPU;
+    options.fp8_layers = 0;
+    assert_int_equal(gptoss_backend_create(model, &options, &backend, &err), GPTOSS_OK);
+    gptoss_backend_free(backend);
+}
+
 /* Reference summary written here: repeated selection of the largest (NaN as -inf, first of
  * equals wins) and a double-precision log-sum-exp skipping NaN. */
 static void reference_summary(const float *row, int32_t n, int32_t n_top, int32_t *ids, float *vals, double *lse) {
@@ -271,6 +294,7 @@ int main(void) {
         cmocka_unit_test(test_chunking),
         cmocka_unit_test(test_batched_with_others),
         cmocka_unit_test(test_bad_plans_refused),
+        cmocka_unit_test(test_fp8_layers_refused),
         cmocka_unit_test(test_logits_summary),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

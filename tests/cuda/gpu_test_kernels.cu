@@ -9,6 +9,7 @@
  * case and a summary table last; exits 1 on any failure.
  */
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/dense_lowp.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -511,6 +512,241 @@ static void test_gemv(int M, int N, int K) {
     cudaFree(dw), cudaFree(dx), cudaFree(dy);
 }
 
+/* ---- FP8 (e4m3, per-row scale) dense matrices ------------------------------------------- */
+
+/* e4m3 from its definition (1 sign, 4 exponent bits with bias 7, 3 mantissa bits, exponent
+ * field 0 subnormal), written here independently of dense_lowp.cu: the value of a code, and
+ * the code of a float rounded to the nearest finite value (ties to the even code, i.e. mantissa
+ * bit 0 clear), saturated at +-448. The non-negative finite codes 0x00..0x7e increase with
+ * their value, so a binary search finds the two neighbours. */
+static double e4m3_value(int code) {
+    int e = (code >> 3) & 15, mant = code & 7;
+    double v = e ? ldexp(1.0 + mant / 8.0, e - 7) : ldexp(mant / 8.0, -6);
+    return (code & 0x80) ? -v : v;
+}
+static int e4m3_encode(float v) {
+    int sign = signbit(v) ? 0x80 : 0;
+    double a = fabs((double)v);
+    if (a >= 448.0) return sign | 0x7e;
+    int lo = 0, hi = 126; /* largest code whose value is <= a */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (e4m3_value(mid) <= a) lo = mid;
+        else hi = mid - 1;
+    }
+    double below = a - e4m3_value(lo), above = e4m3_value(lo + 1) - a; /* exact in double */
+    if (above < below || (above == below && (lo & 1))) lo++;
+    return sign | lo;
+}
+
+/* The quantizer against the host rule (dense_lowp.h): scale = fp32(absmax / 448), code =
+ * e4m3(fp32(w / scale)), both divisions IEEE fp32 on both sides, so scales must match bit for
+ * bit and codes by value (+0 and -0 alike). Rows: random, each with its own magnitude
+ * (2^-30 .. 2^20); pattern 1 also has a zero row, a row of exact ties and e4m3 subnormals
+ * (absmax 448, so scale 1 and w / scale = w), and rows spanning 2^-24 of their absmax. */
+static void test_quantize_e4m3(int N, int K, int pattern) {
+    std::vector<uint16_t> w((size_t)N * K);
+    for (int r = 0; r < N; r++) {
+        float mag = ldexpf(1.0f, rnd_int(51) - 30);
+        for (int j = 0; j < K; j++) w[(size_t)r * K + j] = f2bf(rnd_nz(mag));
+    }
+    if (pattern == 1 && N >= 4 && K >= 16) {
+        for (int j = 0; j < K; j++) w[j] = f2bf(0.0f);
+        /* row 1: 448, then ties (1.0625 between 1 and 1.125 -> 1; 1.1875 -> 1.25; 2^-10 between
+         * 0 and 2^-9 -> 0; 3 * 2^-10 between 2^-9 and 2^-8 -> 2^-8; 2^-6 - 2^-10 between the
+         * largest subnormal and 2^-6 -> 2^-6), a value past 448 cannot occur (it is the max) */
+        const float special[] = {448.0f,         1.0625f,        -1.1875f,
+                                 ldexpf(1, -10), -3 * ldexpf(1, -10), ldexpf(1, -6) - ldexpf(1, -10),
+                                 ldexpf(1, -12), -ldexpf(1, -9), 232.0f /* 224 | 240: -> 224 */,
+                                 -240.0f,        0.0f,           -0.0f,
+                                 17.0f /* -> 16 */, 19.0f /* -> 20 */, 3.0f, 1.0f};
+        for (int j = 0; j < K; j++) w[(size_t)K + j] = f2bf(j < 16 ? special[j] : rnd_nz(448.0f));
+        for (int r = 2; r < 4; r++) /* wide range: the small ones land on e4m3 subnormals or 0 */
+            for (int j = 0; j < K; j++) w[(size_t)r * K + j] = f2bf(ldexpf(rnd_nz(1.0f), -rnd_int(25)));
+    }
+    bf16 *dw;
+    CK(cudaMalloc(&dw, w.size() * 2));
+    CK(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+    uint8_t *dq = dev_poisoned<uint8_t>((size_t)N * K);
+    float *ds = dev_poisoned<float>(N);
+    gptoss_cuda_quantize_e4m3_rows(dw, N, K, dq, ds, 0);
+    std::vector<uint8_t> q = dev_download(dq, (size_t)N * K);
+    std::vector<float> sc = dev_download(ds, N);
+    long bad_codes = 0, bad_scales = 0, first_bad = -1;
+    std::vector<double> deq((size_t)N * K), orig((size_t)N * K);
+    for (int r = 0; r < N; r++) {
+        float amax = 0.0f;
+        for (int j = 0; j < K; j++) amax = fmaxf(amax, fabsf(bf2f(w[(size_t)r * K + j])));
+        float scale = amax / 448.0f;
+        uint32_t a, b;
+        memcpy(&a, &scale, 4), memcpy(&b, &sc[r], 4);
+        if (a != b) bad_scales++;
+        for (int j = 0; j < K; j++) {
+            size_t i = (size_t)r * K + j;
+            int want = scale > 0.0f ? e4m3_encode(bf2f(w[i]) / scale) : 0;
+            if (e4m3_value(want) != e4m3_value(q[i]) || (q[i] & 0x7f) == 0x7f) {
+                if (bad_codes++ == 0) first_bad = (long)i;
+            }
+            deq[i] = e4m3_value(q[i]) * (double)sc[r];
+            orig[i] = bf2f(w[i]);
+        }
+    }
+    char name[160];
+    snprintf(name, sizeof name, "quantize e4m3 N=%d K=%d pattern %d: %ld codes, %ld scales differ (first code %ld)",
+             N, K, pattern, bad_codes, bad_scales, first_bad);
+    check_true(name, bad_codes == 0 && bad_scales == 0);
+    /* what the format costs: every weight within 2^-4 of itself (half a step of 3 mantissa
+     * bits) where it is in e4m3's normal range, which holds the bulk of each row's norm */
+    snprintf(name, sizeof name, "quantize e4m3 N=%d K=%d pattern %d: dequantized vs bf16 weights", N, K, pattern);
+    check(name, deq, orig, 0.0625);
+    cudaFree(dw), cudaFree(dq), cudaFree(ds);
+}
+
+/* Random e4m3 codes (every finite code, both signs, subnormals; never the NaN codes), random
+ * row scales, bf16 inputs. */
+static void make_e4m3_case(int N, int K, int M, std::vector<uint8_t> &codes, std::vector<float> &scale,
+                           std::vector<uint16_t> &x) {
+    codes.resize((size_t)N * K);
+    for (auto &c : codes) {
+        c = (uint8_t)(rnd_u64() >> 24);
+        if ((c & 0x7f) == 0x7f) c ^= 1;
+    }
+    scale.resize(N);
+    for (auto &v : scale) v = ldexpf(1.0f + (float)rnd_unit(), -4 - rnd_int(12));
+    x.resize((size_t)M * K);
+    for (auto &v : x) v = f2bf(rnd_nz(2.0f));
+}
+
+/* y[m, n] = scale[n] * sum_k x[m, k] * value(codes[n, k]), in double. */
+static std::vector<double> ref_e4m3_product(const std::vector<uint8_t> &codes, const std::vector<float> &scale,
+                                            const std::vector<uint16_t> &x, int M, int N, int K) {
+    double table[256];
+    for (int c = 0; c < 256; c++) table[c] = e4m3_value(c);
+    std::vector<double> xd((size_t)M * K), ref((size_t)M * N);
+    for (size_t i = 0; i < xd.size(); i++) xd[i] = bf2f(x[i]);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const uint8_t *row = &codes[(size_t)n * K];
+        for (int i = 0; i < M; i++) {
+            double a = 0;
+            for (int k = 0; k < K; k++) a += xd[(size_t)i * K + k] * table[row[k]];
+            ref[(size_t)i * N + n] = a * scale[n];
+        }
+    }
+    return ref;
+}
+
+/* The decode GEMV for each M of ms on one random matrix (M <= 4; a shape the GEMV must refuse
+ * is marked by want_refused and must enqueue nothing). */
+static void test_gemv_e4m3(int N, int K, std::vector<int> ms, bool want_refused = false) {
+    int max_m = *std::max_element(ms.begin(), ms.end());
+    std::vector<uint8_t> codes;
+    std::vector<float> scale;
+    std::vector<uint16_t> x;
+    make_e4m3_case(N, K, max_m, codes, scale, x);
+    uint8_t *dq = dev_upload(codes);
+    float *ds = dev_upload(scale);
+    bf16 *dx;
+    CK(cudaMalloc(&dx, x.size() * 2));
+    CK(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    std::vector<double> full = want_refused ? std::vector<double>() : ref_e4m3_product(codes, scale, x, max_m, N, K);
+    for (int M : ms) {
+        float *dy = dev_poisoned<float>((size_t)M * N);
+        int rc = gptoss_cuda_gemv_e4m3(dq, ds, dx, dy, M, N, K, sms, 0);
+        std::vector<float> y = dev_download(dy, (size_t)M * N);
+        char name[128];
+        if (want_refused) {
+            bool untouched = true; /* still the poison: nothing was enqueued */
+            for (float v : y) untouched = untouched && isnan(v);
+            snprintf(name, sizeof name, "gemv e4m3 M=%d N=%d K=%d: refused (rc %d), output untouched", M, N, K, rc);
+            check_true(name, rc != 0 && untouched);
+        } else {
+            std::vector<double> got(y.begin(), y.end()), ref(full.begin(), full.begin() + (size_t)M * N);
+            snprintf(name, sizeof name, "gemv e4m3 M=%d N=%d K=%d%s", M, N, K, rc ? " (refused)" : "");
+            if (rc) got[0] = NAN; /* every shape here is one the GEMV must take */
+            check(name, got, ref, 1e-5); /* exact products (bf16 x e4m3 fit fp32), fp32 sums, one scale */
+        }
+        cudaFree(dy);
+    }
+    cudaFree(dq), cudaFree(ds), cudaFree(dx);
+}
+
+/* The prefill path: blocks of block_rows rows decoded to bf16 in scratch, cuBLAS, columns
+ * scaled. block_rows < N makes several blocks (the last one partial). */
+static void test_gemm_e4m3(cublasHandle_t cublas, int M, int N, int K, int block_rows) {
+    std::vector<uint8_t> codes;
+    std::vector<float> scale;
+    std::vector<uint16_t> x;
+    make_e4m3_case(N, K, M, codes, scale, x);
+    uint8_t *dq = dev_upload(codes);
+    float *ds = dev_upload(scale);
+    bf16 *dx, *scratch;
+    CK(cudaMalloc(&dx, x.size() * 2));
+    CK(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    size_t scratch_elems = (size_t)block_rows * K + K / 2; /* not a whole number of rows */
+    CK(cudaMalloc(&scratch, scratch_elems * 2));
+    float *dy = dev_poisoned<float>((size_t)M * N);
+    cublasStatus_t st = gptoss_cuda_gemm_e4m3(cublas, dq, ds, dx, dy, M, N, K, scratch, scratch_elems, 0);
+    std::vector<float> y = dev_download(dy, (size_t)M * N);
+    std::vector<double> got(y.begin(), y.end()), ref = ref_e4m3_product(codes, scale, x, M, N, K);
+    char name[128];
+    snprintf(name, sizeof name, "gemm e4m3 (bf16 blocks of %d rows + cuBLAS) M=%d N=%d K=%d%s", block_rows, M, N, K,
+             st != CUBLAS_STATUS_SUCCESS ? " (failed)" : "");
+    if (st != CUBLAS_STATUS_SUCCESS) got[0] = NAN;
+    /* exact products (e4m3 values are bf16 values), fp32 accumulation in cuBLAS's order on the
+     * tensor cores, one scale */
+    check(name, got, ref, 1e-4);
+    /* rows of 8 weights (not a multiple of 16) are refused before anything is enqueued */
+    st = gptoss_cuda_gemm_e4m3(cublas, dq, ds, dx, dy, M, 1, 8, scratch, scratch_elems, 0);
+    snprintf(name, sizeof name, "gemm e4m3 K=8: refused (status %d)", (int)st);
+    check_true(name, st == CUBLAS_STATUS_INVALID_VALUE);
+    cudaFree(dq), cudaFree(ds), cudaFree(dx), cudaFree(scratch), cudaFree(dy);
+}
+
+/* How close the decode GEMVs come to streaming their weights at the copy bandwidth, on the
+ * 20b shapes, one token (printed, not checked: a number for bench/RESULTS.md). */
+static void time_dense_gemv(int N, int K) {
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    uint8_t *dq;
+    bf16 *dw, *dx;
+    float *ds, *dy;
+    CK(cudaMalloc(&dq, (size_t)N * K));
+    CK(cudaMalloc(&dw, (size_t)N * K * 2));
+    CK(cudaMalloc(&ds, (size_t)N * 4));
+    CK(cudaMalloc(&dx, (size_t)K * 2));
+    CK(cudaMalloc(&dy, (size_t)N * 4));
+    CK(cudaMemset(dq, 0x38, (size_t)N * K)); /* 1.0 */
+    CK(cudaMemset(dw, 0, (size_t)N * K * 2));
+    CK(cudaMemset(ds, 0, (size_t)N * 4));
+    CK(cudaMemset(dx, 0, (size_t)K * 2));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float ms[2] = {0, 0};
+    const int reps = 50;
+    for (int kind = 0; kind < 2; kind++) {
+        for (int r = -5; r < reps; r++) {
+            if (r == 0) CK(cudaEventRecord(e0));
+            if (kind == 0) gptoss_cuda_gemv_e4m3(dq, ds, dx, dy, 1, N, K, sms, 0);
+            else gptoss_cuda_gemv_bf16(dw, dx, dy, 1, N, K, sms, 0);
+        }
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms[kind], e0, e1));
+    }
+    CK(cudaGetLastError());
+    double us8 = 1e3 * ms[0] / reps, us16 = 1e3 * ms[1] / reps;
+    printf("timing: decode GEMV N=%d K=%d M=1: e4m3 %.1f us (%.0f GB/s of weights), bf16 %.1f us (%.0f GB/s)\n", N, K,
+           us8, (double)N * (K + 4) / (us8 * 1e3), us16, (double)N * K * 2 / (us16 * 1e3));
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaFree(dq), cudaFree(dw), cudaFree(ds), cudaFree(dx), cudaFree(dy);
+}
+
 /* Fused router (logits + top-k by the last block): logits against a double reference, the
  * selection against a host top-k of the logits the kernel wrote (so near-ties between fp32
  * and double cannot fail it). Runs twice on one counter: the second launch must re-arm. */
@@ -682,6 +918,42 @@ int main(int argc, char **argv) {
     test_gemv(3, 2880, 4096);
     test_gemv(2, 37, 64);
     test_gemv(1, 1, 8);
+
+    /* FP8 dense layers: the quantizer on the 20b QKV and O shapes and odd ones; the GEMV on the
+     * 20b QKV, O and lm_head shapes for 1..4 tokens and odd shapes; the prefill GEMM in one
+     * block and in several */
+    CK(gptoss_cuda_dense_lowp_prepare());
+    test_quantize_e4m3(5120, 2880, 1);
+    test_quantize_e4m3(2880, 4096, 0);
+    test_quantize_e4m3(37, 48, 1);
+    test_quantize_e4m3(5, 2888, 0); /* rows not a multiple of 16 (the quantizer takes any) */
+    test_quantize_e4m3(1, 1, 0);
+    test_gemv_e4m3(5120, 2880, {1, 2, 3, 4});
+    test_gemv_e4m3(2880, 4096, {1, 2, 3, 4});
+    test_gemv_e4m3(201088, 2880, {1, 2, 3, 4});
+    test_gemv_e4m3(37, 64, {1, 2, 3});
+    test_gemv_e4m3(5121, 2880, {3});
+    test_gemv_e4m3(1, 16, {1, 4});
+    test_gemv_e4m3(33, 4080, {2});
+    test_gemv_e4m3(64, 2888, {1}, true); /* rows not a multiple of 16 */
+    test_gemv_e4m3(64, 4112, {1}, true); /* rows wider than 4096 */
+    {
+        cublasHandle_t cublas;
+        if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "cublasCreate failed\n");
+            return 2;
+        }
+        test_gemm_e4m3(cublas, 17, 5120, 2880, 5120);
+        test_gemm_e4m3(cublas, 64, 2880, 4096, 1000);
+        test_gemm_e4m3(cublas, 5, 201088, 2880, 5120);
+        test_gemm_e4m3(cublas, 300, 37, 64, 7);
+        test_gemm_e4m3(cublas, 33, 1, 16, 1);
+        test_gemm_e4m3(cublas, 2000, 513, 2880, 256);
+        cublasDestroy(cublas);
+    }
+    time_dense_gemv(5120, 2880);
+    time_dense_gemv(2880, 4096);
+    time_dense_gemv(201088, 2880);
 
     /* MoE: real widths at decode-sized batches, small widths at prefill sizes (host cost) */
     for (int T : {1, 2, 5, 8, 16}) test_moe(T, 2880, 2880, 32, 4, 0, 1);

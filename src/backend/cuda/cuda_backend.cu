@@ -50,10 +50,28 @@ static gptoss_status cublas_check(cublasStatus_t s, const char *what, gptoss_err
 
 /* Y[M, N] f32 = X[M, K] bf16 . W[N, K]^T (row-major), fp32 accumulation. Decode shapes of
  * the layer projections go to our GEMV (cuBLAS reaches about half the bandwidth at M = 1);
- * lm_head stays on cuBLAS, which is at its floor already. */
-static gptoss_status gemm_bf16(gptoss_cuda_state *s, const bf16 *w, const bf16 *x, float *y,
+ * lm_head stays on cuBLAS, which is at its floor already. A matrix held in FP8 (e4m3 with
+ * row scales, dense_lowp.h) goes through the e4m3 GEMV in passes of GPTOSS_GEMV_MAX_ROWS
+ * rows up to GPTOSS_E4M3_GEMV_MAX_TOKENS rows (lm_head too: its bytes halve), and above
+ * that through blocks of rows decoded to bf16 for cuBLAS. */
+static gptoss_status gemm_bf16(gptoss_cuda_state *s, gptoss_cuda_dense_weight wt, const bf16 *x, float *y,
                                int32_t m, int32_t n, int32_t k, bool allow_gemv, gptoss_error *error) {
     if (m <= 0) return GPTOSS_OK;
+    if (wt.w_e4m3) {
+        if ((s->use_gemv && m <= GPTOSS_E4M3_GEMV_MAX_TOKENS) || s->gemv_all) {
+            bool ok = true;
+            for (int32_t r = 0; r < m && ok; r += GPTOSS_GEMV_MAX_ROWS) {
+                int32_t rows = m - r < GPTOSS_GEMV_MAX_ROWS ? m - r : GPTOSS_GEMV_MAX_ROWS;
+                ok = gptoss_cuda_gemv_e4m3(wt.w_e4m3, wt.row_scale, x + (size_t)r * k, y + (size_t)r * n, rows, n, k,
+                                           s->n_sms, s->stream) == 0;
+            }
+            if (ok) return GPTOSS_OK;
+        }
+        return cublas_check(gptoss_cuda_gemm_e4m3(s->cublas, wt.w_e4m3, wt.row_scale, x, y, m, n, k, s->dense_scratch,
+                                                  s->dense_scratch_elems, s->stream),
+                            "FP8 GEMM (rows decoded to bf16)", error);
+    }
+    const bf16 *w = wt.w_bf16;
     if (allow_gemv && s->use_gemv && gptoss_cuda_gemv_bf16(w, x, y, m, n, k, s->n_sms, s->stream) == 0)
         return GPTOSS_OK;
     if (s->gemv_all) { /* diagnostics: every row block through the GEMV, no cuBLAS */
@@ -98,11 +116,15 @@ static gptoss_status check_supported(const gptoss_config *c, gptoss_error *error
 
 /* ---- allocation ------------------------------------------------------------------------- */
 
-static size_t layer_weight_bytes(const gptoss_config *c) {
+/* Device bytes of a dense [n, k] matrix, bf16 or e4m3 with row scales (dense_lowp.h). */
+static size_t dense_bytes(size_t n, size_t k, bool fp8) { return fp8 ? gptoss_cuda_e4m3_bytes(n, k) : n * k * 2; }
+
+static size_t layer_weight_bytes(const gptoss_config *c, uint32_t fp8_layers) {
     size_t H = c->hidden_size, I = c->intermediate_size, E = c->n_experts;
     size_t qkv = (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim, q = (size_t)c->n_heads * c->head_dim;
     size_t b = 0;
-    b += 2 * H * 4 + qkv * H * 2 + qkv * 4 + H * q * 2 + H * 4 + c->n_heads * 4 + E * H * (2 + 4) + E * 4;
+    b += 2 * H * 4 + dense_bytes(qkv, H, fp8_layers & GPTOSS_FP8_QKV) + qkv * 4 +
+         dense_bytes(H, q, fp8_layers & GPTOSS_FP8_O) + H * 4 + c->n_heads * 4 + E * H * (2 + 4) + E * 4;
     b += E * 2 * I * (H / 32) * 17 + E * 2 * I * 4 + E * H * (I / 32) * 17 + E * H * 4;
     return b + 16 * 256; /* alignment slack */
 }
@@ -123,6 +145,39 @@ static gptoss_status dev_alloc(void **p, size_t bytes, const char *what, gptoss_
 
 static gptoss_status ensure_workspace(gptoss_cuda_state *s, int32_t n_tokens, int32_t n_logits,
                                       int32_t table_ints, gptoss_error *error);
+
+/* A dense [n, k] matrix in the form fp8 asks for (see gptoss_cuda_dense_weight), counted as
+ * weights. */
+static gptoss_status dense_alloc(gptoss_cuda_state *s, gptoss_cuda_dense_weight *w, size_t n, size_t k, bool fp8,
+                                 const char *what, gptoss_error *error) {
+    memset(w, 0, sizeof *w);
+    if (fp8 && k % 16)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "CUDA: %s cannot be held in FP8: rows of %zu weights (a multiple of 16 is needed)",
+                                what, k);
+    size_t bytes = dense_bytes(n, k, fp8);
+    gptoss_status st = dev_alloc(fp8 ? (void **)&w->w_e4m3 : (void **)&w->w_bf16, bytes, what, error);
+    if (st) return st;
+    if (fp8) w->row_scale = (float *)(w->w_e4m3 + gptoss_cuda_e4m3_scale_offset(n, k));
+    s->weight_bytes += bytes;
+    return GPTOSS_OK;
+}
+
+static void dense_free(gptoss_cuda_dense_weight *w) {
+    cudaFree(w->w_bf16);
+    cudaFree(w->w_e4m3);
+}
+
+/* bf16 elements of the FP8 layers' scratch: a whole QKV or O matrix (staged there at load
+ * time, decoded there for prefill GEMMs), and lm_head in blocks of up to 4096 rows. */
+static size_t dense_scratch_elems(const gptoss_config *c, uint32_t fp8_layers) {
+    size_t H = c->hidden_size, V = c->vocab_size, q = (size_t)c->n_heads * c->head_dim;
+    size_t qkv = (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim, e = 0;
+    if ((fp8_layers & GPTOSS_FP8_QKV) && qkv * H > e) e = qkv * H;
+    if ((fp8_layers & GPTOSS_FP8_O) && H * q > e) e = H * q;
+    if ((fp8_layers & GPTOSS_FP8_LM_HEAD) && (V < 4096 ? V : 4096) * H > e) e = (V < 4096 ? V : 4096) * H;
+    return e;
+}
 
 /* Creates everything except the weights' contents: stream, cuBLAS, weight buffers, pools. */
 static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backend_options *options,
@@ -151,6 +206,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     s->config = *config;
     s->device = options->device;
     s->n_sms = prop.multiProcessorCount;
+    s->fp8_layers = options->fp8_layers;
     snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
     s->use_graphs = getenv("GPTOSS_CUDA_GRAPHS") == NULL || strcmp(getenv("GPTOSS_CUDA_GRAPHS"), "0") != 0;
     /* A/B switches for measurements: GPTOSS_CUDA_GEMV=0 sends decode projections to cuBLAS,
@@ -182,12 +238,15 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     if (st) return st;
     CUDA_TRY(gptoss_cuda_moe_prepare(config->hidden_size, config->intermediate_size), "MoE kernel setup");
     CUDA_TRY(gptoss_cuda_router_prepare(config->hidden_size), "router kernel setup");
+    if (options->fp8_layers) CUDA_TRY(gptoss_cuda_dense_lowp_prepare(), "FP8 GEMV setup");
 
     const gptoss_config *c = config;
     size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
     size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
     size_t QKV = (NH + 2 * NKV) * D;
-    size_t need = 2 * V * H * 2 + (size_t)c->n_layers * layer_weight_bytes(c);
+    size_t need = V * H * 2 + dense_bytes(V, H, s->fp8_layers & GPTOSS_FP8_LM_HEAD) +
+                  (size_t)c->n_layers * layer_weight_bytes(c, s->fp8_layers) +
+                  dense_scratch_elems(c, s->fp8_layers) * 2;
     size_t kv_token = NKV * D * 2 * 2; /* K and V, bf16 */
     size_t n_sliding = 0;
     for (int l = 0; l < c->n_layers; l++) n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
@@ -211,7 +270,8 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
         s->weight_bytes += (bytes);                                                \
     } while (0)
     ALLOC(s->embedding, V * H * 2, "the embedding");
-    ALLOC(s->lm_head, V * H * 2, "lm_head");
+    st = dense_alloc(s, &s->lm_head, V, H, s->fp8_layers & GPTOSS_FP8_LM_HEAD, "lm_head", error);
+    if (st) return st;
     ALLOC(s->final_norm, H * 4, "the final norm");
     ALLOC(s->inv_freq, D / 2 * 4, "RoPE tables");
     s->layers = (cuda_layer *)calloc((size_t)c->n_layers, sizeof(cuda_layer));
@@ -221,9 +281,11 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
         L->sliding = c->layer_is_sliding[l] && c->sliding_window > 0;
         ALLOC(L->attn_norm, H * 4, "norms");
         ALLOC(L->mlp_norm, H * 4, "norms");
-        ALLOC(L->qkv_weight, QKV * H * 2, "QKV weights");
+        st = dense_alloc(s, &L->qkv_weight, QKV, H, s->fp8_layers & GPTOSS_FP8_QKV, "QKV weights", error);
+        if (st) return st;
         ALLOC(L->qkv_bias, QKV * 4, "QKV bias");
-        ALLOC(L->o_weight, H * NH * D * 2, "O weights");
+        st = dense_alloc(s, &L->o_weight, H, NH * D, s->fp8_layers & GPTOSS_FP8_O, "O weights", error);
+        if (st) return st;
         ALLOC(L->o_bias, H * 4, "O bias");
         ALLOC(L->sinks, NH * 4, "sinks");
         ALLOC(L->router_weight, E * H * 2, "router");
@@ -243,6 +305,11 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
         m->swiglu_alpha = (float)c->swiglu_alpha;
     }
 #undef ALLOC
+    s->dense_scratch_elems = dense_scratch_elems(c, s->fp8_layers);
+    if (s->dense_scratch_elems) {
+        st = dev_alloc((void **)&s->dense_scratch, s->dense_scratch_elems * 2, "the FP8 layers' scratch", error);
+        if (st) return st;
+    }
     if (options->max_step_tokens > 0) {
         /* the largest step's workspace first, so the KV cache below does not take its memory */
         int32_t T = options->max_step_tokens, NL = options->max_step_logits > 0 ? options->max_step_logits : 1;
@@ -313,7 +380,8 @@ void gptoss_cuda_state_free(gptoss_cuda_state *s) {
     if (s->stream) cudaStreamSynchronize(s->stream);
     if (s->serve_profile) print_serve_profile(s);
     cudaFree(s->embedding);
-    cudaFree(s->lm_head);
+    dense_free(&s->lm_head);
+    cudaFree(s->dense_scratch);
     cudaFree(s->final_norm);
     cudaFree(s->inv_freq);
     cudaFree(s->summary_dev);
@@ -323,9 +391,9 @@ void gptoss_cuda_state_free(gptoss_cuda_state *s) {
             cuda_layer *L = &s->layers[l];
             cudaFree(L->attn_norm);
             cudaFree(L->mlp_norm);
-            cudaFree(L->qkv_weight);
+            dense_free(&L->qkv_weight);
             cudaFree(L->qkv_bias);
-            cudaFree(L->o_weight);
+            dense_free(&L->o_weight);
             cudaFree(L->o_bias);
             cudaFree(L->sinks);
             cudaFree(L->router_weight);
@@ -385,6 +453,34 @@ static gptoss_status upload_bf16_matrix(upload_ctx *u, bf16 *dst, const gptoss_t
     return upload_raw(u, dst, t, n * 2, error);
 }
 
+/* Rows [row0, row0 + rows) of a dense [*, k] matrix from a bf16 tensor [rows, k]: copied in
+ * place, or, for an FP8 matrix, staged through s->dense_scratch in blocks of rows and
+ * quantized into place (a row's scale needs only that row). */
+static gptoss_status upload_dense(upload_ctx *u, gptoss_cuda_dense_weight *dst, size_t row0, size_t rows, size_t k,
+                                  const gptoss_tensor *t, gptoss_error *error) {
+    if (dst->w_bf16) return upload_bf16_matrix(u, dst->w_bf16 + row0 * k, t, rows * k, error);
+    gptoss_cuda_state *s = u->s;
+    if (t->dtype != GPTOSS_DTYPE_BF16)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "CUDA upload: tensor %s is %s; the CUDA backend "
+                                "needs BF16 for dense matrices", t->name ? t->name : "?", gptoss_dtype_name(t->dtype));
+    if (t->n_bytes != rows * k * 2)
+        return gptoss_set_error(error, GPTOSS_ERR_MODEL, "CUDA upload: tensor %s has %zu bytes, expected %zu",
+                                t->name ? t->name : "?", t->n_bytes, rows * k * 2);
+    const size_t block = s->dense_scratch_elems / k;
+    const unsigned char *src = (const unsigned char *)t->data;
+    for (size_t r = 0; r < rows; r += block) {
+        size_t n = rows - r < block ? rows - r : block;
+        CUDA_TRY(cudaMemcpyAsync(s->dense_scratch, src + r * k * 2, n * k * 2, cudaMemcpyHostToDevice, s->stream),
+                 "weight upload");
+        gptoss_cuda_quantize_e4m3_rows(s->dense_scratch, (int32_t)n, (int32_t)k, dst->w_e4m3 + (row0 + r) * k,
+                                       dst->row_scale + row0 + r, s->stream);
+        upload_progress(u, n * k * 2);
+    }
+    CUDA_TRY(cudaStreamSynchronize(s->stream), "FP8 quantization");
+    CUDA_TRY(cudaGetLastError(), "FP8 quantization");
+    return GPTOSS_OK;
+}
+
 /* Small vectors (norms, biases, sinks) become f32 on the device whatever their file dtype. */
 static gptoss_status upload_vector_f32(upload_ctx *u, float *dst, const gptoss_tensor *t, size_t n,
                                        gptoss_error *error) {
@@ -436,20 +532,20 @@ static gptoss_status upload_weights(gptoss_cuda_state *s, const gptoss_weights *
         goto done;
     }
     TRY(upload_bf16_matrix(&u, s->embedding, &w->embedding, V * H, error));
-    TRY(upload_bf16_matrix(&u, s->lm_head, &w->lm_head, V * H, error));
+    TRY(upload_dense(&u, &s->lm_head, 0, V, H, &w->lm_head, error));
     TRY(upload_vector_f32(&u, s->final_norm, &w->final_norm, H, error));
     for (int l = 0; l < c->n_layers; l++) {
         const gptoss_layer_weights *lw = &w->layers[l];
         cuda_layer *L = &s->layers[l];
         TRY(upload_vector_f32(&u, L->attn_norm, &lw->attn_norm, H, error));
         TRY(upload_vector_f32(&u, L->mlp_norm, &lw->mlp_norm, H, error));
-        TRY(upload_bf16_matrix(&u, L->qkv_weight, &lw->q_weight, NH * D * H, error));
-        TRY(upload_bf16_matrix(&u, L->qkv_weight + NH * D * H, &lw->k_weight, NKV * D * H, error));
-        TRY(upload_bf16_matrix(&u, L->qkv_weight + (NH + NKV) * D * H, &lw->v_weight, NKV * D * H, error));
+        TRY(upload_dense(&u, &L->qkv_weight, 0, NH * D, H, &lw->q_weight, error));
+        TRY(upload_dense(&u, &L->qkv_weight, NH * D, NKV * D, H, &lw->k_weight, error));
+        TRY(upload_dense(&u, &L->qkv_weight, (NH + NKV) * D, NKV * D, H, &lw->v_weight, error));
         TRY(upload_vector_f32(&u, L->qkv_bias, &lw->q_bias, NH * D, error));
         TRY(upload_vector_f32(&u, L->qkv_bias + NH * D, &lw->k_bias, NKV * D, error));
         TRY(upload_vector_f32(&u, L->qkv_bias + (NH + NKV) * D, &lw->v_bias, NKV * D, error));
-        TRY(upload_bf16_matrix(&u, L->o_weight, &lw->o_weight, H * NH * D, error));
+        TRY(upload_dense(&u, &L->o_weight, 0, H, NH * D, &lw->o_weight, error));
         TRY(upload_vector_f32(&u, L->o_bias, &lw->o_bias, H, error));
         TRY(upload_vector_f32(&u, L->sinks, &lw->sinks, NH, error));
         TRY(upload_bf16_matrix(&u, L->router_weight, &lw->router_weight, E * H, error));
@@ -494,6 +590,24 @@ static gptoss_status finish_weights(gptoss_cuda_state *s, gptoss_error *error) {
 
 /* ---- random weights (bench) --------------------------------------------------------------- */
 
+/* N(0, sd) values for a dense [n, k] matrix: generated in place, or, for an FP8 matrix, in
+ * blocks of rows in the scratch and quantized into place (from the values the bf16 matrix
+ * gets from the same seed). Enqueued on s->stream; the caller checks for errors. */
+static void fill_dense_random(gptoss_cuda_state *s, gptoss_cuda_dense_weight *w, size_t n, size_t k, uint64_t seed,
+                              float sd) {
+    if (w->w_bf16) {
+        gptoss_cuda_fill_normal_bf16(w->w_bf16, n * k, seed, 0.0f, sd, s->stream);
+        return;
+    }
+    const size_t block = s->dense_scratch_elems / k;
+    for (size_t r = 0; r < n; r += block) {
+        size_t rows = n - r < block ? n - r : block;
+        gptoss_cuda_fill_normal_bf16_at(s->dense_scratch, rows * k, r * k, seed, 0.0f, sd, s->stream);
+        gptoss_cuda_quantize_e4m3_rows(s->dense_scratch, (int32_t)rows, (int32_t)k, w->w_e4m3 + r * k, w->row_scale + r,
+                                       s->stream);
+    }
+}
+
 gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
                                               const gptoss_backend_options *options, uint64_t seed,
                                               gptoss_cuda_state **out, gptoss_error *error) {
@@ -516,15 +630,15 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
     int s0_h = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)H))));
     int s0_i = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)I))));
     gptoss_cuda_fill_normal_bf16(s->embedding, V * H, n++, 0.0f, 1.0f, k);
-    gptoss_cuda_fill_normal_bf16(s->lm_head, V * H, n++, 0.0f, lin_h, k);
+    fill_dense_random(s, &s->lm_head, V, H, n++, lin_h);
     gptoss_cuda_fill_normal_f32(s->final_norm, H, n++, 1.0f, 0.05f, k);
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &s->layers[l];
         gptoss_cuda_fill_normal_f32(L->attn_norm, H, n++, 1.0f, 0.05f, k);
         gptoss_cuda_fill_normal_f32(L->mlp_norm, H, n++, 1.0f, 0.05f, k);
-        gptoss_cuda_fill_normal_bf16(L->qkv_weight, QKV * H, n++, 0.0f, lin_h, k);
+        fill_dense_random(s, &L->qkv_weight, QKV, H, n++, lin_h);
         gptoss_cuda_fill_normal_f32(L->qkv_bias, QKV, n++, 0.0f, 0.02f, k);
-        gptoss_cuda_fill_normal_bf16(L->o_weight, H * NH * D, n++, 0.0f, lin_q, k);
+        fill_dense_random(s, &L->o_weight, H, NH * D, n++, lin_q);
         gptoss_cuda_fill_normal_f32(L->o_bias, H, n++, 0.0f, 0.02f, k);
         gptoss_cuda_fill_normal_f32(L->sinks, NH, n++, 0.0f, 1.0f, k);
         gptoss_cuda_fill_normal_bf16(L->router_weight, E * H, n++, 0.0f, lin_h, k);

@@ -12,6 +12,7 @@
 #define GPTOSS_CUDA_BACKEND_H
 
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/dense_lowp.h"
 
 #include <cublas_v2.h>
 
@@ -23,9 +24,9 @@ extern "C" {
 typedef struct cuda_layer {
     float *attn_norm;        /* [H] */
     float *mlp_norm;         /* [H] */
-    bf16 *qkv_weight;        /* [(NH + 2 NKV) D, H]: q rows, then k, then v */
+    gptoss_cuda_dense_weight qkv_weight; /* [(NH + 2 NKV) D, H]: q rows, then k, then v */
     float *qkv_bias;         /* [(NH + 2 NKV) D] */
-    bf16 *o_weight;          /* [H, NH D] */
+    gptoss_cuda_dense_weight o_weight;   /* [H, NH D] */
     float *o_bias;           /* [H] */
     float *sinks;            /* [NH] */
     bf16 *router_weight;     /* [E, H] */
@@ -91,7 +92,7 @@ typedef struct gptoss_cuda_state {
     cudaStream_t stream;
     cublasHandle_t cublas;
     bf16 *embedding;          /* [V, H] */
-    bf16 *lm_head;            /* [V, H] */
+    gptoss_cuda_dense_weight lm_head; /* [V, H] */
     float *final_norm;        /* [H] */
     float *inv_freq;          /* [D/2] YaRN */
     float concentration;
@@ -107,6 +108,10 @@ typedef struct gptoss_cuda_state {
     bool use_gemv;            /* decode projections on our GEMV rather than cuBLAS */
     bool gemv_all;            /* diagnostics: every GEMM as GEMV row blocks (GPTOSS_CUDA_GEMV=all) */
     size_t weight_bytes;      /* device bytes of weights */
+    uint32_t fp8_layers;      /* gptoss_fp8_layer bits: matrices held as e4m3 + row scales */
+    bf16 *dense_scratch;      /* fp8 layers: bf16 rows on their way to e4m3 at load, then the
+                               * prefill GEMM's decoded rows (dense_lowp.h); NULL without */
+    size_t dense_scratch_elems;
     size_t kv_bytes;          /* device bytes of both KV pools */
     bool use_graphs;          /* replay small steps (decode) as CUDA graphs */
     cuda_graph_entry graphs[GPTOSS_CUDA_MAX_GRAPHS]; /* captured steps, keyed by shape */

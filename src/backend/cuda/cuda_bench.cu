@@ -10,9 +10,10 @@
  * timed runs, median reported.
  *
  * Decode floor per token = bytes that must cross the memory bus once: dense bf16 weights of
- * every layer (q, k, v, o, router) + lm_head + the 4 selected experts of every layer in
- * MXFP4 (blocks, scales, f32 biases) + K and V of every attended position, over the copy
- * bandwidth measured here (cudaMemcpy device to device, read + write bytes).
+ * every layer (q, k, v, o, router) + lm_head (those held in FP8: one byte per weight and
+ * four per row) + the 4 selected experts of every layer in MXFP4 (blocks, scales, f32
+ * biases) + K and V of every attended position, over the copy bandwidth measured here
+ * (cudaMemcpy device to device, read + write bytes).
  */
 #include "backend/cuda/cuda_backend.h"
 
@@ -130,13 +131,18 @@ static void collect_profile(gptoss_cuda_state *s, double *parts) {
     }
 }
 
-static double decode_floor_bytes(const gptoss_config *c, double kv_positions_full, double kv_positions_sliding) {
+/* Bytes a decode step reads of a dense [n, k] matrix. */
+static double dense_read_bytes(double n, double k, bool fp8) { return fp8 ? n * k + n * 4 : n * k * 2; }
+
+static double decode_floor_bytes(const gptoss_config *c, uint32_t fp8_layers, double kv_positions_full,
+                                 double kv_positions_sliding) {
     double H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
     double E = c->n_experts, K = c->n_experts_per_token, V = c->vocab_size;
     double active = std::min(E, K);
-    double dense = ((NH + 2 * NKV) * D * H + H * NH * D + E * H) * 2.0;
+    double dense = dense_read_bytes((NH + 2 * NKV) * D, H, fp8_layers & GPTOSS_FP8_QKV) +
+                   dense_read_bytes(H, NH * D, fp8_layers & GPTOSS_FP8_O) + E * H * 2.0;
     double expert = 2 * I * (H / 32) * 17 + 2 * I * 4 + H * (I / 32) * 17 + H * 4;
-    double total = V * H * 2;
+    double total = dense_read_bytes(V, H, fp8_layers & GPTOSS_FP8_LM_HEAD);
     for (int l = 0; l < c->n_layers; l++) {
         bool sliding = c->layer_is_sliding[l] && c->sliding_window > 0;
         total += dense + active * expert;
@@ -161,6 +167,7 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     gptoss_backend_options opt = gptoss_backend_options_default();
     opt.kind = GPTOSS_BACKEND_CUDA;
     opt.device = rq->device;
+    opt.fp8_layers = rq->fp8_layers;
     opt.kv_block_size = 16;
     opt.n_kv_blocks = (max_ctx + 15) / 16;
     opt.n_sliding_kv_blocks = opt.n_kv_blocks;
@@ -238,7 +245,7 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
                 if (cs->decode) {
                     double mid = depth + n / 2.0 + 1;
                     double win = c->sliding_window > 0 ? std::min<double>(mid, c->sliding_window) : mid;
-                    cs->floor_bytes_per_token = decode_floor_bytes(c, mid, win);
+                    cs->floor_bytes_per_token = decode_floor_bytes(c, s->fp8_layers, mid, win);
                     cs->floor_ms = n * cs->floor_bytes_per_token / (bw * 1e9) * 1e3;
                 }
                 if (rq->profile) {
@@ -265,7 +272,7 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
         }
     }
     report->weight_bytes = (double)s->weight_bytes;
-    report->workspace_bytes = (double)s->ws.bytes + (double)s->ws.plan_ints * 4;
+    report->workspace_bytes = (double)s->ws.bytes + (double)s->ws.plan_ints * 4 + (double)s->dense_scratch_elems * 2;
     report->kv_bytes = (double)s->kv_bytes;
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);

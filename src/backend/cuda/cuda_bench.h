@@ -45,6 +45,7 @@ typedef struct gptoss_bench_request {
     bool profile;                /* fill part_ms (adds events between kernels) */
     bool use_graphs;             /* decode through CUDA graphs */
     int32_t device;
+    uint32_t fp8_layers;         /* gptoss_fp8_layer bits: dense layers held in FP8 */
     gptoss_progress_fn progress;
     void *progress_user;
 } gptoss_bench_request;
@@ -53,7 +54,7 @@ typedef struct gptoss_bench_report {
     char device_name[256];
     double copy_gb_per_s;        /* device-to-device copy, (read + write) bytes / s */
     double weight_bytes;         /* device memory of weights */
-    double workspace_bytes;      /* step workspace at the largest case */
+    double workspace_bytes;      /* step workspace at the largest case (and FP8 layers' scratch) */
     double kv_bytes;             /* both KV pools */
     int32_t n_cases;
     gptoss_bench_case cases[GPTOSS_BENCH_MAX_CASES];

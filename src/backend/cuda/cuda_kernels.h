@@ -224,6 +224,10 @@ void gptoss_cuda_bf16_to_f32(const bf16 *in, size_t n, float *out, cudaStream_t 
 /* Fills with deterministic hash-based pseudo-random values (bench --random-weights). */
 void gptoss_cuda_fill_normal_bf16(bf16 *out, size_t n, uint64_t seed, float mean, float stddev,
                                   cudaStream_t stream);
+/* The same fill for elements [first, first + n) of a longer array (written to out[0, n)), so a
+ * matrix can be generated in pieces with the values it gets in one piece. */
+void gptoss_cuda_fill_normal_bf16_at(bf16 *out, size_t n, size_t first, uint64_t seed, float mean, float stddev,
+                                     cudaStream_t stream);
 void gptoss_cuda_fill_normal_f32(float *out, size_t n, uint64_t seed, float mean, float stddev,
                                  cudaStream_t stream);
 void gptoss_cuda_fill_uniform_u8(uint8_t *out, size_t n, uint64_t seed, int lo, int hi,

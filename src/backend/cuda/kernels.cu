@@ -684,9 +684,10 @@ void gptoss_cuda_bf16_to_f32(const bf16 *in, size_t n, float *out, cudaStream_t 
     if (n) bf16_to_f32_kernel<<<1024, 256, 0, stream>>>(in, n, out);
 }
 
-static __global__ void fill_normal_bf16_kernel(bf16 *out, size_t n, uint64_t seed, float mean, float sd) {
+static __global__ void fill_normal_bf16_kernel(bf16 *out, size_t n, size_t first, uint64_t seed, float mean,
+                                               float sd) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16(mean + sd * hash_normal(seed, i));
+        out[i] = __float2bfloat16(mean + sd * hash_normal(seed, first + i));
 }
 static __global__ void fill_normal_f32_kernel(float *out, size_t n, uint64_t seed, float mean, float sd) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -705,7 +706,11 @@ static __global__ void fill_uniform_u8_kernel(uint8_t *out, size_t n, uint64_t s
 
 void gptoss_cuda_fill_normal_bf16(bf16 *out, size_t n, uint64_t seed, float mean, float stddev,
                                   cudaStream_t stream) {
-    if (n) fill_normal_bf16_kernel<<<4096, 256, 0, stream>>>(out, n, seed, mean, stddev);
+    gptoss_cuda_fill_normal_bf16_at(out, n, 0, seed, mean, stddev, stream);
+}
+void gptoss_cuda_fill_normal_bf16_at(bf16 *out, size_t n, size_t first, uint64_t seed, float mean, float stddev,
+                                     cudaStream_t stream) {
+    if (n) fill_normal_bf16_kernel<<<4096, 256, 0, stream>>>(out, n, first, seed, mean, stddev);
 }
 void gptoss_cuda_fill_normal_f32(float *out, size_t n, uint64_t seed, float mean, float stddev,
                                  cudaStream_t stream) {
