@@ -17,14 +17,6 @@
 #include <cuda_fp8.h>
 #include <string.h>
 
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-static __device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 size_t gptoss_cuda_e4m3_scale_offset(size_t n, size_t k) { return (n * k + 255) & ~(size_t)255; }
 size_t gptoss_cuda_e4m3_bytes(size_t n, size_t k) { return gptoss_cuda_e4m3_scale_offset(n, k) + n * sizeof(float); }

@@ -14,14 +14,6 @@ static bool pdl_on = false; /* see cuda_kernels.h; one setting per process */
 void gptoss_cuda_set_pdl(bool on) { pdl_on = on; }
 bool gptoss_cuda_pdl_enabled(void) { return pdl_on; }
 
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-static __device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 /* ---- embedding ------------------------------------------------------------------------ */
 
