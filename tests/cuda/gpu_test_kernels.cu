@@ -7,6 +7,10 @@
  * 2), in double precision, independent of the backend's code. Tolerances follow from the
  * storage precision of each output and are stated next to each check. Prints one line per
  * case and a summary table last; exits 1 on any failure.
+ *
+ *   gpu_test_kernels [SECTION,...]   sections: norm rope attention router gemv fp8 moe summary
+ *                                    (default: all; a subset re-checks one kernel family in
+ *                                    less time)
  */
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/dense_lowp.h"
@@ -867,143 +871,196 @@ static void test_logits_summary(int rows, int V, int n_top, int mode) {
     cudaFree(d_lse);
 }
 
+static const char *const kSections[] = {"norm", "rope", "attention", "router", "gemv", "fp8", "moe", "summary"};
+static const char *g_sections = NULL; /* comma-separated list from the command line, NULL = all */
+
+static bool want(const char *section) {
+    if (!g_sections) return true;
+    size_t n = strlen(section);
+    for (const char *p = g_sections; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, section, n) == 0) return true;
+        p += len + (end ? 1 : 0);
+    }
+    return false;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 2 || (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))) {
+        fprintf(stderr, "usage: gpu_test_kernels [SECTION,...]\nsections:");
+        for (const char *sec : kSections) fprintf(stderr, " %s", sec);
+        fprintf(stderr, "\n");
+        return 2;
+    }
+    if (argc == 2) {
+        g_sections = argv[1];
+        /* every listed name must be a section: a typo must not pass by running nothing */
+        for (const char *p = g_sections; *p;) {
+            const char *end = strchr(p, ',');
+            size_t len = end ? (size_t)(end - p) : strlen(p);
+            bool known = false;
+            for (const char *sec : kSections) known = known || (strlen(sec) == len && strncmp(p, sec, len) == 0);
+            if (!known) {
+                fprintf(stderr, "gpu_test_kernels: unknown section '%.*s' (see --help)\n", (int)len, p);
+                return 2;
+            }
+            p += len + (end ? 1 : 0);
+        }
+    }
     open_device();
 
-    for (int mode = 0; mode < 4; mode++) {
-        test_rmsnorm(1, 2880, mode);
-        test_rmsnorm(37, 2880, mode);
-        test_rmsnorm(300, 64, mode);
-    }
-    test_rope_kv(64, 8, 64);
-    test_rope_kv(8, 2, 32);
-    test_rope_kv(4, 4, 128);
-    test_rope_kv(4, 1, 16);
-
-    /* decode at depth, prefill from empty, chunked prefill, mixed batch; full and sliding */
-    std::vector<std::pair<int, int>> decode_deep = {{5000, 1}};
-    std::vector<std::pair<int, int>> decode_batch = {{0, 1}, {130, 1}, {2047, 1}, {700, 1}};
-    std::vector<std::pair<int, int>> prefill = {{0, 300}};
-    std::vector<std::pair<int, int>> chunk = {{200, 77}};
-    std::vector<std::pair<int, int>> mixed = {{0, 40}, {150, 1}, {64, 33}, {3, 1}};
-    for (int window : {0, 128}) {
-        test_attention(64, 8, 64, decode_deep, window, 1, "decode-deep");
-        test_attention(64, 8, 64, decode_deep, window, 16, "decode-deep");
-        test_attention(64, 8, 64, decode_batch, window, 4, "decode-batch");
-        test_attention(64, 8, 64, prefill, window, 1, "prefill");
-        test_attention(64, 8, 64, chunk, window, 1, "chunked");
-        test_attention(64, 8, 64, chunk, window, 3, "chunked");
-        test_attention(64, 8, 64, mixed, window, 1, "mixed");
-    }
-    test_attention(8, 2, 32, mixed, 16, 1, "mixed");
-    test_attention(4, 4, 128, chunk, 0, 2, "chunked");
-    test_attention(4, 1, 16, mixed, 0, 1, "mixed");
-    test_attention(32, 1, 64, decode_batch, 0, 8, "decode-batch");
-
-    test_router_logits(1, 32, 2880);
-    test_router_logits(7, 128, 2880);
-    test_router_logits(301, 16, 512);
-    test_router(1, 32, 4);
-    test_router(300, 128, 4);
-    test_router(77, 8, 2);
-    test_router_fused(1, 32, 2880, 4);
-    test_router_fused(1, 128, 2880, 4);
-    test_router_fused(1, 6, 160, 2);   /* one token: a block with a warp past the last expert */
-    test_router_fused(1, 128, 4096, 4); /* one token, widest row: 16 chunks per lane */
-    test_router_fused(7, 128, 2880, 4);
-    test_router_fused(301, 16, 512, 2);
-
-    for (int M = 1; M <= 4; M++) test_gemv(M, 5120, 2880);
-    test_gemv(1, 2880, 4096);
-    test_gemv(3, 2880, 4096);
-    test_gemv(2, 37, 64);
-    test_gemv(1, 1, 8);
-
-    /* FP8 dense layers: the quantizer on the 20b QKV and O shapes and odd ones; the GEMV on the
-     * 20b QKV, O and lm_head shapes for 1..4 tokens and odd shapes; the prefill GEMM in one
-     * block and in several */
-    CK(gptoss_cuda_dense_lowp_prepare());
-    test_quantize_e4m3(5120, 2880, 1);
-    test_quantize_e4m3(2880, 4096, 0);
-    test_quantize_e4m3(37, 48, 1);
-    test_quantize_e4m3(5, 2888, 0); /* rows not a multiple of 16 (the quantizer takes any) */
-    test_quantize_e4m3(1, 1, 0);
-    test_gemv_e4m3(5120, 2880, {1, 2, 3, 4});
-    test_gemv_e4m3(2880, 4096, {1, 2, 3, 4});
-    test_gemv_e4m3(201088, 2880, {1, 2, 3, 4});
-    test_gemv_e4m3(37, 64, {1, 2, 3});
-    test_gemv_e4m3(5121, 2880, {3});
-    test_gemv_e4m3(1, 16, {1, 4});
-    test_gemv_e4m3(33, 4080, {2});
-    test_gemv_e4m3(64, 2888, {1}, true); /* rows not a multiple of 16 */
-    test_gemv_e4m3(64, 4112, {1}, true); /* rows wider than 4096 */
-    {
-        cublasHandle_t cublas;
-        if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) {
-            fprintf(stderr, "cublasCreate failed\n");
-            return 2;
+    if (want("norm")) {
+        for (int mode = 0; mode < 4; mode++) {
+            test_rmsnorm(1, 2880, mode);
+            test_rmsnorm(37, 2880, mode);
+            test_rmsnorm(300, 64, mode);
         }
-        test_gemm_e4m3(cublas, 17, 5120, 2880, 5120);
-        test_gemm_e4m3(cublas, 64, 2880, 4096, 1000);
-        test_gemm_e4m3(cublas, 5, 201088, 2880, 5120);
-        test_gemm_e4m3(cublas, 300, 37, 64, 7);
-        test_gemm_e4m3(cublas, 33, 1, 16, 1);
-        test_gemm_e4m3(cublas, 2000, 513, 2880, 256);
-        cublasDestroy(cublas);
     }
-    time_dense_gemv(5120, 2880);
-    time_dense_gemv(2880, 4096);
-    time_dense_gemv(201088, 2880);
 
-    /* MoE: real widths at decode-sized batches, small widths at prefill sizes (host cost) */
-    for (int T : {1, 2, 5, 8, 16}) test_moe(T, 2880, 2880, 32, 4, 0, 1);
-    test_moe(13, 2880, 2880, 32, 4, 1, 1);
-    test_moe(40, 2880, 2880, 32, 4, 0, 1); /* more than 8 tokens for one expert: chunked GEMV */
-    test_moe(3, 2880, 2880, 128, 4, 0, 2);
-    test_moe(33, 2880, 2880, 32, 4, 0, 2);
-    test_moe(100, 2880, 2880, 32, 4, 1, 2);
-    for (int T : {1, 7, 64, 65, 100, 333, 1000, 4096}) test_moe(T, 256, 192, 16, 4, T % 3, 2);
-    for (int T : {1, 6, 20}) test_moe(T, 160, 96, 8, 2, 2, 1);
-    for (int T : {3, 129, 500}) test_moe(T, 160, 96, 8, 2, 2, 2);
-    test_moe(4096, 64, 64, 4, 4, 1, 2);
-    test_moe(5, 256, 192, 16, 4, 0, 1, true);
-    test_moe(300, 256, 192, 16, 4, 0, 2, true);
-    /* pair path (single decode token; forced for up to 8 pairs, falls back to 1 above) */
-    test_moe(1, 2880, 2880, 32, 4, 0, 0); /* the default choice for one token */
-    test_moe(1, 2880, 2880, 128, 4, 0, 3);
-    test_moe(2, 2880, 2880, 32, 4, 1, 3); /* 8 pairs, expert 0 in both tokens */
-    test_moe(3, 160, 96, 8, 2, 2, 3);
-    test_moe(1, 256, 192, 16, 4, 0, 3, true);
-    test_moe(1, 4096, 4096, 8, 4, 0, 3); /* widest supported rows: 4 groups per lane */
-    test_moe(5, 256, 192, 16, 4, 0, 3);  /* 20 pairs: forced path 3 falls back */
-    /* path 5: one decode token on the tensor cores (the default for one token) */
-    test_moe(1, 2880, 2880, 128, 4, 0, 5); /* 90 groups: K slices of 24, 24, 24, 18 */
-    test_moe(2, 2880, 2880, 32, 4, 1, 5); /* 8 pairs, expert 0 in both tokens */
-    test_moe(3, 160, 96, 8, 2, 2, 5);     /* 3 groups: slices past the end stay empty */
-    test_moe(1, 256, 192, 16, 4, 0, 5, true); /* scales 110..140: exact in fp32 */
-    test_moe(1, 4096, 4096, 8, 4, 0, 5);
-    test_moe(2, 64, 64, 4, 4, 2, 5);      /* 2 groups: one K slice per tile has work */
-    test_moe(5, 256, 192, 16, 4, 0, 5);   /* 20 pairs: forced path 5 falls back */
-    /* mma path: tile heights 8..128 (rows per expert), partial K blocks (H = 160: 5 groups,
-     * I = 96: 3), partial row blocks (96 units, 160 rows), skewed and sparse expert loads */
-    for (int T : {1, 2, 3, 8, 16, 33, 111, 300, 1000}) test_moe(T, 2880, 2880, 32, 4, T % 3, 4);
-    for (int T : {1, 5, 87, 500, 2048}) test_moe(T, 2880, 2880, 128, 4, T % 2, 4);
-    for (int T : {1, 7, 64, 65, 100, 333, 1000, 4096}) test_moe(T, 256, 192, 16, 4, T % 3, 4);
-    for (int T : {1, 3, 129, 500}) test_moe(T, 160, 96, 8, 2, 2, 4);
-    test_moe(4096, 64, 64, 4, 4, 1, 4);
-    test_moe(1, 4096, 4096, 8, 4, 0, 4);
-    test_moe(300, 256, 192, 16, 4, 0, 4, true); /* scales past 2^1: path 4 declines, another runs */
+    if (want("rope")) {
+        test_rope_kv(64, 8, 64);
+        test_rope_kv(8, 2, 32);
+        test_rope_kv(4, 4, 128);
+        test_rope_kv(4, 1, 16);
+    }
 
-    test_logits_summary(3, 201088, 64, 0);
-    test_logits_summary(5, 201088, 64, 1);
-    test_logits_summary(4, 201088, 20, 2);
-    test_logits_summary(2, 201088, 64, 3);
-    test_logits_summary(64, 1000, 64, 1);
-    test_logits_summary(7, 64, 64, 2);
-    test_logits_summary(9, 3000, 1, 0);
-    test_logits_summary(3, 4096 * 3 + 17, 64, 2); /* a last chunk shorter than n_top */
-    test_logits_summary(2, 100, 64, 0);           /* one chunk, fewer logits than a chunk */
-    test_logits_summary(1, 1 << 20, 64, 1);       /* the largest vocabulary supported */
+    if (want("attention")) {
+        /* decode at depth, prefill from empty, chunked prefill, mixed batch; full and sliding */
+        std::vector<std::pair<int, int>> decode_deep = {{5000, 1}};
+        std::vector<std::pair<int, int>> decode_batch = {{0, 1}, {130, 1}, {2047, 1}, {700, 1}};
+        std::vector<std::pair<int, int>> prefill = {{0, 300}};
+        std::vector<std::pair<int, int>> chunk = {{200, 77}};
+        std::vector<std::pair<int, int>> mixed = {{0, 40}, {150, 1}, {64, 33}, {3, 1}};
+        for (int window : {0, 128}) {
+            test_attention(64, 8, 64, decode_deep, window, 1, "decode-deep");
+            test_attention(64, 8, 64, decode_deep, window, 16, "decode-deep");
+            test_attention(64, 8, 64, decode_batch, window, 4, "decode-batch");
+            test_attention(64, 8, 64, prefill, window, 1, "prefill");
+            test_attention(64, 8, 64, chunk, window, 1, "chunked");
+            test_attention(64, 8, 64, chunk, window, 3, "chunked");
+            test_attention(64, 8, 64, mixed, window, 1, "mixed");
+        }
+        test_attention(8, 2, 32, mixed, 16, 1, "mixed");
+        test_attention(4, 4, 128, chunk, 0, 2, "chunked");
+        test_attention(4, 1, 16, mixed, 0, 1, "mixed");
+        test_attention(32, 1, 64, decode_batch, 0, 8, "decode-batch");
+    }
+
+    if (want("router")) {
+        test_router_logits(1, 32, 2880);
+        test_router_logits(7, 128, 2880);
+        test_router_logits(301, 16, 512);
+        test_router(1, 32, 4);
+        test_router(300, 128, 4);
+        test_router(77, 8, 2);
+        test_router_fused(1, 32, 2880, 4);
+        test_router_fused(1, 128, 2880, 4);
+        test_router_fused(1, 6, 160, 2);   /* one token: a block with a warp past the last expert */
+        test_router_fused(1, 128, 4096, 4); /* one token, widest row: 16 chunks per lane */
+        test_router_fused(7, 128, 2880, 4);
+        test_router_fused(301, 16, 512, 2);
+    }
+
+    if (want("gemv")) {
+        for (int M = 1; M <= 4; M++) test_gemv(M, 5120, 2880);
+        test_gemv(1, 2880, 4096);
+        test_gemv(3, 2880, 4096);
+        test_gemv(2, 37, 64);
+        test_gemv(1, 1, 8);
+    }
+
+    if (want("fp8")) {
+        /* FP8 dense layers: the quantizer on the 20b QKV and O shapes and odd ones; the GEMV on the
+         * 20b QKV, O and lm_head shapes for 1..4 tokens and odd shapes; the prefill GEMM in one
+         * block and in several */
+        CK(gptoss_cuda_dense_lowp_prepare());
+        test_quantize_e4m3(5120, 2880, 1);
+        test_quantize_e4m3(2880, 4096, 0);
+        test_quantize_e4m3(37, 48, 1);
+        test_quantize_e4m3(5, 2888, 0); /* rows not a multiple of 16 (the quantizer takes any) */
+        test_quantize_e4m3(1, 1, 0);
+        test_gemv_e4m3(5120, 2880, {1, 2, 3, 4});
+        test_gemv_e4m3(2880, 4096, {1, 2, 3, 4});
+        test_gemv_e4m3(201088, 2880, {1, 2, 3, 4});
+        test_gemv_e4m3(37, 64, {1, 2, 3});
+        test_gemv_e4m3(5121, 2880, {3});
+        test_gemv_e4m3(1, 16, {1, 4});
+        test_gemv_e4m3(33, 4080, {2});
+        test_gemv_e4m3(64, 2888, {1}, true); /* rows not a multiple of 16 */
+        test_gemv_e4m3(64, 4112, {1}, true); /* rows wider than 4096 */
+        {
+            cublasHandle_t cublas;
+            if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) {
+                fprintf(stderr, "cublasCreate failed\n");
+                return 2;
+            }
+            test_gemm_e4m3(cublas, 17, 5120, 2880, 5120);
+            test_gemm_e4m3(cublas, 64, 2880, 4096, 1000);
+            test_gemm_e4m3(cublas, 5, 201088, 2880, 5120);
+            test_gemm_e4m3(cublas, 300, 37, 64, 7);
+            test_gemm_e4m3(cublas, 33, 1, 16, 1);
+            test_gemm_e4m3(cublas, 2000, 513, 2880, 256);
+            cublasDestroy(cublas);
+        }
+        time_dense_gemv(5120, 2880);
+        time_dense_gemv(2880, 4096);
+        time_dense_gemv(201088, 2880);
+    }
+
+    if (want("moe")) {
+        /* MoE: real widths at decode-sized batches, small widths at prefill sizes (host cost) */
+        for (int T : {1, 2, 5, 8, 16}) test_moe(T, 2880, 2880, 32, 4, 0, 1);
+        test_moe(13, 2880, 2880, 32, 4, 1, 1);
+        test_moe(40, 2880, 2880, 32, 4, 0, 1); /* more than 8 tokens for one expert: chunked GEMV */
+        test_moe(3, 2880, 2880, 128, 4, 0, 2);
+        test_moe(33, 2880, 2880, 32, 4, 0, 2);
+        test_moe(100, 2880, 2880, 32, 4, 1, 2);
+        for (int T : {1, 7, 64, 65, 100, 333, 1000, 4096}) test_moe(T, 256, 192, 16, 4, T % 3, 2);
+        for (int T : {1, 6, 20}) test_moe(T, 160, 96, 8, 2, 2, 1);
+        for (int T : {3, 129, 500}) test_moe(T, 160, 96, 8, 2, 2, 2);
+        test_moe(4096, 64, 64, 4, 4, 1, 2);
+        test_moe(5, 256, 192, 16, 4, 0, 1, true);
+        test_moe(300, 256, 192, 16, 4, 0, 2, true);
+        /* pair path (single decode token; forced for up to 8 pairs, falls back to 1 above) */
+        test_moe(1, 2880, 2880, 32, 4, 0, 0); /* the default choice for one token */
+        test_moe(1, 2880, 2880, 128, 4, 0, 3);
+        test_moe(2, 2880, 2880, 32, 4, 1, 3); /* 8 pairs, expert 0 in both tokens */
+        test_moe(3, 160, 96, 8, 2, 2, 3);
+        test_moe(1, 256, 192, 16, 4, 0, 3, true);
+        test_moe(1, 4096, 4096, 8, 4, 0, 3); /* widest supported rows: 4 groups per lane */
+        test_moe(5, 256, 192, 16, 4, 0, 3);  /* 20 pairs: forced path 3 falls back */
+        /* path 5: one decode token on the tensor cores (the default for one token) */
+        test_moe(1, 2880, 2880, 128, 4, 0, 5); /* 90 groups: K slices of 24, 24, 24, 18 */
+        test_moe(2, 2880, 2880, 32, 4, 1, 5); /* 8 pairs, expert 0 in both tokens */
+        test_moe(3, 160, 96, 8, 2, 2, 5);     /* 3 groups: slices past the end stay empty */
+        test_moe(1, 256, 192, 16, 4, 0, 5, true); /* scales 110..140: exact in fp32 */
+        test_moe(1, 4096, 4096, 8, 4, 0, 5);
+        test_moe(2, 64, 64, 4, 4, 2, 5);      /* 2 groups: one K slice per tile has work */
+        test_moe(5, 256, 192, 16, 4, 0, 5);   /* 20 pairs: forced path 5 falls back */
+        /* mma path: tile heights 8..128 (rows per expert), partial K blocks (H = 160: 5 groups,
+         * I = 96: 3), partial row blocks (96 units, 160 rows), skewed and sparse expert loads */
+        for (int T : {1, 2, 3, 8, 16, 33, 111, 300, 1000}) test_moe(T, 2880, 2880, 32, 4, T % 3, 4);
+        for (int T : {1, 5, 87, 500, 2048}) test_moe(T, 2880, 2880, 128, 4, T % 2, 4);
+        for (int T : {1, 7, 64, 65, 100, 333, 1000, 4096}) test_moe(T, 256, 192, 16, 4, T % 3, 4);
+        for (int T : {1, 3, 129, 500}) test_moe(T, 160, 96, 8, 2, 2, 4);
+        test_moe(4096, 64, 64, 4, 4, 1, 4);
+        test_moe(1, 4096, 4096, 8, 4, 0, 4);
+        test_moe(300, 256, 192, 16, 4, 0, 4, true); /* scales past 2^1: path 4 declines, another runs */
+    }
+
+    if (want("summary")) {
+        test_logits_summary(3, 201088, 64, 0);
+        test_logits_summary(5, 201088, 64, 1);
+        test_logits_summary(4, 201088, 20, 2);
+        test_logits_summary(2, 201088, 64, 3);
+        test_logits_summary(64, 1000, 64, 1);
+        test_logits_summary(7, 64, 64, 2);
+        test_logits_summary(9, 3000, 1, 0);
+        test_logits_summary(3, 4096 * 3 + 17, 64, 2); /* a last chunk shorter than n_top */
+        test_logits_summary(2, 100, 64, 0);           /* one chunk, fewer logits than a chunk */
+        test_logits_summary(1, 1 << 20, 64, 1);       /* the largest vocabulary supported */
+    }
 
     int failed = 0;
     printf("\n| kernel case | rel_l2 | tol | result |\n|---|---|---|---|\n");
@@ -1012,6 +1069,5 @@ int main(int argc, char **argv) {
         failed += !r.ok;
     }
     printf("\ngpu_test_kernels: %zu cases, %d failed\n", results.size(), failed);
-    (void)argc, (void)argv;
     return failed ? 1 : 0;
 }
