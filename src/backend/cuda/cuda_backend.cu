@@ -445,12 +445,21 @@ static gptoss_status upload_raw(upload_ctx *u, void *dst, const gptoss_tensor *t
     return GPTOSS_OK;
 }
 
-static gptoss_status upload_bf16_matrix(upload_ctx *u, bf16 *dst, const gptoss_tensor *t, size_t n,
-                                        gptoss_error *error) {
+/* A dense matrix tensor must be bf16 with n elements. */
+static gptoss_status check_bf16_matrix(const gptoss_tensor *t, size_t n, gptoss_error *error) {
     if (t->dtype != GPTOSS_DTYPE_BF16)
         return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "CUDA upload: tensor %s is %s; the CUDA backend "
                                 "needs BF16 for dense matrices", t->name ? t->name : "?", gptoss_dtype_name(t->dtype));
-    return upload_raw(u, dst, t, n * 2, error);
+    if (t->n_bytes != n * 2)
+        return gptoss_set_error(error, GPTOSS_ERR_MODEL, "CUDA upload: tensor %s has %zu bytes, expected %zu",
+                                t->name ? t->name : "?", t->n_bytes, n * 2);
+    return GPTOSS_OK;
+}
+
+static gptoss_status upload_bf16_matrix(upload_ctx *u, bf16 *dst, const gptoss_tensor *t, size_t n,
+                                        gptoss_error *error) {
+    gptoss_status st = check_bf16_matrix(t, n, error);
+    return st ? st : upload_raw(u, dst, t, n * 2, error);
 }
 
 /* Rows [row0, row0 + rows) of a dense [*, k] matrix from a bf16 tensor [rows, k]: copied in
@@ -460,12 +469,8 @@ static gptoss_status upload_dense(upload_ctx *u, gptoss_cuda_dense_weight *dst, 
                                   const gptoss_tensor *t, gptoss_error *error) {
     if (dst->w_bf16) return upload_bf16_matrix(u, dst->w_bf16 + row0 * k, t, rows * k, error);
     gptoss_cuda_state *s = u->s;
-    if (t->dtype != GPTOSS_DTYPE_BF16)
-        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "CUDA upload: tensor %s is %s; the CUDA backend "
-                                "needs BF16 for dense matrices", t->name ? t->name : "?", gptoss_dtype_name(t->dtype));
-    if (t->n_bytes != rows * k * 2)
-        return gptoss_set_error(error, GPTOSS_ERR_MODEL, "CUDA upload: tensor %s has %zu bytes, expected %zu",
-                                t->name ? t->name : "?", t->n_bytes, rows * k * 2);
+    gptoss_status st = check_bf16_matrix(t, rows * k, error);
+    if (st) return st;
     const size_t block = s->dense_scratch_elems / k;
     const unsigned char *src = (const unsigned char *)t->data;
     for (size_t r = 0; r < rows; r += block) {

@@ -53,6 +53,12 @@ static __device__ __forceinline__ void e8m0_split(uint8_t s, float *hi, float *l
     *lo = __uint_as_float((uint32_t)((s > 128 ? s : 128) - 1) << 23);
 }
 
+/* h as the fp16 paths store it: rounded to bf16 first, as every other path stores h (exact in
+ * fp16 for the bounded SwiGLU outputs gptoss_cuda_moe_check_mma admits). */
+static __device__ __forceinline__ __half h_as_half(float v) {
+    return __float2half_rn(__bfloat162float(__float2bfloat16(v)));
+}
+
 static __device__ __forceinline__ float swiglu(float gate, float up, float limit, float alpha) {
     float a = fminf(gate, limit);
     float c = fminf(fmaxf(up, -limit), limit);
@@ -863,7 +869,7 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
                     int tok = n * 8 + 2 * q + c;
                     if (tok >= n_rows) continue;
                     float v = swiglu(acc[f][n][c] + bg, acc[f][n][2 + c] + bu, limit, alpha);
-                    h_out[(size_t)s_dst[tok] * n_units + col] = __float2half_rn(__bfloat162float(__float2bfloat16(v)));
+                    h_out[(size_t)s_dst[tok] * n_units + col] = h_as_half(v);
                 }
         } else {
             int row = blockIdx.x * MMA_BM + warp * 32 + f * 16 + g;
@@ -1065,8 +1071,7 @@ moe_pair_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
         }
         const int u = 8 * tt + gg, n_units = n_out_rows >> 1;
         float v = swiglu(gate + ebias[2 * u], up + ebias[2 * u + 1], limit, alpha);
-        h_out[(size_t)pair * n_units + ((u & ~7) | mma_pos(u & 7))] =
-            __float2half_rn(__bfloat162float(__float2bfloat16(v)));
+        h_out[(size_t)pair * n_units + ((u & ~7) | mma_pos(u & 7))] = h_as_half(v);
     } else {
         if (tid >= PM_TPB * 16) return;
         const int t2 = tid >> 4, r = tid & 15, tt = blockIdx.x * PM_TPB + t2;
