@@ -5,7 +5,9 @@
  * `gptoss make-model`. Both backends get the same model and the same sequence of batch plans
  * (prefill, token-by-token decode, chunked prefill, a batch of sequences of different
  * lengths, a paged run with shuffled pages and separate sliding pages that crosses the
- * sliding window, and a batch stepping 12 and then 5 tokens at a time), and every logit row is
+ * sliding window, a batch stepping 12 and then 5 tokens at a time, and steps of more than 64
+ * tokens holding decodes beside a prefill chunk, which the CUDA backend reorders so the chunk
+ * attends on tensor cores and the decodes on the split-K kernel), and every logit row is
  * compared.
  *
  * Three references on the same model and plans:
@@ -180,7 +182,7 @@ typedef struct seq {
 } seq;
 
 #define MAX_BLOCKS 512
-#define N_SCENARIOS 6
+#define N_SCENARIOS 7
 
 /* One step: seq i brings counts[i] new tokens; logits for every new token. Sliding pages
  * whose every slot is out of the window of all new tokens are marked -1 when mark_stale. */
@@ -278,7 +280,8 @@ int main(int argc, char **argv) {
     const char *names[N_SCENARIOS] = {"prefill 200", "prefill 20 + decode 60", "chunked prefill 150 by 37",
                                       "batch of 3 (50/13/1 then 40 decode steps)",
                                       "paged, shuffled, separate sliding pages, 300 + 30 decode",
-                                      "batch of 3 in steps of 12 tokens, then of 5"};
+                                      "batch of 3 in steps of 12 tokens, then of 5",
+                                      "decodes beside prefill chunks of 90 and 70 (steps over 64 tokens)"};
     scenario_result res[N_SCENARIOS];
     int failures = 0;
     static stats fp8, fp8_lm; /* pooled over the scenarios */
@@ -379,6 +382,15 @@ int main(int argc, char **argv) {
             int32_t fours[3] = {4, 4, 4}, mixed[3] = {2, 2, 1};
             for (int i = 0; i < 12; i++) step(&p, seqs, 3, fours, block_size, window, false, false);
             for (int i = 0; i < 10; i++) step(&p, seqs, 3, mixed, block_size, window, false, false);
+            break;
+        }
+        case 6: { /* the CUDA backend reorders such steps: short runs first, the long run on
+                   * tensor cores, logit rows mapped back */
+            int32_t first[3] = {20, 10, 30}, chunk[3] = {1, 90, 1}, chunk2[3] = {1, 70, 1}, dec[3] = {1, 1, 1};
+            step(&p, seqs, 3, first, block_size, window, false, false);
+            step(&p, seqs, 3, chunk, block_size, window, false, false);
+            step(&p, seqs, 3, chunk2, block_size, window, false, false);
+            for (int i = 0; i < 10; i++) step(&p, seqs, 3, dec, block_size, window, false, false);
             break;
         }
         }

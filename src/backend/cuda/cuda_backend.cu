@@ -413,6 +413,7 @@ void gptoss_cuda_state_free(gptoss_cuda_state *s) {
     graphs_clear_all(s);
     cudaFree(s->ws.base);
     cudaFreeHost(s->ws.plan_host);
+    free(s->ws.seq_start);
     cudaFree(s->ws.plan_dev);
     if (s->cublas) cublasDestroy(s->cublas);
     if (s->stream) cudaStreamDestroy(s->stream);
@@ -756,6 +757,9 @@ static void graphs_clear(gptoss_cuda_state *s) {
     }
 }
 
+/* Runs of at least this many tokens of one sequence attend on tensor cores (one tile). */
+#define ATTN_TC_MIN_RUN 16
+
 /* Steps of up to this many tokens route through the fused router (logits + top-k). */
 #define ROUTER_FUSED_MAX_TOKENS 64
 
@@ -779,10 +783,10 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
     const int32_t *d_full = d_logit + w->cap_logits, *d_slide = d_full + table_ints;
     gptoss_cuda_route route;
     gptoss_cuda_route_bind(w->route_mem, T * K, E, &route);
-    /* Tensor-core attention for prefill-shaped steps (runs of >= 16 tokens per sequence on
-     * average): it tiles 16 consecutive tokens of one sequence, so decode tokens (one per
-     * sequence) would each take a whole tile; those stay on the split-K kernel. */
-    const bool use_attn_tc = s->attn_tc && T >= 64 && T >= 16 * key->n_seqs;
+    /* tokens [0, n_short) attend on the split-K kernel, [n_short, T) on tensor cores (see
+     * gptoss_cuda_forward_device for the order) */
+    const int32_t NS = key->n_short;
+    const size_t q_row = (size_t)NH * D;
 
     gptoss_cuda_embed(s->embedding, d_ids, T, H, w->x, k);
     gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, NULL, NULL, 0, s->layers[0].attn_norm, eps, NULL, T, H, w->t, NULL, k);
@@ -796,12 +800,15 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         gptoss_cuda_rope_kv_write(w->qkv, L->qkv_bias, d_pos, d_seq, s->inv_freq, s->concentration, T, NH, NKV, D,
                                   table, key->max_blocks, s->kv_block_size, w->q, L->k_cache, L->v_cache, k);
         prof_mark(s, PART_SMALL);
-        if ((!use_attn_tc ||
-             gptoss_cuda_attention_tc(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table, key->max_blocks,
-                                      s->kv_block_size, L->sinks, T, NH, NKV, D, L->sliding ? c->sliding_window : 0,
-                                      w->attn, k) != 0) &&
-            gptoss_cuda_attention(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table, key->max_blocks,
-                                  s->kv_block_size, L->sinks, T, NH, NKV, D, L->sliding ? c->sliding_window : 0,
+        const int32_t window = L->sliding ? c->sliding_window : 0;
+        int32_t scalar_end = NS; /* everything, when the tensor-core kernel refuses the shape */
+        if (NS < T && gptoss_cuda_attention_tc(w->q + NS * q_row, L->k_cache, L->v_cache, d_pos + NS, d_seq + NS, table,
+                                               key->max_blocks, s->kv_block_size, L->sinks, T - NS, NH, NKV, D,
+                                               window, w->attn + NS * q_row, k) != 0)
+            scalar_end = T;
+        if (scalar_end > 0 &&
+            gptoss_cuda_attention(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table, key->max_blocks, s->kv_block_size,
+                                  L->sinks, scalar_end, NH, NKV, D, window,
                                   L->sliding ? key->splits_sliding : key->splits_full, w->partial, w->attn, k) != 0)
             return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "CUDA: attention shape not supported");
         prof_mark(s, PART_ATTENTION);
@@ -848,7 +855,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
 static bool key_equal(const cuda_step_key *a, const cuda_step_key *b) {
     return a->n_tokens == b->n_tokens && a->n_logits == b->n_logits && a->n_seqs == b->n_seqs &&
            a->max_blocks == b->max_blocks && a->splits_full == b->splits_full &&
-           a->splits_sliding == b->splits_sliding && a->staged_ints == b->staged_ints;
+           a->splits_sliding == b->splits_sliding && a->n_short == b->n_short && a->staged_ints == b->staged_ints;
 }
 
 /* Steps of up to this many tokens are captured as graphs when graphs are on (decode). */
@@ -883,14 +890,59 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     int32_t *hp = w->plan_host;
     int32_t *h_ids = hp, *h_pos = hp + w->cap_tokens, *h_seq = hp + 2 * w->cap_tokens;
     int32_t *h_logit = hp + 3 * w->cap_tokens, *h_full = h_logit + w->cap_logits, *h_slide = h_full + table_ints;
-    memcpy(h_ids, plan->token_ids, (size_t)T * 4);
-    memcpy(h_pos, plan->positions, (size_t)T * 4);
-    int32_t max_pos = 0;
-    for (int32_t sq = 0; sq < plan->n_seqs; sq++)
-        for (int32_t i = plan->seq_token_start[sq]; i < plan->seq_token_start[sq + 1]; i++) h_seq[i] = sq;
-    for (int32_t i = 0; i < T; i++)
-        if (plan->positions[i] > max_pos) max_pos = plan->positions[i];
-    for (int32_t i = 0; i < NL; i++) h_logit[i] = plan->logit_token_index[i];
+    /* Device token order. Attention runs on tensor cores for runs of at least ATTN_TC_MIN_RUN
+     * tokens of one sequence and on the scalar split-K kernel for shorter runs (decode tokens:
+     * a tensor-core tile of one-token sequences would compute 16 times over). A step too big
+     * for a graph that holds both kinds (decodes beside prefill chunks) is reordered: short
+     * runs first, then long runs, each in plan order, so each kernel takes one contiguous token
+     * range; logit rows are remapped. Every other kernel of the step works per token. Graph-
+     * sized steps keep the plan order and one kernel (tensor cores when the step is
+     * prefill-shaped). */
+    const int32_t *start = plan->seq_token_start;
+    int32_t n_short = T;
+    if (s->attn_tc && T > GRAPH_MAX_TOKENS) {
+        n_short = 0;
+        for (int32_t sq = 0; sq < plan->n_seqs; sq++)
+            if (start[sq + 1] - start[sq] < ATTN_TC_MIN_RUN) n_short += start[sq + 1] - start[sq];
+    } else if (s->attn_tc && T >= 64 && T >= 16 * plan->n_seqs) {
+        n_short = 0;
+    }
+    const bool reorder = n_short > 0 && n_short < T;
+    if (reorder && plan->n_seqs > w->seq_cap) {
+        int32_t *grown = (int32_t *)realloc(w->seq_start, (size_t)plan->n_seqs * sizeof(int32_t));
+        if (!grown) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (token order of %d sequences)",
+                                            (int)plan->n_seqs);
+        w->seq_start = grown;
+        w->seq_cap = plan->n_seqs;
+    }
+    int32_t next_short = 0, next_long = n_short, max_pos = 0;
+    for (int32_t sq = 0; sq < plan->n_seqs; sq++) {
+        int32_t len = start[sq + 1] - start[sq], to = start[sq];
+        if (reorder) {
+            int32_t *next = len < ATTN_TC_MIN_RUN ? &next_short : &next_long;
+            to = w->seq_start[sq] = *next;
+            *next += len;
+        }
+        memcpy(h_ids + to, plan->token_ids + start[sq], (size_t)len * 4);
+        memcpy(h_pos + to, plan->positions + start[sq], (size_t)len * 4);
+        for (int32_t i = 0; i < len; i++) {
+            h_seq[to + i] = sq;
+            if (plan->positions[start[sq] + i] > max_pos) max_pos = plan->positions[start[sq] + i];
+        }
+    }
+    for (int32_t i = 0; i < NL; i++) {
+        int32_t j = plan->logit_token_index[i];
+        if (reorder) { /* the sequence holding token j: the last one starting at or before it */
+            int32_t lo = 0, hi = plan->n_seqs - 1;
+            while (lo < hi) {
+                int32_t mid = (lo + hi + 1) / 2;
+                if (start[mid] <= j) lo = mid;
+                else hi = mid - 1;
+            }
+            j = w->seq_start[lo] + (j - start[lo]);
+        }
+        h_logit[i] = j;
+    }
     const int32_t *slide_src = plan->sliding_block_tables ? plan->sliding_block_tables : plan->block_tables;
     if (stride == plan->max_blocks_per_seq) {
         memcpy(h_full, plan->block_tables, (size_t)table_ints * 4);
@@ -911,9 +963,12 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     key.n_seqs = plan->n_seqs;
     key.max_blocks = stride;
     key.staged_ints = (size_t)(h_slide + table_ints - hp);
-    key.splits_full = gptoss_cuda_attention_splits(T, NKV, max_pos + 1, s->n_sms);
+    key.n_short = n_short;
+    /* split-K for the scalar kernel's tokens */
+    int32_t NS = n_short > 0 ? n_short : 1;
+    key.splits_full = gptoss_cuda_attention_splits(NS, NKV, max_pos + 1, s->n_sms);
     int32_t win_span = (max_pos + 1 < c->sliding_window) ? max_pos + 1 : c->sliding_window;
-    key.splits_sliding = gptoss_cuda_attention_splits(T, NKV, win_span, s->n_sms);
+    key.splits_sliding = gptoss_cuda_attention_splits(NS, NKV, win_span, s->n_sms);
     while ((size_t)T * NH * key.splits_full * (D + 2) > w->partial_floats && key.splits_full > 1) key.splits_full /= 2;
     while ((size_t)T * NH * key.splits_sliding * (D + 2) > w->partial_floats && key.splits_sliding > 1)
         key.splits_sliding /= 2;

@@ -64,11 +64,14 @@ typedef struct cuda_workspace {
     int32_t *plan_dev;       /* device copy of the step's integer arrays */
     int32_t *plan_host;      /* pinned staging for the same */
     size_t plan_ints;
+    int32_t *seq_start;      /* host: each sequence's first token in the device order */
+    int32_t seq_cap;
 } cuda_workspace;
 
 /* What fixes a captured step: every scalar its kernels were launched with. */
 typedef struct cuda_step_key {
     int32_t n_tokens, n_logits, n_seqs, max_blocks, splits_full, splits_sliding;
+    int32_t n_short; /* tokens [0, n_short) attend on the scalar kernel, the rest on tensor cores */
     size_t staged_ints;
 } cuda_step_key;
 
