@@ -570,6 +570,98 @@ void gptoss_cuda_router(const float *t, const bf16 *weight, const float *bias, i
                logits, done_counter, k_top, topk_idx, topk_weight);
 }
 
+/*
+ * One decode token, residual + RMSNorm + router in one launch (saves a launch and the norm
+ * kernel's single 1024-thread block per layer). Every block of the router's grid redoes the
+ * residual add and the norm of the one row into shared memory, in the same order, so all
+ * blocks hold bitwise the same normalized row; then each warp scores its expert as
+ * router_one_kernel does. x is read by every block and written once, by the last block to
+ * finish (when every other block is past its reads), together with out (bf16). The logits
+ * must not alias add: other blocks may still be reading it.
+ */
+static __global__ void __launch_bounds__(ROUTER1_WARPS * 32)
+norm_router_one_kernel(float *x, const float *add, const float *add_bias, const float *gain, float eps,
+                       const bf16 *weight, const float *bias, int32_t n_experts, int32_t hidden, float *logits,
+                       unsigned *done_counter, int32_t k_top, int32_t *topk_idx, float *topk_weight, bf16 *out) {
+    extern __shared__ __align__(16) float nrow[]; /* [hidden]: the normalized row */
+    __shared__ float part[ROUTER1_WARPS];
+    __shared__ bool last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = blockIdx.x * ROUTER1_WARPS + warp, n_chunks = hidden >> 3;
+    const uint4 *w = (const uint4 *)(weight + (size_t)min(e, n_experts - 1) * hidden);
+    uint4 wq[ROUTER1_MAX_CHUNKS];
+#pragma unroll
+    for (int i = 0; i < ROUTER1_MAX_CHUNKS; i++)
+        if (lane + 32 * i < n_chunks) wq[i] = __ldg(w + lane + 32 * i);
+    pdl_wait();
+    const int n4 = hidden >> 2;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+        float4 a = ((const float4 *)x)[j], b = ((const float4 *)add)[j], c = ((const float4 *)add_bias)[j];
+        float4 v = make_float4(a.x + (b.x + c.x), a.y + (b.y + c.y), a.z + (b.z + c.z), a.w + (b.w + c.w));
+        ((float4 *)nrow)[j] = v;
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ROUTER1_WARPS; i++) total += part[i];
+    const float inv = rsqrtf(total / (float)hidden + eps);
+    for (int j = threadIdx.x; j < n4; j += blockDim.x) { /* the same elements this thread wrote */
+        float4 v = ((float4 *)nrow)[j], g = ((const float4 *)gain)[j];
+        ((float4 *)nrow)[j] = make_float4(g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv));
+    }
+    __syncthreads();
+    const float4 *t4 = (const float4 *)nrow;
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ROUTER1_MAX_CHUNKS; i++) {
+        int j = lane + 32 * i;
+        if (j < n_chunks) {
+            float4 a = t4[2 * j], b = t4[2 * j + 1];
+            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            const uint32_t ww[4] = {wq[i].x, wq[i].y, wq[i].z, wq[i].w};
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                acc += __uint_as_float(ww[k] << 16) * xv[2 * k] + __uint_as_float(ww[k] & 0xffff0000u) * xv[2 * k + 1];
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0 && e < n_experts) logits[e] = acc + bias[e];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done_counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (warp == 0) topk_warp(logits, nullptr, n_experts, k_top, topk_idx, topk_weight);
+    for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+        float4 a = ((const float4 *)x)[j], b = ((const float4 *)add)[j], c = ((const float4 *)add_bias)[j];
+        ((float4 *)x)[j] = make_float4(a.x + (b.x + c.x), a.y + (b.y + c.y), a.z + (b.z + c.z), a.w + (b.w + c.w));
+        float4 y = t4[j];
+        __nv_bfloat162 lo = __floats2bfloat162_rn(y.x, y.y), hi = __floats2bfloat162_rn(y.z, y.w);
+        ((__nv_bfloat162 *)out)[2 * j] = lo;
+        ((__nv_bfloat162 *)out)[2 * j + 1] = hi;
+    }
+    if (threadIdx.x == 0) *done_counter = 0u;
+}
+
+int gptoss_cuda_norm_router_one(float *x, const float *add, const float *add_bias, const float *gain, float eps,
+                                const bf16 *weight, const float *bias, int32_t n_experts, int32_t hidden,
+                                int32_t k_top, float *logits, unsigned *done_counter, int32_t *topk_idx,
+                                float *topk_weight, bf16 *out, cudaStream_t stream) {
+    if (hidden % 8 != 0 || hidden > 32 * 8 * ROUTER1_MAX_CHUNKS || n_experts <= 0 || !add || !add_bias ||
+        (((uintptr_t)x | (uintptr_t)add | (uintptr_t)add_bias | (uintptr_t)gain | (uintptr_t)weight |
+          (uintptr_t)out) & 15) != 0 || logits == add)
+        return 1;
+    launch_pdl(norm_router_one_kernel, dim3((n_experts + ROUTER1_WARPS - 1) / ROUTER1_WARPS),
+               dim3(ROUTER1_WARPS * 32), (size_t)hidden * sizeof(float), stream, x, add, add_bias, gain, eps,
+               weight, bias, n_experts, hidden, logits, done_counter, k_top, topk_idx, topk_weight, out);
+    return 0;
+}
+
 cudaError_t gptoss_cuda_router_prepare(int32_t hidden) {
     return cudaFuncSetAttribute(router_logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ROUTER_TOKENS * hidden * sizeof(float)));
