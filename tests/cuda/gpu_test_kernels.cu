@@ -796,87 +796,6 @@ static void test_router_fused(int T, int E, int H, int K) {
     cudaFree(counter);
 }
 
-/* One decode token's residual + RMSNorm + router in one launch: the residual against the
- * unfused kernel bitwise (same additions), the normalized row (bf16) and the logits against a
- * double reference, the selection against a host top-k of the kernel's own logits; run twice
- * on one counter (re-armed), and refused when the logits would alias the residual input. */
-static void test_norm_router_one(int E, int H, int K) {
-    unsigned *counter;
-    CK(cudaMalloc(&counter, sizeof(unsigned)));
-    CK(cudaMemset(counter, 0, sizeof(unsigned)));
-    CK(gptoss_cuda_router_prepare(H));
-    for (int rep = 0; rep < 2; rep++) {
-        std::vector<float> x(H), add(H), abias(H), gain(H), bias(E);
-        std::vector<uint16_t> w((size_t)E * H);
-        for (auto &v : x) v = rnd_nz(2.0f);
-        for (auto &v : add) v = rnd_nz(1.0f);
-        for (auto &v : abias) v = rnd_nz(0.1f);
-        for (auto &v : gain) v = 1.0f + rnd_nz(0.1f);
-        for (auto &v : bias) v = rnd_nz(0.1f);
-        for (auto &v : w) v = f2bf(rnd_nz(0.05f));
-        float *dx = dev_upload(x), *dx2 = dev_upload(x), *dadd = dev_upload(add), *dab = dev_upload(abias);
-        float *dg = dev_upload(gain), *db = dev_upload(bias);
-        bf16 *dw;
-        CK(cudaMalloc(&dw, w.size() * 2));
-        CK(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
-        float *dl = dev_poisoned<float>(E), *dwt = dev_poisoned<float>(K);
-        int32_t *di = dev_poisoned<int32_t>(K);
-        bf16 *dout = dev_poisoned<bf16>(H), *dout2 = dev_poisoned<bf16>(H);
-        float *dt32 = dev_poisoned<float>(H);
-        int rc = gptoss_cuda_norm_router_one(dx, dadd, dab, dg, 1e-5f, dw, db, E, H, K, dl, counter, di, dwt, dout, 0);
-        gptoss_cuda_residual_rmsnorm(dx2, dadd, dab, NULL, NULL, 0, dg, 1e-5f, NULL, 1, H, dout2, dt32, 0);
-        std::vector<float> l = dev_download(dl, E), wts = dev_download(dwt, K), xo = dev_download(dx, H),
-                           xo2 = dev_download(dx2, H);
-        std::vector<int32_t> idx = dev_download(di, K);
-        std::vector<bf16> out = dev_download(dout, H);
-        std::vector<unsigned> cnt = dev_download(counter, 1);
-        std::vector<double> v(H), gotn, refn, gotl, refl;
-        double ss = 0;
-        for (int j = 0; j < H; j++) {
-            v[j] = (double)x[j] + add[j] + abias[j];
-            ss += v[j] * v[j];
-        }
-        double inv = 1.0 / sqrt(ss / H + 1e-5);
-        for (int j = 0; j < H; j++) {
-            uint16_t hb;
-            memcpy(&hb, &out[j], 2);
-            gotn.push_back(bf2f(hb));
-            refn.push_back(gain[j] * v[j] * inv);
-        }
-        for (int e = 0; e < E; e++) {
-            double a = bias[e];
-            for (int j = 0; j < H; j++) a += gain[j] * v[j] * inv * bf2f(w[(size_t)e * H + j]);
-            refl.push_back(a);
-            gotl.push_back(l[e]);
-        }
-        int mismatched = ref_topk(l.data(), nullptr, E, K, idx.data(), wts.data(), refl, gotl);
-        bool same_x = memcmp(xo.data(), xo2.data(), (size_t)H * 4) == 0;
-        char name[128];
-        snprintf(name, sizeof name, "norm+router one token E=%d H=%d top-%d run %d: launched", E, H, K, rep);
-        check_true(name, rc == 0);
-        snprintf(name, sizeof name, "norm+router one token E=%d H=%d run %d: residual equals the unfused kernel's", E,
-                 H, rep);
-        check_true(name, same_x);
-        snprintf(name, sizeof name, "norm+router one token E=%d H=%d run %d: normalized row (bf16)", E, H, rep);
-        check(name, gotn, refn, 4e-3);
-        snprintf(name, sizeof name, "norm+router one token E=%d H=%d top-%d run %d: %d mismatches, counter %u", E, H,
-                 K, rep, mismatched, cnt[0]);
-        if (mismatched || cnt[0] != 0) gotl[0] = NAN;
-        check(name, gotl, refl, 1e-5);
-        if (rep == 1) { /* logits aliasing the residual input: refused, nothing written */
-            int rc2 = gptoss_cuda_norm_router_one(dx, dadd, dab, dg, 1e-5f, dw, db, E, H, K, dadd, counter, di, dwt,
-                                                  dout, 0);
-            std::vector<float> add2 = dev_download(dadd, H), x3 = dev_download(dx, H);
-            snprintf(name, sizeof name, "norm+router one token E=%d H=%d: refuses logits over the input", E, H);
-            check_true(name, rc2 != 0 && memcmp(add2.data(), add.data(), (size_t)H * 4) == 0 &&
-                                 memcmp(x3.data(), xo.data(), (size_t)H * 4) == 0);
-        }
-        cudaFree(dx), cudaFree(dx2), cudaFree(dadd), cudaFree(dab), cudaFree(dg), cudaFree(db), cudaFree(dw);
-        cudaFree(dl), cudaFree(dwt), cudaFree(di), cudaFree(dout), cudaFree(dout2), cudaFree(dt32);
-    }
-    cudaFree(counter);
-}
-
 /* ---- logits summary (top-n, log-sum-exp) ------------------------------------------------ */
 
 /* rows of random logits; mode 1 coarse (ties across the cut), 2 sprinkled NaN / -inf / +-0,
@@ -1039,10 +958,6 @@ int main(int argc, char **argv) {
         test_router_fused(1, 128, 2880, 4);
         test_router_fused(1, 6, 160, 2);   /* one token: a block with a warp past the last expert */
         test_router_fused(1, 128, 4096, 4); /* one token, widest row: 16 chunks per lane */
-        test_norm_router_one(32, 2880, 4);
-        test_norm_router_one(128, 2880, 4);
-        test_norm_router_one(6, 160, 2);    /* a warp past the last expert */
-        test_norm_router_one(128, 4096, 4); /* widest row */
         test_router_fused(7, 128, 2880, 4);
         test_router_fused(301, 16, 512, 2);
     }

@@ -215,8 +215,6 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
      * GPTOSS_CUDA_ATTN_TC=0 keeps prefill attention on the scalar kernel,
      * GPTOSS_CUDA_MOE_PATH=1..5 forces a MoE path (default: chosen per step). */
     s->attn_tc = getenv("GPTOSS_CUDA_ATTN_TC") == NULL || strcmp(getenv("GPTOSS_CUDA_ATTN_TC"), "0") != 0;
-    s->fused_norm_router =
-        getenv("GPTOSS_CUDA_FUSED_NORM_ROUTER") == NULL || strcmp(getenv("GPTOSS_CUDA_FUSED_NORM_ROUTER"), "0") != 0;
     s->use_gemv = getenv("GPTOSS_CUDA_GEMV") == NULL || strcmp(getenv("GPTOSS_CUDA_GEMV"), "0") != 0;
     gptoss_cuda_set_pdl(prop.major >= 9 &&
                         (getenv("GPTOSS_CUDA_PDL") == NULL || strcmp(getenv("GPTOSS_CUDA_PDL"), "0") != 0));
@@ -817,19 +815,12 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         st = gemm_bf16(s, L->o_weight, w->attn, w->proj, T, H, NH * D, true, error);
         if (st) return st;
         prof_mark(s, PART_DENSE);
-        /* one decode token: residual, norm, router logits (into t_f32, which holds H >= E
-         * floats; proj is still being read) and top-k in one launch */
-        const bool fused = T == 1 && s->fused_norm_router && E <= H &&
-                           gptoss_cuda_norm_router_one(w->x, w->proj, L->o_bias, L->mlp_norm, eps, L->router_weight,
-                                                       L->router_bias, E, H, K, w->t_f32, w->router_done, w->topk_idx,
-                                                       w->topk_weight, w->t, k) == 0;
-        if (!fused)
-            gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps, NULL, T, H, w->t,
-                                         w->t_f32, k);
-        if (!fused && T <= ROUTER_FUSED_MAX_TOKENS) {
+        gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps, NULL, T, H, w->t,
+                                     w->t_f32, k);
+        if (T <= ROUTER_FUSED_MAX_TOKENS) {
             gptoss_cuda_router(w->t_f32, L->router_weight, L->router_bias, T, E, H, K, w->proj, w->router_done,
                                w->topk_idx, w->topk_weight, k);
-        } else if (!fused) { /* the fused kernel selects in its last block alone: too serial for big steps */
+        } else { /* the fused kernel selects in its last block alone: too serial for big steps */
             /* fp32 SGEMM (no TF32: cuBLAS's default math mode) on the fp32 copy of the
              * router: the logits kernel re-reads the matrix per 8 tokens (36 ms of a 2048-token
              * 120b prefill); bias added by the top-k kernel */

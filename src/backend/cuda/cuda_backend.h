@@ -108,7 +108,6 @@ typedef struct gptoss_cuda_state {
     void *summary_scratch;
     int moe_path;             /* 0 auto, 1 GEMV, 2 GEMM, 3 pair GEMV (tests and A/B runs force one) */
     bool attn_tc;            /* tensor-core attention for prefill-shaped steps */
-    bool fused_norm_router;  /* one decode token: residual + norm + router in one kernel */
     bool use_gemv;            /* decode projections on our GEMV rather than cuBLAS */
     bool gemv_all;            /* diagnostics: every GEMM as GEMV row blocks (GPTOSS_CUDA_GEMV=all) */
     size_t weight_bytes;      /* device bytes of weights */

@@ -125,15 +125,6 @@ void gptoss_cuda_router(const float *t, const bf16 *weight, const float *bias, i
                         int32_t n_experts, int32_t hidden, int32_t k_top, float *logits, unsigned *done_counter,
                         int32_t *topk_idx, float *topk_weight, cudaStream_t stream);
 
-/* One decode token: gptoss_cuda_residual_rmsnorm with add and add_bias (out, no out_f32), then
- * gptoss_cuda_router on the unrounded normalized row, in one launch. logits must not alias
- * add. Returns nonzero, enqueuing nothing, unless hidden % 8 == 0, hidden <= 4096 and x, add,
- * add_bias, gain, weight and out are 16-byte aligned. */
-int gptoss_cuda_norm_router_one(float *x, const float *add, const float *add_bias, const float *gain, float eps,
-                                const bf16 *weight, const float *bias, int32_t n_experts, int32_t hidden,
-                                int32_t k_top, float *logits, unsigned *done_counter, int32_t *topk_idx,
-                                float *topk_weight, bf16 *out, cudaStream_t stream);
-
 /* y[m, n] f32 = x[m, k] bf16 . w[n, k]^T bf16 for decode shapes (m <= GPTOSS_GEMV_MAX_ROWS,
  * k % 8 == 0, k <= 4096, 16-byte aligned). Returns nonzero (and enqueues nothing) for any
  * other shape, so the caller falls back to a GEMM. */
