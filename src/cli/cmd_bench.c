@@ -30,6 +30,9 @@ static void help(FILE *out) {
             "  -p, --prompt LIST           prompt lengths, e.g. 512,2048 (default 512)\n"
             "  -n, --gen LIST              decode lengths, e.g. 32,128 (default 128)\n"
             "  -d, --depth LIST            KV depths, e.g. 0,4096,8192 (default 0)\n"
+            "  -b, --batch LIST            decode batch sizes, e.g. 1,64,128 (default 1): B sequences at the\n"
+            "                              depth, one token and one logit row each per step, as a loaded\n"
+            "                              server runs them; t/s counts all B (KV for B x (depth + n))\n"
             "  -r, --repeats N             timed repeats per case (default 5)\n"
             "  --json                      JSON instead of a table\n"
             "  --profile                   per-component time split (MoE, attention, GEMMs, ...)\n"
@@ -58,22 +61,24 @@ static void print_table(const char *label, const gptoss_bench_report *r, uint32_
         const gptoss_bench_case *c = &r->cases[i];
         char test[64];
         snprintf(test, sizeof test, "%s%d%s", c->decode ? "tg" : "pp", c->n_tokens, "");
+        if (c->decode && c->batch > 1) snprintf(test + strlen(test), sizeof test - strlen(test), " x%d", c->batch);
         if (c->depth) snprintf(test + strlen(test), sizeof test - strlen(test), " @ d%d", c->depth);
         if (c->decode)
             printf("| %s | cuda | %s | %.1f | %.2f | %.1f | %.0f%% |\n", label, test, c->tokens_per_s, c->median_ms,
-                   c->n_tokens / (c->floor_ms * 1e-3), 100.0 * c->floor_ms / c->median_ms);
+                   (double)c->n_tokens * c->batch / (c->floor_ms * 1e-3), 100.0 * c->floor_ms / c->median_ms);
         else
             printf("| %s | cuda | %s | %.1f | %.2f | - | - |\n", label, test, c->tokens_per_s, c->median_ms);
     }
     if (!profile) return;
-    printf("\nper-step split in ms (pp: one prefill step; tg: one decode token):\n\n| test |");
+    printf("\nper-step split in ms (pp: one prefill step; tg: one decode step, of B tokens for xB):\n\n| test |");
     for (int p = 0; p < GPTOSS_BENCH_N_PARTS; p++) printf(" %s |", gptoss_bench_part_names[p]);
     printf("\n| --- |");
     for (int p = 0; p < GPTOSS_BENCH_N_PARTS; p++) printf(" ---: |");
     printf("\n");
     for (int i = 0; i < r->n_cases; i++) {
         const gptoss_bench_case *c = &r->cases[i];
-        printf("| %s%d @ d%d |", c->decode ? "tg" : "pp", c->n_tokens, c->depth);
+        printf("| %s%d%s @ d%d |", c->decode ? "tg" : "pp", c->n_tokens, c->decode && c->batch > 1 ? " xB" : "",
+               c->depth);
         for (int p = 0; p < GPTOSS_BENCH_N_PARTS; p++) printf(" %.3f |", c->part_ms[p]);
         printf("\n");
     }
@@ -87,11 +92,13 @@ static void print_json(const char *label, const gptoss_bench_report *r, uint32_t
            r->workspace_bytes, r->kv_bytes);
     for (int i = 0; i < r->n_cases; i++) {
         const gptoss_bench_case *c = &r->cases[i];
-        printf("%s\n  {\"test\": \"%s\", \"n_tokens\": %d, \"depth\": %d, \"tokens_per_s\": %.2f, \"median_ms\": %.4f",
-               i ? "," : "", c->decode ? "tg" : "pp", c->n_tokens, c->depth, c->tokens_per_s, c->median_ms);
+        printf("%s\n  {\"test\": \"%s\", \"n_tokens\": %d, \"depth\": %d, \"batch\": %d, \"tokens_per_s\": %.2f, "
+               "\"median_ms\": %.4f",
+               i ? "," : "", c->decode ? "tg" : "pp", c->n_tokens, c->depth, c->decode ? c->batch : 1, c->tokens_per_s,
+               c->median_ms);
         if (c->decode)
-            printf(", \"floor_tokens_per_s\": %.2f, \"floor_bytes_per_token\": %.0f", c->n_tokens / (c->floor_ms * 1e-3),
-                   c->floor_bytes_per_token);
+            printf(", \"floor_tokens_per_s\": %.2f, \"floor_bytes_per_step\": %.0f",
+                   (double)c->n_tokens * c->batch / (c->floor_ms * 1e-3), c->floor_bytes_per_step);
         printf(", \"profile_ms\": {");
         for (int p = 0; p < GPTOSS_BENCH_N_PARTS; p++)
             printf("%s\"%s\": %.4f", p ? ", " : "", gptoss_bench_part_names[p], c->part_ms[p]);
@@ -103,7 +110,7 @@ static void print_json(const char *label, const gptoss_bench_report *r, uint32_t
 
 int gptoss_cmd_bench(int argc, char **argv) {
     const char *model_dir = NULL, *shape = NULL;
-    int32_t *pp = NULL, *tg = NULL, *depth = NULL, n_pp = 0, n_tg = 0, n_depth = 0;
+    int32_t *pp = NULL, *tg = NULL, *depth = NULL, *batch = NULL, n_pp = 0, n_tg = 0, n_depth = 0, n_batch = 0;
     int64_t repeats = 5, device = 0;
     uint32_t fp8_layers = 0;
     bool json = false, profile = false, graphs = true;
@@ -125,6 +132,9 @@ int gptoss_cmd_bench(int argc, char **argv) {
         } else if ((!strcmp(a, "-d") || !strcmp(a, "--depth")) && has_value) {
             free(depth);
             if (!parse_list(argv[++i], &depth, &n_depth, 0, 131072)) rc = cli_usage_error("bench", "-d needs 1..16 depths in 0..131072, e.g. 0,4096");
+        } else if ((!strcmp(a, "-b") || !strcmp(a, "--batch")) && has_value) {
+            free(batch);
+            if (!parse_list(argv[++i], &batch, &n_batch, 1, 1024)) rc = cli_usage_error("bench", "-b needs 1..16 batch sizes in 1..1024, e.g. 1,64");
         } else if ((!strcmp(a, "-r") || !strcmp(a, "--repeats")) && has_value) {
             if (!cli_parse_i64(argv[++i], 1, 1000, &repeats)) rc = cli_usage_error("bench", "-r needs a count in 1..1000");
         } else if (!strcmp(a, "--device") && has_value) {
@@ -138,12 +148,12 @@ int gptoss_cmd_bench(int argc, char **argv) {
     }
     if (rc == 0 && !model_dir == !shape) rc = cli_usage_error("bench", "give exactly one of -m DIR or --random-weights SHAPE");
     if (rc) {
-        free(pp), free(tg), free(depth);
+        free(pp), free(tg), free(depth), free(batch);
         return rc;
     }
 #ifndef GPTOSS_WITH_CUDA
     (void)json, (void)profile, (void)graphs, (void)repeats, (void)device, (void)fp8_layers;
-    free(pp), free(tg), free(depth);
+    free(pp), free(tg), free(depth), free(batch);
     fprintf(stderr, "gptoss bench: this build has no CUDA backend (configure with -DGPTOSS_CUDA=ON on a machine with nvcc)\n");
     return 1;
 #else
@@ -158,7 +168,7 @@ int gptoss_cmd_bench(int argc, char **argv) {
         snprintf(label, sizeof label, "%s", "checkpoint");
     } else {
         if (cli_load_shape(shape, &config, &err) != GPTOSS_OK) {
-            free(pp), free(tg), free(depth);
+            free(pp), free(tg), free(depth), free(batch);
             return cli_fail(&err);
         }
         snprintf(label, sizeof label, "%.40s random", shape);
@@ -173,6 +183,8 @@ int gptoss_cmd_bench(int argc, char **argv) {
     rq.n_tg = tg ? n_tg : 1;
     rq.depth = depth ? depth : default_depth;
     rq.n_depth = depth ? n_depth : 1;
+    rq.batch = batch;
+    rq.n_batch = batch ? n_batch : 0;
     rq.repeats = (int32_t)repeats;
     rq.profile = profile;
     rq.use_graphs = graphs;
@@ -188,7 +200,7 @@ int gptoss_cmd_bench(int argc, char **argv) {
         else print_table(label, report, fp8_layers, profile);
     }
     free(report);
-    free(pp), free(tg), free(depth);
+    free(pp), free(tg), free(depth), free(batch);
     gptoss_model_free(model);
     return st == GPTOSS_OK ? 0 : cli_fail(&err);
 #endif

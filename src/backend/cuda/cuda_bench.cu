@@ -5,19 +5,22 @@
  * would (plan upload included, logits left on the device: sampling is not part of a step).
  * Prefill pp N: one sequence of N new tokens after `depth` cached ones, logits for the last.
  * Decode tg N at depth d: N single-token steps at positions d .. d+N-1, timed as a whole
- * (host gaps between steps count, as they would for a user). Before a case the KV cache is
- * filled to the depth by untimed prefill chunks. Each case: one warm-up, then `repeats`
- * timed runs, median reported.
+ * (host gaps between steps count, as they would for a user). With a batch B, each step holds
+ * B sequences (own KV pages, all at the same depth) with one token and one logit row each,
+ * the decode steps of a loaded server. Before a case the KV cache is filled to the depth by
+ * untimed prefill chunks. Each case: one warm-up, then `repeats` timed runs, median reported.
  *
- * Decode floor per token = bytes that must cross the memory bus once: dense bf16 weights of
+ * Decode floor per step = bytes that must cross the memory bus once: dense bf16 weights of
  * every layer (q, k, v, o, router) + lm_head (those held in FP8: one byte per weight and
- * four per row) + the 4 selected experts of every layer in MXFP4 (blocks, scales, f32
- * biases) + K and V of every attended position, over the copy bandwidth measured here
- * (cudaMemcpy device to device, read + write bytes).
+ * four per row) + the experts the step selects in every layer in MXFP4 (blocks, scales, f32
+ * biases; for a batch, the expected number of distinct experts under uniform routing,
+ * E * (1 - (1 - k/E)^B)) + K and V of every attended position of every sequence, over the
+ * copy bandwidth measured here (cudaMemcpy device to device, read + write bytes).
  */
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,6 +114,36 @@ static gptoss_status run_plan(gptoss_cuda_state *s, bench_seq *seq, int32_t firs
     return gptoss_cuda_forward_device(s, &plan, error);
 }
 
+/* One decode step of B sequences (tables [B, max_blocks] in `tables`), one token each at
+ * position `p`, logits for every row. */
+typedef struct bench_batch {
+    std::vector<int32_t> tables, ids, pos, start, cached, logit;
+    int32_t max_blocks;
+} bench_batch;
+static gptoss_status run_batch_step(gptoss_cuda_state *s, bench_batch *b, int32_t B, int32_t p, gptoss_error *error) {
+    b->ids.resize(B), b->pos.resize(B), b->start.resize(B + 1), b->cached.resize(B), b->logit.resize(B);
+    for (int32_t i = 0; i < B; i++) {
+        b->ids[i] = (int32_t)(((uint64_t)(p * 131 + i) * 2654435761u) % (uint64_t)s->config.vocab_size);
+        b->pos[i] = p;
+        b->start[i] = i;
+        b->cached[i] = p;
+        b->logit[i] = i;
+    }
+    b->start[B] = B;
+    gptoss_batch_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.n_tokens = B;
+    plan.token_ids = b->ids.data();
+    plan.positions = b->pos.data();
+    plan.n_seqs = B;
+    plan.seq_token_start = b->start.data();
+    plan.seq_n_cached = b->cached.data();
+    plan.max_blocks_per_seq = b->max_blocks;
+    plan.block_tables = b->tables.data();
+    plan.n_logits = B;
+    plan.logit_token_index = b->logit.data();
+    return gptoss_cuda_forward_device(s, &plan, error);
+}
 static gptoss_status fill_depth(gptoss_cuda_state *s, bench_seq *seq, int32_t depth, gptoss_error *error) {
     std::vector<int32_t> ids, pos;
     for (int32_t p = 0; p < depth; p += 4096) {
@@ -134,11 +167,11 @@ static void collect_profile(gptoss_cuda_state *s, double *parts) {
 /* Bytes a decode step reads of a dense [n, k] matrix. */
 static double dense_read_bytes(double n, double k, bool fp8) { return fp8 ? n * k + n * 4 : n * k * 2; }
 
-static double decode_floor_bytes(const gptoss_config *c, uint32_t fp8_layers, double kv_positions_full,
+static double decode_floor_bytes(const gptoss_config *c, uint32_t fp8_layers, int32_t batch, double kv_positions_full,
                                  double kv_positions_sliding) {
     double H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
     double E = c->n_experts, K = c->n_experts_per_token, V = c->vocab_size;
-    double active = std::min(E, K);
+    double active = batch <= 1 ? std::min(E, K) : E * (1.0 - pow(1.0 - std::min(E, K) / E, (double)batch));
     double dense = dense_read_bytes((NH + 2 * NKV) * D, H, fp8_layers & GPTOSS_FP8_QKV) +
                    dense_read_bytes(H, NH * D, fp8_layers & GPTOSS_FP8_O) + E * H * 2.0;
     double expert = 2 * I * (H / 32) * 17 + 2 * I * 4 + H * (I / 32) * 17 + H * 4;
@@ -146,7 +179,7 @@ static double decode_floor_bytes(const gptoss_config *c, uint32_t fp8_layers, do
     for (int l = 0; l < c->n_layers; l++) {
         bool sliding = c->layer_is_sliding[l] && c->sliding_window > 0;
         total += dense + active * expert;
-        total += (sliding ? kv_positions_sliding : kv_positions_full) * NKV * D * 2 * 2;
+        total += (double)batch * (sliding ? kv_positions_sliding : kv_positions_full) * NKV * D * 2 * 2;
     }
     return total;
 }
@@ -159,7 +192,12 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     for (int i = 0; i < rq->n_tg; i++) max_tg = std::max(max_tg, rq->tg[i]);
     for (int i = 0; i < rq->n_depth; i++) max_depth = std::max(max_depth, rq->depth[i]);
     int32_t max_ctx = max_depth + std::max(max_pp, max_tg) + 16; /* prefill and decode both start at a depth */
-    int32_t n_cases = (rq->n_pp + rq->n_tg) * std::max(1, rq->n_depth);
+    static const int32_t one = 1;
+    const int32_t *batches = rq->batch && rq->n_batch > 0 ? rq->batch : &one;
+    const int32_t n_batch = rq->batch && rq->n_batch > 0 ? rq->n_batch : 1;
+    int32_t max_batch = 1;
+    for (int i = 0; i < n_batch; i++) max_batch = std::max(max_batch, batches[i]);
+    int32_t n_cases = (rq->n_pp + rq->n_tg * n_batch) * std::max(1, rq->n_depth);
     if (n_cases > GPTOSS_BENCH_MAX_CASES)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "bench: %d cases; at most %d", n_cases,
                                 GPTOSS_BENCH_MAX_CASES);
@@ -169,7 +207,11 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     opt.device = rq->device;
     opt.fp8_layers = rq->fp8_layers;
     opt.kv_block_size = 16;
-    opt.n_kv_blocks = (max_ctx + 15) / 16;
+    const int32_t seq_blocks = (max_ctx + 15) / 16;
+    /* batched decode: sequence 0 is the one prefill cases use, b > 0 own the next ranges */
+    if ((int64_t)seq_blocks * max_batch > INT32_MAX / 16)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "bench: batch x context too large");
+    opt.n_kv_blocks = seq_blocks * max_batch;
     opt.n_sliding_kv_blocks = opt.n_kv_blocks;
     opt.progress = rq->progress;
     opt.progress_user = rq->progress_user;
@@ -203,9 +245,13 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     }
 
     bench_seq seq;
-    seq.max_blocks = opt.n_kv_blocks;
+    seq.max_blocks = seq_blocks;
     seq.table.resize(seq.max_blocks);
     for (int32_t i = 0; i < seq.max_blocks; i++) seq.table[i] = i;
+    bench_batch batch;
+    batch.max_blocks = seq_blocks;
+    batch.tables.resize((size_t)max_batch * seq_blocks);
+    for (size_t i = 0; i < batch.tables.size(); i++) batch.tables[i] = (int32_t)i;
 
     cudaEvent_t e0 = NULL, e1 = NULL;
     cudaEventCreate(&e0);
@@ -215,14 +261,25 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     for (int di = 0; di < std::max(1, rq->n_depth) && !st; di++) {
         int32_t depth = rq->n_depth ? rq->depth[di] : 0;
         st = fill_depth(s, &seq, depth, error);
+        int32_t filled = 1; /* sequences whose KV holds the depth (0 done above) */
         for (int kind = 0; kind < 2 && !st; kind++) {
-            int32_t n_sizes = kind == 0 ? rq->n_pp : rq->n_tg;
+            int32_t n_sizes = kind == 0 ? rq->n_pp : rq->n_tg * n_batch;
             for (int si = 0; si < n_sizes && !st; si++) {
-                int32_t n = kind == 0 ? rq->pp[si] : rq->tg[si];
+                int32_t n = kind == 0 ? rq->pp[si] : rq->tg[si / n_batch];
+                int32_t B = kind == 0 ? 1 : batches[si % n_batch];
+                for (; kind == 1 && filled < B && !st; filled++) {
+                    bench_seq other;
+                    other.max_blocks = seq_blocks;
+                    other.table.assign(batch.tables.begin() + (size_t)filled * seq_blocks,
+                                       batch.tables.begin() + (size_t)(filled + 1) * seq_blocks);
+                    st = fill_depth(s, &other, depth, error);
+                }
+                if (st) break;
                 gptoss_bench_case *cs = &report->cases[report->n_cases];
                 cs->decode = kind == 1;
                 cs->n_tokens = n;
                 cs->depth = depth;
+                cs->batch = B;
                 std::vector<double> times;
                 for (int r = -1; r < rq->repeats && !st; r++) {
                     s->profiling = false;
@@ -230,7 +287,9 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
                     if (kind == 0) {
                         st = run_plan(s, &seq, depth, n, ids, pos, error);
                     } else {
-                        for (int32_t i = 0; i < n && !st; i++) st = run_plan(s, &seq, depth + i, 1, ids, pos, error);
+                        for (int32_t i = 0; i < n && !st; i++)
+                            st = B == 1 ? run_plan(s, &seq, depth + i, 1, ids, pos, error)
+                                        : run_batch_step(s, &batch, B, depth + i, error);
                     }
                     cudaEventRecord(e1, s->stream);
                     cudaError_t ce = cudaEventSynchronize(e1);
@@ -241,18 +300,19 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
                 }
                 if (st) break;
                 cs->median_ms = median(times);
-                cs->tokens_per_s = n / (cs->median_ms * 1e-3);
+                cs->tokens_per_s = (double)n * B / (cs->median_ms * 1e-3);
                 if (cs->decode) {
                     double mid = depth + n / 2.0 + 1;
                     double win = c->sliding_window > 0 ? std::min<double>(mid, c->sliding_window) : mid;
-                    cs->floor_bytes_per_token = decode_floor_bytes(c, s->fp8_layers, mid, win);
-                    cs->floor_ms = n * cs->floor_bytes_per_token / (bw * 1e9) * 1e3;
+                    cs->floor_bytes_per_step = decode_floor_bytes(c, s->fp8_layers, B, mid, win);
+                    cs->floor_ms = n * cs->floor_bytes_per_step / (bw * 1e9) * 1e3;
                 }
                 if (rq->profile) {
                     /* one extra profiled step (or token) with events between components */
                     s->profiling = true;
                     if (kind == 0) st = run_plan(s, &seq, depth, n, ids, pos, error);
-                    else st = run_plan(s, &seq, depth + n / 2, 1, ids, pos, error);
+                    else if (B == 1) st = run_plan(s, &seq, depth + n / 2, 1, ids, pos, error);
+                    else st = run_batch_step(s, &batch, B, depth + n / 2, error);
                     if (!st) {
                         cudaError_t ce = cudaStreamSynchronize(s->stream);
                         if (ce != cudaSuccess) st = gptoss_cuda_error(error, ce, "profiled step");

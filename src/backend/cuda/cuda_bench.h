@@ -25,10 +25,11 @@ typedef struct gptoss_bench_case {
     bool decode;           /* tg (decode) or pp (prefill) */
     int32_t n_tokens;      /* prompt length (pp) or generated tokens (tg) */
     int32_t depth;         /* tokens already in the KV cache */
+    int32_t batch;         /* tg: sequences decoding together (one token each per step) */
     double median_ms;      /* median over repeats of the whole case */
-    double tokens_per_s;   /* n_tokens / median */
+    double tokens_per_s;   /* n_tokens * batch / median */
     double floor_ms;       /* decode: bytes that must move / copy bandwidth, whole case */
-    double floor_bytes_per_token; /* decode: the bytes counted in floor_ms, per token */
+    double floor_bytes_per_step; /* decode: the bytes counted in floor_ms, per step */
     double part_ms[GPTOSS_BENCH_N_PARTS]; /* --profile: per-token (tg) or per-step (pp) split */
 } gptoss_bench_case;
 
@@ -41,6 +42,8 @@ typedef struct gptoss_bench_request {
     int32_t n_tg;
     const int32_t *depth;        /* KV depths for decode (and prefill after d cached tokens) */
     int32_t n_depth;
+    const int32_t *batch;        /* decode batch sizes (sequences per step); NULL: 1 */
+    int32_t n_batch;
     int32_t repeats;             /* timed repeats per case (after one warm-up) */
     bool profile;                /* fill part_ms (adds events between kernels) */
     bool use_graphs;             /* decode through CUDA graphs */
