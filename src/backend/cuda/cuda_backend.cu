@@ -180,6 +180,11 @@ static size_t dense_scratch_elems(const gptoss_config *c, uint32_t fp8_layers) {
 }
 
 /* Creates everything except the weights' contents: stream, cuBLAS, weight buffers, pools. */
+/* Steps of up to this many tokens route through the fused router (logits + top-k); larger
+ * ones through an SGEMM and the top-k kernel. GPTOSS_CUDA_ROUTER_FUSED_MAX overrides it
+ * (0..64, for A/B measurements). */
+#define ROUTER_FUSED_MAX_TOKENS 64
+
 static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backend_options *options,
                                  gptoss_cuda_state **out, gptoss_error *error) {
     gptoss_status st = check_supported(config, error);
@@ -215,6 +220,11 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
      * GPTOSS_CUDA_ATTN_TC=0 keeps prefill attention on the scalar kernel,
      * GPTOSS_CUDA_MOE_PATH=1..5 forces a MoE path (default: chosen per step). */
     s->attn_tc = getenv("GPTOSS_CUDA_ATTN_TC") == NULL || strcmp(getenv("GPTOSS_CUDA_ATTN_TC"), "0") != 0;
+    s->router_fused_max = ROUTER_FUSED_MAX_TOKENS;
+    if (getenv("GPTOSS_CUDA_ROUTER_FUSED_MAX")) {
+        int v = atoi(getenv("GPTOSS_CUDA_ROUTER_FUSED_MAX"));
+        if (v >= 0 && v <= ROUTER_FUSED_MAX_TOKENS) s->router_fused_max = v;
+    }
     s->use_gemv = getenv("GPTOSS_CUDA_GEMV") == NULL || strcmp(getenv("GPTOSS_CUDA_GEMV"), "0") != 0;
     gptoss_cuda_set_pdl(prop.major >= 9 &&
                         (getenv("GPTOSS_CUDA_PDL") == NULL || strcmp(getenv("GPTOSS_CUDA_PDL"), "0") != 0));
@@ -760,8 +770,6 @@ static void graphs_clear(gptoss_cuda_state *s) {
 /* Runs of at least this many tokens of one sequence attend on tensor cores (one tile). */
 #define ATTN_TC_MIN_RUN 16
 
-/* Steps of up to this many tokens route through the fused router (logits + top-k). */
-#define ROUTER_FUSED_MAX_TOKENS 64
 
 /* Enqueues one whole step on s->stream from the staged plan (no host work depends on the
  * plan's contents here, so the same sequence can be captured once and replayed). */
@@ -817,7 +825,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         prof_mark(s, PART_DENSE);
         gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps, NULL, T, H, w->t,
                                      w->t_f32, k);
-        if (T <= ROUTER_FUSED_MAX_TOKENS) {
+        if (T <= s->router_fused_max) {
             gptoss_cuda_router(w->t_f32, L->router_weight, L->router_bias, T, E, H, K, w->proj, w->router_done,
                                w->topk_idx, w->topk_weight, k);
         } else { /* the fused kernel selects in its last block alone: too serial for big steps */
