@@ -709,13 +709,10 @@ static __global__ void mma_convert_kernel(const bf16 *t, int64_t n_chunks, __hal
     *(uint4 *)(out + i * 8) = *(const uint4 *)o;
 }
 
-/* LEAN (tiles of at most 16 tokens, GPTOSS_CUDA_MOE_LEAN=1): two stages and four blocks per
- * SM instead of three, for the batched-decode shapes where the kernel is latency-bound (ncu,
- * 120b, 8-token tiles: 18 warps per SM, an instruction issued on 60% of cycles, DRAM 62%). */
-template <int BN, bool LEAN = false>
+template <int BN>
 struct mma_cfg {
-    static constexpr int STAGES = LEAN ? 2 : BN >= 64 ? 3 : 4;
-    static constexpr int MIN_BLOCKS = LEAN ? 4 : BN >= 128 ? 1 : 2; /* per SM: caps registers at 168 */
+    static constexpr int STAGES = BN >= 64 ? 3 : 4;
+    static constexpr int MIN_BLOCKS = BN >= 128 ? 1 : 2; /* per SM: caps registers at 168 */
     static constexpr int A_BYTES = MMA_BM * 64;
     static constexpr int B_BYTES = BN * 256;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
@@ -724,11 +721,11 @@ struct mma_cfg {
     }
 };
 
-template <bool GATE_UP, int BN, bool LEAN = false>
-static __global__ void __launch_bounds__(MMA_THREADS, mma_cfg<BN, LEAN>::MIN_BLOCKS)
+template <bool GATE_UP, int BN>
+static __global__ void __launch_bounds__(MMA_THREADS, mma_cfg<BN>::MIN_BLOCKS)
 moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const __half *act, int32_t k_in,
                int32_t n_out_rows, gptoss_cuda_route route, float limit, float alpha, __half *h_out, float *y_out) {
-    typedef mma_cfg<BN, LEAN> C;
+    typedef mma_cfg<BN> C;
     constexpr int NF = BN / 8;
     extern __shared__ __align__(16) uint8_t mma_smem[];
     uint8_t *s_scale = mma_smem + C::STAGES * C::STAGE_BYTES;
@@ -915,35 +912,17 @@ static int32_t mma_tile_rows(int32_t n_tokens, int32_t k_top, int32_t n_experts)
     return bn;
 }
 
-template <int BN, bool LEAN>
-static void launch_mma_cfg(const gptoss_cuda_moe_weights *w, const __half *t16, int32_t n_pairs,
-                           const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream) {
-    int32_t H = w->hidden, I = w->intermediate;
-    int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, BN);
-    launch_pdl(moe_mma_kernel<true, BN, LEAN>, dim3((2 * I + MMA_BM - 1) / MMA_BM, tiles), dim3(MMA_THREADS),
-               mma_cfg<BN, LEAN>::smem(H / 32), stream, w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, t16, H,
-               2 * I, *route, w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
-    launch_pdl(moe_mma_kernel<false, BN, LEAN>, dim3((H + MMA_BM - 1) / MMA_BM, tiles), dim3(MMA_THREADS),
-               mma_cfg<BN, LEAN>::smem(I / 32), stream, w->down_blocks, w->down_scales, w->down_bias,
-               (const __half *)h, I, H, *route, w->swiglu_limit, w->swiglu_alpha, (__half *)nullptr, y);
-}
-
-static bool moe_lean(void) {
-    static int lean = -1;
-    if (lean < 0) lean = getenv("GPTOSS_CUDA_MOE_LEAN") && atoi(getenv("GPTOSS_CUDA_MOE_LEAN")) == 1;
-    return lean == 1;
-}
-
 template <int BN>
 static void launch_mma(const gptoss_cuda_moe_weights *w, const __half *t16, int32_t n_pairs,
                        const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream) {
-    if constexpr (BN <= 16) {
-        if (moe_lean()) {
-            launch_mma_cfg<BN, true>(w, t16, n_pairs, route, h, y, stream);
-            return;
-        }
-    }
-    launch_mma_cfg<BN, false>(w, t16, n_pairs, route, h, y, stream);
+    int32_t H = w->hidden, I = w->intermediate;
+    int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, BN);
+    launch_pdl(moe_mma_kernel<true, BN>, dim3((2 * I + MMA_BM - 1) / MMA_BM, tiles), dim3(MMA_THREADS), mma_cfg<BN>::smem(H / 32),
+               stream, w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, t16, H, 2 * I, *route,
+               w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
+    launch_pdl(moe_mma_kernel<false, BN>, dim3((H + MMA_BM - 1) / MMA_BM, tiles), dim3(MMA_THREADS),
+               mma_cfg<BN>::smem(I / 32), stream, w->down_blocks, w->down_scales, w->down_bias,
+               (const __half *)h, I, H, *route, w->swiglu_limit, w->swiglu_alpha, (__half *)nullptr, y);
 }
 
 static void moe_mma(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens, int32_t k_top,
@@ -1239,15 +1218,14 @@ cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate) {
     if (err == cudaSuccess)
         err = cudaFuncSetAttribute(moe_pair_gemv_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)(widest * sizeof(float)));
-#define RAISE_MMA(BN, LEAN)                                                                                     \
-    if (err == cudaSuccess)                                                                                     \
-        err = cudaFuncSetAttribute(moe_mma_kernel<true, BN, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize,  \
-                                   (int)mma_cfg<BN, LEAN>::smem(widest / 32));                                  \
-    if (err == cudaSuccess)                                                                                     \
-        err = cudaFuncSetAttribute(moe_mma_kernel<false, BN, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                   (int)mma_cfg<BN, LEAN>::smem(widest / 32));
-    RAISE_MMA(8, false) RAISE_MMA(16, false) RAISE_MMA(32, false) RAISE_MMA(64, false) RAISE_MMA(128, false)
-    RAISE_MMA(8, true) RAISE_MMA(16, true)
+#define RAISE_MMA(BN)                                                                                    \
+    if (err == cudaSuccess)                                                                              \
+        err = cudaFuncSetAttribute(moe_mma_kernel<true, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                   (int)mma_cfg<BN>::smem(widest / 32));                                 \
+    if (err == cudaSuccess)                                                                              \
+        err = cudaFuncSetAttribute(moe_mma_kernel<false, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                   (int)mma_cfg<BN>::smem(widest / 32));
+    RAISE_MMA(8) RAISE_MMA(16) RAISE_MMA(32) RAISE_MMA(64) RAISE_MMA(128)
 #undef RAISE_MMA
     if (err == cudaSuccess) mma_prepared_width = widest;
     return err;
