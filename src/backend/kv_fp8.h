@@ -81,14 +81,15 @@ KV_FP8_FN float gptoss_e4m3_decode(uint8_t code) {
 
 /*
  * The e4m3 code of x: the nearest e4m3 value, ties to the code with an even mantissa
- * (bit 0 clear), magnitudes from 448 up (infinity too) saturated to 448, NaN to a NaN code;
- * the sign is kept (-0 -> 0x80).
+ * (bit 0 clear), magnitudes from 448 up (infinity too) saturated to 448, the sign kept
+ * (-0 -> 0x80); NaN to 0x7f whatever its sign bit (a NaN made by an operation has a positive
+ * sign on the GPU and a negative one on x86, and both sides must store the same byte).
  */
 KV_FP8_FN uint8_t gptoss_e4m3_encode(float x) {
     uint32_t u = kv_fp8_float_bits(x);
     uint8_t sign = (uint8_t)((u >> 24) & 0x80);
     uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint8_t)(sign | GPTOSS_E4M3_NAN);
+    if (a > 0x7f800000u) return GPTOSS_E4M3_NAN;
     if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7e); /* >= 448.0f */
     if (a >= 0x3c800000u) {                              /* >= 2^-6: e4m3 normal */
         /* keep 3 of the 23 mantissa bits, nearest even; a carry into the exponent is the
