@@ -148,7 +148,8 @@ int gptoss_cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--fp8-layers") && has_value) {
             if (!cli_parse_fp8_layers(argv[++i], &fp8_layers)) rc = cli_fp8_layers_usage_error("bench", argv[i]);
         } else if (!strcmp(a, "--kv-cache-dtype") && has_value) {
-            if (!cli_parse_kv_cache_dtype(argv[++i], &kv_cache_dtype)) rc = cli_kv_cache_dtype_usage_error("bench", argv[i]);
+            if (!cli_parse_kv_cache_dtype(argv[++i], &kv_cache_dtype))
+                rc = cli_kv_cache_dtype_usage_error("bench", argv[i]);
         } else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--no-graphs")) graphs = false;

@@ -112,7 +112,8 @@ static void check_fixture(const char *name) {
     char config_path[4096];
     snprintf(config_path, sizeof config_path, "%s/tests/golden/%s", ts_env("GPTOSS_SOURCE_DIR"), value);
     uint64_t seed = (uint64_t)json_integer_value(json_object_get(fx, "seed"));
-    char *dir = strcmp(flag, "--preset") == 0 ? tm_make_model(value, NULL, seed) : tm_make_model(NULL, config_path, seed);
+    char *dir = strcmp(flag, "--preset") == 0 ? tm_make_model(value, NULL, seed)
+                                              : tm_make_model(NULL, config_path, seed);
     gptoss_model *model = NULL;
     gptoss_error err = {0};
     if (gptoss_model_load(dir, &model, &err) != GPTOSS_OK) fail_msg("%s", err.message);
@@ -128,13 +129,14 @@ static void check_fixture(const char *name) {
     size_t n_prompts = json_array_size(prompts);
     for (size_t p = 0; p <= n_prompts; p++) {
         /* the fixture's prompts, then one random prompt of 400 tokens */
-        int32_t n = p < n_prompts ? (int32_t)json_array_size(json_object_get(json_array_get(prompts, p), "ids"))
-                                  : vocab > 100000 ? 100 : 400; /* the real vocabulary: fewer rows of logits */
+        json_t *prompt_ids = p < n_prompts ? json_object_get(json_array_get(prompts, p), "ids") : NULL;
+        int32_t n = prompt_ids ? (int32_t)json_array_size(prompt_ids)
+                               : vocab > 100000 ? 100 : 400; /* the real vocabulary: fewer rows of logits */
         int32_t *ids = malloc((size_t)n * sizeof *ids), *golden_top = NULL;
         uint64_t h = 0x9e3779b97f4a7c15ull ^ seed;
         for (int32_t i = 0; i < n; i++) {
             if (p < n_prompts) {
-                ids[i] = (int32_t)json_integer_value(json_array_get(json_object_get(json_array_get(prompts, p), "ids"), i));
+                ids[i] = (int32_t)json_integer_value(json_array_get(prompt_ids, (size_t)i));
             } else {
                 h ^= h << 13, h ^= h >> 7, h ^= h << 17;
                 ids[i] = (int32_t)(h % (uint64_t)vocab);
@@ -158,7 +160,10 @@ static void check_fixture(const char *name) {
                 for (int32_t r = 0; r < n; r++) {
                     const float *a = fp8 + (size_t)r * vocab, *b = chunked + (size_t)r * vocab;
                     float mx = 0, diff = 0;
-                    for (int32_t v = 0; v < vocab; v++) mx = fmaxf(mx, fabsf(a[v])), diff = fmaxf(diff, fabsf(a[v] - b[v]));
+                    for (int32_t v = 0; v < vocab; v++) {
+                        mx = fmaxf(mx, fabsf(a[v]));
+                        diff = fmaxf(diff, fabsf(a[v] - b[v]));
+                    }
                     if (diff > 1e-4f * mx)
                         fail_msg("%s: chunks of %d, row %d: max |dlogit| %.3g over 1e-4 x %.3g", name, chunks[k], r,
                                  (double)diff, (double)mx);

@@ -390,11 +390,13 @@ static void test_rope_kv_fp8(int NH, int NKV, int D) {
     int32_t *dpos = dev_upload(pos), *dseq = dev_upload(seq), *dtab = dev_upload(pg.table);
     size_t slots = (size_t)pg.n_blocks * bs * NKV;
     uint8_t *kc = dev_poisoned<uint8_t>(slots * D), *vc = dev_poisoned<uint8_t>(slots * D);
-    float *ks = dev_poisoned<float>(slots), *vs = dev_poisoned<float>(slots), *dq = dev_poisoned<float>((size_t)T * NH * D);
+    float *ks = dev_poisoned<float>(slots), *vs = dev_poisoned<float>(slots);
+    float *dq = dev_poisoned<float>((size_t)T * NH * D);
     gptoss_cuda_rope_kv_write_fp8(dqkv, dbias, dpos, dseq, dinv, conc, T, NH, NKV, D, dtab, pg.max_blocks, bs, dq, kc,
                                   vc, ks, vs, 0);
     std::vector<uint8_t> kh = dev_download(kc, slots * D), vh = dev_download(vc, slots * D);
-    std::vector<float> ksh = dev_download(ks, slots), vsh = dev_download(vs, slots), q = dev_download(dq, (size_t)T * NH * D);
+    std::vector<float> ksh = dev_download(ks, slots), vsh = dev_download(vs, slots);
+    std::vector<float> q = dev_download(dq, (size_t)T * NH * D);
     std::vector<double> gscale, rscale, gval, rval, gq, rq;
     long unexplained = 0, near_ties = 0, over_bound = 0;
     bool zero_ok = true;
@@ -435,7 +437,8 @@ static void test_rope_kv_fp8(int NH, int NKV, int D) {
                     uint8_t want = gptoss_kv_fp8_quantize((float)ref[j], sc);
                     if (codes[j] != want) {
                         double r = ref[j] / sc, a = gptoss_e4m3_decode(codes[j]), b = gptoss_e4m3_decode(want);
-                        bool adjacent = (codes[j] & 0x80) == (want & 0x80) && abs((codes[j] & 0x7f) - (want & 0x7f)) == 1;
+                        bool adjacent =
+                            (codes[j] & 0x80) == (want & 0x80) && abs((codes[j] & 0x7f) - (want & 0x7f)) == 1;
                         /* the kernel's fp32 RoPE is within about 3e-7 of the largest input of the
                          * vector, 1e-4 in units of the scale (absmax / 448): 10x that, absolute */
                         if (adjacent && fabs(r - (a + b) / 2) <= 1e-4 * fabs(r) + 1e-3) near_ties++;
@@ -462,7 +465,8 @@ static void test_rope_kv_fp8(int NH, int NKV, int D) {
     check_true(name, over_bound == 0);
     snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: k, v values (e4m3)", NH, NKV, D);
     check(name, gval, rval, 0.04); /* 3 mantissa bits: at most 2^-4 / sqrt(3) = 3.6% RMS */
-    snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: zero K and V vectors -> scale 0, codes 0", NH, NKV, D);
+    snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: zero K and V vectors -> scale 0, codes 0", NH,
+             NKV, D);
     check_true(name, zero_ok);
     cudaFree(dqkv), cudaFree(dbias), cudaFree(dinv), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab);
     cudaFree(kc), cudaFree(vc), cudaFree(ks), cudaFree(vs), cudaFree(dq);
@@ -649,7 +653,8 @@ static void time_attention_fp8(int depth, int prefill) {
            depth, splits, us[0], us[1], prefill, us[2], us[3]);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     cudaFree(kb), cudaFree(vb), cudaFree(k8), cudaFree(v8), cudaFree(ks), cudaFree(vs), cudaFree(q), cudaFree(sinks);
-    cudaFree(out), cudaFree(partial), cudaFree(dtab), cudaFree(dpos1), cudaFree(dseq1), cudaFree(dposp), cudaFree(dseqp);
+    cudaFree(out), cudaFree(partial), cudaFree(dtab), cudaFree(dpos1), cudaFree(dseq1), cudaFree(dposp);
+    cudaFree(dseqp);
 }
 
 /* ---- router top-k ---------------------------------------------------------------------- */
@@ -1247,7 +1252,8 @@ static void test_logits_summary(int rows, int V, int n_top, int mode) {
     cudaFree(d_lse);
 }
 
-static const char *const kSections[] = {"norm", "rope", "attention", "kvfp8", "router", "gemv", "fp8", "moe", "summary"};
+static const char *const kSections[] = {"norm", "rope", "attention", "kvfp8", "router", "gemv", "fp8", "moe",
+                                        "summary"};
 static const char *g_sections = NULL; /* comma-separated list from the command line, NULL = all */
 
 static bool want(const char *section) {

@@ -223,7 +223,8 @@ static __device__ __forceinline__ void load_kv_codes(uint8_t *k_dst, uint8_t *v_
     }
     for (int r = threadIdx.x; r < tr::KEYS; r += ATC_THREADS) {
         int j = k0 + r;
-        size_t slot = j < khi ? ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + kv_head : 0;
+        size_t slot = 0;
+        if (j < khi) slot = ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + kv_head;
         cp_async4(smem_addr(ks_dst + r), k_scale + slot, j < khi ? 4 : 0);
         cp_async4(smem_addr(vs_dst + r), v_scale + slot, j < khi ? 4 : 0);
     }
