@@ -161,7 +161,8 @@ int gptoss_cmd_bench(int argc, char **argv) {
         return rc;
     }
 #ifndef GPTOSS_WITH_CUDA
-    (void)json, (void)profile, (void)graphs, (void)repeats, (void)device, (void)fp8_layers, (void)kv_cache_dtype;
+    (void)json, (void)profile, (void)graphs, (void)repeats, (void)device, (void)fp8_layers;
+    (void)kv_cache_dtype;
     free(pp), free(tg), free(depth), free(batch);
     fprintf(stderr, "gptoss bench: this build has no CUDA backend (configure with -DGPTOSS_CUDA=ON on a machine with nvcc)\n");
     return 1;

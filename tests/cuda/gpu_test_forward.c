@@ -75,7 +75,7 @@
  * is 2^-7. The CPU reference also differs from CUDA in ways the floor does not (expf against
  * the kernels' fast exp and exp2, cosf and sinf against sincosf), and FP8 rounding amplifies
  * those too: on the mid model with top-k routing, 300 + 30 tokens, the strict comparison
- * disagreed on top-1 in 40 of 330 rows where the floor disagreed in 17 (first run on an H100).
+ * disagreed on top-1 in 40 of 330 rows where the floor disagreed in 17 (H100).
  * The bars: raw top-1 as the strict bar (99%, or 96% where the floor's median is >= 1e-3), but
  * at most 3n + 1 disagreeing rows where the floor disagrees on n (2n + 1 for bf16 pages), and
  * every decisive row (see compare_rows) the same; median under 2^-8 or twice the floor's; rows
