@@ -289,8 +289,21 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
                 }
                 __nv_bfloat162 *kd = (__nv_bfloat162 *)(ks + r * DPAD) + 2 * c;
                 __nv_bfloat162 *vd = (__nv_bfloat162 *)(vs + r * D) + 2 * c;
-                kd[0] = e4m3x2_to_bf16x2(kq), kd[1] = e4m3x2_to_bf16x2(kq >> 16);
-                vd[0] = e4m3x2_to_bf16x2(vq), vd[1] = e4m3x2_to_bf16x2(vq >> 16);
+                kd[0] = e4m3x2_to_bf16x2(kq);
+                kd[1] = e4m3x2_to_bf16x2(kq >> 16);
+                vd[0] = e4m3x2_to_bf16x2(vq);
+                vd[1] = e4m3x2_to_bf16x2(vq >> 16);
+            }
+            for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x) {
+                int j = k0 + r;
+                float kscale = 0.0f, vscale = 0.0f;
+                if (j < end) {
+                    size_t slot = ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + g;
+                    kscale = k_scale[slot];
+                    vscale = v_scale[slot];
+                }
+                ks_scale[r] = kscale;
+                vs_scale[r] = vscale;
             }
         } else {
             /* cooperative load of K and V rows [k0, k0 + 32) as bf16 pairs */
@@ -306,19 +319,6 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
                 }
                 ((__nv_bfloat162 *)(ks + r * DPAD))[c] = kv;
                 ((__nv_bfloat162 *)(vs + r * D))[c] = vv;
-            }
-        }
-        if constexpr (e4m3) {
-            for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x) {
-                int j = k0 + r;
-                float kscale = 0.0f, vscale = 0.0f;
-                if (j < end) {
-                    size_t slot = ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + g;
-                    kscale = k_scale[slot];
-                    vscale = v_scale[slot];
-                }
-                ks_scale[r] = kscale;
-                vs_scale[r] = vscale;
             }
         }
         __syncthreads();
