@@ -164,6 +164,20 @@ typedef enum gptoss_fp8_layer {
     GPTOSS_FP8_ALL = (1u << 3) - 1u,
 } gptoss_fp8_layer;
 
+/* What the KV pages hold (gptoss_backend_options.kv_cache_dtype).
+ *   BF16 (default): the CUDA backend stores K and V as bf16; the CPU backend keeps them fp32
+ *     (rounded to bf16 only with emulate_bf16_activations).
+ *   FP8: e4m3 values with one fp32 scale per token and KV head (the head's largest |value| /
+ *     448), about half the bytes of bf16 (head_dim + 4 bytes per head instead of
+ *     2 * head_dim), so about twice the tokens fit in the same memory. Each value moves by up
+ *     to 2^-4 of itself (3 mantissa bits), a head vector by about 2-3% (relative L2); the CPU
+ *     backend emulates it exactly (it rounds K and V through e4m3 and keeps the result in its
+ *     fp32 pages), so both backends give the numbers of an FP8 cache. */
+typedef enum gptoss_kv_cache_dtype {
+    GPTOSS_KV_CACHE_BF16 = 0,
+    GPTOSS_KV_CACHE_FP8 = 1,
+} gptoss_kv_cache_dtype;
+
 typedef struct gptoss_backend_options {
     gptoss_backend_kind kind;
     int32_t n_threads;           /* CPU: worker threads, 0 = all cores */
@@ -189,10 +203,23 @@ typedef struct gptoss_backend_options {
      * outside GPTOSS_FP8_ALL are refused, and so is any bit with the CPU backend (which
      * computes every layer in fp32). */
     uint32_t fp8_layers;
+    /* Both backends: what the KV pages hold (see gptoss_kv_cache_dtype; default BF16). Where
+     * the CUDA backend sizes its pool from gpu_memory_utilization, FP8 fits about twice the
+     * tokens. */
+    gptoss_kv_cache_dtype kv_cache_dtype;
 } gptoss_backend_options;
 
-/* Defaults: CPU, all cores, 16-token pages, 256 pages. */
+/* Defaults: CPU, all cores, 16-token pages, 256 pages, bf16 KV cache. */
 gptoss_backend_options gptoss_backend_options_default(void);
+
+/* Bytes one token's K and V take in one layer's KV pages: n_kv_heads * head_dim values each,
+ * as bf16 (2 bytes) or as e4m3 (1 byte) plus one fp32 scale per KV head on the CUDA backend;
+ * always fp32 (4 bytes) on the CPU backend, whose FP8 cache is an emulation. */
+size_t gptoss_kv_cache_token_bytes(const gptoss_config *config, gptoss_backend_kind kind,
+                                   gptoss_kv_cache_dtype dtype);
+
+/* "bf16" or "fp8" (never NULL: "?" for a value outside the enum). */
+const char *gptoss_kv_cache_dtype_name(gptoss_kv_cache_dtype dtype);
 
 typedef struct gptoss_backend gptoss_backend;
 

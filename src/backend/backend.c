@@ -4,6 +4,7 @@
  * ever sees a plan that could make it read or write outside its KV pools.
  */
 #include "backend/backend.h"
+#include "backend/kv_fp8.h"
 #include "util/error.h"
 
 #include <math.h>
@@ -26,7 +27,23 @@ gptoss_backend_options gptoss_backend_options_default(void) {
     o.kind = GPTOSS_BACKEND_CPU;
     o.kv_block_size = 16;
     o.n_kv_blocks = 256;
+    o.kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
     return o;
+}
+
+size_t gptoss_kv_cache_token_bytes(const gptoss_config *c, gptoss_backend_kind kind, gptoss_kv_cache_dtype dtype) {
+    size_t values = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    if (kind == GPTOSS_BACKEND_CPU) return 2 * values * sizeof(float);
+    if (dtype == GPTOSS_KV_CACHE_FP8) return 2 * (size_t)c->n_kv_heads * GPTOSS_KV_FP8_HEAD_BYTES(c->head_dim);
+    return 2 * values * 2;
+}
+
+const char *gptoss_kv_cache_dtype_name(gptoss_kv_cache_dtype dtype) {
+    switch (dtype) {
+    case GPTOSS_KV_CACHE_BF16: return "bf16";
+    case GPTOSS_KV_CACHE_FP8: return "fp8";
+    }
+    return "?";
 }
 
 bool gptoss_has_cuda(void) {
@@ -131,6 +148,10 @@ static gptoss_status backend_prepare(const gptoss_backend_options *options, gpto
         return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
                                 "backend: FP8 dense layers are a CUDA backend option; the CPU backend computes "
                                 "every layer in fp32 (leave fp8_layers at 0)");
+    if (o.kv_cache_dtype != GPTOSS_KV_CACHE_BF16 && o.kv_cache_dtype != GPTOSS_KV_CACHE_FP8)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "backend: kv_cache_dtype %d is neither GPTOSS_KV_CACHE_BF16 nor GPTOSS_KV_CACHE_FP8",
+                                (int)o.kv_cache_dtype);
     const gptoss_backend_ops *ops = NULL;
     if (o.kind == GPTOSS_BACKEND_CPU) ops = &gptoss_cpu_backend_ops;
 #ifdef GPTOSS_WITH_CUDA

@@ -68,6 +68,16 @@ int cli_check_fp8_layers(const char *cmd, uint32_t mask, gptoss_backend_kind kin
  * at `column` like the command's other options. */
 void cli_print_fp8_layers_help(FILE *out, int column);
 
+/* --kv-cache-dtype: "bf16" or "fp8" into *dtype. False for anything else. */
+bool cli_parse_kv_cache_dtype(const char *text, gptoss_kv_cache_dtype *dtype);
+
+/* Usage error for a bad --kv-cache-dtype value (returns 2). */
+int cli_kv_cache_dtype_usage_error(const char *cmd, const char *value);
+
+/* Prints the help of --kv-cache-dtype (the same in every command that takes it), its text
+ * starting at `column` like the command's other options. */
+void cli_print_kv_cache_dtype_help(FILE *out, int column);
+
 /* A shape for random weights: a preset name (tiny, 20b, 120b) or a config.json path. */
 gptoss_status cli_load_shape(const char *shape, gptoss_config *config, gptoss_error *err);
 

@@ -39,6 +39,7 @@ static void help(FILE *out) {
             "  --no-graphs                 decode without CUDA graphs\n"
             "  --device N                  CUDA device (default 0)\n");
     cli_print_fp8_layers_help(out, 30);
+    cli_print_kv_cache_dtype_help(out, 30);
 }
 
 static bool parse_list(const char *text, int32_t **out, int32_t *n, int32_t lo, int32_t hi) {
@@ -49,10 +50,12 @@ static bool parse_list(const char *text, int32_t **out, int32_t *n, int32_t lo, 
 }
 
 #ifdef GPTOSS_WITH_CUDA
-static void print_table(const char *label, const gptoss_bench_report *r, uint32_t fp8_layers, bool profile) {
+static void print_table(const char *label, const gptoss_bench_report *r, uint32_t fp8_layers,
+                        gptoss_kv_cache_dtype kv_cache_dtype, bool profile) {
     char fp8[64];
     printf("device: %s, measured copy bandwidth %.0f GB/s (read + write)\n", r->device_name, r->copy_gb_per_s);
-    printf("dense layers in FP8: %s\n", cli_fp8_layers_name(fp8_layers, fp8, sizeof fp8));
+    printf("dense layers in FP8: %s; KV cache: %s\n", cli_fp8_layers_name(fp8_layers, fp8, sizeof fp8),
+           gptoss_kv_cache_dtype_name(kv_cache_dtype));
     printf("device memory: weights %.2f GiB, workspace %.2f GiB, KV cache %.2f GiB\n\n", r->weight_bytes / 1073741824.0,
            r->workspace_bytes / 1073741824.0, r->kv_bytes / 1073741824.0);
     printf("| model | backend | test | t/s | median ms | floor t/s | %% of floor |\n");
@@ -84,12 +87,14 @@ static void print_table(const char *label, const gptoss_bench_report *r, uint32_
     }
 }
 
-static void print_json(const char *label, const gptoss_bench_report *r, uint32_t fp8_layers) {
+static void print_json(const char *label, const gptoss_bench_report *r, uint32_t fp8_layers,
+                       gptoss_kv_cache_dtype kv_cache_dtype) {
     char fp8[64];
     printf("{\"model\": \"%s\", \"device\": \"%s\", \"copy_gb_per_s\": %.1f, \"fp8_layers\": \"%s\", "
-           "\"weight_bytes\": %.0f, \"workspace_bytes\": %.0f, \"kv_bytes\": %.0f, \"results\": [",
-           label, r->device_name, r->copy_gb_per_s, cli_fp8_layers_name(fp8_layers, fp8, sizeof fp8), r->weight_bytes,
-           r->workspace_bytes, r->kv_bytes);
+           "\"kv_cache_dtype\": \"%s\", \"weight_bytes\": %.0f, \"workspace_bytes\": %.0f, \"kv_bytes\": %.0f, "
+           "\"results\": [",
+           label, r->device_name, r->copy_gb_per_s, cli_fp8_layers_name(fp8_layers, fp8, sizeof fp8),
+           gptoss_kv_cache_dtype_name(kv_cache_dtype), r->weight_bytes, r->workspace_bytes, r->kv_bytes);
     for (int i = 0; i < r->n_cases; i++) {
         const gptoss_bench_case *c = &r->cases[i];
         printf("%s\n  {\"test\": \"%s\", \"n_tokens\": %d, \"depth\": %d, \"batch\": %d, \"tokens_per_s\": %.2f, "
@@ -113,6 +118,7 @@ int gptoss_cmd_bench(int argc, char **argv) {
     int32_t *pp = NULL, *tg = NULL, *depth = NULL, *batch = NULL, n_pp = 0, n_tg = 0, n_depth = 0, n_batch = 0;
     int64_t repeats = 5, device = 0;
     uint32_t fp8_layers = 0;
+    gptoss_kv_cache_dtype kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
     bool json = false, profile = false, graphs = true;
     int rc = 0;
     for (int i = 1; i < argc && rc == 0; i++) {
@@ -141,6 +147,9 @@ int gptoss_cmd_bench(int argc, char **argv) {
             if (!cli_parse_i64(argv[++i], 0, 64, &device)) rc = cli_usage_error("bench", "--device needs an ordinal");
         } else if (!strcmp(a, "--fp8-layers") && has_value) {
             if (!cli_parse_fp8_layers(argv[++i], &fp8_layers)) rc = cli_fp8_layers_usage_error("bench", argv[i]);
+        } else if (!strcmp(a, "--kv-cache-dtype") && has_value) {
+            if (!cli_parse_kv_cache_dtype(argv[++i], &kv_cache_dtype))
+                rc = cli_kv_cache_dtype_usage_error("bench", argv[i]);
         } else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--no-graphs")) graphs = false;
@@ -153,6 +162,7 @@ int gptoss_cmd_bench(int argc, char **argv) {
     }
 #ifndef GPTOSS_WITH_CUDA
     (void)json, (void)profile, (void)graphs, (void)repeats, (void)device, (void)fp8_layers;
+    (void)kv_cache_dtype;
     free(pp), free(tg), free(depth), free(batch);
     fprintf(stderr, "gptoss bench: this build has no CUDA backend (configure with -DGPTOSS_CUDA=ON on a machine with nvcc)\n");
     return 1;
@@ -190,14 +200,15 @@ int gptoss_cmd_bench(int argc, char **argv) {
     rq.use_graphs = graphs;
     rq.device = (int32_t)device;
     rq.fp8_layers = fp8_layers;
+    rq.kv_cache_dtype = kv_cache_dtype;
     rq.progress = cli_stderr_is_tty() ? cli_progress : NULL;
     gptoss_bench_report *report = malloc(sizeof *report);
     gptoss_status st = report ? gptoss_cuda_bench(&rq, report, &err)
                               : gptoss_set_error(&err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     if (rq.progress) fprintf(stderr, "\n");
     if (st == GPTOSS_OK) {
-        if (json) print_json(label, report, fp8_layers);
-        else print_table(label, report, fp8_layers, profile);
+        if (json) print_json(label, report, fp8_layers, kv_cache_dtype);
+        else print_table(label, report, fp8_layers, kv_cache_dtype, profile);
     }
     free(report);
     free(pp), free(tg), free(depth), free(batch);

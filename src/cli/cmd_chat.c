@@ -54,7 +54,8 @@ static void session_close(session *s) {
 }
 
 static gptoss_status session_open(session *s, const char *dir, const char *backend_name, int64_t threads,
-                                  int64_t context, uint32_t fp8_layers, gptoss_error *err) {
+                                  int64_t context, uint32_t fp8_layers, gptoss_kv_cache_dtype kv_cache_dtype,
+                                  gptoss_error *err) {
     memset(s, 0, sizeof *s);
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -80,6 +81,7 @@ static gptoss_status session_open(session *s, const char *dir, const char *backe
                                 backend_name);
     options.n_threads = (int32_t)threads;
     options.fp8_layers = fp8_layers;
+    options.kv_cache_dtype = kv_cache_dtype;
     options.n_kv_blocks = (int32_t)((context + options.kv_block_size - 1) / options.kv_block_size);
     if (cli_stderr_is_tty()) options.progress = cli_progress;
     if ((st = gptoss_backend_create(s->model, &options, &s->backend, err))) return st;
@@ -300,6 +302,7 @@ typedef struct common_options {
     const char *model_dir, *backend, *date;
     int64_t threads, max_tokens, context;
     uint32_t fp8_layers; /* gptoss_fp8_layer bits */
+    gptoss_kv_cache_dtype kv_cache_dtype;
     gptoss_reasoning_effort effort;
     sampling sampling;
 } common_options;
@@ -321,6 +324,8 @@ static int parse_common(const char *cmd, int argc, char **argv, int *i, common_o
         o->date = v;
     } else if (!strcmp(a, "--fp8-layers") && has_value) {
         if (!cli_parse_fp8_layers(v, &o->fp8_layers)) return cli_fp8_layers_usage_error(cmd, v);
+    } else if (!strcmp(a, "--kv-cache-dtype") && has_value) {
+        if (!cli_parse_kv_cache_dtype(v, &o->kv_cache_dtype)) return cli_kv_cache_dtype_usage_error(cmd, v);
     } else if (!strcmp(a, "--effort") && has_value) {
         if (!gptoss_reasoning_effort_parse(v, &o->effort))
             return cli_usage_error(cmd, "--effort must be low, medium or high, not '%s'", v);
@@ -447,6 +452,7 @@ static void run_help(FILE *out) {
             "%s",
             common_help);
     cli_print_fp8_layers_help(out, 24);
+    cli_print_kv_cache_dtype_help(out, 24);
 }
 
 int cli_run_text(int argc, char **argv) {
@@ -474,7 +480,8 @@ int cli_run_text(int argc, char **argv) {
     if (check_common("run", &o)) return 2;
     gptoss_error err = {0};
     session s;
-    gptoss_status st = session_open(&s, o.model_dir, o.backend, o.threads, o.context, o.fp8_layers, &err);
+    gptoss_status st =
+        session_open(&s, o.model_dir, o.backend, o.threads, o.context, o.fp8_layers, o.kv_cache_dtype, &err);
     if (!st && raw) st = run_raw(&s, prompt, special, &o, &err);
     if (!st && !raw) {
         char date[16];
@@ -514,6 +521,7 @@ static void chat_help(FILE *out) {
             "%s",
             common_help);
     cli_print_fp8_layers_help(out, 24);
+    cli_print_kv_cache_dtype_help(out, 24);
 }
 
 /* Reads one line from stdin into buf (newline stripped). Returns 1 for a line, 0 for end of
@@ -556,7 +564,7 @@ int gptoss_cmd_chat(int argc, char **argv) {
 
     gptoss_error err = {0};
     session s;
-    if (session_open(&s, o.model_dir, o.backend, o.threads, o.context, o.fp8_layers, &err)) {
+    if (session_open(&s, o.model_dir, o.backend, o.threads, o.context, o.fp8_layers, o.kv_cache_dtype, &err)) {
         session_close(&s);
         return cli_fail(&err);
     }

@@ -74,13 +74,17 @@ int gptoss_cmd_info(int argc, char **argv) {
     printf("parameters: %lld total (%.2f B); %lld active per token excluding the embedding table (%.2f B)\n",
            (long long)gptoss_config_n_params(c), gptoss_config_n_params(c) / 1e9,
            (long long)gptoss_config_n_active_params(c), gptoss_config_n_active_params(c) / 1e9);
-    int64_t kv = gptoss_config_kv_dim(c);
-    int64_t per_token_full = (c->n_layers - n_sliding) * 2 * kv * 2; /* K and V, bf16 */
-    int64_t sliding_total = (int64_t)n_sliding * 2 * kv * 2 * c->sliding_window;
-    printf("kv cache (bf16): %lld bytes per token on full layers + %lld bytes per sequence for sliding layers "
-           "(window %d); 128k tokens = %.2f GB\n",
-           (long long)per_token_full, (long long)sliding_total, c->sliding_window,
-           (131072.0 * per_token_full + sliding_total) / 1e9);
+    for (int dtype = GPTOSS_KV_CACHE_BF16; dtype <= GPTOSS_KV_CACHE_FP8; dtype++) {
+        /* K and V of a token in one layer, as the CUDA backend stores them */
+        gptoss_kv_cache_dtype kv = (gptoss_kv_cache_dtype)dtype;
+        int64_t layer_token = (int64_t)gptoss_kv_cache_token_bytes(c, GPTOSS_BACKEND_CUDA, kv);
+        int64_t per_token_full = (c->n_layers - n_sliding) * layer_token;
+        int64_t sliding_total = (int64_t)n_sliding * layer_token * c->sliding_window;
+        printf("kv cache (%s): %lld bytes per token on full layers + %lld bytes per sequence for sliding layers "
+               "(window %d); 128k tokens = %.2f GB\n",
+               dtype == GPTOSS_KV_CACHE_FP8 ? "fp8, --kv-cache-dtype fp8" : "bf16", (long long)per_token_full,
+               (long long)sliding_total, c->sliding_window, (131072.0 * per_token_full + sliding_total) / 1e9);
+    }
     if (tensors) {
         printf("\n");
         for (size_t i = 0; i < 3; i++) print_tensor(globals[i]);

@@ -32,6 +32,7 @@ static void help(FILE *out) {
             "  --stats               print each layer's residual statistics and the logit spread\n"
             "                        (CPU backend), to check a model is numerically healthy\n");
     cli_print_fp8_layers_help(out, 24);
+    cli_print_kv_cache_dtype_help(out, 24);
 }
 
 static gptoss_status write_logits_header(FILE *f, int32_t rows, int32_t vocab) {
@@ -67,6 +68,7 @@ int gptoss_cmd_run(int argc, char **argv) {
     const char *model_dir = NULL, *tokens_text = NULL, *logits_path = NULL, *backend_name = NULL;
     int64_t max_tokens = 16, threads = 0, chunk = 0;
     uint32_t fp8_layers = 0;
+    gptoss_kv_cache_dtype kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
     bool ignore_eos = false, stats = false;
     for (int i = 1; i < argc; i++) /* a text prompt: the chat path */
         if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) return cli_run_text(argc, argv);
@@ -90,6 +92,9 @@ int gptoss_cmd_run(int argc, char **argv) {
             if (!cli_parse_i64(argv[++i], 1, 1 << 20, &chunk)) return cli_usage_error("run", "--chunk needs a positive integer");
         } else if (!strcmp(a, "--fp8-layers") && has_value) {
             if (!cli_parse_fp8_layers(argv[++i], &fp8_layers)) return cli_fp8_layers_usage_error("run", argv[i]);
+        } else if (!strcmp(a, "--kv-cache-dtype") && has_value) {
+            if (!cli_parse_kv_cache_dtype(argv[++i], &kv_cache_dtype))
+                return cli_kv_cache_dtype_usage_error("run", argv[i]);
         } else
             return cli_usage_error("run", "unknown or incomplete option '%s'", a);
     }
@@ -126,6 +131,7 @@ int gptoss_cmd_run(int argc, char **argv) {
         goto done;
     }
     options.fp8_layers = fp8_layers;
+    options.kv_cache_dtype = kv_cache_dtype;
     options.n_threads = (int32_t)threads;
     options.layer_stats = stats;
     options.progress = cli_progress;

@@ -60,21 +60,22 @@ static void help(FILE *out) {
         "  --max-body-bytes N             larger request bodies get 413 (default 8388608)\n"
         "  --drain-timeout S              on SIGTERM, wait this long for requests (default 60)\n");
     cli_print_fp8_layers_help(out, 33);
+    cli_print_kv_cache_dtype_help(out, 33);
 }
 
 static void print_progress(void *user, const char *what, double fraction) {
     cli_progress(user, what, fraction);
 }
 
-/* KV bytes per token for sizing: K and V of every layer, float32 on the CPU, bf16 on CUDA. */
-static double kv_bytes_per_token(const gptoss_config *c, gptoss_backend_kind kind) {
-    return 2.0 * (double)c->n_layers * (double)gptoss_config_kv_dim(c) *
-           (kind == GPTOSS_BACKEND_CPU ? 4.0 : 2.0);
+/* KV bytes per token for sizing: K and V of every layer (gptoss_kv_cache_token_bytes: fp32
+ * on the CPU; bf16, or e4m3 and scales, on CUDA). */
+static double kv_bytes_per_token(const gptoss_config *c, const gptoss_backend_options *bo) {
+    return (double)c->n_layers * (double)gptoss_kv_cache_token_bytes(c, bo->kind, bo->kv_cache_dtype);
 }
 
 /* MiB of both pools as the backend sized them (full layers x full pool, sliding x sliding). */
 static double kv_mib(const gptoss_config *c, const gptoss_backend_options *bo) {
-    double per_layer_token = 2.0 * gptoss_config_kv_dim(c) * (bo->kind == GPTOSS_BACKEND_CPU ? 4.0 : 2.0);
+    double per_layer_token = (double)gptoss_kv_cache_token_bytes(c, bo->kind, bo->kv_cache_dtype);
     int32_t n_sliding = 0;
     for (int32_t l = 0; l < c->n_layers; l++)
         n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
@@ -82,6 +83,13 @@ static double kv_mib(const gptoss_config *c, const gptoss_backend_options *bo) {
     double tokens_full = (double)bo->n_kv_blocks * bo->kv_block_size;
     double tokens_sliding = (double)sliding_blocks * bo->kv_block_size;
     return per_layer_token * ((c->n_layers - n_sliding) * tokens_full + n_sliding * tokens_sliding) / (1 << 20);
+}
+
+/* What the pages hold, for the start-up line (no commas: scripts cut the line at the first). */
+static const char *kv_format(const gptoss_backend_options *bo) {
+    bool fp8 = bo->kv_cache_dtype == GPTOSS_KV_CACHE_FP8;
+    if (bo->kind == GPTOSS_BACKEND_CPU) return fp8 ? "fp8 emulated in fp32 pages" : "fp32";
+    return fp8 ? "fp8 e4m3 + scales" : "bf16";
 }
 
 int gptoss_cmd_serve(int argc, char **argv) {
@@ -92,6 +100,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
             max_body = (int64_t)so.max_body_bytes, port = so.port, drain_s = 60, max_model_len = 0;
     double memory_fraction = 0;
     uint32_t fp8_layers = 0;
+    gptoss_kv_cache_dtype kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
     bool prefix_cache = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -147,6 +156,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--fp8-layers") && v) {
             if (!cli_parse_fp8_layers(argv[++i], &fp8_layers))
                 return cli_fp8_layers_usage_error("serve", argv[i]);
+        } else if (!strcmp(a, "--kv-cache-dtype") && v) {
+            if (!cli_parse_kv_cache_dtype(argv[++i], &kv_cache_dtype))
+                return cli_kv_cache_dtype_usage_error("serve", argv[i]);
         } else if (!strcmp(a, "--gpu-memory-utilization") && v) {
             char *end = NULL;
             memory_fraction = strtod(argv[++i], &end);
@@ -176,6 +188,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
     }
     if (cli_check_fp8_layers("serve", fp8_layers, bo.kind)) return 2;
     bo.fp8_layers = fp8_layers;
+    bo.kv_cache_dtype = kv_cache_dtype;
     if (shape && bo.kind != GPTOSS_BACKEND_CUDA)
         return cli_usage_error("serve", "--random-weights needs the CUDA backend; on the CPU, write "
                                         "a checkpoint with `gptoss make-model` and pass -m DIR");
@@ -254,7 +267,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
             c->n_kv_heads, c->head_dim, c->vocab_size, c->max_position_embeddings,
             model ? "" : " (random weights)");
 
-    double per_token = kv_bytes_per_token(c, bo.kind);
+    double per_token = kv_bytes_per_token(c, &bo);
     double per_block = per_token * bo.kv_block_size;
     if (bo.kind == GPTOSS_BACKEND_CUDA) {
         /* The sliding pool needs only each sequence's window plus one prefill chunk. */
@@ -306,10 +319,10 @@ int gptoss_cmd_serve(int argc, char **argv) {
     if (gptoss_engine_start(engine, &err) != GPTOSS_OK) goto fail;
     gptoss_server_set_ready(server, engine, tokenizer, eo.max_model_len, eo.max_num_seqs);
     fprintf(stderr,
-            "backend %s: KV cache %lld blocks x %d tokens = %lld tokens (%.1f MiB), max %d "
+            "backend %s: KV cache (%s) %lld blocks x %d tokens = %lld tokens (%.1f MiB), max %d "
             "sequences, prefix cache %s, "
             "context %d\n",
-            gptoss_backend_name(backend), (long long)kv_blocks, bo.kv_block_size,
+            gptoss_backend_name(backend), kv_format(&bo), (long long)kv_blocks, bo.kv_block_size,
             (long long)kv_blocks * bo.kv_block_size, kv_mib(c, &bo),
             eo.max_num_seqs, prefix_cache ? "on" : "off", eo.max_model_len);
     if (fp8_layers) {

@@ -230,3 +230,30 @@ void cli_print_fp8_layers_help(FILE *out, int column) {
     fprintf(out, "  %-*s%s\n", column - 2, "--fp8-layers LIST", lines[0]);
     for (size_t i = 1; i < sizeof lines / sizeof lines[0]; i++) fprintf(out, "%*s%s\n", column, "", lines[i]);
 }
+
+bool cli_parse_kv_cache_dtype(const char *text, gptoss_kv_cache_dtype *dtype) {
+    if (!text) return false;
+    if (!strcmp(text, "bf16")) *dtype = GPTOSS_KV_CACHE_BF16;
+    else if (!strcmp(text, "fp8")) *dtype = GPTOSS_KV_CACHE_FP8;
+    else return false;
+    return true;
+}
+
+int cli_kv_cache_dtype_usage_error(const char *cmd, const char *value) {
+    return cli_usage_error(cmd, "--kv-cache-dtype needs bf16 or fp8, not '%s'", value);
+}
+
+void cli_print_kv_cache_dtype_help(FILE *out, int column) {
+    static const char *const lines[] = {
+        "KV cache format: bf16 (default) or fp8 (e4m3 values",
+        "with one fp32 scale per token and KV head): about",
+        "twice the tokens in the same memory; each K and V",
+        "value moves by up to 2^-4 of itself. The CPU backend",
+        "emulates fp8 (same values, fp32 pages).",
+    };
+    const char *label = "--kv-cache-dtype bf16|fp8";
+    size_t first = 0;
+    if ((int)strlen(label) + 3 > column) fprintf(out, "  %s\n", label); /* too wide: text below it */
+    else fprintf(out, "  %-*s%s\n", column - 2, label, lines[first++]);
+    for (size_t i = first; i < sizeof lines / sizeof lines[0]; i++) fprintf(out, "%*s%s\n", column, "", lines[i]);
+}

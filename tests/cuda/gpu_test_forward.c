@@ -65,6 +65,29 @@
  *     decisive top-1 >= 99%, median under 0.10 with routing fixed (four times lm_head's share)
  *     and under 0.25 with routing, and at least 1% (in effect).
  *
+ * FP8 KV cache (gptoss_backend_options.kv_cache_dtype): the CUDA backend with FP8 pages against
+ * the CPU backend emulating them (kv_fp8.h: the same e4m3 codes and scales, kept in fp32 pages)
+ * with emulate_bf16_activations, on every scenario, with the strict bars above computed from
+ * their own noise floor: a second FP8 CUDA backend in the other summation order (GEMV for every
+ * GEMM, route GEMV experts, scalar prefill attention). The floor matters more here: K and V are
+ * quantized from fp32 values that differ by summation order, so now and then a value near the
+ * midpoint of two e4m3 codes takes the other code, a step of 2^-3 of itself where a bf16 flip
+ * is 2^-7. The CPU reference also differs from CUDA in ways the floor does not (expf against
+ * the kernels' fast exp and exp2, cosf and sinf against sincosf), and FP8 rounding amplifies
+ * those too: on the mid model with top-k routing, 300 + 30 tokens, the strict comparison
+ * disagreed on top-1 in 40 of 330 rows where the floor disagreed in 17 (H100).
+ * The bars: raw top-1 as the strict bar (99%, or 96% where the floor's median is >= 1e-3), but
+ * at most 3n + 1 disagreeing rows where the floor disagrees on n (2n + 1 for bf16 pages), and
+ * every decisive row (see compare_rows) the same; median under 2^-8 or twice the floor's; rows
+ * over STRICT_ROW at most twice the floor's count (plus 5% of the rows with top-k routing).
+ * And pooled over the scenarios, FP8 pages against bf16 pages on CUDA
+ * (what the format costs): decisive top-1 >= 99%, median row error at least 5e-3 (else the pages
+ * were not quantized) and under 0.08 with routing fixed or 0.25 with top-k routing. Measured on
+ * the CPU backend (fp32 pages against emulated FP8 pages, 300 tokens): medians 3.0e-2 and
+ * 3.4e-2 with every expert selected (mid_all_experts, swa_all_experts: rows up to 6.8e-2),
+ * 6.9e-2 with top-k routing (mid: rows up to 75% after routing flips, raw top-1 72%); the
+ * golden models measured 1.8e-2 to 7.1e-2 (tests/backend/test_cpu_kv_fp8.c).
+ *
  * Prints one line per scenario, one for the FP8 comparison, and a table; exits 1 on failure.
  */
 #include "gptoss.h"
@@ -89,18 +112,26 @@ typedef struct stats {
 #define ORDER_NOISE 1e-3 /* floor median from which summation order alone flips top-1 choices */
 #define FP8_WEIGHT_BOUND 0.0625 /* 2^-4: e4m3's relative rounding bound per weight */
 #define FP8_IN_EFFECT 0.01      /* median below this: the FP8 matrices were not used */
+#define KV8_IN_EFFECT 5e-3      /* median below this: the KV pages were not quantized */
+#define KV8_MEDIAN_FIXED 0.08   /* FP8 pages vs bf16 pages, median, every expert selected */
+#define KV8_MEDIAN_ROUTED 0.25  /* ... with top-k routing */
 
 typedef struct pair {
     gptoss_backend *cpu, *cpu_bf16, *cuda; /* fp32 reference, bf16-emulating reference, tested */
     gptoss_backend *cuda_floor;            /* CUDA with GEMMs in another summation order */
     gptoss_backend *cuda_fp8, *cuda_fp8_lm; /* CUDA with QKV, O, lm_head in FP8; with lm_head only */
+    gptoss_backend *cpu_kv8, *cuda_kv8, *cuda_kv8_floor; /* FP8 KV pages: bf16-emulating CPU, CUDA, CUDA floor */
     int32_t vocab;
     float *lc, *lb, *lg, *lf; /* logits buffers: cpu, cpu_bf16, cuda, cuda_floor */
     float *l8, *l8lm;         /* ... cuda_fp8, cuda_fp8_lm */
+    float *lkc, *lk, *lkf;    /* ... cpu_kv8, cuda_kv8, cuda_kv8_floor */
     stats *fp8, *fp8_lm;      /* fp8 backends vs cuda (pooled over scenarios, owned by main) */
     stats st;                 /* cuda vs fp32 cpu (loose) */
     stats strict;             /* cuda vs bf16-emulating cpu */
     stats noise;              /* cuda vs cuda_floor: what summation order alone produces */
+    stats kv8_strict;         /* cuda_kv8 vs cpu_kv8 */
+    stats kv8_noise;          /* cuda_kv8 vs cuda_kv8_floor */
+    stats *kv8_vs_bf16;       /* cuda_kv8 vs cuda (pooled over scenarios, owned by main) */
     int failed_calls;
 } pair;
 
@@ -152,7 +183,11 @@ static void run_both(pair *p, const gptoss_batch_plan *plan) {
     p->lf = realloc(p->lf, bytes ? bytes : 4);
     p->l8 = realloc(p->l8, bytes ? bytes : 4);
     p->l8lm = realloc(p->l8lm, bytes ? bytes : 4);
+    p->lkc = realloc(p->lkc, bytes ? bytes : 4);
+    p->lk = realloc(p->lk, bytes ? bytes : 4);
+    p->lkf = realloc(p->lkf, bytes ? bytes : 4);
     memset(p->lg, 0xff, bytes); /* NaN: unwritten rows fail */
+    memset(p->lk, 0xff, bytes);
     memset(p->l8, 0xff, bytes);
     memset(p->l8lm, 0xff, bytes);
     gptoss_status s1 = gptoss_backend_forward(p->cpu, plan, p->lc, &e1);
@@ -161,6 +196,9 @@ static void run_both(pair *p, const gptoss_batch_plan *plan) {
     if (!s2) s2 = gptoss_backend_forward(p->cuda_floor, plan, p->lf, &e2);
     if (!s2) s2 = gptoss_backend_forward(p->cuda_fp8, plan, p->l8, &e2);
     if (!s2) s2 = gptoss_backend_forward(p->cuda_fp8_lm, plan, p->l8lm, &e2);
+    if (!s2) s2 = gptoss_backend_forward(p->cuda_kv8, plan, p->lk, &e2);
+    if (!s2) s2 = gptoss_backend_forward(p->cuda_kv8_floor, plan, p->lkf, &e2);
+    if (!s3) s3 = gptoss_backend_forward(p->cpu_kv8, plan, p->lkc, &e3);
     if (s1 || s2 || s3) {
         fprintf(stderr, "forward failed: cpu: %s / cpu bf16: %s / cuda: %s\n", s1 ? e1.message : "ok",
                 s3 ? e3.message : "ok", s2 ? e2.message : "ok");
@@ -172,6 +210,9 @@ static void run_both(pair *p, const gptoss_batch_plan *plan) {
     compare_rows(&p->noise, p->lf, p->lg, p->vocab, plan->n_logits, STRICT_ROW);
     compare_rows(p->fp8, p->lg, p->l8, p->vocab, plan->n_logits, INFINITY);
     compare_rows(p->fp8_lm, p->lg, p->l8lm, p->vocab, plan->n_logits, FP8_WEIGHT_BOUND);
+    compare_rows(&p->kv8_strict, p->lkc, p->lk, p->vocab, plan->n_logits, STRICT_ROW);
+    compare_rows(&p->kv8_noise, p->lkf, p->lk, p->vocab, plan->n_logits, STRICT_ROW);
+    compare_rows(p->kv8_vs_bf16, p->lg, p->lk, p->vocab, plan->n_logits, INFINITY);
 }
 
 /* Sequence bookkeeping for building plans. */
@@ -254,7 +295,27 @@ typedef struct scenario_result {
     const char *name;
     stats st, strict, noise;
     bool ok_strict, ok_loose;
+    /* FP8 KV pages: CUDA vs the emulating CPU, with its own floor and bars */
+    double kv8_median, kv8_agree, kv8_decisive, kv8_floor_median, kv8_floor_agree, kv8_top1_bar, kv8_median_bar;
+    int kv8_bad_rows, kv8_bad_allowed;
+    bool ok_kv8;
 } scenario_result;
+
+/* The strict bars of one comparison from its noise floor (see the header): the top-1 bar, the
+ * median bar, and how many rows over STRICT_ROW are allowed. */
+static void strict_bars(const stats *noise, double floor_median, int rows, bool routing_fixed, bool kv8,
+                        double *top1_bar, double *median_bar, int *bad_allowed) {
+    bool order_noise = floor_median >= ORDER_NOISE;
+    *top1_bar = order_noise ? 0.96 : 0.99;
+    if (order_noise && noise->rows > 0) {
+        double floor_rule = 1.0 - ((kv8 ? 3.0 : 2.0) * (noise->rows - noise->top1_agree) + 1.0) / noise->rows;
+        if (floor_rule < *top1_bar) *top1_bar = floor_rule;
+    }
+    *median_bar = 2 * floor_median > STRICT_MEDIAN ? 2 * floor_median : STRICT_MEDIAN;
+    /* bf16 pages with routing fixed: no row over (a bf16 flip moves a row by ~1e-3 at most);
+     * FP8 pages: a code flip can, so twice what the floor shows */
+    *bad_allowed = routing_fixed ? (kv8 ? 2 * noise->bad_rows : 0) : 2 * noise->bad_rows + rows / 20;
+}
 
 static double median_of(stats *st) {
     int n = st->rows < MAX_ROWS ? st->rows : MAX_ROWS;
@@ -284,13 +345,15 @@ int main(int argc, char **argv) {
                                       "decodes beside prefill chunks of 90 and 70 (steps over 64 tokens)"};
     scenario_result res[N_SCENARIOS];
     int failures = 0;
-    static stats fp8, fp8_lm; /* pooled over the scenarios */
-    fp8.first_bad_row = fp8_lm.first_bad_row = -1;
+    static stats fp8, fp8_lm, kv8; /* pooled over the scenarios */
+    fp8.first_bad_row = fp8_lm.first_bad_row = kv8.first_bad_row = -1;
     int fp8_failed_calls = 0;
     for (int sc = 0; sc < N_SCENARIOS; sc++) {
         pair p = {0};
         p.fp8 = &fp8;
         p.fp8_lm = &fp8_lm;
+        p.kv8_vs_bf16 = &kv8;
+        p.kv8_strict.first_bad_row = p.kv8_noise.first_bad_row = -1;
         p.st.first_bad_row = -1;
         p.strict.first_bad_row = -1;
         p.noise.first_bad_row = -1;
@@ -309,6 +372,12 @@ int main(int argc, char **argv) {
             fprintf(stderr, "cpu backend (bf16 emulation): %s\n", err.message);
             return 1;
         }
+        o.kv_cache_dtype = GPTOSS_KV_CACHE_FP8;
+        if (gptoss_backend_create(model, &o, &p.cpu_kv8, &err)) {
+            fprintf(stderr, "cpu backend (bf16 emulation, FP8 KV pages): %s\n", err.message);
+            return 1;
+        }
+        o.kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
         o.emulate_bf16_activations = false;
         o.kind = GPTOSS_BACKEND_CUDA;
         /* the noise floor: the same CUDA backend with every GEMM on the GEMV kernel, the
@@ -320,6 +389,11 @@ int main(int argc, char **argv) {
         setenv("GPTOSS_CUDA_MOE_PATH", "1", 1);
         setenv("GPTOSS_CUDA_ATTN_TC", "0", 1);
         gptoss_status floor_st = gptoss_backend_create(model, &o, &p.cuda_floor, &err);
+        if (!floor_st) {
+            o.kv_cache_dtype = GPTOSS_KV_CACHE_FP8;
+            floor_st = gptoss_backend_create(model, &o, &p.cuda_kv8_floor, &err);
+            o.kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
+        }
         unsetenv("GPTOSS_CUDA_GEMV");
         unsetenv("GPTOSS_CUDA_MOE_PATH");
         unsetenv("GPTOSS_CUDA_ATTN_TC");
@@ -331,6 +405,12 @@ int main(int argc, char **argv) {
             fprintf(stderr, "cuda backend: %s\n", err.message);
             return 1;
         }
+        o.kv_cache_dtype = GPTOSS_KV_CACHE_FP8;
+        if (gptoss_backend_create(model, &o, &p.cuda_kv8, &err)) {
+            fprintf(stderr, "cuda backend (FP8 KV pages): %s\n", err.message);
+            return 1;
+        }
+        o.kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
         o.fp8_layers = GPTOSS_FP8_ALL;
         if (gptoss_backend_create(model, &o, &p.cuda_fp8, &err)) {
             fprintf(stderr, "cuda backend (FP8 dense layers): %s\n", err.message);
@@ -407,16 +487,11 @@ int main(int argc, char **argv) {
         R->floor_agree = floor_agree;
         /* strict bars (see the header). Where summation order alone already moves the
          * logits (floor median >= ORDER_NOISE) the top-1 and median bars follow the floor. */
-        bool order_noise = R->floor_median >= ORDER_NOISE;
-        R->top1_bar = order_noise ? 0.96 : 0.99;
         /* ... and where the floor itself disagrees on n rows, up to 2n + 1 disagreements are
-         * still summation order (same rule as the routing-flip rows below) */
-        if (order_noise && p.noise.rows > 0) {
-            double floor_rule = 1.0 - (2.0 * (p.noise.rows - p.noise.top1_agree) + 1.0) / p.noise.rows;
-            if (floor_rule < R->top1_bar) R->top1_bar = floor_rule;
-        }
-        R->median_bar = 2 * R->floor_median > STRICT_MEDIAN ? 2 * R->floor_median : STRICT_MEDIAN;
-        int strict_bad_allowed = routing_fixed ? 0 : 2 * p.noise.bad_rows + p.strict.rows / 20;
+         * still summation order (same rule as the routing-flip rows) */
+        int strict_bad_allowed;
+        strict_bars(&p.noise, R->floor_median, p.strict.rows, routing_fixed, false, &R->top1_bar, &R->median_bar,
+                    &strict_bad_allowed);
         R->ok_strict = p.failed_calls == 0 && p.strict.rows > 0 && strict_agree >= R->top1_bar &&
                        R->strict_median < R->median_bar && p.strict.bad_rows <= strict_bad_allowed;
         R->ok_loose = p.failed_calls == 0 && p.st.rows > 0 && R->decisive >= 0.99 &&
@@ -434,6 +509,34 @@ int main(int argc, char **argv) {
                100 * floor_agree, R->floor_median, p.noise.bad_rows, 100 * agree,
                100 * R->decisive, p.st.max_rel, R->median, R->ok_loose ? "ok" : "FAIL",
                R->ok_strict && R->ok_loose ? "ok" : "FAIL");
+        /* FP8 KV pages: CUDA against the CPU emulating them, bars from their own floor */
+        R->kv8_median = median_of(&p.kv8_strict);
+        R->kv8_agree = p.kv8_strict.rows ? (double)p.kv8_strict.top1_agree / p.kv8_strict.rows : 0;
+        R->kv8_decisive =
+            p.kv8_strict.decisive_rows ? (double)p.kv8_strict.decisive_agree / p.kv8_strict.decisive_rows : 0;
+        R->kv8_floor_median = median_of(&p.kv8_noise);
+        R->kv8_floor_agree = p.kv8_noise.rows ? (double)p.kv8_noise.top1_agree / p.kv8_noise.rows : 0;
+        strict_bars(&p.kv8_noise, R->kv8_floor_median, p.kv8_strict.rows, routing_fixed, true, &R->kv8_top1_bar,
+                    &R->kv8_median_bar, &R->kv8_bad_allowed);
+        R->kv8_bad_rows = p.kv8_strict.bad_rows;
+        R->ok_kv8 = p.failed_calls == 0 && p.kv8_strict.rows > 0 && R->kv8_agree >= R->kv8_top1_bar &&
+                    R->kv8_decisive >= 0.99 && R->kv8_median < R->kv8_median_bar &&
+                    R->kv8_bad_rows <= R->kv8_bad_allowed;
+        failures += !R->ok_kv8;
+        printf("%s: %-58s rows %4d | FP8 KV pages, strict (CPU emulating bf16 and FP8 pages): top1 %6.2f%% (bar "
+               "%.2f%%, decisive %6.2f%%) rel max %.2e median %.2e (bar %.2e), rows over %.0e: %d (first %d, allowed "
+               "%d) | floor (FP8 pages, other GEMM order): top1 %6.2f%% median %.2e rows over %d => %s\n",
+               label, names[sc], p.kv8_strict.rows, 100 * R->kv8_agree, 100 * R->kv8_top1_bar, 100 * R->kv8_decisive,
+               p.kv8_strict.max_rel,
+               R->kv8_median, R->kv8_median_bar, STRICT_ROW, R->kv8_bad_rows, p.kv8_strict.first_bad_row,
+               R->kv8_bad_allowed, 100 * R->kv8_floor_agree, R->kv8_floor_median, p.kv8_noise.bad_rows,
+               R->ok_kv8 ? "ok" : "FAIL");
+        gptoss_backend_free(p.cpu_kv8);
+        gptoss_backend_free(p.cuda_kv8);
+        gptoss_backend_free(p.cuda_kv8_floor);
+        free(p.lkc);
+        free(p.lk);
+        free(p.lkf);
         gptoss_backend_free(p.cpu);
         gptoss_backend_free(p.cpu_bf16);
         gptoss_backend_free(p.cuda);
@@ -467,6 +570,18 @@ int main(int argc, char **argv) {
            FP8_IN_EFFECT, fp8.max_rel, 100.0 * fp8_lm.top1_agree / (fp8_lm.rows ? fp8_lm.rows : 1),
            100 * fp8_lm_decisive, fp8_lm_median, fp8_lm.max_rel, FP8_WEIGHT_BOUND, fp8_lm.bad_rows,
            fp8_lm.first_bad_row, fp8_ok ? "ok" : "FAIL");
+    /* FP8 KV pages against bf16 pages on CUDA: what the format costs (bars: see the header) */
+    double kv8_median = median_of(&kv8);
+    double kv8_decisive = kv8.decisive_rows ? (double)kv8.decisive_agree / kv8.decisive_rows : 0;
+    double kv8_median_bar = routing_fixed ? KV8_MEDIAN_FIXED : KV8_MEDIAN_ROUTED;
+    bool kv8_ok = fp8_failed_calls == 0 && kv8.rows > 0 && kv8.bad_rows == 0 /* non-finite */ &&
+                  kv8_decisive >= 0.99 && kv8_median < kv8_median_bar && kv8_median >= KV8_IN_EFFECT;
+    failures += !kv8_ok;
+    printf("%s: %-58s rows %4d | top1 %6.2f%% (decisive %6.2f%%, bar 99%%) rel median %.2e (bar %.2f, >= %.0e) max "
+           "%.2e => %s\n",
+           label, "FP8 KV pages vs bf16 pages (CUDA), all scenarios", kv8.rows,
+           100.0 * kv8.top1_agree / (kv8.rows ? kv8.rows : 1), 100 * kv8_decisive, kv8_median, kv8_median_bar,
+           KV8_IN_EFFECT, kv8.max_rel, kv8_ok ? "ok" : "FAIL");
     printf("\n| model | scenario | rows | strict top-1 (bar) | strict median (bar) | floor top-1 / median | "
            "fp32-CPU top-1 (decisive) | fp32-CPU median | result |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---:|---|\n");
@@ -487,6 +602,19 @@ int main(int argc, char **argv) {
     printf("| %s | FP8 lm_head | %d | %.2f%% (%.2f%%) | %.2e (max < %.4f) | %.2e | %s |\n", label, fp8_lm.rows,
            100.0 * fp8_lm.top1_agree / (fp8_lm.rows ? fp8_lm.rows : 1), 100 * fp8_lm_decisive, fp8_lm_median,
            FP8_WEIGHT_BOUND, fp8_lm.max_rel, fp8_ok ? "ok" : "FAIL");
+    printf("\n| model | FP8 KV pages: scenario | rows | strict top-1 (bar) | strict median (bar) | rows over 3e-2 "
+           "(allowed) | floor top-1 / median | result |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|---|\n");
+    for (int sc = 0; sc < N_SCENARIOS; sc++) {
+        const scenario_result *R = &res[sc];
+        printf("| %s | KV8 %s | %d | %.2f%% (%.1f%%) | %.2e (%.1e) | %d (%d) | %.2f%% / %.2e | %s |\n", label, R->name,
+               R->st.rows, 100 * R->kv8_agree, 100 * R->kv8_top1_bar, R->kv8_median, R->kv8_median_bar,
+               R->kv8_bad_rows, R->kv8_bad_allowed, 100 * R->kv8_floor_agree, R->kv8_floor_median,
+               R->ok_kv8 ? "ok" : "FAIL");
+    }
+    printf("| %s | KV8 vs bf16 pages (CUDA), all scenarios | %d | decisive %.2f%% (99%%) | %.2e (%.2f, >= %.0e) | - | "
+           "- | %s |\n",
+           label, kv8.rows, 100 * kv8_decisive, kv8_median, kv8_median_bar, KV8_IN_EFFECT, kv8_ok ? "ok" : "FAIL");
     gptoss_model_free(model);
     return failures ? 1 : 0;
 }

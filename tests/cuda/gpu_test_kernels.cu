@@ -8,12 +8,14 @@
  * storage precision of each output and are stated next to each check. Prints one line per
  * case and a summary table last; exits 1 on any failure.
  *
- *   gpu_test_kernels [SECTION,...]   sections: norm rope attention router gemv fp8 moe summary
+ *   gpu_test_kernels [SECTION,...]   sections: norm rope attention kvfp8 router gemv fp8 moe summary
  *                                    (default: all; a subset re-checks one kernel family in
  *                                    less time)
  */
+#include "backend/cuda/attention_tc.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/dense_lowp.h"
+#include "backend/kv_fp8.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -274,6 +276,385 @@ static void test_attention(int NH, int NKV, int D, std::vector<std::pair<int, in
     check(name, got, ref, 6e-3); /* bf16 output (2^-9) plus fast exp */
     cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dsink), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab);
     cudaFree(partial), cudaFree(dout);
+}
+
+/* ---- FP8 KV cache (kv_fp8.h) ------------------------------------------------------------- */
+
+/* The device side of kv_fp8.h: every code pair through the hardware decode, and encode and
+ * quantize of the same floats as the host. */
+static __global__ void e4m3_pairs_kernel(float2 *out) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < 65536) out[i] = gptoss_e4m3x2_decode((uint16_t)i);
+}
+static __global__ void e4m3_encode_kernel(const float *x, const float *scale, int n, uint8_t *encoded,
+                                          uint8_t *hardware, uint8_t *quantized) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    encoded[i] = gptoss_e4m3_encode(x[i]);
+    hardware[i] = (uint8_t)__nv_cvt_float_to_fp8(x[i], __NV_SATFINITE, __NV_E4M3);
+    quantized[i] = gptoss_kv_fp8_quantize(x[i], scale[i]);
+}
+
+static bool same_float(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, 4) == 0; }
+
+/* The CPU backend's emulation and the kernels must produce the same codes: the device
+ * encode and quantize (IEEE division) against the host's, bit for bit; the hardware
+ * conversion (round to nearest even, saturating) against the same encode, an independent
+ * implementation; and the hardware pair decode (what the attention kernels use) against the
+ * host decode for all 65536 pairs. Inputs: every bf16 pattern, every e4m3 value, midpoint and
+ * their float neighbours, and random floats with random scales (zero scales included). */
+static void test_e4m3_device(void) {
+    float2 *dpairs = dev_poisoned<float2>(65536);
+    e4m3_pairs_kernel<<<256, 256>>>(dpairs);
+    std::vector<float2> pairs = dev_download(dpairs, 65536);
+    long bad_decode = 0;
+    for (int i = 0; i < 65536; i++)
+        bad_decode += !same_float(pairs[i].x, gptoss_e4m3_decode((uint8_t)(i & 255))) ||
+                      !same_float(pairs[i].y, gptoss_e4m3_decode((uint8_t)(i >> 8)));
+    char name[160];
+    snprintf(name, sizeof name, "kvfp8 hardware pair decode = kv_fp8.h decode (65536 pairs): %ld differ", bad_decode);
+    check_true(name, bad_decode == 0);
+
+    std::vector<float> x, scale;
+    for (uint32_t h = 0; h < 65536; h++) x.push_back(bf2f((uint16_t)h));
+    for (int c = 0; c < 0x7e; c++) {
+        float v = gptoss_e4m3_decode((uint8_t)c), w = gptoss_e4m3_decode((uint8_t)(c + 1));
+        float mid = (float)(((double)v + w) / 2);
+        for (float f : {v, mid}) {
+            for (float g : {f, nextafterf(f, INFINITY), nextafterf(f, -INFINITY)}) {
+                x.push_back(g);
+                x.push_back(-g);
+            }
+        }
+    }
+    for (int i = 0; i < (1 << 20); i++) {
+        uint32_t u = (uint32_t)rnd_u64();
+        float f;
+        memcpy(&f, &u, 4);
+        x.push_back((i & 1) ? f : ldexpf(rnd_nz(1.0f), rnd_int(40) - 20));
+    }
+    for (size_t i = 0; i < x.size(); i++) {
+        int kind = rnd_int(8); /* mostly scales of a vector around x, some arbitrary, some 0 */
+        scale.push_back(kind == 0 ? 0.0f : kind == 1 ? ldexpf(1.0f + (float)rnd_unit(), rnd_int(60) - 30)
+                                                     : fabsf(x[i]) / 448.0f * (1.0f + (float)rnd_unit()));
+    }
+    int n = (int)x.size();
+    float *dx = dev_upload(x), *ds = dev_upload(scale);
+    uint8_t *denc = dev_poisoned<uint8_t>(n), *dhw = dev_poisoned<uint8_t>(n), *dq = dev_poisoned<uint8_t>(n);
+    e4m3_encode_kernel<<<(n + 255) / 256, 256>>>(dx, ds, n, denc, dhw, dq);
+    std::vector<uint8_t> enc = dev_download(denc, n), hw = dev_download(dhw, n), quant = dev_download(dq, n);
+    long bad_enc = 0, bad_hw = 0, bad_quant = 0, first = -1, first_quant = -1;
+    for (int i = 0; i < n; i++) {
+        uint8_t want = gptoss_e4m3_encode(x[i]);
+        if (enc[i] != want && bad_enc++ == 0) first = i;
+        /* the hardware's NaN code may carry either sign (kv_fp8.h writes 0x7f) */
+        bad_hw += isnan(x[i]) ? (hw[i] & 0x7f) != 0x7f : hw[i] != want;
+        if (quant[i] != gptoss_kv_fp8_quantize(x[i], scale[i]) && bad_quant++ == 0) first_quant = i;
+    }
+    snprintf(name, sizeof name, "kvfp8 device encode = host encode (%d floats): %ld differ (first %a)", n, bad_enc,
+             first >= 0 ? (double)x[first] : 0.0);
+    check_true(name, bad_enc == 0);
+    snprintf(name, sizeof name, "kvfp8 hardware cvt.rn.satfinite e4m3 = kv_fp8.h encode: %ld differ", bad_hw);
+    check_true(name, bad_hw == 0);
+    snprintf(name, sizeof name, "kvfp8 device quantize(x, scale) = host's: %ld differ (first %a / %a: 0x%02x, 0x%02x)",
+             bad_quant, first_quant >= 0 ? (double)x[first_quant] : 0.0,
+             first_quant >= 0 ? (double)scale[first_quant] : 0.0, first_quant >= 0 ? quant[first_quant] : 0,
+             first_quant >= 0 ? gptoss_kv_fp8_quantize(x[first_quant], scale[first_quant]) : 0);
+    check_true(name, bad_quant == 0);
+    cudaFree(dpairs), cudaFree(dx), cudaFree(ds), cudaFree(denc), cudaFree(dhw), cudaFree(dq);
+}
+
+/* bias + RoPE + FP8 KV write against a double reference (as test_rope_kv) run through the
+ * host's kv_fp8.h: every scale within fp32 noise of absmax / 448; every code the host's code
+ * of the reference value, except where that value lies next to the midpoint between the two
+ * codes (fp32 rounding of the kernel's RoPE decides such near-ties, under 1% of them); every
+ * decoded value within e4m3's bound of the reference (2^-4 of itself, or 2^-10 scale below
+ * e4m3's normal range). Token 0's K and V are zero vectors (qkv = -bias): scale 0, codes 0. */
+static void test_rope_kv_fp8(int NH, int NKV, int D) {
+    const int bs = 16;
+    int lens[3] = {5, 37, 1};
+    int cached[3] = {0, 20000, 130};
+    int T = 43, S = 3;
+    std::vector<int32_t> pos, seq;
+    for (int s = 0; s < S; s++)
+        for (int i = 0; i < lens[s]; i++) pos.push_back(cached[s] + i), seq.push_back(s);
+    paged pg = make_pages(S, 20000 + 40, bs);
+    int W = (NH + 2 * NKV) * D;
+    std::vector<float> qkv((size_t)T * W), bias(W), inv;
+    float conc;
+    yarn_inv_freq(D, inv, conc);
+    for (auto &v : qkv) v = rnd_nz(1.0f);
+    for (auto &v : bias) v = rnd_nz(0.1f);
+    for (int i = NH * D; i < W; i++) qkv[i] = -bias[i]; /* token 0: zero K and V */
+    float *dqkv = dev_upload(qkv), *dbias = dev_upload(bias), *dinv = dev_upload(inv);
+    int32_t *dpos = dev_upload(pos), *dseq = dev_upload(seq), *dtab = dev_upload(pg.table);
+    size_t slots = (size_t)pg.n_blocks * bs * NKV;
+    uint8_t *kc = dev_poisoned<uint8_t>(slots * D), *vc = dev_poisoned<uint8_t>(slots * D);
+    float *ks = dev_poisoned<float>(slots), *vs = dev_poisoned<float>(slots);
+    float *dq = dev_poisoned<float>((size_t)T * NH * D);
+    gptoss_cuda_rope_kv_write_fp8(dqkv, dbias, dpos, dseq, dinv, conc, T, NH, NKV, D, dtab, pg.max_blocks, bs, dq, kc,
+                                  vc, ks, vs, 0);
+    std::vector<uint8_t> kh = dev_download(kc, slots * D), vh = dev_download(vc, slots * D);
+    std::vector<float> ksh = dev_download(ks, slots), vsh = dev_download(vs, slots);
+    std::vector<float> q = dev_download(dq, (size_t)T * NH * D);
+    std::vector<double> gscale, rscale, gval, rval, gq, rq;
+    long unexplained = 0, near_ties = 0, over_bound = 0;
+    bool zero_ok = true;
+    for (int t = 0; t < T; t++) {
+        const float *row = &qkv[(size_t)t * W];
+        for (int head = 0; head < NH + NKV; head++) {
+            std::vector<double> k(D), v(D);
+            for (int j = 0; j < D / 2; j++) {
+                float angle = (float)pos[t] * inv[j];
+                double c = cos((double)angle) * conc, s = sin((double)angle) * conc;
+                double a = (double)row[head * D + j] + bias[head * D + j];
+                double b = (double)row[head * D + j + D / 2] + bias[head * D + j + D / 2];
+                k[j] = a * c - b * s, k[j + D / 2] = b * c + a * s;
+            }
+            if (head < NH) {
+                for (int j = 0; j < D; j++) {
+                    rq.push_back(k[j] / sqrt((double)D));
+                    gq.push_back(q[((size_t)t * NH + head) * D + j]);
+                }
+                continue;
+            }
+            int g = head - NH, vb = (NH + NKV + g) * D;
+            for (int j = 0; j < D; j++) v[j] = (double)row[vb + j] + bias[vb + j];
+            size_t slot = ((size_t)pg.table[(size_t)seq[t] * pg.max_blocks + pos[t] / bs] * bs + pos[t] % bs) * NKV + g;
+            for (int kv = 0; kv < 2; kv++) {
+                const std::vector<double> &ref = kv ? v : k;
+                const uint8_t *codes = (kv ? vh.data() : kh.data()) + slot * D;
+                float sc = kv ? vsh[slot] : ksh[slot];
+                double absmax = 0;
+                for (double e : ref) absmax = fmax(absmax, fabs(e));
+                if (t == 0) {
+                    zero_ok = zero_ok && sc == 0.0f;
+                    for (int j = 0; j < D; j++) zero_ok = zero_ok && (codes[j] & 0x7f) == 0;
+                    continue;
+                }
+                gscale.push_back(sc), rscale.push_back(absmax / 448.0);
+                for (int j = 0; j < D; j++) {
+                    uint8_t want = gptoss_kv_fp8_quantize((float)ref[j], sc);
+                    if (codes[j] != want) {
+                        double r = ref[j] / sc, a = gptoss_e4m3_decode(codes[j]), b = gptoss_e4m3_decode(want);
+                        bool adjacent =
+                            (codes[j] & 0x80) == (want & 0x80) && abs((codes[j] & 0x7f) - (want & 0x7f)) == 1;
+                        /* the kernel's fp32 RoPE is within about 3e-7 of the largest input of the
+                         * vector, 1e-4 in units of the scale (absmax / 448): 10x that, absolute */
+                        if (adjacent && fabs(r - (a + b) / 2) <= 1e-4 * fabs(r) + 1e-3) near_ties++;
+                        else unexplained++;
+                    }
+                    double got = (double)gptoss_e4m3_decode(codes[j]) * sc, err = fabs(got - ref[j]);
+                    double bound = fabs(ref[j]) >= 0x1p-6 * sc ? 0x1p-4 * fabs(ref[j]) : 0x1p-10 * sc;
+                    over_bound += err > bound * 1.001 + 1e-5 * absmax;
+                    gval.push_back(got), rval.push_back(ref[j]);
+                }
+            }
+        }
+    }
+    char name[192];
+    snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: q (f32)", NH, NKV, D);
+    check(name, gq, rq, 2e-5);
+    snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: scales = absmax / 448", NH, NKV, D);
+    check(name, gscale, rscale, 2e-5); /* fp32 RoPE against double: as q */
+    snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: codes = host codes (%ld near-ties, %ld not)", NH, NKV,
+             D, near_ties, unexplained);
+    check_true(name, unexplained == 0 && near_ties * 100 < (long)gval.size());
+    snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: values within e4m3's bound (%ld over)", NH, NKV, D,
+             over_bound);
+    check_true(name, over_bound == 0);
+    snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: k, v values (e4m3)", NH, NKV, D);
+    check(name, gval, rval, 0.04); /* 3 mantissa bits: at most 2^-4 / sqrt(3) = 3.6% RMS */
+    snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: zero K and V vectors -> scale 0, codes 0", NH,
+             NKV, D);
+    check_true(name, zero_ok);
+    cudaFree(dqkv), cudaFree(dbias), cudaFree(dinv), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab);
+    cudaFree(kc), cudaFree(vc), cudaFree(ks), cudaFree(vs), cudaFree(dq);
+}
+
+/* An FP8 paged cache for attention tests: K and V head vectors of random values quantized on
+ * the host (kv_fp8.h); every slot no token may read holds NaN codes and NaN scales. */
+typedef struct fp8_cache {
+    std::vector<uint8_t> k, v;      /* [n_blocks, bs, NKV, D] codes */
+    std::vector<float> ks, vs;      /* [n_blocks, bs, NKV] scales */
+    uint8_t *dk, *dv;
+    float *dks, *dvs;
+} fp8_cache;
+
+static fp8_cache make_fp8_cache(const paged &pg, const std::vector<std::pair<int, int>> &seqs, int NKV, int D) {
+    fp8_cache c;
+    size_t slots = (size_t)pg.n_blocks * pg.block_size * NKV;
+    c.k.assign(slots * D, 0x7f), c.v.assign(slots * D, 0x7f);
+    c.ks.assign(slots, NAN), c.vs.assign(slots, NAN);
+    std::vector<float> x(D);
+    for (size_t s = 0; s < seqs.size(); s++)
+        for (int j = 0; j < seqs[s].first + seqs[s].second; j++)
+            for (int g = 0; g < NKV; g++) {
+                size_t slot = ((size_t)pg.table[s * pg.max_blocks + j / pg.block_size] * pg.block_size +
+                               j % pg.block_size) * NKV + g;
+                for (int kv = 0; kv < 2; kv++) {
+                    float mag = ldexpf(1.0f, rnd_int(7) - 3); /* vectors of different sizes */
+                    for (auto &e : x) e = rnd_nz(mag);
+                    float sc = gptoss_kv_fp8_round_trip(x.data(), D, (kv ? c.v.data() : c.k.data()) + slot * D);
+                    (kv ? c.vs : c.ks)[slot] = sc;
+                }
+            }
+    c.dk = dev_upload(c.k), c.dv = dev_upload(c.v), c.dks = dev_upload(c.ks), c.dvs = dev_upload(c.vs);
+    return c;
+}
+
+static void free_fp8_cache(fp8_cache &c) { cudaFree(c.dk), cudaFree(c.dv), cudaFree(c.dks), cudaFree(c.dvs); }
+
+/* Attention over an FP8 cache: the split-K kernel (splits as given) and, when tc, the
+ * tensor-core kernel, against a double reference over the dequantized cache
+ * (decode(code) * scale), and the tensor-core result against the split-K one. */
+static void test_attention_fp8(int NH, int NKV, int D, std::vector<std::pair<int, int>> seqs, int window, int splits,
+                               bool tc, const char *label) {
+    const int bs = 16;
+    int S = (int)seqs.size(), max_len = 1;
+    std::vector<int32_t> pos, seq;
+    for (int s = 0; s < S; s++) {
+        for (int i = 0; i < seqs[s].second; i++) pos.push_back(seqs[s].first + i), seq.push_back(s);
+        max_len = std::max(max_len, seqs[s].first + seqs[s].second);
+    }
+    int T = (int)pos.size();
+    paged pg = make_pages(S, max_len, bs);
+    fp8_cache c = make_fp8_cache(pg, seqs, NKV, D);
+    std::vector<float> q((size_t)T * NH * D), sinks(NH);
+    for (auto &v : q) v = rnd_nz(0.6f);
+    for (auto &v : sinks) v = rnd_nz(3.0f);
+    float *dq = dev_upload(q), *dsink = dev_upload(sinks);
+    int32_t *dpos = dev_upload(pos), *dseq = dev_upload(seq), *dtab = dev_upload(pg.table);
+    float *partial = dev_poisoned<float>((size_t)T * NH * splits * (D + 2));
+    bf16 *dout = dev_poisoned<bf16>((size_t)T * NH * D), *dout_tc = dev_poisoned<bf16>((size_t)T * NH * D);
+    int rc = gptoss_cuda_attention_fp8(dq, c.dk, c.dv, c.dks, c.dvs, dpos, dseq, dtab, pg.max_blocks, bs, dsink, T, NH,
+                                       NKV, D, window, splits, partial, dout, 0);
+    int rc_tc = tc ? gptoss_cuda_attention_tc_fp8(dq, c.dk, c.dv, c.dks, c.dvs, dpos, dseq, dtab, pg.max_blocks, bs,
+                                                  dsink, T, NH, NKV, D, window, dout_tc, 0)
+                   : 0;
+    std::vector<bf16> out = dev_download(dout, (size_t)T * NH * D), out_tc = dev_download(dout_tc, (size_t)T * NH * D);
+    std::vector<double> got, got_tc, ref;
+    for (int t = 0; t < T; t++) {
+        int p = pos[t], s = seq[t], lo = window > 0 ? std::max(0, p - window + 1) : 0;
+        for (int h = 0; h < NH; h++) {
+            int g = h / (NH / NKV);
+            std::vector<double> sc;
+            double m = sinks[h];
+            for (int j = lo; j <= p; j++) {
+                size_t slot = ((size_t)pg.table[(size_t)s * pg.max_blocks + j / bs] * bs + j % bs) * NKV + g;
+                double d = 0;
+                for (int e = 0; e < D; e++)
+                    d += (double)q[((size_t)t * NH + h) * D + e] * gptoss_e4m3_decode(c.k[slot * D + e]) * c.ks[slot];
+                sc.push_back(d);
+                m = fmax(m, d);
+            }
+            double z = exp(sinks[h] - m);
+            for (double v : sc) z += exp(v - m);
+            for (int e = 0; e < D; e++) {
+                double o = 0;
+                for (int j = lo; j <= p; j++) {
+                    size_t slot = ((size_t)pg.table[(size_t)s * pg.max_blocks + j / bs] * bs + j % bs) * NKV + g;
+                    o += exp(sc[j - lo] - m) / z * gptoss_e4m3_decode(c.v[slot * D + e]) * c.vs[slot];
+                }
+                size_t i = ((size_t)t * NH + h) * D + e;
+                uint16_t hb, ht;
+                memcpy(&hb, &out[i], 2), memcpy(&ht, &out_tc[i], 2);
+                ref.push_back(o), got.push_back(bf2f(hb)), got_tc.push_back(bf2f(ht));
+            }
+        }
+    }
+    char name[160];
+    snprintf(name, sizeof name, "kvfp8 attention %s NH=%d NKV=%d D=%d T=%d win=%d splits=%d", label, NH, NKV, D, T,
+             window, splits);
+    if (rc != 0) got[0] = NAN; /* refused: fails */
+    check(name, got, ref, 6e-3); /* as the bf16 pages: bf16 output (2^-9) plus fast exp */
+    if (tc) {
+        if (rc_tc != 0) got_tc[0] = NAN;
+        snprintf(name, sizeof name, "kvfp8 attention tc %s NH=%d NKV=%d D=%d T=%d win=%d vs double", label, NH, NKV, D,
+                 T, window);
+        check(name, got_tc, ref, 2.5e-3); /* q and P * scale as 16-bit pairs: the bf16 output rounding */
+        snprintf(name, sizeof name, "kvfp8 attention tc %s NH=%d NKV=%d D=%d T=%d win=%d vs split-K", label, NH, NKV,
+                 D, T, window);
+        check(name, got_tc, got, 2.5e-3);
+    }
+    free_fp8_cache(c);
+    cudaFree(dq), cudaFree(dsink), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab), cudaFree(partial), cudaFree(dout);
+    cudaFree(dout_tc);
+}
+
+/* Attention time with bf16 and FP8 pages on the 20b shape (64 heads, 8 KV heads, 64 dims):
+ * one decode token at a depth (split-K) and a prefill from 0 (tensor cores). Printed, not
+ * checked: decode reads about half the bytes with FP8 pages. */
+static void time_attention_fp8(int depth, int prefill) {
+    const int NH = 64, NKV = 8, D = 64, bs = 16;
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int max_len = std::max(depth + 1, prefill), n_blocks = (max_len + bs - 1) / bs;
+    std::vector<int32_t> table(n_blocks);
+    for (int i = 0; i < n_blocks; i++) table[i] = i;
+    size_t slots = (size_t)n_blocks * bs * NKV;
+    bf16 *kb, *vb, *out;
+    uint8_t *k8, *v8;
+    float *ks, *vs, *q, *sinks, *partial;
+    CK(cudaMalloc(&kb, slots * D * 2));
+    CK(cudaMalloc(&vb, slots * D * 2));
+    CK(cudaMalloc(&k8, slots * D));
+    CK(cudaMalloc(&v8, slots * D));
+    CK(cudaMalloc(&ks, slots * 4));
+    CK(cudaMalloc(&vs, slots * 4));
+    CK(cudaMemset(kb, 0, slots * D * 2));
+    CK(cudaMemset(vb, 0, slots * D * 2));
+    CK(cudaMemset(k8, 0x38, slots * D));
+    CK(cudaMemset(v8, 0x38, slots * D)); /* code 1.0 */
+    CK(cudaMemset(ks, 0, slots * 4));
+    CK(cudaMemset(vs, 0, slots * 4));
+    CK(cudaMalloc(&q, (size_t)prefill * NH * D * 4));
+    CK(cudaMemset(q, 0, (size_t)prefill * NH * D * 4));
+    CK(cudaMalloc(&sinks, NH * 4));
+    CK(cudaMemset(sinks, 0, NH * 4));
+    CK(cudaMalloc(&out, (size_t)prefill * NH * D * 2));
+    int splits = gptoss_cuda_attention_splits(1, NKV, depth + 1, sms);
+    CK(cudaMalloc(&partial, (size_t)NH * splits * (D + 2) * 4));
+    std::vector<int32_t> pos1 = {depth}, seq1 = {0}, posp(prefill), seqp(prefill, 0);
+    for (int i = 0; i < prefill; i++) posp[i] = i;
+    int32_t *dtab = dev_upload(table), *dpos1 = dev_upload(pos1), *dseq1 = dev_upload(seq1), *dposp = dev_upload(posp),
+            *dseqp = dev_upload(seqp);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double us[4];
+    const int reps = 20;
+    for (int kind = 0; kind < 4; kind++) {
+        for (int r = -3; r < reps; r++) {
+            if (r == 0) CK(cudaEventRecord(e0));
+            if (kind == 0)
+                gptoss_cuda_attention(q, kb, vb, dpos1, dseq1, dtab, n_blocks, bs, sinks, 1, NH, NKV, D, 0, splits,
+                                      partial, out, 0);
+            else if (kind == 1)
+                gptoss_cuda_attention_fp8(q, k8, v8, ks, vs, dpos1, dseq1, dtab, n_blocks, bs, sinks, 1, NH, NKV, D, 0,
+                                          splits, partial, out, 0);
+            else if (kind == 2)
+                gptoss_cuda_attention_tc(q, kb, vb, dposp, dseqp, dtab, n_blocks, bs, sinks, prefill, NH, NKV, D, 0,
+                                         out, 0);
+            else
+                gptoss_cuda_attention_tc_fp8(q, k8, v8, ks, vs, dposp, dseqp, dtab, n_blocks, bs, sinks, prefill, NH,
+                                             NKV, D, 0, out, 0);
+        }
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        us[kind] = 1e3 * ms / reps;
+    }
+    CK(cudaGetLastError());
+    printf("timing: attention 20b shape, decode at depth %d (%d splits): bf16 pages %.1f us, fp8 pages %.1f us; "
+           "prefill %d tokens (tensor cores): bf16 %.1f us, fp8 %.1f us\n",
+           depth, splits, us[0], us[1], prefill, us[2], us[3]);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaFree(kb), cudaFree(vb), cudaFree(k8), cudaFree(v8), cudaFree(ks), cudaFree(vs), cudaFree(q), cudaFree(sinks);
+    cudaFree(out), cudaFree(partial), cudaFree(dtab), cudaFree(dpos1), cudaFree(dseq1), cudaFree(dposp);
+    cudaFree(dseqp);
 }
 
 /* ---- router top-k ---------------------------------------------------------------------- */
@@ -871,7 +1252,8 @@ static void test_logits_summary(int rows, int V, int n_top, int mode) {
     cudaFree(d_lse);
 }
 
-static const char *const kSections[] = {"norm", "rope", "attention", "router", "gemv", "fp8", "moe", "summary"};
+static const char *const kSections[] = {"norm", "rope", "attention", "kvfp8", "router", "gemv", "fp8", "moe",
+                                        "summary"};
 static const char *g_sections = NULL; /* comma-separated list from the command line, NULL = all */
 
 static bool want(const char *section) {
@@ -945,6 +1327,43 @@ int main(int argc, char **argv) {
         test_attention(4, 4, 128, chunk, 0, 2, "chunked");
         test_attention(4, 1, 16, mixed, 0, 1, "mixed");
         test_attention(32, 1, 64, decode_batch, 0, 8, "decode-batch");
+    }
+
+    if (want("kvfp8")) {
+        /* FP8 KV cache: kv_fp8.h on the device; the KV write on the shapes of the rope section;
+         * split-K attention on the attention section's cases; the tensor-core kernel on
+         * prefill-shaped steps (one prompt, a chunk after a prefix, a varlen mix) for every
+         * head_dim and group sizes 1 to 8 */
+        test_e4m3_device();
+        test_rope_kv_fp8(64, 8, 64);
+        test_rope_kv_fp8(8, 2, 32);
+        test_rope_kv_fp8(4, 4, 128);
+        test_rope_kv_fp8(4, 1, 16);
+        std::vector<std::pair<int, int>> decode_deep = {{5000, 1}};
+        std::vector<std::pair<int, int>> decode_batch = {{0, 1}, {130, 1}, {2047, 1}, {700, 1}};
+        std::vector<std::pair<int, int>> prefill = {{0, 300}};
+        std::vector<std::pair<int, int>> chunk = {{200, 77}};
+        std::vector<std::pair<int, int>> mixed = {{0, 40}, {150, 1}, {64, 33}, {3, 1}};
+        std::vector<std::pair<int, int>> varlen = {{0, 1}, {0, 15}, {0, 16}, {0, 17}, {0, 100}, {37, 5}, {500, 33}};
+        for (int window : {0, 128}) {
+            test_attention_fp8(64, 8, 64, decode_deep, window, 1, false, "decode-deep");
+            test_attention_fp8(64, 8, 64, decode_deep, window, 16, false, "decode-deep");
+            test_attention_fp8(64, 8, 64, decode_batch, window, 4, false, "decode-batch");
+            test_attention_fp8(64, 8, 64, prefill, window, 1, true, "prefill");
+            test_attention_fp8(64, 8, 64, chunk, window, 1, true, "chunked");
+            test_attention_fp8(64, 8, 64, chunk, window, 3, false, "chunked");
+            test_attention_fp8(64, 8, 64, mixed, window, 1, true, "mixed");
+            test_attention_fp8(64, 8, 64, varlen, window, 1, true, "varlen");
+        }
+        test_attention_fp8(8, 2, 32, mixed, 16, 1, true, "mixed");
+        test_attention_fp8(4, 4, 128, chunk, 0, 2, false, "chunked");
+        test_attention_fp8(4, 4, 128, chunk, 0, 1, true, "chunked");
+        test_attention_fp8(16, 2, 128, varlen, 128, 1, true, "varlen");
+        test_attention_fp8(4, 1, 16, mixed, 0, 1, true, "mixed");
+        test_attention_fp8(8, 8, 64, varlen, 0, 1, true, "group1");
+        test_attention_fp8(6, 2, 64, varlen, 16, 1, true, "group3");
+        test_attention_fp8(32, 1, 64, decode_batch, 0, 8, false, "decode-batch");
+        time_attention_fp8(8192, 2048);
     }
 
     if (want("router")) {

@@ -37,16 +37,23 @@ char *tm_make_model(const char *preset, const char *config_path, uint64_t seed) 
 
 float *tm_run_all_logits(const gptoss_model *model, gptoss_backend_kind kind, const tm_sequence *seqs,
                          int32_t n_seqs, int32_t chunk, int32_t kv_block_size) {
+    gptoss_backend_options options = gptoss_backend_options_default();
+    options.kind = kind;
+    options.kv_block_size = kv_block_size;
+    return tm_run_all_logits_with(model, &options, seqs, n_seqs, chunk);
+}
+
+float *tm_run_all_logits_with(const gptoss_model *model, const gptoss_backend_options *base,
+                              const tm_sequence *seqs, int32_t n_seqs, int32_t chunk) {
     const gptoss_config *c = gptoss_model_config(model);
+    const int32_t kv_block_size = base->kv_block_size;
     int32_t total = 0, longest = 0;
     for (int32_t s = 0; s < n_seqs; s++) {
         total += seqs[s].n;
         if (seqs[s].n > longest) longest = seqs[s].n;
     }
     int32_t blocks_per_seq = (longest + kv_block_size - 1) / kv_block_size;
-    gptoss_backend_options options = gptoss_backend_options_default();
-    options.kind = kind;
-    options.kv_block_size = kv_block_size;
+    gptoss_backend_options options = *base;
     options.n_kv_blocks = blocks_per_seq * n_seqs;
     gptoss_error err = {0};
     gptoss_backend *backend = NULL;

@@ -29,4 +29,9 @@ typedef struct tm_sequence {
 float *tm_run_all_logits(const gptoss_model *model, gptoss_backend_kind kind, const tm_sequence *seqs,
                          int32_t n_seqs, int32_t chunk, int32_t kv_block_size);
 
+/* The same with the backend's other options taken from `options` (kind, kv_block_size,
+ * kv_cache_dtype, ...); only n_kv_blocks is set here, to what the sequences need. */
+float *tm_run_all_logits_with(const gptoss_model *model, const gptoss_backend_options *options,
+                              const tm_sequence *seqs, int32_t n_seqs, int32_t chunk);
+
 #endif

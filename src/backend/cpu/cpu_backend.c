@@ -9,9 +9,15 @@
  * the plan, because every reduction runs in a fixed order per token. OpenMP parallelizes
  * over output rows, heads and experts, never inside a reduction.
  *
+ * KV cache: the pools are fp32 whatever kv_cache_dtype says. With GPTOSS_KV_CACHE_FP8 every K
+ * and V head vector makes the round trip an FP8 page imposes (kv_fp8.h: e4m3 codes with the
+ * vector's absmax / 448 as scale, decoded times the scale) before it is stored, so attention
+ * reads exactly the values the CUDA backend's FP8 pages hold; only the bytes are not saved.
+ *
  * Owns: the KV pools (fp32) and grow-only scratch buffers. Reads weights it does not own.
  */
 #include "backend/backend.h"
+#include "backend/kv_fp8.h"
 #include "model/config.h"
 #include "util/error.h"
 
@@ -64,6 +70,7 @@ typedef struct cpu_state {
     float mxfp4_scale[256];  /* 2^(s-127) for every E8M0 byte (255 = NaN) */
     bool layer_stats;        /* print residual statistics per layer (diagnostics) */
     bool emulate_bf16;       /* round activations to bf16 where the CUDA backend does (tests) */
+    bool kv_fp8;             /* K and V go through e4m3 + scale before they are stored */
     int32_t block_size;      /* tokens per KV page */
     int32_t n_full_layers, n_sliding_layers;
     int32_t n_blocks, n_sliding_blocks;
@@ -96,7 +103,8 @@ static inline float bf16_at(const uint8_t *p, size_t i) {
  * residual stream, router input, q, scores and every accumulation in fp32 and stores these
  * activations as bf16 (round to nearest even), and only these:
  *   1. the attention-norm output (QKV GEMM input),
- *   2. K after bias + RoPE and V after bias, as written to the KV pages,
+ *   2. K after bias + RoPE and V after bias, as written to the KV pages (with an FP8 cache
+ *      they are quantized from fp32 instead, never rounded to bf16 first),
  *   3. the attention output (O GEMM input),
  *   4. the MLP-norm output as the experts' input (the router reads it unrounded),
  *   5. the clamped SwiGLU output (down-projection input),
@@ -235,6 +243,7 @@ static gptoss_status cpu_create(const gptoss_model *model, gptoss_backend_option
     st->block_size = o->kv_block_size;
     st->layer_stats = o->layer_stats;
     st->emulate_bf16 = o->emulate_bf16_activations;
+    st->kv_fp8 = o->kv_cache_dtype == GPTOSS_KV_CACHE_FP8;
     st->n_blocks = o->n_kv_blocks;
     st->n_sliding_blocks = o->n_sliding_kv_blocks;
     if (o->n_threads > 0) omp_set_num_threads(o->n_threads);
@@ -497,7 +506,12 @@ static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float
             for (int32_t h = 0; h < c->n_heads; h++) rope(s->q + (size_t)t * q_dim + (size_t)h * D, D, pos, st->inv_freq, st->concentration);
             for (int32_t g = 0; g < c->n_kv_heads; g++) rope(s->k + (size_t)t * kv_dim + (size_t)g * D, D, pos, st->inv_freq, st->concentration);
             const int32_t *row = tables + (size_t)s->seq_of[t] * p->max_blocks_per_seq;
-            if (st->emulate_bf16) { /* point 2 */
+            if (st->kv_fp8) { /* what an FP8 page gives back, one vector per KV head */
+                for (int32_t g = 0; g < c->n_kv_heads; g++) {
+                    gptoss_kv_fp8_round_trip(s->k + (size_t)t * kv_dim + (size_t)g * D, D, NULL);
+                    gptoss_kv_fp8_round_trip(s->v + (size_t)t * kv_dim + (size_t)g * D, D, NULL);
+                }
+            } else if (st->emulate_bf16) { /* point 2 */
                 round_bf16(s->k + (size_t)t * kv_dim, (size_t)kv_dim);
                 round_bf16(s->v + (size_t)t * kv_dim, (size_t)kv_dim);
             }

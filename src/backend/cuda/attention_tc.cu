@@ -37,10 +37,23 @@
  * instead of the scalar kernel's 63 (20b shape, 2048 tokens) but moved logits by about 2^-8
  * against the CPU reference, twice the bf16 bar of the forward tests; the split costs one
  * more mma per product and keeps the result as exact as the scalar kernel's.
+ *
+ * FP8 pages (kv_fp8.h): e4m3 codes with one fp32 scale per key. The codes of a key tile and
+ * their scales are what cp.async brings in (double-buffered: half the bytes of a bf16 tile);
+ * once a stage has landed, the block decodes its codes into one bf16 K tile and one bf16 V
+ * tile (exact: every e4m3 value is a bf16 value), and the warps read those as above. The
+ * scales stay in fp32 and are applied where they factor out of the products:
+ *   S[row, key] = k_scale[key] * (q . codes_k[key])       (each S element, before the mask)
+ *   O[row, :]  += (P[row, key] * v_scale[key]) . codes_v[key]
+ * with the row sums taken over the unscaled P. So the FP8 path computes the dequantized
+ * cache's attention with the same 16-bit q and P as the bf16 path; it costs one more pass
+ * over shared memory and one more barrier per key tile.
  */
 #include "backend/cuda/attention_tc.h"
+#include "backend/kv_fp8.h"
 
 #include <limits.h>
+#include <type_traits>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -62,6 +75,26 @@ template <int D> struct atc_traits {
     static constexpr int ROW = D + 8;                  /* smem row stride (bf16): +16 bytes */
     static constexpr int CHUNKS = D / 8;               /* 16-byte chunks per K/V row */
     static constexpr int MIN_BLOCKS = D <= 64 ? 2 : 1; /* blocks per SM: caps registers at 128 */
+    static constexpr int CODE_CHUNKS = D / 16;         /* 16-byte chunks per row of e4m3 codes */
+};
+
+/* What a KV page element is: bf16, or an e4m3 code (with a scale per key beside the page). */
+template <bool E4M3> using atc_kv_t = typename std::conditional<E4M3, uint8_t, bf16>::type;
+
+/* Shared memory of a block. bf16 pages: K and V tiles in two stages, filled by cp.async from
+ * the cache. e4m3 pages: codes and scales in two stages (cp.async) and one bf16 K and V tile
+ * the current stage is decoded into. 36 KB (bf16) and 35 KB (e4m3) for D = 64. */
+template <int D, bool E4M3> struct atc_smem {
+    alignas(16) bf16 k[2][atc_traits<D>::KEYS * atc_traits<D>::ROW]; /* [stage][key][d], padded rows */
+    alignas(16) bf16 v[2][atc_traits<D>::KEYS * atc_traits<D>::ROW];
+};
+template <int D> struct atc_smem<D, true> {
+    alignas(16) bf16 k[1][atc_traits<D>::KEYS * atc_traits<D>::ROW]; /* decoded codes, padded rows */
+    alignas(16) bf16 v[1][atc_traits<D>::KEYS * atc_traits<D>::ROW];
+    alignas(16) uint8_t k_codes[2][atc_traits<D>::KEYS * D]; /* [stage][key][d] */
+    alignas(16) uint8_t v_codes[2][atc_traits<D>::KEYS * D];
+    alignas(16) float k_scale[2][atc_traits<D>::KEYS]; /* [stage][key]; 0 past the keys */
+    alignas(16) float v_scale[2][atc_traits<D>::KEYS];
 };
 
 /* ---- PTX wrappers ------------------------------------------------------------------------ */
@@ -75,6 +108,10 @@ static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
  * reads nothing and writes 16 zero bytes. */
 static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+/* 4-byte asynchronous copy (a scale), through L1 (.ca: .cg copies only 16 bytes). */
+static __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
 /* Waits until at most N of this thread's committed copy groups are still in flight. */
@@ -162,17 +199,76 @@ static __device__ __forceinline__ void load_kv_tile(bf16 *k_dst, bf16 *v_dst, co
     }
 }
 
-/* Grid (ceil(n_tokens / (16 * subtiles)), n_kv_heads), ATC_THREADS threads. */
+/* The e4m3 form of load_kv_tile: the codes of keys [k0, k0 + KEYS) (16-byte chunks) and
+ * their scales (4 bytes each) into one stage; keys at or past khi are zero-filled (code 0,
+ * scale 0). */
 template <int D>
+static __device__ __forceinline__ void load_kv_codes(uint8_t *k_dst, uint8_t *v_dst, float *ks_dst, float *vs_dst,
+                                                     const uint8_t *k_cache, const uint8_t *v_cache,
+                                                     const float *k_scale, const float *v_scale, const int32_t *table,
+                                                     int32_t block_size, int32_t n_kv_heads, int kv_head, int k0,
+                                                     int khi) {
+    typedef atc_traits<D> tr;
+    for (int i = threadIdx.x; i < tr::KEYS * tr::CODE_CHUNKS; i += ATC_THREADS) {
+        int r = i / tr::CODE_CHUNKS, ch = i % tr::CODE_CHUNKS, j = k0 + r;
+        uint32_t kd = smem_addr(k_dst + r * D + ch * 16), vd = smem_addr(v_dst + r * D + ch * 16);
+        if (j < khi) {
+            size_t off = (((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + kv_head) * D;
+            cp_async16(kd, k_cache + off + ch * 16, 16);
+            cp_async16(vd, v_cache + off + ch * 16, 16);
+        } else {
+            cp_async16(kd, k_cache, 0);
+            cp_async16(vd, v_cache, 0);
+        }
+    }
+    for (int r = threadIdx.x; r < tr::KEYS; r += ATC_THREADS) {
+        int j = k0 + r;
+        size_t slot = 0;
+        if (j < khi) slot = ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + kv_head;
+        cp_async4(smem_addr(ks_dst + r), k_scale + slot, j < khi ? 4 : 0);
+        cp_async4(smem_addr(vs_dst + r), v_scale + slot, j < khi ? 4 : 0);
+    }
+}
+
+/* Eight codes (two 32-bit words, first code lowest) as eight bf16 in one 16-byte word. */
+static __device__ __forceinline__ uint4 decode_e4m3x8(uint2 codes) {
+    const uint32_t w[4] = {codes.x & 0xffffu, codes.x >> 16, codes.y & 0xffffu, codes.y >> 16};
+    uint32_t out[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 f = gptoss_e4m3x2_decode((uint16_t)w[i]);
+        out[i] = pack_bf16x2(f.x, f.y);
+    }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+/* Decodes one stage of codes into the bf16 tiles the warps read (every thread, 8 codes at a
+ * time; exact, the scales are applied in fp32 later). */
+template <int D>
+static __device__ __forceinline__ void decode_kv_tile(bf16 *k_dst, bf16 *v_dst, const uint8_t *k_src,
+                                                      const uint8_t *v_src) {
+    typedef atc_traits<D> tr;
+    constexpr int CH = D / 8;
+    for (int i = threadIdx.x; i < tr::KEYS * CH; i += ATC_THREADS) {
+        int r = i / CH, c = i % CH;
+        *(uint4 *)(k_dst + r * tr::ROW + c * 8) = decode_e4m3x8(*(const uint2 *)(k_src + r * D + c * 8));
+        *(uint4 *)(v_dst + r * tr::ROW + c * 8) = decode_e4m3x8(*(const uint2 *)(v_src + r * D + c * 8));
+    }
+}
+
+/* Grid (ceil(n_tokens / (16 * subtiles)), n_kv_heads), ATC_THREADS threads. E4M3: the pages
+ * hold e4m3 codes with scales k_scale, v_scale [n_blocks, block_size, n_kv_heads] (else the
+ * scales are unused). */
+template <int D, bool E4M3>
 static __global__ void __launch_bounds__(ATC_THREADS, atc_traits<D>::MIN_BLOCKS)
-attention_tc_kernel(const float *q, const bf16 *k_cache, const bf16 *v_cache, const int32_t *positions,
+attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_t<E4M3> *v_cache,
+                    const float *k_scale, const float *v_scale, const int32_t *positions,
                     const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
                     int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
                     int32_t n_kv_heads, int32_t group, int32_t subtiles, int32_t window, bf16 *out) {
     typedef atc_traits<D> tr;
     constexpr int KT = tr::KEYS, SUB = tr::SUB, ROW = tr::ROW;
-    __shared__ __align__(16) bf16 k_tile[2][KT * ROW]; /* [stage][key][d], padded rows */
-    __shared__ __align__(16) bf16 v_tile[2][KT * ROW];
+    __shared__ atc_smem<D, E4M3> sm;
     __shared__ int32_t tile_pos[ATC_MAX_TOKENS], tile_seq[ATC_MAX_TOKENS]; /* the block's tokens */
 
     pdl_wait(); /* q, positions and the caches come from earlier kernels */
@@ -259,19 +355,30 @@ attention_tc_kernel(const float *q, const bf16 *k_cache, const bf16 *v_cache, co
         const int all_lo = window > 0 ? max(0, last_hi - window) : 0;
 
         const int32_t *table = block_tables + (size_t)seq * max_blocks;
-        load_kv_tile<D>(k_tile[0], v_tile[0], k_cache, v_cache, table, block_size, n_kv_heads, kv_head, klo, khi);
+        /* starts the copy of the key tile at k1 into stage st */
+        auto load_stage = [&](int st, int k1) {
+            if constexpr (E4M3)
+                load_kv_codes<D>(sm.k_codes[st], sm.v_codes[st], sm.k_scale[st], sm.v_scale[st], k_cache, v_cache,
+                                 k_scale, v_scale, table, block_size, n_kv_heads, kv_head, k1, khi);
+            else
+                load_kv_tile<D>(sm.k[st], sm.v[st], k_cache, v_cache, table, block_size, n_kv_heads, kv_head, k1, khi);
+        };
+        load_stage(0, klo);
         cp_async_commit();
         int stage = 0;
         for (int k0 = klo; k0 < khi; k0 += KT, stage ^= 1) {
-            if (k0 + KT < khi)
-                load_kv_tile<D>(k_tile[stage ^ 1], v_tile[stage ^ 1], k_cache, v_cache, table, block_size,
-                                n_kv_heads, kv_head, k0 + KT, khi);
+            if (k0 + KT < khi) load_stage(stage ^ 1, k0 + KT);
             cp_async_commit(); /* possibly empty: keeps "all but the newest group" = this tile */
             cp_async_wait<1>();
             __syncthreads();
+            if constexpr (E4M3) { /* the landed codes -> the bf16 tiles, for every warp */
+                decode_kv_tile<D>(sm.k[0], sm.v[0], sm.k_codes[stage], sm.v_codes[stage]);
+                __syncthreads();
+            }
             if (k0 < last_hi && k0 + KT > any_lo) { /* warp-uniform */
-                const uint32_t k_base = smem_addr(k_tile[stage]) + k_lane;
-                const uint32_t v_base = smem_addr(v_tile[stage]) + v_lane;
+                const int tile = E4M3 ? 0 : stage;
+                const uint32_t k_base = smem_addr(sm.k[tile]) + k_lane;
+                const uint32_t v_base = smem_addr(sm.v[tile]) + v_lane;
 
                 /* the tile in steps of SUB keys, one online-softmax update each (keeps S small) */
 #pragma unroll
@@ -293,6 +400,17 @@ attention_tc_kernel(const float *q, const bf16 *k_cache, const bf16 *v_cache, co
                             mma_bf16_16816(s[2 * np + 1], qa[kk], b[2], b[3]);
                             mma_bf16_16816(s[2 * np], ql[kk], b[0], b[1]);
                             mma_bf16_16816(s[2 * np + 1], ql[kk], b[2], b[3]);
+                        }
+                    }
+
+                    if constexpr (E4M3) { /* S = k_scale * (q . codes), before masking (0 * -inf) */
+#pragma unroll
+                        for (int n = 0; n < SUB / 8; n++) {
+                            const float2 sc = *(const float2 *)&sm.k_scale[stage][sub * SUB + 8 * n + 2 * frag_col];
+                            s[n][0] *= sc.x;
+                            s[n][1] *= sc.y;
+                            s[n][2] *= sc.x;
+                            s[n][3] *= sc.y;
                         }
                     }
 
@@ -344,6 +462,17 @@ attention_tc_kernel(const float *q, const bf16 *k_cache, const bf16 *v_cache, co
                         o[n][3] *= corr1;
                     }
 
+                    if constexpr (E4M3) { /* P * v_scale (after the row sums, which take P alone) */
+#pragma unroll
+                        for (int n = 0; n < SUB / 8; n++) {
+                            const float2 sc = *(const float2 *)&sm.v_scale[stage][sub * SUB + 8 * n + 2 * frag_col];
+                            s[n][0] *= sc.x;
+                            s[n][1] *= sc.y;
+                            s[n][2] *= sc.x;
+                            s[n][3] *= sc.y;
+                        }
+                    }
+
                     /* O += P V: key n-tiles 2kk, 2kk+1 of P are the A fragment of k-step kk */
 #pragma unroll
                     for (int kk = 0; kk < SUB / 16; kk++) {
@@ -393,26 +522,28 @@ attention_tc_kernel(const float *q, const bf16 *k_cache, const bf16 *v_cache, co
 
 /* ---- launcher ---------------------------------------------------------------------------- */
 
-int gptoss_cuda_attention_tc(const float *q, const bf16 *k_cache, const bf16 *v_cache,
-                             const int32_t *positions, const int32_t *token_seq,
-                             const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
-                             const float *sinks, int32_t n_tokens, int32_t n_heads,
-                             int32_t n_kv_heads, int32_t head_dim, int32_t window, bf16 *out,
-                             cudaStream_t stream) {
+/* Checks the shape and launches the kernel for either page type (scales NULL for bf16). */
+template <bool E4M3>
+static int attention_tc_launch(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_t<E4M3> *v_cache,
+                               const float *k_scale, const float *v_scale, const int32_t *positions,
+                               const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
+                               int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
+                               int32_t n_kv_heads, int32_t head_dim, int32_t window, bf16 *out, cudaStream_t stream) {
     if (n_tokens <= 0) return 0;
     if (n_heads <= 0 || n_kv_heads <= 0 || n_kv_heads > 65535 || n_heads % n_kv_heads != 0) return -1;
     int32_t group = n_heads / n_kv_heads;
     if (group > ATC_MAX_WARPS || block_size <= 0 || max_blocks <= 0) return -1;
     if ((((uintptr_t)k_cache | (uintptr_t)v_cache) & 15) != 0 || ((uintptr_t)q & 7) != 0 || ((uintptr_t)out & 3) != 0)
         return -1;
+    if (E4M3 && (((uintptr_t)k_scale | (uintptr_t)v_scale) & 3) != 0) return -1;
     int32_t subtiles = ATC_MAX_WARPS / group; /* token tiles of 16 per block: 8 warps when group | 8 */
     int32_t tokens_per_block = 16 * subtiles;
     dim3 grid((unsigned)((n_tokens + tokens_per_block - 1) / tokens_per_block), (unsigned)n_kv_heads);
     dim3 block(ATC_THREADS);
-#define LAUNCH_ATT_TC(DIM)                                                                                  \
-    launch_pdl(attention_tc_kernel<DIM>, grid, block, 0, stream, q, k_cache, v_cache, positions, token_seq, \
-               block_tables, max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, group, subtiles,  \
-               window, out)
+#define LAUNCH_ATT_TC(DIM)                                                                                      \
+    launch_pdl(attention_tc_kernel<DIM, E4M3>, grid, block, 0, stream, q, k_cache, v_cache, k_scale, v_scale,   \
+               positions, token_seq, block_tables, max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, \
+               group, subtiles, window, out)
     switch (head_dim) {
     case 16: LAUNCH_ATT_TC(16); break;
     case 32: LAUNCH_ATT_TC(32); break;
@@ -422,4 +553,26 @@ int gptoss_cuda_attention_tc(const float *q, const bf16 *k_cache, const bf16 *v_
     }
 #undef LAUNCH_ATT_TC
     return 0;
+}
+
+int gptoss_cuda_attention_tc(const float *q, const bf16 *k_cache, const bf16 *v_cache,
+                             const int32_t *positions, const int32_t *token_seq,
+                             const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
+                             const float *sinks, int32_t n_tokens, int32_t n_heads,
+                             int32_t n_kv_heads, int32_t head_dim, int32_t window, bf16 *out,
+                             cudaStream_t stream) {
+    return attention_tc_launch<false>(q, k_cache, v_cache, nullptr, nullptr, positions, token_seq, block_tables,
+                                      max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, head_dim, window,
+                                      out, stream);
+}
+
+int gptoss_cuda_attention_tc_fp8(const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
+                                 const float *k_scale, const float *v_scale, const int32_t *positions,
+                                 const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
+                                 int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
+                                 int32_t n_kv_heads, int32_t head_dim, int32_t window, bf16 *out,
+                                 cudaStream_t stream) {
+    return attention_tc_launch<true>(q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables,
+                                     max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, head_dim, window,
+                                     out, stream);
 }

@@ -33,4 +33,15 @@ int gptoss_cuda_attention_tc(const float *q, const bf16 *k_cache, const bf16 *v_
                              int32_t n_kv_heads, int32_t head_dim, int32_t window, bf16 *out,
                              cudaStream_t stream);
 
+/* The same over an FP8 cache (the layout of gptoss_cuda_rope_kv_write_fp8: e4m3 codes
+ * [n_blocks, block_size, n_kv_heads, head_dim], 16-byte aligned, and fp32 scales
+ * [n_blocks, block_size, n_kv_heads]): the attention of the dequantized cache, with the
+ * scales applied in fp32 to the scores and the probabilities (attention_tc.cu). */
+int gptoss_cuda_attention_tc_fp8(const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
+                                 const float *k_scale, const float *v_scale, const int32_t *positions,
+                                 const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
+                                 int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
+                                 int32_t n_kv_heads, int32_t head_dim, int32_t window, bf16 *out,
+                                 cudaStream_t stream);
+
 #endif

@@ -8,7 +8,9 @@
  * single token), MoE (MXFP4)] -> residual+final norm of the logit rows only -> lm_head GEMM.
  * The residual stream is fp32; GEMM inputs are bf16 (as the references round them), except
  * the router, whose discrete choice is made from fp32 activations; every reduction
- * accumulates in fp32. KV pages are bf16. The complete list of bf16 roundings (the CPU
+ * accumulates in fp32. KV pages are bf16, or with kv_cache_dtype FP8 e4m3 codes with one fp32
+ * scale per token and KV head (kv_fp8.h; the same kernels, templated on the page type, and
+ * then K and V are quantized from fp32 rather than rounded to bf16). The complete list of bf16 roundings (the CPU
  * backend's emulate_bf16_activations mode repeats exactly these, see cpu_backend.c):
  * attention-norm output, K (after bias + RoPE) and V (after bias) in the pages, attention
  * output, MLP-norm output as the experts' input, SwiGLU output, final-norm output. Steps of up to 64 tokens (decode) are captured once
@@ -215,6 +217,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     s->device = options->device;
     s->n_sms = prop.multiProcessorCount;
     s->fp8_layers = options->fp8_layers;
+    s->kv_fp8 = options->kv_cache_dtype == GPTOSS_KV_CACHE_FP8;
     snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
     s->use_graphs = getenv("GPTOSS_CUDA_GRAPHS") == NULL || strcmp(getenv("GPTOSS_CUDA_GRAPHS"), "0") != 0;
     /* A/B switches for measurements: GPTOSS_CUDA_GEMV=0 sends decode projections to cuBLAS,
@@ -260,7 +263,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     size_t need = V * H * 2 + dense_bytes(V, H, s->fp8_layers & GPTOSS_FP8_LM_HEAD) +
                   (size_t)c->n_layers * layer_weight_bytes(c, s->fp8_layers) +
                   dense_scratch_elems(c, s->fp8_layers) * 2;
-    size_t kv_token = NKV * D * 2 * 2; /* K and V, bf16 */
+    size_t kv_token = gptoss_kv_cache_token_bytes(c, GPTOSS_BACKEND_CUDA, options->kv_cache_dtype); /* K and V */
     size_t n_sliding = 0;
     for (int l = 0; l < c->n_layers; l++) n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
     size_t full_block = ((size_t)c->n_layers - n_sliding) * s->kv_block_size * kv_token; /* one page, all layers */
@@ -347,12 +350,24 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     }
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &s->layers[l];
-        size_t pool = (size_t)(L->sliding ? s->n_sliding_kv_blocks : s->n_kv_blocks) * s->kv_block_size * NKV * D * 2;
-        st = dev_alloc((void **)&L->k_cache, pool, "the KV cache", error);
-        if (st) return st;
-        st = dev_alloc((void **)&L->v_cache, pool, "the KV cache", error);
-        if (st) return st;
-        s->kv_bytes += 2 * pool;
+        size_t slots = (size_t)(L->sliding ? s->n_sliding_kv_blocks : s->n_kv_blocks) * s->kv_block_size * NKV;
+        if (s->kv_fp8) { /* codes, then (256-byte aligned) the scales, in one allocation each for K and V */
+            size_t codes = (slots * D + 255) & ~(size_t)255, pool = codes + slots * sizeof(float);
+            st = dev_alloc((void **)&L->k_fp8, pool, "the KV cache", error);
+            if (st) return st;
+            st = dev_alloc((void **)&L->v_fp8, pool, "the KV cache", error);
+            if (st) return st;
+            L->k_scale = (float *)(L->k_fp8 + codes);
+            L->v_scale = (float *)(L->v_fp8 + codes);
+            s->kv_bytes += 2 * pool;
+        } else {
+            size_t pool = slots * D * 2;
+            st = dev_alloc((void **)&L->k_cache, pool, "the KV cache", error);
+            if (st) return st;
+            st = dev_alloc((void **)&L->v_cache, pool, "the KV cache", error);
+            if (st) return st;
+            s->kv_bytes += 2 * pool;
+        }
     }
     float inv_freq[512];
     float conc = 1.0f;
@@ -420,6 +435,8 @@ void gptoss_cuda_state_free(gptoss_cuda_state *s) {
             cudaFree((void *)L->moe.down_bias);
             cudaFree(L->k_cache);
             cudaFree(L->v_cache);
+            cudaFree(L->k_fp8);
+            cudaFree(L->v_fp8);
         }
         free(s->layers);
     }
@@ -773,6 +790,38 @@ static void graphs_clear(gptoss_cuda_state *s) {
 /* Runs of at least this many tokens of one sequence attend on tensor cores (one tile). */
 #define ATTN_TC_MIN_RUN 16
 
+/* Attention of one layer over its pages, bf16 or FP8: tokens [n_short, T) on the tensor-core
+ * kernel, those before on the split-K kernel (all of them when the tensor-core kernel refuses
+ * the shape; see gptoss_cuda_forward_device for the order). Nonzero when no kernel takes it. */
+static int layer_attention(gptoss_cuda_state *s, const cuda_layer *L, const cuda_step_key *key, const int32_t *d_pos,
+                           const int32_t *d_seq, const int32_t *table) {
+    const gptoss_config *c = &s->config;
+    cuda_workspace *w = &s->ws;
+    const int32_t T = key->n_tokens, NS = key->n_short, NH = c->n_heads, NKV = c->n_kv_heads, D = c->head_dim;
+    const size_t q_row = (size_t)NH * D;
+    const int32_t window = L->sliding ? c->sliding_window : 0;
+    const int32_t splits = L->sliding ? key->splits_sliding : key->splits_full;
+    int32_t scalar_end = NS;
+    if (NS < T) {
+        const float *q = w->q + NS * q_row;
+        bf16 *out = w->attn + NS * q_row;
+        int rc = s->kv_fp8 ? gptoss_cuda_attention_tc_fp8(q, L->k_fp8, L->v_fp8, L->k_scale, L->v_scale, d_pos + NS,
+                                                          d_seq + NS, table, key->max_blocks, s->kv_block_size, L->sinks,
+                                                          T - NS, NH, NKV, D, window, out, s->stream)
+                           : gptoss_cuda_attention_tc(q, L->k_cache, L->v_cache, d_pos + NS, d_seq + NS, table,
+                                                      key->max_blocks, s->kv_block_size, L->sinks, T - NS, NH, NKV, D,
+                                                      window, out, s->stream);
+        if (rc != 0) scalar_end = T;
+    }
+    if (scalar_end == 0) return 0;
+    if (s->kv_fp8)
+        return gptoss_cuda_attention_fp8(w->q, L->k_fp8, L->v_fp8, L->k_scale, L->v_scale, d_pos, d_seq, table,
+                                         key->max_blocks, s->kv_block_size, L->sinks, scalar_end, NH, NKV, D, window,
+                                         splits, w->partial, w->attn, s->stream);
+    return gptoss_cuda_attention(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table, key->max_blocks, s->kv_block_size,
+                                 L->sinks, scalar_end, NH, NKV, D, window, splits, w->partial, w->attn, s->stream);
+}
+
 
 /* Enqueues one whole step on s->stream from the staged plan (no host work depends on the
  * plan's contents here, so the same sequence can be captured once and replayed). */
@@ -794,10 +843,6 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
     const int32_t *d_full = d_logit + w->cap_logits, *d_slide = d_full + table_ints;
     gptoss_cuda_route route;
     gptoss_cuda_route_bind(w->route_mem, T * K, E, &route);
-    /* tokens [0, n_short) attend on the split-K kernel, [n_short, T) on tensor cores (see
-     * gptoss_cuda_forward_device for the order) */
-    const int32_t NS = key->n_short;
-    const size_t q_row = (size_t)NH * D;
 
     gptoss_cuda_embed(s->embedding, d_ids, T, H, w->x, k);
     gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, NULL, NULL, 0, s->layers[0].attn_norm, eps, NULL, T, H, w->t, NULL, k);
@@ -808,19 +853,15 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         if (st) return st;
         prof_mark(s, PART_DENSE);
         const int32_t *table = L->sliding ? d_slide : d_full;
-        gptoss_cuda_rope_kv_write(w->qkv, L->qkv_bias, d_pos, d_seq, s->inv_freq, s->concentration, T, NH, NKV, D,
-                                  table, key->max_blocks, s->kv_block_size, w->q, L->k_cache, L->v_cache, k);
+        if (s->kv_fp8)
+            gptoss_cuda_rope_kv_write_fp8(w->qkv, L->qkv_bias, d_pos, d_seq, s->inv_freq, s->concentration, T, NH,
+                                          NKV, D, table, key->max_blocks, s->kv_block_size, w->q, L->k_fp8, L->v_fp8,
+                                          L->k_scale, L->v_scale, k);
+        else
+            gptoss_cuda_rope_kv_write(w->qkv, L->qkv_bias, d_pos, d_seq, s->inv_freq, s->concentration, T, NH, NKV,
+                                      D, table, key->max_blocks, s->kv_block_size, w->q, L->k_cache, L->v_cache, k);
         prof_mark(s, PART_SMALL);
-        const int32_t window = L->sliding ? c->sliding_window : 0;
-        int32_t scalar_end = NS; /* everything, when the tensor-core kernel refuses the shape */
-        if (NS < T && gptoss_cuda_attention_tc(w->q + NS * q_row, L->k_cache, L->v_cache, d_pos + NS, d_seq + NS, table,
-                                               key->max_blocks, s->kv_block_size, L->sinks, T - NS, NH, NKV, D,
-                                               window, w->attn + NS * q_row, k) != 0)
-            scalar_end = T;
-        if (scalar_end > 0 &&
-            gptoss_cuda_attention(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table, key->max_blocks, s->kv_block_size,
-                                  L->sinks, scalar_end, NH, NKV, D, window,
-                                  L->sliding ? key->splits_sliding : key->splits_full, w->partial, w->attn, k) != 0)
+        if (layer_attention(s, L, key, d_pos, d_seq, table) != 0)
             return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "CUDA: attention shape not supported");
         prof_mark(s, PART_ATTENTION);
         st = gemm_bf16(s, L->o_weight, w->attn, w->proj, T, H, NH * D, true, error);

@@ -33,8 +33,12 @@ typedef struct cuda_layer {
     float *router_weight_f32; /* [E, H], the same values: SGEMM operand for large steps */
     float *router_bias;      /* [E] */
     gptoss_cuda_moe_weights moe; /* MXFP4 experts + f32 biases */
-    bf16 *k_cache;           /* [pool blocks, block_size, NKV, D] */
+    bf16 *k_cache;           /* bf16 pages [pool blocks, block_size, NKV, D]; NULL with FP8 pages */
     bf16 *v_cache;           /* same */
+    uint8_t *k_fp8;          /* FP8 pages (kv_fp8.h): e4m3 codes [pool blocks, block_size, NKV, D], */
+    uint8_t *v_fp8;          /*   NULL with bf16 pages; one allocation each with its scales: */
+    float *k_scale;          /* [pool blocks, block_size, NKV] fp32, absmax / 448 */
+    float *v_scale;
     bool sliding;            /* uses the sliding window and the sliding pool */
 } cuda_layer;
 
@@ -117,6 +121,7 @@ typedef struct gptoss_cuda_state {
                                * prefill GEMM's decoded rows (dense_lowp.h); NULL without */
     size_t dense_scratch_elems;
     size_t kv_bytes;          /* device bytes of both KV pools */
+    bool kv_fp8;              /* the pages hold e4m3 codes and scales (kv_cache_dtype FP8) */
     bool use_graphs;          /* replay small steps (decode) as CUDA graphs */
     cuda_graph_entry graphs[GPTOSS_CUDA_MAX_GRAPHS]; /* captured steps, keyed by shape */
     int32_t graph_next;       /* round-robin slot for the next capture */

@@ -14,8 +14,9 @@
  * every layer (q, k, v, o, router) + lm_head (those held in FP8: one byte per weight and
  * four per row) + the experts the step selects in every layer in MXFP4 (blocks, scales, f32
  * biases; for a batch, the expected number of distinct experts under uniform routing,
- * E * (1 - (1 - k/E)^B)) + K and V of every attended position of every sequence, over the
- * copy bandwidth measured here (cudaMemcpy device to device, read + write bytes).
+ * E * (1 - (1 - k/E)^B)) + K and V of every attended position of every sequence (bf16, or
+ * e4m3 codes and scales), over the copy bandwidth measured here (cudaMemcpy device to device,
+ * read + write bytes).
  */
 #include "backend/cuda/cuda_backend.h"
 
@@ -167,8 +168,9 @@ static void collect_profile(gptoss_cuda_state *s, double *parts) {
 /* Bytes a decode step reads of a dense [n, k] matrix. */
 static double dense_read_bytes(double n, double k, bool fp8) { return fp8 ? n * k + n * 4 : n * k * 2; }
 
-static double decode_floor_bytes(const gptoss_config *c, uint32_t fp8_layers, int32_t batch, double kv_positions_full,
-                                 double kv_positions_sliding) {
+static double decode_floor_bytes(const gptoss_config *c, uint32_t fp8_layers, gptoss_kv_cache_dtype kv_dtype,
+                                 int32_t batch, double kv_positions_full, double kv_positions_sliding) {
+    double kv_token = (double)gptoss_kv_cache_token_bytes(c, GPTOSS_BACKEND_CUDA, kv_dtype); /* K and V, a layer */
     double H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
     double E = c->n_experts, K = c->n_experts_per_token, V = c->vocab_size;
     double active = batch <= 1 ? std::min(E, K) : E * (1.0 - pow(1.0 - std::min(E, K) / E, (double)batch));
@@ -179,7 +181,7 @@ static double decode_floor_bytes(const gptoss_config *c, uint32_t fp8_layers, in
     for (int l = 0; l < c->n_layers; l++) {
         bool sliding = c->layer_is_sliding[l] && c->sliding_window > 0;
         total += dense + active * expert;
-        total += (double)batch * (sliding ? kv_positions_sliding : kv_positions_full) * NKV * D * 2 * 2;
+        total += (double)batch * (sliding ? kv_positions_sliding : kv_positions_full) * kv_token;
     }
     return total;
 }
@@ -206,6 +208,7 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     opt.kind = GPTOSS_BACKEND_CUDA;
     opt.device = rq->device;
     opt.fp8_layers = rq->fp8_layers;
+    opt.kv_cache_dtype = rq->kv_cache_dtype;
     opt.kv_block_size = 16;
     const int32_t seq_blocks = (max_ctx + 15) / 16;
     /* batched decode: sequence 0 is the one prefill cases use, b > 0 own the next ranges */
@@ -304,7 +307,8 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
                 if (cs->decode) {
                     double mid = depth + n / 2.0 + 1;
                     double win = c->sliding_window > 0 ? std::min<double>(mid, c->sliding_window) : mid;
-                    cs->floor_bytes_per_step = decode_floor_bytes(c, s->fp8_layers, B, mid, win);
+                    cs->floor_bytes_per_step =
+                        decode_floor_bytes(c, s->fp8_layers, rq->kv_cache_dtype, B, mid, win);
                     cs->floor_ms = n * cs->floor_bytes_per_step / (bw * 1e9) * 1e3;
                 }
                 if (rq->profile) {

@@ -95,6 +95,21 @@ void gptoss_cuda_rope_kv_write(const float *qkv, const float *qkv_bias, const in
                                int32_t max_blocks, int32_t block_size, float *q_out,
                                bf16 *k_cache, bf16 *v_cache, cudaStream_t stream);
 
+/*
+ * The same for an FP8 cache (backend/kv_fp8.h): each (token, KV head) vector of k and v is
+ * stored as head_dim e4m3 codes in k_cache / v_cache [n_blocks, block_size, n_kv_heads,
+ * head_dim] (uint8) and one fp32 scale in k_scale / v_scale [n_blocks, block_size,
+ * n_kv_heads]: scale = absmax / 448, code = e4m3(value / scale), by kv_fp8.h's functions on
+ * the fp32 values (never rounded to bf16 first), so the CPU backend's emulation stores the
+ * same values.
+ */
+void gptoss_cuda_rope_kv_write_fp8(const float *qkv, const float *qkv_bias, const int32_t *positions,
+                                   const int32_t *token_seq, const float *inv_freq, float concentration,
+                                   int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                   const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
+                                   float *q_out, uint8_t *k_cache, uint8_t *v_cache, float *k_scale,
+                                   float *v_scale, cudaStream_t stream);
+
 /* Attention over paged KV with GQA, sinks and an optional sliding window (window <= 0: full).
  * Each token attends to key positions [max(0, p - window + 1), p] of its own sequence, where
  * p = positions[t]. n_splits > 1 splits the keys of each token into chunks (split-K) whose
@@ -106,6 +121,17 @@ int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cac
                           const float *sinks, int32_t n_tokens, int32_t n_heads,
                           int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
                           float *partial, bf16 *out, cudaStream_t stream);
+
+/* The same over an FP8 cache (layout of gptoss_cuda_rope_kv_write_fp8): keys and values are
+ * the codes' values times their scales, applied in fp32 (scores as scale * (q . codes), value
+ * rows weighted by probability * scale), so the result is that of the dequantized cache up to
+ * fp32 rounding. */
+int gptoss_cuda_attention_fp8(const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
+                              const float *k_scale, const float *v_scale, const int32_t *positions,
+                              const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
+                              int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
+                              int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
+                              float *partial, bf16 *out, cudaStream_t stream);
 
 /* Splits worth using for a step whose longest key span is max_span over n_tokens tokens. */
 int32_t gptoss_cuda_attention_splits(int32_t n_tokens, int32_t n_kv_heads, int32_t max_span,

@@ -1,14 +1,17 @@
 /*
  * kernels.cu - the CUDA backend's dense-side kernels: embedding gather, residual + RMSNorm,
- * QKV bias + YaRN RoPE + paged KV write, paged sink attention (GQA, sliding window, split-K),
+ * QKV bias + YaRN RoPE + paged KV write, paged sink attention (GQA, sliding window, split-K;
+ * KV pages in bf16 or FP8, the kernels templated on the page type),
  * router top-k, row gather, and the hash RNG fills used by random-weight benchmarks.
  *
  * Every kernel accumulates in fp32. Nothing here allocates memory or synchronizes; launchers
  * only enqueue (see cuda_kernels.h). The MXFP4 expert kernels live in moe_mxfp4.cu.
  */
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/kv_fp8.h"
 
 #include <math.h>
+#include <type_traits>
 
 static bool pdl_on = false; /* see cuda_kernels.h; one setting per process */
 void gptoss_cuda_set_pdl(bool on) { pdl_on = on; }
@@ -95,16 +98,49 @@ void gptoss_cuda_residual_rmsnorm(float *x, const float *add, const float *add_b
                                                                  k_top, gain, eps, row_map, hidden, out, out_f32);
 }
 
+/* ---- KV pages ---------------------------------------------------------------------------- */
+
+/* The page types the KV kernels are templated on: bf16 values, or e4m3 codes (uint8) with an
+ * fp32 scale per (token, KV head) beside them (kv_fp8.h). */
+template <typename KV> struct kv_page_traits;
+template <> struct kv_page_traits<bf16> {
+    static constexpr bool e4m3 = false;
+};
+template <> struct kv_page_traits<uint8_t> {
+    static constexpr bool e4m3 = true;
+};
+
+/* Two e4m3 codes (the first in the low byte) as a bf16 pair: exact, every e4m3 value is a
+ * bf16 value (the scale is applied later, in fp32). */
+static __device__ __forceinline__ __nv_bfloat162 e4m3x2_to_bf16x2(uint32_t codes) {
+    float2 v = gptoss_e4m3x2_decode((uint16_t)codes);
+    return __floats2bfloat162_rn(v.x, v.y);
+}
+
+/* The largest of one value per thread over the block (blockDim.x <= 64, every thread
+ * calls it; NaN is skipped as by fmaxf, like kv_fp8.h's host loop). */
+static __device__ __forceinline__ float block_max64(float v, float *scratch) {
+    scratch[threadIdx.x] = v;
+    __syncthreads();
+    float m = 0.0f;
+    for (int i = 0; i < (int)blockDim.x; i++) m = fmaxf(m, scratch[i]);
+    __syncthreads(); /* scratch may be reused */
+    return m;
+}
+
 /* ---- QKV bias + RoPE + KV write ------------------------------------------------------- */
 
 /* Grid (n_tokens, n_heads + n_kv_heads), head_dim/2 threads: one thread per rotated pair
- * (j, j + D/2). Blocks of the k heads also copy the matching v head into the cache. */
+ * (j, j + D/2). Blocks of the k heads also copy the matching v head into the cache; with e4m3
+ * pages they first find the head vector's absmax over the block (both of k and of v), then
+ * write codes and the two scales (kv_fp8.h). */
+template <typename KV>
 static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, const int32_t *positions,
                                       const int32_t *token_seq, const float *inv_freq,
                                       float concentration, int32_t n_heads, int32_t n_kv_heads,
                                       int32_t head_dim, const int32_t *block_tables,
                                       int32_t max_blocks, int32_t block_size, float *q_out,
-                                      bf16 *k_cache, bf16 *v_cache) {
+                                      KV *k_cache, KV *v_cache, float *k_scale, float *v_scale) {
     int t = blockIdx.x, head = blockIdx.y, j = threadIdx.x;
     int half = head_dim / 2;
     int width = (n_heads + 2 * n_kv_heads) * head_dim;
@@ -130,13 +166,29 @@ static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, c
         int seq = token_seq[t];
         int blk = block_tables[(size_t)seq * max_blocks + p / block_size];
         size_t slot = ((size_t)blk * block_size + p % block_size) * n_kv_heads + g;
-        bf16 *kd = k_cache + slot * head_dim;
-        bf16 *vd = v_cache + slot * head_dim;
-        kd[j] = __float2bfloat16(ra);
-        kd[j + half] = __float2bfloat16(rb);
+        KV *kd = k_cache + slot * head_dim;
+        KV *vd = v_cache + slot * head_dim;
         int vbase = (n_heads + n_kv_heads + g) * head_dim;
-        vd[j] = __float2bfloat16(row[vbase + j] + qkv_bias[vbase + j]);
-        vd[j + half] = __float2bfloat16(row[vbase + j + half] + qkv_bias[vbase + j + half]);
+        float va = row[vbase + j] + qkv_bias[vbase + j];
+        float vb = row[vbase + j + half] + qkv_bias[vbase + j + half];
+        if constexpr (kv_page_traits<KV>::e4m3) {
+            __shared__ float scratch[64];
+            float ks = gptoss_kv_fp8_scale(block_max64(fmaxf(fabsf(ra), fabsf(rb)), scratch));
+            float vs = gptoss_kv_fp8_scale(block_max64(fmaxf(fabsf(va), fabsf(vb)), scratch));
+            kd[j] = gptoss_kv_fp8_quantize(ra, ks);
+            kd[j + half] = gptoss_kv_fp8_quantize(rb, ks);
+            vd[j] = gptoss_kv_fp8_quantize(va, vs);
+            vd[j + half] = gptoss_kv_fp8_quantize(vb, vs);
+            if (j == 0) {
+                k_scale[slot] = ks;
+                v_scale[slot] = vs;
+            }
+        } else {
+            kd[j] = __float2bfloat16(ra);
+            kd[j + half] = __float2bfloat16(rb);
+            vd[j] = __float2bfloat16(va);
+            vd[j + half] = __float2bfloat16(vb);
+        }
     }
 }
 
@@ -148,10 +200,24 @@ void gptoss_cuda_rope_kv_write(const float *qkv, const float *qkv_bias, const in
                                bf16 *k_cache, bf16 *v_cache, cudaStream_t stream) {
     if (n_tokens <= 0) return;
     dim3 grid(n_tokens, n_heads + n_kv_heads);
-    rope_kv_kernel<<<grid, head_dim / 2, 0, stream>>>(qkv, qkv_bias, positions, token_seq, inv_freq,
-                                                      concentration, n_heads, n_kv_heads, head_dim,
-                                                      block_tables, max_blocks, block_size, q_out,
-                                                      k_cache, v_cache);
+    rope_kv_kernel<bf16><<<grid, head_dim / 2, 0, stream>>>(qkv, qkv_bias, positions, token_seq, inv_freq,
+                                                            concentration, n_heads, n_kv_heads, head_dim,
+                                                            block_tables, max_blocks, block_size, q_out,
+                                                            k_cache, v_cache, nullptr, nullptr);
+}
+
+void gptoss_cuda_rope_kv_write_fp8(const float *qkv, const float *qkv_bias, const int32_t *positions,
+                                   const int32_t *token_seq, const float *inv_freq, float concentration,
+                                   int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                   const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
+                                   float *q_out, uint8_t *k_cache, uint8_t *v_cache, float *k_scale,
+                                   float *v_scale, cudaStream_t stream) {
+    if (n_tokens <= 0) return;
+    dim3 grid(n_tokens, n_heads + n_kv_heads);
+    rope_kv_kernel<uint8_t><<<grid, head_dim / 2, 0, stream>>>(qkv, qkv_bias, positions, token_seq, inv_freq,
+                                                               concentration, n_heads, n_kv_heads, head_dim,
+                                                               block_tables, max_blocks, block_size, q_out,
+                                                               k_cache, v_cache, k_scale, v_scale);
 }
 
 /* ---- attention -------------------------------------------------------------------------- */
@@ -163,11 +229,14 @@ void gptoss_cuda_rope_kv_write(const float *qkv, const float *qkv_bias, const in
  * so the 32 lanes hit 32 banks), then the warp does one online-softmax step and lane l
  * accumulates output dims l, l+32, ... from V. The sink is not part of the running max here:
  * it enters when the result is finalized (in-kernel when n_splits == 1, else in the merge).
+ * With e4m3 pages the tiles hold the codes' values (exact in bf16) and the tile's scales sit
+ * beside them: a score is scale_k * (q . codes), and lane l adds p * scale_v * codes of V.
  */
 #define ATT_TILE 32
 
-template <int D>
-static __global__ void attention_kernel(const float *q, const bf16 *k_cache, const bf16 *v_cache,
+template <int D, typename KV>
+static __global__ void attention_kernel(const float *q, const KV *k_cache, const KV *v_cache,
+                                        const float *k_scale, const float *v_scale,
                                         const int32_t *positions, const int32_t *token_seq,
                                         const int32_t *block_tables, int32_t max_blocks,
                                         int32_t block_size, const float *sinks, int32_t n_heads,
@@ -180,6 +249,9 @@ static __global__ void attention_kernel(const float *q, const bf16 *k_cache, con
     float *qs = smem;                                      /* [group][D] */
     bf16 *ks = (bf16 *)(qs + group * D);                   /* [ATT_TILE][DPAD] */
     bf16 *vs = ks + ATT_TILE * DPAD;                       /* [ATT_TILE][D] */
+    float *ks_scale = (float *)(vs + ATT_TILE * D);       /* e4m3: [ATT_TILE] scales of K */
+    float *vs_scale = ks_scale + ATT_TILE;                 /* e4m3: [ATT_TILE] scales of V */
+    constexpr bool e4m3 = kv_page_traits<KV>::e4m3;
     int t = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int head = g * group + warp;
@@ -202,19 +274,52 @@ static __global__ void attention_kernel(const float *q, const bf16 *k_cache, con
 
     for (int k0 = begin; k0 < end; k0 += ATT_TILE) {
         __syncthreads();
-        /* cooperative load of K and V rows [k0, k0 + 32) as bf16 pairs */
-        for (int e = threadIdx.x; e < ATT_TILE * (D / 2); e += blockDim.x) {
-            int r = e / (D / 2), c = e % (D / 2);
-            int j = k0 + r;
-            __nv_bfloat162 kv = __float2bfloat162_rn(0.0f), vv = kv;
-            if (j < end) {
-                int blk = table[j / block_size];
-                size_t off = (((size_t)blk * block_size + j % block_size) * n_kv_heads + g) * D;
-                kv = ((const __nv_bfloat162 *)(k_cache + off))[c];
-                vv = ((const __nv_bfloat162 *)(v_cache + off))[c];
+        if constexpr (e4m3) {
+            /* cooperative load of the codes of K and V rows [k0, k0 + 32), four per load,
+             * decoded to bf16 pairs, and their scales */
+            for (int e = threadIdx.x; e < ATT_TILE * (D / 4); e += blockDim.x) {
+                int r = e / (D / 4), c = e % (D / 4);
+                int j = k0 + r;
+                uint32_t kq = 0, vq = 0; /* code 0 is +0 */
+                if (j < end) {
+                    int blk = table[j / block_size];
+                    size_t off = (((size_t)blk * block_size + j % block_size) * n_kv_heads + g) * D;
+                    kq = ((const uint32_t *)(k_cache + off))[c];
+                    vq = ((const uint32_t *)(v_cache + off))[c];
+                }
+                __nv_bfloat162 *kd = (__nv_bfloat162 *)(ks + r * DPAD) + 2 * c;
+                __nv_bfloat162 *vd = (__nv_bfloat162 *)(vs + r * D) + 2 * c;
+                kd[0] = e4m3x2_to_bf16x2(kq);
+                kd[1] = e4m3x2_to_bf16x2(kq >> 16);
+                vd[0] = e4m3x2_to_bf16x2(vq);
+                vd[1] = e4m3x2_to_bf16x2(vq >> 16);
             }
-            ((__nv_bfloat162 *)(ks + r * DPAD))[c] = kv;
-            ((__nv_bfloat162 *)(vs + r * D))[c] = vv;
+            for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x) {
+                int j = k0 + r;
+                float kscale = 0.0f, vscale = 0.0f;
+                if (j < end) {
+                    size_t slot = ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + g;
+                    kscale = k_scale[slot];
+                    vscale = v_scale[slot];
+                }
+                ks_scale[r] = kscale;
+                vs_scale[r] = vscale;
+            }
+        } else {
+            /* cooperative load of K and V rows [k0, k0 + 32) as bf16 pairs */
+            for (int e = threadIdx.x; e < ATT_TILE * (D / 2); e += blockDim.x) {
+                int r = e / (D / 2), c = e % (D / 2);
+                int j = k0 + r;
+                __nv_bfloat162 kv = __float2bfloat162_rn(0.0f), vv = kv;
+                if (j < end) {
+                    int blk = table[j / block_size];
+                    size_t off = (((size_t)blk * block_size + j % block_size) * n_kv_heads + g) * D;
+                    kv = ((const __nv_bfloat162 *)(k_cache + off))[c];
+                    vv = ((const __nv_bfloat162 *)(v_cache + off))[c];
+                }
+                ((__nv_bfloat162 *)(ks + r * DPAD))[c] = kv;
+                ((__nv_bfloat162 *)(vs + r * D))[c] = vv;
+            }
         }
         __syncthreads();
         if (warp >= group) continue;
@@ -228,7 +333,7 @@ static __global__ void attention_kernel(const float *q, const bf16 *k_cache, con
                 float2 kf = __bfloat1622float2(kr[c]);
                 sdot += qh[2 * c] * kf.x + qh[2 * c + 1] * kf.y;
             }
-            score = sdot;
+            score = e4m3 ? sdot * ks_scale[lane] : sdot;
         }
         float tile_max = warp_max(score);
         float m_new = fmaxf(m, tile_max);
@@ -240,6 +345,7 @@ static __global__ void attention_kernel(const float *q, const bf16 *k_cache, con
         int n_valid = min(ATT_TILE, end - k0);
         for (int jj = 0; jj < n_valid; jj++) {
             float pb = __shfl_sync(0xffffffffu, pj, jj);
+            if constexpr (e4m3) pb *= vs_scale[jj];
 #pragma unroll
             for (int i = 0; i < PER_LANE; i++) {
                 int d = lane + 32 * i;
@@ -304,12 +410,14 @@ int32_t gptoss_cuda_attention_splits(int32_t n_tokens, int32_t n_kv_heads, int32
     return splits;
 }
 
-int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cache,
-                          const int32_t *positions, const int32_t *token_seq,
-                          const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
-                          const float *sinks, int32_t n_tokens, int32_t n_heads,
-                          int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
-                          float *partial, bf16 *out, cudaStream_t stream) {
+/* Launches the attention kernel for either page type (scales NULL for bf16 pages). */
+template <typename KV>
+static int attention_launch(const float *q, const KV *k_cache, const KV *v_cache, const float *k_scale,
+                            const float *v_scale, const int32_t *positions, const int32_t *token_seq,
+                            const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
+                            const float *sinks, int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                            int32_t head_dim, int32_t window, int32_t n_splits, float *partial, bf16 *out,
+                            cudaStream_t stream) {
     if (n_tokens <= 0) return 0;
     int group = n_heads / n_kv_heads;
     if (group < 1 || group > 32 || n_heads % n_kv_heads != 0) return -1;
@@ -317,12 +425,14 @@ int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cac
     dim3 grid(n_tokens, n_kv_heads, n_splits);
     int threads = 32 * group;
     if (threads < 64) threads = 64; /* enough threads for the tile loads */
+    const size_t scale_bytes = kv_page_traits<KV>::e4m3 ? 2 * ATT_TILE * sizeof(float) : 0;
     size_t smem;
-#define LAUNCH_ATT(DIM)                                                                        \
-    smem = (size_t)group * DIM * sizeof(float) + (size_t)ATT_TILE * (2 * DIM + 2) * sizeof(bf16); \
-    attention_kernel<DIM><<<grid, threads, smem, stream>>>(                                    \
-        q, k_cache, v_cache, positions, token_seq, block_tables, max_blocks, block_size, sinks, \
-        n_heads, n_kv_heads, window, n_splits, partial, out)
+#define LAUNCH_ATT(DIM)                                                                                      \
+    smem = (size_t)group * DIM * sizeof(float) + (size_t)ATT_TILE * (2 * DIM + 2) * sizeof(bf16) + scale_bytes; \
+    attention_kernel<DIM, KV><<<grid, threads, smem, stream>>>(q, k_cache, v_cache, k_scale, v_scale, positions,   \
+                                                               token_seq, block_tables, max_blocks, block_size,  \
+                                                               sinks, n_heads, n_kv_heads, window, n_splits,    \
+                                                               partial, out)
     switch (head_dim) {
     case 16: LAUNCH_ATT(16); break;
     case 32: LAUNCH_ATT(32); break;
@@ -337,6 +447,28 @@ int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cac
                                                                n_splits, out);
     }
     return 0;
+}
+
+int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cache,
+                          const int32_t *positions, const int32_t *token_seq,
+                          const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
+                          const float *sinks, int32_t n_tokens, int32_t n_heads,
+                          int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
+                          float *partial, bf16 *out, cudaStream_t stream) {
+    return attention_launch(q, k_cache, v_cache, (const float *)nullptr, (const float *)nullptr, positions, token_seq,
+                            block_tables, max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, head_dim,
+                            window, n_splits, partial, out, stream);
+}
+
+int gptoss_cuda_attention_fp8(const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
+                              const float *k_scale, const float *v_scale, const int32_t *positions,
+                              const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
+                              int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
+                              int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
+                              float *partial, bf16 *out, cudaStream_t stream) {
+    return attention_launch(q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables, max_blocks,
+                            block_size, sinks, n_tokens, n_heads, n_kv_heads, head_dim, window, n_splits, partial,
+                            out, stream);
 }
 
 /* ---- bf16 GEMV for decode rows ---------------------------------------------------------- */
