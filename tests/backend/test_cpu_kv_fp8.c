@@ -152,8 +152,10 @@ static void check_fixture(const char *name) {
         float *ref = tm_run_all_logits_with(model, &ref_options, &seq, 1, 0);
         float *fp8 = tm_run_all_logits_with(model, &fp8_options, &seq, 1, 0);
         compare(st, ref, fp8, n, vocab, golden_top);
-        if (p == n_prompts) {
-            /* chunked and token-by-token prefill store the same quantized vectors */
+        if (p == n_prompts && c->sliding_window > 0 && c->sliding_window < n) {
+            /* chunked and token-by-token prefill store the same quantized vectors (on the
+             * models whose window the prompt crosses; the others only add run time, which
+             * the sanitizer build multiplies) */
             const int32_t chunks[] = {1, 37};
             for (size_t k = 0; k < 2; k++) {
                 float *chunked = tm_run_all_logits_with(model, &fp8_options, &seq, 1, chunks[k]);
