@@ -102,18 +102,9 @@ static void compare(row_stats *st, const float *ref, const float *got, int32_t n
 }
 
 static void check_fixture(const char *name) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tests/golden/fixtures/%s.json", ts_env("GPTOSS_SOURCE_DIR"), name);
-    json_error_t jerr;
-    json_t *fx = json_load_file(path, 0, &jerr);
-    if (!fx) fail_msg("%s: %s", path, jerr.text);
-    json_t *args = json_object_get(fx, "make_model_args");
-    const char *flag = json_string_value(json_array_get(args, 0)), *value = json_string_value(json_array_get(args, 1));
-    char config_path[4096];
-    snprintf(config_path, sizeof config_path, "%s/tests/golden/%s", ts_env("GPTOSS_SOURCE_DIR"), value);
-    uint64_t seed = (uint64_t)json_integer_value(json_object_get(fx, "seed"));
-    char *dir = strcmp(flag, "--preset") == 0 ? tm_make_model(value, NULL, seed)
-                                              : tm_make_model(NULL, config_path, seed);
+    char *dir = NULL;
+    uint64_t seed = 0;
+    json_t *fx = tm_golden_fixture(name, &dir, &seed);
     gptoss_model *model = NULL;
     gptoss_error err = {0};
     if (gptoss_model_load(dir, &model, &err) != GPTOSS_OK) fail_msg("%s", err.message);

