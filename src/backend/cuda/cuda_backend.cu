@@ -10,8 +10,9 @@
  * the router, whose discrete choice is made from fp32 activations; every reduction
  * accumulates in fp32. KV pages are bf16, or with kv_cache_dtype FP8 e4m3 codes with one fp32
  * scale per token and KV head (kv_fp8.h; the same kernels, templated on the page type, and
- * then K and V are quantized from fp32 rather than rounded to bf16). The complete list of bf16 roundings (the CPU
- * backend's emulate_bf16_activations mode repeats exactly these, see cpu_backend.c):
+ * then K and V are quantized from fp32 rather than rounded to bf16). The complete list of
+ * bf16 roundings (the CPU backend's emulate_bf16_activations mode repeats exactly these, see
+ * cpu_backend.c):
  * attention-norm output, K (after bias + RoPE) and V (after bias) in the pages, attention
  * output, MLP-norm output as the experts' input, SwiGLU output, final-norm output. Steps of up to 64 tokens (decode) are captured once
  * per shape as CUDA graphs and replayed (GPTOSS_CUDA_GRAPHS=0 turns that off).
@@ -181,7 +182,6 @@ static size_t dense_scratch_elems(const gptoss_config *c, uint32_t fp8_layers) {
     return e;
 }
 
-/* Creates everything except the weights' contents: stream, cuBLAS, weight buffers, pools. */
 /* Steps of up to this many tokens route through the fused router (logits + top-k); larger
  * ones through an SGEMM and the top-k kernel. Measured on an H100 (120b, bench -b at depth
  * 512): with the fused router up to 64 tokens, norms/rope/router took 3.2, 3.6 and 4.4 ms of
@@ -190,6 +190,7 @@ static size_t dense_scratch_elems(const gptoss_config *c, uint32_t fp8_layers) {
  * matrix per 8 tokens. GPTOSS_CUDA_ROUTER_FUSED_MAX overrides it (0..64, for A/B runs). */
 #define ROUTER_FUSED_MAX_TOKENS 8
 
+/* Creates everything except the weights' contents: stream, cuBLAS, weight buffers, pools. */
 static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backend_options *options,
                                  gptoss_cuda_state **out, gptoss_error *error) {
     gptoss_status st = check_supported(config, error);
@@ -224,6 +225,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
      * GPTOSS_CUDA_GEMV=all sends every projection and lm_head through it (no cuBLAS at all),
      * GPTOSS_CUDA_PDL=0 launches every kernel after its predecessor has fully finished,
      * GPTOSS_CUDA_ATTN_TC=0 keeps prefill attention on the scalar kernel,
+     * GPTOSS_CUDA_ROUTER_FUSED_MAX=N moves the fused router's step limit (see above),
      * GPTOSS_CUDA_MOE_PATH=1..5 forces a MoE path (default: chosen per step). */
     s->attn_tc = getenv("GPTOSS_CUDA_ATTN_TC") == NULL || strcmp(getenv("GPTOSS_CUDA_ATTN_TC"), "0") != 0;
     s->router_fused_max = ROUTER_FUSED_MAX_TOKENS;
@@ -821,7 +823,6 @@ static int layer_attention(gptoss_cuda_state *s, const cuda_layer *L, const cuda
     return gptoss_cuda_attention(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table, key->max_blocks, s->kv_block_size,
                                  L->sinks, scalar_end, NH, NKV, D, window, splits, w->partial, w->attn, s->stream);
 }
-
 
 /* Enqueues one whole step on s->stream from the staged plan (no host work depends on the
  * plan's contents here, so the same sequence can be captured once and replayed). */

@@ -11,7 +11,6 @@
 #include "backend/kv_fp8.h"
 
 #include <math.h>
-#include <type_traits>
 
 static bool pdl_on = false; /* see cuda_kernels.h; one setting per process */
 void gptoss_cuda_set_pdl(bool on) { pdl_on = on; }
