@@ -218,6 +218,15 @@ int cli_check_fp8_layers(const char *cmd, uint32_t mask, gptoss_backend_kind kin
                            gptoss_has_cuda() ? "" : " in a build with CUDA");
 }
 
+/* One option's help: the label, then its text from `column` (on the label's line when the
+ * label fits before it, else on the lines below). */
+static void print_option_help(FILE *out, int column, const char *label, const char *const *lines, size_t n) {
+    size_t first = 0;
+    if ((int)strlen(label) + 3 > column) fprintf(out, "  %s\n", label);
+    else fprintf(out, "  %-*s%s\n", column - 2, label, lines[first++]);
+    for (size_t i = first; i < n; i++) fprintf(out, "%*s%s\n", column, "", lines[i]);
+}
+
 void cli_print_fp8_layers_help(FILE *out, int column) {
     static const char *const lines[] = {
         "CUDA: hold these dense layers in FP8 (e4m3 weights,",
@@ -227,8 +236,7 @@ void cli_print_fp8_layers_help(FILE *out, int column) {
         "steps of over 16 tokens decode the rows to bf16 first",
         "(slower prefill). Refused with the CPU backend.",
     };
-    fprintf(out, "  %-*s%s\n", column - 2, "--fp8-layers LIST", lines[0]);
-    for (size_t i = 1; i < sizeof lines / sizeof lines[0]; i++) fprintf(out, "%*s%s\n", column, "", lines[i]);
+    print_option_help(out, column, "--fp8-layers LIST", lines, sizeof lines / sizeof lines[0]);
 }
 
 bool cli_parse_kv_cache_dtype(const char *text, gptoss_kv_cache_dtype *dtype) {
@@ -251,9 +259,5 @@ void cli_print_kv_cache_dtype_help(FILE *out, int column) {
         "value moves by up to 2^-4 of itself. The CPU backend",
         "emulates fp8 (same values, fp32 pages).",
     };
-    const char *label = "--kv-cache-dtype bf16|fp8";
-    size_t first = 0;
-    if ((int)strlen(label) + 3 > column) fprintf(out, "  %s\n", label); /* too wide: text below it */
-    else fprintf(out, "  %-*s%s\n", column - 2, label, lines[first++]);
-    for (size_t i = first; i < sizeof lines / sizeof lines[0]; i++) fprintf(out, "%*s%s\n", column, "", lines[i]);
+    print_option_help(out, column, "--kv-cache-dtype bf16|fp8", lines, sizeof lines / sizeof lines[0]);
 }
