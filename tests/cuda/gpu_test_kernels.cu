@@ -230,7 +230,7 @@ static void test_attention(int NH, int NKV, int D, std::vector<std::pair<int, in
     float *dq = dev_upload(q), *dsink = dev_upload(sinks);
     int32_t *dpos = dev_upload(pos), *dseq = dev_upload(seq), *dtab = dev_upload(pg.table);
     float *partial = dev_poisoned<float>((size_t)T * NH * splits * (D + 2));
-    bf16 *dout = dev_poisoned<bf16>((size_t)T * NH * D);
+    bf16 *dout = dev_poisoned<bf16>((size_t)T * NH * D), *dout_dec = dev_poisoned<bf16>((size_t)T * NH * D);
     int rc = gptoss_cuda_attention(dq, dk, dv, dpos, dseq, dtab, pg.max_blocks, bs, dsink, T, NH, NKV, D, window,
                                    splits, partial, dout, 0);
     if (rc != 0) {
@@ -238,7 +238,13 @@ static void test_attention(int NH, int NKV, int D, std::vector<std::pair<int, in
         exit(1);
     }
     std::vector<bf16> out = dev_download(dout, (size_t)T * NH * D);
-    std::vector<double> got, ref;
+    /* the tensor-core decode kernel on the same cut (it refuses groups over 16) */
+    const bool dec = NH / NKV <= 16;
+    int rc_dec = dec ? gptoss_cuda_attention_decode(dq, dk, dv, dpos, dseq, dtab, pg.max_blocks, bs, dsink, T, NH, NKV,
+                                                    D, window, splits, partial, dout_dec, 0)
+                     : 0;
+    std::vector<bf16> out_dec = dev_download(dout_dec, (size_t)T * NH * D);
+    std::vector<double> got, got_dec, ref;
     for (int t = 0; t < T; t++) {
         int p = pos[t], s = seq[t];
         int lo = window > 0 ? std::max(0, p - window + 1) : 0;
@@ -264,18 +270,32 @@ static void test_attention(int NH, int NKV, int D, std::vector<std::pair<int, in
                     o += exp(sc[j - lo] - m) / z * bf2f(vc[off + c]);
                 }
                 ref.push_back(o);
-                uint16_t hb;
+                uint16_t hb, hd;
                 memcpy(&hb, &out[((size_t)t * NH + h) * D + c], 2);
+                memcpy(&hd, &out_dec[((size_t)t * NH + h) * D + c], 2);
                 got.push_back(bf2f(hb));
+                got_dec.push_back(bf2f(hd));
             }
         }
     }
-    char name[96];
+    char name[128];
     snprintf(name, sizeof name, "attention %s NH=%d NKV=%d D=%d T=%d win=%d splits=%d", label, NH, NKV, D, T, window,
              splits);
     check(name, got, ref, 6e-3); /* bf16 output (2^-9) plus fast exp */
+    if (dec) {
+        if (rc_dec != 0) got_dec[0] = NAN; /* refused: fails */
+        snprintf(name, sizeof name, "attention decode-tc %s NH=%d NKV=%d D=%d T=%d win=%d splits=%d", label, NH, NKV,
+                 D, T, window, splits);
+        check(name, got_dec, ref, 2.5e-3); /* the bf16 output rounding */
+        /* as exact as the scalar kernel: the two differ only where an output sits at a bf16
+         * rounding boundary (q and P with 16 bits instead of 24 flipped a few percent of the
+         * outputs, about 8e-4 here, and the forward tests' strict bars failed) */
+        snprintf(name, sizeof name, "attention decode-tc %s NH=%d NKV=%d D=%d T=%d win=%d vs scalar", label, NH, NKV,
+                 D, T, window);
+        check(name, got_dec, got, 4e-4);
+    }
     cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dsink), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab);
-    cudaFree(partial), cudaFree(dout);
+    cudaFree(partial), cudaFree(dout), cudaFree(dout_dec);
 }
 
 /* ---- FP8 KV cache (kv_fp8.h) ------------------------------------------------------------- */
@@ -527,13 +547,19 @@ static void test_attention_fp8(int NH, int NKV, int D, std::vector<std::pair<int
     int32_t *dpos = dev_upload(pos), *dseq = dev_upload(seq), *dtab = dev_upload(pg.table);
     float *partial = dev_poisoned<float>((size_t)T * NH * splits * (D + 2));
     bf16 *dout = dev_poisoned<bf16>((size_t)T * NH * D), *dout_tc = dev_poisoned<bf16>((size_t)T * NH * D);
+    bf16 *dout_dec = dev_poisoned<bf16>((size_t)T * NH * D);
     int rc = gptoss_cuda_attention_fp8(dq, c.dk, c.dv, c.dks, c.dvs, dpos, dseq, dtab, pg.max_blocks, bs, dsink, T, NH,
                                        NKV, D, window, splits, partial, dout, 0);
+    const bool dec = NH / NKV <= 16;
+    int rc_dec = dec ? gptoss_cuda_attention_decode_fp8(dq, c.dk, c.dv, c.dks, c.dvs, dpos, dseq, dtab, pg.max_blocks,
+                                                        bs, dsink, T, NH, NKV, D, window, splits, partial, dout_dec, 0)
+                     : 0;
     int rc_tc = tc ? gptoss_cuda_attention_tc_fp8(dq, c.dk, c.dv, c.dks, c.dvs, dpos, dseq, dtab, pg.max_blocks, bs,
                                                   dsink, T, NH, NKV, D, window, dout_tc, 0)
                    : 0;
     std::vector<bf16> out = dev_download(dout, (size_t)T * NH * D), out_tc = dev_download(dout_tc, (size_t)T * NH * D);
-    std::vector<double> got, got_tc, ref;
+    std::vector<bf16> out_dec = dev_download(dout_dec, (size_t)T * NH * D);
+    std::vector<double> got, got_tc, got_dec, ref;
     for (int t = 0; t < T; t++) {
         int p = pos[t], s = seq[t], lo = window > 0 ? std::max(0, p - window + 1) : 0;
         for (int h = 0; h < NH; h++) {
@@ -557,9 +583,9 @@ static void test_attention_fp8(int NH, int NKV, int D, std::vector<std::pair<int
                     o += exp(sc[j - lo] - m) / z * gptoss_e4m3_decode(c.v[slot * D + e]) * c.vs[slot];
                 }
                 size_t i = ((size_t)t * NH + h) * D + e;
-                uint16_t hb, ht;
-                memcpy(&hb, &out[i], 2), memcpy(&ht, &out_tc[i], 2);
-                ref.push_back(o), got.push_back(bf2f(hb)), got_tc.push_back(bf2f(ht));
+                uint16_t hb, ht, hd;
+                memcpy(&hb, &out[i], 2), memcpy(&ht, &out_tc[i], 2), memcpy(&hd, &out_dec[i], 2);
+                ref.push_back(o), got.push_back(bf2f(hb)), got_tc.push_back(bf2f(ht)), got_dec.push_back(bf2f(hd));
             }
         }
     }
@@ -577,9 +603,18 @@ static void test_attention_fp8(int NH, int NKV, int D, std::vector<std::pair<int
                  D, T, window);
         check(name, got_tc, got, 2.5e-3);
     }
+    if (dec) {
+        if (rc_dec != 0) got_dec[0] = NAN;
+        snprintf(name, sizeof name, "kvfp8 attention decode-tc %s NH=%d NKV=%d D=%d T=%d win=%d splits=%d vs double",
+                 label, NH, NKV, D, T, window, splits);
+        check(name, got_dec, ref, 2.5e-3);
+        snprintf(name, sizeof name, "kvfp8 attention decode-tc %s NH=%d NKV=%d D=%d T=%d win=%d vs split-K", label,
+                 NH, NKV, D, T, window);
+        check(name, got_dec, got, 4e-4);
+    }
     free_fp8_cache(c);
     cudaFree(dq), cudaFree(dsink), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab), cudaFree(partial), cudaFree(dout);
-    cudaFree(dout_tc);
+    cudaFree(dout_tc), cudaFree(dout_dec);
 }
 
 /* Attention time with bf16 and FP8 pages on the 20b shape (64 heads, 8 KV heads, 64 dims):
@@ -655,6 +690,130 @@ static void time_attention_fp8(int depth, int prefill) {
     cudaFree(kb), cudaFree(vb), cudaFree(k8), cudaFree(v8), cudaFree(ks), cudaFree(vs), cudaFree(q), cudaFree(sinks);
     cudaFree(out), cudaFree(partial), cudaFree(dtab), cudaFree(dpos1), cudaFree(dseq1), cudaFree(dposp);
     cudaFree(dseqp);
+}
+
+/* Random fill of n bytes (a hash of the index); e4m3: codes with the NaN pattern cleared. */
+static __global__ void fill_random_kernel(uint8_t *p, size_t n, uint32_t seed, bool e4m3) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        uint8_t b = (uint8_t)h;
+        if (e4m3) b &= 0xf7; /* exponent field below 15: never NaN */
+        else if (i & 1) b = (uint8_t)(0x3c | (b & 0x80)) ^ (uint8_t)((h >> 8) & 3); /* bf16 high byte: |x| ~ 2^-7 .. 2^-4 */
+        p[i] = b;
+    }
+}
+static void fill_random(void *p, size_t n, uint32_t seed, bool e4m3) {
+    fill_random_kernel<<<1024, 256>>>((uint8_t *)p, n, seed, e4m3);
+    CK(cudaGetLastError());
+}
+
+/* Decode attention time on the 20b shape (64 heads, 8 KV heads, 64 dims) for B one-token
+ * sequences at one depth, random pages: the scalar split-K kernel against the tensor-core
+ * decode kernel, bf16 and FP8 pages, with the splits the backend would use. Printed, not
+ * checked; GB/s counts the K and V bytes the step must read. */
+static void time_attention_decode(int B, int depth) {
+    const int NH = 64, NKV = 8, D = 64, bs = 16;
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int nb = (depth + 1 + bs - 1) / bs, n_blocks = B * nb;
+    std::vector<int32_t> table((size_t)n_blocks), pos(B, depth), seq(B);
+    for (int i = 0; i < n_blocks; i++) table[i] = i;
+    for (int b = 0; b < B; b++) seq[b] = b;
+    const size_t slots = (size_t)n_blocks * bs * NKV;
+    bf16 *kb, *vb, *out;
+    uint8_t *k8, *v8;
+    float *ks, *vs, *q, *partial;
+    CK(cudaMalloc(&kb, slots * D * 2));
+    CK(cudaMalloc(&vb, slots * D * 2));
+    CK(cudaMalloc(&k8, slots * D));
+    CK(cudaMalloc(&v8, slots * D));
+    fill_random(kb, slots * D * 2, 1, false);
+    fill_random(vb, slots * D * 2, 2, false);
+    fill_random(k8, slots * D, 3, true);
+    fill_random(v8, slots * D, 4, true);
+    std::vector<float> scales(slots), qh((size_t)B * NH * D), sinks(NH);
+    for (auto &v : scales) v = 0.01f * (1.0f + rnd_nz(0.5f));
+    for (auto &v : qh) v = rnd_nz(0.6f);
+    for (auto &v : sinks) v = rnd_nz(3.0f);
+    ks = dev_upload(scales), vs = dev_upload(scales), q = dev_upload(qh);
+    float *dsink = dev_upload(sinks);
+    CK(cudaMalloc(&out, (size_t)B * NH * D * 2));
+    int splits = gptoss_cuda_attention_splits(B, NKV, depth + 1, sms);
+    CK(cudaMalloc(&partial, (size_t)B * NH * splits * (D + 2) * 4));
+    int32_t *dtab = dev_upload(table), *dpos = dev_upload(pos), *dseq = dev_upload(seq);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double us[4];
+    const int reps = 20;
+    for (int kind = 0; kind < 4; kind++) {
+        std::vector<float> times;
+        for (int r = -3; r < reps; r++) {
+            CK(cudaEventRecord(e0));
+            int rc = 0;
+            if (kind == 0)
+                rc = gptoss_cuda_attention(q, kb, vb, dpos, dseq, dtab, nb, bs, dsink, B, NH, NKV, D, 0, splits,
+                                           partial, out, 0);
+            else if (kind == 1)
+                rc = gptoss_cuda_attention_decode(q, kb, vb, dpos, dseq, dtab, nb, bs, dsink, B, NH, NKV, D, 0, splits,
+                                                  partial, out, 0);
+            else if (kind == 2)
+                rc = gptoss_cuda_attention_fp8(q, k8, v8, ks, vs, dpos, dseq, dtab, nb, bs, dsink, B, NH, NKV, D, 0,
+                                               splits, partial, out, 0);
+            else
+                rc = gptoss_cuda_attention_decode_fp8(q, k8, v8, ks, vs, dpos, dseq, dtab, nb, bs, dsink, B, NH, NKV, D,
+                                                      0, splits, partial, out, 0);
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            if (rc != 0) {
+                fprintf(stderr, "decode attention timing: a launcher refused the shape\n");
+                exit(1);
+            }
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (r >= 0) times.push_back(ms);
+        }
+        std::sort(times.begin(), times.end());
+        us[kind] = 1e3 * times[times.size() / 2];
+    }
+    CK(cudaGetLastError());
+    const double bytes = (double)B * (depth + 1) * NKV * D * 2;
+    printf("timing: decode attention 20b shape, %d tokens at depth %d (%d splits), median of %d: bf16 pages scalar "
+           "%.1f us, tensor cores %.1f us (%.0f GB/s); fp8 pages scalar %.1f us, tensor cores %.1f us (%.0f GB/s)\n",
+           B, depth, splits, reps, us[0], us[1], 2 * bytes / us[1] * 1e-3, us[2], us[3], bytes / us[3] * 1e-3);
+    if (B == 1) { /* the split count for one token: the decode kernel (bf16) over 1..64 splits, and the merge alone */
+        CK(cudaFree(partial));
+        CK(cudaMalloc(&partial, (size_t)NH * 64 * (D + 2) * 4));
+        printf("timing: decode attention 20b shape, 1 token at depth %d, tensor cores by splits:", depth);
+        for (int sp = 1; sp <= 64; sp *= 2) {
+            for (int merge_only = 0; merge_only < 2; merge_only++) {
+                if (merge_only && sp == 1) continue;
+                std::vector<float> times;
+                for (int r = -3; r < reps; r++) {
+                    CK(cudaEventRecord(e0));
+                    if (merge_only)
+                        gptoss_cuda_attention_merge(partial, dsink, 1, NH, D, sp, out, 0);
+                    else
+                        gptoss_cuda_attention_decode(q, kb, vb, dpos, dseq, dtab, nb, bs, dsink, 1, NH, NKV, D, 0, sp,
+                                                     partial, out, 0);
+                    CK(cudaEventRecord(e1));
+                    CK(cudaEventSynchronize(e1));
+                    float ms = 0;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    if (r >= 0) times.push_back(ms);
+                }
+                std::sort(times.begin(), times.end());
+                if (merge_only) printf(" (merge %.1f)", 1e3 * times[times.size() / 2]);
+                else printf(" %d: %.1f us", sp, 1e3 * times[times.size() / 2]);
+            }
+        }
+        printf("\n");
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaFree(kb), cudaFree(vb), cudaFree(k8), cudaFree(v8), cudaFree(ks), cudaFree(vs), cudaFree(q), cudaFree(dsink);
+    cudaFree(out), cudaFree(partial), cudaFree(dtab), cudaFree(dpos), cudaFree(dseq);
 }
 
 /* ---- router top-k ---------------------------------------------------------------------- */
@@ -1327,6 +1486,16 @@ int main(int argc, char **argv) {
         test_attention(4, 4, 128, chunk, 0, 2, "chunked");
         test_attention(4, 1, 16, mixed, 0, 1, "mixed");
         test_attention(32, 1, 64, decode_batch, 0, 8, "decode-batch");
+        /* the decode kernel's edges: 16 heads per KV head (both halves of its m16 rows), a
+         * group of 3, and splits past the end of short ranges (empty splits) */
+        test_attention(32, 2, 64, decode_batch, 0, 2, "group16");
+        test_attention(6, 2, 64, decode_batch, 16, 2, "group3");
+        test_attention(64, 8, 64, {{37, 1}, {5, 1}, {100, 1}}, 0, 4, "empty-splits");
+        time_attention_decode(1, 8192);
+        time_attention_decode(1, 2048);
+        time_attention_decode(128, 512);
+        time_attention_decode(256, 512);
+        time_attention_decode(64, 4096);
     }
 
     if (want("kvfp8")) {
@@ -1363,6 +1532,8 @@ int main(int argc, char **argv) {
         test_attention_fp8(8, 8, 64, varlen, 0, 1, true, "group1");
         test_attention_fp8(6, 2, 64, varlen, 16, 1, true, "group3");
         test_attention_fp8(32, 1, 64, decode_batch, 0, 8, false, "decode-batch");
+        test_attention_fp8(32, 2, 64, decode_batch, 128, 2, false, "group16");
+        test_attention_fp8(64, 8, 64, {{37, 1}, {5, 1}, {100, 1}}, 0, 4, false, "empty-splits");
         time_attention_fp8(8192, 2048);
     }
 

@@ -32,7 +32,7 @@
  * zero-filled, never read, so garbage (NaN) in unused cache slots cannot reach P . V.
  *
  * Rounding: q (times log2 e) and P enter the tensor cores as bf16 pairs hi + lo
- * (split_bf16x2), two mma each, so they keep 16 significant bits instead of bf16's 8; K and V
+ * (split_bf16x2_n<2>), two mma each, so they keep 16 significant bits instead of bf16's 8; K and V
  * are bf16 already. Max and sums stay f32. With q and P in plain bf16 the kernel ran in 3.1 ms
  * instead of the scalar kernel's 63 (20b shape, 2048 tokens) but moved logits by about 2^-8
  * against the CPU reference, twice the bf16 bar of the forward tests; the split costs one
@@ -160,31 +160,38 @@ static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return u;
 }
 
-/* (a, b) as a bf16 pair hi plus the bf16 pair of what hi misses: hi + lo carries 16
- * significant bits, so a product through two mma (hi and lo) is as exact as fp32 inputs
- * for this purpose (relative 2^-17 instead of bf16's 2^-9). */
-static __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uint32_t &lo) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    float2 hf = __bfloat1622float2(h);
-    hi = *(const uint32_t *)&h;
-    lo = pack_bf16x2(a - hf.x, b - hf.y);
+/* (a, b) as N bf16 pairs whose sum carries 8N significant bits (N = 2: hi plus the pair of
+ * what hi misses, relative 2^-17 instead of bf16's 2^-9; N = 3: about fp32's 24), each term
+ * the bf16 rounding of what the terms before it miss. */
+template <int N>
+static __device__ __forceinline__ void split_bf16x2_n(float a, float b, uint32_t (&parts)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        float2 hf = __bfloat1622float2(h);
+        parts[i] = *(const uint32_t *)&h;
+        a -= hf.x;
+        b -= hf.y;
+    }
 }
 
 /* ---- the kernel -------------------------------------------------------------------------- */
 
 /* Starts the copy of keys [k0, k0 + KEYS) of one KV head into k_dst/v_dst ([KEYS][ROW]);
- * keys at or past khi are zero-filled. Thread i copies chunk i % CHUNKS of rows i / CHUNKS,
- * + ATC_THREADS / CHUNKS, ...: 8 consecutive threads read one 128-byte row (D = 64). */
-template <int D>
+ * keys at or past khi are zero-filled. NT threads copy (tid: this thread's index among them):
+ * thread i copies chunk i % CHUNKS of rows i / CHUNKS, + NT / CHUNKS, ...: 8 consecutive
+ * threads read one 128-byte row (D = 64). */
+template <int D, int KEYS, int NT>
 static __device__ __forceinline__ void load_kv_tile(bf16 *k_dst, bf16 *v_dst, const bf16 *k_cache,
                                                     const bf16 *v_cache, const int32_t *table,
                                                     int32_t block_size, int32_t n_kv_heads, int kv_head,
-                                                    int k0, int khi) {
+                                                    int k0, int khi, int tid) {
     typedef atc_traits<D> tr;
-    constexpr int ROWS_PER_PASS = ATC_THREADS / tr::CHUNKS;
-    const int ch = threadIdx.x % tr::CHUNKS;
+    static_assert(NT % tr::CHUNKS == 0, "whole rows per pass");
+    constexpr int ROWS_PER_PASS = NT / tr::CHUNKS;
+    const int ch = tid % tr::CHUNKS;
 #pragma unroll
-    for (int r = threadIdx.x / tr::CHUNKS; r < tr::KEYS; r += ROWS_PER_PASS) {
+    for (int r = tid / tr::CHUNKS; r < KEYS; r += ROWS_PER_PASS) {
         int j = k0 + r;
         uint32_t kd = smem_addr(k_dst + r * tr::ROW + ch * 8), vd = smem_addr(v_dst + r * tr::ROW + ch * 8);
         if (j < khi) {
@@ -202,14 +209,14 @@ static __device__ __forceinline__ void load_kv_tile(bf16 *k_dst, bf16 *v_dst, co
 /* The e4m3 form of load_kv_tile: the codes of keys [k0, k0 + KEYS) (16-byte chunks) and
  * their scales (4 bytes each) into one stage; keys at or past khi are zero-filled (code 0,
  * scale 0). */
-template <int D>
+template <int D, int KEYS, int NT>
 static __device__ __forceinline__ void load_kv_codes(uint8_t *k_dst, uint8_t *v_dst, float *ks_dst, float *vs_dst,
                                                      const uint8_t *k_cache, const uint8_t *v_cache,
                                                      const float *k_scale, const float *v_scale, const int32_t *table,
                                                      int32_t block_size, int32_t n_kv_heads, int kv_head, int k0,
-                                                     int khi) {
+                                                     int khi, int tid) {
     typedef atc_traits<D> tr;
-    for (int i = threadIdx.x; i < tr::KEYS * tr::CODE_CHUNKS; i += ATC_THREADS) {
+    for (int i = tid; i < KEYS * tr::CODE_CHUNKS; i += NT) {
         int r = i / tr::CODE_CHUNKS, ch = i % tr::CODE_CHUNKS, j = k0 + r;
         uint32_t kd = smem_addr(k_dst + r * D + ch * 16), vd = smem_addr(v_dst + r * D + ch * 16);
         if (j < khi) {
@@ -221,7 +228,7 @@ static __device__ __forceinline__ void load_kv_codes(uint8_t *k_dst, uint8_t *v_
             cp_async16(vd, v_cache, 0);
         }
     }
-    for (int r = threadIdx.x; r < tr::KEYS; r += ATC_THREADS) {
+    for (int r = tid; r < KEYS; r += NT) {
         int j = k0 + r;
         size_t slot = 0;
         if (j < khi) slot = ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + kv_head;
@@ -242,17 +249,158 @@ static __device__ __forceinline__ uint4 decode_e4m3x8(uint2 codes) {
     return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-/* Decodes one stage of codes into the bf16 tiles the warps read (every thread, 8 codes at a
+/* Decodes one stage of codes into the bf16 tiles the warps read (NT threads, 8 codes at a
  * time; exact, the scales are applied in fp32 later). */
-template <int D>
+template <int D, int KEYS, int NT>
 static __device__ __forceinline__ void decode_kv_tile(bf16 *k_dst, bf16 *v_dst, const uint8_t *k_src,
-                                                      const uint8_t *v_src) {
+                                                      const uint8_t *v_src, int tid) {
     typedef atc_traits<D> tr;
     constexpr int CH = D / 8;
-    for (int i = threadIdx.x; i < tr::KEYS * CH; i += ATC_THREADS) {
+    for (int i = tid; i < KEYS * CH; i += NT) {
         int r = i / CH, c = i % CH;
         *(uint4 *)(k_dst + r * tr::ROW + c * 8) = decode_e4m3x8(*(const uint2 *)(k_src + r * D + c * 8));
         *(uint4 *)(v_dst + r * tr::ROW + c * 8) = decode_e4m3x8(*(const uint2 *)(v_src + r * D + c * 8));
+    }
+}
+
+/* lane-constant parts of the ldmatrix addresses (bytes into a tile of rows of ROW bf16):
+ * K (x4 = two key n-tiles of one k-step): lanes 0-7 keys 0-7 at d 0, 8-15 keys 0-7 at d 8,
+ *   16-23 keys 8-15 at d 0, 24-31 keys 8-15 at d 8 -> b0b1, b2b3 of n-tile 2np, then 2np+1;
+ * V (x4.trans = two d n-tiles of one key k-step): lanes 0-7 keys 0-7 at d 0, 8-15 keys 8-15
+ *   at d 0, 16-23 keys 0-7 at d 8, 24-31 keys 8-15 at d 8 -> b0b1, b2b3 of d-tile 2dp, 2dp+1. */
+template <int ROW> static __device__ __forceinline__ uint32_t k_lane_offset(int lane) {
+    return (uint32_t)((((lane >> 4) * 8 + (lane & 7)) * ROW + ((lane >> 3) & 1) * 8) * 2);
+}
+template <int ROW> static __device__ __forceinline__ uint32_t v_lane_offset(int lane) {
+    return (uint32_t)(((((lane >> 3) & 1) * 8 + (lane & 7)) * ROW + (lane >> 4) * 8) * 2);
+}
+
+/* S = Q K^T for SUB keys (log2 units): s[n] = C fragment of keys 8n .. 8n+7 of the rows at
+ * k_base (lane offset included); q as NQ bf16 A fragments whose sum is q (split_bf16x2_n). */
+template <int D, int SUB, int ROW, int NQ>
+static __device__ __forceinline__ void qk_step(float (&s)[SUB / 8][4], const uint32_t (&qf)[NQ][D / 16][4],
+                                               uint32_t k_base) {
+#pragma unroll
+    for (int n = 0; n < SUB / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+        for (int np = 0; np < SUB / 16; np++) {
+            uint32_t b[4];
+            ldmatrix_x4(b, k_base + (uint32_t)(((np * 16) * ROW + kk * 16) * 2));
+#pragma unroll
+            for (int i = 0; i < NQ; i++) {
+                mma_bf16_16816(s[2 * np], qf[i][kk], b[0], b[1]);
+                mma_bf16_16816(s[2 * np + 1], qf[i][kk], b[2], b[3]);
+            }
+        }
+    }
+}
+
+/* s[n][e] *= scale of its key (e4m3 pages): sc holds SUB scales, frag_col = lane % 4. */
+template <int SUB>
+static __device__ __forceinline__ void scale_keys(float (&s)[SUB / 8][4], const float *sc, int frag_col) {
+#pragma unroll
+    for (int n = 0; n < SUB / 8; n++) {
+        const float2 f = *(const float2 *)&sc[8 * n + 2 * frag_col];
+        s[n][0] *= f.x;
+        s[n][1] *= f.y;
+        s[n][2] *= f.x;
+        s[n][3] *= f.y;
+    }
+}
+
+/* One online-softmax step over SUB keys of masked scores s (log2 units) for fragment rows g
+ * and g + 8, then O += P V from the V rows at v_base (lane offset included). The row sums take
+ * P alone; with e4m3 pages (v_scale != NULL: SUB scales) P is then weighted by each key's
+ * value scale before its product with the codes. */
+template <int D, int SUB, int ROW, bool E4M3, int NP>
+static __device__ __forceinline__ void softmax_pv_step(float (&s)[SUB / 8][4], float (&o)[D / 8][4], float &max0,
+                                                       float &max1, float &sum0, float &sum1, uint32_t v_base,
+                                                       const float *v_scale, int frag_col) {
+    /* online softmax: new max over the 4 lanes of a row, rescale, P = 2^(S - max) */
+    float new0 = max0, new1 = max1;
+#pragma unroll
+    for (int n = 0; n < SUB / 8; n++) {
+        new0 = fmaxf(new0, fmaxf(s[n][0], s[n][1]));
+        new1 = fmaxf(new1, fmaxf(s[n][2], s[n][3]));
+    }
+    new0 = fmaxf(new0, __shfl_xor_sync(0xffffffffu, new0, 1));
+    new0 = fmaxf(new0, __shfl_xor_sync(0xffffffffu, new0, 2));
+    new1 = fmaxf(new1, __shfl_xor_sync(0xffffffffu, new1, 1));
+    new1 = fmaxf(new1, __shfl_xor_sync(0xffffffffu, new1, 2));
+    const float corr0 = exp2_fast(max0 - new0), corr1 = exp2_fast(max1 - new1);
+    max0 = new0;
+    max1 = new1;
+    float step0 = 0.0f, step1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < SUB / 8; n++) {
+        s[n][0] = exp2_fast(s[n][0] - max0);
+        s[n][1] = exp2_fast(s[n][1] - max0);
+        s[n][2] = exp2_fast(s[n][2] - max1);
+        s[n][3] = exp2_fast(s[n][3] - max1);
+        step0 += s[n][0] + s[n][1];
+        step1 += s[n][2] + s[n][3];
+    }
+    sum0 = sum0 * corr0 + step0;
+    sum1 = sum1 * corr1 + step1;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+        o[n][0] *= corr0;
+        o[n][1] *= corr0;
+        o[n][2] *= corr1;
+        o[n][3] *= corr1;
+    }
+    if constexpr (E4M3) scale_keys<SUB>(s, v_scale, frag_col); /* P * v_scale, after the sums */
+
+    /* O += P V: key n-tiles 2kk, 2kk+1 of P are the A fragment of k-step kk; P as NP terms */
+#pragma unroll
+    for (int kk = 0; kk < SUB / 16; kk++) {
+        uint32_t parts[4][NP], pf[NP][4];
+        split_bf16x2_n<NP>(s[2 * kk][0], s[2 * kk][1], parts[0]);
+        split_bf16x2_n<NP>(s[2 * kk][2], s[2 * kk][3], parts[1]);
+        split_bf16x2_n<NP>(s[2 * kk + 1][0], s[2 * kk + 1][1], parts[2]);
+        split_bf16x2_n<NP>(s[2 * kk + 1][2], s[2 * kk + 1][3], parts[3]);
+#pragma unroll
+        for (int i = 0; i < NP; i++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) pf[i][r] = parts[r][i];
+#pragma unroll
+        for (int dp = 0; dp < D / 16; dp++) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, v_base + (uint32_t)(((kk * 16) * ROW + dp * 16) * 2));
+#pragma unroll
+            for (int i = 0; i < NP; i++) {
+                mma_bf16_16816(o[2 * dp], pf[i], b[0], b[1]);
+                mma_bf16_16816(o[2 * dp + 1], pf[i], b[2], b[3]);
+            }
+        }
+    }
+}
+
+/* Q rows as NQ-term A fragments for the D/16 k-steps (split_bf16x2_n), times log2(e) (the
+ * softmax runs on exp2): q0 is fragment row g (lane / 4), q1 row g + 8; a NULL row is zero. */
+template <int D, int NQ>
+static __device__ __forceinline__ void q_fragments(uint32_t (&qf)[NQ][D / 16][4], const float *q0, const float *q1,
+                                                   int frag_col) {
+    const float log2e = 1.4426950408889634f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int c = 16 * kk + 8 * half + 2 * frag_col;
+            float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
+            if (q0) x0 = *(const float2 *)(q0 + c);
+            if (q1) x1 = *(const float2 *)(q1 + c);
+            uint32_t p0[NQ], p1[NQ];
+            split_bf16x2_n<NQ>(x0.x * log2e, x0.y * log2e, p0);
+            split_bf16x2_n<NQ>(x1.x * log2e, x1.y * log2e, p1);
+#pragma unroll
+            for (int i = 0; i < NQ; i++) {
+                qf[i][kk][2 * half] = p0[i];
+                qf[i][kk][2 * half + 1] = p1[i];
+            }
+        }
     }
 }
 
@@ -293,19 +441,9 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
     const float log2e = 1.4426950408889634f;
 
     /* Q as A fragments for the D/16 k-steps, scaled by log2(e); rows past te are zero */
-    uint32_t qa[D / 16][4], ql[D / 16][4]; /* hi and lo parts (split_bf16x2) */
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            int c = 16 * kk + 8 * half + 2 * frag_col;
-            float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
-            if (row0 < te) x0 = *(const float2 *)(q + ((size_t)row0 * n_heads + head) * D + c);
-            if (row1 < te) x1 = *(const float2 *)(q + ((size_t)row1 * n_heads + head) * D + c);
-            split_bf16x2(x0.x * log2e, x0.y * log2e, qa[kk][2 * half], ql[kk][2 * half]);
-            split_bf16x2(x1.x * log2e, x1.y * log2e, qa[kk][2 * half + 1], ql[kk][2 * half + 1]);
-        }
-    }
+    uint32_t qf[2][D / 16][4]; /* hi and lo parts */
+    q_fragments<D, 2>(qf, row0 < te ? q + ((size_t)row0 * n_heads + head) * D : nullptr,
+                      row1 < te ? q + ((size_t)row1 * n_heads + head) * D : nullptr, frag_col);
 
     float o[D / 8][4]; /* O rows g, g+8: o[n] = C fragment of output columns 8n..8n+7 */
 #pragma unroll
@@ -315,13 +453,7 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
     float max0 = fmaxf(sinks[head] * log2e, -1e30f), max1 = max0;
     float sum0 = 0.0f, sum1 = 0.0f; /* this lane's share of the rows' sums, scaled to the max */
 
-    /* lane-constant parts of the ldmatrix addresses (bytes into a tile):
-     * K (x4 = two key n-tiles of one k-step): lanes 0-7 keys 0-7 at d 0, 8-15 keys 0-7 at d 8,
-     *   16-23 keys 8-15 at d 0, 24-31 keys 8-15 at d 8 -> b0b1, b2b3 of n-tile 2np, then 2np+1;
-     * V (x4.trans = two d n-tiles of one key k-step): lanes 0-7 keys 0-7 at d 0, 8-15 keys 8-15
-     *   at d 0, 16-23 keys 0-7 at d 8, 24-31 keys 8-15 at d 8 -> b0b1, b2b3 of d-tile 2dp, 2dp+1. */
-    const uint32_t k_lane = (uint32_t)((((lane >> 4) * 8 + (lane & 7)) * ROW + ((lane >> 3) & 1) * 8) * 2);
-    const uint32_t v_lane = (uint32_t)(((((lane >> 3) & 1) * 8 + (lane & 7)) * ROW + (lane >> 4) * 8) * 2);
+    const uint32_t k_lane = k_lane_offset<ROW>(lane), v_lane = v_lane_offset<ROW>(lane);
 
     __syncthreads(); /* tile_pos, tile_seq */
 
@@ -358,10 +490,12 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
         /* starts the copy of the key tile at k1 into stage st */
         auto load_stage = [&](int st, int k1) {
             if constexpr (E4M3)
-                load_kv_codes<D>(sm.k_codes[st], sm.v_codes[st], sm.k_scale[st], sm.v_scale[st], k_cache, v_cache,
-                                 k_scale, v_scale, table, block_size, n_kv_heads, kv_head, k1, khi);
+                load_kv_codes<D, KT, ATC_THREADS>(sm.k_codes[st], sm.v_codes[st], sm.k_scale[st], sm.v_scale[st],
+                                                  k_cache, v_cache, k_scale, v_scale, table, block_size, n_kv_heads,
+                                                  kv_head, k1, khi, threadIdx.x);
             else
-                load_kv_tile<D>(sm.k[st], sm.v[st], k_cache, v_cache, table, block_size, n_kv_heads, kv_head, k1, khi);
+                load_kv_tile<D, KT, ATC_THREADS>(sm.k[st], sm.v[st], k_cache, v_cache, table, block_size, n_kv_heads,
+                                                 kv_head, k1, khi, threadIdx.x);
         };
         load_stage(0, klo);
         cp_async_commit();
@@ -372,7 +506,7 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
             cp_async_wait<1>();
             __syncthreads();
             if constexpr (E4M3) { /* the landed codes -> the bf16 tiles, for every warp */
-                decode_kv_tile<D>(sm.k[0], sm.v[0], sm.k_codes[stage], sm.v_codes[stage]);
+                decode_kv_tile<D, KT, ATC_THREADS>(sm.k[0], sm.v[0], sm.k_codes[stage], sm.v_codes[stage], threadIdx.x);
                 __syncthreads();
             }
             if (k0 < last_hi && k0 + KT > any_lo) { /* warp-uniform */
@@ -388,31 +522,9 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
 
                     /* S = Q K^T (log2 units): s[n] = C fragment of keys ks + 8n .. +7 */
                     float s[SUB / 8][4];
-#pragma unroll
-                    for (int n = 0; n < SUB / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-                    for (int kk = 0; kk < D / 16; kk++) {
-#pragma unroll
-                        for (int np = 0; np < SUB / 16; np++) {
-                            uint32_t b[4];
-                            ldmatrix_x4(b, k_base + (uint32_t)(((sub * SUB + np * 16) * ROW + kk * 16) * 2));
-                            mma_bf16_16816(s[2 * np], qa[kk], b[0], b[1]);
-                            mma_bf16_16816(s[2 * np + 1], qa[kk], b[2], b[3]);
-                            mma_bf16_16816(s[2 * np], ql[kk], b[0], b[1]);
-                            mma_bf16_16816(s[2 * np + 1], ql[kk], b[2], b[3]);
-                        }
-                    }
-
-                    if constexpr (E4M3) { /* S = k_scale * (q . codes), before masking (0 * -inf) */
-#pragma unroll
-                        for (int n = 0; n < SUB / 8; n++) {
-                            const float2 sc = *(const float2 *)&sm.k_scale[stage][sub * SUB + 8 * n + 2 * frag_col];
-                            s[n][0] *= sc.x;
-                            s[n][1] *= sc.y;
-                            s[n][2] *= sc.x;
-                            s[n][3] *= sc.y;
-                        }
-                    }
+                    qk_step<D, SUB, ROW, 2>(s, qf, k_base + (uint32_t)(sub * SUB * ROW * 2));
+                    /* S = k_scale * (q . codes), before masking (0 * -inf) */
+                    if constexpr (E4M3) scale_keys<SUB>(s, &sm.k_scale[stage][sub * SUB], frag_col);
 
                     /* causal / window / segment mask, only at the edge of some row's range */
                     if (!(ks >= all_lo && ks + SUB <= all_hi)) {
@@ -428,69 +540,10 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
                         }
                     }
 
-                    /* online softmax: new max over the 4 lanes of a row, rescale, P = 2^(S - max) */
-                    float new0 = max0, new1 = max1;
-#pragma unroll
-                    for (int n = 0; n < SUB / 8; n++) {
-                        new0 = fmaxf(new0, fmaxf(s[n][0], s[n][1]));
-                        new1 = fmaxf(new1, fmaxf(s[n][2], s[n][3]));
-                    }
-                    new0 = fmaxf(new0, __shfl_xor_sync(0xffffffffu, new0, 1));
-                    new0 = fmaxf(new0, __shfl_xor_sync(0xffffffffu, new0, 2));
-                    new1 = fmaxf(new1, __shfl_xor_sync(0xffffffffu, new1, 1));
-                    new1 = fmaxf(new1, __shfl_xor_sync(0xffffffffu, new1, 2));
-                    const float corr0 = exp2_fast(max0 - new0), corr1 = exp2_fast(max1 - new1);
-                    max0 = new0;
-                    max1 = new1;
-                    float step0 = 0.0f, step1 = 0.0f;
-#pragma unroll
-                    for (int n = 0; n < SUB / 8; n++) {
-                        s[n][0] = exp2_fast(s[n][0] - max0);
-                        s[n][1] = exp2_fast(s[n][1] - max0);
-                        s[n][2] = exp2_fast(s[n][2] - max1);
-                        s[n][3] = exp2_fast(s[n][3] - max1);
-                        step0 += s[n][0] + s[n][1];
-                        step1 += s[n][2] + s[n][3];
-                    }
-                    sum0 = sum0 * corr0 + step0;
-                    sum1 = sum1 * corr1 + step1;
-#pragma unroll
-                    for (int n = 0; n < D / 8; n++) {
-                        o[n][0] *= corr0;
-                        o[n][1] *= corr0;
-                        o[n][2] *= corr1;
-                        o[n][3] *= corr1;
-                    }
-
-                    if constexpr (E4M3) { /* P * v_scale (after the row sums, which take P alone) */
-#pragma unroll
-                        for (int n = 0; n < SUB / 8; n++) {
-                            const float2 sc = *(const float2 *)&sm.v_scale[stage][sub * SUB + 8 * n + 2 * frag_col];
-                            s[n][0] *= sc.x;
-                            s[n][1] *= sc.y;
-                            s[n][2] *= sc.x;
-                            s[n][3] *= sc.y;
-                        }
-                    }
-
-                    /* O += P V: key n-tiles 2kk, 2kk+1 of P are the A fragment of k-step kk */
-#pragma unroll
-                    for (int kk = 0; kk < SUB / 16; kk++) {
-                        uint32_t pa[4], pl[4];
-                        split_bf16x2(s[2 * kk][0], s[2 * kk][1], pa[0], pl[0]);
-                        split_bf16x2(s[2 * kk][2], s[2 * kk][3], pa[1], pl[1]);
-                        split_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1], pa[2], pl[2]);
-                        split_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3], pa[3], pl[3]);
-#pragma unroll
-                        for (int dp = 0; dp < D / 16; dp++) {
-                            uint32_t b[4];
-                            ldmatrix_x4_trans(b, v_base + (uint32_t)(((sub * SUB + kk * 16) * ROW + dp * 16) * 2));
-                            mma_bf16_16816(o[2 * dp], pa, b[0], b[1]);
-                            mma_bf16_16816(o[2 * dp + 1], pa, b[2], b[3]);
-                            mma_bf16_16816(o[2 * dp], pl, b[0], b[1]);
-                            mma_bf16_16816(o[2 * dp + 1], pl, b[2], b[3]);
-                        }
-                    }
+                    const float *v_sc = nullptr;
+                    if constexpr (E4M3) v_sc = &sm.v_scale[stage][sub * SUB];
+                    softmax_pv_step<D, SUB, ROW, E4M3, 2>(s, o, max0, max1, sum0, sum1,
+                                                       v_base + (uint32_t)(sub * SUB * ROW * 2), v_sc, frag_col);
                 }
             }
             __syncthreads(); /* the stage read here is the one loaded next iteration */
@@ -517,6 +570,196 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
 #pragma unroll
         for (int n = 0; n < D / 8; n++)
             *(__nv_bfloat162 *)(dst + 8 * n) = __floats2bfloat162_rn(o[n][2] * inv1, o[n][3] * inv1);
+    }
+}
+
+/* ---- decode: one token per block, keys split over warps and blocks ----------------------- */
+
+/*
+ * The split-K form for decode tokens (gptoss_cuda_attention's contract, partials included):
+ * grid (n_tokens, n_kv_heads, n_splits), ADC_WARPS warps. A block takes one token, the `group`
+ * query heads of one KV head (fragment rows 0..group-1 of one m16 tile; the rest are zero) and
+ * split `blockIdx.z` of the token's key range, cut into tiles of ADC_KEYS keys; warp w takes
+ * tiles w, w + ADC_WARPS, ... and streams them through a two-stage cp.async ring of its own
+ * (no block barrier in the loop), so each warp keeps one tile in flight while it multiplies
+ * the other:
+ *
+ *   warp w: [K, V of tile i+1 landing]   Q (8 heads) . K^T -> S [16 x 32] -> online softmax
+ *                                       P (3 terms) . V -> O [16 x D]        (registers)
+ *   end:    the warps' (max, sum, O) merged through shared memory -> out (one split) or the
+ *           partial (max in natural-log units, sum, O) that gptoss_cuda_attention_merge
+ *           combines with the sink, as the scalar kernel's partials.
+ *
+ * What a tile costs: 16 rows x 32 keys x D of mma for 8 useful rows, so half the tensor-core
+ * work is padding; decode attention is bound by the KV bytes, not by the multiplies (a 32-key
+ * tile is 8 KB of bf16 K and V for 96 mma). The scalar kernel read its tiles with 4-byte loads
+ * into shared memory behind a block barrier and computed one lane per key in fp32.
+ *
+ * Rounding: q and P enter the tensor cores as three bf16 terms each (ADC_TERMS), 24
+ * significant bits, so a decode token's attention is as exact as the fp32 scalar kernel's.
+ * With the prefill kernel's two terms (16 bits) the forward tests saw it: a score of 10 moves
+ * by about 1e-4, enough to flip the bf16 rounding of a few percent of the outputs, and decode
+ * scenarios that had matched the bf16-emulating CPU reference to 1e-7 drifted to 3e-3 (strict
+ * bars failed on 6 of 7 models). Decode is bound by the KV bytes, so the third term costs
+ * little there. The FP8 form decodes a landed stage into the warp's bf16 tile and applies the
+ * scales in fp32 as the prefill kernel does.
+ */
+#define ADC_WARPS 4
+#define ADC_TERMS 3 /* bf16 terms of q and P: 24 significant bits, as the fp32 scalar kernel */
+
+template <int D> struct adc_traits {
+    static constexpr int KEYS = D <= 64 ? 32 : 16; /* keys per warp tile */
+    static constexpr int ROW = atc_traits<D>::ROW;
+};
+
+/* One warp's shared memory: two stages of K and V tiles (bf16 pages), or two stages of codes
+ * and scales plus the bf16 tile the landed stage is decoded into (e4m3 pages). After the key
+ * loop the same bytes hold the warp's share of the merge ([16][D] O, then 16 max, 16 sums). */
+template <int D, bool E4M3> struct adc_warp_smem {
+    alignas(16) bf16 k[2][adc_traits<D>::KEYS * adc_traits<D>::ROW];
+    alignas(16) bf16 v[2][adc_traits<D>::KEYS * adc_traits<D>::ROW];
+};
+template <int D> struct adc_warp_smem<D, true> {
+    alignas(16) bf16 k[1][adc_traits<D>::KEYS * adc_traits<D>::ROW];
+    alignas(16) bf16 v[1][adc_traits<D>::KEYS * adc_traits<D>::ROW];
+    alignas(16) uint8_t k_codes[2][adc_traits<D>::KEYS * D];
+    alignas(16) uint8_t v_codes[2][adc_traits<D>::KEYS * D];
+    alignas(16) float k_scale[2][adc_traits<D>::KEYS];
+    alignas(16) float v_scale[2][adc_traits<D>::KEYS];
+};
+
+template <int D, bool E4M3>
+static __global__ void __launch_bounds__(32 * ADC_WARPS)
+attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_t<E4M3> *v_cache,
+                        const float *k_scale, const float *v_scale, const int32_t *positions,
+                        const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
+                        int32_t block_size, const float *sinks, int32_t n_heads, int32_t n_kv_heads,
+                        int32_t group, int32_t window, int32_t n_splits, float *partial, bf16 *out) {
+    typedef adc_traits<D> tr;
+    constexpr int KT = tr::KEYS, ROW = tr::ROW;
+    typedef adc_warp_smem<D, E4M3> warp_smem;
+    static_assert(sizeof(warp_smem) >= (16 * D + 32) * sizeof(float), "the merge reuses a warp's tiles");
+    extern __shared__ __align__(16) unsigned char adc_smem_raw[];
+    warp_smem *all = (warp_smem *)adc_smem_raw;
+
+    pdl_wait(); /* q, positions and the caches come from earlier kernels */
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int frag_row = lane >> 2, frag_col = lane & 3;
+    const int t = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
+    warp_smem &sm = all[warp];
+    const int p = positions[t];
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int span = p - lo + 1;
+    /* the split's keys [begin, end), as the scalar kernel cuts them (multiples of 32 keys) */
+    const int chunk = ((span + n_splits - 1) / n_splits + 31) / 32 * 32;
+    const int begin = lo + split * chunk;
+    const int end = min(p + 1, begin + chunk);
+    const int n_tiles = end > begin ? (end - begin + KT - 1) / KT : 0;
+    const int my_tiles = n_tiles > warp ? (n_tiles - warp + ADC_WARPS - 1) / ADC_WARPS : 0;
+
+    const int head0 = kv_head * group;
+    const float log2e = 1.4426950408889634f;
+    uint32_t qf[ADC_TERMS][D / 16][4];
+    q_fragments<D, ADC_TERMS>(qf, frag_row < group ? q + ((size_t)t * n_heads + head0 + frag_row) * D : nullptr,
+                              frag_row + 8 < group ? q + ((size_t)t * n_heads + head0 + frag_row + 8) * D : nullptr,
+                              frag_col);
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    /* running max seeded with the row's sink (finite, see the prefill kernel); padding rows 0 */
+    float max0 = frag_row < group ? fmaxf(sinks[head0 + frag_row] * log2e, -1e30f) : 0.0f;
+    float max1 = frag_row + 8 < group ? fmaxf(sinks[head0 + frag_row + 8] * log2e, -1e30f) : 0.0f;
+    float sum0 = 0.0f, sum1 = 0.0f;
+
+    const int32_t *table = block_tables + (size_t)token_seq[t] * max_blocks;
+    auto load_stage = [&](int st, int i) { /* the warp's i-th tile into stage st */
+        const int k1 = begin + (warp + i * ADC_WARPS) * KT;
+        if constexpr (E4M3)
+            load_kv_codes<D, KT, 32>(sm.k_codes[st], sm.v_codes[st], sm.k_scale[st], sm.v_scale[st], k_cache, v_cache,
+                                     k_scale, v_scale, table, block_size, n_kv_heads, kv_head, k1, end, lane);
+        else
+            load_kv_tile<D, KT, 32>(sm.k[st], sm.v[st], k_cache, v_cache, table, block_size, n_kv_heads, kv_head, k1,
+                                    end, lane);
+    };
+    const uint32_t k_lane = k_lane_offset<ROW>(lane), v_lane = v_lane_offset<ROW>(lane);
+    if (my_tiles > 0) load_stage(0, 0);
+    cp_async_commit();
+    for (int i = 0; i < my_tiles; i++) {
+        const int stage = i & 1;
+        if (i + 1 < my_tiles) load_stage(stage ^ 1, i + 1);
+        cp_async_commit(); /* possibly empty: keeps "all but the newest group" = this tile */
+        cp_async_wait<1>();
+        __syncwarp();
+        if constexpr (E4M3) {
+            decode_kv_tile<D, KT, 32>(sm.k[0], sm.v[0], sm.k_codes[stage], sm.v_codes[stage], lane);
+            __syncwarp();
+        }
+        const int tile = E4M3 ? 0 : stage;
+        const int k0 = begin + (warp + i * ADC_WARPS) * KT;
+        float s[KT / 8][4];
+        qk_step<D, KT, ROW, ADC_TERMS>(s, qf, smem_addr(sm.k[tile]) + k_lane);
+        if constexpr (E4M3) scale_keys<KT>(s, sm.k_scale[stage], frag_col);
+        if (k0 + KT > end) { /* the last tile: keys past the split are zero-filled, masked here */
+#pragma unroll
+            for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (k0 + 8 * n + 2 * frag_col + (e & 1) >= end) s[n][e] = -INFINITY;
+        }
+        const float *v_sc = nullptr;
+        if constexpr (E4M3) v_sc = sm.v_scale[stage];
+        softmax_pv_step<D, KT, ROW, E4M3, ADC_TERMS>(s, o, max0, max1, sum0, sum1, smem_addr(sm.v[tile]) + v_lane, v_sc,
+                                          frag_col);
+        __syncwarp(); /* this stage is refilled by the next iteration's load */
+    }
+
+    /* merge the warps: each writes (O, max, sum) of its 16 rows over its own tiles */
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
+    __syncthreads(); /* every warp is done with its tiles */
+    {
+        float *red = (float *)&sm;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            *(float2 *)&red[frag_row * D + 8 * n + 2 * frag_col] = make_float2(o[n][0], o[n][1]);
+            *(float2 *)&red[(frag_row + 8) * D + 8 * n + 2 * frag_col] = make_float2(o[n][2], o[n][3]);
+        }
+        if (frag_col == 0) {
+            red[16 * D + frag_row] = max0;
+            red[16 * D + frag_row + 8] = max1;
+            red[16 * D + 16 + frag_row] = sum0;
+            red[16 * D + 16 + frag_row + 8] = sum1;
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < group * D; idx += 32 * ADC_WARPS) {
+        const int r = idx / D, d = idx % D;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < ADC_WARPS; w++) m = fmaxf(m, ((const float *)&all[w])[16 * D + r]);
+        float num = 0.0f, den = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ADC_WARPS; w++) {
+            const float *red = (const float *)&all[w];
+            const float f = exp2_fast(red[16 * D + r] - m);
+            num += red[r * D + d] * f;
+            den += red[16 * D + 16 + r] * f;
+        }
+        const int head = head0 + r;
+        if (n_splits == 1) {
+            out[((size_t)t * n_heads + head) * D + d] =
+                __float2bfloat16(num / (den + exp2_fast(fmaxf(sinks[head] * log2e, -1e30f) - m)));
+        } else {
+            float *pp = partial + (((size_t)t * n_heads + head) * n_splits + split) * (D + 2);
+            pp[d] = num;
+            if (d == 0) {
+                pp[D] = m * 0.6931471805599453f; /* natural-log units, as the merge reads them */
+                pp[D + 1] = den;
+            }
+        }
     }
 }
 
@@ -575,4 +818,86 @@ int gptoss_cuda_attention_tc_fp8(const float *q, const uint8_t *k_cache, const u
     return attention_tc_launch<true>(q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables,
                                      max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, head_dim, window,
                                      out, stream);
+}
+
+static bool adc_prepared[129]; /* by head_dim: the attribute is set */
+
+/* Raises the kernels' dynamic shared-memory limit (73 KB for D = 64): once per head_dim,
+ * before the first launch, which may sit inside a graph capture. */
+cudaError_t gptoss_cuda_attention_decode_prepare(int32_t head_dim) {
+    cudaError_t e = cudaSuccess;
+    if (head_dim >= 0 && head_dim <= 128 && adc_prepared[head_dim]) return cudaSuccess;
+#define PREPARE_DEC(DIM)                                                                                             \
+    e = cudaFuncSetAttribute(attention_decode_kernel<DIM, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,        \
+                             (int)(ADC_WARPS * sizeof(adc_warp_smem<DIM, false>)));                                   \
+    if (e == cudaSuccess)                                                                                            \
+        e = cudaFuncSetAttribute(attention_decode_kernel<DIM, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
+                                 (int)(ADC_WARPS * sizeof(adc_warp_smem<DIM, true>)));
+    switch (head_dim) {
+    case 16: PREPARE_DEC(16); break;
+    case 32: PREPARE_DEC(32); break;
+    case 64: PREPARE_DEC(64); break;
+    case 128: PREPARE_DEC(128); break;
+    default: return cudaErrorInvalidValue;
+    }
+#undef PREPARE_DEC
+    if (e == cudaSuccess) adc_prepared[head_dim] = true;
+    return e;
+}
+
+/* Checks the shape and launches the decode kernel (and the merge of its splits) for either
+ * page type (scales NULL for bf16). */
+template <bool E4M3>
+static int attention_decode_launch(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_t<E4M3> *v_cache,
+                                   const float *k_scale, const float *v_scale, const int32_t *positions,
+                                   const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
+                                   int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
+                                   int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
+                                   float *partial, bf16 *out, cudaStream_t stream) {
+    if (n_tokens <= 0) return 0;
+    if (n_heads <= 0 || n_kv_heads <= 0 || n_kv_heads > 65535 || n_heads % n_kv_heads != 0) return -1;
+    int32_t group = n_heads / n_kv_heads;
+    if (group > 16 || block_size <= 0 || max_blocks <= 0 || n_splits < 1 || n_splits > 256) return -1;
+    if (n_splits > 1 && partial == nullptr) return -1;
+    if ((((uintptr_t)k_cache | (uintptr_t)v_cache) & 15) != 0 || ((uintptr_t)q & 7) != 0 || ((uintptr_t)out & 1) != 0)
+        return -1;
+    if (E4M3 && (((uintptr_t)k_scale | (uintptr_t)v_scale) & 3) != 0) return -1;
+    if (head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 128) return -1;
+    if (gptoss_cuda_attention_decode_prepare(head_dim) != cudaSuccess) return -1;
+    dim3 grid((unsigned)n_tokens, (unsigned)n_kv_heads, (unsigned)n_splits);
+    dim3 block(32 * ADC_WARPS);
+#define LAUNCH_DEC(DIM)                                                                                              \
+    launch_pdl(attention_decode_kernel<DIM, E4M3>, grid, block, ADC_WARPS * sizeof(adc_warp_smem<DIM, E4M3>), stream, \
+               q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables, max_blocks, block_size,     \
+               sinks, n_heads, n_kv_heads, group, window, n_splits, partial, out)
+    switch (head_dim) {
+    case 16: LAUNCH_DEC(16); break;
+    case 32: LAUNCH_DEC(32); break;
+    case 64: LAUNCH_DEC(64); break;
+    default: LAUNCH_DEC(128); break;
+    }
+#undef LAUNCH_DEC
+    if (n_splits > 1) gptoss_cuda_attention_merge(partial, sinks, n_tokens, n_heads, head_dim, n_splits, out, stream);
+    return 0;
+}
+
+int gptoss_cuda_attention_decode(const float *q, const bf16 *k_cache, const bf16 *v_cache, const int32_t *positions,
+                                 const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
+                                 int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
+                                 int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
+                                 float *partial, bf16 *out, cudaStream_t stream) {
+    return attention_decode_launch<false>(q, k_cache, v_cache, nullptr, nullptr, positions, token_seq, block_tables,
+                                          max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, head_dim,
+                                          window, n_splits, partial, out, stream);
+}
+
+int gptoss_cuda_attention_decode_fp8(const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
+                                     const float *k_scale, const float *v_scale, const int32_t *positions,
+                                     const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
+                                     int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
+                                     int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
+                                     float *partial, bf16 *out, cudaStream_t stream) {
+    return attention_decode_launch<true>(q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables,
+                                         max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, head_dim,
+                                         window, n_splits, partial, out, stream);
 }

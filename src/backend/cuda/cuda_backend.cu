@@ -225,9 +225,11 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
      * GPTOSS_CUDA_GEMV=all sends every projection and lm_head through it (no cuBLAS at all),
      * GPTOSS_CUDA_PDL=0 launches every kernel after its predecessor has fully finished,
      * GPTOSS_CUDA_ATTN_TC=0 keeps prefill attention on the scalar kernel,
+     * GPTOSS_CUDA_ATTN_DECODE=0 keeps decode attention on it,
      * GPTOSS_CUDA_ROUTER_FUSED_MAX=N moves the fused router's step limit (see above),
      * GPTOSS_CUDA_MOE_PATH=1..5 forces a MoE path (default: chosen per step). */
     s->attn_tc = getenv("GPTOSS_CUDA_ATTN_TC") == NULL || strcmp(getenv("GPTOSS_CUDA_ATTN_TC"), "0") != 0;
+    s->attn_decode = getenv("GPTOSS_CUDA_ATTN_DECODE") == NULL || strcmp(getenv("GPTOSS_CUDA_ATTN_DECODE"), "0") != 0;
     s->router_fused_max = ROUTER_FUSED_MAX_TOKENS;
     if (getenv("GPTOSS_CUDA_ROUTER_FUSED_MAX")) {
         int v = atoi(getenv("GPTOSS_CUDA_ROUTER_FUSED_MAX"));
@@ -256,6 +258,12 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     if (st) return st;
     CUDA_TRY(gptoss_cuda_moe_prepare(config->hidden_size, config->intermediate_size), "MoE kernel setup");
     CUDA_TRY(gptoss_cuda_router_prepare(config->hidden_size), "router kernel setup");
+    /* the decode attention kernel's shared memory, set before any graph capture; a head size
+     * it does not take keeps the scalar kernel */
+    if (s->attn_decode && gptoss_cuda_attention_decode_prepare(config->head_dim) != cudaSuccess) {
+        cudaGetLastError();
+        s->attn_decode = false;
+    }
     if (options->fp8_layers) CUDA_TRY(gptoss_cuda_dense_lowp_prepare(), "FP8 GEMV setup");
 
     const gptoss_config *c = config;
@@ -816,6 +824,16 @@ static int layer_attention(gptoss_cuda_state *s, const cuda_layer *L, const cuda
         if (rc != 0) scalar_end = T;
     }
     if (scalar_end == 0) return 0;
+    if (s->attn_decode) { /* tensor cores; the scalar kernel below for shapes it refuses */
+        int rc = s->kv_fp8 ? gptoss_cuda_attention_decode_fp8(w->q, L->k_fp8, L->v_fp8, L->k_scale, L->v_scale, d_pos,
+                                                              d_seq, table, key->max_blocks, s->kv_block_size, L->sinks,
+                                                              scalar_end, NH, NKV, D, window, splits, w->partial,
+                                                              w->attn, s->stream)
+                           : gptoss_cuda_attention_decode(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table,
+                                                          key->max_blocks, s->kv_block_size, L->sinks, scalar_end, NH,
+                                                          NKV, D, window, splits, w->partial, w->attn, s->stream);
+        if (rc == 0) return 0;
+    }
     if (s->kv_fp8)
         return gptoss_cuda_attention_fp8(w->q, L->k_fp8, L->v_fp8, L->k_scale, L->v_scale, d_pos, d_seq, table,
                                          key->max_blocks, s->kv_block_size, L->sinks, scalar_end, NH, NKV, D, window,

@@ -112,6 +112,7 @@ typedef struct gptoss_cuda_state {
     void *summary_scratch;
     int moe_path;             /* 0 auto, 1 GEMV, 2 GEMM, 3 pair GEMV (tests and A/B runs force one) */
     bool attn_tc;            /* tensor-core attention for prefill-shaped steps */
+    bool attn_decode;        /* tensor-core split-K attention for decode tokens */
     int32_t router_fused_max; /* steps of up to this many tokens use the fused router */
     bool use_gemv;            /* decode projections on our GEMV rather than cuBLAS */
     bool gemv_all;            /* diagnostics: every GEMM as GEMV row blocks (GPTOSS_CUDA_GEMV=all) */

@@ -114,7 +114,8 @@ void gptoss_cuda_rope_kv_write_fp8(const float *qkv, const float *qkv_bias, cons
  * Each token attends to key positions [max(0, p - window + 1), p] of its own sequence, where
  * p = positions[t]. n_splits > 1 splits the keys of each token into chunks (split-K) whose
  * partial results go through `partial` [n_tokens, n_heads, n_splits, head_dim + 2] f32 and are
- * merged by a second kernel. out [n_tokens, n_heads * head_dim] bf16. */
+ * merged by a second kernel (n_splits <= 256; returns nonzero above). out [n_tokens,
+ * n_heads * head_dim] bf16. */
 int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cache,
                           const int32_t *positions, const int32_t *token_seq,
                           const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
@@ -132,6 +133,11 @@ int gptoss_cuda_attention_fp8(const float *q, const uint8_t *k_cache, const uint
                               int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
                               int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
                               float *partial, bf16 *out, cudaStream_t stream);
+
+/* Combines split-K partials [n_tokens, n_heads, n_splits, head_dim + 2] (unnormalized output,
+ * max logit, sum of exp relative to it) with the sinks into out [n_tokens, n_heads * head_dim]. */
+void gptoss_cuda_attention_merge(const float *partial, const float *sinks, int32_t n_tokens, int32_t n_heads,
+                                 int32_t head_dim, int32_t n_splits, bf16 *out, cudaStream_t stream);
 
 /* Splits worth using for a step whose longest key span is max_span over n_tokens tokens. */
 int32_t gptoss_cuda_attention_splits(int32_t n_tokens, int32_t n_kv_heads, int32_t max_span,

@@ -379,33 +379,66 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
     }
 }
 
-/* Merges split-K partials with the sink: grid (n_tokens, n_heads), D threads. */
+/* Merges split-K partials with the sink: grid (n_tokens, n_heads), max(D, 32) threads (up to
+ * 128), n_splits <= ATT_MAX_SPLITS. Three short phases instead of every thread walking every
+ * split twice (at 64 splits that serial walk was most of a one-token decode's attention):
+ * the splits' maxima (one per thread) and the block max with the sink; each split's weight
+ * exp(m_s - max) into shared memory with the denominator; then each thread sums its output
+ * dimension over the splits with independent loads. */
+#define ATT_MAX_SPLITS 256
+static __device__ __forceinline__ float block_reduce(float v, bool is_max, float *scratch) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, u) : v + u;
+    }
+    const int warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+    __syncthreads(); /* scratch may still be read from a previous reduction */
+    if ((threadIdx.x & 31) == 0) scratch[warp] = v;
+    __syncthreads();
+    v = scratch[0];
+    for (int w = 1; w < n_warps; w++) v = is_max ? fmaxf(v, scratch[w]) : v + scratch[w];
+    return v;
+}
+
 static __global__ void attention_merge_kernel(const float *partial, const float *sinks,
                                               int32_t n_heads, int32_t head_dim, int32_t n_splits,
                                               bf16 *out) {
-    int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
-    const float *pp = partial + ((size_t)t * n_heads + head) * n_splits * (head_dim + 2);
-    float sink = sinks[head];
-    float mm = sink;
-    for (int s = 0; s < n_splits; s++) mm = fmaxf(mm, pp[s * (head_dim + 2) + head_dim]);
-    float denom = __expf(sink - mm), num = 0.0f;
-    for (int s = 0; s < n_splits; s++) {
-        const float *ps = pp + s * (head_dim + 2);
-        float ms = ps[head_dim];
-        if (ms == -INFINITY) continue;
-        float f = __expf(ms - mm);
-        denom += ps[head_dim + 1] * f;
-        num += ps[d] * f;
+    __shared__ float weight[ATT_MAX_SPLITS];
+    __shared__ float scratch[4];
+    const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+    const int stride = head_dim + 2;
+    const float *pp = partial + ((size_t)t * n_heads + head) * n_splits * stride;
+    const float sink = sinks[head];
+    float m = -INFINITY;
+    for (int s = d; s < n_splits; s += blockDim.x) {
+        weight[s] = pp[s * stride + head_dim];
+        m = fmaxf(m, weight[s]);
     }
-    out[((size_t)t * n_heads + head) * head_dim + d] = __float2bfloat16(num / denom);
+    const float mm = fmaxf(block_reduce(m, true, scratch), sink);
+    float den = 0.0f;
+    for (int s = d; s < n_splits; s += blockDim.x) { /* weight[s] was written by this thread */
+        const float ms = weight[s];
+        const float f = ms == -INFINITY ? 0.0f : __expf(ms - mm);
+        den += pp[s * stride + head_dim + 1] * f;
+        weight[s] = f;
+    }
+    den = block_reduce(den, false, scratch) + __expf(sink - mm); /* its barriers publish weight[] */
+    if (d >= head_dim) return;
+    float num = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < n_splits; s++) num += pp[s * stride + d] * weight[s];
+    out[((size_t)t * n_heads + head) * head_dim + d] = __float2bfloat16(num / den);
 }
 
 int32_t gptoss_cuda_attention_splits(int32_t n_tokens, int32_t n_kv_heads, int32_t max_span,
                                      int32_t n_sms) {
     int32_t blocks = n_tokens * n_kv_heads;
     int32_t splits = 1;
-    /* split while the grid is under two waves and each split keeps >= 128 keys */
-    while (blocks * splits < 2 * n_sms && max_span / (splits * 2) >= 128 && splits < 64) splits *= 2;
+    /* split while the grid is under one block per SM and each split keeps >= 128 keys: for one
+     * token on the 20b shape the decode kernel took 22.0 us at depth 8192 with 32 splits (this
+     * rule) against 28.6 us with 64 (the earlier two-wave rule; the merge grows with the
+     * splits), and 17.1 us at depth 2048 with 16 splits under both rules (H100) */
+    while (blocks * splits < n_sms && max_span / (splits * 2) >= 128 && splits < 64) splits *= 2;
     return splits;
 }
 
@@ -421,6 +454,7 @@ static int attention_launch(const float *q, const KV *k_cache, const KV *v_cache
     int group = n_heads / n_kv_heads;
     if (group < 1 || group > 32 || n_heads % n_kv_heads != 0) return -1;
     if (n_splits < 1) n_splits = 1;
+    if (n_splits > ATT_MAX_SPLITS) return -1;
     dim3 grid(n_tokens, n_kv_heads, n_splits);
     int threads = 32 * group;
     if (threads < 64) threads = 64; /* enough threads for the tile loads */
@@ -440,12 +474,15 @@ static int attention_launch(const float *q, const KV *k_cache, const KV *v_cache
     default: return -1;
     }
 #undef LAUNCH_ATT
-    if (n_splits > 1) {
-        dim3 mgrid(n_tokens, n_heads);
-        attention_merge_kernel<<<mgrid, head_dim, 0, stream>>>(partial, sinks, n_heads, head_dim,
-                                                               n_splits, out);
-    }
+    if (n_splits > 1) gptoss_cuda_attention_merge(partial, sinks, n_tokens, n_heads, head_dim, n_splits, out, stream);
     return 0;
+}
+
+void gptoss_cuda_attention_merge(const float *partial, const float *sinks, int32_t n_tokens, int32_t n_heads,
+                                 int32_t head_dim, int32_t n_splits, bf16 *out, cudaStream_t stream) {
+    dim3 mgrid(n_tokens, n_heads);
+    attention_merge_kernel<<<mgrid, head_dim < 32 ? 32 : head_dim, 0, stream>>>(partial, sinks, n_heads, head_dim,
+                                                                              n_splits, out);
 }
 
 int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cache,
