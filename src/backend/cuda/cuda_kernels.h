@@ -87,6 +87,7 @@ void gptoss_cuda_residual_rmsnorm(float *x, const float *add, const float *add_b
  * qkv [n_tokens, (n_heads + 2*n_kv_heads) * head_dim] f32 (q | k | v), qkv_bias same width;
  * q_out [n_tokens, n_heads, head_dim] f32; caches [n_blocks, block_size, n_kv_heads, head_dim];
  * block_tables [n_seqs, max_blocks]; token_seq [n_tokens] = sequence of each token.
+ * head_dim even, at most 128.
  */
 void gptoss_cuda_rope_kv_write(const float *qkv, const float *qkv_bias, const int32_t *positions,
                                const int32_t *token_seq, const float *inv_freq,

@@ -116,79 +116,120 @@ static __device__ __forceinline__ __nv_bfloat162 e4m3x2_to_bf16x2(uint32_t codes
     return __floats2bfloat162_rn(v.x, v.y);
 }
 
-/* The largest of one value per thread over the block (blockDim.x <= 64, every thread
- * calls it; NaN is skipped as by fmaxf, like kv_fp8.h's host loop). */
-static __device__ __forceinline__ float block_max64(float v, float *scratch) {
-    scratch[threadIdx.x] = v;
+/* ---- QKV bias + RoPE + KV write ------------------------------------------------------- */
+
+/* Heads per block of the RoPE + KV write kernel. One head per 32-thread block made a
+ * 2048-token 20b step 147k tiny blocks: 92 us per layer where its 80 MB need about 27. */
+#define ROPE_HEADS 8
+
+/* The largest of one value per thread over the threads of this threadIdx.y (one head; every
+ * thread of the block calls it; NaN is skipped as by fmaxf, like kv_fp8.h's host loop). */
+static __device__ __forceinline__ float head_max(float v, float *scratch) {
+    float *row = scratch + threadIdx.y * blockDim.x;
+    row[threadIdx.x] = v;
     __syncthreads();
     float m = 0.0f;
-    for (int i = 0; i < (int)blockDim.x; i++) m = fmaxf(m, scratch[i]);
+    for (int i = 0; i < (int)blockDim.x; i++) m = fmaxf(m, row[i]);
     __syncthreads(); /* scratch may be reused */
     return m;
 }
 
-/* ---- QKV bias + RoPE + KV write ------------------------------------------------------- */
-
-/* Grid (n_tokens, n_heads + n_kv_heads), head_dim/2 threads: one thread per rotated pair
- * (j, j + D/2). Blocks of the k heads also copy the matching v head into the cache; with e4m3
- * pages they first find the head vector's absmax over the block (both of k and of v), then
- * write codes and the two scales (kv_fp8.h). */
+/* Grid (n_tokens, q_blocks + ceil(n_kv_heads / ROPE_HEADS)), (head_dim / 2, ROPE_HEADS)
+ * threads: thread (j, y) takes the rotated pair (j, j + D/2) of one head of the token. Blocks
+ * below q_blocks hold query heads; the others hold KV heads, whose threads also copy the
+ * matching v head into the cache (with e4m3 pages after the head vector's absmax over its
+ * threads, for k and for v, then codes and the two scales, kv_fp8.h), so every thread of a
+ * block takes the same branch around the barriers. The token's cos and sin are computed once
+ * per block. */
 template <typename KV>
 static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, const int32_t *positions,
                                       const int32_t *token_seq, const float *inv_freq,
                                       float concentration, int32_t n_heads, int32_t n_kv_heads,
                                       int32_t head_dim, const int32_t *block_tables,
                                       int32_t max_blocks, int32_t block_size, float *q_out,
-                                      KV *k_cache, KV *v_cache, float *k_scale, float *v_scale) {
-    int t = blockIdx.x, head = blockIdx.y, j = threadIdx.x;
-    int half = head_dim / 2;
-    int width = (n_heads + 2 * n_kv_heads) * head_dim;
+                                      KV *k_cache, KV *v_cache, float *k_scale, float *v_scale,
+                                      int32_t q_blocks) {
+    __shared__ float cos_s[64], sin_s[64]; /* head_dim <= 128 */
+    const int t = blockIdx.x, j = threadIdx.x, y = threadIdx.y;
+    const int half = head_dim / 2;
+    const bool kv_block = (int)blockIdx.y >= q_blocks;
+    const int head = kv_block ? n_heads + ((int)blockIdx.y - q_blocks) * ROPE_HEADS + y : (int)blockIdx.y * ROPE_HEADS + y;
+    const bool valid = head < (kv_block ? n_heads + n_kv_heads : n_heads);
+    const int width = (n_heads + 2 * n_kv_heads) * head_dim;
     const float *row = qkv + (size_t)t * width;
-    int p = positions[t];
-    float angle = (float)p * inv_freq[j];
-    float s, c;
-    sincosf(angle, &s, &c);
-    c *= concentration;
-    s *= concentration;
-    int base = head * head_dim;
-    float a = row[base + j] + qkv_bias[base + j];
-    float b = row[base + j + half] + qkv_bias[base + j + half];
-    float ra = a * c - b * s;
-    float rb = b * c + a * s;
-    if (head < n_heads) {
-        float scale = rsqrtf((float)head_dim);
+    const int p = positions[t];
+    if (y == 0) {
+        float angle = (float)p * inv_freq[j];
+        float sv, cv;
+        sincosf(angle, &sv, &cv);
+        cos_s[j] = cv * concentration;
+        sin_s[j] = sv * concentration;
+    }
+    __syncthreads();
+    const float c = cos_s[j], s = sin_s[j];
+    float ra = 0.0f, rb = 0.0f;
+    if (valid) {
+        const int base = head * head_dim;
+        const float a = row[base + j] + qkv_bias[base + j];
+        const float b = row[base + j + half] + qkv_bias[base + j + half];
+        ra = a * c - b * s;
+        rb = b * c + a * s;
+    }
+    if (!kv_block) {
+        if (!valid) return;
+        const float scale = rsqrtf((float)head_dim);
         float *qo = q_out + ((size_t)t * n_heads + head) * head_dim;
         qo[j] = ra * scale;
         qo[j + half] = rb * scale;
-    } else {
-        int g = head - n_heads;
-        int seq = token_seq[t];
-        int blk = block_tables[(size_t)seq * max_blocks + p / block_size];
-        size_t slot = ((size_t)blk * block_size + p % block_size) * n_kv_heads + g;
-        KV *kd = k_cache + slot * head_dim;
-        KV *vd = v_cache + slot * head_dim;
-        int vbase = (n_heads + n_kv_heads + g) * head_dim;
-        float va = row[vbase + j] + qkv_bias[vbase + j];
-        float vb = row[vbase + j + half] + qkv_bias[vbase + j + half];
-        if constexpr (kv_page_traits<KV>::e4m3) {
-            __shared__ float scratch[64];
-            float ks = gptoss_kv_fp8_scale(block_max64(fmaxf(fabsf(ra), fabsf(rb)), scratch));
-            float vs = gptoss_kv_fp8_scale(block_max64(fmaxf(fabsf(va), fabsf(vb)), scratch));
-            kd[j] = gptoss_kv_fp8_quantize(ra, ks);
-            kd[j + half] = gptoss_kv_fp8_quantize(rb, ks);
-            vd[j] = gptoss_kv_fp8_quantize(va, vs);
-            vd[j + half] = gptoss_kv_fp8_quantize(vb, vs);
-            if (j == 0) {
-                k_scale[slot] = ks;
-                v_scale[slot] = vs;
-            }
-        } else {
-            kd[j] = __float2bfloat16(ra);
-            kd[j + half] = __float2bfloat16(rb);
-            vd[j] = __float2bfloat16(va);
-            vd[j + half] = __float2bfloat16(vb);
-        }
+        return;
     }
+    const int g = head - n_heads;
+    float va = 0.0f, vb = 0.0f;
+    size_t slot = 0;
+    if (valid) {
+        const int vbase = (n_heads + n_kv_heads + g) * head_dim;
+        va = row[vbase + j] + qkv_bias[vbase + j];
+        vb = row[vbase + j + half] + qkv_bias[vbase + j + half];
+        const int blk = block_tables[(size_t)token_seq[t] * max_blocks + p / block_size];
+        slot = ((size_t)blk * block_size + p % block_size) * n_kv_heads + g;
+    }
+    KV *kd = k_cache + slot * head_dim;
+    KV *vd = v_cache + slot * head_dim;
+    if constexpr (kv_page_traits<KV>::e4m3) {
+        __shared__ float scratch[ROPE_HEADS * 64];
+        const float ks = gptoss_kv_fp8_scale(head_max(fmaxf(fabsf(ra), fabsf(rb)), scratch));
+        const float vs = gptoss_kv_fp8_scale(head_max(fmaxf(fabsf(va), fabsf(vb)), scratch));
+        if (!valid) return;
+        kd[j] = gptoss_kv_fp8_quantize(ra, ks);
+        kd[j + half] = gptoss_kv_fp8_quantize(rb, ks);
+        vd[j] = gptoss_kv_fp8_quantize(va, vs);
+        vd[j + half] = gptoss_kv_fp8_quantize(vb, vs);
+        if (j == 0) {
+            k_scale[slot] = ks;
+            v_scale[slot] = vs;
+        }
+    } else {
+        if (!valid) return;
+        kd[j] = __float2bfloat16(ra);
+        kd[j + half] = __float2bfloat16(rb);
+        vd[j] = __float2bfloat16(va);
+        vd[j + half] = __float2bfloat16(vb);
+    }
+}
+
+/* Launches rope_kv_kernel for either page type (scales NULL for bf16 pages). */
+template <typename KV>
+static void rope_kv_launch(const float *qkv, const float *qkv_bias, const int32_t *positions, const int32_t *token_seq,
+                           const float *inv_freq, float concentration, int32_t n_tokens, int32_t n_heads,
+                           int32_t n_kv_heads, int32_t head_dim, const int32_t *block_tables, int32_t max_blocks,
+                           int32_t block_size, float *q_out, KV *k_cache, KV *v_cache, float *k_scale,
+                           float *v_scale, cudaStream_t stream) {
+    if (n_tokens <= 0) return;
+    const int32_t q_blocks = (n_heads + ROPE_HEADS - 1) / ROPE_HEADS;
+    dim3 grid(n_tokens, q_blocks + (n_kv_heads + ROPE_HEADS - 1) / ROPE_HEADS);
+    rope_kv_kernel<KV><<<grid, dim3(head_dim / 2, ROPE_HEADS), 0, stream>>>(
+        qkv, qkv_bias, positions, token_seq, inv_freq, concentration, n_heads, n_kv_heads, head_dim, block_tables,
+        max_blocks, block_size, q_out, k_cache, v_cache, k_scale, v_scale, q_blocks);
 }
 
 void gptoss_cuda_rope_kv_write(const float *qkv, const float *qkv_bias, const int32_t *positions,
@@ -197,12 +238,9 @@ void gptoss_cuda_rope_kv_write(const float *qkv, const float *qkv_bias, const in
                                int32_t n_kv_heads, int32_t head_dim, const int32_t *block_tables,
                                int32_t max_blocks, int32_t block_size, float *q_out,
                                bf16 *k_cache, bf16 *v_cache, cudaStream_t stream) {
-    if (n_tokens <= 0) return;
-    dim3 grid(n_tokens, n_heads + n_kv_heads);
-    rope_kv_kernel<bf16><<<grid, head_dim / 2, 0, stream>>>(qkv, qkv_bias, positions, token_seq, inv_freq,
-                                                            concentration, n_heads, n_kv_heads, head_dim,
-                                                            block_tables, max_blocks, block_size, q_out,
-                                                            k_cache, v_cache, nullptr, nullptr);
+    rope_kv_launch<bf16>(qkv, qkv_bias, positions, token_seq, inv_freq, concentration, n_tokens, n_heads, n_kv_heads,
+                         head_dim, block_tables, max_blocks, block_size, q_out, k_cache, v_cache, nullptr, nullptr,
+                         stream);
 }
 
 void gptoss_cuda_rope_kv_write_fp8(const float *qkv, const float *qkv_bias, const int32_t *positions,
@@ -211,12 +249,9 @@ void gptoss_cuda_rope_kv_write_fp8(const float *qkv, const float *qkv_bias, cons
                                    const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
                                    float *q_out, uint8_t *k_cache, uint8_t *v_cache, float *k_scale,
                                    float *v_scale, cudaStream_t stream) {
-    if (n_tokens <= 0) return;
-    dim3 grid(n_tokens, n_heads + n_kv_heads);
-    rope_kv_kernel<uint8_t><<<grid, head_dim / 2, 0, stream>>>(qkv, qkv_bias, positions, token_seq, inv_freq,
-                                                               concentration, n_heads, n_kv_heads, head_dim,
-                                                               block_tables, max_blocks, block_size, q_out,
-                                                               k_cache, v_cache, k_scale, v_scale);
+    rope_kv_launch<uint8_t>(qkv, qkv_bias, positions, token_seq, inv_freq, concentration, n_tokens, n_heads,
+                            n_kv_heads, head_dim, block_tables, max_blocks, block_size, q_out, k_cache, v_cache,
+                            k_scale, v_scale, stream);
 }
 
 /* ---- attention -------------------------------------------------------------------------- */
