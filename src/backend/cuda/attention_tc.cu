@@ -579,7 +579,8 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
  * The split-K form for decode tokens (gptoss_cuda_attention's contract, partials included):
  * grid (n_tokens, n_kv_heads, n_splits), ADC_WARPS warps. A block takes one token, the `group`
  * query heads of one KV head (fragment rows 0..group-1 of one m16 tile; the rest are zero) and
- * split `blockIdx.z` of the token's key range, cut into tiles of ADC_KEYS keys; warp w takes
+ * split `blockIdx.z` of the token's key range, cut into tiles of 32 keys (16 for head_dim
+ * 128: adc_traits); warp w takes
  * tiles w, w + ADC_WARPS, ... and streams them through a two-stage cp.async ring of its own
  * (no block barrier in the loop), so each warp keeps one tile in flight while it multiplies
  * the other:
