@@ -8,7 +8,8 @@
  * storage precision of each output and are stated next to each check. Prints one line per
  * case and a summary table last; exits 1 on any failure.
  *
- *   gpu_test_kernels [SECTION,...]   sections: norm rope attention kvfp8 router gemv fp8 moe summary
+ *   gpu_test_kernels [SECTION,...]   sections: norm rope attention kvfp8 router gemv fp8 moe wgmma summary
+ *                                    (wgmma: only the MoE cases of path 6, also part of moe)
  *                                    (default: all; a subset re-checks one kernel family in
  *                                    less time)
  */
@@ -937,7 +938,7 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     CK(gptoss_cuda_moe_prepare(H, I));
     bf16 *d_h = dev_poisoned<bf16>((size_t)T * K * I);
     float *d_y = dev_poisoned<float>((size_t)T * K * H);
-    gptoss_cuda_moe_weights w = {d_gub, d_gus, d_gubias, d_dnb, d_dns, d_dnbias, E, H, I, 7.0f, 1.702f, false, false};
+    gptoss_cuda_moe_weights w = {d_gub, d_gus, d_gubias, d_dnb, d_dns, d_dnbias, E, H, I, 7.0f, 1.702f, false, false, false};
     unsigned *d_scratch = dev_poisoned<unsigned>(4);
     CK(gptoss_cuda_moe_check_mma(&w, nullptr, d_scratch, 0));
     /* path 4 is exact only for scale bytes in [104, 128]: wide scales must turn it down */
@@ -954,6 +955,18 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
         char nm[96];
         snprintf(nm, sizeof nm, "moe pair-mma check H=%d I=%d%s: pair_mma_ok=0", H, I, wide_scales ? " wide" : "");
         check(nm, bad, one, 0.0);
+    }
+    /* path 6 runs on every sm_90 device for widths that are multiples of 64 */
+    if (path == 6 && H % 64 == 0 && I % 64 == 0 && !wide_scales) {
+        cudaDeviceProp prop;
+        CK(cudaGetDeviceProperties(&prop, 0));
+        if ((prop.major == 9 && prop.minor == 0) != w.wg_ok) {
+            std::vector<double> bad = {NAN}, one = {1.0};
+            char nm[96];
+            snprintf(nm, sizeof nm, "moe wgmma check H=%d I=%d: wg_ok=%d on sm_%d%d", H, I, (int)w.wg_ok, prop.major,
+                     prop.minor);
+            check(nm, bad, one, 0.0);
+        }
     }
     int used_path = gptoss_cuda_moe_choose_path(path, T, K, &w);
     if (path == 0 && T == 1 && used_path != 5) {
@@ -1018,7 +1031,7 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     std::vector<double> got(y.begin(), y.end());
     char name[96];
     snprintf(name, sizeof name, "moe %s T=%d H=%d I=%d E=%d pattern=%d%s",
-             used_path == 5 ? "pair-mma" : used_path == 4 ? "mma" : used_path == 3 ? "pair-gemv" : used_path == 1 ? "gemv" : "gemm", T, H, I, E,
+             used_path == 6 ? "wgmma" : used_path == 5 ? "pair-mma" : used_path == 4 ? "mma" : used_path == 3 ? "pair-gemv" : used_path == 1 ? "gemv" : "gemm", T, H, I, E,
              pattern, wide_scales ? " scales 110..140" : "");
     check(name, got, ref, 2e-3); /* fp32 accumulation; h is bf16 on both sides, rare 1-ulp flips */
     cudaFree(d_gub), cudaFree(d_gus), cudaFree(d_dnb), cudaFree(d_dns), cudaFree(d_gubias), cudaFree(d_dnbias);
@@ -1411,7 +1424,7 @@ static void test_logits_summary(int rows, int V, int n_top, int mode) {
     cudaFree(d_lse);
 }
 
-static const char *const kSections[] = {"norm", "rope", "attention", "kvfp8", "router", "gemv", "fp8", "moe",
+static const char *const kSections[] = {"norm", "rope", "attention", "kvfp8", "router", "gemv", "fp8", "moe", "wgmma",
                                         "summary"};
 static const char *g_sections = NULL; /* comma-separated list from the command line, NULL = all */
 
@@ -1637,6 +1650,22 @@ int main(int argc, char **argv) {
         test_moe(4096, 64, 64, 4, 4, 1, 4);
         test_moe(1, 4096, 4096, 8, 4, 0, 4);
         test_moe(300, 256, 192, 16, 4, 0, 4, true); /* scales past 2^1: path 4 declines, another runs */
+    }
+
+    if (want("moe") || want("wgmma")) {
+        /* path 6 (wgmma): 128-row route tiles multiplied 32, 64, 96 or 128 columns wide (the
+         * tile's rows rounded up to 32; loads from 1 to 1000 rows per expert), a partial last
+         * stage (H = 256: 4 atoms in stages of 3), a partial row block (256 down rows in blocks
+         * of 192), skewed and sparse loads, one expert with every token, experts with none;
+         * widths that are not multiples of 64 (160) and wide scales fall back */
+        for (int T : {1, 16, 100, 1000}) test_moe(T, 2880, 2880, 32, 4, T % 3, 6);
+        for (int T : {33, 500, 2048}) test_moe(T, 2880, 2880, 128, 4, T % 2, 6);
+        for (int T : {1, 7, 64, 65, 100, 333, 1000, 4096}) test_moe(T, 256, 192, 16, 4, T % 3, 6);
+        test_moe(4096, 64, 64, 4, 4, 1, 6);
+        test_moe(200, 4096, 4096, 8, 4, 0, 6); /* widest rows: the largest shared-memory request */
+        test_moe(500, 160, 96, 8, 2, 2, 6);    /* not multiples of 64: path 4 runs */
+        test_moe(300, 256, 192, 16, 4, 0, 6, true);
+        test_moe(1000, 2880, 2880, 32, 4, 0, 0); /* the default choice for a prefill step */
     }
 
     if (want("summary")) {

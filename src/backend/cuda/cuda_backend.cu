@@ -227,7 +227,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
      * GPTOSS_CUDA_ATTN_TC=0 keeps prefill attention on the scalar kernel,
      * GPTOSS_CUDA_ATTN_DECODE=0 keeps decode attention on it,
      * GPTOSS_CUDA_ROUTER_FUSED_MAX=N moves the fused router's step limit (see above),
-     * GPTOSS_CUDA_MOE_PATH=1..5 forces a MoE path (default: chosen per step). */
+     * GPTOSS_CUDA_MOE_PATH=1..6 forces a MoE path (default: chosen per step). */
     s->attn_tc = getenv("GPTOSS_CUDA_ATTN_TC") == NULL || strcmp(getenv("GPTOSS_CUDA_ATTN_TC"), "0") != 0;
     s->attn_decode = getenv("GPTOSS_CUDA_ATTN_DECODE") == NULL || strcmp(getenv("GPTOSS_CUDA_ATTN_DECODE"), "0") != 0;
     s->router_fused_max = ROUTER_FUSED_MAX_TOKENS;
@@ -241,7 +241,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     s->gemv_all = getenv("GPTOSS_CUDA_GEMV") && strcmp(getenv("GPTOSS_CUDA_GEMV"), "all") == 0;
     if (getenv("GPTOSS_CUDA_MOE_PATH")) {
         int mp = atoi(getenv("GPTOSS_CUDA_MOE_PATH"));
-        s->moe_path = mp >= 1 && mp <= 5 ? mp : 0;
+        s->moe_path = mp >= 1 && mp <= 6 ? mp : 0;
     }
     if (getenv("GPTOSS_CUDA_PROFILE") && strcmp(getenv("GPTOSS_CUDA_PROFILE"), "0") != 0) {
         for (int i = 0; i < GPTOSS_CUDA_MAX_PROF_EVENTS; i++)

@@ -211,6 +211,7 @@ typedef struct gptoss_cuda_moe_weights {
     float swiglu_limit, swiglu_alpha;
     bool mma_ok;      /* set by gptoss_cuda_moe_check_mma: path 4 is exact for this layer */
     bool pair_mma_ok; /* ... and path 5 is */
+    bool wg_ok;       /* ... and path 6 is, and runs here (mma_ok on an sm_90 device) */
 } gptoss_cuda_moe_weights;
 
 /*
@@ -223,7 +224,8 @@ typedef struct gptoss_cuda_moe_weights {
  * [n_tokens, k_top] and ignores route, which need not have been built), 4 = mma.sync
  * grouped GEMM with fp16 operands (only where w->mma_ok; it also uses y as scratch for the
  * fp16 copy of t before writing it), 5 = pair GEMV on the tensor cores (like 3; only where
- * w->pair_mma_ok, else 3; h by pair as fp16 in the mma layout). The route must have been
+ * w->pair_mma_ok, else 3; h by pair as fp16 in the mma layout), 6 = path 4 on wgmma (sm_90a;
+ * only where w->wg_ok, else 4; h fp16 in the wgmma layout). The route must have been
  * built for the same path (paths 3 and 5 need none).
  */
 #define GPTOSS_MOE_PAIR_MAX 8
