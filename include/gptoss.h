@@ -184,6 +184,13 @@ typedef struct gptoss_backend_options {
     int32_t kv_block_size;       /* tokens per KV page (default 16) */
     int32_t n_kv_blocks;         /* pages in the full-attention pool */
     int32_t n_sliding_kv_blocks; /* pages in the sliding pool; 0 = n_kv_blocks */
+    /* CUDA: the sliding layers' pages share the full layers' memory (the k-th sliding layer
+     * uses the k-th full layer's buffers), so one space of n_kv_blocks page ids serves both
+     * pools and n_sliding_kv_blocks is ignored. The caller must then hand out every id to at
+     * most one pool at a time (the engine does: gptoss_engine_options.kv_shared_pages). Needs
+     * as many sliding as full layers; a backend that cannot share clears it (read back with
+     * gptoss_backend_get_options). */
+    bool kv_shared_pages;
     int32_t device;              /* CUDA device ordinal */
     gptoss_progress_fn progress; /* optional: weight upload progress */
     void *progress_user;

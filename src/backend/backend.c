@@ -130,6 +130,8 @@ static gptoss_status backend_prepare(const gptoss_backend_options *options, gpto
     if (o.kv_block_size <= 0) o.kv_block_size = 16;
     if (o.n_kv_blocks <= 0) o.n_kv_blocks = 256;
     if (o.n_sliding_kv_blocks <= 0) o.n_sliding_kv_blocks = o.n_kv_blocks;
+    /* the CPU backend keeps its sliding pages apart: nothing to share */
+    if (o.kind == GPTOSS_BACKEND_CPU) o.kv_shared_pages = false;
     if (o.kv_block_size > 4096)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "backend: kv_block_size %d is too large",
                                 o.kv_block_size);

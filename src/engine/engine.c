@@ -166,6 +166,7 @@ void gptoss_engine_options_for_backend(gptoss_engine_options *o, const gptoss_co
     o->kv_block_size = backend_options->kv_block_size;
     o->n_kv_blocks = backend_options->n_kv_blocks;
     o->n_sliding_kv_blocks = backend_options->n_sliding_kv_blocks;
+    o->kv_shared_pages = backend_options->kv_shared_pages;
     if (config->max_position_embeddings < o->max_model_len || o->max_model_len <= 0)
         o->max_model_len = config->max_position_embeddings;
     o->n_eos_token_ids = 0;
@@ -215,7 +216,7 @@ static gptoss_status validate_options(const gptoss_engine_options *o, gptoss_err
                                     "engine options: eos token %d is outside the vocabulary",
                                     o->eos_token_ids[i]);
     if (o->sliding_window > 0) {
-        int32_t sliding = o->n_sliding_kv_blocks ? o->n_sliding_kv_blocks : o->n_kv_blocks;
+        int32_t sliding = o->n_sliding_kv_blocks && !o->kv_shared_pages ? o->n_sliding_kv_blocks : o->n_kv_blocks;
         int32_t need = (o->sliding_window - 1 + o->kv_block_size - 1) / o->kv_block_size + 1;
         if (sliding < need)
             return gptoss_set_error(error, GPTOSS_ERR_CAPACITY,
@@ -389,12 +390,13 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
     gptoss_engine *e = calloc(1, sizeof *e);
     if (!e) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (engine)");
     e->options = *options;
-    if (e->options.sliding_window > 0 && e->options.n_sliding_kv_blocks == 0)
+    if (e->options.sliding_window > 0 && (e->options.n_sliding_kv_blocks == 0 || options->kv_shared_pages))
         e->options.n_sliding_kv_blocks = e->options.n_kv_blocks;
     gptoss_kv_manager_options kv_options = {
         .block_size = options->kv_block_size,
         .n_blocks = options->n_kv_blocks,
         .n_sliding_blocks = e->options.sliding_window > 0 ? e->options.n_sliding_kv_blocks : 0,
+        .shared_pages = options->kv_shared_pages,
         .enable_prefix_cache = options->enable_prefix_cache,
         .hash_bits = options->prefix_hash_bits,
     };
@@ -726,6 +728,7 @@ static void publish_stats(gptoss_engine *e) {
     s->n_waiting_requests = e->n_queued;
     s->kv_blocks_total = gptoss_kv_total(e->kv, GPTOSS_KV_POOL_FULL);
     s->kv_blocks_used = gptoss_kv_used(e->kv, GPTOSS_KV_POOL_FULL);
+    if (gptoss_kv_shared_pages(e->kv)) s->kv_blocks_used += gptoss_kv_used(e->kv, GPTOSS_KV_POOL_SLIDING);
     s->kv_blocks_cached = gptoss_kv_idle_cached(e->kv, GPTOSS_KV_POOL_FULL);
     s->sliding_blocks_total = gptoss_kv_total(e->kv, GPTOSS_KV_POOL_SLIDING);
     s->sliding_blocks_used = gptoss_kv_used(e->kv, GPTOSS_KV_POOL_SLIDING);

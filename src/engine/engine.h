@@ -68,6 +68,8 @@ typedef struct gptoss_engine_options {
     int32_t kv_block_size;          /* tokens per KV page; must match the backend */
     int32_t n_kv_blocks;            /* pages in the full-attention pool; match the backend */
     int32_t n_sliding_kv_blocks;    /* pages in the sliding pool (0 = n_kv_blocks) */
+    bool kv_shared_pages;           /* one id space of n_kv_blocks for both pools (kv_cache.h);
+                                       required when the backend shares them */
     gptoss_kv_dtype kv_dtype;       /* recorded only; the backend stores the pages */
     int32_t max_num_seqs;           /* sequences per step (default 64) */
     int32_t max_num_batched_tokens; /* new tokens per step, decodes + prefill (default 2048) */
@@ -251,8 +253,9 @@ typedef struct gptoss_engine_stats {
     int32_t n_running;          /* sequences holding KV and being stepped */
     int32_t n_waiting;          /* sequences queued (new or preempted), requests not yet taken in */
     int32_t n_waiting_requests; /* requests not yet started (queue length) */
-    int32_t kv_blocks_total;    /* full-attention pool */
-    int32_t kv_blocks_used;     /* referenced by a sequence (cached-but-idle not counted) */
+    int32_t kv_blocks_total;    /* full-attention pool (shared pages: the whole id space) */
+    int32_t kv_blocks_used;     /* referenced by a sequence (cached-but-idle not counted; shared
+                                   pages: both pools' pages) */
     int32_t kv_blocks_cached;   /* idle blocks kept for the prefix cache (evictable) */
     int32_t sliding_blocks_total;
     int32_t sliding_blocks_used;

@@ -24,8 +24,9 @@ typedef struct kv_pool {
     int32_t lru_head;    /* least recently released idle cached page, -1 = empty */
     int32_t lru_tail;    /* most recently released */
     int32_t n_idle;      /* pages on the LRU list */
-    int32_t *free_stack; /* [n_blocks] free pages */
+    int32_t *free_stack; /* [n_blocks] free pages (shared pages: FULL's stack serves both) */
     int32_t n_free;
+    int32_t n_owned; /* pages taken from the free list: referenced or idle cached */
 } kv_pool;
 
 typedef struct kv_entry {
@@ -41,6 +42,7 @@ typedef struct kv_entry {
 struct gptoss_kv_manager {
     int32_t block_size;
     bool has_sliding;
+    bool shared; /* one id space for both pools */
     bool prefix_cache;
     uint64_t index_mask;   /* applied to the first 8 digest bytes */
     kv_pool pools[2];      /* FULL, SLIDING */
@@ -54,7 +56,7 @@ struct gptoss_kv_manager {
     uint64_t next_uid;
 };
 
-static bool pool_init(kv_pool *pool, int32_t n_blocks) {
+static bool pool_init(kv_pool *pool, int32_t n_blocks, bool with_free_pages) {
     memset(pool, 0, sizeof *pool);
     pool->n_blocks = n_blocks;
     pool->lru_head = pool->lru_tail = -1;
@@ -73,7 +75,7 @@ static bool pool_init(kv_pool *pool, int32_t n_blocks) {
         /* Pop order 0, 1, 2, ...: the stack holds pages in reverse. */
         pool->free_stack[i] = n_blocks - 1 - i;
     }
-    pool->n_free = n_blocks;
+    pool->n_free = with_free_pages ? n_blocks : 0;
     return true;
 }
 
@@ -120,6 +122,11 @@ gptoss_status gptoss_kv_manager_create(const gptoss_kv_manager_options *options,
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                 "kv pools need at least one block (got %d full, %d sliding)",
                                 options->n_blocks, options->n_sliding_blocks);
+    if (options->shared_pages && options->n_sliding_blocks != 0 &&
+        options->n_sliding_blocks != options->n_blocks)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "shared kv pages need one id space (got %d full, %d sliding)",
+                                options->n_blocks, options->n_sliding_blocks);
     if (options->hash_bits < 0 || options->hash_bits > 64)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                 "prefix hash bits %d is out of range [0, 64]", options->hash_bits);
@@ -127,6 +134,7 @@ gptoss_status gptoss_kv_manager_create(const gptoss_kv_manager_options *options,
     if (!kv) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (kv manager)");
     kv->block_size = options->block_size;
     kv->has_sliding = options->n_sliding_blocks > 0;
+    kv->shared = options->shared_pages && kv->has_sliding;
     kv->prefix_cache = options->enable_prefix_cache;
     int bits = options->hash_bits == 0 ? 64 : options->hash_bits;
     kv->index_mask = bits == 64 ? UINT64_MAX : ((uint64_t)1 << bits) - 1;
@@ -135,8 +143,8 @@ gptoss_status gptoss_kv_manager_create(const gptoss_kv_manager_options *options,
     kv->n_buckets = 1;
     while (kv->n_buckets < n)
         kv->n_buckets <<= 1;
-    bool ok = pool_init(&kv->pools[GPTOSS_KV_POOL_FULL], options->n_blocks) &&
-              pool_init(&kv->pools[GPTOSS_KV_POOL_SLIDING], options->n_sliding_blocks);
+    bool ok = pool_init(&kv->pools[GPTOSS_KV_POOL_FULL], options->n_blocks, true) &&
+              pool_init(&kv->pools[GPTOSS_KV_POOL_SLIDING], options->n_sliding_blocks, !kv->shared);
     kv->entries = calloc(n, sizeof(kv_entry));
     kv->entry_tokens = malloc(n * (size_t)kv->block_size * sizeof(int32_t));
     kv->free_entries = malloc(n * sizeof(int32_t));
@@ -169,6 +177,21 @@ void gptoss_kv_manager_free(gptoss_kv_manager *kv) {
 
 bool gptoss_kv_has_sliding(const gptoss_kv_manager *kv) {
     return kv->has_sliding;
+}
+bool gptoss_kv_shared_pages(const gptoss_kv_manager *kv) {
+    return kv->shared;
+}
+
+/* The pool whose free list serves pool_id. */
+static kv_pool *free_list(gptoss_kv_manager *kv, gptoss_kv_pool_id pool_id) {
+    return &kv->pools[kv->shared ? GPTOSS_KV_POOL_FULL : pool_id];
+}
+
+/* Page b leaves pool_id (unreferenced, unnamed, off the LRU list) for the free list. */
+static void page_free(gptoss_kv_manager *kv, gptoss_kv_pool_id pool_id, int32_t b) {
+    kv_pool *fl = free_list(kv, pool_id);
+    kv->pools[pool_id].n_owned--;
+    fl->free_stack[fl->n_free++] = b;
 }
 int32_t gptoss_kv_block_size(const gptoss_kv_manager *kv) {
     return kv->block_size;
@@ -209,7 +232,7 @@ static void entry_drop(gptoss_kv_manager *kv, int32_t e) {
         sliding->entry[s] = -1;
         if (sliding->ref_count[s] == 0) {
             lru_remove(sliding, s);
-            sliding->free_stack[sliding->n_free++] = s;
+            page_free(kv, GPTOSS_KV_POOL_SLIDING, s);
         }
     }
     entry->uid = 0;
@@ -217,7 +240,8 @@ static void entry_drop(gptoss_kv_manager *kv, int32_t e) {
     kv->n_live_entries--;
 }
 
-/* Evicts the LRU head of a pool; the page is left unreferenced and unnamed. */
+/* Evicts the LRU head of a pool; the page is left unreferenced and unnamed, still counted as
+ * the pool's (n_owned). */
 static int32_t evict_one(gptoss_kv_manager *kv, gptoss_kv_pool_id pool_id) {
     kv_pool *pool = &kv->pools[pool_id];
     int32_t b = pool->lru_head;
@@ -237,12 +261,19 @@ static int32_t evict_one(gptoss_kv_manager *kv, gptoss_kv_pool_id pool_id) {
 
 int32_t gptoss_kv_alloc(gptoss_kv_manager *kv, gptoss_kv_pool_id pool_id) {
     kv_pool *pool = &kv->pools[pool_id];
+    kv_pool *fl = free_list(kv, pool_id);
     int32_t b;
-    if (pool->n_free > 0) {
-        b = pool->free_stack[--pool->n_free];
-    } else {
-        b = evict_one(kv, pool_id);
+    if (fl->n_free > 0) {
+        b = fl->free_stack[--fl->n_free];
+        pool->n_owned++;
+    } else if ((b = evict_one(kv, pool_id)) < 0) {
+        if (!kv->shared) return -1;
+        /* nothing idle here: the other pool's least recently used idle page moves over */
+        gptoss_kv_pool_id other = pool_id == GPTOSS_KV_POOL_FULL ? GPTOSS_KV_POOL_SLIDING : GPTOSS_KV_POOL_FULL;
+        b = evict_one(kv, other);
         if (b < 0) return -1;
+        kv->pools[other].n_owned--;
+        pool->n_owned++;
     }
     assert(pool->ref_count[b] == 0 && pool->entry[b] < 0);
     pool->ref_count[b] = 1;
@@ -266,7 +297,7 @@ void gptoss_kv_release(gptoss_kv_manager *kv, gptoss_kv_pool_id pool_id, int32_t
     if (pool->entry[block] >= 0)
         lru_push_tail(pool, block);
     else
-        pool->free_stack[pool->n_free++] = block;
+        page_free(kv, pool_id, block);
 }
 
 int32_t gptoss_kv_ref_count(const gptoss_kv_manager *kv, gptoss_kv_pool_id pool, int32_t block) {
@@ -277,12 +308,15 @@ int32_t gptoss_kv_total(const gptoss_kv_manager *kv, gptoss_kv_pool_id pool) {
 }
 int32_t gptoss_kv_used(const gptoss_kv_manager *kv, gptoss_kv_pool_id pool) {
     const kv_pool *p = &kv->pools[pool];
-    return p->n_blocks - p->n_free - p->n_idle;
+    return p->n_owned - p->n_idle;
 }
 int32_t gptoss_kv_idle_cached(const gptoss_kv_manager *kv, gptoss_kv_pool_id pool) {
     return kv->pools[pool].n_idle;
 }
 int32_t gptoss_kv_available(const gptoss_kv_manager *kv, gptoss_kv_pool_id pool) {
+    if (kv->shared)
+        return kv->pools[GPTOSS_KV_POOL_FULL].n_free + kv->pools[GPTOSS_KV_POOL_FULL].n_idle +
+               kv->pools[GPTOSS_KV_POOL_SLIDING].n_idle;
     return kv->pools[pool].n_free + kv->pools[pool].n_idle;
 }
 int32_t gptoss_kv_n_entries(const gptoss_kv_manager *kv) {
@@ -380,9 +414,8 @@ uint64_t gptoss_kv_register(gptoss_kv_manager *kv, const uint8_t digest[GPTOSS_S
 
 void gptoss_kv_clear_idle(gptoss_kv_manager *kv) {
     for (int pool_id = 0; pool_id < 2; pool_id++) {
-        kv_pool *pool = &kv->pools[pool_id];
         int32_t b;
         while ((b = evict_one(kv, (gptoss_kv_pool_id)pool_id)) >= 0)
-            pool->free_stack[pool->n_free++] = b;
+            page_free(kv, (gptoss_kv_pool_id)pool_id, b);
     }
 }

@@ -10,6 +10,13 @@
  * sequence) and SLIDING (sliding-window layers; a sequence drops the blocks its window can no
  * longer see). Without sliding layers only FULL is used.
  *
+ * Shared pages (shared_pages): both pools draw their page ids from one space of n_blocks ids,
+ * for a backend whose sliding layers' pages live in the same memory as its full layers' (page
+ * p of a sliding layer is page p of a full layer's buffer), so memory goes to whichever pool
+ * needs it instead of being split up front. An id then belongs to at most one pool at a time:
+ * free (one shared free list), referenced, or idle-cached in its pool's LRU list; an
+ * allocation that finds nothing free evicts its own pool's LRU head first, then the other's.
+ *
  * Prefix cache: an entry names one full block of tokens of some prefix: its token ids, the
  * identity (uid) of the entry for the previous block, the digest of the request's cache salt,
  * plus the FULL page holding its KV and the SLIDING page (or -1 once evicted). Entries are
@@ -40,6 +47,8 @@ typedef struct gptoss_kv_manager_options {
     int32_t n_sliding_blocks; /* SLIDING pool pages; 0 = no sliding pool */
     bool enable_prefix_cache;
     int32_t hash_bits; /* index bits kept from the digest (1..64); 0 = 64 */
+    bool shared_pages; /* one id space of n_blocks for both pools (n_sliding_blocks must then
+                          be 0 or n_blocks; see above) */
 } gptoss_kv_manager_options;
 
 typedef struct gptoss_kv_manager gptoss_kv_manager;
@@ -49,6 +58,7 @@ gptoss_status gptoss_kv_manager_create(const gptoss_kv_manager_options *options,
 void gptoss_kv_manager_free(gptoss_kv_manager *kv);
 
 bool gptoss_kv_has_sliding(const gptoss_kv_manager *kv);
+bool gptoss_kv_shared_pages(const gptoss_kv_manager *kv); /* both pools in one id space */
 int32_t gptoss_kv_block_size(const gptoss_kv_manager *kv);
 bool gptoss_kv_prefix_cache_enabled(const gptoss_kv_manager *kv);
 
@@ -61,10 +71,13 @@ void gptoss_kv_retain(gptoss_kv_manager *kv, gptoss_kv_pool_id pool, int32_t blo
 void gptoss_kv_release(gptoss_kv_manager *kv, gptoss_kv_pool_id pool, int32_t block);
 
 int32_t gptoss_kv_ref_count(const gptoss_kv_manager *kv, gptoss_kv_pool_id pool, int32_t block);
+/* Pages the pool can hold (with shared pages: the whole id space, for both pools). */
 int32_t gptoss_kv_total(const gptoss_kv_manager *kv, gptoss_kv_pool_id pool);
 int32_t gptoss_kv_used(const gptoss_kv_manager *kv, gptoss_kv_pool_id pool); /* ref > 0 */
 int32_t gptoss_kv_idle_cached(const gptoss_kv_manager *kv, gptoss_kv_pool_id pool);
-int32_t gptoss_kv_available(const gptoss_kv_manager *kv, gptoss_kv_pool_id pool); /* free+idle */
+/* Pages an allocation from this pool could get: free + idle cached (with shared pages: the
+ * shared free list + both pools' idle pages, the same number for both pools). */
+int32_t gptoss_kv_available(const gptoss_kv_manager *kv, gptoss_kv_pool_id pool);
 
 /* Chain digest of one block: SHA-256(parent_digest || salt_digest || token ids as LE int32).
  * parent_digest is all zeros for a sequence's first block. */

@@ -190,7 +190,9 @@ static void release_out_of_window(gptoss_scheduler *s, gptoss_seq *seq) {
 /* Tokens of seq that fit in its pages plus what the pools can still provide. */
 static int32_t tokens_that_fit(const gptoss_scheduler *s, const gptoss_seq *seq) {
     int32_t pages = gptoss_kv_available(s->kv, GPTOSS_KV_POOL_FULL);
-    if (s->has_sliding) {
+    if (s->has_sliding && gptoss_kv_shared_pages(s->kv)) {
+        pages /= 2; /* one id space: each new block takes a FULL and a SLIDING page */
+    } else if (s->has_sliding) {
         int32_t sliding = gptoss_kv_available(s->kv, GPTOSS_KV_POOL_SLIDING);
         if (sliding < pages) pages = sliding;
     }

@@ -216,10 +216,11 @@ static server_reply metrics(gptoss_server *s) {
         gauge(&b, "gptoss:num_requests_waiting", "gauge", "Sequences waiting to start or resume", m,
               st.n_waiting);
         gauge(&b, "gptoss:kv_cache_usage_perc", "gauge",
-              "Fraction of full-attention KV blocks in use (0-1)", m,
+              "Fraction of KV blocks in use (0-1; full-attention pool, or both where they share pages)", m,
               st.kv_blocks_total ? (double)st.kv_blocks_used / st.kv_blocks_total : 0.0);
         gauge(&b, "gptoss:kv_cache_blocks_used", "gauge",
-              "Full-attention KV blocks referenced by sequences", m, st.kv_blocks_used);
+              "KV blocks referenced by sequences (full-attention pool, or both where they share pages)", m,
+              st.kv_blocks_used);
         gauge(&b, "gptoss:kv_cache_blocks_cached", "gauge",
               "Idle KV blocks kept for the prefix cache", m, st.kv_blocks_cached);
         gauge(&b, "gptoss:kv_cache_blocks_total", "gauge", "Full-attention KV blocks in the pool",

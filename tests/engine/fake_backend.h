@@ -39,6 +39,7 @@ typedef struct fake_backend {
     int32_t max_tokens_in_plan; /* largest n_tokens seen */
     int32_t max_seqs_in_plan;   /* largest n_seqs seen */
     int32_t bad_reads;          /* slots read that did not hold the expected position */
+    bool shared;                /* sliding pages are the full pages (fake_share_pages) */
 } fake_backend;
 
 static inline uint64_t fake_mix(uint64_t x) {
@@ -185,10 +186,20 @@ static inline fake_backend *fake_create(int32_t vocab, int32_t block_size, int32
     return f;
 }
 
+/* Sliding pages become the full pages' memory, as a backend with kv_shared_pages does: the
+ * engine must then never hand one page id to both pools at once. */
+static inline void fake_share_pages(fake_backend *f) {
+    if (f->window <= 0 || f->shared) return;
+    free(f->sliding_slots);
+    f->sliding_slots = f->full_slots;
+    f->n_sliding = f->n_blocks;
+    f->shared = true;
+}
+
 static inline void fake_free(fake_backend *f) {
     if (!f) return;
     free(f->full_slots);
-    free(f->sliding_slots);
+    if (!f->shared) free(f->sliding_slots);
     free(f);
 }
 

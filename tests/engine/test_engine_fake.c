@@ -331,6 +331,46 @@ static void test_preemption_keeps_greedy_outputs(void **state) {
     }
 }
 
+/* Shared pages: sliding pages live in the full pages' memory (one id space), KV far too
+ * small for the load, with and without the prefix cache: answers equal the reference and no
+ * page is ever read after another sequence (or the other pool) overwrote it. Control: the same
+ * memory with the engine told nothing (separate id spaces over aliased memory) corrupts. */
+static void test_shared_pages(void **state) {
+    (void)state;
+    for (int pass = 0; pass < 3; pass++) {
+        const bool shared = pass < 2, cache = pass == 1;
+        fake_backend *f = fake_create(VOCAB, 4, 52, 0, 8);
+        fake_share_pages(f);
+        enum { N = 8 };
+        job jobs[N];
+        lcg_state = 777;
+        for (int i = 0; i < N; i++) {
+            greedy_job(&jobs[i], 30);
+            random_prompt(&jobs[i], 20 + (int32_t)(lcg() % 20));
+        }
+        jobs[5].params.n = 2;
+        /* a shared prefix, so the cache hits (and evicts) pages of both pools */
+        memcpy(jobs[7].prompt, jobs[6].prompt, 16 * sizeof(int32_t));
+        gptoss_engine_options o = fake_options(f);
+        o.kv_shared_pages = shared;
+        o.enable_prefix_cache = cache;
+        o.max_num_batched_tokens = 32;
+        gptoss_engine_stats s;
+        run_jobs(&o, jobs, N, &s);
+        if (shared) {
+            for (int i = 0; i < N; i++)
+                expect_reference(&jobs[i], 0, f);
+            expect_reference(&jobs[5], 1, f);
+            assert_true(s.preemptions > 0);
+            assert_int_equal(f->bad_reads, 0);
+            assert_int_equal(s.kv_blocks_total, 52);
+        } else {
+            assert_true(f->bad_reads > 0);
+        }
+        fake_free(f);
+    }
+}
+
 /* n > 1 shares the prompt: greedy choices all equal the reference, with the prompt ending
  * mid-block (copy-on-write by recompute) and exactly on a block boundary. */
 static void test_n_choices_share_prompt(void **state) {
@@ -739,6 +779,7 @@ int main(void) {
         cmocka_unit_test(test_prefix_cache_off_on_collisions),
         cmocka_unit_test(test_cache_salt),
         cmocka_unit_test(test_preemption_keeps_greedy_outputs),
+        cmocka_unit_test(test_shared_pages),
         cmocka_unit_test(test_n_choices_share_prompt),
         cmocka_unit_test(test_seed_reproducible_across_batches),
         cmocka_unit_test(test_stop_conditions),

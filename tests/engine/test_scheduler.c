@@ -28,7 +28,7 @@ static void rig_init(rig *r, int32_t bs, int32_t n_blocks, int32_t n_sliding, in
     r->window = window;
     r->n_blocks = n_blocks;
     r->n_sliding = n_sliding;
-    gptoss_kv_manager_options ko = {bs, n_blocks, window ? n_sliding : 0, cache, 0};
+    gptoss_kv_manager_options ko = {bs, n_blocks, window ? n_sliding : 0, cache, 0, false};
     gptoss_error err;
     assert_int_equal(gptoss_kv_manager_create(&ko, &r->kv, &err), GPTOSS_OK);
     gptoss_scheduler_options so = {max_seqs, budget, window};
