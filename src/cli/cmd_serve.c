@@ -45,7 +45,7 @@ static void help(FILE *out) {
         "  --served-model-name NAME       model id clients use (default: the folder's name)\n"
         "  --backend cpu|cuda             compute backend (default: cuda when built with it)\n"
         "  -t, --threads N                CPU threads (default: all cores)\n"
-        "  --max-num-seqs N               sequences per engine step (default 256 on CUDA, 64 on "
+        "  --max-num-seqs N               sequences per engine step (default 512 on CUDA, 64 on "
         "CPU)\n"
         "  --max-num-batched-tokens N     new tokens per engine step (default 2048)\n"
         "  --max-model-len N              prompt + generated tokens per sequence (default: "
@@ -73,13 +73,15 @@ static double kv_bytes_per_token(const gptoss_config *c, const gptoss_backend_op
     return (double)c->n_layers * (double)gptoss_kv_cache_token_bytes(c, bo->kind, bo->kv_cache_dtype);
 }
 
-/* MiB of both pools as the backend sized them (full layers x full pool, sliding x sliding). */
+/* MiB of both pools as the backend sized them (full layers x full pool, sliding x sliding;
+ * shared pages: the full layers' pages hold both). */
 static double kv_mib(const gptoss_config *c, const gptoss_backend_options *bo) {
     double per_layer_token = (double)gptoss_kv_cache_token_bytes(c, bo->kind, bo->kv_cache_dtype);
     int32_t n_sliding = 0;
     for (int32_t l = 0; l < c->n_layers; l++)
         n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
     int32_t sliding_blocks = bo->n_sliding_kv_blocks > 0 ? bo->n_sliding_kv_blocks : bo->n_kv_blocks;
+    if (bo->kv_shared_pages) sliding_blocks = 0; /* in the full layers' memory */
     double tokens_full = (double)bo->n_kv_blocks * bo->kv_block_size;
     double tokens_sliding = (double)sliding_blocks * bo->kv_block_size;
     return per_layer_token * ((c->n_layers - n_sliding) * tokens_full + n_sliding * tokens_sliding) / (1 << 20);
@@ -192,7 +194,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
     if (shape && bo.kind != GPTOSS_BACKEND_CUDA)
         return cli_usage_error("serve", "--random-weights needs the CUDA backend; on the CPU, write "
                                         "a checkpoint with `gptoss make-model` and pass -m DIR");
-    if (max_num_seqs == 0) max_num_seqs = bo.kind == GPTOSS_BACKEND_CUDA ? 256 : 64;
+    if (max_num_seqs == 0) max_num_seqs = bo.kind == GPTOSS_BACKEND_CUDA ? 512 : 64;
 
     /* The served name defaults to the folder's last component, as vLLM does with paths. */
     char name_buf[256];
@@ -270,7 +272,11 @@ int gptoss_cmd_serve(int argc, char **argv) {
     double per_token = kv_bytes_per_token(c, &bo);
     double per_block = per_token * bo.kv_block_size;
     if (bo.kind == GPTOSS_BACKEND_CUDA) {
-        /* The sliding pool needs only each sequence's window plus one prefill chunk. */
+        /* Sliding and full layers share one space of pages (the engine hands each page to one
+         * pool at a time), so no memory is set aside for the windows of sequences that may
+         * never run. Where the backend cannot share (unequal layer counts), the sliding pool
+         * needs only each sequence's window plus one prefill chunk: */
+        bo.kv_shared_pages = true;
         int32_t window = 0;
         for (int32_t l = 0; l < c->n_layers; l++)
             if (c->layer_is_sliding[l]) window = c->sliding_window;
@@ -325,6 +331,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
             gptoss_backend_name(backend), kv_format(&bo), (long long)kv_blocks, bo.kv_block_size,
             (long long)kv_blocks * bo.kv_block_size, kv_mib(c, &bo),
             eo.max_num_seqs, prefix_cache ? "on" : "off", eo.max_model_len);
+    if (bo.kv_shared_pages)
+        fprintf(stderr, "KV pages shared by the full and sliding layers: a sequence's window takes "
+                        "pages from the same pool as its context\n");
     if (fp8_layers) {
         char names[64];
         fprintf(stderr, "dense layers in FP8 (e4m3, row scales): %s\n",

@@ -329,6 +329,98 @@ static double median_of(stats *st) {
     return n ? st->row_rel[n / 2] : INFINITY;
 }
 
+/* Shared pages (gptoss_backend_options.kv_shared_pages): the sliding layers' pages live in the
+ * full layers' buffers. A backend with shared pages must give bit-identical logits to one with
+ * separate pools when the plans keep full and sliding page ids apart (the engine's contract),
+ * and (control: the aliasing is real) different logits when the plans hand the same ids to
+ * both. Three sequences (prefill 50/13/40, then 30 decode steps: up to 80 positions, past the
+ * window of the models whose window is shorter), bf16 and FP8 pages. Returns the number of
+ * failed checks; prints one line ending in "ok" or "FAIL" for each. */
+static int shared_pages_check(const gptoss_model *model, const gptoss_config *c, const char *label,
+                              int32_t block_size) {
+    int32_t n_sliding = 0;
+    for (int32_t l = 0; l < c->n_layers; l++) n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
+    const bool can_share = n_sliding > 0 && 2 * n_sliding == c->n_layers;
+    enum { NS = 3, BPS = 64 };
+    const int32_t n_pages = 3 * MAX_BLOCKS;
+    int failed = 0;
+    for (int dt = 0; dt < 2; dt++) {
+        gptoss_error err = {0};
+        gptoss_backend_options o = gptoss_backend_options_default();
+        o.kind = GPTOSS_BACKEND_CUDA;
+        o.kv_block_size = block_size;
+        o.n_kv_blocks = n_pages;
+        o.n_sliding_kv_blocks = n_pages;
+        o.kv_cache_dtype = dt ? GPTOSS_KV_CACHE_FP8 : GPTOSS_KV_CACHE_BF16;
+        gptoss_backend *sep = NULL, *shr = NULL;
+        if (gptoss_backend_create(model, &o, &sep, &err)) {
+            fprintf(stderr, "cuda backend (separate pools): %s\n", err.message);
+            return failed + 1;
+        }
+        o.kv_shared_pages = true;
+        if (gptoss_backend_create(model, &o, &shr, &err)) {
+            fprintf(stderr, "cuda backend (shared pages): %s\n", err.message);
+            gptoss_backend_free(sep);
+            return failed + 1;
+        }
+        gptoss_backend_options got = gptoss_backend_get_options(shr);
+        bool flag_ok = got.kv_shared_pages == can_share && got.n_sliding_kv_blocks == n_pages;
+        double max_diff = 0, control_diff = 0;
+        bool ran = true;
+        for (int overlap = 0; overlap < 2 && ran && can_share; overlap++) {
+            /* fresh pages per pass: the separate backend re-runs the same plans into the same
+             * page ids, overwriting what the first pass wrote */
+            int32_t n_cached[NS] = {0, 0, 0};
+            int32_t full[NS * BPS], slide[NS * BPS];
+            for (int32_t i = 0; i < NS * BPS; i++) {
+                full[i] = i;                                  /* 0 .. 191 */
+                slide[i] = overlap ? i : n_pages - 1 - i;     /* disjoint, or the same pages */
+            }
+            const int32_t first[NS] = {50, 13, 40};
+            for (int st = 0; st <= 30 && ran; st++) {
+                int32_t counts[NS], total = 0, start[NS + 1];
+                for (int i = 0; i < NS; i++) total += counts[i] = st == 0 ? first[i] : 1;
+                int32_t *ids = malloc(total * 4), *pos = malloc(total * 4), *logit = malloc(total * 4);
+                float *la = malloc((size_t)total * c->vocab_size * 4), *lb = malloc((size_t)total * c->vocab_size * 4);
+                int32_t t = 0;
+                for (int i = 0; i < NS; i++) {
+                    start[i] = t;
+                    for (int32_t j = 0; j < counts[i]; j++, t++) {
+                        ids[t] = rnd_token(c->vocab_size);
+                        pos[t] = n_cached[i] + j;
+                        logit[t] = t;
+                    }
+                }
+                start[NS] = t;
+                gptoss_batch_plan plan = {.n_tokens = total, .token_ids = ids, .positions = pos, .n_seqs = NS,
+                                          .seq_token_start = start, .seq_n_cached = n_cached,
+                                          .max_blocks_per_seq = BPS, .block_tables = full,
+                                          .sliding_block_tables = slide, .n_logits = total,
+                                          .logit_token_index = logit};
+                ran = !gptoss_backend_forward(sep, &plan, la, &err) && !gptoss_backend_forward(shr, &plan, lb, &err);
+                for (size_t k = 0; ran && k < (size_t)total * c->vocab_size; k++) {
+                    double d = fabs((double)la[k] - (double)lb[k]);
+                    if (!(d <= 1e300)) d = INFINITY; /* NaN counts as a difference */
+                    if (overlap) control_diff = fmax(control_diff, d);
+                    else max_diff = fmax(max_diff, d);
+                }
+                for (int i = 0; i < NS; i++) n_cached[i] += counts[i];
+                free(ids), free(pos), free(logit), free(la), free(lb);
+            }
+        }
+        if (!ran) fprintf(stderr, "shared pages: forward failed: %s\n", err.message);
+        bool ok = ran && flag_ok && (!can_share || (max_diff == 0 && control_diff > 0));
+        failed += !ok;
+        printf("%s: shared pages, %s KV (%s): max |diff| %.3g vs separate pools (bar 0), with overlapping ids "
+               "%.3g (bar > 0) %s\n",
+               label, dt ? "FP8" : "bf16", can_share ? "sliding layers alias the full layers" : "not shareable (declined)",
+               max_diff, control_diff, ok ? "ok" : "FAIL");
+        gptoss_backend_free(shr);
+        gptoss_backend_free(sep);
+    }
+    return failed;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: gpu_test_forward MODEL_DIR [LABEL]\n");
@@ -623,6 +715,7 @@ int main(int argc, char **argv) {
     printf("| %s | KV8 vs bf16 pages (CUDA), all scenarios | %d | decisive %.2f%% (99%%) | %.2e (%.2f, >= %.0e) | - | "
            "- | %s |\n",
            label, kv8.rows, 100 * kv8_decisive, kv8_median, kv8_median_bar, KV8_IN_EFFECT, kv8_ok ? "ok" : "FAIL");
+    failures += shared_pages_check(model, c, label, block_size);
     gptoss_model_free(model);
     return failures ? 1 : 0;
 }

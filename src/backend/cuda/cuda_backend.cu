@@ -278,6 +278,13 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     for (int l = 0; l < c->n_layers; l++) n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
     size_t full_block = ((size_t)c->n_layers - n_sliding) * s->kv_block_size * kv_token; /* one page, all layers */
     size_t sliding_block = n_sliding * s->kv_block_size * kv_token;
+    /* shared pages: the k-th sliding layer lives in the k-th full layer's buffers, so the
+     * sliding pool costs no memory of its own */
+    s->kv_shared = options->kv_shared_pages && n_sliding > 0 && 2 * n_sliding == (size_t)c->n_layers;
+    if (s->kv_shared) {
+        s->n_sliding_kv_blocks = s->n_kv_blocks;
+        sliding_block = 0;
+    }
     const bool auto_kv = options->gpu_memory_utilization > 0;
     size_t free_b = 0, total_b = 0;
     CUDA_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
@@ -357,9 +364,11 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
                                     options->gpu_memory_utilization * 100, prop.name, total_b / 1073741824.0,
                                     (s->weight_bytes + s->ws.bytes) / 1073741824.0);
         s->n_kv_blocks = (int32_t)blocks;
+        if (s->kv_shared) s->n_sliding_kv_blocks = s->n_kv_blocks;
     }
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &s->layers[l];
+        if (s->kv_shared && L->sliding) continue; /* aliased below */
         size_t slots = (size_t)(L->sliding ? s->n_sliding_kv_blocks : s->n_kv_blocks) * s->kv_block_size * NKV;
         if (s->kv_fp8) { /* codes, then (256-byte aligned) the scales, in one allocation each for K and V */
             size_t codes = (slots * D + 255) & ~(size_t)255, pool = codes + slots * sizeof(float);
@@ -377,6 +386,22 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
             st = dev_alloc((void **)&L->v_cache, pool, "the KV cache", error);
             if (st) return st;
             s->kv_bytes += 2 * pool;
+        }
+    }
+    if (s->kv_shared) { /* sliding layer k takes full layer k's buffers */
+        int full = 0;
+        for (int l = 0; l < c->n_layers; l++) {
+            cuda_layer *L = &s->layers[l];
+            if (!L->sliding) continue;
+            while (s->layers[full].sliding) full++;
+            const cuda_layer *F = &s->layers[full++];
+            L->k_cache = F->k_cache;
+            L->v_cache = F->v_cache;
+            L->k_fp8 = F->k_fp8;
+            L->v_fp8 = F->v_fp8;
+            L->k_scale = F->k_scale;
+            L->v_scale = F->v_scale;
+            L->kv_alias = true;
         }
     }
     float inv_freq[512];
@@ -443,10 +468,12 @@ void gptoss_cuda_state_free(gptoss_cuda_state *s) {
             cudaFree((void *)L->moe.down_blocks);
             cudaFree((void *)L->moe.down_scales);
             cudaFree((void *)L->moe.down_bias);
-            cudaFree(L->k_cache);
-            cudaFree(L->v_cache);
-            cudaFree(L->k_fp8);
-            cudaFree(L->v_fp8);
+            if (!L->kv_alias) {
+                cudaFree(L->k_cache);
+                cudaFree(L->v_cache);
+                cudaFree(L->k_fp8);
+                cudaFree(L->v_fp8);
+            }
         }
         free(s->layers);
     }
@@ -1089,6 +1116,7 @@ static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_optio
     }
     options->n_kv_blocks = s->n_kv_blocks;
     options->n_sliding_kv_blocks = s->n_sliding_kv_blocks;
+    options->kv_shared_pages = s->kv_shared;
     *state = s;
     return GPTOSS_OK;
 }
@@ -1100,6 +1128,7 @@ static gptoss_status cuda_create_random(const gptoss_config *config, gptoss_back
     if (st) return st;
     options->n_kv_blocks = s->n_kv_blocks;
     options->n_sliding_kv_blocks = s->n_sliding_kv_blocks;
+    options->kv_shared_pages = s->kv_shared;
     *state = s;
     return GPTOSS_OK;
 }

@@ -40,6 +40,7 @@ typedef struct cuda_layer {
     float *k_scale;          /* [pool blocks, block_size, NKV] fp32, absmax / 448 */
     float *v_scale;
     bool sliding;            /* uses the sliding window and the sliding pool */
+    bool kv_alias;           /* its pages are another layer's buffers (shared pages): not freed */
 } cuda_layer;
 
 typedef struct cuda_workspace {
@@ -96,6 +97,7 @@ typedef struct gptoss_cuda_state {
     int32_t kv_block_size;    /* tokens per page */
     int32_t n_kv_blocks;      /* pages of the full pool */
     int32_t n_sliding_kv_blocks; /* pages of the sliding pool */
+    bool kv_shared;              /* sliding layers use the full layers' pages (one id space) */
     cudaStream_t stream;
     cublasHandle_t cublas;
     bf16 *embedding;          /* [V, H] */
