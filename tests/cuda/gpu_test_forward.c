@@ -8,7 +8,8 @@
  * sliding window, a batch stepping 12 and then 5 tokens at a time, and steps of more than 64
  * tokens holding decodes beside a prefill chunk, which the CUDA backend reorders so the chunk
  * attends on tensor cores and the decodes on the split-K kernel), and every logit row is
- * compared.
+ * compared. Last, shared KV pages (shared_pages_check): a CUDA backend whose sliding layers use
+ * the full layers' page buffers against one with separate pools, bit for bit.
  *
  * Three references on the same model and plans:
  *
