@@ -8,7 +8,7 @@
  * storage precision of each output and are stated next to each check. Prints one line per
  * case and a summary table last; exits 1 on any failure.
  *
- *   gpu_test_kernels [SECTION,...]   sections: norm rope attention kvfp8 router gemv fp8 moe wgmma summary
+ *   gpu_test_kernels [SECTION,...]   sections: norm rope attention kvfp8 router gemv fp8 moe pair wgmma summary
  *                                    (wgmma: only the MoE cases of path 6, also part of moe)
  *                                    (default: all; a subset re-checks one kernel family in
  *                                    less time)
@@ -1025,7 +1025,7 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     std::vector<double> got(y.begin(), y.end());
     char name[96];
     snprintf(name, sizeof name, "moe %s T=%d H=%d I=%d E=%d pattern=%d%s",
-             used_path == 6 ? "wgmma" : used_path == 5 ? "pair-mma" : used_path == 4 ? "mma" : used_path == 3 ? "pair-gemv" : used_path == 1 ? "gemv" : "gemm", T, H, I, E,
+             used_path == 6 ? "wgmma" : used_path == 5 ? (gptoss_cuda_moe_pair_kernel() == 2 ? "pair-tma" : "pair-wide") : used_path == 4 ? "mma" : used_path == 3 ? "pair-gemv" : used_path == 1 ? "gemv" : "gemm", T, H, I, E,
              pattern, wide_scales ? " scales 110..140" : "");
     check(name, got, ref, 2e-3); /* fp32 accumulation; h is bf16 on both sides, rare 1-ulp flips */
     cudaFree(d_gub), cudaFree(d_gus), cudaFree(d_dnb), cudaFree(d_dns), cudaFree(d_gubias), cudaFree(d_dnbias);
@@ -1418,8 +1418,8 @@ static void test_logits_summary(int rows, int V, int n_top, int mode) {
     cudaFree(d_lse);
 }
 
-static const char *const kSections[] = {"norm", "rope", "attention", "kvfp8", "router", "gemv", "fp8", "moe", "wgmma",
-                                        "summary"};
+static const char *const kSections[] = {"norm",  "rope", "attention", "kvfp8", "router", "gemv",
+                                        "fp8",   "moe",  "pair",      "wgmma", "summary"};
 static const char *g_sections = NULL; /* comma-separated list from the command line, NULL = all */
 
 static bool want(const char *section) {
@@ -1627,14 +1627,6 @@ int main(int argc, char **argv) {
         test_moe(1, 256, 192, 16, 4, 0, 3, true);
         test_moe(1, 4096, 4096, 8, 4, 0, 3); /* widest supported rows: 4 groups per lane */
         test_moe(5, 256, 192, 16, 4, 0, 3);  /* 20 pairs: forced path 3 falls back */
-        /* path 5: one decode token on the tensor cores (the default for one token) */
-        test_moe(1, 2880, 2880, 128, 4, 0, 5); /* 90 groups: K slices of 24, 24, 24, 18 */
-        test_moe(2, 2880, 2880, 32, 4, 1, 5); /* 8 pairs, expert 0 in both tokens */
-        test_moe(3, 160, 96, 8, 2, 2, 5);     /* 3 groups: slices past the end stay empty */
-        test_moe(1, 256, 192, 16, 4, 0, 5, true); /* scales 110..140: exact in fp32 */
-        test_moe(1, 4096, 4096, 8, 4, 0, 5);
-        test_moe(2, 64, 64, 4, 4, 2, 5);      /* 2 groups: one K slice per tile has work */
-        test_moe(5, 256, 192, 16, 4, 0, 5);   /* 20 pairs: forced path 5 falls back */
         /* mma path: tile heights 8..128 (rows per expert), partial K blocks (H = 160: 5 groups,
          * I = 96: 3), partial row blocks (96 units, 160 rows), skewed and sparse expert loads */
         for (int T : {1, 2, 3, 8, 16, 33, 111, 300, 1000}) test_moe(T, 2880, 2880, 32, 4, T % 3, 4);
@@ -1644,6 +1636,33 @@ int main(int argc, char **argv) {
         test_moe(4096, 64, 64, 4, 4, 1, 4);
         test_moe(1, 4096, 4096, 8, 4, 0, 4);
         test_moe(300, 256, 192, 16, 4, 0, 4, true); /* scales past 2^1: path 4 declines, another runs */
+    }
+
+    if (want("moe") || want("pair")) {
+        /* path 5: one decode token on the tensor cores (the default for one token), with each
+         * of its kernels: TMA (the default from compute capability 9.0) and wide (elsewhere) */
+        cudaDeviceProp prop;
+        CK(cudaGetDeviceProperties(&prop, 0));
+        gptoss_cuda_moe_set_pair_kernel(0);
+        test_moe(1, 64, 64, 4, 4, 0, 5); /* prepares the MoE kernels, which decides the default */
+        char nm[96];
+        snprintf(nm, sizeof nm, "moe pair kernel by default on sm_%d%d: %s", prop.major, prop.minor,
+                 gptoss_cuda_moe_pair_kernel() == 2 ? "tma" : "wide");
+        check_true(nm, gptoss_cuda_moe_pair_kernel() == (prop.major >= 9 ? 2 : 1));
+        for (int kernel : {2, 1}) {
+            gptoss_cuda_moe_set_pair_kernel(kernel);
+            if (gptoss_cuda_moe_pair_kernel() != kernel) continue; /* no TMA kernel on this GPU */
+            test_moe(1, 2880, 2880, 128, 4, 0, 5); /* 90 groups: 4 K slices of 6, 6, 6, 5 windows */
+            test_moe(2, 2880, 2880, 32, 4, 1, 5); /* 8 pairs, expert 0 in both tokens */
+            test_moe(3, 160, 96, 8, 2, 2, 5);     /* 3 groups: one window, three slices stay empty */
+            test_moe(1, 256, 192, 16, 4, 0, 5, true); /* scales 110..140: exact in fp32 */
+            test_moe(1, 4096, 4096, 8, 4, 0, 5);  /* widest rows: 43 KB of shared memory per block */
+            test_moe(2, 64, 64, 4, 4, 2, 5);      /* 2 groups: half a window */
+            test_moe(1, 1056, 800, 16, 4, 1, 5);  /* 33 and 25 groups: partial last windows */
+            test_moe(1, 2880, 2880, 32, 8, 0, 5); /* top-8: 8 pairs, the most path 5 takes */
+            test_moe(5, 256, 192, 16, 4, 0, 5);   /* 20 pairs: forced path 5 falls back */
+        }
+        gptoss_cuda_moe_set_pair_kernel(0);
     }
 
     if (want("moe") || want("wgmma")) {

@@ -246,6 +246,13 @@ void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_
 cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *input_gain, unsigned *scratch,
                                       cudaStream_t stream);
 
+/* Which kernel path 5 runs (tests and A/B runs): 0 = the default (the TMA kernel on compute
+ * capability 9.0 and up, the wide kernel elsewhere), 1 = the wide kernel, 2 = the TMA kernel
+ * where it runs (else the wide one). Until called, GPTOSS_CUDA_MOE_PAIR_KERNEL=wide|tma. */
+void gptoss_cuda_moe_set_pair_kernel(int kernel);
+/* The kernel path 5 launches now (1 wide, 2 TMA; decided by gptoss_cuda_moe_prepare). */
+int gptoss_cuda_moe_pair_kernel(void);
+
 /* Raises the GEMV kernels' dynamic shared-memory limit for these widths (call once). */
 cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate);
 
