@@ -24,6 +24,13 @@ typedef __nv_bfloat16 bf16;
  * own successor run ahead of the predecessor). Work that only reads weights (loads of the
  * first weight rows) goes before the wait, which is where the overlap comes from. Off unless
  * gptoss_cuda_set_pdl(true) (the backend turns it on; GPTOSS_CUDA_PDL=0 keeps it off).
+ *
+ * pdl_wait() also lets the next kernel launch (griddepcontrol.launch_dependents) as soon as
+ * this block is past its own wait, not when the grid exits: the successor's blocks then sit
+ * beside this kernel's, run their weight-only prologue (the GEMVs' L2 prefetch, the router's
+ * row loads) while this kernel works, and wait. Triggering after the wait, never before,
+ * keeps the early launch one kernel deep: a chain of waiting grids cannot fill the GPU ahead
+ * of the kernel that is running.
  */
 void gptoss_cuda_set_pdl(bool on);
 bool gptoss_cuda_pdl_enabled(void);
@@ -32,6 +39,9 @@ bool gptoss_cuda_pdl_enabled(void);
 static __device__ __forceinline__ void pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#ifndef GPTOSS_PDL_NO_TRIGGER
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 #endif
 }
 

@@ -11,6 +11,7 @@
 #include "backend/kv_fp8.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 static bool pdl_on = false; /* see cuda_kernels.h; one setting per process */
 void gptoss_cuda_set_pdl(bool on) { pdl_on = on; }
@@ -36,38 +37,55 @@ void gptoss_cuda_embed(const bf16 *embedding, const int32_t *token_ids, int32_t 
 
 /* One block of 1024 threads per row (many loads in flight even for a single decode row). The
  * row is kept in registers between the residual update and the normalization
- * (hidden <= 1024 * 4). */
+ * (hidden <= 1024 * 4). Every load of a thread is issued before its first store: with the
+ * stores to x in between (which the compiler must assume may alias the other inputs), each
+ * of a thread's elements cost its own round trips, 6.3 us per decode row on an H100. */
 #define NORM_THREADS 1024
 #define NORM_MAX_PER_THREAD 4
 
-static __global__ void residual_rmsnorm_kernel(float *x, const float *add, const float *add_bias,
-                                               const float *moe_y, const float *moe_weight,
-                                               int32_t k_top, const float *gain, float eps,
-                                               const int32_t *row_map, int32_t hidden, bf16 *out,
-                                               float *out_f32) {
+static __global__ void residual_rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ add,
+                                               const float *__restrict__ add_bias, const float *__restrict__ moe_y,
+                                               const float *__restrict__ moe_weight, int32_t k_top,
+                                               const float *__restrict__ gain, float eps,
+                                               const int32_t *__restrict__ row_map, int32_t hidden,
+                                               bf16 *__restrict__ out, float *__restrict__ out_f32) {
     __shared__ float partial[NORM_THREADS / 32];
+    pdl_wait(); /* x, the projection or the experts' rows come from earlier kernels */
     int i = blockIdx.x;
     int r = row_map ? row_map[i] : i;
     float *xr = x + (size_t)r * hidden;
-    float vals[NORM_MAX_PER_THREAD];
+    float vals[NORM_MAX_PER_THREAD], g[NORM_MAX_PER_THREAD];
+#pragma unroll
+    for (int c = 0; c < NORM_MAX_PER_THREAD; c++) {
+        int j = threadIdx.x + c * NORM_THREADS;
+        vals[c] = g[c] = 0.0f;
+        if (j < hidden) {
+            vals[c] = xr[j];
+            g[c] = gain[j];
+            if (add) vals[c] += add[(size_t)r * hidden + j] + (add_bias ? add_bias[j] : 0.0f);
+        }
+    }
+    if (moe_y) {
+        const float *wr = moe_weight + (size_t)r * k_top, *yr = moe_y + (size_t)r * k_top * hidden;
+        float sum[NORM_MAX_PER_THREAD] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+        for (int k = 0; k < k_top; k++) {
+            const float wk = wr[k];
+#pragma unroll
+            for (int c = 0; c < NORM_MAX_PER_THREAD; c++) {
+                int j = threadIdx.x + c * NORM_THREADS;
+                if (j < hidden) sum[c] += wk * yr[(size_t)k * hidden + j];
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < NORM_MAX_PER_THREAD; c++) vals[c] += sum[c];
+    }
     float ss = 0.0f;
 #pragma unroll
     for (int c = 0; c < NORM_MAX_PER_THREAD; c++) {
         int j = threadIdx.x + c * NORM_THREADS;
-        float v = 0.0f;
-        if (j < hidden) {
-            v = xr[j];
-            if (add) v += add[(size_t)r * hidden + j] + (add_bias ? add_bias[j] : 0.0f);
-            if (moe_y) {
-                float s = 0.0f;
-                for (int k = 0; k < k_top; k++)
-                    s += moe_weight[(size_t)r * k_top + k] * moe_y[((size_t)r * k_top + k) * hidden + j];
-                v += s;
-            }
-            if (add || moe_y) xr[j] = v;
-        }
-        vals[c] = v;
-        ss += v * v;
+        if (j < hidden && (add || moe_y)) xr[j] = vals[c];
+        ss += vals[c] * vals[c];
     }
     ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
@@ -80,7 +98,7 @@ static __global__ void residual_rmsnorm_kernel(float *x, const float *add, const
     for (int c = 0; c < NORM_MAX_PER_THREAD; c++) {
         int j = threadIdx.x + c * NORM_THREADS;
         if (j < hidden) {
-            float y = gain[j] * (vals[c] * inv);
+            float y = g[c] * (vals[c] * inv);
             out[(size_t)i * hidden + j] = __float2bfloat16(y);
             if (out_f32) out_f32[(size_t)i * hidden + j] = y;
         }
@@ -93,8 +111,8 @@ void gptoss_cuda_residual_rmsnorm(float *x, const float *add, const float *add_b
                                   int32_t n_rows, int32_t hidden, bf16 *out, float *out_f32,
                                   cudaStream_t stream) {
     if (n_rows <= 0) return;
-    residual_rmsnorm_kernel<<<n_rows, NORM_THREADS, 0, stream>>>(x, add, add_bias, moe_y, moe_weight,
-                                                                 k_top, gain, eps, row_map, hidden, out, out_f32);
+    launch_pdl(residual_rmsnorm_kernel, dim3(n_rows), dim3(NORM_THREADS), 0, stream, x, add, add_bias, moe_y,
+               moe_weight, k_top, gain, eps, row_map, hidden, out, out_f32);
 }
 
 /* ---- KV pages ---------------------------------------------------------------------------- */
@@ -152,6 +170,7 @@ static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, c
     __shared__ float cos_s[64], sin_s[64]; /* head_dim <= 128 */
     const int t = blockIdx.x, j = threadIdx.x, y = threadIdx.y;
     const int half = head_dim / 2;
+    pdl_wait(); /* qkv comes from the QKV projection */
     const bool kv_block = (int)blockIdx.y >= q_blocks;
     const int head = kv_block ? n_heads + ((int)blockIdx.y - q_blocks) * ROPE_HEADS + y : (int)blockIdx.y * ROPE_HEADS + y;
     const bool valid = head < (kv_block ? n_heads + n_kv_heads : n_heads);
@@ -227,9 +246,9 @@ static void rope_kv_launch(const float *qkv, const float *qkv_bias, const int32_
     if (n_tokens <= 0) return;
     const int32_t q_blocks = (n_heads + ROPE_HEADS - 1) / ROPE_HEADS;
     dim3 grid(n_tokens, q_blocks + (n_kv_heads + ROPE_HEADS - 1) / ROPE_HEADS);
-    rope_kv_kernel<KV><<<grid, dim3(head_dim / 2, ROPE_HEADS), 0, stream>>>(
-        qkv, qkv_bias, positions, token_seq, inv_freq, concentration, n_heads, n_kv_heads, head_dim, block_tables,
-        max_blocks, block_size, q_out, k_cache, v_cache, k_scale, v_scale, q_blocks);
+    launch_pdl(rope_kv_kernel<KV>, grid, dim3(head_dim / 2, ROPE_HEADS), 0, stream, qkv, qkv_bias, positions,
+               token_seq, inv_freq, concentration, n_heads, n_kv_heads, head_dim, block_tables, max_blocks,
+               block_size, q_out, k_cache, v_cache, k_scale, v_scale, q_blocks);
 }
 
 void gptoss_cuda_rope_kv_write(const float *qkv, const float *qkv_bias, const int32_t *positions,
@@ -442,6 +461,7 @@ static __global__ void attention_merge_kernel(const float *partial, const float 
     __shared__ float scratch[4];
     const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
     const int stride = head_dim + 2;
+    pdl_wait(); /* the partials come from the attention kernel */
     const float *pp = partial + ((size_t)t * n_heads + head) * n_splits * stride;
     const float sink = sinks[head];
     float m = -INFINITY;
@@ -516,8 +536,8 @@ static int attention_launch(const float *q, const KV *k_cache, const KV *v_cache
 void gptoss_cuda_attention_merge(const float *partial, const float *sinks, int32_t n_tokens, int32_t n_heads,
                                  int32_t head_dim, int32_t n_splits, bf16 *out, cudaStream_t stream) {
     dim3 mgrid(n_tokens, n_heads);
-    attention_merge_kernel<<<mgrid, head_dim < 32 ? 32 : head_dim, 0, stream>>>(partial, sinks, n_heads, head_dim,
-                                                                              n_splits, out);
+    launch_pdl(attention_merge_kernel, mgrid, dim3(head_dim < 32 ? 32 : head_dim), 0, stream, partial, sinks, n_heads,
+               head_dim, n_splits, out);
 }
 
 int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cache,
@@ -551,17 +571,16 @@ int gptoss_cuda_attention_fp8(const float *q, const uint8_t *k_cache, const uint
  * time (grid-stride) and keeps 2 x DG_UNROLL 16-byte loads per lane in flight; fp32
  * accumulation, one warp reduction per row. k % 8 == 0, rows 16-byte aligned.
  */
-#define DG_WARPS 8
 #define DG_UNROLL 4
 
-template <int M>
-static __global__ void __launch_bounds__(DG_WARPS * 32)
+template <int M, int W>
+static __global__ void __launch_bounds__(W * 32)
 dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k) {
     extern __shared__ __align__(16) unsigned char dg_smem[];
     uint4 *xs = (uint4 *)dg_smem; /* [m][k / 8] */
     const int chunks = k >> 3;
     {   /* warm L2 with this warp's first rows while the previous kernel finishes */
-        int r = 2 * (blockIdx.x * DG_WARPS + (threadIdx.x >> 5));
+        int r = 2 * (blockIdx.x * W + (threadIdx.x >> 5));
         if (r < n) {
             const char *p0 = (const char *)(w + (size_t)r * k);
             size_t bytes = (size_t)(r + 1 < n ? 2 : 1) * k * sizeof(bf16);
@@ -573,7 +592,7 @@ dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, 
     for (int i = threadIdx.x; i < m * chunks; i += blockDim.x) xs[i] = ((const uint4 *)x)[i];
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int row0 = 2 * (blockIdx.x * DG_WARPS + warp); row0 < n; row0 += 2 * gridDim.x * DG_WARPS) {
+    for (int row0 = 2 * (blockIdx.x * W + warp); row0 < n; row0 += 2 * gridDim.x * W) {
         const bool two = row0 + 1 < n;
         const uint4 *w0 = (const uint4 *)(w + (size_t)row0 * k);
         const uint4 *w1 = two ? w0 + chunks : w0;
@@ -626,6 +645,31 @@ dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, 
     }
 }
 
+/* Warps per block of the GEMV (GPTOSS_CUDA_GEMV_WARPS, 4 or 8; read once). The grid is one
+ * block per two rows of each warp, all resident at once. With 8-warp blocks the O projection
+ * (2880 rows) is 180 blocks on 132 SMs, so 48 SMs hold twice the rows of the others; 4-warp
+ * blocks halve that step, but measured no faster (H100, tg128: 20b 444 vs 447 tok/s, 120b
+ * 306 vs 307): the rows of a busier SM are not what the kernel waits for. */
+static int gemv_warps(void) {
+    static int warps = 0;
+    if (!warps) {
+        const char *v = getenv("GPTOSS_CUDA_GEMV_WARPS");
+        warps = v && atoi(v) == 4 ? 4 : 8;
+    }
+    return warps;
+}
+
+template <int W>
+static void gemv_launch(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k, int32_t n_sms,
+                        size_t smem, cudaStream_t stream) {
+    int want = (n + 2 * W - 1) / (2 * W);
+    int cap = (8 / W) * 4 * n_sms;
+    int grid = want < cap ? want : cap;
+    if (m == 1) launch_pdl(dense_gemv_kernel<1, W>, dim3(grid), dim3(W * 32), smem, stream, w, x, y, m, n, k);
+    else if (m == 2) launch_pdl(dense_gemv_kernel<2, W>, dim3(grid), dim3(W * 32), smem, stream, w, x, y, m, n, k);
+    else launch_pdl(dense_gemv_kernel<4, W>, dim3(grid), dim3(W * 32), smem, stream, w, x, y, m, n, k);
+}
+
 int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k,
                           int32_t n_sms, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return 0;
@@ -633,11 +677,8 @@ int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int
         ((uintptr_t)w | (uintptr_t)x) % 16 != 0)
         return 1;
     size_t smem = (size_t)m * k * sizeof(bf16);
-    int want = (n + 2 * DG_WARPS - 1) / (2 * DG_WARPS);
-    int grid = want < 4 * n_sms ? want : 4 * n_sms;
-    if (m == 1) launch_pdl(dense_gemv_kernel<1>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
-    else if (m == 2) launch_pdl(dense_gemv_kernel<2>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
-    else launch_pdl(dense_gemv_kernel<4>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
+    if (gemv_warps() == 8) gemv_launch<8>(w, x, y, m, n, k, n_sms, smem, stream);
+    else gemv_launch<4>(w, x, y, m, n, k, n_sms, smem, stream);
     return 0;
 }
 
