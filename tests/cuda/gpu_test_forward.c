@@ -20,7 +20,8 @@
  * 2. Noise floor: a second CUDA backend whose GEMMs all run on the GEMV kernel
  *    (GPTOSS_CUDA_GEMV=all), whose experts run on the route GEMV (GPTOSS_CUDA_MOE_PATH=1) and
  *    whose attention runs on the scalar kernel for every token (GPTOSS_CUDA_ATTN_TC=0 and
- *    GPTOSS_CUDA_ATTN_DECODE=0; the tested backend runs the tensor-core kernels), i.e. the same
+ *    GPTOSS_CUDA_ATTN_DECODE=0; the tested backend runs the tensor-core kernels) and whose
+ *    decode norm and router run as two kernels (GPTOSS_CUDA_NORM_ROUTER=0), i.e. the same
  *    roundings and a different summation order only.
  *    Measured on the mid-size random models this alone gives ~5e-3 median logit error and
  *    97-100% raw top-1 agreement: at hidden 512 a few bf16 flips per layer are certain, and
@@ -483,8 +484,11 @@ int main(int argc, char **argv) {
          * experts on the route GEMV (path 1; the tested backend runs the pair GEMV for one
          * token and the tensor-core path 4 otherwise) and all attention on the scalar kernel
          * (the tested backend: tensor cores for prefill runs and for decode tokens; switches
-         * read when a backend is created), so only fp32 summation order differs */
+         * read when a backend is created) and the norm after attention apart from the
+         * router (the tested backend fuses them for one token), so only fp32 summation order
+         * differs */
         setenv("GPTOSS_CUDA_GEMV", "all", 1);
+        setenv("GPTOSS_CUDA_NORM_ROUTER", "0", 1);
         setenv("GPTOSS_CUDA_MOE_PATH", "1", 1);
         setenv("GPTOSS_CUDA_ATTN_TC", "0", 1);
         setenv("GPTOSS_CUDA_ATTN_DECODE", "0", 1);
@@ -495,6 +499,7 @@ int main(int argc, char **argv) {
             o.kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
         }
         unsetenv("GPTOSS_CUDA_GEMV");
+        unsetenv("GPTOSS_CUDA_NORM_ROUTER");
         unsetenv("GPTOSS_CUDA_MOE_PATH");
         unsetenv("GPTOSS_CUDA_ATTN_TC");
         unsetenv("GPTOSS_CUDA_ATTN_DECODE");

@@ -1343,6 +1343,95 @@ static void test_router_fused(int T, int E, int H, int K) {
     cudaFree(counter);
 }
 
+/* One decode token's residual + RMSNorm + router in one kernel: the new residual row and the
+ * bf16 normalized row against double references, the logits against a double reference
+ * computed from the exact normalized row, the selection against a host top-k of the logits
+ * the kernel wrote. Twice on one counter (the second launch must re-arm). Shapes it does not
+ * take must be refused without writing anything. */
+static void test_norm_router(int E, int H, int K) {
+    unsigned *counter;
+    CK(cudaMalloc(&counter, sizeof(unsigned)));
+    CK(cudaMemset(counter, 0, sizeof(unsigned)));
+    for (int rep = 0; rep < 2; rep++) {
+        std::vector<float> x(H), add(H), abias(H), gain(H), rbias(E);
+        std::vector<uint16_t> w((size_t)E * H);
+        for (auto &v : x) v = rnd_nz(2.0f);
+        for (auto &v : add) v = rnd_nz(1.0f);
+        for (auto &v : abias) v = rnd_nz(0.1f);
+        for (auto &v : gain) v = 1.0f + rnd_nz(0.1f);
+        for (auto &v : rbias) v = rnd_nz(0.1f);
+        for (auto &v : w) v = f2bf(rnd_nz(0.05f));
+        float *dx = dev_upload(x), *dadd = dev_upload(add), *dab = dev_upload(abias), *dg = dev_upload(gain),
+              *drb = dev_upload(rbias);
+        bf16 *dw;
+        CK(cudaMalloc(&dw, w.size() * 2));
+        CK(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+        bf16 *dout = dev_poisoned<bf16>(H);
+        float *dl = dev_poisoned<float>(E), *dwt = dev_poisoned<float>(K);
+        int32_t *di = dev_poisoned<int32_t>(K);
+        int rc = gptoss_cuda_norm_router_one(dx, dadd, dab, dg, 1e-5f, H, dout, dw, drb, E, K, dl, counter, di, dwt, 0);
+        CK(cudaGetLastError());
+        std::vector<float> xo = dev_download(dx, H), l = dev_download(dl, E), wts = dev_download(dwt, K);
+        std::vector<bf16> out = dev_download(dout, H);
+        std::vector<int32_t> idx = dev_download(di, K);
+        std::vector<unsigned> cnt = dev_download(counter, 1);
+        std::vector<double> v(H), gx(xo.begin(), xo.end()), gn, rn, gl(l.begin(), l.end()), rl, gw, rw;
+        double ss = 0;
+        for (int j = 0; j < H; j++) {
+            v[j] = (double)x[j] + add[j] + abias[j];
+            ss += v[j] * v[j];
+        }
+        double inv = 1.0 / sqrt(ss / H + 1e-5);
+        for (int j = 0; j < H; j++) {
+            uint16_t hb;
+            memcpy(&hb, &out[j], 2);
+            gn.push_back(bf2f(hb));
+            rn.push_back(gain[j] * v[j] * inv);
+        }
+        for (int e = 0; e < E; e++) {
+            double a = rbias[e];
+            for (int j = 0; j < H; j++) a += rn[j] * bf2f(w[(size_t)e * H + j]);
+            rl.push_back(a);
+        }
+        int mismatched = ref_topk(l.data(), nullptr, E, K, idx.data(), wts.data(), rw, gw);
+        char name[128];
+        snprintf(name, sizeof name, "norm+router E=%d H=%d top-%d run %d: residual", E, H, K, rep);
+        if (rc) gx[0] = NAN; /* a shape it takes must not be refused */
+        check(name, gx, v, 1e-6);
+        snprintf(name, sizeof name, "norm+router E=%d H=%d top-%d run %d: normalized (bf16)", E, H, K, rep);
+        check(name, gn, rn, 4e-3);
+        snprintf(name, sizeof name, "norm+router E=%d H=%d top-%d run %d: logits", E, H, K, rep);
+        check(name, gl, rl, 1e-5);
+        snprintf(name, sizeof name, "norm+router E=%d H=%d top-%d run %d: %d mismatches, counter %u", E, H, K, rep,
+                 mismatched, cnt[0]);
+        if (mismatched || cnt[0] != 0) gw[0] = NAN;
+        check(name, gw, rw, 1e-5);
+        cudaFree(dx), cudaFree(dadd), cudaFree(dab), cudaFree(dg), cudaFree(drb), cudaFree(dw), cudaFree(dout);
+        cudaFree(dl), cudaFree(dwt), cudaFree(di);
+    }
+    cudaFree(counter);
+}
+
+/* Shapes the fused kernel must refuse, leaving every output untouched. */
+static void test_norm_router_refused(int E, int H, int K, bool no_bias) {
+    float *dx = dev_poisoned<float>(H + 8), *dl = dev_poisoned<float>(E), *dwt = dev_poisoned<float>(K);
+    bf16 *dout = dev_poisoned<bf16>(H + 8), *dw = dev_poisoned<bf16>((size_t)E * (H + 8));
+    int32_t *di = dev_poisoned<int32_t>(K);
+    unsigned *counter;
+    CK(cudaMalloc(&counter, sizeof(unsigned)));
+    CK(cudaMemset(counter, 0, sizeof(unsigned)));
+    std::vector<float> before = dev_download(dx, H);
+    int rc = gptoss_cuda_norm_router_one(dx, dx, no_bias ? nullptr : dx, dx, 1e-5f, H, dout, dw, dl, E, K, dl, counter,
+                                         di, dwt, 0);
+    CK(cudaDeviceSynchronize());
+    std::vector<float> after = dev_download(dx, H);
+    char name[128];
+    snprintf(name, sizeof name, "norm+router E=%d H=%d top-%d%s refused, nothing written", E, H, K,
+             no_bias ? " (no bias)" : "");
+    check_true(name, rc != 0 && memcmp(before.data(), after.data(), before.size() * sizeof(float)) == 0);
+    cudaFree(dx), cudaFree(dl), cudaFree(dwt), cudaFree(dout), cudaFree(dw), cudaFree(di), cudaFree(counter);
+}
+
 /* ---- logits summary (top-n, log-sum-exp) ------------------------------------------------ */
 
 /* rows of random logits; mode 1 coarse (ties across the cut), 2 sprinkled NaN / -inf / +-0,
@@ -1557,6 +1646,15 @@ int main(int argc, char **argv) {
         test_router_fused(1, 128, 4096, 4); /* one token, widest row: 16 chunks per lane */
         test_router_fused(7, 128, 2880, 4);
         test_router_fused(301, 16, 512, 2);
+        test_norm_router(32, 2880, 4);
+        test_norm_router(128, 2880, 4);
+        test_norm_router(6, 160, 2);   /* a block with warps past the last expert, threads past the row */
+        test_norm_router(128, 4096, 4); /* the widest row: 4 float4 per thread, 16 chunks per lane */
+        test_norm_router(8, 64, 8);     /* k = E */
+        test_norm_router_refused(32, 4104, 4, false); /* over 4096 */
+        test_norm_router_refused(32, 100, 4, false);  /* not a multiple of 8 */
+        test_norm_router_refused(32, 2880, 4, true);
+        test_norm_router_refused(4, 64, 5, false);    /* k > E */
     }
 
     if (want("gemv")) {

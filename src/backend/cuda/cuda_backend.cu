@@ -227,7 +227,12 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
      * GPTOSS_CUDA_ATTN_TC=0 keeps prefill attention on the scalar kernel,
      * GPTOSS_CUDA_ATTN_DECODE=0 keeps decode attention on it,
      * GPTOSS_CUDA_ROUTER_FUSED_MAX=N moves the fused router's step limit (see above),
-     * GPTOSS_CUDA_MOE_PATH=1..6 forces a MoE path (default: chosen per step). */
+     * GPTOSS_CUDA_NORM_ROUTER=0 keeps a decode token's norm and router in two kernels,
+     * GPTOSS_CUDA_GEMV_WARPS=4 runs the GEMV in 4-warp blocks (default 8),
+     * GPTOSS_CUDA_MOE_PAIR_KERNEL=wide runs one-token experts on the kernel older GPUs run,
+     * GPTOSS_CUDA_MOE_PATH=1..6 forces a MoE path (default: chosen per step),
+     * GPTOSS_CUDA_ABLATE=BITS (diagnostics, wrong results) leaves components out of one-token
+     * steps (see ablate_mask). */
     s->attn_tc = getenv("GPTOSS_CUDA_ATTN_TC") == NULL || strcmp(getenv("GPTOSS_CUDA_ATTN_TC"), "0") != 0;
     s->attn_decode = getenv("GPTOSS_CUDA_ATTN_DECODE") == NULL || strcmp(getenv("GPTOSS_CUDA_ATTN_DECODE"), "0") != 0;
     s->router_fused_max = ROUTER_FUSED_MAX_TOKENS;
@@ -235,6 +240,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
         int v = atoi(getenv("GPTOSS_CUDA_ROUTER_FUSED_MAX"));
         if (v >= 0 && v <= 64) s->router_fused_max = v;
     }
+    s->norm_router = getenv("GPTOSS_CUDA_NORM_ROUTER") == NULL || strcmp(getenv("GPTOSS_CUDA_NORM_ROUTER"), "0") != 0;
     s->use_gemv = getenv("GPTOSS_CUDA_GEMV") == NULL || strcmp(getenv("GPTOSS_CUDA_GEMV"), "0") != 0;
     gptoss_cuda_set_pdl(prop.major >= 9 &&
                         (getenv("GPTOSS_CUDA_PDL") == NULL || strcmp(getenv("GPTOSS_CUDA_PDL"), "0") != 0));
@@ -869,6 +875,15 @@ static int layer_attention(gptoss_cuda_state *s, const cuda_layer *L, const cuda
                                  L->sinks, scalar_end, NH, NKV, D, window, splits, w->partial, w->attn, s->stream);
 }
 
+/* GPTOSS_CUDA_ABLATE: diagnostics only. Bits of components that one-token steps leave out
+ * (1 router, 2 RoPE + KV write, 4 attention, 8 residual norms, 16 MoE, 32 QKV, 64 O,
+ * 128 lm_head), so that `gptoss bench` times what each costs inside the decode graph, where
+ * --profile (events between kernels, no graphs) cannot look. The logits are garbage. */
+static int ablate_mask(void) {
+    static int m = -1;
+    if (m < 0) m = getenv("GPTOSS_CUDA_ABLATE") ? atoi(getenv("GPTOSS_CUDA_ABLATE")) : 0;
+    return m;
+}
 /* Enqueues one whole step on s->stream from the staged plan (no host work depends on the
  * plan's contents here, so the same sequence can be captured once and replayed). */
 static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key, gptoss_error *error) {
@@ -893,13 +908,15 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
     gptoss_cuda_embed(s->embedding, d_ids, T, H, w->x, k);
     gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, NULL, NULL, 0, s->layers[0].attn_norm, eps, NULL, T, H, w->t, NULL, k);
     prof_mark(s, PART_SMALL);
+    const int AB = key->n_tokens == 1 ? ablate_mask() : 0;
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &s->layers[l];
-        st = gemm_bf16(s, L->qkv_weight, w->t, w->qkv, T, QKV, H, true, error);
+        st = (AB & 32) ? GPTOSS_OK : gemm_bf16(s, L->qkv_weight, w->t, w->qkv, T, QKV, H, true, error);
         if (st) return st;
         prof_mark(s, PART_DENSE);
         const int32_t *table = L->sliding ? d_slide : d_full;
-        if (s->kv_fp8)
+        if (AB & 2) {
+        } else if (s->kv_fp8)
             gptoss_cuda_rope_kv_write_fp8(w->qkv, L->qkv_bias, d_pos, d_seq, s->inv_freq, s->concentration, T, NH,
                                           NKV, D, table, key->max_blocks, s->kv_block_size, w->q, L->k_fp8, L->v_fp8,
                                           L->k_scale, L->v_scale, k);
@@ -907,15 +924,23 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             gptoss_cuda_rope_kv_write(w->qkv, L->qkv_bias, d_pos, d_seq, s->inv_freq, s->concentration, T, NH, NKV,
                                       D, table, key->max_blocks, s->kv_block_size, w->q, L->k_cache, L->v_cache, k);
         prof_mark(s, PART_SMALL);
-        if (layer_attention(s, L, key, d_pos, d_seq, table) != 0)
+        if (!(AB & 4) && layer_attention(s, L, key, d_pos, d_seq, table) != 0)
             return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "CUDA: attention shape not supported");
         prof_mark(s, PART_ATTENTION);
-        st = gemm_bf16(s, L->o_weight, w->attn, w->proj, T, H, NH * D, true, error);
+        st = (AB & 64) ? GPTOSS_OK : gemm_bf16(s, L->o_weight, w->attn, w->proj, T, H, NH * D, true, error);
         if (st) return st;
         prof_mark(s, PART_DENSE);
-        gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps, NULL, T, H, w->t,
-                                     w->t_f32, k);
-        if (T <= s->router_fused_max) {
+        /* one decode token: residual, norm and router in one kernel; its logits go to w->t_f32,
+         * which only the unfused router reads (not w->proj: that is the kernel's input) */
+        bool fused = T == 1 && s->norm_router && !(AB & 1) && (int64_t)w->cap_tokens * H >= E &&
+                     gptoss_cuda_norm_router_one(w->x, w->proj, L->o_bias, L->mlp_norm, eps, H, w->t,
+                                                 L->router_weight, L->router_bias, E, K, w->t_f32, w->router_done,
+                                                 w->topk_idx, w->topk_weight, k) == 0;
+        if (!fused && !(AB & 8))
+            gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps, NULL, T, H, w->t,
+                                         w->t_f32, k);
+        if (fused || (AB & 1)) {
+        } else if (T <= s->router_fused_max) {
             gptoss_cuda_router(w->t_f32, L->router_weight, L->router_bias, T, E, H, K, w->proj, w->router_done,
                                w->topk_idx, w->topk_weight, k);
         } else { /* the fused kernel selects in its last block alone: too serial for big steps */
@@ -931,9 +956,10 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         int moe_path = gptoss_cuda_moe_choose_path(s->moe_path, T, K, &L->moe);
         if (moe_path != 3 && moe_path != 5) gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k); /* 3 needs none */
         prof_mark(s, PART_SMALL);
-        gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
+        if (!(AB & 16)) gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
         prof_mark(s, PART_MOE);
-        if (l + 1 < c->n_layers) {
+        if (AB & 8) {
+        } else if (l + 1 < c->n_layers) {
             gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K, s->layers[l + 1].attn_norm, eps,
                                          NULL, T, H, w->t, NULL, k);
         } else {
@@ -943,7 +969,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         }
         prof_mark(s, PART_SMALL);
     }
-    st = gemm_bf16(s, s->lm_head, w->lm_in, w->logits, NL, c->vocab_size, H, false, error);
+    st = (AB & 128) ? GPTOSS_OK : gemm_bf16(s, s->lm_head, w->lm_in, w->logits, NL, c->vocab_size, H, false, error);
     if (st) return st;
     prof_mark(s, PART_LM_HEAD);
     CUDA_TRY(cudaGetLastError(), "kernel launch");

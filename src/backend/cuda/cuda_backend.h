@@ -117,6 +117,7 @@ typedef struct gptoss_cuda_state {
     bool attn_decode;        /* tensor-core split-K attention for decode tokens */
     int32_t router_fused_max; /* steps of up to this many tokens use the fused router */
     bool use_gemv;            /* decode projections on our GEMV rather than cuBLAS */
+    bool norm_router;         /* one decode token: the norm after attention and the router in one kernel */
     bool gemv_all;            /* diagnostics: every GEMM as GEMV row blocks (GPTOSS_CUDA_GEMV=all) */
     size_t weight_bytes;      /* device bytes of weights */
     uint32_t fp8_layers;      /* gptoss_fp8_layer bits: matrices held as e4m3 + row scales */

@@ -168,6 +168,15 @@ void gptoss_cuda_router(const float *t, const bf16 *weight, const float *bias, i
                         int32_t n_experts, int32_t hidden, int32_t k_top, float *logits, unsigned *done_counter,
                         int32_t *topk_idx, float *topk_weight, cudaStream_t stream);
 
+/* One decode token: gptoss_cuda_residual_rmsnorm(x, add, add_bias, ..., gain, out) for one row
+ * followed by gptoss_cuda_router on the normalized row (bias added), in one kernel; no fp32
+ * copy of the row is written. Returns nonzero (enqueues nothing) for a shape it does not take
+ * (hidden % 8 != 0 or over 4096, no add_bias, k_top outside 1..min(32, n_experts)). */
+int gptoss_cuda_norm_router_one(float *x, const float *add, const float *add_bias, const float *gain, float eps,
+                                int32_t hidden, bf16 *out, const bf16 *weight, const float *bias,
+                                int32_t n_experts, int32_t k_top, float *logits, unsigned *done_counter,
+                                int32_t *topk_idx, float *topk_weight, cudaStream_t stream);
+
 /* y[m, n] f32 = x[m, k] bf16 . w[n, k]^T bf16 for decode shapes (m <= GPTOSS_GEMV_MAX_ROWS,
  * k % 8 == 0, k <= 4096, 16-byte aligned). Returns nonzero (and enqueues nothing) for any
  * other shape, so the caller falls back to a GEMM. */

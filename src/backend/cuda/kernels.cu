@@ -814,6 +814,114 @@ void gptoss_cuda_router(const float *t, const bf16 *weight, const float *bias, i
                logits, done_counter, k_top, topk_idx, topk_weight);
 }
 
+/*
+ * One decode token: the residual update + RMSNorm after the attention block fused with the
+ * router (they were two kernels of 6.3 and 9.2 us on an H100, each mostly one latency chain).
+ * Each block of NR_WARPS warps loads its experts' router rows into registers before the PDL
+ * wait, then recomputes the whole residual row and its norm (hidden floats from L2, cheap
+ * next to a launch), keeps the normalized row in shared memory in fp32 and scores one expert
+ * per warp. The last block to finish (atomic ticket) writes the new residual row and the bf16
+ * normalized row, which no block may write earlier (the others could still be reading x),
+ * and runs the top-k. The norm's sum runs in another order than residual_rmsnorm_kernel's,
+ * so a row can differ from the two-kernel path's by an ulp.
+ */
+#define NR_WARPS 8
+#define NR_PER_THREAD 4 /* float4 per thread per array: hidden <= NR_WARPS * 32 * 4 * 4 = 4096 */
+
+static __global__ void __launch_bounds__(NR_WARPS * 32)
+norm_router_one_kernel(float *__restrict__ x, const float *__restrict__ add, const float *__restrict__ add_bias,
+                       const float *__restrict__ gain, float eps, int32_t hidden, bf16 *__restrict__ out,
+                       const bf16 *__restrict__ weight, const float *__restrict__ bias, int32_t n_experts,
+                       float *logits, unsigned *done_counter, int32_t k_top, int32_t *topk_idx,
+                       float *topk_weight) {
+    extern __shared__ __align__(16) float nr_row[]; /* [hidden] normalized, fp32 */
+    __shared__ float partial[NR_WARPS];
+    __shared__ bool last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = blockIdx.x * NR_WARPS + warp, n_chunks = hidden >> 3, n4 = hidden >> 2;
+    const uint4 *w = (const uint4 *)(weight + (size_t)min(e, n_experts - 1) * hidden);
+    uint4 wq[ROUTER1_MAX_CHUNKS];
+#pragma unroll
+    for (int i = 0; i < ROUTER1_MAX_CHUNKS; i++)
+        if (lane + 32 * i < n_chunks) wq[i] = __ldg(w + lane + 32 * i);
+    pdl_wait(); /* x and the O projection come from earlier kernels */
+    float4 v[NR_PER_THREAD], g[NR_PER_THREAD];
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NR_PER_THREAD; c++) {
+        const int j = threadIdx.x + c * NR_WARPS * 32;
+        if (j < n4) {
+            float4 a = ((const float4 *)x)[j], b = ((const float4 *)add)[j], cb = ((const float4 *)add_bias)[j];
+            g[c] = ((const float4 *)gain)[j];
+            v[c] = make_float4(a.x + (b.x + cb.x), a.y + (b.y + cb.y), a.z + (b.z + cb.z), a.w + (b.w + cb.w));
+            ss += v[c].x * v[c].x + v[c].y * v[c].y + v[c].z * v[c].z + v[c].w * v[c].w;
+        }
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) partial[warp] = ss;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NR_WARPS; i++) total += partial[i];
+    const float inv = rsqrtf(total / (float)hidden + eps);
+#pragma unroll
+    for (int c = 0; c < NR_PER_THREAD; c++) {
+        const int j = threadIdx.x + c * NR_WARPS * 32;
+        if (j < n4)
+            ((float4 *)nr_row)[j] = make_float4(g[c].x * (v[c].x * inv), g[c].y * (v[c].y * inv),
+                                                g[c].z * (v[c].z * inv), g[c].w * (v[c].w * inv));
+    }
+    __syncthreads();
+    const float4 *t4 = (const float4 *)nr_row;
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ROUTER1_MAX_CHUNKS; i++) {
+        int j = lane + 32 * i;
+        if (j < n_chunks) {
+            float4 a = t4[2 * j], b = t4[2 * j + 1];
+            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            const uint32_t ww[4] = {wq[i].x, wq[i].y, wq[i].z, wq[i].w};
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                acc += __uint_as_float(ww[k] << 16) * xv[2 * k] + __uint_as_float(ww[k] & 0xffff0000u) * xv[2 * k + 1];
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0 && e < n_experts) logits[e] = acc + bias[e];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done_counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+#pragma unroll
+    for (int c = 0; c < NR_PER_THREAD; c++) {
+        const int j = threadIdx.x + c * NR_WARPS * 32;
+        if (j < n4) {
+            ((float4 *)x)[j] = v[c];
+            const float4 y = t4[j];
+            __nv_bfloat162 lo = __floats2bfloat162_rn(y.x, y.y), hi = __floats2bfloat162_rn(y.z, y.w);
+            ((uint2 *)out)[j] = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
+        }
+    }
+    if (warp == 0) topk_warp(logits, nullptr, n_experts, k_top, topk_idx, topk_weight);
+    if (threadIdx.x == 0) *done_counter = 0u;
+}
+
+int gptoss_cuda_norm_router_one(float *x, const float *add, const float *add_bias, const float *gain, float eps,
+                                int32_t hidden, bf16 *out, const bf16 *weight, const float *bias,
+                                int32_t n_experts, int32_t k_top, float *logits, unsigned *done_counter,
+                                int32_t *topk_idx, float *topk_weight, cudaStream_t stream) {
+    if (hidden % 8 != 0 || hidden > NR_WARPS * 32 * 4 * NR_PER_THREAD || hidden > 32 * 8 * ROUTER1_MAX_CHUNKS ||
+        add_bias == NULL || n_experts < 1 || k_top < 1 || k_top > 32 || k_top > n_experts ||
+        ((uintptr_t)x | (uintptr_t)add | (uintptr_t)add_bias | (uintptr_t)gain | (uintptr_t)out | (uintptr_t)weight) % 16)
+        return 1;
+    launch_pdl(norm_router_one_kernel, dim3((n_experts + NR_WARPS - 1) / NR_WARPS), dim3(NR_WARPS * 32),
+               (size_t)hidden * sizeof(float), stream, x, add, add_bias, gain, eps, hidden, out, weight, bias,
+               n_experts, logits, done_counter, k_top, topk_idx, topk_weight);
+    return 0;
+}
+
 cudaError_t gptoss_cuda_router_prepare(int32_t hidden) {
     return cudaFuncSetAttribute(router_logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ROUTER_TOKENS * hidden * sizeof(float)));
