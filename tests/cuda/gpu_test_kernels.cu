@@ -1057,9 +1057,20 @@ static void test_gemv(int M, int N, int K) {
             ref[(size_t)i * N + n] = a;
         }
     char name[96];
-    snprintf(name, sizeof name, "gemv bf16 M=%d N=%d K=%d%s", M, N, K, rc ? " (refused)" : "");
+    const bool tma = gptoss_cuda_gemv_kernel(M, N, K) == 2;
+    snprintf(name, sizeof name, "gemv bf16 (%s) M=%d N=%d K=%d%s", tma ? "tma" : "ld", M, N, K, rc ? " (refused)" : "");
     if (rc) got[0] = NAN; /* every shape here is one the GEMV must take */
     check(name, got, ref, 1e-5); /* fp32 accumulation of exact bf16 products */
+    if (tma) { /* the bulk-copy kernel sums in the load kernel's order */
+        float *dy1 = dev_poisoned<float>((size_t)M * N);
+        gptoss_cuda_gemv_set_kernel(1);
+        rc = gptoss_cuda_gemv_bf16(dw, dx, dy1, M, N, K, sms, 0);
+        gptoss_cuda_gemv_set_kernel(2);
+        std::vector<float> y1 = dev_download(dy1, (size_t)M * N);
+        snprintf(name, sizeof name, "gemv bf16 M=%d N=%d K=%d: tma and ld bit-identical", M, N, K);
+        check_true(name, rc == 0 && memcmp(y.data(), y1.data(), y.size() * sizeof(float)) == 0);
+        cudaFree(dy1);
+    }
     cudaFree(dw), cudaFree(dx), cudaFree(dy);
 }
 
@@ -1658,11 +1669,31 @@ int main(int argc, char **argv) {
     }
 
     if (want("gemv")) {
-        for (int M = 1; M <= 4; M++) test_gemv(M, 5120, 2880);
-        test_gemv(1, 2880, 4096);
-        test_gemv(3, 2880, 4096);
-        test_gemv(2, 37, 64);
-        test_gemv(1, 1, 8);
+        /* both kernels: bulk copies (the default from compute capability 9.0) and loads */
+        CK(gptoss_cuda_gemv_prepare());
+        cudaDeviceProp prop;
+        CK(cudaGetDeviceProperties(&prop, 0));
+        gptoss_cuda_gemv_set_kernel(0);
+        /* by default the bulk-copy kernel from sm_90 where one wave holds the grid: on an H100 or
+         * H200 (132 SMs) the 20b/120b O projection, not QKV */
+        const bool sm90 = prop.major >= 9;
+        char nm[128];
+        snprintf(nm, sizeof nm, "gemv kernel by default on sm_%d%d: O %s, QKV %s", prop.major, prop.minor,
+                 gptoss_cuda_gemv_kernel(1, 2880, 4096) == 2 ? "tma" : "ld",
+                 gptoss_cuda_gemv_kernel(1, 5120, 2880) == 2 ? "tma" : "ld");
+        check_true(nm, gptoss_cuda_gemv_kernel(1, 2880, 4096) == (sm90 ? 2 : 1) &&
+                           (prop.major != 9 || gptoss_cuda_gemv_kernel(1, 5120, 2880) == 1));
+        for (int kernel : {2, 1}) {
+            gptoss_cuda_gemv_set_kernel(kernel);
+            if (gptoss_cuda_gemv_kernel(1, 1, 8) != kernel) continue; /* no bulk-copy kernel on this GPU */
+            for (int M = 1; M <= 4; M++) test_gemv(M, 5120, 2880);
+            test_gemv(1, 2880, 4096);
+            test_gemv(3, 2880, 4096);
+            test_gemv(4, 4100, 4096); /* widest rows, 4 tokens: 96 KB of shared memory; a partial last block */
+            test_gemv(2, 37, 64);
+            test_gemv(1, 1, 8);
+        }
+        gptoss_cuda_gemv_set_kernel(0);
     }
 
     if (want("fp8")) {

@@ -45,6 +45,33 @@ static __device__ __forceinline__ void pdl_wait(void) {
 #endif
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* Bulk copies into shared memory (sm_90): one thread arms an mbarrier (arrival count 1) with
+ * the bytes to come and issues cp.async.bulk copies that complete on it; every thread that
+ * reads the data waits for the phase. The barrier's address is a shared-space address. */
+static __device__ __forceinline__ void mbar_init(uint32_t bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    for (uint32_t done = 0; !done;)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+}
+/* One bulk copy global -> shared, completing on bar (which expects the bytes). */
+static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+#endif
+
 /* Sum and max over the 32 lanes of a warp (every lane gets the result). */
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -183,6 +210,15 @@ int gptoss_cuda_norm_router_one(float *x, const float *add, const float *add_bia
 #define GPTOSS_GEMV_MAX_ROWS 4
 int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k,
                           int32_t n_sms, cudaStream_t stream);
+/* Decides whether the GEMV's sm_90 kernel (weights staged by bulk copies) runs here and raises
+ * its shared-memory limit (call once; a device it does not run on is not an error). */
+cudaError_t gptoss_cuda_gemv_prepare(void);
+/* Which GEMV kernel runs (tests and A/B runs): 0 = the default (the bulk-copy kernel where it
+ * runs and its blocks fit in one wave), 1 = the load kernel, 2 = the bulk-copy kernel wherever
+ * it runs. Until called, GPTOSS_CUDA_GEMV_KERNEL=ld|tma. gptoss_cuda_gemv_kernel: the kernel
+ * (1 load, 2 bulk copy) a product of that shape runs on now. */
+void gptoss_cuda_gemv_set_kernel(int kernel);
+int gptoss_cuda_gemv_kernel(int32_t m, int32_t n, int32_t k);
 
 /* Router: logits [n_tokens, n_experts] f32 (+ bias, NULL when already added), top-k by value (ties: lower index first),
  * softmax over the k selected. topk_idx/topk_weight [n_tokens, k_top]. */

@@ -1512,22 +1512,6 @@ moe_pair_wide_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
                          limit, alpha, h_out, y_out);
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    for (uint32_t done = 0; !done;)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-}
-/* One bulk copy global -> shared, completing on bar (which expects the bytes). */
-static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-#endif
 
 /* Shared memory of the TMA kernel: the tile's codes and scale bytes (16-byte multiples, so the
  * token chunks after them stay aligned) and the token; at most 43 KB (k_in <= 4096). */
@@ -1564,15 +1548,12 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
     const uint32_t bar_s = (uint32_t)__cvta_generic_to_shared(&bar);
     auto issue = [&]() {
         const size_t row0 = (size_t)topk_idx[pair] * n_out_rows + 16 * (size_t)tile;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar_s),
-                     "r"(code_bytes + scale_bytes)
-                     : "memory");
+        mbar_expect_tx(bar_s, code_bytes + scale_bytes);
         bulk_copy(codes, blocks + row0 * row_bytes, code_bytes, bar_s);
         bulk_copy(sc, scales + row0 * n_groups, scale_bytes, bar_s);
     };
     if (threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar_s) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init(bar_s);
         if (!GATE_UP) issue();
     }
     pdl_wait(); /* gate_up: topk_idx from the router; both: the input */
