@@ -58,7 +58,10 @@ static void help(FILE *out) {
         "  --no-prefix-cache              do not reuse KV blocks across requests\n"
         "  --max-queue N                  waiting requests before 429 (default 1024)\n"
         "  --max-body-bytes N             larger request bodies get 413 (default 8388608)\n"
-        "  --drain-timeout S              on SIGTERM, wait this long for requests (default 60)\n");
+        "  --drain-timeout S              on SIGTERM, wait this long for requests (default 60)\n"
+        "  --idle-timeout S               close a connection that sends nothing for S seconds\n"
+        "                                 while its request is read (default 120); a request\n"
+        "                                 that is queued or generating is never timed out\n");
     cli_print_fp8_layers_help(out, 33);
     cli_print_kv_cache_dtype_help(out, 33);
 }
@@ -99,7 +102,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
                *tokenizer_path = NULL;
     gptoss_server_options so = gptoss_server_options_default();
     int64_t threads = 0, max_num_seqs = 0, max_batched = 2048, kv_blocks = 0, max_queue = 1024,
-            max_body = (int64_t)so.max_body_bytes, port = so.port, drain_s = 60, max_model_len = 0;
+            max_body = (int64_t)so.max_body_bytes, port = so.port, drain_s = 60, max_model_len = 0,
+            idle_s = so.connection_timeout_s;
     double memory_fraction = 0;
     uint32_t fp8_layers = 0;
     gptoss_kv_cache_dtype kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
@@ -155,6 +159,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--drain-timeout") && v) {
             if (!cli_parse_i64(argv[++i], 0, 86400, &drain_s))
                 return cli_usage_error("serve", "--drain-timeout needs seconds in [0, 86400]");
+        } else if (!strcmp(a, "--idle-timeout") && v) {
+            if (!cli_parse_i64(argv[++i], 1, 86400, &idle_s))
+                return cli_usage_error("serve", "--idle-timeout needs seconds in [1, 86400]");
         } else if (!strcmp(a, "--fp8-layers") && v) {
             if (!cli_parse_fp8_layers(argv[++i], &fp8_layers))
                 return cli_fp8_layers_usage_error("serve", argv[i]);
@@ -213,6 +220,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
     so.served_model_name = served_name;
     so.port = (int)port;
     so.max_body_bytes = (size_t)max_body;
+    so.connection_timeout_s = (unsigned)idle_s;
 
     signal(SIGPIPE, SIG_IGN);
     struct sigaction sa;

@@ -793,6 +793,9 @@ static server_reply generate(gptoss_server *s, struct MHD_Connection *conn, bool
             return server_error(400, "invalid_request_error", NULL, NULL, "%s", err.message);
         return server_error(500, "server_error", NULL, NULL, "%s", err.message);
     }
+    /* Queued behind a full batch or generating a long answer, the connection may carry no
+     * bytes for longer than the idle timeout, which would close it under the client. */
+    server_hold_connection(conn);
     snprintf(g->id, sizeof g->id, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl",
              (unsigned long long)s->id_salt, (unsigned long long)gptoss_request_id(g->request));
     /* Tool call ids: unique per server run and request, then the call's index. */

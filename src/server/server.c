@@ -115,6 +115,10 @@ bool server_client_gone(struct MHD_Connection *connection) {
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+void server_hold_connection(struct MHD_Connection *connection) {
+    MHD_set_connection_option(connection, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)0);
+}
+
 /* ---- endpoints that need no engine work --------------------------------------------------- */
 
 static server_reply health(gptoss_server *s) {

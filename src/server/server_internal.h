@@ -50,6 +50,11 @@ json_t *server_json_text(const char *bytes, size_t len);
 /* Whether the client of `connection` hung up (a read of the socket sees EOF or an error). */
 bool server_client_gone(struct MHD_Connection *connection);
 
+/* Exempts a connection from the idle timeout (connection_timeout_s), which is meant for
+ * clients that stall while sending a request: a queued or generating request may send nothing
+ * for minutes, and its connection thread watches for a client that left (server_client_gone). */
+void server_hold_connection(struct MHD_Connection *connection);
+
 /* POST /v1/chat/completions and POST /v1/completions; body is the raw request body. */
 server_reply server_chat_completions(gptoss_server *server, struct MHD_Connection *connection,
                                      const char *body, size_t len);
