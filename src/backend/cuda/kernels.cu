@@ -574,6 +574,17 @@ int gptoss_cuda_attention_fp8(const float *q, const uint8_t *k_cache, const uint
  */
 #define DG_UNROLL 4
 
+/* acc + w . x over the 8 bf16 of a 16-byte chunk each, in element order, fp32 FMAs. */
+static __device__ __forceinline__ float bf16x8_dot(uint4 w, uint4 x, float acc) {
+    const uint32_t wa[4] = {w.x, w.y, w.z, w.w}, xw[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        acc = fmaf(__uint_as_float(wa[j] << 16), __uint_as_float(xw[j] << 16), acc);
+        acc = fmaf(__uint_as_float(wa[j] & 0xffff0000u), __uint_as_float(xw[j] & 0xffff0000u), acc);
+    }
+    return acc;
+}
+
 template <int M, int W>
 static __global__ void __launch_bounds__(W * 32)
 dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k) {
@@ -616,21 +627,12 @@ dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, 
             for (int u = 0; u < DG_UNROLL; u++) {
                 int c = c0 + 32 * u;
                 if (c >= chunks) break;
-                const uint32_t wa[4] = {a[u].x, a[u].y, a[u].z, a[u].w};
-                const uint32_t wb[4] = {b[u].x, b[u].y, b[u].z, b[u].w};
 #pragma unroll
                 for (int i = 0; i < M; i++) {
                     if (i >= m) break;
-                    uint4 xv = xs[i * chunks + c];
-                    const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        float x0 = __uint_as_float(xw[j] << 16), x1 = __uint_as_float(xw[j] & 0xffff0000u);
-                        acc[0][i] = fmaf(__uint_as_float(wa[j] << 16), x0, acc[0][i]);
-                        acc[0][i] = fmaf(__uint_as_float(wa[j] & 0xffff0000u), x1, acc[0][i]);
-                        acc[1][i] = fmaf(__uint_as_float(wb[j] << 16), x0, acc[1][i]);
-                        acc[1][i] = fmaf(__uint_as_float(wb[j] & 0xffff0000u), x1, acc[1][i]);
-                    }
+                    const uint4 xv = xs[i * chunks + c];
+                    acc[0][i] = bf16x8_dot(a[u], xv, acc[0][i]);
+                    acc[1][i] = bf16x8_dot(b[u], xv, acc[1][i]);
                 }
             }
         }
@@ -690,17 +692,10 @@ dense_gemv_tma_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t
 #pragma unroll 4
     for (int c = lane; c < chunks; c += 32) {
         const uint4 a = wr[c];
-        const uint32_t wa[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
         for (int i = 0; i < M; i++) {
             if (i >= m) break;
-            uint4 xv = xs[i * chunks + c];
-            const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                acc[i] = fmaf(__uint_as_float(wa[j] << 16), __uint_as_float(xw[j] << 16), acc[i]);
-                acc[i] = fmaf(__uint_as_float(wa[j] & 0xffff0000u), __uint_as_float(xw[j] & 0xffff0000u), acc[i]);
-            }
+            acc[i] = bf16x8_dot(a, xs[i * chunks + c], acc[i]);
         }
     }
 #pragma unroll
@@ -810,6 +805,19 @@ int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int
 static __device__ void topk_warp(const volatile float *row, const float *bias, int32_t n_experts, int32_t k_top,
                                  int32_t *topk_idx, float *topk_weight);
 
+/* Whether this block is the last of the grid to get here (atomic ticket on counter, which the
+ * last block re-arms); after the fences every block's earlier writes are visible to it. Every
+ * thread of the block must call it. */
+static __device__ __forceinline__ bool last_block(unsigned *counter, unsigned n_blocks) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == n_blocks - 1;
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 static __global__ void router_logits_kernel(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
                                             int32_t n_experts, int32_t hidden, float *logits,
                                             unsigned *done_counter, int32_t k_top, int32_t *topk_idx,
@@ -846,13 +854,7 @@ static __global__ void router_logits_kernel(const float *t, const bf16 *weight, 
     if (!done_counter) return;
     /* Fused top-k: the last block to finish (every logit is then written and, after the
      * fences, visible) runs it for all tokens and re-arms the counter for the next launch. */
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done_counter, 1u) == gridDim.x * gridDim.y - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_block(done_counter, gridDim.x * gridDim.y)) return;
     for (int tok = warp; tok < n_tokens; tok += n_warps)
         topk_warp(logits + (size_t)tok * n_experts, nullptr, n_experts, k_top,
                   topk_idx + (size_t)tok * k_top, topk_weight + (size_t)tok * k_top);
@@ -878,18 +880,19 @@ void gptoss_cuda_router_logits(const float *t, const bf16 *weight, const float *
  */
 #define ROUTER1_WARPS 4
 #define ROUTER1_MAX_CHUNKS 16 /* hidden <= 32 * 16 * 8 = 4096 */
-static __global__ void __launch_bounds__(ROUTER1_WARPS * 32)
-router_one_kernel(const float *t, const bf16 *weight, const float *bias, int32_t n_experts, int32_t hidden,
-                  float *logits, unsigned *done_counter, int32_t k_top, int32_t *topk_idx, float *topk_weight) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int e = blockIdx.x * ROUTER1_WARPS + warp, n_chunks = hidden >> 3;
-    const uint4 *w = (const uint4 *)(weight + (size_t)min(e, n_experts - 1) * hidden);
-    uint4 wq[ROUTER1_MAX_CHUNKS];
+
+/* One warp's router row (expert e, clamped to the last) into registers, 16 bytes per chunk. */
+static __device__ __forceinline__ void router_row_load(const bf16 *weight, int e, int32_t n_experts, int n_chunks,
+                                                       int lane, uint4 (&wq)[ROUTER1_MAX_CHUNKS]) {
+    const uint4 *w = (const uint4 *)(weight + (size_t)min(e, n_experts - 1) * n_chunks * 8);
 #pragma unroll
     for (int i = 0; i < ROUTER1_MAX_CHUNKS; i++)
         if (lane + 32 * i < n_chunks) wq[i] = __ldg(w + lane + 32 * i);
-    pdl_wait();
-    const float4 *t4 = (const float4 *)t;
+}
+
+/* The warp's row . the fp32 token t4 (every lane gets the sum). */
+static __device__ __forceinline__ float router_row_dot(const uint4 (&wq)[ROUTER1_MAX_CHUNKS], const float4 *t4,
+                                                       int n_chunks, int lane) {
     float acc = 0.0f;
 #pragma unroll
     for (int i = 0; i < ROUTER1_MAX_CHUNKS; i++) {
@@ -903,15 +906,20 @@ router_one_kernel(const float *t, const bf16 *weight, const float *bias, int32_t
                 acc += __uint_as_float(ww[k] << 16) * x[2 * k] + __uint_as_float(ww[k] & 0xffff0000u) * x[2 * k + 1];
         }
     }
-    acc = warp_sum(acc);
+    return warp_sum(acc);
+}
+
+static __global__ void __launch_bounds__(ROUTER1_WARPS * 32)
+router_one_kernel(const float *t, const bf16 *weight, const float *bias, int32_t n_experts, int32_t hidden,
+                  float *logits, unsigned *done_counter, int32_t k_top, int32_t *topk_idx, float *topk_weight) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = blockIdx.x * ROUTER1_WARPS + warp, n_chunks = hidden >> 3;
+    uint4 wq[ROUTER1_MAX_CHUNKS];
+    router_row_load(weight, e, n_experts, n_chunks, lane, wq);
+    pdl_wait();
+    const float acc = router_row_dot(wq, (const float4 *)t, n_chunks, lane);
     if (lane == 0 && e < n_experts) logits[e] = acc + bias[e];
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done_counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_block(done_counter, gridDim.x)) return;
     if (warp == 0) topk_warp(logits, nullptr, n_experts, k_top, topk_idx, topk_weight);
     if (threadIdx.x == 0) *done_counter = 0u;
 }
@@ -953,14 +961,10 @@ norm_router_one_kernel(float *__restrict__ x, const float *__restrict__ add, con
                        float *topk_weight) {
     extern __shared__ __align__(16) float nr_row[]; /* [hidden] normalized, fp32 */
     __shared__ float partial[NR_WARPS];
-    __shared__ bool last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e = blockIdx.x * NR_WARPS + warp, n_chunks = hidden >> 3, n4 = hidden >> 2;
-    const uint4 *w = (const uint4 *)(weight + (size_t)min(e, n_experts - 1) * hidden);
     uint4 wq[ROUTER1_MAX_CHUNKS];
-#pragma unroll
-    for (int i = 0; i < ROUTER1_MAX_CHUNKS; i++)
-        if (lane + 32 * i < n_chunks) wq[i] = __ldg(w + lane + 32 * i);
+    router_row_load(weight, e, n_experts, n_chunks, lane, wq);
     pdl_wait(); /* x and the O projection come from earlier kernels */
     float4 v[NR_PER_THREAD], g[NR_PER_THREAD];
     float ss = 0.0f;
@@ -990,27 +994,9 @@ norm_router_one_kernel(float *__restrict__ x, const float *__restrict__ add, con
     }
     __syncthreads();
     const float4 *t4 = (const float4 *)nr_row;
-    float acc = 0.0f;
-#pragma unroll
-    for (int i = 0; i < ROUTER1_MAX_CHUNKS; i++) {
-        int j = lane + 32 * i;
-        if (j < n_chunks) {
-            float4 a = t4[2 * j], b = t4[2 * j + 1];
-            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-            const uint32_t ww[4] = {wq[i].x, wq[i].y, wq[i].z, wq[i].w};
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                acc += __uint_as_float(ww[k] << 16) * xv[2 * k] + __uint_as_float(ww[k] & 0xffff0000u) * xv[2 * k + 1];
-        }
-    }
-    acc = warp_sum(acc);
+    const float acc = router_row_dot(wq, t4, n_chunks, lane);
     if (lane == 0 && e < n_experts) logits[e] = acc + bias[e];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done_counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_block(done_counter, gridDim.x)) return;
 #pragma unroll
     for (int c = 0; c < NR_PER_THREAD; c++) {
         const int j = threadIdx.x + c * NR_WARPS * 32;
