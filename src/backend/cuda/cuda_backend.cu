@@ -229,7 +229,6 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
      * GPTOSS_CUDA_ROUTER_FUSED_MAX=N moves the fused router's step limit (see above),
      * GPTOSS_CUDA_NORM_ROUTER=0 keeps a decode token's norm and router in two kernels,
      * GPTOSS_CUDA_GEMV_KERNEL=ld runs decode projections on the kernel older GPUs run,
-     * GPTOSS_CUDA_GEMV_WARPS=4 runs that kernel in 4-warp blocks (default 8),
      * GPTOSS_CUDA_MOE_PAIR_KERNEL=wide runs one-token experts on the kernel older GPUs run,
      * GPTOSS_CUDA_MOE_PATH=1..6 forces a MoE path (default: chosen per step),
      * GPTOSS_CUDA_ABLATE=BITS (diagnostics, wrong results) leaves components out of one-token

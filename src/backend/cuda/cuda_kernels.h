@@ -72,6 +72,13 @@ static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uin
 }
 #endif
 
+/* Whether the code this device runs for kernel was built for compute capability 9.0 or later
+ * (from sm_90 SASS or PTX, not a JIT of older PTX): the bulk-copy kernels trap otherwise. */
+static inline bool gptoss_cuda_runs_sm90_code(const void *kernel) {
+    cudaFuncAttributes fa;
+    return cudaFuncGetAttributes(&fa, kernel) == cudaSuccess && fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
+}
+
 /* Sum and max over the 32 lanes of a warp (every lane gets the result). */
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

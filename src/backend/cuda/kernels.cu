@@ -572,6 +572,7 @@ int gptoss_cuda_attention_fp8(const float *q, const uint8_t *k_cache, const uint
  * time (grid-stride) and keeps 2 x DG_UNROLL 16-byte loads per lane in flight; fp32
  * accumulation, one warp reduction per row. k % 8 == 0, rows 16-byte aligned.
  */
+#define DG_WARPS 8
 #define DG_UNROLL 4
 
 /* acc + w . x over the 8 bf16 of a 16-byte chunk each, in element order, fp32 FMAs. */
@@ -585,14 +586,14 @@ static __device__ __forceinline__ float bf16x8_dot(uint4 w, uint4 x, float acc) 
     return acc;
 }
 
-template <int M, int W>
-static __global__ void __launch_bounds__(W * 32)
+template <int M>
+static __global__ void __launch_bounds__(DG_WARPS * 32)
 dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k) {
     extern __shared__ __align__(16) unsigned char dg_smem[];
     uint4 *xs = (uint4 *)dg_smem; /* [m][k / 8] */
     const int chunks = k >> 3;
     {   /* warm L2 with this warp's first rows while the previous kernel finishes */
-        int r = 2 * (blockIdx.x * W + (threadIdx.x >> 5));
+        int r = 2 * (blockIdx.x * DG_WARPS + (threadIdx.x >> 5));
         if (r < n) {
             const char *p0 = (const char *)(w + (size_t)r * k);
             size_t bytes = (size_t)(r + 1 < n ? 2 : 1) * k * sizeof(bf16);
@@ -604,7 +605,7 @@ dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, 
     for (int i = threadIdx.x; i < m * chunks; i += blockDim.x) xs[i] = ((const uint4 *)x)[i];
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int row0 = 2 * (blockIdx.x * W + warp); row0 < n; row0 += 2 * gridDim.x * W) {
+    for (int row0 = 2 * (blockIdx.x * DG_WARPS + warp); row0 < n; row0 += 2 * gridDim.x * DG_WARPS) {
         const bool two = row0 + 1 < n;
         const uint4 *w0 = (const uint4 *)(w + (size_t)row0 * k);
         const uint4 *w1 = two ? w0 + chunks : w0;
@@ -731,15 +732,13 @@ int gptoss_cuda_gemv_kernel(int32_t m, int32_t n, int32_t k) {
 }
 
 cudaError_t gptoss_cuda_gemv_prepare(void) {
-    cudaFuncAttributes fa;
     const int bytes = (int)gemv_tma_smem(GPTOSS_GEMV_MAX_ROWS, 4096);
     int dev = 0;
     bool ok = cudaGetDevice(&dev) == cudaSuccess &&
               cudaDeviceGetAttribute(&gemv_sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
               cudaDeviceGetAttribute(&gemv_sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess;
 #define PREP(M)                                                                                            \
-    ok = ok && cudaFuncGetAttributes(&fa, dense_gemv_tma_kernel<M>) == cudaSuccess && fa.ptxVersion >= 90 && \
-         fa.binaryVersion >= 90 &&                                                                          \
+    ok = ok && gptoss_cuda_runs_sm90_code((const void *)dense_gemv_tma_kernel<M>) &&                         \
          cudaFuncSetAttribute(dense_gemv_tma_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == \
              cudaSuccess;
     PREP(1) PREP(2) PREP(4)
@@ -747,31 +746,6 @@ cudaError_t gptoss_cuda_gemv_prepare(void) {
     gemv_tma_supported = ok;
     (void)cudaGetLastError(); /* a kernel that does not run here is not an error: the other one runs */
     return cudaSuccess;
-}
-
-/* Warps per block of the GEMV (GPTOSS_CUDA_GEMV_WARPS, 4 or 8; read once). The grid is one
- * block per two rows of each warp, all resident at once. With 8-warp blocks the O projection
- * (2880 rows) is 180 blocks on 132 SMs, so 48 SMs hold twice the rows of the others; 4-warp
- * blocks halve that step, but measured no faster (H100, tg128: 20b 444 vs 447 tok/s, 120b
- * 306 vs 307): the rows of a busier SM are not what the kernel waits for. */
-static int gemv_warps(void) {
-    static int warps = 0;
-    if (!warps) {
-        const char *v = getenv("GPTOSS_CUDA_GEMV_WARPS");
-        warps = v && atoi(v) == 4 ? 4 : 8;
-    }
-    return warps;
-}
-
-template <int W>
-static void gemv_launch(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k, int32_t n_sms,
-                        size_t smem, cudaStream_t stream) {
-    int want = (n + 2 * W - 1) / (2 * W);
-    int cap = (8 / W) * 4 * n_sms;
-    int grid = want < cap ? want : cap;
-    if (m == 1) launch_pdl(dense_gemv_kernel<1, W>, dim3(grid), dim3(W * 32), smem, stream, w, x, y, m, n, k);
-    else if (m == 2) launch_pdl(dense_gemv_kernel<2, W>, dim3(grid), dim3(W * 32), smem, stream, w, x, y, m, n, k);
-    else launch_pdl(dense_gemv_kernel<4, W>, dim3(grid), dim3(W * 32), smem, stream, w, x, y, m, n, k);
 }
 
 int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k,
@@ -789,8 +763,11 @@ int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int
         return 0;
     }
     size_t smem = (size_t)m * k * sizeof(bf16);
-    if (gemv_warps() == 8) gemv_launch<8>(w, x, y, m, n, k, n_sms, smem, stream);
-    else gemv_launch<4>(w, x, y, m, n, k, n_sms, smem, stream);
+    int want = (n + 2 * DG_WARPS - 1) / (2 * DG_WARPS);
+    int grid = want < 4 * n_sms ? want : 4 * n_sms;
+    if (m == 1) launch_pdl(dense_gemv_kernel<1>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
+    else if (m == 2) launch_pdl(dense_gemv_kernel<2>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
+    else launch_pdl(dense_gemv_kernel<4>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
     return 0;
 }
 

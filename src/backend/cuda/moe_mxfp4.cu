@@ -21,7 +21,6 @@
 
 #include <cuda_fp16.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <mma.h>
 #include <string.h>
@@ -1794,11 +1793,8 @@ cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate) {
     wg_supported = wg;
     /* the TMA pair kernel wherever the code that runs was built for compute capability 9.0 or
      * later (its body is a trap below that, as in a JIT of older PTX) */
-    cudaFuncAttributes fa[2];
-    pair_tma_supported = err == cudaSuccess && cudaFuncGetAttributes(&fa[0], moe_pair_tma_kernel<true>) == cudaSuccess &&
-                         cudaFuncGetAttributes(&fa[1], moe_pair_tma_kernel<false>) == cudaSuccess &&
-                         fa[0].ptxVersion >= 90 && fa[0].binaryVersion >= 90 && fa[1].ptxVersion >= 90 &&
-                         fa[1].binaryVersion >= 90;
+    pair_tma_supported = err == cudaSuccess && gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true>) &&
+                         gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false>);
     if (err == cudaSuccess) (void)cudaGetLastError();
     return err;
 }
