@@ -104,6 +104,10 @@ struct gptoss_engine {
     gptoss_request **active; /* requests the engine thread is serving */
     int32_t n_active, cap_active;
     gptoss_engine_stats local; /* counters accumulated by the thread */
+    /* GPTOSS_STEP_TIMING=1: host seconds per phase of a step, printed at exit */
+    bool timing;
+    double t_schedule, t_forward, t_sample, t_between, t_mark;
+    int64_t timed_steps;
 };
 
 static double now_seconds(void) {
@@ -409,6 +413,7 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->idle, NULL);
     e->next_id = 1;
+    e->timing = getenv("GPTOSS_STEP_TIMING") && strcmp(getenv("GPTOSS_STEP_TIMING"), "0") != 0;
     uint64_t seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)e ^ (uint64_t)(now_seconds() * 1e9);
     gptoss_rng_seed(&e->entropy, seed, 0);
     if ((st = gptoss_kv_manager_create(&kv_options, &e->kv, error)) != GPTOSS_OK ||
@@ -746,7 +751,9 @@ static bool step(gptoss_engine *e) {
     gptoss_error err;
     gptoss_error_clear(&err);
     memset(&plan, 0, sizeof plan);
+    double t0 = e->timing ? now_seconds() : 0;
     gptoss_status st = gptoss_scheduler_schedule(e->sched, &plan, &err);
+    double t1 = e->timing ? now_seconds() : 0;
     if (st != GPTOSS_OK) {
         /* Only host memory can fail here; retrying would spin, so fail what is live. */
         gptoss_scheduler_abort_step(e->sched);
@@ -782,6 +789,7 @@ static bool step(gptoss_engine *e) {
         memset(e->full_rows, 1, (size_t)plan.n_logits);
         st = e->options.forward(e->options.forward_user, &plan, e->logits, &err);
     }
+    double t2 = e->timing ? now_seconds() : 0;
     e->local.steps++;
     if (st != GPTOSS_OK) {
         /* Nothing of this step reached the KV cache: fail the requests it carried. Mark the
@@ -803,6 +811,15 @@ static bool step(gptoss_engine *e) {
     for (int32_t i = 0; i < plan.n_logits; i++)
         plan_row(e, gptoss_scheduler_logit_seq(e->sched, i), i);
     run_jobs(e);
+    if (e->timing) {
+        double t3 = now_seconds();
+        if (e->timed_steps > 0) e->t_between += t0 - e->t_mark;
+        e->t_schedule += t1 - t0;
+        e->t_forward += t2 - t1;
+        e->t_sample += t3 - t2;
+        e->t_mark = t3;
+        e->timed_steps++;
+    }
     return true;
 }
 
@@ -928,6 +945,14 @@ bool gptoss_engine_drain(gptoss_engine *e, int64_t timeout_ms) {
 
 void gptoss_engine_free(gptoss_engine *e) {
     if (!e) return;
+    if (e->timing && e->timed_steps > 1) {
+        const double n = (double)e->timed_steps, us = 1e6;
+        fprintf(stderr,
+                "engine step timing, %lld steps, us per step: schedule %.1f, forward %.1f, "
+                "sample + deliver %.1f, between steps %.1f\n",
+                (long long)e->timed_steps, e->t_schedule / n * us, e->t_forward / n * us,
+                e->t_sample / n * us, e->t_between / (n - 1) * us);
+    }
     if (e->thread_started) {
         pthread_mutex_lock(&e->mutex);
         e->stop = true;

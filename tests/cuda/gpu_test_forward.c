@@ -8,8 +8,10 @@
  * sliding window, a batch stepping 12 and then 5 tokens at a time, and steps of more than 64
  * tokens holding decodes beside a prefill chunk, which the CUDA backend reorders so the chunk
  * attends on tensor cores and the decodes on the split-K kernel), and every logit row is
- * compared. Last, shared KV pages (shared_pages_check): a CUDA backend whose sliding layers use
- * the full layers' page buffers against one with separate pools, bit for bit.
+ * compared. Every plan also runs through the CUDA backend's forward_summary, whose GPU top-n
+ * and log-sum-exp must equal the host's summary of the rows the same call returned
+ * (check_summaries). Last, shared KV pages (shared_pages_check): a CUDA backend whose sliding
+ * layers use the full layers' page buffers against one with separate pools, bit for bit.
  *
  * Three references on the same model and plans:
  *
@@ -182,6 +184,42 @@ static void compare_rows(stats *st, const float *ref, const float *got, int32_t 
     }
 }
 
+/* The CUDA backend's logits summaries (top-n ids and values, log-sum-exp: reduced on the GPU
+ * and written into mapped host memory) against the host's summary of the whole rows that the
+ * same call returned: ids and values exact, log-sum-exp within 1e-5 relative. */
+static int summary_rows, summary_bad, summary_failed;
+static void check_summaries(pair *p, const gptoss_batch_plan *plan) {
+    const int32_t NL = plan->n_logits, V = p->vocab, n = V < GPTOSS_MAX_SUMMARY_TOP ? V : GPTOSS_MAX_SUMMARY_TOP;
+    if (NL == 0) return;
+    float *rows = malloc((size_t)NL * V * sizeof(float)), *top = malloc((size_t)NL * n * sizeof(float));
+    float *lse = malloc((size_t)NL * sizeof(float)), ref_top[GPTOSS_MAX_SUMMARY_TOP], ref_lse;
+    int32_t *ids = malloc((size_t)NL * n * sizeof(int32_t)), ref_ids[GPTOSS_MAX_SUMMARY_TOP];
+    uint8_t *full = malloc((size_t)NL);
+    if (!rows || !top || !lse || !ids || !full) {
+        fprintf(stderr, "out of memory (summaries)\n");
+        exit(1);
+    }
+    memset(full, 1, (size_t)NL);
+    memset(ids, 0xff, (size_t)NL * n * sizeof(int32_t));
+    gptoss_logits_summary out = {.n_top = n, .top_ids = ids, .top_logits = top, .logsumexp = lse, .full = full,
+                                 .logits = rows};
+    gptoss_error err = {0};
+    if (gptoss_backend_forward_summary(p->cuda, plan, &out, &err) != GPTOSS_OK) {
+        fprintf(stderr, "forward_summary: %s\n", err.message);
+        summary_failed++;
+    } else {
+        for (int32_t r = 0; r < NL; r++) {
+            gptoss_logits_summarize_row(rows + (size_t)r * V, V, n, ref_ids, ref_top, &ref_lse);
+            bool ok = fabs((double)lse[r] - ref_lse) <= 1e-5 * fmax(1.0, fabs(ref_lse));
+            for (int32_t j = 0; j < n; j++)
+                ok = ok && ids[(size_t)r * n + j] == ref_ids[j] && top[(size_t)r * n + j] == ref_top[j];
+            summary_rows++;
+            summary_bad += !ok;
+        }
+    }
+    free(rows), free(top), free(lse), free(ids), free(full);
+}
+
 static void run_both(pair *p, const gptoss_batch_plan *plan) {
     gptoss_error e1 = {0}, e2 = {0}, e3 = {0};
     size_t bytes = (size_t)plan->n_logits * p->vocab * sizeof(float);
@@ -213,6 +251,7 @@ static void run_both(pair *p, const gptoss_batch_plan *plan) {
         p->failed_calls++;
         return;
     }
+    check_summaries(p, plan); /* runs the plan again: the same KV writes */
     compare_rows(&p->st, p->lc, p->lg, p->vocab, plan->n_logits, 5e-2);
     compare_rows(&p->strict, p->lb, p->lg, p->vocab, plan->n_logits, STRICT_ROW);
     compare_rows(&p->noise, p->lf, p->lg, p->vocab, plan->n_logits, STRICT_ROW);
@@ -721,6 +760,11 @@ int main(int argc, char **argv) {
     printf("| %s | KV8 vs bf16 pages (CUDA), all scenarios | %d | decisive %.2f%% (99%%) | %.2e (%.2f, >= %.0e) | - | "
            "- | %s |\n",
            label, kv8.rows, 100 * kv8_decisive, kv8_median, kv8_median_bar, KV8_IN_EFFECT, kv8_ok ? "ok" : "FAIL");
+    bool summaries_ok = summary_failed == 0 && summary_rows > 0 && summary_bad == 0;
+    failures += !summaries_ok;
+    printf("%s: %-58s rows %4d | wrong rows %d, failed calls %d => %s\n", label,
+           "GPU logits summaries vs the host's of the same rows", summary_rows, summary_bad, summary_failed,
+           summaries_ok ? "ok" : "FAIL");
     failures += shared_pages_check(model, c, label, block_size);
     gptoss_model_free(model);
     return failures ? 1 : 0;

@@ -1445,14 +1445,53 @@ static void test_norm_router_refused(int E, int H, int K, bool no_bias) {
 
 /* ---- logits summary (top-n, log-sum-exp) ------------------------------------------------ */
 
+/* Prints the time of one summary call (median of 101, random logits; not a check). */
+static void time_logits_summary(int rows, int V, int n_top) {
+    std::vector<float> x((size_t)rows * V);
+    for (auto &v : x) v = rnd_nz(8.0f);
+    float *d_x, *d_out;
+    void *d_scratch;
+    CK(cudaMalloc(&d_x, x.size() * 4));
+    CK(cudaMalloc(&d_out, (size_t)rows * (2 * n_top + 1) * 4));
+    CK(cudaMalloc(&d_scratch, gptoss_cuda_logits_summary_scratch(rows, V)));
+    CK(cudaMemcpy(d_x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int rep = 0; rep < 102; rep++) {
+        CK(cudaEventRecord(e0, 0));
+        gptoss_cuda_logits_summary(d_x, rows, V, n_top, d_scratch, (int32_t *)d_out, d_out + (size_t)rows * n_top,
+                                   d_out + (size_t)rows * 2 * n_top, 0);
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float t = 0;
+        CK(cudaEventElapsedTime(&t, e0, e1));
+        if (rep > 0) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    printf("logits summary %dx%d top %d: %.1f us per call (median of %zu)\n", rows, V, n_top, ms[ms.size() / 2] * 1e3,
+           ms.size());
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaFree(d_x), cudaFree(d_out), cudaFree(d_scratch);
+}
+
 /* rows of random logits; mode 1 coarse (ties across the cut), 2 sprinkled NaN / -inf / +-0,
- * 3 all equal. Ids and values must match a host stable sort exactly; lse within 1e-5. */
+ * 3 all equal, 4 sorted in decreasing order and 5 increasing (the largest crowd into a few
+ * groups of 512: the candidates overflow and the select kernel scans the whole row), 6 the
+ * 300 largest in one run of 300 ids. Ids and values must match a host stable sort exactly;
+ * lse within 1e-5. */
 static void test_logits_summary(int rows, int V, int n_top, int mode) {
     std::vector<float> x((size_t)rows * V);
-    for (auto &v : x) {
+    for (size_t i = 0; i < x.size(); i++) {
+        float &v = x[i];
+        const int j = (int)(i % (size_t)V);
         v = rnd_nz(8.0f);
         if (mode == 1) v = roundf(v * 2.0f) / 2.0f;
         if (mode == 3) v = 1.25f;
+        if (mode == 4) v = 10.0f - 20.0f * (float)j / (float)V;
+        if (mode == 5) v = -10.0f + 20.0f * (float)j / (float)V;
+        if (mode == 6 && j >= V / 3 && j < V / 3 + 300) v += 20.0f;
     }
     if (mode == 2)
         for (int r = 0; r < rows; r++)
@@ -1821,6 +1860,12 @@ int main(int argc, char **argv) {
         test_logits_summary(3, 4096 * 3 + 17, 64, 2); /* a last chunk shorter than n_top */
         test_logits_summary(2, 100, 64, 0);           /* one chunk, fewer logits than a chunk */
         test_logits_summary(1, 1 << 20, 64, 1);       /* the largest vocabulary supported */
+        test_logits_summary(2, 201088, 64, 4);
+        test_logits_summary(2, 201088, 64, 5);
+        test_logits_summary(3, 201088, 64, 6);
+        test_logits_summary(2, 4096 * 2 + 300, 64, 4); /* fewer groups than n_top: every logit a candidate */
+        time_logits_summary(1, 201088, 64);
+        time_logits_summary(64, 201088, 64);
     }
 
     int failed = 0;

@@ -254,6 +254,10 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
             CUDA_TRY(cudaEventCreate(&s->prof_events[i]), "cudaEventCreate");
         s->serve_profile = true;
     }
+    if (getenv("GPTOSS_STEP_TIMING") && strcmp(getenv("GPTOSS_STEP_TIMING"), "0") != 0) {
+        for (int i = 0; i < 3; i++) CUDA_TRY(cudaEventCreate(&s->timing_events[i]), "cudaEventCreate");
+        s->step_timing = true;
+    }
     s->kv_block_size = options->kv_block_size;
     s->n_kv_blocks = options->n_kv_blocks;
     s->n_sliding_kv_blocks = options->n_sliding_kv_blocks > 0 ? options->n_sliding_kv_blocks : options->n_kv_blocks;
@@ -424,6 +428,8 @@ static void graphs_clear_all(gptoss_cuda_state *s) {
         if (s->graphs[i].valid) cudaGraphExecDestroy(s->graphs[i].exec);
     for (int i = 0; i < GPTOSS_CUDA_MAX_PROF_EVENTS; i++)
         if (s->prof_events[i]) cudaEventDestroy(s->prof_events[i]);
+    for (int i = 0; i < 3; i++)
+        if (s->timing_events[i]) cudaEventDestroy(s->timing_events[i]);
 }
 
 /* GPTOSS_CUDA_PROFILE: where the time of served steps went, per kind of step. */
@@ -449,6 +455,13 @@ void gptoss_cuda_state_free(gptoss_cuda_state *s) {
     cudaSetDevice(s->device);
     if (s->stream) cudaStreamSynchronize(s->stream);
     if (s->serve_profile) print_serve_profile(s);
+    if (s->step_timing && s->timing_steps > 0) {
+        const double n = s->timing_steps, *t = s->timing_ms;
+        fprintf(stderr,
+                "CUDA step timing, %.0f steps, us per step: host staging + launch %.1f, GPU step %.1f, GPU "
+                "summaries + copy %.1f, host wait %.1f, whole call %.1f\n",
+                n, t[0] / n * 1e3, t[1] / n * 1e3, t[2] / n * 1e3, t[3] / n * 1e3, t[4] / n * 1e3);
+    }
     cudaFree(s->embedding);
     dense_free(&s->lm_head);
     cudaFree(s->dense_scratch);
@@ -1099,6 +1112,7 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
         key.splits_sliding /= 2;
 
     s->prof_n = 0;
+    if (s->step_timing) CUDA_TRY(cudaEventRecord(s->timing_events[0], s->stream), "cudaEventRecord");
     if (!s->use_graphs || T > GRAPH_MAX_TOKENS || s->profiling) return enqueue_step(s, &key, error);
 
     for (int i = 0; i < GPTOSS_CUDA_MAX_GRAPHS; i++) {
@@ -1188,6 +1202,19 @@ static double wall_ms(void) {
 static gptoss_status cuda_forward_summary(void *state, const gptoss_batch_plan *plan, const gptoss_logits_summary *out,
                                           gptoss_error *error) {
     gptoss_cuda_state *s = (gptoss_cuda_state *)state;
+    if (s->step_timing && !s->serve_profile) {
+        double t0 = wall_ms();
+        gptoss_status st = summary_step(s, plan, out, error);
+        if (st) return st;
+        float a = 0, b = 0;
+        cudaEventElapsedTime(&a, s->timing_events[0], s->timing_events[1]);
+        cudaEventElapsedTime(&b, s->timing_events[1], s->timing_events[2]);
+        s->timing_ms[1] += a;
+        s->timing_ms[2] += b;
+        s->timing_ms[4] += wall_ms() - t0;
+        s->timing_steps += 1;
+        return GPTOSS_OK;
+    }
     if (!s->serve_profile) return summary_step(s, plan, out, error);
     double t0 = wall_ms();
     s->profiling = true;
@@ -1208,15 +1235,21 @@ static gptoss_status cuda_forward_summary(void *state, const gptoss_batch_plan *
 
 static gptoss_status summary_step(gptoss_cuda_state *s, const gptoss_batch_plan *plan, const gptoss_logits_summary *out,
                                   gptoss_error *error) {
+    const bool timing = s->step_timing && !s->serve_profile;
+    double t0 = timing ? wall_ms() : 0;
     gptoss_status st = gptoss_cuda_forward_device(s, plan, error);
     if (st) return st;
+    if (timing) {
+        s->timing_ms[0] += wall_ms() - t0;
+        CUDA_TRY(cudaEventRecord(s->timing_events[1], s->stream), "cudaEventRecord");
+    }
     const int32_t NL = plan->n_logits, V = s->config.vocab_size;
     if (NL > 0) {
         const int32_t n = out->n_top;
         size_t bytes = (size_t)NL * (2 * (size_t)n + 1) * 4; /* what comes back */
         int32_t rows_cap = s->ws.cap_logits > NL ? s->ws.cap_logits : NL;
-        size_t out_cap = align_up((size_t)rows_cap * (2 * GPTOSS_MAX_SUMMARY_TOP + 1) * 4); /* scratch: 256-aligned */
-        size_t want = out_cap + gptoss_cuda_logits_summary_scratch(rows_cap, V);
+        size_t out_cap = (size_t)rows_cap * (2 * GPTOSS_MAX_SUMMARY_TOP + 1) * 4;
+        size_t want = gptoss_cuda_logits_summary_scratch(rows_cap, V);
         if (bytes > s->summary_bytes || want > s->summary_dev_bytes) {
             CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
             cudaFree(s->summary_dev);
@@ -1226,12 +1259,15 @@ static gptoss_status summary_step(gptoss_cuda_state *s, const gptoss_batch_plan 
             st = dev_alloc(&s->summary_dev, want, "logits summaries", error);
             if (st) return st;
             CUDA_TRY(cudaMemset(s->summary_dev, 0, want), "logits summaries");
-            CUDA_TRY(cudaMallocHost(&s->summary_host, out_cap), "cudaMallocHost");
+            /* mapped: the select kernel writes the summaries straight into host memory, with
+             * no copy-engine transfer after it on the critical path of a decode token */
+            CUDA_TRY(cudaHostAlloc(&s->summary_host, out_cap, cudaHostAllocMapped), "cudaHostAlloc");
+            CUDA_TRY(cudaHostGetDevicePointer(&s->summary_mapped, s->summary_host, 0), "cudaHostGetDevicePointer");
             s->summary_bytes = out_cap;
             s->summary_dev_bytes = want;
-            s->summary_scratch = (char *)s->summary_dev + out_cap;
+            s->summary_scratch = s->summary_dev;
         }
-        int32_t *ids = (int32_t *)s->summary_dev;
+        int32_t *ids = (int32_t *)s->summary_mapped;
         float *vals = (float *)(ids + (size_t)NL * n), *lse = vals + (size_t)NL * n;
         if (gptoss_cuda_logits_summary(s->ws.logits, NL, V, n, s->summary_scratch, ids, vals, lse, s->stream) != 0)
             return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
@@ -1239,8 +1275,6 @@ static gptoss_status summary_step(gptoss_cuda_state *s, const gptoss_batch_plan 
                                     GPTOSS_MAX_SUMMARY_TOP);
         CUDA_TRY(cudaGetLastError(), "logits summary");
         prof_mark(s, PART_LM_HEAD);
-        CUDA_TRY(cudaMemcpyAsync(s->summary_host, s->summary_dev, bytes, cudaMemcpyDeviceToHost, s->stream),
-                 "summary download");
         for (int32_t i = 0; out->full && i < NL;) {
             if (!out->full[i]) {
                 i++;
@@ -1253,7 +1287,10 @@ static gptoss_status summary_step(gptoss_cuda_state *s, const gptoss_batch_plan 
                      "logits download");
             i = j;
         }
+        if (timing) CUDA_TRY(cudaEventRecord(s->timing_events[2], s->stream), "cudaEventRecord");
+        double tw = timing ? wall_ms() : 0;
         CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
+        if (timing) s->timing_ms[3] += wall_ms() - tw;
         const int32_t *h_ids = (const int32_t *)s->summary_host;
         const float *h_vals = (const float *)(h_ids + (size_t)NL * n);
         memcpy(out->top_ids, h_ids, (size_t)NL * n * 4);
@@ -1261,6 +1298,7 @@ static gptoss_status summary_step(gptoss_cuda_state *s, const gptoss_batch_plan 
         if (out->logsumexp) memcpy(out->logsumexp, h_vals + (size_t)NL * n, (size_t)NL * 4);
         return GPTOSS_OK;
     }
+    if (timing) CUDA_TRY(cudaEventRecord(s->timing_events[2], s->stream), "cudaEventRecord");
     CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
     return GPTOSS_OK;
 }

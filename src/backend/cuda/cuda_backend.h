@@ -107,10 +107,11 @@ typedef struct gptoss_cuda_state {
     float concentration;
     cuda_layer *layers;       /* [L] */
     cuda_workspace ws;
-    void *summary_dev;        /* logits summaries: [rows, n_top] ids | [rows, n_top] values | [rows] lse */
-    void *summary_host;       /* pinned copy of the same */
+    void *summary_dev;        /* the logits summary kernels' scratch (from 256-aligned offset 0) */
+    void *summary_host;       /* mapped pinned: [rows, n_top] ids | [rows, n_top] values | [rows] lse */
+    void *summary_mapped;     /* the device's pointer to summary_host */
     size_t summary_bytes;     /* of summary_host */
-    size_t summary_dev_bytes; /* of summary_dev, which ends with the kernels' scratch */
+    size_t summary_dev_bytes; /* of summary_dev */
     void *summary_scratch;
     int moe_path;             /* 0 auto, 1 GEMV, 2 GEMM, 3 pair GEMV (tests and A/B runs force one) */
     bool attn_tc;            /* tensor-core attention for prefill-shaped steps */
@@ -136,6 +137,11 @@ typedef struct gptoss_cuda_state {
     bool serve_profile;       /* GPTOSS_CUDA_PROFILE=1: profile every step, print totals at exit */
     double serve_prof_ms[2][8]; /* [decode-only steps, steps with prefill][component] */
     double serve_prof_steps[2], serve_prof_tokens[2], serve_prof_wall_ms[2];
+    /* GPTOSS_STEP_TIMING=1: where a served step's wall time goes (host staging, GPU step,
+     * GPU summaries, host wait), totals printed at exit; events only, graphs stay on */
+    bool step_timing;
+    cudaEvent_t timing_events[3];
+    double timing_ms[5], timing_steps;
 } gptoss_cuda_state;
 
 /* Components of a step for profiling (index into gptoss_bench_part_names). */

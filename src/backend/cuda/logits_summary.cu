@@ -3,13 +3,18 @@
  *
  * Serving needs, for most rows, only the few largest logits (greedy, top-k) and the row's
  * normalizer (logprobs); copying whole rows of a 201k vocabulary to the host and scanning them
- * there costs more than the rest of a large decode step. Two launches:
- *   1. grid (rows, chunks of LS_CHUNK logits): each block loads its chunk once into shared
- *      memory, reduces max and sum of exp, and selects the chunk's n largest;
- *   2. grid (rows): merges the chunks' candidates (the row's n largest are among them) and
- *      their (max, sum) pairs into the row's top-n and log-sum-exp.
- * A single block per row would read the row several times from one SM, which at batch 1 is
- * slower than the copy it replaces; chunks spread even one row over dozens of SMs.
+ * there costs more than the rest of a large decode step. At batch 1 this runs once per token,
+ * right on the critical path, so it is built to be short rather than general. Three launches:
+ *   1. scan, grid (rows, chunks of LS_CHUNK logits): each block reduces its chunk's (max, sum
+ *      of exp) and each warp the largest key of its 512 logits (a "group");
+ *   2. filter, grid (rows, chunks): L = the n-th largest group maximum of the row. Those n
+ *      maxima are n distinct logits >= L, so the row's n largest are all >= L; each block
+ *      appends the keys of its chunk that are >= L to the row's candidates (a few hundred for
+ *      real logits: a group maximum is a top 1/512 value);
+ *   3. select, grid (rows): the row's top-n among its candidates and its log-sum-exp from the
+ *      chunks' (max, sum) pairs. Rows whose candidates overflow LS_CAND (the largest logits
+ *      crowded into a few groups, e.g. a sorted row) select over the whole row instead: exact,
+ *      only slower.
  *
  * Selection is a radix select on 64-bit keys: the high word orders the value (NaN as -inf,
  * -0 as +0), the low word is ~token id, so keys are distinct and larger keys win, ties going to
@@ -23,6 +28,9 @@
 #define LS_CHUNK 4096
 #define LS_MAX_TOP 64
 #define LS_MAX_CHUNKS 256 /* vocabularies up to LS_CHUNK * LS_MAX_CHUNKS = 1,048,576 */
+#define LS_WARPS (LS_THREADS / 32)
+#define LS_GROUP (LS_CHUNK / LS_WARPS) /* logits per group (warp) */
+#define LS_CAND 4096                   /* candidates a row keeps for the select launch */
 
 static __device__ __forceinline__ uint32_t order_key(float x) {
     if (isnan(x)) x = -INFINITY;
@@ -78,26 +86,43 @@ static __device__ void block_lse(float &m, float &s, int &inf) {
     }
 }
 
+/* Keys for select_top: from shared memory, or made from a row of logits on the fly. */
+struct smem_keys {
+    const uint64_t *k;
+    __device__ uint64_t operator()(int i) const { return k[i]; }
+};
+struct row_keys {
+    const float *row;
+    __device__ uint64_t operator()(int i) const { return full_key(row[i], i); }
+};
+
 /*
- * The n_top largest of the distinct keys[0..n) (shared memory), into out[0..n_top) in
- * decreasing order (shared or global). n_top <= n, n_top <= LS_MAX_TOP. Every thread of the
- * block calls it.
+ * The n_top largest of the distinct keys key_at(0..n) into out[0..n_top) in decreasing order
+ * (shared or global). n_top <= n, n_top <= LS_MAX_TOP. Every thread of the block calls it.
+ * Passes of 8 bits from the top; it stops early once the bin that holds the cut is taken
+ * whole (distinct values usually settle in the value's 32 bits, often sooner).
  */
-static __device__ void select_top(const uint64_t *keys, int n, int n_top, uint64_t *out) {
+template <typename K>
+static __device__ void select_top(K key_at, int n, int n_top, uint64_t *out) {
     __shared__ uint32_t hist[256];
     __shared__ uint64_t prefix;
     __shared__ uint32_t remaining, n_taken;
+    __shared__ int done;
     __shared__ uint64_t picked[LS_MAX_TOP];
     const int tid = threadIdx.x, lane = tid & 31;
-    if (tid == 0) prefix = 0, remaining = (uint32_t)n_top, n_taken = 0;
+    if (tid == 0) prefix = 0, remaining = (uint32_t)n_top, n_taken = 0, done = 0;
     for (int shift = 56; shift >= 0; shift -= 8) {
         for (int i = tid; i < 256; i += LS_THREADS) hist[i] = 0;
         __syncthreads();
+        if (done) break; /* uniform: read after the barrier */
         const uint64_t want = prefix, high_mask = shift == 56 ? 0ull : ~0ull << (shift + 8);
         for (int base = 0; base < n; base += LS_THREADS) {
             int i = base + tid;
             uint32_t bin = 256; /* nothing */
-            if (i < n && (keys[i] & high_mask) == want) bin = (uint32_t)(keys[i] >> shift) & 0xffu;
+            if (i < n) {
+                uint64_t key = key_at(i);
+                if ((key & high_mask) == want) bin = (uint32_t)(key >> shift) & 0xffu;
+            }
             /* lanes with the same bin add once: values crowd into a few bins */
             unsigned peers = __match_any_sync(0xffffffffu, bin);
             if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (uint32_t)__popc(peers));
@@ -121,6 +146,8 @@ static __device__ void select_top(const uint64_t *keys, int n, int n_top, uint64
                     if (above + c[j] >= r) {
                         prefix = want | ((uint64_t)(8 * lane + j) << shift);
                         remaining = r - above;
+                        /* the whole bin is taken: keys >= prefix (lower bits 0) are the n_top */
+                        if (above + c[j] == r) done = 1;
                         break;
                     }
                     above += c[j];
@@ -131,8 +158,10 @@ static __device__ void select_top(const uint64_t *keys, int n, int n_top, uint64
     }
     /* keys are distinct: exactly n_top keys are >= the threshold */
     const uint64_t thr = prefix;
-    for (int i = tid; i < n; i += LS_THREADS)
-        if (keys[i] >= thr) picked[atomicAdd(&n_taken, 1u)] = keys[i];
+    for (int i = tid; i < n; i += LS_THREADS) {
+        uint64_t key = key_at(i);
+        if (key >= thr) picked[atomicAdd(&n_taken, 1u)] = key;
+    }
     __syncthreads();
     if (tid < n_top) {
         uint64_t k = picked[tid];
@@ -143,20 +172,40 @@ static __device__ void select_top(const uint64_t *keys, int n, int n_top, uint64
     __syncthreads();
 }
 
-__global__ void __launch_bounds__(LS_THREADS) logits_chunk_kernel(const float *__restrict__ logits, int32_t vocab,
-                                                                   int32_t n_top, int32_t n_chunks,
-                                                                   uint64_t *__restrict__ cand,
-                                                                   float4 *__restrict__ part) {
-    __shared__ uint64_t keys[LS_CHUNK];
-    const int row = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x;
+/* The n_top largest of the n distinct keys[0..n) (shared memory) into out[0..n_top) in
+ * decreasing order, each key placed by its rank (the count of larger keys): n^2 / LS_THREADS
+ * broadcast compares per thread, fewer steps than select_top's passes for a few hundred keys. */
+static __device__ void rank_top(const uint64_t *keys, int n, int n_top, uint64_t *out) {
+    for (int i = threadIdx.x; i < n; i += LS_THREADS) {
+        const uint64_t k = keys[i];
+        int rank = 0;
+        for (int j = 0; j < n; j++) rank += keys[j] > k;
+        if (rank < n_top) out[rank] = k;
+    }
+    __syncthreads();
+}
+
+/* Launch 1: the chunk's (max, sum of exp, +inf seen) and each group's largest key (0 for a
+ * group past the end of the row: below every real key). Resets the row's candidate count. */
+__global__ void __launch_bounds__(LS_THREADS) logits_scan_kernel(const float *__restrict__ logits, int32_t vocab,
+                                                                  int32_t n_chunks, uint64_t *__restrict__ gmax,
+                                                                  float4 *__restrict__ part,
+                                                                  uint32_t *__restrict__ count) {
+    const int row = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int begin = chunk * LS_CHUNK;
     const int n = min(LS_CHUNK, vocab - begin);
     const float *src = logits + (size_t)row * vocab + begin;
     float m = -INFINITY, s = 0.0f;
     int inf = 0;
-    for (int i = tid; i < n; i += LS_THREADS) {
-        float x = src[i];
-        keys[i] = full_key(x, begin + i);
+    uint64_t best = 0;
+    pdl_wait(); /* launched plainly: lets the filter launch early (it waits for this grid) */
+#pragma unroll 4
+    for (int j = 0; j < LS_GROUP / 32; j++) {
+        const int i = warp * LS_GROUP + j * 32 + lane;
+        if (i >= n) break;
+        const float x = src[i];
+        const uint64_t key = full_key(x, begin + i);
+        best = key > best ? key : best;
         if (isnan(x) || x == -INFINITY) continue;
         if (x == INFINITY) {
             inf = 1;
@@ -169,38 +218,90 @@ __global__ void __launch_bounds__(LS_THREADS) logits_chunk_kernel(const float *_
             s += expf(x - m);
         }
     }
-    __syncthreads();
+    for (int o = 16; o > 0; o >>= 1) {
+        uint64_t other = __shfl_xor_sync(0xffffffffu, best, o);
+        best = other > best ? other : best;
+    }
+    if (lane == 0) gmax[((size_t)row * n_chunks + chunk) * LS_WARPS + warp] = best;
     block_lse(m, s, inf);
-    if (tid == 0) part[(size_t)row * n_chunks + chunk] = make_float4(m, s, inf ? 1.0f : 0.0f, 0.0f);
-    uint64_t *out = cand + ((size_t)row * n_chunks + chunk) * n_top;
-    const int take = min(n_top, n);
-    select_top(keys, n, take, out);
-    for (int i = take + tid; i < n_top; i += LS_THREADS) out[i] = 0; /* below every real key */
+    if (tid == 0) {
+        part[(size_t)row * n_chunks + chunk] = make_float4(m, s, inf ? 1.0f : 0.0f, 0.0f);
+        if (chunk == 0) count[row] = 0;
+    }
 }
 
-__global__ void __launch_bounds__(LS_THREADS) logits_merge_kernel(const uint64_t *__restrict__ cand,
-                                                                   const float4 *__restrict__ part, int32_t n_top,
-                                                                   int32_t n_chunks, int32_t *__restrict__ top_ids,
-                                                                   float *__restrict__ top_vals,
-                                                                   float *__restrict__ lse) {
-    extern __shared__ uint64_t merged_keys[];
+/* Launch 2: L = the n_top-th largest group maximum of the row; the chunk's keys >= L join
+ * the row's candidates (the first LS_CAND are stored; the count goes on, to flag overflow). */
+__global__ void __launch_bounds__(LS_THREADS) logits_filter_kernel(const float *__restrict__ logits, int32_t vocab,
+                                                                    int32_t n_top, int32_t n_chunks,
+                                                                    const uint64_t *__restrict__ gmax,
+                                                                    uint64_t *__restrict__ cand,
+                                                                    uint32_t *__restrict__ count) {
+    __shared__ uint64_t keys[LS_MAX_CHUNKS * LS_WARPS];
+    __shared__ uint64_t best[LS_MAX_TOP];
+    const int row = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+    const int G = n_chunks * LS_WARPS;
+    const uint64_t *src = gmax + (size_t)row * G;
+    pdl_wait();
+    /* empty groups (0) are not distinct; make them so, still below every real key (whose high
+     * word is at least order_key(-inf) > 0) */
+    for (int i = tid; i < G; i += LS_THREADS) keys[i] = src[i] ? src[i] : (uint64_t)i;
+    __syncthreads();
+    uint64_t L = 0;
+    if (G >= n_top) {
+        select_top(smem_keys{keys}, G, n_top, best);
+        L = best[n_top - 1];
+    }
+    const int begin = chunk * LS_CHUNK;
+    const int n = min(LS_CHUNK, vocab - begin);
+    const float *x = logits + (size_t)row * vocab + begin;
+    uint64_t *out = cand + (size_t)row * LS_CAND;
+    for (int base = 0; base < n; base += LS_THREADS) {
+        const int i = base + tid;
+        uint64_t key = i < n ? full_key(x[i], begin + i) : 0;
+        const bool take = i < n && key >= L;
+        const unsigned mask = __ballot_sync(0xffffffffu, take);
+        if (!mask) continue;
+        uint32_t at = 0;
+        if (lane == __ffs(mask) - 1) at = atomicAdd(&count[row], (uint32_t)__popc(mask));
+        at = __shfl_sync(0xffffffffu, at, __ffs(mask) - 1) + __popc(mask & ((1u << lane) - 1));
+        if (take && at < LS_CAND) out[at] = key;
+    }
+}
+
+/* Launch 3: the row's log-sum-exp and its top n_top (from the candidates, or from the whole
+ * row when they overflowed). */
+__global__ void __launch_bounds__(LS_THREADS) logits_select_kernel(const float *__restrict__ logits, int32_t vocab,
+                                                                    const float4 *__restrict__ part, int32_t n_top,
+                                                                    int32_t n_chunks,
+                                                                    const uint32_t *__restrict__ count,
+                                                                    const uint64_t *__restrict__ cand,
+                                                                    int32_t *__restrict__ top_ids,
+                                                                    float *__restrict__ top_vals,
+                                                                    float *__restrict__ lse) {
+    __shared__ uint64_t keys[LS_CAND];
     __shared__ uint64_t best[LS_MAX_TOP];
     const int row = blockIdx.x, tid = threadIdx.x;
-    const int n = n_chunks * n_top;
-    const uint64_t *src = cand + (size_t)row * n;
-    /* padding keys (0) are not distinct; make them so, still below every real key */
-    for (int i = tid; i < n; i += LS_THREADS) merged_keys[i] = src[i] ? src[i] : (uint64_t)i;
     float m = -INFINITY, s = 0.0f;
     int inf = 0;
+    pdl_wait();
     for (int c = tid; c < n_chunks; c += LS_THREADS) {
         float4 p = part[(size_t)row * n_chunks + c];
         lse_merge(m, s, p.x, p.y);
         inf |= p.z != 0.0f;
     }
-    __syncthreads();
     block_lse(m, s, inf);
     if (tid == 0) lse[row] = inf ? INFINITY : (m == -INFINITY ? -INFINITY : m + logf(s));
-    select_top(merged_keys, n, n_top, best);
+    const uint32_t n = count[row];
+    if (n <= LS_CAND) {
+        const uint64_t *src = cand + (size_t)row * LS_CAND;
+        for (int i = tid; i < (int)n; i += LS_THREADS) keys[i] = src[i];
+        __syncthreads();
+        if (n <= 2 * LS_THREADS) rank_top(keys, (int)n, n_top, best);
+        else select_top(smem_keys{keys}, (int)n, n_top, best);
+    } else {
+        select_top(row_keys{logits + (size_t)row * vocab}, vocab, n_top, best);
+    }
     if (tid < n_top) {
         top_ids[(size_t)row * n_top + tid] = key_id(best[tid]);
         top_vals[(size_t)row * n_top + tid] = key_value(best[tid]);
@@ -209,7 +310,9 @@ __global__ void __launch_bounds__(LS_THREADS) logits_merge_kernel(const uint64_t
 
 size_t gptoss_cuda_logits_summary_scratch(int32_t n_rows, int32_t vocab) {
     size_t chunks = ((size_t)vocab + LS_CHUNK - 1) / LS_CHUNK;
-    return (size_t)n_rows * chunks * (LS_MAX_TOP * sizeof(uint64_t) + sizeof(float4)) + 256;
+    return (size_t)n_rows * (chunks * (LS_WARPS * sizeof(uint64_t) + sizeof(float4)) + LS_CAND * sizeof(uint64_t) +
+                             sizeof(uint32_t)) +
+           256;
 }
 
 int gptoss_cuda_logits_summary(const float *logits, int32_t n_rows, int32_t vocab, int32_t n_top, void *scratch,
@@ -217,20 +320,19 @@ int gptoss_cuda_logits_summary(const float *logits, int32_t n_rows, int32_t voca
     if (n_rows <= 0) return 0;
     const int32_t n_chunks = (vocab + LS_CHUNK - 1) / LS_CHUNK;
     if (n_top < 1 || n_top > LS_MAX_TOP || n_top > vocab || n_chunks > LS_MAX_CHUNKS) return -1;
-    /* scratch (16-byte aligned): candidates | (max, sum, +inf seen) per chunk; both written
-     * in full by the first launch before the second reads them */
+    /* scratch (16-byte aligned): candidates | group maxima | (max, sum, +inf seen) per chunk |
+     * candidate counts; launch 1 writes the maxima, pairs and counts in full, launch 2 the
+     * candidates that launch 3 reads */
     if ((uintptr_t)scratch % 16 != 0) return -1;
     uint64_t *cand = (uint64_t *)scratch;
-    float4 *part = (float4 *)(cand + (size_t)n_rows * n_chunks * n_top + ((size_t)n_rows * n_chunks * n_top) % 2);
-    size_t smem = (size_t)n_chunks * n_top * sizeof(uint64_t);
-    static size_t smem_allowed = 48 * 1024;
-    if (smem > smem_allowed) {
-        if (cudaFuncSetAttribute(logits_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-            cudaSuccess)
-            return -1;
-        smem_allowed = smem;
-    }
-    logits_chunk_kernel<<<dim3(n_rows, n_chunks), LS_THREADS, 0, stream>>>(logits, vocab, n_top, n_chunks, cand, part);
-    logits_merge_kernel<<<n_rows, LS_THREADS, smem, stream>>>(cand, part, n_top, n_chunks, top_ids, top_vals, lse);
+    uint64_t *gmax = cand + (size_t)n_rows * LS_CAND;
+    float4 *part = (float4 *)(gmax + (size_t)n_rows * n_chunks * LS_WARPS);
+    uint32_t *count = (uint32_t *)(part + (size_t)n_rows * n_chunks);
+    const dim3 grid(n_rows, n_chunks);
+    logits_scan_kernel<<<grid, LS_THREADS, 0, stream>>>(logits, vocab, n_chunks, gmax, part, count);
+    launch_pdl(logits_filter_kernel, grid, dim3(LS_THREADS), 0, stream, logits, vocab, n_top, n_chunks,
+               (const uint64_t *)gmax, cand, count);
+    launch_pdl(logits_select_kernel, dim3(n_rows), dim3(LS_THREADS), 0, stream, logits, vocab, (const float4 *)part,
+               n_top, n_chunks, (const uint32_t *)count, (const uint64_t *)cand, top_ids, top_vals, lse);
     return 0;
 }
