@@ -45,7 +45,7 @@ static void help(FILE *out) {
         "  --served-model-name NAME       model id clients use (default: the folder's name)\n"
         "  --backend cpu|cuda             compute backend (default: cuda when built with it)\n"
         "  -t, --threads N                CPU threads (default: all cores)\n"
-        "  --max-num-seqs N               sequences per engine step (default 512 on CUDA, 64 on "
+        "  --max-num-seqs N               sequences per engine step (default 1024 on CUDA, 64 on "
         "CPU)\n"
         "  --max-num-batched-tokens N     new tokens per engine step (default 2048)\n"
         "  --max-model-len N              prompt + generated tokens per sequence (default: "
@@ -201,7 +201,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
     if (shape && bo.kind != GPTOSS_BACKEND_CUDA)
         return cli_usage_error("serve", "--random-weights needs the CUDA backend; on the CPU, write "
                                         "a checkpoint with `gptoss make-model` and pass -m DIR");
-    if (max_num_seqs == 0) max_num_seqs = bo.kind == GPTOSS_BACKEND_CUDA ? 512 : 64;
+    if (max_num_seqs == 0) max_num_seqs = bo.kind == GPTOSS_BACKEND_CUDA ? 1024 : 64;
 
     /* The served name defaults to the folder's last component, as vLLM does with paths. */
     char name_buf[256];
