@@ -262,6 +262,11 @@ typedef struct gptoss_logits_summary {
     float *logsumexp;         /* [n_logits], or NULL: not needed (saves a pass over each row) */
     const uint8_t *full;      /* [n_logits] or NULL */
     float *logits;            /* [n_logits, vocab] (rows with full[i]), or NULL if no full */
+    /* Optional: host work that may run while the device computes the step (a backend that
+     * computes asynchronously calls it once, after launching and before waiting; others may
+     * not call it at all). It must not touch the plan or the output buffers. */
+    void (*while_running)(void *user);
+    void *while_running_user;
 } gptoss_logits_summary;
 
 /* Runs one plan and returns summaries of its logits: the backend reduces the rows where they

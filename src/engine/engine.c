@@ -60,6 +60,7 @@ struct gptoss_request {
     bool forked;      /* children of choice 0 created */
     bool started;     /* choice 0 admitted once */
     bool failed_step; /* a forward carrying this request failed */
+    int32_t n_pending; /* token events in the engine's pending list, not pushed yet */
     double submit_time;
 };
 
@@ -86,6 +87,16 @@ struct gptoss_engine {
     float *top_logits;  /* same */
     float *logsumexp;   /* [max_num_seqs + 1] */
     uint8_t *full_rows; /* [max_num_seqs + 1] rows the step needs whole */
+    /* Token events of the last step not yet handed to their requests: pushing one locks the
+     * request and may wake its reader, about 2 us, so a step of 1000 sequences would leave
+     * the GPU idle for 2 ms. They are pushed while the device runs the next step (the
+     * summary's while_running hook), or after its forward when the backend has no hook, in
+     * order; a finish of a request with pending events pushes them first. */
+    struct pending_push {
+        gptoss_request *r;
+        gptoss_engine_event event;
+    } *pending;
+    int32_t n_pending, cap_pending;
     pthread_t thread;
     bool thread_started;
     pthread_mutex_t mutex;
@@ -106,7 +117,7 @@ struct gptoss_engine {
     gptoss_engine_stats local; /* counters accumulated by the thread */
     /* GPTOSS_STEP_TIMING=1: host seconds per phase of a step, printed at exit */
     bool timing;
-    double t_schedule, t_forward, t_sample, t_between, t_mark;
+    double t_schedule, t_forward, t_sample, t_between, t_mark, t_draw, t_flush;
     int64_t timed_steps;
 };
 
@@ -256,21 +267,35 @@ static void request_unref(gptoss_request *r) {
 }
 
 /* Queues an event; false only when memory ran out (the event is dropped). */
+/* Room for `need` events in the ring (caller holds r->mutex). */
+static bool ring_room(gptoss_request *r, int32_t need) {
+    if (need <= r->cap_events) return true;
+    int32_t cap = r->cap_events ? r->cap_events * 2 : 16;
+    while (cap < need) cap *= 2;
+    gptoss_engine_event *events = malloc((size_t)cap * sizeof *events);
+    if (!events) return false;
+    for (int32_t i = 0; i < r->n_events; i++)
+        events[i] = r->events[(r->head + i) % r->cap_events];
+    free(r->events);
+    r->events = events;
+    r->head = 0;
+    r->cap_events = cap;
+    return true;
+}
+
+/* Makes room for the request's queued events plus `extra`, so pushing them cannot fail. */
+static bool request_reserve(gptoss_request *r, int32_t extra) {
+    pthread_mutex_lock(&r->mutex);
+    bool ok = ring_room(r, r->n_events + extra);
+    pthread_mutex_unlock(&r->mutex);
+    return ok;
+}
+
 static bool request_push(gptoss_request *r, const gptoss_engine_event *event) {
     pthread_mutex_lock(&r->mutex);
-    if (r->n_events == r->cap_events) {
-        int32_t cap = r->cap_events ? r->cap_events * 2 : 16;
-        gptoss_engine_event *events = malloc((size_t)cap * sizeof *events);
-        if (!events) {
-            pthread_mutex_unlock(&r->mutex);
-            return false;
-        }
-        for (int32_t i = 0; i < r->n_events; i++)
-            events[i] = r->events[(r->head + i) % r->cap_events];
-        free(r->events);
-        r->events = events;
-        r->head = 0;
-        r->cap_events = cap;
+    if (!ring_room(r, r->n_events + 1)) {
+        pthread_mutex_unlock(&r->mutex);
+        return false;
     }
     r->events[(r->head + r->n_events) % r->cap_events] = *event;
     r->n_events++;
@@ -460,10 +485,50 @@ static void note_started(gptoss_engine *e, gptoss_request *r) {
 
 /* Ends one choice: releases its sequence and queues its last event (`event` may carry the
  * final token; NULL for a finish without one). */
+/* Pushes the pending token events, oldest first (room was reserved: they cannot fail). */
+static void flush_pushes(gptoss_engine *e) {
+    if (e->n_pending == 0) return;
+    double t0 = e->timing ? now_seconds() : 0;
+    for (int32_t i = 0; i < e->n_pending; i++) {
+        gptoss_request *r = e->pending[i].r;
+        request_push(r, &e->pending[i].event);
+        r->n_pending--;
+        if (r->notify) r->notify(r->notify_user, r);
+    }
+    e->n_pending = 0;
+    if (e->timing) e->t_flush += now_seconds() - t0;
+}
+
+static void flush_pushes_hook(void *user) { flush_pushes(user); }
+
+/* Queues a token event for flush_pushes; pushes it at once when the list cannot grow.
+ * False: no memory for the event at all. */
+static bool queue_push(gptoss_engine *e, gptoss_request *r, const gptoss_engine_event *event) {
+    if (!request_reserve(r, r->n_pending + 1)) return false;
+    if (e->n_pending == e->cap_pending) {
+        int32_t cap = e->cap_pending ? e->cap_pending * 2 : 256;
+        struct pending_push *grown = realloc(e->pending, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            flush_pushes(e); /* keep the order, then this one directly */
+            bool ok = request_push(r, event);
+            if (ok && r->notify) r->notify(r->notify_user, r);
+            return ok;
+        }
+        e->pending = grown;
+        e->cap_pending = cap;
+    }
+    e->pending[e->n_pending].r = r;
+    e->pending[e->n_pending].event = *event;
+    e->n_pending++;
+    r->n_pending++;
+    return true;
+}
+
 static void finish_choice(gptoss_engine *e, gptoss_request *r, int32_t index,
                           gptoss_finish_reason reason, gptoss_engine_event *event,
                           int32_t stop_token) {
     if (r->choice_done[index]) return;
+    if (r->n_pending > 0) flush_pushes(e); /* its earlier tokens go before the finish */
     note_started(e, r);
     gptoss_seq *seq = r->seqs[index];
     if (seq) {
@@ -602,13 +667,9 @@ static void deliver(gptoss_engine *e, sample_job *job) {
         finish_choice(e, r, index, GPTOSS_FINISH_STOP, &job->event, token);
     } else if (n_generated + 1 >= r->max_tokens || seq->n_tokens >= seq->cap_tokens) {
         finish_choice(e, r, index, GPTOSS_FINISH_LENGTH, &job->event, -1);
-    } else {
-        if (!request_push(r, &job->event)) {
-            snprintf(r->error_message, sizeof r->error_message, "out of memory queueing a token");
-            finish_choice(e, r, index, GPTOSS_FINISH_ERROR, NULL, -1);
-            return;
-        }
-        if (r->notify) r->notify(r->notify_user, r);
+    } else if (!queue_push(e, r, &job->event)) {
+        snprintf(r->error_message, sizeof r->error_message, "out of memory queueing a token");
+        finish_choice(e, r, index, GPTOSS_FINISH_ERROR, NULL, -1);
     }
 }
 
@@ -665,6 +726,7 @@ static void plan_row(gptoss_engine *e, gptoss_seq *seq, int32_t row) {
  * 201k vocabulary costs about a millisecond per row), then delivers them in order. */
 static void run_jobs(gptoss_engine *e) {
     const int32_t n = e->n_jobs;
+    double t0 = e->timing ? now_seconds() : 0;
     if (n >= 4 && e->n_samplers > 1) {
         int n_threads = e->n_samplers < n ? e->n_samplers : n;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
@@ -674,6 +736,7 @@ static void run_jobs(gptoss_engine *e) {
         for (int32_t i = 0; i < n; i++)
             draw(e, e->samplers[0], &e->jobs[i]);
     }
+    if (e->timing) e->t_draw += now_seconds() - t0;
     for (int32_t i = 0; i < n; i++)
         deliver(e, &e->jobs[i]);
     e->n_jobs = 0;
@@ -706,6 +769,7 @@ static void sweep(gptoss_engine *e) {
             e->active[kept++] = r;
             continue;
         }
+        if (r->n_pending > 0) flush_pushes(e); /* (a finished choice already flushed them) */
         pthread_mutex_lock(&e->mutex);
         if (r->prev)
             r->prev->next = r->next;
@@ -783,12 +847,15 @@ static bool step(gptoss_engine *e) {
             .logsumexp = want_lse ? e->logsumexp : NULL,
             .full = e->full_rows,
             .logits = e->logits,
+            .while_running = flush_pushes_hook,
+            .while_running_user = e,
         };
         st = e->options.forward_summary(e->options.forward_user, &plan, &summary, &err);
     } else {
         memset(e->full_rows, 1, (size_t)plan.n_logits);
         st = e->options.forward(e->options.forward_user, &plan, e->logits, &err);
     }
+    flush_pushes(e); /* when the backend did not run the hook */
     double t2 = e->timing ? now_seconds() : 0;
     e->local.steps++;
     if (st != GPTOSS_OK) {
@@ -948,10 +1015,12 @@ void gptoss_engine_free(gptoss_engine *e) {
     if (e->timing && e->timed_steps > 1) {
         const double n = (double)e->timed_steps, us = 1e6;
         fprintf(stderr,
-                "engine step timing, %lld steps, us per step: schedule %.1f, forward %.1f, "
-                "sample + deliver %.1f, between steps %.1f\n",
+                "engine step timing, %lld steps, us per step: schedule %.1f, forward %.1f (of which "
+                "token pushes while the device runs %.1f), sample + deliver %.1f (of which draws "
+                "%.1f), between steps %.1f\n",
                 (long long)e->timed_steps, e->t_schedule / n * us, e->t_forward / n * us,
-                e->t_sample / n * us, e->t_between / (n - 1) * us);
+                e->t_flush / n * us, e->t_sample / n * us, e->t_draw / n * us,
+                e->t_between / (n - 1) * us);
     }
     if (e->thread_started) {
         pthread_mutex_lock(&e->mutex);
@@ -973,6 +1042,7 @@ void gptoss_engine_free(gptoss_engine *e) {
     free(e->top_logits);
     free(e->logsumexp);
     free(e->full_rows);
+    free(e->pending);
     free(e->active);
     pthread_mutex_destroy(&e->mutex);
     pthread_cond_destroy(&e->wake);

@@ -1288,6 +1288,7 @@ static gptoss_status summary_step(gptoss_cuda_state *s, const gptoss_batch_plan 
             i = j;
         }
         if (timing) CUDA_TRY(cudaEventRecord(s->timing_events[2], s->stream), "cudaEventRecord");
+        if (out->while_running) out->while_running(out->while_running_user);
         double tw = timing ? wall_ms() : 0;
         CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
         if (timing) s->timing_ms[3] += wall_ms() - tw;
@@ -1299,6 +1300,7 @@ static gptoss_status summary_step(gptoss_cuda_state *s, const gptoss_batch_plan 
         return GPTOSS_OK;
     }
     if (timing) CUDA_TRY(cudaEventRecord(s->timing_events[2], s->stream), "cudaEventRecord");
+    if (out->while_running) out->while_running(out->while_running_user);
     CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
     return GPTOSS_OK;
 }
