@@ -829,7 +829,10 @@ static bool step(gptoss_engine *e) {
         }
         return true;
     }
-    if (plan.n_seqs == 0) return false;
+    if (plan.n_seqs == 0) {
+        flush_pushes(e); /* nothing runs: no hook will push them */
+        return false;
+    }
     if (e->options.forward_summary && e->options.vocab_size >= GPTOSS_ENGINE_SUMMARY_TOP) {
         /* Whole rows only where a draw needs them; forks at the end of a prompt share the
          * request's parameters, so the first sequence of the row decides for all. */
