@@ -663,10 +663,22 @@ moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
 #define MMA_BM (32 * MMA_WARPS) /* 192 rows: 2880 and 5760 are multiples */
 #define MMA_THREADS (32 * MMA_WARPS)
 
-static __device__ __forceinline__ uint32_t mma_fp4_pair(uint32_t w, int i) {
-    uint32_t mag = (i <= 2 ? (w << (9 - 4 * i)) : (w >> (4 * i - 9))) & 0x0E000E00u;
-    uint32_t sgn = (w << (12 - 4 * i)) & 0x80008000u;
-    return mag | sgn;
+/*
+ * The four fp16 pairs of a word at once (p[i] = register i above: values i and i + 4, each
+ * code * 2^-14). An fp16 value code * 2^-14 has a zero low byte, and its high byte is the code
+ * with the magnitude moved up one bit and the sign to bit 7. Both are built for four codes at
+ * a time (the even codes 0 2 4 6 and the odd codes 1 3 5 7, one per byte), and each pair then
+ * takes two bytes of one of them with a byte permute: 11 operations per word, where building
+ * each pair with its own shifts and masks (the mag / sign form above) takes 16.
+ * Values i and i + 4 are bytes i / 2 and i / 2 + 2 of the even (i even) or odd (i odd) set.
+ */
+static __device__ __forceinline__ void mma_fp4_pairs(uint32_t w, uint32_t p[4]) {
+    const uint32_t ev = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
+    const uint32_t od = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
+    p[0] = __byte_perm(ev, 0u, 0x2404); /* bytes: 0, ev.0, 0, ev.2 */
+    p[1] = __byte_perm(od, 0u, 0x2404);
+    p[2] = __byte_perm(ev, 0u, 0x3414); /* bytes: 0, ev.1, 0, ev.3 */
+    p[3] = __byte_perm(od, 0u, 0x3414);
 }
 
 static __device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
@@ -840,8 +852,9 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
 #pragma unroll
             for (int r = 0; r < 4; r++) {
                 uint32_t word = w == 0 ? araw[r].x : w == 1 ? araw[r].y : w == 2 ? araw[r].z : araw[r].w;
+                mma_fp4_pairs(word, R[r]);
 #pragma unroll
-                for (int i = 0; i < 4; i++) R[r][i] = hmul2_u32(mma_fp4_pair(word, i), mult[r]);
+                for (int i = 0; i < 4; i++) R[r][i] = hmul2_u32(R[r][i], mult[r]);
             }
 #pragma unroll
             for (int n = 0; n < NF; n++) {
@@ -959,7 +972,7 @@ static void moe_mma(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_t
  * holds rows 16w + g and 16w + g + 8 (g = lane / 4) of its 64, as in an m16n8k16 A fragment;
  * thread q = lane % 4 takes bytes 8q..8q+7 of a row's 32 code bytes of the atom (two words,
  * half of group q / 2). Word w' and step s (k16 step j = 2w' + s of the atom) give the
- * registers pair(word, 2s) and pair(word, 2s + 1) of path 4 (mma_fp4_pair, values i and i + 4),
+ * registers pair(word, 2s) and pair(word, 2s + 1) of path 4 (mma_fp4_pairs, values i and i + 4),
  * so the MMA's k index kk = 2q + c + 8h reads atom element 16q + 8w' + 2s + h + 4c. The tokens
  * are stored in that order ("wgmma layout", wg_pos): inside every 64-element atom, element e
  * sits at position 16j + kk. gate_up writes h in the same layout for down.
@@ -1221,12 +1234,15 @@ moe_wg_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, c
 #pragma unroll
             for (int w = 0; w < 2; w++) {
                 uint32_t w0 = w ? c0.y : c0.x, w1 = w ? c1.y : c1.x;
+                uint32_t p0[4], p1[4];
+                mma_fp4_pairs(w0, p0);
+                mma_fp4_pairs(w1, p1);
 #pragma unroll
                 for (int s = 0; s < 2; s++) {
-                    R[a][2 * w + s][0] = hmul2_u32(mma_fp4_pair(w0, 2 * s), m0);
-                    R[a][2 * w + s][1] = hmul2_u32(mma_fp4_pair(w1, 2 * s), m1);
-                    R[a][2 * w + s][2] = hmul2_u32(mma_fp4_pair(w0, 2 * s + 1), m0);
-                    R[a][2 * w + s][3] = hmul2_u32(mma_fp4_pair(w1, 2 * s + 1), m1);
+                    R[a][2 * w + s][0] = hmul2_u32(p0[2 * s], m0);
+                    R[a][2 * w + s][1] = hmul2_u32(p1[2 * s], m1);
+                    R[a][2 * w + s][2] = hmul2_u32(p0[2 * s + 1], m0);
+                    R[a][2 * w + s][3] = hmul2_u32(p1[2 * s + 1], m1);
                 }
             }
             wgmma_fence();
@@ -1314,7 +1330,7 @@ static void moe_wg(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_to
  * The pair GEMV above spends about four integer operations per weight building floats, and
  * the integer pipe (half the FP32 rate on sm_90) then takes longer than the bytes do. Here
  * the dot products run on mma.sync.m16n8k16 (fp16 in, fp32 accumulate), so a weight costs
- * two integer operations (mma_fp4_pair builds an fp16 pair in four) and no FMA.
+ * about 1.4 integer operations (mma_fp4_pairs builds four fp16 pairs in 11) and no FMA.
  *
  * A warp owns a tile of 16 weight rows and a slice of K, in windows of four MXFP4 groups
  * (128 inputs, 64 bytes of each row). Lane (g = lane / 4, q = lane % 4) holds group G + q of
@@ -1388,10 +1404,11 @@ static __device__ __forceinline__ void pair_window(uint4 ca, uint4 cb, uint32_t 
     for (int w = 0; w < 4; w++) {
         const uint4 b = has_x ? xs[4 * (G + q) + w] : make_uint4(0, 0, 0, 0);
         float(&dd)[4] = w < 2 ? d : d2;
-        mma_f16(dd, mma_fp4_pair(wa[w], 0), mma_fp4_pair(wb[w], 0), mma_fp4_pair(wa[w], 1), mma_fp4_pair(wb[w], 1),
-                b.x, b.y);
-        mma_f16(dd, mma_fp4_pair(wa[w], 2), mma_fp4_pair(wb[w], 2), mma_fp4_pair(wa[w], 3), mma_fp4_pair(wb[w], 3),
-                b.z, b.w);
+        uint32_t pa[4], pb[4];
+        mma_fp4_pairs(wa[w], pa);
+        mma_fp4_pairs(wb[w], pb);
+        mma_f16(dd, pa[0], pb[0], pa[1], pb[1], b.x, b.y);
+        mma_f16(dd, pa[2], pb[2], pa[3], pb[3], b.z, b.w);
     }
 #pragma unroll
     for (int i = 0; i < 4; i++) d[i] += d2[i];
