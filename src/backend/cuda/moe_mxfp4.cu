@@ -1350,7 +1350,7 @@ static void moe_wg(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_to
  * pair as fp16 (rounded to bf16 first) in the mma layout, which down stages directly.
  *
  * Two kernels stream the codes:
- * - moe_pair_tma_kernel (sm_90 and up): one block per tile and pair, 4 warps (K slices). One
+ * - moe_pair_tma_kernel (sm_90 and up): one block per tile and pair, 6 warps (K slices, PT_KS). One
  *   thread copies the tile's 16 rows of codes and of scale bytes (contiguous in the
  *   checkpoint) into shared memory with two bulk copies (cp.async.bulk, completing on an
  *   mbarrier), so the whole tile is in flight at once without holding registers: ~30 KB per
@@ -1366,7 +1366,10 @@ static void moe_wg(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_to
  * resident), two K slices (one wave), or an L2 bulk prefetch of each tile beside the loads
  * were each slower. A ring of cp.async stages per warp was also slower (367 vs 390 tok/s).
  */
-#define PM_KS 4  /* K slices (warps) per tile */
+#define PM_KS 4  /* K slices (warps) per tile of the wide kernel */
+#define PT_KS 6  /* ... of the TMA kernel (H100, 20b / 120b tg128: 4 slices 479.2 / 333.5 tok/s, 6 slices
+                    486.7 / 338.7, 8 slices 485.3 / 338.5, 8 slices with registers capped for 6 or 7
+                    blocks per SM slower: the compute after a tile lands is latency-bound per warp) */
 #define PM_TPB 2 /* tiles per block of the wide kernel */
 
 /* The token (gate_up: bf16 row pair / k_top of act; down: h of this pair, already fp16 in the
@@ -1534,10 +1537,15 @@ moe_pair_wide_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
 static size_t pair_tma_smem(int32_t k_in) { return (size_t)(k_in / 32) * (16 * 16 + 16) + (size_t)k_in * sizeof(__half); }
 
 /*
- * One block per (tile, pair), 4 warps (K slices). Thread 0 copies the tile's 16 rows of codes
+ * One block per (tile, pair), 6 warps (K slices). Thread 0 copies the tile's 16 rows of codes
  * and of scale bytes into shared memory with two bulk copies completing on an mbarrier, and
  * the block stages the token meanwhile. A persistent form of this kernel (a grid of resident
- * blocks, each taking a run of tiles through two stages) measured 0.5% slower end to end.
+ * blocks, each taking a run of tiles through two stages) measured 0.5% slower end to end, and
+ * gate_up and down fused into one such grid (down's tiles copied while gate_up computes, a
+ * counter per pair between them) 2.6% slower (20b tg128, H100): with two stages per block only
+ * 4 blocks fit per SM, and the arithmetic after a tile lands is latency-bound per warp, so the
+ * resident warps count for more than the bytes in flight (the same grid with one stage and 7
+ * blocks per SM matched the two kernels; 6 K slices instead of 4 gained 1.5%).
  *
  * down issues its copies before its wait: only h comes from gate_up, its predecessor.
  * topk_idx comes from the router, which finished before gate_up passed its own wait, and
@@ -1547,14 +1555,14 @@ static size_t pair_tma_smem(int32_t k_in) { return (size_t)(k_in / 32) * (16 * 1
  * predecessor).
  */
 template <bool GATE_UP>
-static __global__ void __launch_bounds__(PM_KS * 32)
+static __global__ void __launch_bounds__(PT_KS * 32)
 moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const void *act,
                     const int32_t *topk_idx, int32_t k_top, int32_t k_in, int32_t n_out_rows, float limit,
                     float alpha, __half *h_out, float *y_out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) uint8_t pt_smem[];
     __shared__ __align__(8) uint64_t bar;
-    __shared__ float red[PM_KS][16];
+    __shared__ float red[PT_KS][16];
     const int pair = blockIdx.y, tile = blockIdx.x, n_tiles = n_out_rows >> 4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int n_groups = k_in >> 5, n_win = (n_groups + 3) >> 2;
@@ -1578,7 +1586,7 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
     __syncthreads(); /* the token is staged, and every thread sees the initialized barrier */
     mbar_wait(bar_s, 0);
 
-    const int per = (n_win + PM_KS - 1) / PM_KS;
+    const int per = (n_win + PT_KS - 1) / PT_KS;
     const int w0 = min(n_win, warp * per), w1 = min(n_win, w0 + per);
     const int la = GATE_UP ? 2 * g : g, lb = GATE_UP ? la + 1 : la + 8;
     const uint4 *pa = (const uint4 *)(codes + la * row_bytes) + q, *pb = (const uint4 *)(codes + lb * row_bytes) + q;
@@ -1592,7 +1600,7 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
         const uint4 ca = live ? pa[4 * W] : make_uint4(0, 0, 0, 0), cb = live ? pb[4 * W] : make_uint4(0, 0, 0, 0);
         pair_window(ca, cb, pair_scales(sa, sb, G, q, n_groups), G, q, owner, n_groups, xs, acc0, acc1);
     }
-    pair_finish<GATE_UP>(acc0, acc1, red, PM_KS, 1, tile, n_tiles, pair, topk_idx[pair], bias, n_out_rows, limit,
+    pair_finish<GATE_UP>(acc0, acc1, red, PT_KS, 1, tile, n_tiles, pair, topk_idx[pair], bias, n_out_rows, limit,
                          alpha, h_out, y_out);
 #else
     __trap(); /* never launched: the host picks this kernel only where it was built for sm_90 or later */
@@ -1621,7 +1629,7 @@ static void pair_mma_launch(const uint8_t *blocks, const uint8_t *scales, const 
                             const gptoss_cuda_moe_weights *w, __half *h, float *y, cudaStream_t stream) {
     const int tiles = n_out / 16;
     if (gptoss_cuda_moe_pair_kernel() == 2)
-        launch_pdl(moe_pair_tma_kernel<GATE_UP>, dim3(tiles, n_pairs), dim3(PM_KS * 32), pair_tma_smem(k_in), stream,
+        launch_pdl(moe_pair_tma_kernel<GATE_UP>, dim3(tiles, n_pairs), dim3(PT_KS * 32), pair_tma_smem(k_in), stream,
                    blocks, scales, bias, act, topk_idx, k_top, k_in, n_out, w->swiglu_limit, w->swiglu_alpha, h, y);
     else
         launch_pdl(moe_pair_wide_kernel<GATE_UP>, dim3((tiles + PM_TPB - 1) / PM_TPB, n_pairs),
