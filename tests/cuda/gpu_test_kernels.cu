@@ -1822,7 +1822,7 @@ int main(int argc, char **argv) {
             if (gptoss_cuda_moe_pair_kernel() != kernel) continue; /* no TMA kernel on this GPU */
             test_moe(1, 2880, 2880, 128, 4, 0, 5); /* 90 groups: TMA 6 K slices of 4,4,4,4,4,3 windows; wide 4 of 6,6,6,5 */
             test_moe(2, 2880, 2880, 32, 4, 1, 5); /* 8 pairs, expert 0 in both tokens */
-            test_moe(3, 160, 96, 8, 2, 2, 5);     /* 3 groups: one window, three slices stay empty */
+            test_moe(3, 160, 96, 8, 2, 2, 5);     /* 3 groups: one window, the other slices stay empty */
             test_moe(1, 256, 192, 16, 4, 0, 5, true); /* scales 110..140: exact in fp32 */
             test_moe(1, 4096, 4096, 8, 4, 0, 5);  /* widest rows: 43 KB of shared memory per block */
             test_moe(2, 64, 64, 4, 4, 2, 5);      /* 2 groups: half a window */
