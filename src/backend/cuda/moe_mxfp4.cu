@@ -1532,9 +1532,26 @@ moe_pair_wide_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
 }
 
 
-/* Shared memory of the TMA kernel: the tile's codes and scale bytes (16-byte multiples, so the
- * token chunks after them stay aligned) and the token; at most 43 KB (k_in <= 4096). */
-static size_t pair_tma_smem(int32_t k_in) { return (size_t)(k_in / 32) * (16 * 16 + 16) + (size_t)k_in * sizeof(__half); }
+/*
+ * Shared memory of the TMA kernel, in bytes from its start (16-byte multiples, so every part
+ * stays aligned): the tile's codes (16 rows of k_in / 32 groups of 16 bytes), its scale bytes
+ * (16 rows of k_in / 32) and 16 zero bytes after them, the token as fp16 chunks in the mma
+ * layout, zero-filled up to whole windows, then one window's token chunks of zeros (64 bytes)
+ * that the lanes holding no token values read. At most 43 KB (k_in <= 4096).
+ */
+struct pair_tma_layout {
+    uint32_t scales, token, zeros, bytes;
+};
+static __host__ __device__ __forceinline__ pair_tma_layout pair_tma_parts(int32_t k_in) {
+    const uint32_t n_groups = (uint32_t)k_in / 32, n_win = (n_groups + 3) / 4;
+    pair_tma_layout l;
+    l.scales = 16 * 16 * n_groups;
+    l.token = l.scales + 16 * n_groups + 16;
+    l.zeros = l.token + 256 * n_win;
+    l.bytes = l.zeros + 64;
+    return l;
+}
+static size_t pair_tma_smem(int32_t k_in) { return pair_tma_parts(k_in).bytes; }
 
 /*
  * One block per (tile, pair), 6 warps (K slices). Thread 0 copies the tile's 16 rows of codes
@@ -1567,8 +1584,9 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int n_groups = k_in >> 5, n_win = (n_groups + 3) >> 2;
     const uint32_t row_bytes = (uint32_t)n_groups * 16, code_bytes = 16 * row_bytes, scale_bytes = 16 * n_groups;
-    uint8_t *codes = pt_smem, *sc = pt_smem + code_bytes;
-    uint4 *xs = (uint4 *)(sc + scale_bytes);
+    const pair_tma_layout lay = pair_tma_parts(k_in);
+    uint8_t *codes = pt_smem, *sc = pt_smem + lay.scales;
+    uint4 *xs = (uint4 *)(pt_smem + lay.token), *zeros = (uint4 *)(pt_smem + lay.zeros);
     const uint32_t bar_s = (uint32_t)__cvta_generic_to_shared(&bar);
     auto issue = [&]() {
         const size_t row0 = (size_t)topk_idx[pair] * n_out_rows + 16 * (size_t)tile;
@@ -1580,25 +1598,57 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
         mbar_init(bar_s);
         if (!GATE_UP) issue();
     }
+    /* zeros: the 16 bytes after the scales, the token past k_in up to whole windows, and the
+     * zero window (none of them is written by the copies) */
+    for (int i = threadIdx.x; i < 1 + (int)(lay.bytes - lay.token) / 16 - (k_in >> 3); i += blockDim.x)
+        (i == 0 ? (uint4 *)(sc + scale_bytes) : xs + (k_in >> 3) + i - 1)[0] = make_uint4(0, 0, 0, 0);
     pdl_wait(); /* gate_up: topk_idx from the router; both: the input */
     if (GATE_UP && threadIdx.x == 0) issue();
     pair_stage_input<GATE_UP>(act, pair, k_top, k_in, xs);
     __syncthreads(); /* the token is staged, and every thread sees the initialized barrier */
     mbar_wait(bar_s, 0);
 
+    /*
+     * No lane tests anything per window: groups past n_groups in the last window read codes of
+     * the next row (or of the scale bytes after the last one: finite fp16 values either way)
+     * times the zero-filled token, so their columns are exactly 0, and their scale bytes are
+     * the next row's (at most 240, gptoss_cuda_moe_check_mma) or the zero bytes, so 0 times a
+     * finite scale adds nothing. Lanes that hold no token values read the zero window, with a
+     * step of 0. Lanes q = 2, 3 repeat the scales of lanes q = 0, 1 (their columns are copies).
+     */
     const int per = (n_win + PT_KS - 1) / PT_KS;
     const int w0 = min(n_win, warp * per), w1 = min(n_win, w0 + per);
     const int la = GATE_UP ? 2 * g : g, lb = GATE_UP ? la + 1 : la + 8;
-    const uint4 *pa = (const uint4 *)(codes + la * row_bytes) + q, *pb = (const uint4 *)(codes + lb * row_bytes) + q;
-    const uint8_t *sa = sc + la * n_groups, *sb = sc + lb * n_groups;
     const bool owner = (g & 3) == q;
+    const uint8_t *ca = codes + la * row_bytes + 16 * q, *cb = codes + lb * row_bytes + 16 * q;
+    const uint8_t *sa = sc + la * n_groups + 2 * (q & 1), *sb = sc + lb * n_groups + 2 * (q & 1);
+    const uint4 *xw = owner ? xs + 4 * q : zeros;
+    const int x_step = owner ? 16 : 0; /* uint4 chunks per window */
     float acc0 = 0.0f, acc1 = 0.0f;
 #pragma unroll 2
     for (int W = w0; W < w1; W++) {
-        const int G = 4 * W;
-        const bool live = G + q < n_groups;
-        const uint4 ca = live ? pa[4 * W] : make_uint4(0, 0, 0, 0), cb = live ? pb[4 * W] : make_uint4(0, 0, 0, 0);
-        pair_window(ca, cb, pair_scales(sa, sb, G, q, n_groups), G, q, owner, n_groups, xs, acc0, acc1);
+        const uint4 wa4 = *(const uint4 *)(ca + 64 * W), wb4 = *(const uint4 *)(cb + 64 * W);
+        const uint32_t s0 = sa[4 * W], s1 = sa[4 * W + 1], s2 = sb[4 * W], s3 = sb[4 * W + 1];
+        const uint4 *xp = xw + x_step * W;
+        const uint32_t wa[4] = {wa4.x, wa4.y, wa4.z, wa4.w};
+        const uint32_t wb[4] = {wb4.x, wb4.y, wb4.z, wb4.w};
+        /* two accumulators (words 0-1 and 2-3: the same groups) halve the chain of dependent MMAs */
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const uint4 b = xp[w];
+            float(&dd)[4] = w < 2 ? d : d2;
+            uint32_t pa[4], pb[4];
+            mma_fp4_pairs(wa[w], pa);
+            mma_fp4_pairs(wb[w], pb);
+            mma_f16(dd, pa[0], pb[0], pa[1], pb[1], b.x, b.y);
+            mma_f16(dd, pa[2], pb[2], pa[3], pb[3], b.z, b.w);
+        }
+        /* column scale 2^(s - 113) (the fp16 codes are code * 2^-14): the exponent field s + 14 */
+        acc0 = fmaf(d[0] + d2[0], __uint_as_float(s0 * (1u << 23) + (14u << 23)), acc0);
+        acc0 = fmaf(d[1] + d2[1], __uint_as_float(s1 * (1u << 23) + (14u << 23)), acc0);
+        acc1 = fmaf(d[2] + d2[2], __uint_as_float(s2 * (1u << 23) + (14u << 23)), acc1);
+        acc1 = fmaf(d[3] + d2[3], __uint_as_float(s3 * (1u << 23) + (14u << 23)), acc1);
     }
     pair_finish<GATE_UP>(acc0, acc1, red, PT_KS, 1, tile, n_tiles, pair, topk_idx[pair], bias, n_out_rows, limit,
                          alpha, h_out, y_out);
