@@ -643,7 +643,7 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
     extern __shared__ __align__(16) unsigned char adc_smem_raw[];
     warp_smem *all = (warp_smem *)adc_smem_raw;
 
-    pdl_wait(); /* q, positions and the caches come from earlier kernels */
+    pdl_trigger_wait(); /* q, positions and the caches come from earlier kernels; the O projection may launch */
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int frag_row = lane >> 2, frag_col = lane & 3;
