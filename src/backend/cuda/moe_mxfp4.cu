@@ -1393,28 +1393,38 @@ static __device__ __forceinline__ void pair_stage_input(const void *act, int pai
     }
 }
 
-/* One window (groups G .. G + 3) of one lane: ca / cb its group's codes of rows a and b, s4
- * the scale bytes of groups G + 2q and G + 2q + 1 of row a (low half) and row b (zero for
- * q >= 2, whose column copies pair_finish drops). */
-static __device__ __forceinline__ void pair_window(uint4 ca, uint4 cb, uint32_t s4, int G, int q, bool owner,
-                                                   int n_groups, const uint4 *xs, float &acc0, float &acc1) {
-    const bool has_x = owner && G + q < n_groups;
+/* The MMAs of one window (groups G .. G + 3) of one lane: ca / cb its group's codes of rows a
+ * and b, b the token chunks its four words multiply (zeros where the lane holds no token
+ * values). d gets columns 2q and 2q + 1 of rows a (d[0], d[1]) and b (d[2], d[3]), unscaled. */
+static __device__ __forceinline__ void pair_window_mma(uint4 ca, uint4 cb, const uint4 (&b)[4], float (&d)[4]) {
     const uint32_t wa[4] = {ca.x, ca.y, ca.z, ca.w};
     const uint32_t wb[4] = {cb.x, cb.y, cb.z, cb.w};
     /* two accumulators (words 0-1 and 2-3: the same groups) halve the chain of dependent MMAs */
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int w = 0; w < 4; w++) {
-        const uint4 b = has_x ? xs[4 * (G + q) + w] : make_uint4(0, 0, 0, 0);
-        float(&dd)[4] = w < 2 ? d : d2;
+        float(&dd)[4] = w < 2 ? d1 : d2;
         uint32_t pa[4], pb[4];
         mma_fp4_pairs(wa[w], pa);
         mma_fp4_pairs(wb[w], pb);
-        mma_f16(dd, pa[0], pb[0], pa[1], pb[1], b.x, b.y);
-        mma_f16(dd, pa[2], pb[2], pa[3], pb[3], b.z, b.w);
+        mma_f16(dd, pa[0], pb[0], pa[1], pb[1], b[w].x, b[w].y);
+        mma_f16(dd, pa[2], pb[2], pa[3], pb[3], b[w].z, b[w].w);
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) d[i] += d2[i];
+    for (int i = 0; i < 4; i++) d[i] = d1[i] + d2[i];
+}
+
+/* One window of the wide kernel: pair_window_mma, then the column scales; s4 the scale bytes
+ * of groups G + 2q and G + 2q + 1 of row a (low half) and row b (zero for q >= 2, whose column
+ * copies pair_finish drops). */
+static __device__ __forceinline__ void pair_window(uint4 ca, uint4 cb, uint32_t s4, int G, int q, bool owner,
+                                                   int n_groups, const uint4 *xs, float &acc0, float &acc1) {
+    const bool has_x = owner && G + q < n_groups;
+    uint4 b[4];
+#pragma unroll
+    for (int w = 0; w < 4; w++) b[w] = has_x ? xs[4 * (G + q) + w] : make_uint4(0, 0, 0, 0);
+    float d[4];
+    pair_window_mma(ca, cb, b, d);
     acc0 = fmaf(d[0], __uint_as_float(((s4 & 0xffu) + 14u) << 23), acc0);
     acc0 = fmaf(d[1], __uint_as_float((((s4 >> 8) & 0xffu) + 14u) << 23), acc0);
     acc1 = fmaf(d[2], __uint_as_float((((s4 >> 16) & 0xffu) + 14u) << 23), acc1);
@@ -1630,25 +1640,14 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
         const uint4 wa4 = *(const uint4 *)(ca + 64 * W), wb4 = *(const uint4 *)(cb + 64 * W);
         const uint32_t s0 = sa[4 * W], s1 = sa[4 * W + 1], s2 = sb[4 * W], s3 = sb[4 * W + 1];
         const uint4 *xp = xw + x_step * W;
-        const uint32_t wa[4] = {wa4.x, wa4.y, wa4.z, wa4.w};
-        const uint32_t wb[4] = {wb4.x, wb4.y, wb4.z, wb4.w};
-        /* two accumulators (words 0-1 and 2-3: the same groups) halve the chain of dependent MMAs */
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            const uint4 b = xp[w];
-            float(&dd)[4] = w < 2 ? d : d2;
-            uint32_t pa[4], pb[4];
-            mma_fp4_pairs(wa[w], pa);
-            mma_fp4_pairs(wb[w], pb);
-            mma_f16(dd, pa[0], pb[0], pa[1], pb[1], b.x, b.y);
-            mma_f16(dd, pa[2], pb[2], pa[3], pb[3], b.z, b.w);
-        }
+        const uint4 b[4] = {xp[0], xp[1], xp[2], xp[3]};
+        float d[4];
+        pair_window_mma(wa4, wb4, b, d);
         /* column scale 2^(s - 113) (the fp16 codes are code * 2^-14): the exponent field s + 14 */
-        acc0 = fmaf(d[0] + d2[0], __uint_as_float(s0 * (1u << 23) + (14u << 23)), acc0);
-        acc0 = fmaf(d[1] + d2[1], __uint_as_float(s1 * (1u << 23) + (14u << 23)), acc0);
-        acc1 = fmaf(d[2] + d2[2], __uint_as_float(s2 * (1u << 23) + (14u << 23)), acc1);
-        acc1 = fmaf(d[3] + d2[3], __uint_as_float(s3 * (1u << 23) + (14u << 23)), acc1);
+        acc0 = fmaf(d[0], __uint_as_float(s0 * (1u << 23) + (14u << 23)), acc0);
+        acc0 = fmaf(d[1], __uint_as_float(s1 * (1u << 23) + (14u << 23)), acc0);
+        acc1 = fmaf(d[2], __uint_as_float(s2 * (1u << 23) + (14u << 23)), acc1);
+        acc1 = fmaf(d[3], __uint_as_float(s3 * (1u << 23) + (14u << 23)), acc1);
     }
     pair_finish<GATE_UP>(acc0, acc1, red, PT_KS, 1, tile, n_tiles, pair, topk_idx[pair], bias, n_out_rows, limit,
                          alpha, h_out, y_out);
