@@ -1690,6 +1690,14 @@ int main(int argc, char **argv) {
         test_router(1, 32, 4);
         test_router(300, 128, 4);
         test_router(77, 8, 2);
+        /* every register width of the selection (1, 2, 4, 8, 32 logits per lane), rows that
+         * end inside a lane's range, and k up to 32 */
+        test_router(5, 64, 4);
+        test_router(9, 200, 8);
+        test_router(3, 256, 32);
+        test_router(4, 1000, 4);
+        test_router(2, 1024, 32);
+        test_router(6, 40, 32);
         test_router_fused(1, 32, 2880, 4);
         test_router_fused(1, 128, 2880, 4);
         test_router_fused(1, 6, 160, 2);   /* one token: a block with a warp past the last expert */

@@ -1010,47 +1010,73 @@ cudaError_t gptoss_cuda_router_prepare(int32_t hidden) {
 /* ---- router top-k --------------------------------------------------------------------- */
 
 /* One warp, one token: k rounds of warp-wide argmax (ties to the lower expert index), then
- * the softmax over the k chosen logits. */
-static __device__ void topk_warp(const volatile float *row, const float *bias, int32_t n_experts, int32_t k_top,
-                                 int32_t *topk_idx, float *topk_weight) {
-    int lane = threadIdx.x & 31;
-    float chosen_val[32];
-    int chosen_idx[32];
-    unsigned taken_mask[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* per lane: experts lane + 32*i taken */
+ * the softmax over the k chosen logits. The row is read once into registers, R logits per
+ * lane (expert lane + 32 i), all loads in flight together: the rounds had re-read it from
+ * global memory (just written by other blocks, so volatile, one dependent L2 trip per logit
+ * per round: 16 in a row for 128 experts and 4 choices). A NaN logit counts as -inf, so each
+ * round picks a live expert whatever the values. Lane k keeps choice k; every lane sums the
+ * softmax in choice order, as one lane did before. */
+template <int R>
+static __device__ __forceinline__ void topk_warp_regs(const volatile float *row, const float *bias,
+                                                      int32_t n_experts, int32_t k_top, int32_t *topk_idx,
+                                                      float *topk_weight) {
+    const int lane = threadIdx.x & 31;
+    float v[R];
+    unsigned live = 0u; /* bit i: expert lane + 32 i is still a candidate */
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        const int e = lane + 32 * i;
+        v[i] = -INFINITY;
+        if (e < n_experts) {
+            const float x = row[e] + (bias ? bias[e] : 0.0f);
+            v[i] = isnan(x) ? -INFINITY : x;
+            live |= 1u << i;
+        }
+    }
+    float my_val = 0.0f;
+    int my_idx = 0;
     for (int k = 0; k < k_top; k++) {
         float best = -INFINITY;
         int best_i = 0x7fffffff;
-        for (int e = lane, i = 0; e < n_experts; e += 32, i++) {
-            if (taken_mask[i >> 5] >> (i & 31) & 1u) continue;
-            float v = row[e] + (bias ? bias[e] : 0.0f);
-            if (v > best || (v == best && e < best_i)) {
-                best = v;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const int e = lane + 32 * i;
+            if ((live >> i & 1u) && (v[i] > best || (v[i] == best && e < best_i))) {
+                best = v[i];
                 best_i = e;
             }
         }
         for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
             if (ov > best || (ov == best && oi < best_i)) {
                 best = ov;
                 best_i = oi;
             }
         }
-        chosen_val[k] = best;
-        chosen_idx[k] = best_i;
-        if ((best_i & 31) == lane) {
-            int i = best_i >> 5;
-            taken_mask[i >> 5] |= 1u << (i & 31);
+        if (lane == k) {
+            my_val = best;
+            my_idx = best_i;
         }
+        if ((best_i & 31) == lane) live &= ~(1u << (best_i >> 5));
     }
-    if (lane == 0) {
-        float mx = chosen_val[0], sum = 0.0f;
-        for (int k = 0; k < k_top; k++) sum += __expf(chosen_val[k] - mx);
-        for (int k = 0; k < k_top; k++) {
-            topk_idx[k] = chosen_idx[k];
-            topk_weight[k] = __expf(chosen_val[k] - mx) / sum;
-        }
+    const float mx = __shfl_sync(0xffffffffu, my_val, 0);
+    float sum = 0.0f;
+    for (int k = 0; k < k_top; k++) sum += __expf(__shfl_sync(0xffffffffu, my_val, k) - mx);
+    if (lane < k_top) {
+        topk_idx[lane] = my_idx;
+        topk_weight[lane] = __expf(my_val - mx) / sum;
     }
+}
+
+/* k_top <= 32 and n_experts <= 1024 (the launchers' and the backend's limits). */
+static __device__ void topk_warp(const volatile float *row, const float *bias, int32_t n_experts, int32_t k_top,
+                                 int32_t *topk_idx, float *topk_weight) {
+    if (n_experts <= 32) topk_warp_regs<1>(row, bias, n_experts, k_top, topk_idx, topk_weight);
+    else if (n_experts <= 64) topk_warp_regs<2>(row, bias, n_experts, k_top, topk_idx, topk_weight);
+    else if (n_experts <= 128) topk_warp_regs<4>(row, bias, n_experts, k_top, topk_idx, topk_weight);
+    else if (n_experts <= 256) topk_warp_regs<8>(row, bias, n_experts, k_top, topk_idx, topk_weight);
+    else topk_warp_regs<32>(row, bias, n_experts, k_top, topk_idx, topk_weight);
 }
 
 static __global__ void router_topk_kernel(const float *logits, const float *bias, int32_t n_tokens,
