@@ -643,12 +643,16 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
     extern __shared__ __align__(16) unsigned char adc_smem_raw[];
     warp_smem *all = (warp_smem *)adc_smem_raw;
 
-    pdl_trigger_wait(); /* q, positions and the caches come from earlier kernels; the O projection may launch */
-
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int frag_row = lane >> 2, frag_col = lane & 3;
     const int t = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
     warp_smem &sm = all[warp];
+    /* Before the wait: the positions and block tables are the step's plan, copied before its
+     * first kernel (complete once this grid can launch: its predecessor has passed its own
+     * wait), and every key before p was written by earlier steps. Only q and key p come from
+     * the kernels this one waits for. So the pages of the keys this block copies first (each
+     * warp's first tile) are prefetched into L2 here, while the RoPE kernel runs; after the
+     * wait their copies take an L2 trip instead of the table lookups plus a DRAM trip. */
     const int p = positions[t];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
     const int span = p - lo + 1;
@@ -656,6 +660,23 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
     const int chunk = ((span + n_splits - 1) / n_splits + 31) / 32 * 32;
     const int begin = lo + split * chunk;
     const int end = min(p + 1, begin + chunk);
+    const int32_t *table = block_tables + (size_t)token_seq[t] * max_blocks;
+    for (int j = begin + (int)threadIdx.x; j < min(min(end, p), begin + ADC_WARPS * KT); j += 32 * ADC_WARPS) {
+        const size_t slot = ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + kv_head;
+        constexpr int ROW_BYTES = D * (E4M3 ? 1 : 2);
+#pragma unroll
+        for (int b = 0; b < ROW_BYTES; b += 128) {
+            asm volatile("prefetch.global.L2 [%0];" ::"l"((const uint8_t *)(k_cache + slot * D) + b));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"((const uint8_t *)(v_cache + slot * D) + b));
+        }
+        if (E4M3) {
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(k_scale + slot));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(v_scale + slot));
+        }
+    }
+
+    pdl_trigger_wait(); /* q and key p come from earlier kernels; the O projection may launch */
+
     const int n_tiles = end > begin ? (end - begin + KT - 1) / KT : 0;
     const int my_tiles = n_tiles > warp ? (n_tiles - warp + ADC_WARPS - 1) / ADC_WARPS : 0;
 
@@ -673,7 +694,6 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
     float max1 = frag_row + 8 < group ? fmaxf(sinks[head0 + frag_row + 8] * log2e, -1e30f) : 0.0f;
     float sum0 = 0.0f, sum1 = 0.0f;
 
-    const int32_t *table = block_tables + (size_t)token_seq[t] * max_blocks;
     auto load_stage = [&](int st, int i) { /* the warp's i-th tile into stage st */
         const int k1 = begin + (warp + i * ADC_WARPS) * KT;
         if constexpr (E4M3)

@@ -171,12 +171,14 @@ static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, c
     __shared__ float cos_s[64], sin_s[64]; /* head_dim <= 128 */
     const int t = blockIdx.x, j = threadIdx.x, y = threadIdx.y;
     const int half = head_dim / 2;
-    pdl_wait(); /* qkv comes from the QKV projection */
     const bool kv_block = (int)blockIdx.y >= q_blocks;
     const int head = kv_block ? n_heads + ((int)blockIdx.y - q_blocks) * ROPE_HEADS + y : (int)blockIdx.y * ROPE_HEADS + y;
     const bool valid = head < (kv_block ? n_heads + n_kv_heads : n_heads);
     const int width = (n_heads + 2 * n_kv_heads) * head_dim;
     const float *row = qkv + (size_t)t * width;
+    /* Before the wait: the position, the angles, the page slot and the biases (the plan is
+     * copied before the step's first kernel, and this grid launches only once its predecessor
+     * has passed its own wait), so only the projection's loads follow it. */
     const int p = positions[t];
     if (y == 0) {
         float angle = (float)p * inv_freq[j];
@@ -185,13 +187,24 @@ static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, c
         cos_s[j] = cv * concentration;
         sin_s[j] = sv * concentration;
     }
+    const int base = head * head_dim, vbase = (n_kv_heads + head) * head_dim; /* v: KV blocks only */
+    float bias_a = 0.0f, bias_b = 0.0f, bias_va = 0.0f, bias_vb = 0.0f;
+    size_t slot = 0;
+    if (valid) {
+        bias_a = qkv_bias[base + j], bias_b = qkv_bias[base + j + half];
+        if (kv_block) {
+            bias_va = qkv_bias[vbase + j], bias_vb = qkv_bias[vbase + j + half];
+            const int blk = block_tables[(size_t)token_seq[t] * max_blocks + p / block_size];
+            slot = ((size_t)blk * block_size + p % block_size) * n_kv_heads + (head - n_heads);
+        }
+    }
+    pdl_wait(); /* qkv comes from the QKV projection */
     __syncthreads();
     const float c = cos_s[j], s = sin_s[j];
     float ra = 0.0f, rb = 0.0f;
     if (valid) {
-        const int base = head * head_dim;
-        const float a = row[base + j] + qkv_bias[base + j];
-        const float b = row[base + j + half] + qkv_bias[base + j + half];
+        const float a = row[base + j] + bias_a;
+        const float b = row[base + j + half] + bias_b;
         ra = a * c - b * s;
         rb = b * c + a * s;
     }
@@ -203,15 +216,10 @@ static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, c
         qo[j + half] = rb * scale;
         return;
     }
-    const int g = head - n_heads;
     float va = 0.0f, vb = 0.0f;
-    size_t slot = 0;
     if (valid) {
-        const int vbase = (n_heads + n_kv_heads + g) * head_dim;
-        va = row[vbase + j] + qkv_bias[vbase + j];
-        vb = row[vbase + j + half] + qkv_bias[vbase + j + half];
-        const int blk = block_tables[(size_t)token_seq[t] * max_blocks + p / block_size];
-        slot = ((size_t)blk * block_size + p % block_size) * n_kv_heads + g;
+        va = row[vbase + j] + bias_va;
+        vb = row[vbase + j + half] + bias_vb;
     }
     KV *kd = k_cache + slot * head_dim;
     KV *vd = v_cache + slot * head_dim;
