@@ -791,15 +791,21 @@ static __device__ void topk_warp(const volatile float *row, const float *bias, i
                                  int32_t *topk_idx, float *topk_weight);
 
 /* Whether this block is the last of the grid to get here (atomic ticket on counter, which the
- * last block re-arms); after the fences every block's earlier writes are visible to it. Every
- * thread of the block must call it. */
+ * last block re-arms); every block's earlier writes are then visible to it. Every thread of
+ * the block must call it. The block barrier orders its threads' writes before thread 0's
+ * ticket, an acquire-release atomic at GPU scope (release: those writes reach the blocks that
+ * take later tickets; acquire: the earlier blocks' writes reach this one), and the second
+ * barrier orders the ticket before the block's reads. One atomic in place of a fence in every
+ * thread, the atomic, and another fence in every thread of the last block. */
 static __device__ __forceinline__ bool last_block(unsigned *counter, unsigned n_blocks) {
     __shared__ bool last;
-    __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == n_blocks - 1;
+    if (threadIdx.x == 0) {
+        unsigned prev;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(counter) : "memory");
+        last = prev == n_blocks - 1;
+    }
     __syncthreads();
-    if (last) __threadfence();
     return last;
 }
 
