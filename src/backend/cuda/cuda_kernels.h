@@ -247,7 +247,8 @@ void gptoss_cuda_gemv_set_kernel(int kernel);
 int gptoss_cuda_gemv_kernel(int32_t m, int32_t n, int32_t k);
 
 /* Router: logits [n_tokens, n_experts] f32 (+ bias, NULL when already added), top-k by value (ties: lower index first),
- * softmax over the k selected. topk_idx/topk_weight [n_tokens, k_top]. */
+ * softmax over the k selected. topk_idx/topk_weight [n_tokens, k_top]. Takes 1 <= k_top <= 32 and
+ * n_experts <= 1024 (the backend refuses other configs at load), as does every fused top-k. */
 void gptoss_cuda_router_topk(const float *logits, const float *bias, int32_t n_tokens,
                              int32_t n_experts, int32_t k_top, int32_t *topk_idx,
                              float *topk_weight, cudaStream_t stream);
