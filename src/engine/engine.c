@@ -155,6 +155,10 @@ gptoss_engine_options gptoss_engine_options_default(void) {
     o.max_model_len = 8192;
     o.max_queue_len = 1024;
     o.enable_prefix_cache = true;
+    o.admit_headroom = 1;
+    /* GPTOSS_ADMIT_HEADROOM (0..4096) replaces the default, for measurements */
+    const char *headroom = getenv("GPTOSS_ADMIT_HEADROOM");
+    if (headroom && atoi(headroom) >= 0 && atoi(headroom) <= 4096) o.admit_headroom = atoi(headroom);
     return o;
 }
 
@@ -214,6 +218,10 @@ static gptoss_status validate_options(const gptoss_engine_options *o, gptoss_err
     if (o->max_num_batched_tokens < 1)
         return gptoss_set_error(error, bad,
                                 "engine options: max_num_batched_tokens must be positive");
+    if (o->admit_headroom < 0 || o->admit_headroom > 4096)
+        return gptoss_set_error(error, bad,
+                                "engine options: admit_headroom %d is out of range [0, 4096]",
+                                o->admit_headroom);
     if (o->max_model_len < 2)
         return gptoss_set_error(error, bad, "engine options: max_model_len must be at least 2");
     if (o->max_queue_len < 1)
@@ -433,6 +441,7 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
         .max_num_seqs = options->max_num_seqs,
         .max_num_batched_tokens = options->max_num_batched_tokens,
         .sliding_window = e->options.sliding_window,
+        .admit_headroom = options->admit_headroom,
     };
     pthread_mutex_init(&e->mutex, NULL);
     pthread_cond_init(&e->wake, NULL);

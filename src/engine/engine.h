@@ -76,6 +76,9 @@ typedef struct gptoss_engine_options {
     int32_t max_model_len;          /* prompt + generated tokens per sequence */
     int32_t max_queue_len;          /* requests waiting to start; submit beyond -> CAPACITY */
     bool enable_prefix_cache;       /* reuse full KV blocks across requests (default on) */
+    int32_t admit_headroom;         /* a waiting request starts while others run only if its
+                                       prompt leaves this many free KV tokens per running
+                                       sequence (default 1; 0 = none; scheduler.h) */
     int32_t prefix_hash_bits;       /* test knob: keep only this many bits of the block hash
                                        (forces collisions); 0 = all 64 index bits */
     int32_t eos_token_ids[GPTOSS_ENGINE_MAX_EOS]; /* tokens that end generation */

@@ -335,12 +335,12 @@ gptoss_status gptoss_scheduler_create(const gptoss_scheduler_options *options,
                                       gptoss_error *error) {
     *out = NULL;
     if (options->max_num_seqs < 1 || options->max_num_batched_tokens < 1 ||
-        options->sliding_window < 0)
+        options->sliding_window < 0 || options->admit_headroom < 0)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                 "scheduler limits must be positive (max_num_seqs %d, "
-                                "max_num_batched_tokens %d, sliding_window %d)",
+                                "max_num_batched_tokens %d, sliding_window %d, admit_headroom %d)",
                                 options->max_num_seqs, options->max_num_batched_tokens,
-                                options->sliding_window);
+                                options->sliding_window, options->admit_headroom);
     if (options->sliding_window > 0 && !gptoss_kv_has_sliding(kv))
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                 "a sliding window needs a sliding KV pool");
@@ -484,13 +484,23 @@ gptoss_status gptoss_scheduler_schedule(gptoss_scheduler *s, gptoss_batch_plan *
         s->budget -= got;
     }
     /* 3. Admit waiting sequences, FCFS: stop at the first that cannot start. Not in a step
-     * that had to preempt: memory is short, and readmitting the victim would only thrash. */
+     * that had to preempt: memory is short, and readmitting the victim would only thrash.
+     * Nor, while others run, when its whole remaining prompt would leave fewer than
+     * admit_headroom free tokens per running sequence: the decode steps that follow would
+     * preempt the newest sequence, this one, and its prompt would be computed again. With
+     * admit_headroom 0 a sequence starts in whatever pages are free, its prompt cut short. */
     while (s->waiting.n > 0 && s->budget > 0 && s->counters.preemptions == preemptions_before) {
         gptoss_seq *seq = s->waiting.items[0];
         if (s->running.n > 0 && s->running.n + seq->n_slots > s->options.max_num_seqs) break;
         bool looked_up = seq->n_cached == 0 && seq->n_blocks == 0;
         if (looked_up) acquire_prefix(s, seq);
         int32_t remaining = seq->n_tokens - seq->n_cached;
+        if (s->options.admit_headroom > 0 && s->running.n > 0 &&
+            (int64_t)tokens_that_fit(s, seq) - remaining <
+                (int64_t)s->options.admit_headroom * s->running.n) {
+            release_pages(s, seq);
+            break;
+        }
         int32_t want = remaining < s->budget ? remaining : s->budget;
         int32_t got = reserve(s, seq, want, RESERVE_ADMIT);
         if (got == 0) {

@@ -6,7 +6,8 @@
  *   1. decodes of running sequences, in FCFS order, one token each;
  *   2. prefill chunks of running sequences (chunked prefill, forks' recomputed tails);
  *   3. waiting sequences in FCFS order while the token budget, max_num_seqs and KV allow,
- *      starting from their longest prefix-cache hit.
+ *      starting from their longest prefix-cache hit; while others run, only when the whole
+ *      remaining prompt fits and leaves admit_headroom free tokens per running sequence.
  * When a running sequence needs a KV page and none is left, the lowest-priority running
  * sequence (latest arrival) is preempted: its pages are released (full ones stay in the prefix
  * cache) and it goes back to the waiting queue to be recomputed later. It must not sample or
@@ -69,6 +70,9 @@ typedef struct gptoss_scheduler_options {
     int32_t max_num_seqs;           /* sequences per step */
     int32_t max_num_batched_tokens; /* new tokens per step */
     int32_t sliding_window;         /* tokens incl. self; 0 = no sliding layers */
+    int32_t admit_headroom;         /* free KV tokens per running sequence that admitting a
+                                       waiting one must leave (step 3 above); 0 = none: it
+                                       starts in whatever pages are free */
 } gptoss_scheduler_options;
 
 typedef struct gptoss_scheduler gptoss_scheduler;

@@ -108,6 +108,7 @@ typedef struct run_options {
     bool prefix_cache;
     int32_t hash_bits;
     bool one_at_a_time;
+    bool no_admit_headroom; /* admit into the last free pages (preemption follows) */
 } run_options;
 
 /* Runs the cases through an engine; fails on any token that differs from the reference. */
@@ -123,6 +124,7 @@ static gptoss_engine_stats run(case_ *cases, int n, run_options ro) {
     gptoss_engine_options eo = gptoss_engine_options_default();
     gptoss_engine_options_for_backend(&eo, config, b, &bo);
     eo.max_num_batched_tokens = ro.budget;
+    if (ro.no_admit_headroom) eo.admit_headroom = 0;
     eo.max_num_seqs = 32;
     eo.enable_prefix_cache = ro.prefix_cache;
     eo.prefix_hash_bits = ro.hash_bits;
@@ -194,8 +196,8 @@ static void test_batched_equals_alone(void **state) {
             cases[i].prompt[k] = next_token();
         reference(&cases[i]);
     }
-    run(cases, 1, (run_options){64, 48, true, 0, true});
-    gptoss_engine_stats s = run(cases, N, (run_options){256, 48, true, 0, false});
+    run(cases, 1, (run_options){64, 48, true, 0, true, false});
+    gptoss_engine_stats s = run(cases, N, (run_options){256, 48, true, 0, false, false});
     assert_int_equal(s.ttft.count, N);
     free(cases);
 }
@@ -224,18 +226,20 @@ static void test_prefix_cache_variants(void **state) {
         }
         reference(&cases[i]);
     }
-    gptoss_engine_stats off = run(cases, N, (run_options){256, 256, false, 0, true});
-    gptoss_engine_stats on = run(cases, N, (run_options){256, 256, true, 0, true});
-    gptoss_engine_stats collide = run(cases, N, (run_options){256, 256, true, 2, true});
+    gptoss_engine_stats off = run(cases, N, (run_options){256, 256, false, 0, true, false});
+    gptoss_engine_stats on = run(cases, N, (run_options){256, 256, true, 0, true, false});
+    gptoss_engine_stats collide = run(cases, N, (run_options){256, 256, true, 2, true, false});
     assert_int_equal(off.prefix_cache_hits, 0);
     assert_true(on.prefix_cache_hits > 0);
     assert_int_equal(collide.prefix_cache_hits, on.prefix_cache_hits);
     /* all of them at once too */
-    if (!sanitized()) run(cases, N, (run_options){256, 64, true, 2, false});
+    if (!sanitized()) run(cases, N, (run_options){256, 64, true, 2, false, false});
     free(cases);
 }
 
-/* KV for barely two sequences, eight requests: preemption, same tokens. */
+/* KV for barely two sequences, eight requests: preemption, same tokens. Admission without
+ * headroom, so that sequences start in the last free pages and are preempted as they grow
+ * (with it, these short requests never outgrow the pool). */
 static void test_preemption(void **state) {
     (void)state;
     const int N = sanitized() ? 5 : 8;
@@ -247,7 +251,7 @@ static void test_preemption(void **state) {
         reference(&cases[i]);
     }
     for (int cache = sanitized() ? 1 : 0; cache < 2; cache++) {
-        gptoss_engine_stats s = run(cases, N, (run_options){8, 64, cache, 0, false});
+        gptoss_engine_stats s = run(cases, N, (run_options){8, 64, cache, 0, false, true});
         assert_true(s.preemptions > 0);
     }
     free(cases);

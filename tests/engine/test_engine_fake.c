@@ -344,6 +344,7 @@ static void test_preemption_keeps_greedy_outputs(void **state) {
         gptoss_engine_options o = fake_options(f);
         o.enable_prefix_cache = cache;
         o.max_num_batched_tokens = 32;
+        o.admit_headroom = 0; /* start sequences in the last free pages: preemption follows */
         gptoss_engine_stats s;
         run_jobs(&o, jobs, N, &s);
         for (int i = 0; i < N; i++)
@@ -379,6 +380,7 @@ static void test_shared_pages(void **state) {
         o.kv_shared_pages = shared;
         o.enable_prefix_cache = cache;
         o.max_num_batched_tokens = 32;
+        o.admit_headroom = 0; /* start sequences in the last free pages: preemption follows */
         gptoss_engine_stats s;
         run_jobs(&o, jobs, N, &s);
         if (shared) {

@@ -21,6 +21,8 @@ typedef struct rig {
     gptoss_batch_plan plan;
 } rig;
 
+static int32_t rig_headroom = 0; /* admit_headroom of the next rig_init */
+
 static void rig_init(rig *r, int32_t bs, int32_t n_blocks, int32_t n_sliding, int32_t window,
                      int32_t max_seqs, int32_t budget, bool cache) {
     memset(r, 0, sizeof *r);
@@ -31,7 +33,7 @@ static void rig_init(rig *r, int32_t bs, int32_t n_blocks, int32_t n_sliding, in
     gptoss_kv_manager_options ko = {bs, n_blocks, window ? n_sliding : 0, cache, 0, false};
     gptoss_error err;
     assert_int_equal(gptoss_kv_manager_create(&ko, &r->kv, &err), GPTOSS_OK);
-    gptoss_scheduler_options so = {max_seqs, budget, window};
+    gptoss_scheduler_options so = {max_seqs, budget, window, rig_headroom};
     assert_int_equal(gptoss_scheduler_create(&so, r->kv, &r->sched, &err), GPTOSS_OK);
     r->config.vocab_size = 1000;
     r->config.sliding_window = window ? window : 1 << 30;
@@ -328,6 +330,98 @@ static void test_prefix_hit_and_sliding_requirement(void **state) {
     rig_free(&r);
 }
 
+/* Admission headroom: while A runs, B starts only if its whole prompt leaves admit_headroom
+ * free tokens per running sequence. Without headroom B takes the last free pages and is
+ * preempted as soon as A needs a page; with it B waits for A and nothing is preempted. */
+static void test_admission_headroom(void **state) {
+    (void)state;
+    for (int32_t headroom = 0; headroom < 2; headroom++) {
+        rig_headroom = headroom;
+        rig r;
+        rig_init(&r, 4, 8, 0, 0, 8, 64, false);
+        gptoss_seq *a = make_seq(&r, 8, 20, 1, 0);
+        gptoss_seq *b = make_seq(&r, 20, 4, 2, 300);
+        gptoss_scheduler_add(r.sched, a);
+        schedule(&r);
+        finish_step(&r);
+        gptoss_scheduler_add(r.sched, b);
+        schedule(&r); /* A's decode takes its third page: 5 free pages, 20 tokens, B's prompt */
+        assert_int_equal(b->state, headroom ? GPTOSS_SEQ_WAITING : GPTOSS_SEQ_RUNNING);
+        assert_int_equal(b->n_blocks, headroom ? 0 : 5);
+        finish_step(&r);
+        while (a->n_tokens < a->cap_tokens) {
+            schedule(&r);
+            assert_int_equal(a->state, GPTOSS_SEQ_RUNNING);
+            if (headroom) assert_int_equal(b->state, GPTOSS_SEQ_WAITING);
+            finish_step(&r);
+        }
+        assert_int_equal(a->n_preemptions, 0);
+        if (headroom) assert_int_equal(b->n_preemptions, 0);
+        else assert_true(b->n_preemptions >= 1); /* and readmitted into the pages A frees up */
+        gptoss_scheduler_finish(r.sched, a);
+        gptoss_seq_free(a);
+        schedule(&r); /* nothing else runs: B starts whatever the headroom */
+        assert_int_equal(b->state, GPTOSS_SEQ_RUNNING);
+        if (headroom) assert_int_equal(tokens_of(&r, b), 20); /* its whole prompt at once */
+        finish_step(&r);
+        gptoss_scheduler_finish(r.sched, b);
+        gptoss_seq_free(b);
+        assert_int_equal(gptoss_kv_used(r.kv, GPTOSS_KV_POOL_FULL), 0);
+        rig_free(&r);
+    }
+    rig_headroom = 0;
+}
+
+/* Many requests through a pool that holds a few of them at full length: with the headroom,
+ * fewer tokens are computed (fewer prompts recomputed after preemption), in no more steps
+ * than a quarter over, and every request completes either way. */
+static void test_admission_headroom_load(void **state) {
+    (void)state;
+    int64_t computed[2], steps[2];
+    uint64_t preemptions[2];
+    for (int32_t headroom = 0; headroom < 2; headroom++) {
+        rig_headroom = headroom;
+        rig r;
+        rig_init(&r, 16, 40, 0, 0, 64, 256, false);
+        enum { N = 40 };
+        gptoss_seq *seqs[N];
+        for (int i = 0; i < N; i++) {
+            seqs[i] = make_seq(&r, 64, 64, (uint64_t)i + 1, i * 13);
+            gptoss_scheduler_add(r.sched, seqs[i]);
+        }
+        computed[headroom] = 0;
+        steps[headroom] = 0;
+        int done = 0;
+        while (done < N) {
+            schedule(&r);
+            assert_true(r.plan.n_seqs > 0);
+            computed[headroom] += r.plan.n_tokens;
+            steps[headroom]++;
+            finish_step(&r);
+            for (int i = 0; i < N; i++)
+                if (seqs[i] && seqs[i]->n_tokens == seqs[i]->cap_tokens) {
+                    gptoss_scheduler_finish(r.sched, seqs[i]);
+                    gptoss_seq_free(seqs[i]);
+                    seqs[i] = NULL;
+                    done++;
+                }
+        }
+        preemptions[headroom] = gptoss_scheduler_get_counters(r.sched).preemptions;
+        assert_int_equal(gptoss_kv_used(r.kv, GPTOSS_KV_POOL_FULL), 0);
+        rig_free(&r);
+    }
+    rig_headroom = 0;
+    print_message("admission headroom 0 / 1: %lld / %lld tokens computed (%d needed), %lld / %lld "
+                  "steps, %llu / %llu preemptions\n",
+                  (long long)computed[0], (long long)computed[1], 40 * 127, (long long)steps[0],
+                  (long long)steps[1], (unsigned long long)preemptions[0],
+                  (unsigned long long)preemptions[1]);
+    assert_true(preemptions[0] > 0);
+    assert_true(preemptions[1] < preemptions[0]);
+    assert_true(computed[1] < computed[0]);
+    assert_true(steps[1] * 4 <= steps[0] * 5);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_and_chunked_prefill),
@@ -337,6 +431,8 @@ int main(void) {
         cmocka_unit_test(test_sliding_release),
         cmocka_unit_test(test_fork_shares_full_blocks),
         cmocka_unit_test(test_prefix_hit_and_sliding_requirement),
+        cmocka_unit_test(test_admission_headroom),
+        cmocka_unit_test(test_admission_headroom_load),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
