@@ -598,6 +598,10 @@ static void test_submit_limits_and_drain(void **state) {
     o.max_model_len = 100;
     gptoss_engine *e;
     gptoss_error err = {0};
+    o.admit_headroom = -1;
+    assert_int_equal(gptoss_engine_create(&o, &e, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.message, "admit_headroom"));
+    o.admit_headroom = 1;
     assert_int_equal(gptoss_engine_create(&o, &e, &err), GPTOSS_OK);
     gptoss_sampling_params p = gptoss_sampling_params_default();
     p.max_tokens = 4;
