@@ -927,10 +927,10 @@ static int32_t mma_tile_rows(int32_t n_tokens, int32_t k_top, int32_t n_experts)
     /* The height grows while it is under 1.25 times the average (GPTOSS_CUDA_MOE_TILE_PCT,
      * default 125): an expert with more rows than the tile takes a second tile, which
      * dequantizes its weights again. Measured on an H100 (120b, bench -b, depth 512, rows
-     * per expert uniform with mean A): A = 8, 16-row tiles instead of 8: +5.6% tok/s (x256);
+     * per expert uniform with mean A): A = 8, 16-row tiles instead of 8: +5.3% tok/s (x256);
      * A = 12, 32 instead of 16: -5% (x384; 10% of the experts take a second 16-row tile, and
      * 32-row tiles double the MMAs and shared loads per weight);
-     * A = 16, 32 instead of 16: +8% (x512). */
+     * A = 16, 32 instead of 16: +6.7% (x512). */
     static int32_t pct = 0;
     if (pct == 0) {
         const char *v = getenv("GPTOSS_CUDA_MOE_TILE_PCT");
