@@ -52,9 +52,9 @@ static void help(FILE *out) {
         "model's)\n"
         "  --kv-blocks N                  KV pages of 16 tokens (default: CUDA fills the memory\n"
         "                                 fraction below; CPU takes as many as fit 4 GiB)\n"
-        "  --gpu-memory-utilization F     size the KV cache so the process uses F (0-1] of the\n"
-        "                                 GPU's memory (default 0.9; CPU backend: half of F of "
-        "RAM)\n"
+        "  --gpu-memory-utilization F     size the KV cache so F (0-1] of the GPU's memory is in\n"
+        "                                 use, other processes included (default 0.95; CPU\n"
+        "                                 backend: half of F of RAM)\n"
         "  --no-prefix-cache              do not reuse KV blocks across requests\n"
         "  --max-queue N                  waiting requests before 429 (default 1024)\n"
         "  --max-body-bytes N             larger request bodies get 413 (default 8388608)\n"
@@ -294,7 +294,12 @@ int gptoss_cmd_serve(int argc, char **argv) {
             if (kv_blocks && sliding > kv_blocks) sliding = kv_blocks;
             bo.n_sliding_kv_blocks = (int32_t)sliding;
         }
-        if (kv_blocks == 0) bo.gpu_memory_utilization = memory_fraction > 0 ? memory_fraction : 0.9;
+        /* 0.95 by default: what the process allocates after the cache is sized (cuBLAS, graphs,
+         * plan buffers) stays inside the 512 MiB the backend keeps back, and every token of
+         * cache lets more sequences decode per step. Measured on an H100 (120b, FP8 pages,
+         * 1000 requests of 1024 in / 1024 out, one call): 0.9 -> 430k tokens, 4,932 output
+         * tok/s; 0.95 -> 647k tokens, 5,759 tok/s, the GPU at 74.8 of 79.6 GiB. */
+        if (kv_blocks == 0) bo.gpu_memory_utilization = memory_fraction > 0 ? memory_fraction : 0.95;
         bo.max_step_tokens = (int32_t)max_batched;
         bo.max_step_logits = (int32_t)max_num_seqs + 1;
     } else if (kv_blocks == 0) {
