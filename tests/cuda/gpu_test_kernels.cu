@@ -967,6 +967,12 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     }
     int used_path = gptoss_cuda_moe_choose_path(path, T, K, &w);
     if (path == 0 && T == 1 && used_path != 5) check_true("moe: one token must choose path 5", false);
+    /* several tokens: path 5 while the pairs are at most 7/8 of the experts, never above */
+    if (path == 0 && T > 1 && w.pair_mma_ok && (used_path == 5) != (8 * T * K <= 7 * E)) {
+        char nm[96];
+        snprintf(nm, sizeof nm, "moe: T=%d K=%d E=%d chose path %d", T, K, E, used_path);
+        check_true(nm, false);
+    }
     if (used_path != 3 && used_path != 5) gptoss_cuda_moe_route(d_topk, T, K, E, used_path, &route, 0);
     gptoss_cuda_moe(&w, d_t, T, K, d_topk, &route, d_h, d_y, path, 0);
     std::vector<float> y = dev_download(d_y, (size_t)T * K * H);
@@ -1797,6 +1803,11 @@ int main(int argc, char **argv) {
         test_moe(300, 256, 192, 16, 4, 0, 2, true);
         /* pair path (single decode token; forced for up to 8 pairs, falls back to 1 above) */
         test_moe(1, 2880, 2880, 32, 4, 0, 0); /* the default choice for one token */
+        /* the default for several tokens: path 5 up to 7/8 as many pairs as experts */
+        test_moe(28, 2880, 2880, 128, 4, 0, 0); /* 112 of 128: path 5 */
+        test_moe(29, 2880, 2880, 128, 4, 0, 0); /* 116: path 4 */
+        test_moe(7, 2880, 2880, 32, 4, 2, 0);   /* 28 of 32, skewed: path 5 */
+        test_moe(8, 2880, 2880, 32, 4, 0, 0);   /* 32: path 4 */
         test_moe(1, 2880, 2880, 128, 4, 0, 3);
         test_moe(2, 2880, 2880, 32, 4, 1, 3); /* 8 pairs, expert 0 in both tokens */
         test_moe(3, 160, 96, 8, 2, 2, 3);
@@ -1836,7 +1847,12 @@ int main(int argc, char **argv) {
             test_moe(2, 64, 64, 4, 4, 2, 5);      /* 2 groups: half a window */
             test_moe(1, 1056, 800, 16, 4, 1, 5);  /* 33 and 25 groups: partial last windows */
             test_moe(1, 2880, 2880, 32, 8, 0, 5); /* top-8: 8 pairs, the most path 5 takes */
-            test_moe(5, 256, 192, 16, 4, 0, 5);   /* 20 pairs: forced path 5 falls back */
+            /* several tokens (the default up to 7/8 as many pairs as experts) */
+            test_moe(28, 2880, 2880, 128, 4, 0, 5);  /* 112 pairs: 120b's largest default step */
+            test_moe(16, 2880, 2880, 128, 4, 1, 5);  /* expert 0 in every token */
+            test_moe(6, 2880, 2880, 32, 4, 2, 5);    /* 24 pairs on 5 experts */
+            test_moe(5, 256, 192, 16, 4, 0, 5);      /* 20 pairs */
+            test_moe(65, 256, 192, 16, 4, 0, 5);     /* 260 pairs: forced path 5 falls back */
         }
         gptoss_cuda_moe_set_pair_kernel(0);
     }

@@ -10,7 +10,7 @@
  * Data flow for one layer (n_pairs = n_tokens * k_top):
  *
  *   topk_idx [T, k] --route--> expert_offsets, sorted rows (token, pair), 64-row tiles
- *   (single decode token: the pair path reads topk_idx directly, no route, h by pair)
+ *   (steps of few pairs: the pair paths read topk_idx directly, no route, h by pair)
  *   t [T, H] bf16 --gate_up + bias + clamped SwiGLU--> h [n_pairs, I] bf16 (by sorted row)
  *   h --down + bias--> y [T*k, H] f32 (by pair = token*k + slot; weighting happens in the
  *                                      residual kernel, so no atomics are needed)
@@ -1336,7 +1336,7 @@ static void moe_wg(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_to
     launch_wg<WG_BN>(w, t16, n_pairs, route, h, y, stream);
 }
 
-/* ---- mma pair GEMV (path 5): one decode token on the tensor cores ------------------------- */
+/* ---- mma pair GEMV (path 5): decode steps of few pairs on the tensor cores ---------------- */
 
 /*
  * The pair GEMV above spends about four integer operations per weight building floats, and
@@ -1780,12 +1780,39 @@ static bool wg_worth(int32_t n_tokens, int32_t k_top, int32_t n_experts) {
     return active > 0 && pairs >= (int64_t)min_avg * active;
 }
 
+/*
+ * Path 5 for steps of several tokens while their pairs number at most 7/8 of the experts: one
+ * block per (pair, 16 rows), so an expert that several tokens chose is read once per pair,
+ * where path 4 reads it once. Path 4's blocks each stream 192 rows through a 4-stage pipeline
+ * and spend instructions on 8-row tiles that hold one or two rows here, while path 5's many
+ * small blocks keep more copies in flight. Measured on an H100 (bench -b, depth 512, FP8 KV;
+ * tok/s path 4 -> 5):
+ *   120b: x2 366 -> 478, x4 493 -> 655, x8 688 -> 879, x16 1034 -> 1237, x24 1246 -> 1345,
+ *         x32 1431 -> 1392, x64 2187 -> 1482 (crossing near 28 tokens, 112 pairs);
+ *   20b:  x2 565 -> 695, x4 809 -> 968, x6 1020 -> 1181, x7 1134 -> 1251, x8 1240 -> 1315,
+ *         x12 1882 -> 1728 (crossing near 9 tokens, 36 pairs).
+ * GPTOSS_CUDA_MOE_PAIR_TOKENS=N replaces the rule by "up to N tokens" (1: one token only, as
+ * before), for measurements.
+ */
+static bool pair_path_worth(int32_t n_tokens, int32_t k_top, int32_t n_experts) {
+    static int32_t max_tokens = -1;
+    if (max_tokens < 0) {
+        const char *v = getenv("GPTOSS_CUDA_MOE_PAIR_TOKENS");
+        max_tokens = v && atoi(v) >= 1 ? atoi(v) : 0;
+    }
+    int64_t pairs = (int64_t)n_tokens * k_top;
+    if (pairs > GPTOSS_MOE_PAIR5_MAX) return false;
+    return max_tokens > 0 ? n_tokens <= max_tokens : 8 * pairs <= 7 * (int64_t)n_experts;
+}
+
 int gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int32_t k_top, const gptoss_cuda_moe_weights *w) {
     bool few = n_tokens * k_top <= GPTOSS_MOE_PAIR_MAX;
-    if ((path == 3 || path == 5) && !few) path = 0; /* too many pairs */
+    if (path == 3 && !few) path = 0; /* too many pairs */
+    if (path == 5 && n_tokens * k_top > GPTOSS_MOE_PAIR5_MAX) path = 0;
+    if (path == 0 && n_tokens > 1 && w->pair_mma_ok && pair_path_worth(n_tokens, k_top, w->n_experts)) return 5;
     if (path == 6 && !w->wg_ok) path = 4;           /* no sm_90 here, or widths it does not take */
     if (path == 4 && !w->mma_ok) path = 0;          /* not exact for this layer */
-    if (path == 5 && !w->pair_mma_ok) path = 3;
+    if (path == 5 && !w->pair_mma_ok) path = few ? 3 : 0;
     if (path != 0) return path;
     if (n_tokens == 1 && few) return w->pair_mma_ok ? 5 : 3;
     if (w->wg_ok && wg_worth(n_tokens, k_top, w->n_experts)) return 6;
