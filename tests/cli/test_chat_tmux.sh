@@ -47,9 +47,11 @@ tm send-keys -t chat "Hello, who are you?" Enter
 wait_for '^> Hello, who are you\?' 5 || fail "the question was not echoed"
 # Something must stream after the question (reasoning, answer or a tool call line).
 answer_appeared() { screen | sed -n '/^> Hello, who are you?/,$p' | sed 1d | grep -qE '[^[:space:]]'; }
-deadline=$((SECONDS + 20 * slow))
+# 60 s: under a parallel ctest on a 2-core machine the reply's first text once took over 20 s
+# (alone it takes well under 1 s); waiting longer costs nothing when it comes.
+deadline=$((SECONDS + 60 * slow))
 until answer_appeared; do
-    [ $SECONDS -lt $deadline ] || fail "no answer text within 20 s"
+    [ $SECONDS -lt $deadline ] || fail "no answer text within 60 s"
     sleep 0.2
 done
 # 2. Ctrl-C stops the long answer: an [interrupted ...] note and a new prompt, quickly.
