@@ -306,10 +306,10 @@ typedef struct gptoss_cuda_moe_weights {
  * [n_tokens, k_top] and ignores route, which need not have been built), 4 = mma.sync
  * grouped GEMM with fp16 operands (only where w->mma_ok; it also uses y as scratch for the
  * fp16 copy of t before writing it), 5 = pair GEMV on the tensor cores (like 3; only where
- * w->pair_mma_ok, else 3 for up to 8 pairs; up to GPTOSS_MOE_PAIR5_MAX pairs; chosen for steps of up to
- * 7/8 as many pairs as experts; h by pair as fp16 in the mma layout), 6 = path 4 on wgmma (sm_90a;
- * only where w->wg_ok, else 4; h fp16 in the wgmma layout). The route must have been
- * built for the same path (paths 3 and 5 need none).
+ * w->pair_mma_ok, else 3 for up to 8 pairs; up to GPTOSS_MOE_PAIR5_MAX pairs; chosen for
+ * steps of up to 7/8 as many pairs as experts; h by pair as fp16 in the mma layout), 6 =
+ * path 4 on wgmma (sm_90a; only where w->wg_ok, else 4; h fp16 in the wgmma layout). The
+ * route must have been built for the same path (paths 3 and 5 need none).
  */
 #define GPTOSS_MOE_PAIR_MAX 8
 #define GPTOSS_MOE_PAIR5_MAX 256 /* path 5 takes up to this many pairs */
