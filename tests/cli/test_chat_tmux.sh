@@ -37,11 +37,15 @@ wait_for() {
 prompts() { screen | grep -cE '^> ?'; }
 
 "$bin" make-model --preset tiny -o "$dir/tiny" >/dev/null 2>&1 || fail "make-model --preset tiny"
+# A session that lives for the whole test keeps the private tmux server up. Without it,
+# killing the chat session stops the server, and a new-session sent at that moment can reach
+# the exiting server and fail with "server exited unexpectedly".
+tm new-session -d -s keep "sleep 100000" || fail "tmux could not start a session"
 
 # 1. A question: an answer region streams between the question and the next prompt. A large
 #    --max-tokens makes the answer long enough to interrupt.
 tm new-session -d -s chat -x 160 -y 50 \
-    "'$bin' chat -m '$dir/tiny' --max-tokens 100000 --date 2025-06-28 -t 2; echo '[chat exited]' \$?; sleep 30"
+    "'$bin' chat -m '$dir/tiny' --max-tokens 100000 --date 2025-06-28 -t 2; echo '[chat exited]' \$?; sleep 30" || fail "tmux could not start the chat session"
 wait_for '^> ' 30 || fail "no prompt within 30 s"
 tm send-keys -t chat "Hello, who are you?" Enter
 wait_for '^> Hello, who are you\?' 5 || fail "the question was not echoed"
@@ -82,7 +86,7 @@ tm kill-session -t chat
 
 # 5. Two Ctrl-C in a row at the prompt exit; so does end of input (Ctrl-D).
 tm new-session -d -s chat -x 160 -y 50 \
-    "'$bin' chat -m '$dir/tiny' -n 4 -t 2; echo '[chat exited]' \$?; sleep 30"
+    "'$bin' chat -m '$dir/tiny' -n 4 -t 2; echo '[chat exited]' \$?; sleep 30" || fail "tmux could not start the chat session"
 wait_for '^> ' 30 || fail "no prompt within 30 s (second session)"
 tm send-keys -t chat C-c
 wait_for 'Ctrl-C again' 5 || fail "no hint after the first Ctrl-C"
@@ -90,7 +94,7 @@ tm send-keys -t chat C-c
 wait_for '^\[chat exited\] 0' 10 || fail "a second Ctrl-C did not exit"
 tm kill-session -t chat
 tm new-session -d -s chat -x 160 -y 50 \
-    "'$bin' chat -m '$dir/tiny' -n 4 -t 2; echo '[chat exited]' \$?; sleep 30"
+    "'$bin' chat -m '$dir/tiny' -n 4 -t 2; echo '[chat exited]' \$?; sleep 30" || fail "tmux could not start the chat session"
 wait_for '^> ' 30 || fail "no prompt within 30 s (third session)"
 tm send-keys -t chat C-d
 wait_for '^\[chat exited\] 0' 10 || fail "end of input (Ctrl-D) did not exit"
