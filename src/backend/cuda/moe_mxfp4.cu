@@ -17,6 +17,7 @@
  *
  * Must not: allocate, synchronize, or read experts no token was routed to.
  */
+
 #include "backend/cuda/cuda_kernels.h"
 
 #include <cuda_fp16.h>
@@ -1576,6 +1577,57 @@ static __host__ __device__ __forceinline__ pair_tma_layout pair_tma_parts(int32_
 static size_t pair_tma_smem(int32_t k_in) { return pair_tma_parts(k_in).bytes; }
 
 /*
+ * A timeline of the TMA kernel's blocks, for diagnosis only: built when GPTOSS_MOE_TRACE is
+ * defined (cmake -DCMAKE_CUDA_FLAGS=-DGPTOSS_MOE_TRACE), never in a normal build. Each block
+ * records, in a ring of the last TRACE_N blocks, its kind (gate_up or down), pair, tile and SM,
+ * and globaltimer stamps: start, past the PDL wait, copy issued, tile landed, end. At exit the
+ * ring goes to the file GPTOSS_MOE_TRACE_FILE names; bench/moe-trace.py reads it.
+ */
+#ifdef GPTOSS_MOE_TRACE
+#include <stdio.h>
+#define TRACE_N (1u << 18)
+__device__ unsigned long long *trace_buf;
+__device__ unsigned long long trace_seq;
+static __device__ __forceinline__ unsigned long long gtime(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+static __device__ __forceinline__ unsigned smid_(void) {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
+static unsigned long long *trace_host;
+static void trace_dump(void) {
+    const char *f = getenv("GPTOSS_MOE_TRACE_FILE");
+    if (!f || !trace_host) return;
+    static unsigned long long h[TRACE_N * 6];
+    unsigned long long seq = 0;
+    cudaDeviceSynchronize();
+    cudaMemcpy(h, trace_host, sizeof h, cudaMemcpyDeviceToHost);
+    cudaMemcpyFromSymbol(&seq, trace_seq, sizeof seq);
+    FILE *o = fopen(f, "wb");
+    if (!o) return;
+    fwrite(&seq, sizeof seq, 1, o);
+    fwrite(h, sizeof h, 1, o);
+    fclose(o);
+    fprintf(stderr, "moe trace: %llu records -> %s\n", seq, f);
+}
+static void trace_init(void) {
+    if (trace_host) return;
+    if (cudaMalloc(&trace_host, sizeof(unsigned long long) * TRACE_N * 6) != cudaSuccess ||
+        cudaMemset(trace_host, 0, sizeof(unsigned long long) * TRACE_N * 6) != cudaSuccess ||
+        cudaMemcpyToSymbol(trace_buf, &trace_host, sizeof trace_host) != cudaSuccess) {
+        fprintf(stderr, "moe trace: no device memory for the ring; not tracing\n");
+        trace_host = NULL;
+        return;
+    }
+    atexit(trace_dump);
+}
+#endif
+
+/*
  * One block per (tile, pair), 6 warps (K slices). Thread 0 copies the tile's 16 rows of codes
  * and of scale bytes into shared memory with two bulk copies completing on an mbarrier, and
  * the block stages the token meanwhile. A persistent form of this kernel (a grid of resident
@@ -1610,8 +1662,14 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
     uint8_t *codes = pt_smem, *sc = pt_smem + lay.scales;
     uint4 *xs = (uint4 *)(pt_smem + lay.token), *zeros = (uint4 *)(pt_smem + lay.zeros);
     const uint32_t bar_s = (uint32_t)__cvta_generic_to_shared(&bar);
+#ifdef GPTOSS_MOE_TRACE
+    unsigned long long tr_start = gtime(), tr_issue = 0, tr_wait = 0, tr_land = 0;
+#endif
     auto issue = [&]() {
         const size_t row0 = (size_t)topk_idx[pair] * n_out_rows + 16 * (size_t)tile;
+#ifdef GPTOSS_MOE_TRACE
+        tr_issue = gtime();
+#endif
         mbar_expect_tx(bar_s, code_bytes + scale_bytes);
         bulk_copy(codes, blocks + row0 * row_bytes, code_bytes, bar_s);
         bulk_copy(sc, scales + row0 * n_groups, scale_bytes, bar_s);
@@ -1625,10 +1683,16 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
     for (int i = threadIdx.x; i < 1 + (int)(lay.bytes - lay.token) / 16 - (k_in >> 3); i += blockDim.x)
         (i == 0 ? (uint4 *)(sc + scale_bytes) : xs + (k_in >> 3) + i - 1)[0] = make_uint4(0, 0, 0, 0);
     pdl_wait(); /* gate_up: topk_idx from the router; both: the input */
+#ifdef GPTOSS_MOE_TRACE
+    tr_wait = gtime();
+#endif
     if (GATE_UP && threadIdx.x == 0) issue();
     pair_stage_input<GATE_UP>(act, pair, k_top, k_in, xs);
     __syncthreads(); /* the token is staged, and every thread sees the initialized barrier */
     mbar_wait(bar_s, 0);
+#ifdef GPTOSS_MOE_TRACE
+    tr_land = gtime();
+#endif
 
     /*
      * No lane tests anything per window: groups past n_groups in the last window read codes of
@@ -1663,6 +1727,17 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
     }
     pair_finish<GATE_UP>(acc0, acc1, red, PT_KS, 1, tile, n_tiles, pair, topk_idx[pair], bias, n_out_rows, limit,
                          alpha, h_out, y_out);
+#ifdef GPTOSS_MOE_TRACE
+    if (threadIdx.x == 0 && trace_buf) {
+        const unsigned long long end = gtime();
+        const unsigned long long n = atomicAdd(&trace_seq, 1ull);
+        unsigned long long *r = trace_buf + 6 * (n % TRACE_N);
+        r[0] = (unsigned long long)GATE_UP | (unsigned long long)(pair & 0x7f) << 1 |
+               (unsigned long long)(tile & 0xffff) << 8 | (unsigned long long)(smid_() & 0xff) << 24 |
+               (n & 0xffffffffu) << 32;
+        r[1] = tr_start, r[2] = tr_wait, r[3] = tr_issue, r[4] = tr_land, r[5] = end;
+    }
+#endif
 #else
     __trap(); /* never launched: the host picks this kernel only where it was built for sm_90 or later */
 #endif
@@ -1906,6 +1981,9 @@ cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate) {
     wg_supported = wg;
     /* the TMA pair kernel wherever the code that runs was built for compute capability 9.0 or
      * later (its body is a trap below that, as in a JIT of older PTX) */
+#ifdef GPTOSS_MOE_TRACE
+    trace_init();
+#endif
     pair_tma_supported = err == cudaSuccess && gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true>) &&
                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false>);
     if (err == cudaSuccess) (void)cudaGetLastError();
