@@ -41,11 +41,17 @@ prompts() { screen | grep -cE '^> ?'; }
 # killing the chat session stops the server, and a new-session sent at that moment can reach
 # the exiting server and fail with "server exited unexpectedly".
 tm new-session -d -s keep "sleep 100000" || fail "tmux could not start a session"
+# start_chat ARGS...: `gptoss chat` on the tiny model in the session "chat"; the pane stays
+# after it exits, showing its status.
+start_chat() {
+    tm new-session -d -s chat -x 160 -y 50 \
+        "'$bin' chat -m '$dir/tiny' $* -t 2; echo '[chat exited]' \$?; sleep 30" ||
+        fail "tmux could not start the chat session"
+}
 
 # 1. A question: an answer region streams between the question and the next prompt. A large
 #    --max-tokens makes the answer long enough to interrupt.
-tm new-session -d -s chat -x 160 -y 50 \
-    "'$bin' chat -m '$dir/tiny' --max-tokens 100000 --date 2025-06-28 -t 2; echo '[chat exited]' \$?; sleep 30" || fail "tmux could not start the chat session"
+start_chat --max-tokens 100000 --date 2025-06-28
 wait_for '^> ' 30 || fail "no prompt within 30 s"
 tm send-keys -t chat "Hello, who are you?" Enter
 wait_for '^> Hello, who are you\?' 5 || fail "the question was not echoed"
@@ -85,16 +91,14 @@ wait_for '^\[chat exited\] 0' 10 || fail "/quit did not exit with status 0"
 tm kill-session -t chat
 
 # 5. Two Ctrl-C in a row at the prompt exit; so does end of input (Ctrl-D).
-tm new-session -d -s chat -x 160 -y 50 \
-    "'$bin' chat -m '$dir/tiny' -n 4 -t 2; echo '[chat exited]' \$?; sleep 30" || fail "tmux could not start the chat session"
+start_chat -n 4
 wait_for '^> ' 30 || fail "no prompt within 30 s (second session)"
 tm send-keys -t chat C-c
 wait_for 'Ctrl-C again' 5 || fail "no hint after the first Ctrl-C"
 tm send-keys -t chat C-c
 wait_for '^\[chat exited\] 0' 10 || fail "a second Ctrl-C did not exit"
 tm kill-session -t chat
-tm new-session -d -s chat -x 160 -y 50 \
-    "'$bin' chat -m '$dir/tiny' -n 4 -t 2; echo '[chat exited]' \$?; sleep 30" || fail "tmux could not start the chat session"
+start_chat -n 4
 wait_for '^> ' 30 || fail "no prompt within 30 s (third session)"
 tm send-keys -t chat C-d
 wait_for '^\[chat exited\] 0' 10 || fail "end of input (Ctrl-D) did not exit"

@@ -17,7 +17,6 @@
  *
  * Must not: allocate, synchronize, or read experts no token was routed to.
  */
-
 #include "backend/cuda/cuda_kernels.h"
 
 #include <cuda_fp16.h>
@@ -1979,11 +1978,11 @@ cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate) {
 #undef RAISE_WG
     if (err == cudaSuccess) (void)cudaGetLastError(); /* a refused path-6 attribute is not an error */
     wg_supported = wg;
-    /* the TMA pair kernel wherever the code that runs was built for compute capability 9.0 or
-     * later (its body is a trap below that, as in a JIT of older PTX) */
 #ifdef GPTOSS_MOE_TRACE
     trace_init();
 #endif
+    /* the TMA pair kernel wherever the code that runs was built for compute capability 9.0 or
+     * later (its body is a trap below that, as in a JIT of older PTX) */
     pair_tma_supported = err == cudaSuccess && gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true>) &&
                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false>);
     if (err == cudaSuccess) (void)cudaGetLastError();
