@@ -1454,13 +1454,31 @@ static __device__ __forceinline__ uint32_t pair_scales(P sa, P sb, int G, int q,
            (h1 ? (uint32_t)sb[g1] << 24 : 0u);
 }
 
+/* The bias values pair_finish adds in this thread (gate_up: the gate and up biases of its unit;
+ * down: its row's bias in .x), zero for threads that write nothing. Loaded as soon as the
+ * expert is known, so that the load's latency (a DRAM trip: each layer's biases are read once
+ * per step) is not added to the end of the block. */
+template <bool GATE_UP>
+static __device__ __forceinline__ float2 pair_bias(const float *bias, int e, int32_t n_out_rows, int tpb, int tile0,
+                                                   int n_tiles) {
+    const float *ebias = bias + (size_t)e * n_out_rows;
+    const int tid = threadIdx.x;
+    if (GATE_UP) {
+        const int tt = tile0 + (tid >> 3);
+        if (tid < tpb * 8 && tt < n_tiles) return *(const float2 *)(ebias + 2 * (8 * tt + (tid & 7)));
+    } else {
+        const int tt = tile0 + (tid >> 4);
+        if (tid < tpb * 16 && tt < n_tiles) return make_float2(ebias[16 * tt + (tid & 15)], 0.0f);
+    }
+    return make_float2(0.0f, 0.0f);
+}
+
 /* Adds the K slices of the block's tiles (warp = tile_in_block * ks + slice) and writes the
- * outputs: gate_up h (bias, SwiGLU, fp16 in the mma layout), down y (bias). */
+ * outputs: gate_up h (bias, SwiGLU, fp16 in the mma layout), down y (bias). b: pair_bias. */
 template <bool GATE_UP>
 static __device__ __forceinline__ void pair_finish(float acc0, float acc1, float (*red)[16], int ks, int tpb,
-                                                   int tile0, int n_tiles, int pair, int e, const float *bias,
-                                                   int32_t n_out_rows, float limit, float alpha, __half *h_out,
-                                                   float *y_out) {
+                                                   int tile0, int n_tiles, int pair, float2 b, int32_t n_out_rows,
+                                                   float limit, float alpha, __half *h_out, float *y_out) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     /* lanes q = 2, 3 hold copies of columns 0..3 (their scale bytes are 0, but the copies
      * are finite, so they are dropped here rather than scaled by 2^-113) */
@@ -1472,7 +1490,6 @@ static __device__ __forceinline__ void pair_finish(float acc0, float acc1, float
         red[warp][g + 8] = acc1;
     }
     __syncthreads();
-    const float *ebias = bias + (size_t)e * n_out_rows;
     const int tid = threadIdx.x;
     if (GATE_UP) {
         const int t2 = tid >> 3, gg = tid & 7, tt = tile0 + t2;
@@ -1483,7 +1500,7 @@ static __device__ __forceinline__ void pair_finish(float acc0, float acc1, float
                 up += red[t2 * ks + s][gg + 8];
             }
             const int u = 8 * tt + gg, n_units = n_out_rows >> 1;
-            float v = swiglu(gate + ebias[2 * u], up + ebias[2 * u + 1], limit, alpha);
+            float v = swiglu(gate + b.x, up + b.y, limit, alpha);
             h_out[(size_t)pair * n_units + ((u & ~7) | mma_pos(u & 7))] = h_as_half(v);
         }
     } else {
@@ -1492,7 +1509,7 @@ static __device__ __forceinline__ void pair_finish(float acc0, float acc1, float
             float v = 0.0f;
             for (int s = 0; s < ks; s++) v += red[t2 * ks + s][r];
             const int row = 16 * tt + r;
-            y_out[(size_t)pair * n_out_rows + row] = v + ebias[row];
+            y_out[(size_t)pair * n_out_rows + row] = v + b.x;
         }
     }
 }
@@ -1511,6 +1528,7 @@ moe_pair_wide_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
     const size_t row_bytes = (size_t)n_groups * 16;
     pdl_wait(); /* topk_idx comes from the router, the input from the norm or gate_up */
     const int e = topk_idx[pair];
+    const float2 bv = pair_bias<GATE_UP>(bias, e, n_out_rows, PM_TPB, blockIdx.x * PM_TPB, n_tiles);
     const uint8_t *eb = blocks + (size_t)e * n_out_rows * row_bytes;
     const uint8_t *es = scales + (size_t)e * n_out_rows * n_groups;
 
@@ -1549,8 +1567,8 @@ moe_pair_wide_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
         pair_window(ca, cb, sc, 4 * W, q, owner, n_groups, pm_xs, acc0, acc1);
         ca = na, cb = nb, sc = ns;
     }
-    pair_finish<GATE_UP>(acc0, acc1, red, PM_KS, PM_TPB, blockIdx.x * PM_TPB, n_tiles, pair, e, bias, n_out_rows,
-                         limit, alpha, h_out, y_out);
+    pair_finish<GATE_UP>(acc0, acc1, red, PM_KS, PM_TPB, blockIdx.x * PM_TPB, n_tiles, pair, bv, n_out_rows, limit,
+                         alpha, h_out, y_out);
 }
 
 
@@ -1677,6 +1695,8 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
         mbar_init(bar_s);
         if (!GATE_UP) issue();
     }
+    float2 bv = make_float2(0.0f, 0.0f);
+    if (!GATE_UP) bv = pair_bias<false>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
     /* zeros: the 16 bytes after the scales, the token past k_in up to whole windows, and the
      * zero window (none of them is written by the copies) */
     for (int i = threadIdx.x; i < 1 + (int)(lay.bytes - lay.token) / 16 - (k_in >> 3); i += blockDim.x)
@@ -1686,6 +1706,7 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
     tr_wait = gtime();
 #endif
     if (GATE_UP && threadIdx.x == 0) issue();
+    if (GATE_UP) bv = pair_bias<true>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
     pair_stage_input<GATE_UP>(act, pair, k_top, k_in, xs);
     __syncthreads(); /* the token is staged, and every thread sees the initialized barrier */
     mbar_wait(bar_s, 0);
@@ -1724,8 +1745,7 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
         acc1 = fmaf(d[2], __uint_as_float(s2 * (1u << 23) + (14u << 23)), acc1);
         acc1 = fmaf(d[3], __uint_as_float(s3 * (1u << 23) + (14u << 23)), acc1);
     }
-    pair_finish<GATE_UP>(acc0, acc1, red, PT_KS, 1, tile, n_tiles, pair, topk_idx[pair], bias, n_out_rows, limit,
-                         alpha, h_out, y_out);
+    pair_finish<GATE_UP>(acc0, acc1, red, PT_KS, 1, tile, n_tiles, pair, bv, n_out_rows, limit, alpha, h_out, y_out);
 #ifdef GPTOSS_MOE_TRACE
     if (threadIdx.x == 0 && trace_buf) {
         const unsigned long long end = gtime();
