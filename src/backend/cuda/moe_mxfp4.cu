@@ -1658,7 +1658,8 @@ static void trace_init(void) {
  * A ticket is taken only by a resident block whose landing depends on nothing but its own copy,
  * so the lowest unlanded ticket never waits. The counters sit on their own 128-byte lines and
  * the wait backs off with __nanosleep: a first form that polled 132 counters packed into 1 KB
- * in a tight loop did not finish a batched run in three minutes (one without the limit). The wait also gives up after PT_WAIT_NS (the copy is issued anyway and the give-up
+ * in a tight loop did not finish a batched run in three minutes (under one without the
+ * limit). The wait also gives up after PT_WAIT_NS (the copy is issued anyway and the give-up
  * counted), so a broken premise costs time, never a hang. H100 (tg128, N = 3 against none):
  * 120b +2.3%, 20b +2.0%, 120b at depth 8192 +1.7%, batched steps of 8 to 96 pairs +0.7-4.3%.
  */
