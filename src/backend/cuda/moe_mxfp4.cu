@@ -1603,21 +1603,23 @@ static size_t pair_tma_smem(int32_t k_in) { return pair_tma_parts(k_in).bytes; }
  * and globaltimer stamps: start, past the PDL wait, copy issued, tile landed, end. At exit the
  * ring goes to the file GPTOSS_MOE_TRACE_FILE names; bench/moe-trace.py reads it.
  */
-#ifdef GPTOSS_MOE_TRACE
-#include <stdio.h>
-#define TRACE_N (1u << 18)
-__device__ unsigned long long *trace_buf;
-__device__ unsigned long long trace_seq;
-static __device__ __forceinline__ unsigned long long gtime(void) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-static __device__ __forceinline__ unsigned smid_(void) {
+/* The SM this thread runs on, and the GPU's nanosecond clock (the trace and the in-flight
+ * limit below). */
+static __device__ __forceinline__ unsigned sm_id(void) {
     unsigned r;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
     return r;
 }
+static __device__ __forceinline__ unsigned long long globaltimer_ns(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+#ifdef GPTOSS_MOE_TRACE
+#define TRACE_N (1u << 18)
+__device__ unsigned long long *trace_buf;
+__device__ unsigned long long trace_seq;
 static unsigned long long *trace_host;
 static void trace_dump(void) {
     const char *f = getenv("GPTOSS_MOE_TRACE_FILE");
@@ -1673,16 +1675,6 @@ __device__ pt_counter pt_copy_issued[PT_MAX_SMS];
 __device__ pt_counter pt_copy_landed[PT_MAX_SMS];
 __device__ unsigned long long pt_copy_giveups;
 
-static __device__ __forceinline__ unsigned pt_smid(void) {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
-    return r % PT_MAX_SMS;
-}
-static __device__ __forceinline__ unsigned long long pt_now_ns(void) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 static __device__ __forceinline__ unsigned pt_load(const unsigned *p) {
     unsigned v;
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -1692,12 +1684,12 @@ static __device__ __forceinline__ void pt_take_turn(unsigned sm, int32_t infligh
     unsigned landed = pt_load(&pt_copy_landed[sm].v); /* beside the ticket: an older count only waits longer */
     const unsigned ticket = atomicAdd(&pt_copy_issued[sm].v, 1u);
     if ((int)(ticket - landed) < inflight) return;
-    const unsigned long long t0 = pt_now_ns();
+    const unsigned long long t0 = globaltimer_ns();
     do {
         __nanosleep(200);
         landed = pt_load(&pt_copy_landed[sm].v);
         if ((int)(ticket - landed) < inflight) return;
-    } while (pt_now_ns() - t0 < PT_WAIT_NS);
+    } while (globaltimer_ns() - t0 < PT_WAIT_NS);
     atomicAdd(&pt_copy_giveups, 1ull);
 }
 
@@ -1739,14 +1731,14 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
     uint4 *xs = (uint4 *)(pt_smem + lay.token), *zeros = (uint4 *)(pt_smem + lay.zeros);
     const uint32_t bar_s = (uint32_t)__cvta_generic_to_shared(&bar);
 #ifdef GPTOSS_MOE_TRACE
-    unsigned long long tr_start = gtime(), tr_issue = 0, tr_wait = 0, tr_land = 0;
+    unsigned long long tr_start = globaltimer_ns(), tr_issue = 0, tr_wait = 0, tr_land = 0;
 #endif
-    const unsigned sm = inflight > 0 ? pt_smid() : 0u;
+    const unsigned sm = inflight > 0 ? sm_id() % PT_MAX_SMS : 0u;
     auto issue = [&]() {
         const size_t row0 = (size_t)topk_idx[pair] * n_out_rows + 16 * (size_t)tile;
         if (inflight > 0) pt_take_turn(sm, inflight);
 #ifdef GPTOSS_MOE_TRACE
-        tr_issue = gtime();
+        tr_issue = globaltimer_ns();
 #endif
         mbar_expect_tx(bar_s, code_bytes + scale_bytes);
         bulk_copy(codes, blocks + row0 * row_bytes, code_bytes, bar_s);
@@ -1770,7 +1762,7 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
         (i == 0 ? (uint4 *)(sc + scale_bytes) : xs + (k_in >> 3) + i - 1)[0] = make_uint4(0, 0, 0, 0);
     pdl_wait(); /* gate_up: topk_idx from the router; both: the input */
 #ifdef GPTOSS_MOE_TRACE
-    tr_wait = gtime();
+    tr_wait = globaltimer_ns();
 #endif
     if (GATE_UP && threadIdx.x == 0) issue();
     if (EARLY_BIAS && GATE_UP) bv = pair_bias<true>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
@@ -1779,7 +1771,7 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
     mbar_wait(bar_s, 0);
     if (GATE_UP && inflight > 0 && threadIdx.x == 0) atomicAdd(&pt_copy_landed[sm].v, 1u);
 #ifdef GPTOSS_MOE_TRACE
-    tr_land = gtime();
+    tr_land = globaltimer_ns();
 #endif
 
     /*
@@ -1817,11 +1809,11 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
                                       n_out_rows, limit, alpha, h_out, y_out);
 #ifdef GPTOSS_MOE_TRACE
     if (threadIdx.x == 0 && trace_buf) {
-        const unsigned long long end = gtime();
+        const unsigned long long end = globaltimer_ns();
         const unsigned long long n = atomicAdd(&trace_seq, 1ull);
         unsigned long long *r = trace_buf + 6 * (n % TRACE_N);
         r[0] = (unsigned long long)GATE_UP | (unsigned long long)(pair & 0x7f) << 1 |
-               (unsigned long long)(tile & 0xffff) << 8 | (unsigned long long)(smid_() & 0xff) << 24 |
+               (unsigned long long)(tile & 0xffff) << 8 | (unsigned long long)(sm_id() & 0xff) << 24 |
                (n & 0xffffffffu) << 32;
         r[1] = tr_start, r[2] = tr_wait, r[3] = tr_issue, r[4] = tr_land, r[5] = end;
     }
@@ -1875,14 +1867,11 @@ static void pair_mma_launch(const uint8_t *blocks, const uint8_t *scales, const 
      * +1.3%); larger steps load them after the reduction: with early loads, steps of 32 to 96
      * pairs ran 1.5-2% slower, without them 1.1-1.7% faster than before the split (bench -b 8,
      * 16, 24 on 120b, 7 on 20b). */
-    if (gptoss_cuda_moe_pair_kernel() == 2 && n_pairs <= GPTOSS_MOE_PAIR_MAX)
-        launch_pdl(moe_pair_tma_kernel<GATE_UP, true>, dim3(tiles, n_pairs), dim3(PT_KS * 32), pair_tma_smem(k_in),
-                   stream, blocks, scales, bias, act, topk_idx, k_top, k_in, n_out, w->swiglu_limit, w->swiglu_alpha,
-                   h, y, pair_tma_inflight());
-    else if (gptoss_cuda_moe_pair_kernel() == 2)
-        launch_pdl(moe_pair_tma_kernel<GATE_UP, false>, dim3(tiles, n_pairs), dim3(PT_KS * 32), pair_tma_smem(k_in),
-                   stream, blocks, scales, bias, act, topk_idx, k_top, k_in, n_out, w->swiglu_limit, w->swiglu_alpha,
-                   h, y, pair_tma_inflight());
+    if (gptoss_cuda_moe_pair_kernel() == 2)
+        launch_pdl(n_pairs <= GPTOSS_MOE_PAIR_MAX ? moe_pair_tma_kernel<GATE_UP, true>
+                                                  : moe_pair_tma_kernel<GATE_UP, false>,
+                   dim3(tiles, n_pairs), dim3(PT_KS * 32), pair_tma_smem(k_in), stream, blocks, scales, bias, act,
+                   topk_idx, k_top, k_in, n_out, w->swiglu_limit, w->swiglu_alpha, h, y, pair_tma_inflight());
     else
         launch_pdl(moe_pair_wide_kernel<GATE_UP>, dim3((tiles + PM_TPB - 1) / PM_TPB, n_pairs),
                    dim3(PM_KS * PM_TPB * 32), (size_t)k_in * sizeof(__half), stream, blocks, scales, bias, act,
