@@ -385,6 +385,86 @@ static void test_e4m3_device(void) {
     cudaFree(dpairs), cudaFree(dx), cudaFree(ds), cudaFree(denc), cudaFree(dhw), cudaFree(dq);
 }
 
+/* One decode token's QKV projection with bias + RoPE + bf16 KV write in one kernel
+ * (gptoss_cuda_qkv_rope_one): q and the whole K and V page pools bit for bit those of the GEMV
+ * followed by the RoPE kernel (both poisoned alike first, so a stray write shows too), and q,
+ * K and V against a double reference of the projection and rotation. */
+static void test_qkv_rope_one(int NH, int NKV, int D, int H, int pos) {
+    const int bs = 16, W = (NH + 2 * NKV) * D;
+    paged pg = make_pages(2, pos + 40, bs);
+    std::vector<uint16_t> wt((size_t)W * H), x(H);
+    for (auto &v : wt) v = f2bf(rnd_nz(0.05f));
+    for (auto &v : x) v = f2bf(rnd_nz(2.0f));
+    std::vector<float> bias(W), inv;
+    float conc;
+    yarn_inv_freq(D, inv, conc);
+    for (auto &v : bias) v = rnd_nz(0.1f);
+    std::vector<int32_t> posv = {pos}, seqv = {1};
+    bf16 *dw, *dx;
+    CK(cudaMalloc(&dw, wt.size() * 2));
+    CK(cudaMalloc(&dx, x.size() * 2));
+    CK(cudaMemcpy(dw, wt.data(), wt.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    float *dbias = dev_upload(bias), *dinv = dev_upload(inv);
+    int32_t *dpos = dev_upload(posv), *dseq = dev_upload(seqv), *dtab = dev_upload(pg.table);
+    const size_t cache_elems = (size_t)pg.n_blocks * bs * NKV * D;
+    bf16 *kc1 = dev_poisoned<bf16>(cache_elems), *vc1 = dev_poisoned<bf16>(cache_elems);
+    bf16 *kc2 = dev_poisoned<bf16>(cache_elems), *vc2 = dev_poisoned<bf16>(cache_elems);
+    float *dq1 = dev_poisoned<float>((size_t)NH * D), *dq2 = dev_poisoned<float>((size_t)NH * D);
+    float *dqkv = dev_poisoned<float>(W);
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int rc1 = gptoss_cuda_gemv_bf16(dw, dx, dqkv, 1, W, H, sms, 0);
+    gptoss_cuda_rope_kv_write(dqkv, dbias, dpos, dseq, dinv, conc, 1, NH, NKV, D, dtab, pg.max_blocks, bs, dq1, kc1,
+                              vc1, 0);
+    int rc2 = gptoss_cuda_qkv_rope_one(dw, dx, dbias, dpos, dseq, dinv, conc, NH, NKV, D, H, dtab, pg.max_blocks, bs,
+                                       dq2, kc2, vc2, 0);
+    std::vector<float> q1 = dev_download(dq1, (size_t)NH * D), q2 = dev_download(dq2, (size_t)NH * D);
+    std::vector<bf16> k1 = dev_download(kc1, cache_elems), k2 = dev_download(kc2, cache_elems);
+    std::vector<bf16> v1 = dev_download(vc1, cache_elems), v2 = dev_download(vc2, cache_elems);
+    char name[112];
+    snprintf(name, sizeof name, "qkv+rope one token NH=%d NKV=%d D=%d H=%d p=%d: = GEMV + RoPE kernel, bit for bit", NH,
+             NKV, D, H, pos);
+    check_true(name, rc1 == 0 && rc2 == 0 && memcmp(q1.data(), q2.data(), q1.size() * 4) == 0 &&
+                         memcmp(k1.data(), k2.data(), cache_elems * 2) == 0 &&
+                         memcmp(v1.data(), v2.data(), cache_elems * 2) == 0);
+    /* double reference */
+    std::vector<double> row(W);
+    for (int r = 0; r < W; r++) {
+        double a = 0;
+        for (int i = 0; i < H; i++) a += (double)bf2f(wt[(size_t)r * H + i]) * bf2f(x[i]);
+        row[r] = a + bias[r];
+    }
+    std::vector<double> got, ref;
+    const int blk = pg.table[(size_t)1 * pg.max_blocks + pos / bs];
+    for (int head = 0; head < NH + 2 * NKV; head++)
+        for (int j = 0; j < D / 2; j++) {
+            float angle = (float)pos * inv[j];
+            double c = cos((double)angle) * conc, sn = sin((double)angle) * conc;
+            double a = row[head * D + j], b = row[head * D + j + D / 2];
+            bool rot = head < NH + NKV;
+            double ra = rot ? a * c - b * sn : a, rb = rot ? b * c + a * sn : b;
+            if (head < NH) {
+                double sc = 1.0 / sqrt((double)D);
+                ref.push_back(ra * sc), ref.push_back(rb * sc);
+                got.push_back(q2[head * D + j]), got.push_back(q2[head * D + j + D / 2]);
+            } else {
+                const int g = (head - NH) % NKV;
+                const size_t off = (((size_t)blk * bs + pos % bs) * NKV + g) * D;
+                const std::vector<bf16> &pool = head < NH + NKV ? k2 : v2;
+                uint16_t h1, h2;
+                memcpy(&h1, &pool[off + j], 2), memcpy(&h2, &pool[off + j + D / 2], 2);
+                ref.push_back(ra), ref.push_back(rb);
+                got.push_back(bf2f(h1)), got.push_back(bf2f(h2));
+            }
+        }
+    snprintf(name, sizeof name, "qkv+rope one token NH=%d NKV=%d D=%d H=%d p=%d: q, K, V", NH, NKV, D, H, pos);
+    check(name, got, ref, 4e-3); /* K and V are bf16 */
+    cudaFree(dw), cudaFree(dx), cudaFree(dbias), cudaFree(dinv), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab);
+    cudaFree(kc1), cudaFree(vc1), cudaFree(kc2), cudaFree(vc2), cudaFree(dq1), cudaFree(dq2), cudaFree(dqkv);
+}
+
 /* bias + RoPE + FP8 KV write against a double reference (as test_rope_kv) run through the
  * host's kv_fp8.h: every scale within fp32 noise of absmax / 448; every code the host's code
  * of the reference value, except where that value lies next to the midpoint between the two
@@ -1614,6 +1694,10 @@ int main(int argc, char **argv) {
     if (want("rope")) {
         test_rope_kv(64, 8, 64);
         test_rope_kv(8, 2, 32);
+        test_qkv_rope_one(64, 8, 64, 2880, 0);     /* the gpt-oss shape (2560 pairs, 320 blocks) */
+        test_qkv_rope_one(64, 8, 64, 2880, 20005); /* deep: a far page, large angles */
+        test_qkv_rope_one(8, 2, 32, 256, 130);
+        test_qkv_rope_one(6, 3, 16, 72, 7);        /* 120 pairs: a partial last block; 9 chunks per row */
         test_rope_kv(4, 4, 128);
         test_rope_kv(4, 1, 16);
     }

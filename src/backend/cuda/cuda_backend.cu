@@ -231,6 +231,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
      * GPTOSS_CUDA_GEMV_KERNEL=ld runs decode projections on the kernel older GPUs run,
      * GPTOSS_CUDA_MOE_PAIR_KERNEL=wide runs one-token experts on the kernel older GPUs run,
      * GPTOSS_CUDA_MOE_PATH=1..6 forces a MoE path (default: chosen per step),
+     * GPTOSS_CUDA_QKV_ROPE=0 keeps a decode token's RoPE + KV write out of the QKV projection,
      * GPTOSS_CUDA_ABLATE=BITS (diagnostics, wrong results) leaves components out of one-token
      * steps (see ablate_mask). */
     s->attn_tc = getenv("GPTOSS_CUDA_ATTN_TC") == NULL || strcmp(getenv("GPTOSS_CUDA_ATTN_TC"), "0") != 0;
@@ -241,6 +242,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
         if (v >= 0 && v <= 64) s->router_fused_max = v;
     }
     s->norm_router = getenv("GPTOSS_CUDA_NORM_ROUTER") == NULL || strcmp(getenv("GPTOSS_CUDA_NORM_ROUTER"), "0") != 0;
+    s->qkv_rope = getenv("GPTOSS_CUDA_QKV_ROPE") == NULL || strcmp(getenv("GPTOSS_CUDA_QKV_ROPE"), "0") != 0;
     s->use_gemv = getenv("GPTOSS_CUDA_GEMV") == NULL || strcmp(getenv("GPTOSS_CUDA_GEMV"), "0") != 0;
     gptoss_cuda_set_pdl(prop.major >= 9 &&
                         (getenv("GPTOSS_CUDA_PDL") == NULL || strcmp(getenv("GPTOSS_CUDA_PDL"), "0") != 0));
@@ -925,11 +927,18 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
     const int AB = key->n_tokens == 1 ? ablate_mask() : 0;
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &s->layers[l];
-        st = (AB & 32) ? GPTOSS_OK : gemm_bf16(s, L->qkv_weight, w->t, w->qkv, T, QKV, H, true, error);
+        const int32_t *table = L->sliding ? d_slide : d_full;
+        /* one token, bf16 pages: RoPE and the KV write in the projection's epilogue */
+        const bool qkv_rope = T == 1 && s->qkv_rope && s->use_gemv && !s->kv_fp8 && L->qkv_weight.w_bf16 &&
+                              !(AB & 34) &&
+                              gptoss_cuda_qkv_rope_one(L->qkv_weight.w_bf16, w->t, L->qkv_bias, d_pos, d_seq,
+                                                       s->inv_freq, s->concentration, NH, NKV, D, H, table,
+                                                       key->max_blocks, s->kv_block_size, w->q, L->k_cache,
+                                                       L->v_cache, k) == 0;
+        st = (AB & 32) || qkv_rope ? GPTOSS_OK : gemm_bf16(s, L->qkv_weight, w->t, w->qkv, T, QKV, H, true, error);
         if (st) return st;
         prof_mark(s, PART_DENSE);
-        const int32_t *table = L->sliding ? d_slide : d_full;
-        if (AB & 2) {
+        if ((AB & 2) || qkv_rope) {
         } else if (s->kv_fp8)
             gptoss_cuda_rope_kv_write_fp8(w->qkv, L->qkv_bias, d_pos, d_seq, s->inv_freq, s->concentration, T, NH,
                                           NKV, D, table, key->max_blocks, s->kv_block_size, w->q, L->k_fp8, L->v_fp8,

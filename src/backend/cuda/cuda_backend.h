@@ -119,6 +119,7 @@ typedef struct gptoss_cuda_state {
     int32_t router_fused_max; /* steps of up to this many tokens use the fused router */
     bool use_gemv;            /* decode projections on our GEMV rather than cuBLAS */
     bool norm_router;         /* one decode token: the norm after attention and the router in one kernel */
+    bool qkv_rope;            /* one decode token: RoPE and the KV write in the QKV projection's epilogue */
     bool gemv_all;            /* diagnostics: every GEMM as GEMV row blocks (GPTOSS_CUDA_GEMV=all) */
     size_t weight_bytes;      /* device bytes of weights */
     uint32_t fp8_layers;      /* gptoss_fp8_layer bits: matrices held as e4m3 + row scales */

@@ -236,6 +236,17 @@ int gptoss_cuda_norm_router_one(float *x, const float *add, const float *add_bia
 #define GPTOSS_GEMV_MAX_ROWS 4
 int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k,
                           int32_t n_sms, cudaStream_t stream);
+/* One decode token (positions[0], token_seq[0]): the QKV projection y = x . w^T (w [(n_heads +
+ * 2 n_kv_heads) head_dim, hidden] bf16, x [hidden] bf16) with gptoss_cuda_rope_kv_write's bias,
+ * RoPE and bf16 KV write in one kernel; q_out, k_cache and v_cache get exactly what
+ * gptoss_cuda_gemv_bf16 followed by gptoss_cuda_rope_kv_write would write (no fp32 QKV row is
+ * written). Returns nonzero (enqueuing nothing) for a shape it does not take (odd head_dim
+ * or over 128, hidden % 8 != 0 or over 4096, w or x not 16-byte aligned). */
+int gptoss_cuda_qkv_rope_one(const bf16 *w, const bf16 *x, const float *qkv_bias, const int32_t *positions,
+                             const int32_t *token_seq, const float *inv_freq, float concentration, int32_t n_heads,
+                             int32_t n_kv_heads, int32_t head_dim, int32_t hidden, const int32_t *block_tables,
+                             int32_t max_blocks, int32_t block_size, float *q_out, bf16 *k_cache, bf16 *v_cache,
+                             cudaStream_t stream);
 /* Decides whether the GEMV's sm_90 kernel (weights staged by bulk copies) runs here and raises
  * its shared-memory limit (call once; a device it does not run on is not an error). */
 cudaError_t gptoss_cuda_gemv_prepare(void);

@@ -137,6 +137,13 @@ static __device__ __forceinline__ __nv_bfloat162 e4m3x2_to_bf16x2(uint32_t codes
 
 /* ---- QKV bias + RoPE + KV write ------------------------------------------------------- */
 
+/* One RoPE pair (a, b) rotated by the angle whose cos and sin (times the YaRN concentration)
+ * are c and s; the RoPE kernel and the fused QKV projection share it, so both round alike. */
+static __device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, float *ra, float *rb) {
+    *ra = a * c - b * s;
+    *rb = b * c + a * s;
+}
+
 /* Heads per block of the RoPE + KV write kernel. One head per 32-thread block made a
  * 2048-token 20b step 147k tiny blocks: 92 us per layer where its 80 MB need about 27. */
 #define ROPE_HEADS 8
@@ -205,8 +212,7 @@ static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, c
     if (valid) {
         const float a = row[base + j] + bias_a;
         const float b = row[base + j + half] + bias_b;
-        ra = a * c - b * s;
-        rb = b * c + a * s;
+        rope_rotate(a, b, c, s, &ra, &rb);
     }
     if (!kv_block) {
         if (!valid) return;
@@ -594,6 +600,52 @@ static __device__ __forceinline__ float bf16x8_dot(uint4 w, uint4 x, float acc) 
     return acc;
 }
 
+/* One lane's share of two weight rows w0 and w1 (16-byte chunks) dotted with the m staged
+ * rows of xs: lanes stride the chunks, DG_UNROLL loads of each row in flight, fp32 sums in
+ * chunk order (not yet reduced over the warp). */
+template <int M>
+static __device__ __forceinline__ void dg_two_rows(const uint4 *w0, const uint4 *w1, const uint4 *xs, int chunks,
+                                                   int m, int lane, float (&acc)[2][M]) {
+#pragma unroll
+    for (int i = 0; i < M; i++) acc[0][i] = acc[1][i] = 0.0f;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * DG_UNROLL) {
+        uint4 a[DG_UNROLL], b[DG_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DG_UNROLL; u++) {
+            int c = c0 + 32 * u;
+            if (c < chunks) {
+                a[u] = __ldg(w0 + c);
+                b[u] = __ldg(w1 + c);
+            } else {
+                a[u] = b[u] = make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < DG_UNROLL; u++) {
+            int c = c0 + 32 * u;
+            if (c >= chunks) break;
+#pragma unroll
+            for (int i = 0; i < M; i++) {
+                if (i >= m) break;
+                const uint4 xv = xs[i * chunks + c];
+                acc[0][i] = bf16x8_dot(a[u], xv, acc[0][i]);
+                acc[1][i] = bf16x8_dot(b[u], xv, acc[1][i]);
+            }
+        }
+    }
+}
+
+/* Warm L2 with the bytes of rows r0 and r1 (each k bf16) while the previous kernel finishes:
+ * each lane a 128-byte line in turn. */
+static __device__ __forceinline__ void dg_prefetch_rows(const bf16 *w, int r0, int r1, int k, int lane) {
+    const size_t bytes = (size_t)k * sizeof(bf16);
+    const char *p0 = (const char *)(w + (size_t)r0 * k), *p1 = (const char *)(w + (size_t)r1 * k);
+    for (size_t off = (size_t)lane * 128; off < bytes; off += 32 * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p0 + off));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p1 + off));
+    }
+}
+
 template <int M>
 static __global__ void __launch_bounds__(DG_WARPS * 32)
 dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k) {
@@ -618,33 +670,7 @@ dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, 
         const uint4 *w0 = (const uint4 *)(w + (size_t)row0 * k);
         const uint4 *w1 = two ? w0 + chunks : w0;
         float acc[2][M];
-#pragma unroll
-        for (int i = 0; i < M; i++) acc[0][i] = acc[1][i] = 0.0f;
-        for (int c0 = lane; c0 < chunks; c0 += 32 * DG_UNROLL) {
-            uint4 a[DG_UNROLL], b[DG_UNROLL];
-#pragma unroll
-            for (int u = 0; u < DG_UNROLL; u++) {
-                int c = c0 + 32 * u;
-                if (c < chunks) {
-                    a[u] = __ldg(w0 + c);
-                    b[u] = __ldg(w1 + c);
-                } else {
-                    a[u] = b[u] = make_uint4(0, 0, 0, 0);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < DG_UNROLL; u++) {
-                int c = c0 + 32 * u;
-                if (c >= chunks) break;
-#pragma unroll
-                for (int i = 0; i < M; i++) {
-                    if (i >= m) break;
-                    const uint4 xv = xs[i * chunks + c];
-                    acc[0][i] = bf16x8_dot(a[u], xv, acc[0][i]);
-                    acc[1][i] = bf16x8_dot(b[u], xv, acc[1][i]);
-                }
-            }
-        }
+        dg_two_rows<M>(w0, w1, xs, chunks, m, lane, acc);
 #pragma unroll
         for (int i = 0; i < M; i++) {
             if (i >= m) break;
@@ -776,6 +802,93 @@ int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int
     if (m == 1) launch_pdl(dense_gemv_kernel<1>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
     else if (m == 2) launch_pdl(dense_gemv_kernel<2>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
     else launch_pdl(dense_gemv_kernel<4>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
+    return 0;
+}
+
+/*
+ * One decode token: the QKV projection with the bias, RoPE and the bf16 KV write in its
+ * epilogue, so the attention kernel waits on the projection itself, not on a RoPE kernel
+ * behind it (one grid dependency and one L2 round trip less per layer). Warp w of the grid
+ * takes the RoPE pair (j, j + D/2) of head w / (D/2): rows head * D + j and head * D + j +
+ * D/2 of the projection (q heads, then k, then v, whose pair is not rotated). The sums are
+ * dense_gemv_kernel's (dg_two_rows) and the rotation the RoPE kernel's (rope_rotate), so the
+ * q, K and V it writes are bit for bit those of the two kernels. Before the PDL wait, from
+ * the plan and the weights only: the L2 prefetch of the warp's rows, the angle, the biases
+ * and the page slot.
+ */
+static __global__ void __launch_bounds__(DG_WARPS * 32)
+qkv_rope_one_kernel(const bf16 *w, const bf16 *x, const float *qkv_bias, const int32_t *positions,
+                    const int32_t *token_seq, const float *inv_freq, float concentration, int32_t n_heads,
+                    int32_t n_kv_heads, int32_t head_dim, int32_t k, const int32_t *block_tables, int32_t max_blocks,
+                    int32_t block_size, float *q_out, bf16 *k_cache, bf16 *v_cache) {
+    extern __shared__ __align__(16) unsigned char qr_smem[];
+    uint4 *xs = (uint4 *)qr_smem; /* [k / 8] */
+    const int chunks = k >> 3, half = head_dim >> 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int pr = blockIdx.x * DG_WARPS + warp;
+    const bool active = pr < (n_heads + 2 * n_kv_heads) * half;
+    const int head = active ? pr / half : 0, j = pr % half;
+    const int r0 = head * head_dim + j, r1 = r0 + half;
+    const bool is_q = head < n_heads, is_k = !is_q && head < n_heads + n_kv_heads;
+    float c = 0.0f, sn = 0.0f, b0 = 0.0f, b1 = 0.0f;
+    size_t slot = 0;
+    if (active) {
+        dg_prefetch_rows(w, r0, r1, k, lane);
+        if (lane == 0) {
+            const int p = positions[0];
+            b0 = qkv_bias[r0];
+            b1 = qkv_bias[r1];
+            if (is_q || is_k) {
+                float sv, cv;
+                sincosf((float)p * inv_freq[j], &sv, &cv);
+                c = cv * concentration;
+                sn = sv * concentration;
+            }
+            if (!is_q) {
+                const int kvh = (head - n_heads) % n_kv_heads;
+                const int blk = block_tables[(size_t)token_seq[0] * max_blocks + p / block_size];
+                slot = ((size_t)blk * block_size + p % block_size) * n_kv_heads + kvh;
+            }
+        }
+    }
+    pdl_wait(); /* x comes from the residual norm */
+    for (int i = threadIdx.x; i < chunks; i += blockDim.x) xs[i] = ((const uint4 *)x)[i];
+    __syncthreads();
+    if (!active) return;
+    float acc[2][1];
+    dg_two_rows<1>((const uint4 *)(w + (size_t)r0 * k), (const uint4 *)(w + (size_t)r1 * k), xs, chunks, 1, lane, acc);
+    const float v0 = warp_sum(acc[0][0]), v1 = warp_sum(acc[1][0]);
+    if (lane != 0) return;
+    const float a = v0 + b0, b = v1 + b1;
+    if (is_q) {
+        float ra, rb;
+        rope_rotate(a, b, c, sn, &ra, &rb);
+        const float scale = rsqrtf((float)head_dim);
+        q_out[head * head_dim + j] = ra * scale;
+        q_out[head * head_dim + j + half] = rb * scale;
+    } else if (is_k) {
+        float ra, rb;
+        rope_rotate(a, b, c, sn, &ra, &rb);
+        k_cache[slot * head_dim + j] = __float2bfloat16(ra);
+        k_cache[slot * head_dim + j + half] = __float2bfloat16(rb);
+    } else {
+        v_cache[slot * head_dim + j] = __float2bfloat16(a);
+        v_cache[slot * head_dim + j + half] = __float2bfloat16(b);
+    }
+}
+
+int gptoss_cuda_qkv_rope_one(const bf16 *w, const bf16 *x, const float *qkv_bias, const int32_t *positions,
+                             const int32_t *token_seq, const float *inv_freq, float concentration, int32_t n_heads,
+                             int32_t n_kv_heads, int32_t head_dim, int32_t hidden, const int32_t *block_tables,
+                             int32_t max_blocks, int32_t block_size, float *q_out, bf16 *k_cache, bf16 *v_cache,
+                             cudaStream_t stream) {
+    if (n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 || head_dim > 128 || hidden <= 0 ||
+        hidden % 8 != 0 || hidden > 4096 || block_size <= 0 || ((uintptr_t)w | (uintptr_t)x) % 16 != 0)
+        return 1;
+    const int32_t pairs = (n_heads + 2 * n_kv_heads) * (head_dim / 2);
+    launch_pdl(qkv_rope_one_kernel, dim3((pairs + DG_WARPS - 1) / DG_WARPS), dim3(DG_WARPS * 32),
+               (size_t)hidden * sizeof(bf16), stream, w, x, qkv_bias, positions, token_seq, inv_freq, concentration,
+               n_heads, n_kv_heads, head_dim, hidden, block_tables, max_blocks, block_size, q_out, k_cache, v_cache);
     return 0;
 }
 
