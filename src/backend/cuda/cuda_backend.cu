@@ -930,7 +930,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         const int32_t *table = L->sliding ? d_slide : d_full;
         /* one token, bf16 pages: RoPE and the KV write in the projection's epilogue */
         const bool qkv_rope = T == 1 && s->qkv_rope && s->use_gemv && !s->kv_fp8 && L->qkv_weight.w_bf16 &&
-                              !(AB & 34) &&
+                              !(AB & (2 | 32)) && /* neither RoPE nor QKV ablated */
                               gptoss_cuda_qkv_rope_one(L->qkv_weight.w_bf16, w->t, L->qkv_bias, d_pos, d_seq,
                                                        s->inv_freq, s->concentration, NH, NKV, D, H, table,
                                                        key->max_blocks, s->kv_block_size, w->q, L->k_cache,

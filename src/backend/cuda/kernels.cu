@@ -137,11 +137,26 @@ static __device__ __forceinline__ __nv_bfloat162 e4m3x2_to_bf16x2(uint32_t codes
 
 /* ---- QKV bias + RoPE + KV write ------------------------------------------------------- */
 
-/* One RoPE pair (a, b) rotated by the angle whose cos and sin (times the YaRN concentration)
- * are c and s; the RoPE kernel and the fused QKV projection share it, so both round alike. */
+/* The RoPE kernel and the fused QKV projection share these three, so both round alike and
+ * write the same slots. */
+/* The cos and sin of position p's angle for inverse frequency f, times the YaRN concentration. */
+static __device__ __forceinline__ void rope_cos_sin(int p, float f, float concentration, float *c, float *s) {
+    float sv, cv;
+    sincosf((float)p * f, &sv, &cv);
+    *c = cv * concentration;
+    *s = sv * concentration;
+}
+/* One RoPE pair (a, b) rotated by the angle whose scaled cos and sin are c and s. */
 static __device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, float *ra, float *rb) {
     *ra = a * c - b * s;
     *rb = b * c + a * s;
+}
+/* The page slot (token and KV head; its values start at slot * head_dim) of position p of
+ * sequence seq for KV head kvh. */
+static __device__ __forceinline__ size_t kv_page_slot(const int32_t *block_tables, int seq, int32_t max_blocks,
+                                                      int32_t block_size, int p, int32_t n_kv_heads, int kvh) {
+    const int blk = block_tables[(size_t)seq * max_blocks + p / block_size];
+    return ((size_t)blk * block_size + p % block_size) * n_kv_heads + kvh;
 }
 
 /* Heads per block of the RoPE + KV write kernel. One head per 32-thread block made a
@@ -187,13 +202,7 @@ static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, c
      * copied before the step's first kernel, and this grid launches only once its predecessor
      * has passed its own wait), so only the projection's loads follow it. */
     const int p = positions[t];
-    if (y == 0) {
-        float angle = (float)p * inv_freq[j];
-        float sv, cv;
-        sincosf(angle, &sv, &cv);
-        cos_s[j] = cv * concentration;
-        sin_s[j] = sv * concentration;
-    }
+    if (y == 0) rope_cos_sin(p, inv_freq[j], concentration, &cos_s[j], &sin_s[j]);
     const int base = head * head_dim, vbase = (n_kv_heads + head) * head_dim; /* v: KV blocks only */
     float bias_a = 0.0f, bias_b = 0.0f, bias_va = 0.0f, bias_vb = 0.0f;
     size_t slot = 0;
@@ -201,8 +210,7 @@ static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, c
         bias_a = qkv_bias[base + j], bias_b = qkv_bias[base + j + half];
         if (kv_block) {
             bias_va = qkv_bias[vbase + j], bias_vb = qkv_bias[vbase + j + half];
-            const int blk = block_tables[(size_t)token_seq[t] * max_blocks + p / block_size];
-            slot = ((size_t)blk * block_size + p % block_size) * n_kv_heads + (head - n_heads);
+            slot = kv_page_slot(block_tables, token_seq[t], max_blocks, block_size, p, n_kv_heads, head - n_heads);
         }
     }
     pdl_wait(); /* qkv comes from the QKV projection */
@@ -838,17 +846,10 @@ qkv_rope_one_kernel(const bf16 *w, const bf16 *x, const float *qkv_bias, const i
             const int p = positions[0];
             b0 = qkv_bias[r0];
             b1 = qkv_bias[r1];
-            if (is_q || is_k) {
-                float sv, cv;
-                sincosf((float)p * inv_freq[j], &sv, &cv);
-                c = cv * concentration;
-                sn = sv * concentration;
-            }
-            if (!is_q) {
-                const int kvh = (head - n_heads) % n_kv_heads;
-                const int blk = block_tables[(size_t)token_seq[0] * max_blocks + p / block_size];
-                slot = ((size_t)blk * block_size + p % block_size) * n_kv_heads + kvh;
-            }
+            if (is_q || is_k) rope_cos_sin(p, inv_freq[j], concentration, &c, &sn);
+            if (!is_q)
+                slot = kv_page_slot(block_tables, token_seq[0], max_blocks, block_size, p, n_kv_heads,
+                                    (head - n_heads) % n_kv_heads);
         }
     }
     pdl_wait(); /* x comes from the residual norm */
