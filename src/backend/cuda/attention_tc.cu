@@ -56,6 +56,7 @@
 #include <type_traits>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -606,6 +607,7 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
  * scales in fp32 as the prefill kernel does.
  */
 #define ADC_WARPS 4
+#define ADC_SMALL_GRID 16
 #define ADC_TERMS 3 /* bf16 terms of q and P: 24 significant bits, as the fp32 scalar kernel */
 
 template <int D> struct adc_traits {
@@ -629,8 +631,8 @@ template <int D> struct adc_warp_smem<D, true> {
     alignas(16) float v_scale[2][adc_traits<D>::KEYS];
 };
 
-template <int D, bool E4M3>
-static __global__ void __launch_bounds__(32 * ADC_WARPS)
+template <int D, bool E4M3, int W>
+static __global__ void __launch_bounds__(32 * W)
 attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_t<E4M3> *v_cache,
                         const float *k_scale, const float *v_scale, const int32_t *positions,
                         const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
@@ -661,7 +663,7 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
     const int begin = lo + split * chunk;
     const int end = min(p + 1, begin + chunk);
     const int32_t *table = block_tables + (size_t)token_seq[t] * max_blocks;
-    for (int j = begin + (int)threadIdx.x; j < min(min(end, p), begin + ADC_WARPS * KT); j += 32 * ADC_WARPS) {
+    for (int j = begin + (int)threadIdx.x; j < min(min(end, p), begin + W * KT); j += 32 * W) {
         const size_t slot = ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + kv_head;
         constexpr int ROW_BYTES = D * (E4M3 ? 1 : 2);
 #pragma unroll
@@ -678,8 +680,20 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
     pdl_trigger_wait(); /* q and key p come from earlier kernels; the O projection may launch */
 
     const int n_tiles = end > begin ? (end - begin + KT - 1) / KT : 0;
-    const int my_tiles = n_tiles > warp ? (n_tiles - warp + ADC_WARPS - 1) / ADC_WARPS : 0;
+    const int my_tiles = n_tiles > warp ? (n_tiles - warp + W - 1) / W : 0;
 
+    auto load_stage = [&](int st, int i) { /* the warp's i-th tile into stage st */
+        const int k1 = begin + (warp + i * W) * KT;
+        if constexpr (E4M3)
+            load_kv_codes<D, KT, 32>(sm.k_codes[st], sm.v_codes[st], sm.k_scale[st], sm.v_scale[st], k_cache, v_cache,
+                                     k_scale, v_scale, table, block_size, n_kv_heads, kv_head, k1, end, lane);
+        else
+            load_kv_tile<D, KT, 32>(sm.k[st], sm.v[st], k_cache, v_cache, table, block_size, n_kv_heads, kv_head, k1,
+                                    end, lane);
+    };
+    /* the first tile's copies go out before q is read: the two L2 trips overlap */
+    if (my_tiles > 0) load_stage(0, 0);
+    cp_async_commit();
     const int head0 = kv_head * group;
     const float log2e = 1.4426950408889634f;
     uint32_t qf[ADC_TERMS][D / 16][4];
@@ -694,18 +708,7 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
     float max1 = frag_row + 8 < group ? fmaxf(sinks[head0 + frag_row + 8] * log2e, -1e30f) : 0.0f;
     float sum0 = 0.0f, sum1 = 0.0f;
 
-    auto load_stage = [&](int st, int i) { /* the warp's i-th tile into stage st */
-        const int k1 = begin + (warp + i * ADC_WARPS) * KT;
-        if constexpr (E4M3)
-            load_kv_codes<D, KT, 32>(sm.k_codes[st], sm.v_codes[st], sm.k_scale[st], sm.v_scale[st], k_cache, v_cache,
-                                     k_scale, v_scale, table, block_size, n_kv_heads, kv_head, k1, end, lane);
-        else
-            load_kv_tile<D, KT, 32>(sm.k[st], sm.v[st], k_cache, v_cache, table, block_size, n_kv_heads, kv_head, k1,
-                                    end, lane);
-    };
     const uint32_t k_lane = k_lane_offset<ROW>(lane), v_lane = v_lane_offset<ROW>(lane);
-    if (my_tiles > 0) load_stage(0, 0);
-    cp_async_commit();
     for (int i = 0; i < my_tiles; i++) {
         const int stage = i & 1;
         if (i + 1 < my_tiles) load_stage(stage ^ 1, i + 1);
@@ -717,7 +720,7 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
             __syncwarp();
         }
         const int tile = E4M3 ? 0 : stage;
-        const int k0 = begin + (warp + i * ADC_WARPS) * KT;
+        const int k0 = begin + (warp + i * W) * KT;
         float s[KT / 8][4];
         qk_step<D, KT, ROW, ADC_TERMS>(s, qf, smem_addr(sm.k[tile]) + k_lane);
         if constexpr (E4M3) scale_keys<KT>(s, sm.k_scale[stage], frag_col);
@@ -756,14 +759,14 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < group * D; idx += 32 * ADC_WARPS) {
+    for (int idx = threadIdx.x; idx < group * D; idx += 32 * W) {
         const int r = idx / D, d = idx % D;
         float m = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < ADC_WARPS; w++) m = fmaxf(m, ((const float *)&all[w])[16 * D + r]);
+        for (int w = 0; w < W; w++) m = fmaxf(m, ((const float *)&all[w])[16 * D + r]);
         float num = 0.0f, den = 0.0f;
 #pragma unroll
-        for (int w = 0; w < ADC_WARPS; w++) {
+        for (int w = 0; w < W; w++) {
             const float *red = (const float *)&all[w];
             const float f = exp2_fast(red[16 * D + r] - m);
             num += red[r * D + d] * f;
@@ -848,12 +851,14 @@ static bool adc_prepared[129]; /* by head_dim: the attribute is set */
 cudaError_t gptoss_cuda_attention_decode_prepare(int32_t head_dim) {
     cudaError_t e = cudaSuccess;
     if (head_dim >= 0 && head_dim <= 128 && adc_prepared[head_dim]) return cudaSuccess;
-#define PREPARE_DEC(DIM)                                                                                             \
-    e = cudaFuncSetAttribute(attention_decode_kernel<DIM, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,        \
-                             (int)(ADC_WARPS * sizeof(adc_warp_smem<DIM, false>)));                                   \
+#define PREPARE_DEC_W(DIM, W)                                                                                        \
     if (e == cudaSuccess)                                                                                            \
-        e = cudaFuncSetAttribute(attention_decode_kernel<DIM, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
-                                 (int)(ADC_WARPS * sizeof(adc_warp_smem<DIM, true>)));
+        e = cudaFuncSetAttribute(attention_decode_kernel<DIM, false, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                 (int)(W * sizeof(adc_warp_smem<DIM, false>)));                                       \
+    if (e == cudaSuccess)                                                                                            \
+        e = cudaFuncSetAttribute(attention_decode_kernel<DIM, true, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,  \
+                                 (int)(W * sizeof(adc_warp_smem<DIM, true>)));
+#define PREPARE_DEC(DIM) PREPARE_DEC_W(DIM, 4) PREPARE_DEC_W(DIM, 8)
     switch (head_dim) {
     case 16: PREPARE_DEC(16); break;
     case 32: PREPARE_DEC(32); break;
@@ -862,6 +867,7 @@ cudaError_t gptoss_cuda_attention_decode_prepare(int32_t head_dim) {
     default: return cudaErrorInvalidValue;
     }
 #undef PREPARE_DEC
+#undef PREPARE_DEC_W
     if (e == cudaSuccess) adc_prepared[head_dim] = true;
     return e;
 }
@@ -886,11 +892,21 @@ static int attention_decode_launch(const float *q, const atc_kv_t<E4M3> *k_cache
     if (head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 128) return -1;
     if (gptoss_cuda_attention_decode_prepare(head_dim) != cudaSuccess) return -1;
     dim3 grid((unsigned)n_tokens, (unsigned)n_kv_heads, (unsigned)n_splits);
-    dim3 block(32 * ADC_WARPS);
+    /* 8 warps for a grid of a few blocks, 4 otherwise; GPTOSS_CUDA_ADC_WARPS=4 or 8 forces one */
+    static int forced = -1;
+    if (forced < 0) {
+        const char *v = getenv("GPTOSS_CUDA_ADC_WARPS");
+        forced = v && atoi(v) >= 8 ? 8 : v && atoi(v) > 0 ? 4 : 0;
+    }
+    const int64_t n_blocks = (int64_t)n_tokens * n_kv_heads * n_splits;
+    const int warps = forced ? forced : n_blocks <= ADC_SMALL_GRID ? 8 : 4;
+#define LAUNCH_DEC_W(DIM, W)                                                                                         \
+    launch_pdl(attention_decode_kernel<DIM, E4M3, W>, grid, dim3(32 * W), W * sizeof(adc_warp_smem<DIM, E4M3>),       \
+               stream, q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables, max_blocks,         \
+               block_size, sinks, n_heads, n_kv_heads, group, window, n_splits, partial, out)
 #define LAUNCH_DEC(DIM)                                                                                              \
-    launch_pdl(attention_decode_kernel<DIM, E4M3>, grid, block, ADC_WARPS * sizeof(adc_warp_smem<DIM, E4M3>), stream, \
-               q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables, max_blocks, block_size,     \
-               sinks, n_heads, n_kv_heads, group, window, n_splits, partial, out)
+    if (warps == 8) LAUNCH_DEC_W(DIM, 8);                                                                            \
+    else LAUNCH_DEC_W(DIM, 4)
     switch (head_dim) {
     case 16: LAUNCH_DEC(16); break;
     case 32: LAUNCH_DEC(32); break;
@@ -898,6 +914,7 @@ static int attention_decode_launch(const float *q, const atc_kv_t<E4M3> *k_cache
     default: LAUNCH_DEC(128); break;
     }
 #undef LAUNCH_DEC
+#undef LAUNCH_DEC_W
     if (n_splits > 1) gptoss_cuda_attention_merge(partial, sinks, n_tokens, n_heads, head_dim, n_splits, out, stream);
     return 0;
 }
