@@ -578,11 +578,11 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
 
 /*
  * The split-K form for decode tokens (gptoss_cuda_attention's contract, partials included):
- * grid (n_tokens, n_kv_heads, n_splits), ADC_WARPS warps. A block takes one token, the `group`
+ * grid (n_tokens, n_kv_heads, n_splits), W warps. A block takes one token, the `group`
  * query heads of one KV head (fragment rows 0..group-1 of one m16 tile; the rest are zero) and
  * split `blockIdx.z` of the token's key range, cut into tiles of 32 keys (16 for head_dim
  * 128: adc_traits); warp w takes
- * tiles w, w + ADC_WARPS, ... and streams them through a two-stage cp.async ring of its own
+ * tiles w, w + W, ... and streams them through a two-stage cp.async ring of its own
  * (no block barrier in the loop), so each warp keeps one tile in flight while it multiplies
  * the other:
  *
@@ -606,7 +606,12 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
  * little there. The FP8 form decodes a landed stage into the warp's bf16 tile and applies the
  * scales in fp32 as the prefill kernel does.
  */
-#define ADC_WARPS 4
+/* W = 8 warps for grids of at most ADC_SMALL_GRID blocks (one-token steps over short spans,
+ * and every sliding layer: one 32-key tile per warp at spans under 256, where 4 warps walked
+ * two in a row), 4 otherwise: 8 warps take 147 KB of shared memory per block (D = 64), and a
+ * grid of many such blocks keeps the O projection's blocks, which copy their weights before
+ * their own wait, off those SMs (H100 tg128: +1.4% at depth 0 and +0.8% at 8192 for the rule;
+ * 8 warps everywhere lost 2.2% at 8192). */
 #define ADC_SMALL_GRID 16
 #define ADC_TERMS 3 /* bf16 terms of q and P: 24 significant bits, as the fp32 scalar kernel */
 
@@ -845,20 +850,22 @@ int gptoss_cuda_attention_tc_fp8(const float *q, const uint8_t *k_cache, const u
 }
 
 static bool adc_prepared[129]; /* by head_dim: the attribute is set */
+static bool adc_wide_ok[129];  /* by head_dim: the 8-warp form's shared memory fits on this GPU */
 
-/* Raises the kernels' dynamic shared-memory limit (73 KB for D = 64): once per head_dim,
- * before the first launch, which may sit inside a graph capture. */
+/* Raises the kernels' dynamic shared-memory limit (73 KB for D = 64 with 4 warps, 147 KB with
+ * 8): once per head_dim, before the first launch, which may sit inside a graph capture. The
+ * 8-warp form is optional (GPUs with under 147 KB per block run 4 warps everywhere). */
 cudaError_t gptoss_cuda_attention_decode_prepare(int32_t head_dim) {
     cudaError_t e = cudaSuccess;
     if (head_dim >= 0 && head_dim <= 128 && adc_prepared[head_dim]) return cudaSuccess;
-#define PREPARE_DEC_W(DIM, W)                                                                                        \
-    if (e == cudaSuccess)                                                                                            \
-        e = cudaFuncSetAttribute(attention_decode_kernel<DIM, false, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                 (int)(W * sizeof(adc_warp_smem<DIM, false>)));                                       \
-    if (e == cudaSuccess)                                                                                            \
-        e = cudaFuncSetAttribute(attention_decode_kernel<DIM, true, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,  \
-                                 (int)(W * sizeof(adc_warp_smem<DIM, true>)));
-#define PREPARE_DEC(DIM) PREPARE_DEC_W(DIM, 4) PREPARE_DEC_W(DIM, 8)
+#define SET_SMEM(DIM, E4M3, W)                                                                                       \
+    cudaFuncSetAttribute(attention_decode_kernel<DIM, E4M3, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,         \
+                         (int)(W * sizeof(adc_warp_smem<DIM, E4M3>)))
+#define PREPARE_DEC(DIM)                                                                                             \
+    e = SET_SMEM(DIM, false, 4);                                                                                     \
+    if (e == cudaSuccess) e = SET_SMEM(DIM, true, 4);                                                                \
+    adc_wide_ok[DIM] = SET_SMEM(DIM, false, 8) == cudaSuccess && SET_SMEM(DIM, true, 8) == cudaSuccess;               \
+    (void)cudaGetLastError(); /* a refused 8-warp size is not an error: 4 warps run */
     switch (head_dim) {
     case 16: PREPARE_DEC(16); break;
     case 32: PREPARE_DEC(32); break;
@@ -867,7 +874,7 @@ cudaError_t gptoss_cuda_attention_decode_prepare(int32_t head_dim) {
     default: return cudaErrorInvalidValue;
     }
 #undef PREPARE_DEC
-#undef PREPARE_DEC_W
+#undef SET_SMEM
     if (e == cudaSuccess) adc_prepared[head_dim] = true;
     return e;
 }
@@ -899,7 +906,7 @@ static int attention_decode_launch(const float *q, const atc_kv_t<E4M3> *k_cache
         forced = v && atoi(v) >= 8 ? 8 : v && atoi(v) > 0 ? 4 : 0;
     }
     const int64_t n_blocks = (int64_t)n_tokens * n_kv_heads * n_splits;
-    const int warps = forced ? forced : n_blocks <= ADC_SMALL_GRID ? 8 : 4;
+    const int warps = !adc_wide_ok[head_dim] ? 4 : forced ? forced : n_blocks <= ADC_SMALL_GRID ? 8 : 4;
 #define LAUNCH_DEC_W(DIM, W)                                                                                         \
     launch_pdl(attention_decode_kernel<DIM, E4M3, W>, grid, dim3(32 * W), W * sizeof(adc_warp_smem<DIM, E4M3>),       \
                stream, q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables, max_blocks,         \
