@@ -899,7 +899,7 @@ static int attention_decode_launch(const float *q, const atc_kv_t<E4M3> *k_cache
     if (head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 128) return -1;
     if (gptoss_cuda_attention_decode_prepare(head_dim) != cudaSuccess) return -1;
     dim3 grid((unsigned)n_tokens, (unsigned)n_kv_heads, (unsigned)n_splits);
-    /* 8 warps for a grid of a few blocks, 4 otherwise; GPTOSS_CUDA_ADC_WARPS=4 or 8 forces one */
+    /* warps per block: the rule at ADC_SMALL_GRID; GPTOSS_CUDA_ADC_WARPS=4 or 8 forces one */
     static int forced = -1;
     if (forced < 0) {
         const char *v = getenv("GPTOSS_CUDA_ADC_WARPS");

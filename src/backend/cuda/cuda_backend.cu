@@ -232,6 +232,8 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
      * GPTOSS_CUDA_MOE_PAIR_KERNEL=wide runs one-token experts on the kernel older GPUs run,
      * GPTOSS_CUDA_MOE_PATH=1..6 forces a MoE path (default: chosen per step),
      * GPTOSS_CUDA_QKV_ROPE=0 keeps a decode token's RoPE + KV write out of the QKV projection,
+     * GPTOSS_CUDA_ADC_WARPS=4 or 8 runs decode attention with that many warps per block
+     * everywhere (default: 8 for small grids where the GPU allows, see ADC_SMALL_GRID),
      * GPTOSS_CUDA_ABLATE=BITS (diagnostics, wrong results) leaves components out of one-token
      * steps (see ablate_mask). */
     s->attn_tc = getenv("GPTOSS_CUDA_ATTN_TC") == NULL || strcmp(getenv("GPTOSS_CUDA_ATTN_TC"), "0") != 0;
