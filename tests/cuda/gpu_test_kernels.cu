@@ -1111,7 +1111,7 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     std::vector<double> got(y.begin(), y.end());
     char name[96];
     snprintf(name, sizeof name, "moe %s T=%d H=%d I=%d E=%d pattern=%d%s",
-             used_path == 6 ? "wgmma" : used_path == 5 ? (gptoss_cuda_moe_pair_kernel() == 2 ? "pair-tma" : "pair-wide") : used_path == 4 ? "mma" : used_path == 3 ? "pair-gemv" : used_path == 1 ? "gemv" : "gemm", T, H, I, E,
+             used_path == 6 ? "wgmma" : used_path == 5 ? (gptoss_cuda_moe_pair_kernel() == 3 ? "pair-fp8" : gptoss_cuda_moe_pair_kernel() == 2 ? "pair-tma" : "pair-wide") : used_path == 4 ? "mma" : used_path == 3 ? "pair-gemv" : used_path == 1 ? "gemv" : "gemm", T, H, I, E,
              pattern, wide_scales ? " scales 110..140" : "");
     check(name, got, ref, 2e-3); /* fp32 accumulation; h is bf16 on both sides, rare 1-ulp flips */
     cudaFree(d_gub), cudaFree(d_gus), cudaFree(d_dnb), cudaFree(d_dns), cudaFree(d_gubias), cudaFree(d_dnbias);
@@ -1920,9 +1920,9 @@ int main(int argc, char **argv) {
         snprintf(nm, sizeof nm, "moe pair kernel by default on sm_%d%d: %s", prop.major, prop.minor,
                  gptoss_cuda_moe_pair_kernel() == 2 ? "tma" : "wide");
         check_true(nm, gptoss_cuda_moe_pair_kernel() == (prop.major >= 9 ? 2 : 1));
-        for (int kernel : {2, 1}) {
+        for (int kernel : {3, 2, 1}) {
             gptoss_cuda_moe_set_pair_kernel(kernel);
-            if (gptoss_cuda_moe_pair_kernel() != kernel) continue; /* no TMA kernel on this GPU */
+            if (gptoss_cuda_moe_pair_kernel() != kernel) continue; /* not on this GPU (FP8: sm_90a; TMA: sm_90+) */
             test_moe(1, 2880, 2880, 128, 4, 0, 5); /* 90 groups: TMA 6 K slices of 4,4,4,4,4,3 windows; wide 4 of 6,6,6,5 */
             test_moe(2, 2880, 2880, 32, 4, 1, 5); /* 8 pairs, expert 0 in both tokens */
             test_moe(3, 160, 96, 8, 2, 2, 5);     /* 3 groups: one window, the other slices stay empty */

@@ -230,6 +230,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
      * GPTOSS_CUDA_NORM_ROUTER=0 keeps a decode token's norm and router in two kernels,
      * GPTOSS_CUDA_GEMV_KERNEL=ld runs decode projections on the kernel older GPUs run,
      * GPTOSS_CUDA_MOE_PAIR_KERNEL=wide runs one-token experts on the kernel older GPUs run,
+     * =fp8 on the FP8 tensor-core kernel (sm_90a; slower so far, see moe_pair_fp8_kernel),
      * GPTOSS_CUDA_MOE_PATH=1..6 forces a MoE path (default: chosen per step),
      * GPTOSS_CUDA_QKV_ROPE=0 keeps a decode token's RoPE + KV write out of the QKV projection,
      * GPTOSS_CUDA_ADC_WARPS=4 or 8 runs decode attention with that many warps per block

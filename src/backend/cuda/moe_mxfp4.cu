@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_kernels.h"
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1823,19 +1824,271 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
 #endif
 }
 
+/*
+ * moe_pair_fp8_kernel (sm_90a): path 5's tile (16 rows, the whole k_in, the same two bulk
+ * copies and copy limit) with the products on wgmma's FP8 tensor cores, which sm_90 runs
+ * natively, instead of mma.sync on fp16 pairs. Not the default: each block builds the FP8
+ * form of its token (B below) itself, after its PDL wait, and that costs more than the
+ * arithmetic saves (H100 tg128, GPTOSS_CUDA_MOE_PAIR_KERNEL=fp8 against the TMA kernel: 20b
+ * 537 -> 484 tok/s, 120b 382 -> 340; with B left unbuilt, a timing-only build, 548 and 391).
+ * B built once per token and pair by the kernels that produce the inputs would make it pay;
+ * bench/CUDA.md says how. bench/fp8-tile.cu measured a form of this arithmetic at 0.56 of the
+ * fp16 form's time per weight.
+ * - A (registers): an e2m1 code becomes the e4m3 byte s e1 e0 m 0 0 shifted into place, whose
+ *   value is code * 2^-6 exactly (subnormals included): 5 logical operations per 8 codes,
+ *   where building fp16 pairs takes 11.
+ * - One warpgroup, 4 warps = 4 K slices: warp w's 16 rows of the m64 operand are the tile's 16
+ *   rows over slice w's groups. Each wgmma (m64n8k32) covers one group of every slice, lane q
+ *   supplying word q of its group (codes 8q + 0, 2, 4, 6 as k = 4q..4q+3, the odd codes as
+ *   k = 16 + 4q..), so one E8M0 scale per row applies to the whole product.
+ * - B (shared memory, K-major, no swizzle): column 2s + t holds term t of slice s's token
+ *   values. The token (gate_up: bf16; down: h, bf16 values held as fp16) is scaled by 2^sigma
+ *   so that its largest value lies in [128, 256), then split into hi = e4m3(x) and lo = e4m3(x -
+ *   hi): a bf16 value has 8 significant bits and each term 4, so hi + lo is exact wherever lo
+ *   is a normal e4m3 value (x above 2^-10 of the largest) and off by less than 2^-12 of the
+ *   largest below that. Lane q of warp w holds the products of slice q's token with slice w's
+ *   codes; only q == w is kept. The tensor cores add FP8 products in less than fp32: the
+ *   kernel tests measure a relative error of about 6e-5 against the reference (the fp16 form:
+ *   under 1e-5), well inside bf16's 2^-9.
+ * - Per window of 4 groups: 8 word loads and 8 scale bytes per lane, 4 wgmmas into a fresh
+ *   accumulator set, and the previous window's sets scaled while they run.
+ * Groups past the end of a slice multiply zero columns of B (its steps past the slice's
+ * groups are zero), so the codes they read (the next slice's, the next row's, or the scale
+ * bytes after the table: finite e4m3 bytes whatever their value) add nothing.
+ */
+#define PF_KS 4 /* K slices: the four warps of one warpgroup */
+
+struct pair_fp8_layout {
+    uint32_t scales, bt, bytes;
+    int32_t gps, nws; /* groups per slice, windows of 4 groups per slice */
+};
+static __host__ __device__ __forceinline__ pair_fp8_layout pair_fp8_parts(int32_t k_in) {
+    const int32_t n_groups = k_in / 32;
+    pair_fp8_layout l;
+    l.gps = (n_groups + PF_KS - 1) / PF_KS;
+    l.nws = (l.gps + 3) / 4;
+    l.scales = 16u * 16u * (uint32_t)n_groups;
+    l.bt = (l.scales + 16u * (uint32_t)n_groups + 16u + 127u) & ~127u;
+    l.bytes = l.bt + 256u * 4u * (uint32_t)l.nws;
+    return l;
+}
+static size_t pair_fp8_smem(int32_t k_in) { return pair_fp8_parts(k_in).bytes; }
+
+#ifdef GPTOSS_WGMMA
+/* K-major without swizzle: core matrices of 8 columns x 16 bytes; the second k half 128
+ * bytes after the first (LBO); one group of 8 columns (SBO unused, set alike) */
+static __device__ __forceinline__ uint64_t pf_desc(uint32_t smem_addr) {
+    return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
+}
+static __device__ __forceinline__ void wgmma_e4m3_n8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                     uint32_t a3, uint64_t desc) {
+    /* scale-d false: d = A * B (each group has its own accumulators) */
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(0));
+}
+
+/* e2m1 codes (8 per word, the even ones in the low nibbles) -> e4m3 bytes, value code * 2^-6 */
+static __device__ __forceinline__ void e2m1_to_e4m3(uint32_t w, uint32_t &ev, uint32_t &od) {
+    ev = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
+    od = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+}
+
+/* The token into B (see moe_pair_fp8_kernel); returns 2^-sigma. red4: 4 floats of shared memory. */
+template <bool GATE_UP>
+static __device__ __forceinline__ float pair_fp8_stage(const void *act, int pair, int32_t k_top, int32_t k_in,
+                                                       const pair_fp8_layout &lay, uint8_t *bt, float *red4) {
+    constexpr int U = 4; /* units per thread: 4 * nws * 16 <= 512 for k_in <= 4096 */
+    const int n_groups = k_in >> 5, n_units = 4 * lay.nws * 16;
+    float v[U][8];
+    float mx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < U; i++) {
+        const int u = threadIdx.x + i * (PF_KS * 32);
+        const int gi = u >> 4, s = (u >> 2) & 3, q = u & 3, G = lay.gps * s + gi;
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[i][j] = 0.0f;
+        if (u < n_units && gi < lay.gps && G < n_groups) {
+            const size_t idx = (size_t)32 * G + 8 * q;
+            if (GATE_UP) {
+                const uint4 raw = *(const uint4 *)((const bf16 *)act + (size_t)(pair / k_top) * k_in + idx);
+                const bf16 *x = (const bf16 *)&raw;
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[i][j] = __bfloat162float(x[j]);
+            } else {
+                const uint4 raw = *(const uint4 *)((const __half *)act + (size_t)pair * k_in + idx);
+                const __half *x = (const __half *)&raw;
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[i][j] = __half2float(x[mma_pos(j)]);
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) mx = fmaxf(mx, fabsf(v[i][j]));
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((threadIdx.x & 31) == 0) red4[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = fmaxf(fmaxf(red4[0], red4[1]), fmaxf(red4[2], red4[3]));
+    /* sigma: the largest value into [128, 256) */
+    const int e = mx > 0.0f ? (int)((__float_as_uint(mx) >> 23) & 255u) - 127 : 0;
+    const int sigma = max(-100, min(100, 7 - e));
+    const float up = __uint_as_float((uint32_t)(127 + sigma) << 23);
+#pragma unroll
+    for (int i = 0; i < U; i++) {
+        const int u = threadIdx.x + i * (PF_KS * 32);
+        if (u >= n_units) break;
+        const int gi = u >> 4, s = (u >> 2) & 3, q = u & 3;
+        /* step gi: [k half][column 2s + t][16 bytes], lane q's k bytes 4q..4q+3 */
+        uint32_t hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+            const float2 x = make_float2(v[i][j] * up, v[i][j + 1] * up);
+            const __nv_fp8x2_storage_t h2 = __nv_cvt_float2_to_fp8x2(x, __NV_SATFINITE, __NV_E4M3);
+            const float2 hf = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(h2, __NV_E4M3)));
+            const __nv_fp8x2_storage_t l2 =
+                __nv_cvt_float2_to_fp8x2(make_float2(x.x - hf.x, x.y - hf.y), __NV_SATFINITE, __NV_E4M3);
+            /* value j (even) goes to half 0, byte j / 2; value j + 1 to half 1, byte j / 2 */
+            hi[0] |= (uint32_t)(h2 & 0xffu) << (4 * j);
+            hi[1] |= (uint32_t)(h2 >> 8) << (4 * j);
+            lo[0] |= (uint32_t)(l2 & 0xffu) << (4 * j);
+            lo[1] |= (uint32_t)(l2 >> 8) << (4 * j);
+        }
+        uint8_t *step = bt + 256 * gi;
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            *(uint32_t *)(step + 128 * half + 16 * (2 * s) + 4 * q) = hi[half];
+            *(uint32_t *)(step + 128 * half + 16 * (2 * s + 1) + 4 * q) = lo[half];
+        }
+    }
+    /* the zero bytes of B: columns of other slices' lanes (none written: every byte of a step
+     * belongs to exactly one (s, q) unit above), so nothing else is left to clear */
+    return __uint_as_float((uint32_t)(127 - sigma) << 23);
+}
+#endif /* GPTOSS_WGMMA */
+
+template <bool GATE_UP, bool EARLY_BIAS>
+static __global__ void __launch_bounds__(PF_KS * 32, 7)
+moe_pair_fp8_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const void *act,
+                    const int32_t *topk_idx, int32_t k_top, int32_t k_in, int32_t n_out_rows, float limit,
+                    float alpha, __half *h_out, float *y_out, int32_t inflight) {
+#ifdef GPTOSS_WGMMA
+    extern __shared__ __align__(128) uint8_t pf_smem[];
+    __shared__ __align__(8) uint64_t bar;
+    __shared__ float red[PF_KS][16];
+    __shared__ float red4[4];
+    const int pair = blockIdx.y, tile = blockIdx.x, n_tiles = n_out_rows >> 4;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int n_groups = k_in >> 5;
+    const uint32_t row_bytes = (uint32_t)n_groups * 16, code_bytes = 16 * row_bytes, scale_bytes = 16 * n_groups;
+    const pair_fp8_layout lay = pair_fp8_parts(k_in);
+    uint8_t *codes = pf_smem, *sc = pf_smem + lay.scales, *bt = pf_smem + lay.bt;
+    const uint32_t bar_s = (uint32_t)__cvta_generic_to_shared(&bar);
+    const unsigned sm = inflight > 0 ? sm_id() % PT_MAX_SMS : 0u;
+    auto issue = [&]() {
+        const size_t row0 = (size_t)topk_idx[pair] * n_out_rows + 16 * (size_t)tile;
+        if (inflight > 0) pt_take_turn(sm, inflight);
+        mbar_expect_tx(bar_s, code_bytes + scale_bytes);
+        bulk_copy(codes, blocks + row0 * row_bytes, code_bytes, bar_s);
+        bulk_copy(sc, scales + row0 * n_groups, scale_bytes, bar_s);
+    };
+    if (threadIdx.x == 0) {
+        mbar_init(bar_s);
+        if (!GATE_UP) {
+            issue();
+            if (inflight > 0) {
+                mbar_wait(bar_s, 0);
+                atomicAdd(&pt_copy_landed[sm].v, 1u);
+            }
+        }
+    }
+    float2 bv = make_float2(0.0f, 0.0f);
+    if (EARLY_BIAS && !GATE_UP) bv = pair_bias<false>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
+    /* the 16 bytes after the scales are read past the last row's groups (see above) */
+    if (threadIdx.x < 4) ((uint32_t *)(sc + scale_bytes))[threadIdx.x] = 0u;
+    pdl_wait(); /* gate_up: topk_idx from the router; both: the input */
+    if (GATE_UP && threadIdx.x == 0) issue();
+    if (EARLY_BIAS && GATE_UP) bv = pair_bias<true>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
+    const float unscale = pair_fp8_stage<GATE_UP>(act, pair, k_top, k_in, lay, bt, red4);
+    fence_proxy_async(); /* B is read by the tensor cores' (async) proxy */
+    __syncthreads();     /* B is staged, and every thread sees the initialized barrier */
+    mbar_wait(bar_s, 0);
+    if (GATE_UP && inflight > 0 && threadIdx.x == 0) atomicAdd(&pt_copy_landed[sm].v, 1u);
+
+    const int la = GATE_UP ? 2 * g : g, lb = GATE_UP ? la + 1 : la + 8;
+    const int G0 = lay.gps * warp; /* this slice's first group */
+    const uint8_t *ca = codes + la * row_bytes + 16 * G0 + 4 * q, *cb = codes + lb * row_bytes + 16 * G0 + 4 * q;
+    const uint8_t *sa = sc + la * n_groups + G0, *sb = sc + lb * n_groups + G0;
+    const uint32_t bt_s = (uint32_t)__cvta_generic_to_shared(bt);
+    float acc0 = 0.0f, acc1 = 0.0f;
+    float d0[4][4], d1[4][4];
+    /* column scale 2^(s - 127) * 2^6 (the e4m3 codes are code * 2^-6): the exponent field s + 6 */
+    auto scale_window = [&](float (&dw)[4][4], int W) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            wg_pin(dw[i]);
+            acc0 = fmaf(dw[i][0] + dw[i][1], __uint_as_float(((uint32_t)sa[4 * W + i] + 6u) << 23), acc0);
+            acc1 = fmaf(dw[i][2] + dw[i][3], __uint_as_float(((uint32_t)sb[4 * W + i] + 6u) << 23), acc1);
+        }
+    };
+    auto issue_window = [&](float (&dw)[4][4], int W) {
+        uint32_t ea[4], oa[4], eb[4], ob[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            e2m1_to_e4m3(*(const uint32_t *)(ca + 16 * (4 * W + i)), ea[i], oa[i]);
+            e2m1_to_e4m3(*(const uint32_t *)(cb + 16 * (4 * W + i)), eb[i], ob[i]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int i = 0; i < 4; i++) wgmma_e4m3_n8(dw[i], ea[i], eb[i], oa[i], ob[i], pf_desc(bt_s + 256 * (4 * W + i)));
+        wgmma_commit();
+    };
+    /* two accumulator sets: a window's wgmmas run while the previous window is scaled */
+#pragma unroll
+    for (int W = 0; W < 8; W += 2) { /* nws <= 8 (k_in <= 4096) */
+        if (W >= lay.nws) break;
+        issue_window(d0, W);
+        if (W > 0) {
+            wgmma_wait<1>();
+            scale_window(d1, W - 1);
+        }
+        if (W + 1 < lay.nws) {
+            issue_window(d1, W + 1);
+            wgmma_wait<1>();
+            scale_window(d0, W);
+        }
+    }
+    wgmma_wait<0>();
+    if (lay.nws & 1) scale_window(d0, lay.nws - 1);
+    else if (lay.nws > 0) scale_window(d1, lay.nws - 1);
+    /* lane q of warp w holds slice q's token against slice w's codes: keep q == w, in lane q = 0 */
+    acc0 = __shfl_sync(0xffffffffu, acc0, (lane & ~3) | warp) * unscale;
+    acc1 = __shfl_sync(0xffffffffu, acc1, (lane & ~3) | warp) * unscale;
+    if (q != 0) acc0 = acc1 = 0.0f;
+    pair_finish<GATE_UP, !EARLY_BIAS>(acc0, acc1, red, PF_KS, 1, tile, n_tiles, pair, bv, bias, topk_idx[pair],
+                                      n_out_rows, limit, alpha, h_out, y_out);
+#else
+    __trap(); /* never launched: the host picks this kernel only on compute capability 9.0 with sm_90a code */
+#endif
+}
+
 static bool pair_tma_supported = false; /* set by gptoss_cuda_moe_prepare */
+static bool pair_fp8_supported = false; /* set by gptoss_cuda_moe_prepare */
 static int pair_kernel_choice = -1;     /* gptoss_cuda_moe_set_pair_kernel; -1: not set */
 
 void gptoss_cuda_moe_set_pair_kernel(int kernel) { pair_kernel_choice = kernel; }
 
-/* 1 = the wide kernel, 2 = the TMA kernel: the TMA kernel wherever it runs unless
- * gptoss_cuda_moe_set_pair_kernel or GPTOSS_CUDA_MOE_PAIR_KERNEL (wide or tma) says otherwise. */
+/* 1 = the wide kernel, 2 = the TMA kernel, 3 = the FP8 kernel: the TMA kernel wherever it runs
+ * unless gptoss_cuda_moe_set_pair_kernel or GPTOSS_CUDA_MOE_PAIR_KERNEL (wide, tma or fp8)
+ * says otherwise; a kernel that does not run here falls back to the next one that does. */
 int gptoss_cuda_moe_pair_kernel(void) {
     if (pair_kernel_choice < 0) {
         const char *v = getenv("GPTOSS_CUDA_MOE_PAIR_KERNEL");
-        pair_kernel_choice = v && strcmp(v, "wide") == 0 ? 1 : v && strcmp(v, "tma") == 0 ? 2 : 0;
+        pair_kernel_choice = !v ? 0 : strcmp(v, "wide") == 0 ? 1 : strcmp(v, "tma") == 0 ? 2 : strcmp(v, "fp8") == 0 ? 3 : 0;
     }
     if (pair_kernel_choice == 1 || !pair_tma_supported) return 1;
+    if (pair_kernel_choice == 3 && pair_fp8_supported) return 3;
     return 2;
 }
 
@@ -1867,7 +2120,13 @@ static void pair_mma_launch(const uint8_t *blocks, const uint8_t *scales, const 
      * +1.3%); larger steps load them after the reduction: with early loads, steps of 32 to 96
      * pairs ran 1.5-2% slower, without them 1.1-1.7% faster than before the split (bench -b 8,
      * 16, 24 on 120b, 7 on 20b). */
-    if (gptoss_cuda_moe_pair_kernel() == 2)
+    const int kernel = gptoss_cuda_moe_pair_kernel();
+    if (kernel == 3)
+        launch_pdl(n_pairs <= GPTOSS_MOE_PAIR_MAX ? moe_pair_fp8_kernel<GATE_UP, true>
+                                                  : moe_pair_fp8_kernel<GATE_UP, false>,
+                   dim3(tiles, n_pairs), dim3(PF_KS * 32), pair_fp8_smem(k_in), stream, blocks, scales, bias, act,
+                   topk_idx, k_top, k_in, n_out, w->swiglu_limit, w->swiglu_alpha, h, y, pair_tma_inflight());
+    else if (kernel == 2)
         launch_pdl(n_pairs <= GPTOSS_MOE_PAIR_MAX ? moe_pair_tma_kernel<GATE_UP, true>
                                                   : moe_pair_tma_kernel<GATE_UP, false>,
                    dim3(tiles, n_pairs), dim3(PT_KS * 32), pair_tma_smem(k_in), stream, blocks, scales, bias, act,
@@ -2093,6 +2352,12 @@ cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate) {
                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, true>) &&
                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true, false>) &&
                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, false>);
+    /* the FP8 pair kernel: wgmma, so compute capability 9.0 with sm_90a code, as path 6 */
+    pair_fp8_supported = pair_tma_supported && major == 9 && minor == 0 &&
+                         gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<true, true>) &&
+                         gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<false, true>) &&
+                         gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<true, false>) &&
+                         gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<false, false>);
     if (err == cudaSuccess) (void)cudaGetLastError();
     return err;
 }
