@@ -279,6 +279,69 @@ gptoss_status gptoss_backend_forward_summary(gptoss_backend *backend, const gpto
 void gptoss_logits_summarize_row(const float *row, int32_t vocab_size, int32_t n_top,
                                  int32_t *top_ids, float *top_logits, float *logsumexp);
 
+/* ---------------------------------------------------------------------------------------- */
+/* Sampling where the logits are                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+/* At most this many most-likely alternatives per drawn token (OpenAI's top_logprobs bound). */
+#define GPTOSS_MAX_SAMPLE_LOGPROBS 20
+
+/*
+ * How one logits row becomes a token: the rule of src/backend/sampling_rule.h (processed
+ * logits, greedy or temperature, min_p -> top_k -> top_p, an exact integer-weight draw with
+ * Philox random bits keyed by (seed, position, choice)). Every backend draws exactly the token
+ * the host reference draws from the same row.
+ */
+typedef struct gptoss_sample_row {
+    float temperature;        /* 0 = greedy */
+    float top_p;              /* (0, 1]; 1 = off */
+    int32_t top_k;            /* <= 0 = off */
+    float min_p;              /* [0, 1]; 0 = off */
+    float repetition_penalty; /* > 0; 1 = off (tokens with seen != 0 in the edits) */
+    float frequency_penalty;  /* 0 = off (per output_count of the edits) */
+    float presence_penalty;   /* 0 = off (tokens with output_count > 0) */
+    uint64_t seed;            /* Philox key */
+    int64_t position;         /* position of the token being drawn (Philox counter) */
+    int32_t choice;           /* choice index (Philox counter) */
+    int32_t n_top_logprobs;   /* -1: no logprobs; 0: the drawn token's; 1..20: and the most likely */
+    int32_t edit_start;       /* this row's edits: [edit_start, edit_start + n_edits) */
+    int32_t n_edits;
+    int32_t allowed_row;      /* row of the batch's allowed_masks, or -1: every token allowed */
+} gptoss_sample_row;
+
+/* What a row changes about single tokens, one entry per token (a row's entries sorted by
+ * token, no token twice). Applied in the rule's order: bias, then masked, then repetition
+ * (seen), then frequency and presence (output_count). */
+typedef struct gptoss_sample_edit {
+    int32_t token;
+    float bias;           /* added to the logit (0 = none) */
+    int32_t output_count; /* times generated so far (frequency / presence penalties) */
+    uint8_t seen;         /* in the prompt or the output (repetition penalty) */
+    uint8_t masked;       /* may not be drawn (stop tokens before min_tokens) */
+} gptoss_sample_edit;
+
+typedef struct gptoss_sample_batch {
+    const gptoss_sample_row *rows;   /* [plan->n_logits], in the order of logit_token_index */
+    const gptoss_sample_edit *edits; /* [n_edits] */
+    int32_t n_edits;
+    /* [n_allowed_rows, (vocab + 31) / 32]: token j allowed iff bit j % 32 of word j / 32 */
+    const uint32_t *allowed_masks;
+    int32_t n_allowed_rows;
+    int32_t *token_ids;  /* out [n_logits] */
+    float *logprobs;     /* out [n_logits]: raw logprob of the drawn token (n_top_logprobs >= 0) */
+    int32_t *top_ids;    /* out [n_logits, GPTOSS_MAX_SAMPLE_LOGPROBS], or NULL */
+    float *top_logprobs; /* out, same shape: most likely first, ties by lower id */
+    /* Optional host work while the device computes (as in gptoss_logits_summary). */
+    void (*while_running)(void *user);
+    void *while_running_user;
+} gptoss_sample_batch;
+
+/* Runs one plan and draws one token per logits row. Only the token ids and the logprobs asked
+ * for come back to the host. The plan and the batch are validated first (edits in range,
+ * sorted, rows' parameters in range); a bad batch changes nothing. */
+gptoss_status gptoss_backend_forward_sample(gptoss_backend *backend, const gptoss_batch_plan *plan,
+                                            const gptoss_sample_batch *batch, gptoss_error *error);
+
 /* The options the backend runs with, defaults and automatic sizes resolved. */
 gptoss_backend_options gptoss_backend_get_options(const gptoss_backend *backend);
 
