@@ -104,6 +104,7 @@ void gptoss_engine_options_for_backend(gptoss_engine_options *options, const gpt
 
 #define GPTOSS_MAX_TOP_LOGPROBS 20
 #define GPTOSS_MAX_STOP_TOKENS 16
+#define GPTOSS_MAX_LOGIT_BIAS 1024
 #define GPTOSS_MAX_SALT_BYTES 256
 
 typedef struct gptoss_sampling_params {
@@ -124,6 +125,12 @@ typedef struct gptoss_sampling_params {
     int32_t stop_token_ids[GPTOSS_MAX_STOP_TOKENS]; /* extra stop tokens */
     int32_t n_stop_token_ids;
     int32_t n; /* choices sharing the prompt's KV (1..max_num_seqs) */
+    /* logit_bias: added to the logits of these tokens before any penalty (OpenAI's
+     * logit_bias, values in [-100, 100]). The arrays are copied at submit; NULL when
+     * n_logit_bias is 0. */
+    const int32_t *logit_bias_tokens; /* [n_logit_bias], distinct, each in [0, vocab) */
+    const float *logit_bias_values;   /* [n_logit_bias] */
+    int32_t n_logit_bias;             /* 0..GPTOSS_MAX_LOGIT_BIAS */
 } gptoss_sampling_params;
 
 /* temperature 1, top_p 1, top_k off, min_p 0, no penalties, no seed, no logprobs,
