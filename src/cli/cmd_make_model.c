@@ -2,7 +2,7 @@
  * cmd_make_model.c - `gptoss make-model`: write a random-weight checkpoint.
  */
 #include "cli.h"
-#include "format/checkpoint_writer.h"
+#include "tools/checkpoint_writer.h"
 #include "model/config.h"
 #include "util/error.h"
 
