@@ -22,7 +22,7 @@
  * an error message.
  */
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/attention_tc.h"
+#include "backend/cuda/kernels/attention_tc.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -7,7 +7,7 @@
 #ifndef GPTOSS_CUDA_MOE_FP4_CUH
 #define GPTOSS_CUDA_MOE_FP4_CUH
 
-#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernels/ptx.cuh"
 
 #include <cuda_fp16.h>
 #include <math.h>

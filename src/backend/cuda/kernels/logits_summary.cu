@@ -20,7 +20,7 @@
  * -0 as +0), the low word is ~token id, so keys are distinct and larger keys win, ties going to
  * the lower id, exactly as the host summary (gptoss_logits_summarize_row) orders them.
  */
-#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernels/ptx.cuh"
 
 #include <math.h>
 

@@ -1,7 +1,7 @@
 /*
  * attention_tc.cu - paged sink attention on tensor cores for prefill-sized steps (mma.sync
  * m16n8k16, bf16 in, f32 accumulate; sm_80+). Computes what gptoss_cuda_attention computes
- * with n_splits = 1 (kernels.cu) and replaces it when a step has many tokens; owns no memory.
+ * with n_splits = 1 (attention_split.cu) and replaces it when a step has many tokens; owns no memory.
  *
  * Grid (token tiles, n_kv_heads), latest tile first (causal tiles with the most keys start
  * first). A block takes TQ = 16 * subtiles consecutive tokens of the step and the `group` query
@@ -49,7 +49,8 @@
  * cache's attention with the same 16-bit q and P as the bf16 path; it costs one more pass
  * over shared memory and one more barrier per key tile.
  */
-#include "backend/cuda/attention_tc.h"
+#include "backend/cuda/kernels/attention_tc.h"
+#include "backend/cuda/kernels/ptx.cuh"
 #include "backend/kv_fp8.h"
 
 #include <limits.h>

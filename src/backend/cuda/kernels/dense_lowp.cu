@@ -5,13 +5,14 @@
  *
  * Decode is memory-bound: per token every weight byte crosses the bus once, so halving the
  * bytes of QKV, O and lm_head is the point of the format. The GEMV therefore looks like the
- * bf16 one in kernels.cu (16-byte loads, two rows per warp sharing the activations staged
+ * bf16 one in gemv_bf16.cu (16-byte loads, two rows per warp sharing the activations staged
  * in shared memory, several loads in flight per lane, fp32 accumulation, one warp
  * reduction per row), with 16 weights per load instead of 8.
  *
  * Nothing here allocates or synchronizes; launchers only enqueue.
  */
-#include "backend/cuda/dense_lowp.h"
+#include "backend/cuda/kernels/dense_lowp.h"
+#include "backend/cuda/kernels/ptx.cuh"
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
