@@ -4,6 +4,7 @@
  * Every kernel accumulates in fp32.
  */
 #include "backend/cuda/kernels/rope_kv.cuh"
+#include "backend/cuda/kernels/traits.h"
 
 /* ---- attention -------------------------------------------------------------------------- */
 
@@ -17,7 +18,6 @@
  * With e4m3 pages the tiles hold the codes' values (exact in bf16) and the tile's scales sit
  * beside them: a score is scale_k * (q . codes), and lane l adds p * scale_v * codes of V.
  */
-#define ATT_TILE 32
 
 template <int D, typename KV>
 static __global__ void attention_kernel(const float *q, const KV *k_cache, const KV *v_cache,
@@ -32,10 +32,10 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
     extern __shared__ float smem[];
     int group = n_heads / n_kv_heads;
     float *qs = smem;                                      /* [group][D] */
-    bf16 *ks = (bf16 *)(qs + group * D);                   /* [ATT_TILE][DPAD] */
-    bf16 *vs = ks + ATT_TILE * DPAD;                       /* [ATT_TILE][D] */
-    float *ks_scale = (float *)(vs + ATT_TILE * D);       /* e4m3: [ATT_TILE] scales of K */
-    float *vs_scale = ks_scale + ATT_TILE;                 /* e4m3: [ATT_TILE] scales of V */
+    bf16 *ks = (bf16 *)(qs + group * D);                   /* [ATTN_SPLIT_TILE_KEYS][DPAD] */
+    bf16 *vs = ks + ATTN_SPLIT_TILE_KEYS * DPAD;                       /* [ATTN_SPLIT_TILE_KEYS][D] */
+    float *ks_scale = (float *)(vs + ATTN_SPLIT_TILE_KEYS * D);       /* e4m3: [ATTN_SPLIT_TILE_KEYS] scales of K */
+    float *vs_scale = ks_scale + ATTN_SPLIT_TILE_KEYS;                 /* e4m3: [ATTN_SPLIT_TILE_KEYS] scales of V */
     constexpr bool e4m3 = kv_page_traits<KV>::e4m3;
     int t = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -44,7 +44,7 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
     int seq = token_seq[t];
     int lo = window > 0 ? max(0, p - window + 1) : 0;
     int span = p - lo + 1;
-    int chunk = ((span + n_splits - 1) / n_splits + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    int chunk = ((span + n_splits - 1) / n_splits + ATTN_SPLIT_TILE_KEYS - 1) / ATTN_SPLIT_TILE_KEYS * ATTN_SPLIT_TILE_KEYS;
     int begin = lo + split * chunk;
     int end = min(p + 1, begin + chunk); /* exclusive */
 
@@ -57,12 +57,12 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
 #pragma unroll
     for (int i = 0; i < PER_LANE; i++) acc[i] = 0.0f;
 
-    for (int k0 = begin; k0 < end; k0 += ATT_TILE) {
+    for (int k0 = begin; k0 < end; k0 += ATTN_SPLIT_TILE_KEYS) {
         __syncthreads();
         if constexpr (e4m3) {
             /* cooperative load of the codes of K and V rows [k0, k0 + 32), four per load,
              * decoded to bf16 pairs, and their scales */
-            for (int e = threadIdx.x; e < ATT_TILE * (D / 4); e += blockDim.x) {
+            for (int e = threadIdx.x; e < ATTN_SPLIT_TILE_KEYS * (D / 4); e += blockDim.x) {
                 int r = e / (D / 4), c = e % (D / 4);
                 int j = k0 + r;
                 uint32_t kq = 0, vq = 0; /* code 0 is +0 */
@@ -79,7 +79,7 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
                 vd[0] = e4m3x2_to_bf16x2(vq);
                 vd[1] = e4m3x2_to_bf16x2(vq >> 16);
             }
-            for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x) {
+            for (int r = threadIdx.x; r < ATTN_SPLIT_TILE_KEYS; r += blockDim.x) {
                 int j = k0 + r;
                 float kscale = 0.0f, vscale = 0.0f;
                 if (j < end) {
@@ -92,7 +92,7 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
             }
         } else {
             /* cooperative load of K and V rows [k0, k0 + 32) as bf16 pairs */
-            for (int e = threadIdx.x; e < ATT_TILE * (D / 2); e += blockDim.x) {
+            for (int e = threadIdx.x; e < ATTN_SPLIT_TILE_KEYS * (D / 2); e += blockDim.x) {
                 int r = e / (D / 2), c = e % (D / 2);
                 int j = k0 + r;
                 __nv_bfloat162 kv = __float2bfloat162_rn(0.0f), vv = kv;
@@ -127,7 +127,7 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
         l = l * corr + warp_sum(pj);
 #pragma unroll
         for (int i = 0; i < PER_LANE; i++) acc[i] *= corr;
-        int n_valid = min(ATT_TILE, end - k0);
+        int n_valid = min(ATTN_SPLIT_TILE_KEYS, end - k0);
         for (int jj = 0; jj < n_valid; jj++) {
             float pb = __shfl_sync(0xffffffffu, pj, jj);
             if constexpr (e4m3) pb *= vs_scale[jj];
@@ -166,12 +166,11 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
 }
 
 /* Merges split-K partials with the sink: grid (n_tokens, n_heads), max(D, 32) threads (up to
- * 128), n_splits <= ATT_MAX_SPLITS. Three short phases instead of every thread walking every
+ * 128), n_splits <= ATTN_SPLIT_MAX_SPLITS. Three short phases instead of every thread walking every
  * split twice (at 64 splits that serial walk was most of a one-token decode's attention):
  * the splits' maxima (one per thread) and the block max with the sink; each split's weight
  * exp(m_s - max) into shared memory with the denominator; then each thread sums its output
  * dimension over the splits with independent loads. */
-#define ATT_MAX_SPLITS 256
 static __device__ __forceinline__ float block_reduce(float v, bool is_max, float *scratch) {
     for (int o = 16; o > 0; o >>= 1) {
         float u = __shfl_xor_sync(0xffffffffu, v, o);
@@ -189,7 +188,7 @@ static __device__ __forceinline__ float block_reduce(float v, bool is_max, float
 static __global__ void attention_merge_kernel(const float *partial, const float *sinks,
                                               int32_t n_heads, int32_t head_dim, int32_t n_splits,
                                               bf16 *out) {
-    __shared__ float weight[ATT_MAX_SPLITS];
+    __shared__ float weight[ATTN_SPLIT_MAX_SPLITS];
     __shared__ float scratch[4];
     const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
     const int stride = head_dim + 2;
@@ -241,14 +240,14 @@ static int attention_launch(const float *q, const KV *k_cache, const KV *v_cache
     int group = n_heads / n_kv_heads;
     if (group < 1 || group > 32 || n_heads % n_kv_heads != 0) return -1;
     if (n_splits < 1) n_splits = 1;
-    if (n_splits > ATT_MAX_SPLITS) return -1;
+    if (n_splits > ATTN_SPLIT_MAX_SPLITS) return -1;
     dim3 grid(n_tokens, n_kv_heads, n_splits);
     int threads = 32 * group;
     if (threads < 64) threads = 64; /* enough threads for the tile loads */
-    const size_t scale_bytes = kv_page_traits<KV>::e4m3 ? 2 * ATT_TILE * sizeof(float) : 0;
+    const size_t scale_bytes = kv_page_traits<KV>::e4m3 ? 2 * ATTN_SPLIT_TILE_KEYS * sizeof(float) : 0;
     size_t smem;
 #define LAUNCH_ATT(DIM)                                                                                      \
-    smem = (size_t)group * DIM * sizeof(float) + (size_t)ATT_TILE * (2 * DIM + 2) * sizeof(bf16) + scale_bytes; \
+    smem = (size_t)group * DIM * sizeof(float) + (size_t)ATTN_SPLIT_TILE_KEYS * (2 * DIM + 2) * sizeof(bf16) + scale_bytes; \
     attention_kernel<DIM, KV><<<grid, threads, smem, stream>>>(q, k_cache, v_cache, k_scale, v_scale, positions,   \
                                                                token_seq, block_tables, max_blocks, block_size,  \
                                                                sinks, n_heads, n_kv_heads, window, n_splits,    \

@@ -3,6 +3,7 @@
  * token's QKV projection fused with RoPE + KV write.
  */
 #include "backend/cuda/kernels/rope_kv.cuh"
+#include "backend/cuda/kernels/traits.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -13,11 +14,9 @@
  * y[i, r] = x[i, :] . w[r, :] for m <= 4 rows of x: the decode shapes of the QKV and O
  * projections, where a GEMM library at M = 1 reaches about half the bandwidth. The block
  * stages x (bf16, m * k * 2 <= 32 KB) in shared memory; each warp takes two weight rows at a
- * time (grid-stride) and keeps 2 x DG_UNROLL 16-byte loads per lane in flight; fp32
+ * time (grid-stride) and keeps 2 x GEMV_BF16_LOADS_IN_FLIGHT 16-byte loads per lane in flight; fp32
  * accumulation, one warp reduction per row. k % 8 == 0, rows 16-byte aligned.
  */
-#define DG_WARPS 8
-#define DG_UNROLL 4
 
 /* acc + w . x over the 8 bf16 of a 16-byte chunk each, in element order, fp32 FMAs. */
 static __device__ __forceinline__ float bf16x8_dot(uint4 w, uint4 x, float acc) {
@@ -31,17 +30,17 @@ static __device__ __forceinline__ float bf16x8_dot(uint4 w, uint4 x, float acc) 
 }
 
 /* One lane's share of two weight rows w0 and w1 (16-byte chunks) dotted with the m staged
- * rows of xs: lanes stride the chunks, DG_UNROLL loads of each row in flight, fp32 sums in
+ * rows of xs: lanes stride the chunks, GEMV_BF16_LOADS_IN_FLIGHT loads of each row in flight, fp32 sums in
  * chunk order (not yet reduced over the warp). */
 template <int M>
 static __device__ __forceinline__ void dg_two_rows(const uint4 *w0, const uint4 *w1, const uint4 *xs, int chunks,
                                                    int m, int lane, float (&acc)[2][M]) {
 #pragma unroll
     for (int i = 0; i < M; i++) acc[0][i] = acc[1][i] = 0.0f;
-    for (int c0 = lane; c0 < chunks; c0 += 32 * DG_UNROLL) {
-        uint4 a[DG_UNROLL], b[DG_UNROLL];
+    for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_BF16_LOADS_IN_FLIGHT) {
+        uint4 a[GEMV_BF16_LOADS_IN_FLIGHT], b[GEMV_BF16_LOADS_IN_FLIGHT];
 #pragma unroll
-        for (int u = 0; u < DG_UNROLL; u++) {
+        for (int u = 0; u < GEMV_BF16_LOADS_IN_FLIGHT; u++) {
             int c = c0 + 32 * u;
             if (c < chunks) {
                 a[u] = __ldg(w0 + c);
@@ -51,7 +50,7 @@ static __device__ __forceinline__ void dg_two_rows(const uint4 *w0, const uint4 
             }
         }
 #pragma unroll
-        for (int u = 0; u < DG_UNROLL; u++) {
+        for (int u = 0; u < GEMV_BF16_LOADS_IN_FLIGHT; u++) {
             int c = c0 + 32 * u;
             if (c >= chunks) break;
 #pragma unroll
@@ -77,13 +76,13 @@ static __device__ __forceinline__ void dg_prefetch_rows(const bf16 *w, int r0, i
 }
 
 template <int M>
-static __global__ void __launch_bounds__(DG_WARPS * 32)
+static __global__ void __launch_bounds__(GEMV_BF16_WARPS * 32)
 dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k) {
     extern __shared__ __align__(16) unsigned char dg_smem[];
     uint4 *xs = (uint4 *)dg_smem; /* [m][k / 8] */
     const int chunks = k >> 3;
     {   /* warm L2 with this warp's first rows while the previous kernel finishes */
-        int r = 2 * (blockIdx.x * DG_WARPS + (threadIdx.x >> 5));
+        int r = 2 * (blockIdx.x * GEMV_BF16_WARPS + (threadIdx.x >> 5));
         if (r < n) {
             const char *p0 = (const char *)(w + (size_t)r * k);
             size_t bytes = (size_t)(r + 1 < n ? 2 : 1) * k * sizeof(bf16);
@@ -95,7 +94,7 @@ dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, 
     for (int i = threadIdx.x; i < m * chunks; i += blockDim.x) xs[i] = ((const uint4 *)x)[i];
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int row0 = 2 * (blockIdx.x * DG_WARPS + warp); row0 < n; row0 += 2 * gridDim.x * DG_WARPS) {
+    for (int row0 = 2 * (blockIdx.x * GEMV_BF16_WARPS + warp); row0 < n; row0 += 2 * gridDim.x * GEMV_BF16_WARPS) {
         const bool two = row0 + 1 < n;
         const uint4 *w0 = (const uint4 *)(w + (size_t)row0 * k);
         const uint4 *w1 = two ? w0 + chunks : w0;
@@ -115,7 +114,7 @@ dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, 
 
 /*
  * The same product on sm_90 with the weights staged by the copy engine: block b takes rows
- * [DT_ROWS * b, DT_ROWS * b + DT_ROWS) (contiguous), and its thread 0 copies them into shared
+ * [GEMV_BF16_TMA_ROWS * b, GEMV_BF16_TMA_ROWS * b + GEMV_BF16_TMA_ROWS) (contiguous), and its thread 0 copies them into shared
  * memory with one bulk copy before the PDL wait, since weights depend on no earlier kernel.
  * The copies of every resident block so stream in while the previous kernels run (the
  * attention before O, the norm before QKV), with no registers held, where the kernel above
@@ -125,18 +124,17 @@ dense_gemv_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, 
  * the 20b/120b O projection (2880 rows) fits in one, QKV (5120) needs 1.2 (see
  * gptoss_cuda_gemv_kernel for which runs where).
  */
-#define DT_ROWS 8 /* rows per block, one warp each */
 
-static size_t gemv_tma_smem(int32_t m, int32_t k) { return (size_t)(DT_ROWS + m) * k * sizeof(bf16); }
+static size_t gemv_tma_smem(int32_t m, int32_t k) { return (size_t)(GEMV_BF16_TMA_ROWS + m) * k * sizeof(bf16); }
 
 template <int M>
-static __global__ void __launch_bounds__(DT_ROWS * 32)
+static __global__ void __launch_bounds__(GEMV_BF16_TMA_ROWS * 32)
 dense_gemv_tma_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t n, int32_t k) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char dt_smem[];
     __shared__ __align__(8) uint64_t bar;
-    const int chunks = k >> 3, row0 = blockIdx.x * DT_ROWS, rows = min(DT_ROWS, n - row0);
-    uint4 *ws = (uint4 *)dt_smem, *xs = ws + (size_t)DT_ROWS * chunks;
+    const int chunks = k >> 3, row0 = blockIdx.x * GEMV_BF16_TMA_ROWS, rows = min(GEMV_BF16_TMA_ROWS, n - row0);
+    uint4 *ws = (uint4 *)dt_smem, *xs = ws + (size_t)GEMV_BF16_TMA_ROWS * chunks;
     const uint32_t bar_s = (uint32_t)__cvta_generic_to_shared(&bar);
     if (threadIdx.x == 0) {
         mbar_init(bar_s);
@@ -192,7 +190,7 @@ int gptoss_cuda_gemv_kernel(int32_t m, int32_t n, int32_t k) {
     if (gemv_kernel_choice == 1 || !gemv_tma_supported) return 1;
     if (gemv_kernel_choice == 2) return 2;
     const int64_t per_sm = gemv_sm_smem / ((int64_t)gemv_tma_smem(m, k) + 1024); /* 1 KB reserved per block */
-    return (int64_t)(n + DT_ROWS - 1) / DT_ROWS <= per_sm * gemv_sms ? 2 : 1;
+    return (int64_t)(n + GEMV_BF16_TMA_ROWS - 1) / GEMV_BF16_TMA_ROWS <= per_sm * gemv_sms ? 2 : 1;
 }
 
 cudaError_t gptoss_cuda_gemv_prepare(void) {
@@ -219,7 +217,7 @@ int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int
         ((uintptr_t)w | (uintptr_t)x) % 16 != 0)
         return 1;
     if (gptoss_cuda_gemv_kernel(m, n, k) == 2) {
-        const dim3 grid((n + DT_ROWS - 1) / DT_ROWS), block(DT_ROWS * 32);
+        const dim3 grid((n + GEMV_BF16_TMA_ROWS - 1) / GEMV_BF16_TMA_ROWS), block(GEMV_BF16_TMA_ROWS * 32);
         const size_t smem = gemv_tma_smem(m, k);
         if (m == 1) launch_pdl(dense_gemv_tma_kernel<1>, grid, block, smem, stream, w, x, y, m, n, k);
         else if (m == 2) launch_pdl(dense_gemv_tma_kernel<2>, grid, block, smem, stream, w, x, y, m, n, k);
@@ -227,11 +225,11 @@ int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int
         return 0;
     }
     size_t smem = (size_t)m * k * sizeof(bf16);
-    int want = (n + 2 * DG_WARPS - 1) / (2 * DG_WARPS);
+    int want = (n + 2 * GEMV_BF16_WARPS - 1) / (2 * GEMV_BF16_WARPS);
     int grid = want < 4 * n_sms ? want : 4 * n_sms;
-    if (m == 1) launch_pdl(dense_gemv_kernel<1>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
-    else if (m == 2) launch_pdl(dense_gemv_kernel<2>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
-    else launch_pdl(dense_gemv_kernel<4>, dim3(grid), dim3(DG_WARPS * 32), smem, stream, w, x, y, m, n, k);
+    if (m == 1) launch_pdl(dense_gemv_kernel<1>, dim3(grid), dim3(GEMV_BF16_WARPS * 32), smem, stream, w, x, y, m, n, k);
+    else if (m == 2) launch_pdl(dense_gemv_kernel<2>, dim3(grid), dim3(GEMV_BF16_WARPS * 32), smem, stream, w, x, y, m, n, k);
+    else launch_pdl(dense_gemv_kernel<4>, dim3(grid), dim3(GEMV_BF16_WARPS * 32), smem, stream, w, x, y, m, n, k);
     return 0;
 }
 
@@ -246,7 +244,7 @@ int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int
  * the plan and the weights only: the L2 prefetch of the warp's rows, the angle, the biases
  * and the page slot.
  */
-static __global__ void __launch_bounds__(DG_WARPS * 32)
+static __global__ void __launch_bounds__(GEMV_BF16_WARPS * 32)
 qkv_rope_one_kernel(const bf16 *w, const bf16 *x, const float *qkv_bias, const int32_t *positions,
                     const int32_t *token_seq, const float *inv_freq, float concentration, int32_t n_heads,
                     int32_t n_kv_heads, int32_t head_dim, int32_t k, const int32_t *block_tables, int32_t max_blocks,
@@ -255,7 +253,7 @@ qkv_rope_one_kernel(const bf16 *w, const bf16 *x, const float *qkv_bias, const i
     uint4 *xs = (uint4 *)qr_smem; /* [k / 8] */
     const int chunks = k >> 3, half = head_dim >> 1;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int pr = blockIdx.x * DG_WARPS + warp;
+    const int pr = blockIdx.x * GEMV_BF16_WARPS + warp;
     const bool active = pr < (n_heads + 2 * n_kv_heads) * half;
     const int head = active ? pr / half : 0, j = pr % half;
     const int r0 = head * head_dim + j, r1 = r0 + half;
@@ -309,7 +307,7 @@ int gptoss_cuda_qkv_rope_one(const bf16 *w, const bf16 *x, const float *qkv_bias
         hidden % 8 != 0 || hidden > 4096 || block_size <= 0 || ((uintptr_t)w | (uintptr_t)x) % 16 != 0)
         return 1;
     const int32_t pairs = (n_heads + 2 * n_kv_heads) * (head_dim / 2);
-    launch_pdl(qkv_rope_one_kernel, dim3((pairs + DG_WARPS - 1) / DG_WARPS), dim3(DG_WARPS * 32),
+    launch_pdl(qkv_rope_one_kernel, dim3((pairs + GEMV_BF16_WARPS - 1) / GEMV_BF16_WARPS), dim3(GEMV_BF16_WARPS * 32),
                (size_t)hidden * sizeof(bf16), stream, w, x, qkv_bias, positions, token_seq, inv_freq, concentration,
                n_heads, n_kv_heads, head_dim, hidden, block_tables, max_blocks, block_size, q_out, k_cache, v_cache);
     return 0;

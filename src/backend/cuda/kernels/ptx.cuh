@@ -38,10 +38,10 @@ static __device__ __forceinline__ void pdl_wait(void) {
 /*
  * pdl_wait with the trigger first, for a kernel whose successor should launch before this
  * kernel waits. Used by decode attention only: its successor, the O projection, copies its
- * weights before its own wait, and so starts them during RoPE instead of after it (H100
- * tg128: 20b 490.0 -> 492.5, 120b 342.0 -> 343.2). The same in the residual norm before
- * the QKV projection was slower (476.2 and 330.6: the projection's blocks then sit waiting
- * beside the experts' last blocks). A successor must read nothing but weights before its
+ * weights before its own wait, and so starts them during RoPE instead of after it (20b tg128
+ * +0.5% on an H100). The same in the residual norm before the QKV projection was slower: the
+ * projection's blocks then sit waiting beside the experts' last blocks (see bench/CUDA.md,
+ * "PDL: triggering before the wait"). A successor must read nothing but weights before its
  * own wait and trigger after it, so the early launch stays two kernels deep; no block is
  * displaced, since a grid launches only once every block of its predecessor has started.
  */

@@ -2,6 +2,7 @@
  * rope_kv.cu - QKV bias + YaRN RoPE + paged KV write, for bf16 and FP8 (e4m3 + scale) pages.
  */
 #include "backend/cuda/kernels/rope_kv.cuh"
+#include "backend/cuda/kernels/traits.h"
 
 template <typename KV>
 static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, const int32_t *positions,
@@ -15,7 +16,7 @@ static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, c
     const int t = blockIdx.x, j = threadIdx.x, y = threadIdx.y;
     const int half = head_dim / 2;
     const bool kv_block = (int)blockIdx.y >= q_blocks;
-    const int head = kv_block ? n_heads + ((int)blockIdx.y - q_blocks) * ROPE_HEADS + y : (int)blockIdx.y * ROPE_HEADS + y;
+    const int head = kv_block ? n_heads + ((int)blockIdx.y - q_blocks) * ROPE_KV_HEADS_PER_BLOCK + y : (int)blockIdx.y * ROPE_KV_HEADS_PER_BLOCK + y;
     const bool valid = head < (kv_block ? n_heads + n_kv_heads : n_heads);
     const int width = (n_heads + 2 * n_kv_heads) * head_dim;
     const float *row = qkv + (size_t)t * width;
@@ -59,7 +60,7 @@ static __global__ void rope_kv_kernel(const float *qkv, const float *qkv_bias, c
     KV *kd = k_cache + slot * head_dim;
     KV *vd = v_cache + slot * head_dim;
     if constexpr (kv_page_traits<KV>::e4m3) {
-        __shared__ float scratch[ROPE_HEADS * 64];
+        __shared__ float scratch[ROPE_KV_HEADS_PER_BLOCK * 64];
         const float ks = gptoss_kv_fp8_scale(head_max(fmaxf(fabsf(ra), fabsf(rb)), scratch));
         const float vs = gptoss_kv_fp8_scale(head_max(fmaxf(fabsf(va), fabsf(vb)), scratch));
         if (!valid) return;
@@ -88,9 +89,9 @@ static void rope_kv_launch(const float *qkv, const float *qkv_bias, const int32_
                            int32_t block_size, float *q_out, KV *k_cache, KV *v_cache, float *k_scale,
                            float *v_scale, cudaStream_t stream) {
     if (n_tokens <= 0) return;
-    const int32_t q_blocks = (n_heads + ROPE_HEADS - 1) / ROPE_HEADS;
-    dim3 grid(n_tokens, q_blocks + (n_kv_heads + ROPE_HEADS - 1) / ROPE_HEADS);
-    launch_pdl(rope_kv_kernel<KV>, grid, dim3(head_dim / 2, ROPE_HEADS), 0, stream, qkv, qkv_bias, positions,
+    const int32_t q_blocks = (n_heads + ROPE_KV_HEADS_PER_BLOCK - 1) / ROPE_KV_HEADS_PER_BLOCK;
+    dim3 grid(n_tokens, q_blocks + (n_kv_heads + ROPE_KV_HEADS_PER_BLOCK - 1) / ROPE_KV_HEADS_PER_BLOCK);
+    launch_pdl(rope_kv_kernel<KV>, grid, dim3(head_dim / 2, ROPE_KV_HEADS_PER_BLOCK), 0, stream, qkv, qkv_bias, positions,
                token_seq, inv_freq, concentration, n_heads, n_kv_heads, head_dim, block_tables, max_blocks,
                block_size, q_out, k_cache, v_cache, k_scale, v_scale, q_blocks);
 }

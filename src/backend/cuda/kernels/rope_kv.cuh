@@ -7,6 +7,7 @@
 #define GPTOSS_CUDA_ROPE_KV_CUH
 
 #include "backend/cuda/kernels/ptx.cuh"
+#include "backend/cuda/kernels/traits.h"
 #include "backend/kv_fp8.h"
 
 #include <math.h>
@@ -56,7 +57,6 @@ static __device__ __forceinline__ size_t kv_page_slot(const int32_t *block_table
 
 /* Heads per block of the RoPE + KV write kernel. One head per 32-thread block made a
  * 2048-token 20b step 147k tiny blocks: 92 us per layer where its 80 MB need about 27. */
-#define ROPE_HEADS 8
 
 /* The largest of one value per thread over the threads of this threadIdx.y (one head; every
  * thread of the block calls it; NaN is skipped as by fmaxf, like kv_fp8.h's host loop). */
@@ -70,7 +70,7 @@ static __device__ __forceinline__ float head_max(float v, float *scratch) {
     return m;
 }
 
-/* Grid (n_tokens, q_blocks + ceil(n_kv_heads / ROPE_HEADS)), (head_dim / 2, ROPE_HEADS)
+/* Grid (n_tokens, q_blocks + ceil(n_kv_heads / ROPE_KV_HEADS_PER_BLOCK)), (head_dim / 2, ROPE_KV_HEADS_PER_BLOCK)
  * threads: thread (j, y) takes the rotated pair (j, j + D/2) of one head of the token. Blocks
  * below q_blocks hold query heads; the others hold KV heads, whose threads also copy the
  * matching v head into the cache (with e4m3 pages after the head vector's absmax over its

@@ -3,6 +3,7 @@
  * residual norm + router, top-k with softmax weights, and the row gather.
  */
 #include "backend/cuda/kernels/ptx.cuh"
+#include "backend/cuda/kernels/traits.h"
 
 #include <math.h>
 
@@ -12,7 +13,6 @@
  * (not its bf16 copy): grid (ceil(T / 8), ceil(E / 8)), 8 warps; a block stages 8 token rows
  * in shared memory and each warp produces one expert's logits for them (lanes stride the
  * row in bf16 pairs). */
-#define ROUTER_TOKENS 8
 
 static __device__ void topk_warp(const volatile float *row, const float *bias, int32_t n_experts, int32_t k_top,
                                  int32_t *topk_idx, float *topk_weight);
@@ -40,24 +40,24 @@ static __global__ void router_logits_kernel(const float *t, const bf16 *weight, 
                                             int32_t n_experts, int32_t hidden, float *logits,
                                             unsigned *done_counter, int32_t k_top, int32_t *topk_idx,
                                             float *topk_weight) {
-    /* [ROUTER_TOKENS][hidden]; 128-byte aligned, the dynamic-region layout this kernel was measured
-     * with (the alignment of a file's largest extern __shared__ applies to every kernel in it) */
+    /* [ROUTER_TOKENS_PER_BLOCK][hidden]; 128-byte aligned, the dynamic-region layout this kernel
+     * was measured with (a file's largest extern __shared__ alignment applies to all its kernels) */
     extern __shared__ __align__(128) float rows[];
     pdl_wait();
-    int t0 = blockIdx.x * ROUTER_TOKENS;
-    int nt = min(ROUTER_TOKENS, n_tokens - t0);
+    int t0 = blockIdx.x * ROUTER_TOKENS_PER_BLOCK;
+    int nt = min(ROUTER_TOKENS_PER_BLOCK, n_tokens - t0);
     for (int i = threadIdx.x; i < nt * hidden; i += blockDim.x) rows[i] = t[(size_t)t0 * hidden + i];
     __syncthreads();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
     for (int e = blockIdx.y * n_warps + warp; e < n_experts; e += gridDim.y * n_warps) {
         const uint4 *w = (const uint4 *)(weight + (size_t)e * hidden);
-        float acc[ROUTER_TOKENS] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        float acc[ROUTER_TOKENS_PER_BLOCK] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4
         for (int j = lane; j < hidden / 8; j += 32) { /* 8 weights per 16-byte load */
             uint4 wq = __ldg(w + j);
             const uint32_t ww[4] = {wq.x, wq.y, wq.z, wq.w};
 #pragma unroll
-            for (int k = 0; k < ROUTER_TOKENS; k++) {
+            for (int k = 0; k < ROUTER_TOKENS_PER_BLOCK; k++) {
                 if (k >= nt) break;
                 const float *xr = rows + k * hidden + 8 * j;
 #pragma unroll
@@ -66,7 +66,7 @@ static __global__ void router_logits_kernel(const float *t, const bf16 *weight, 
             }
         }
 #pragma unroll
-        for (int k = 0; k < ROUTER_TOKENS; k++) {
+        for (int k = 0; k < ROUTER_TOKENS_PER_BLOCK; k++) {
             float v = warp_sum(acc[k]);
             if (lane == 0 && k < nt) logits[(size_t)(t0 + k) * n_experts + e] = v + bias[e];
         }
@@ -84,8 +84,8 @@ static __global__ void router_logits_kernel(const float *t, const bf16 *weight, 
 void gptoss_cuda_router_logits(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
                                int32_t n_experts, int32_t hidden, float *logits, cudaStream_t stream) {
     if (n_tokens <= 0) return;
-    size_t smem = (size_t)ROUTER_TOKENS * hidden * sizeof(float);
-    dim3 grid((n_tokens + ROUTER_TOKENS - 1) / ROUTER_TOKENS, (n_experts + 7) / 8);
+    size_t smem = (size_t)ROUTER_TOKENS_PER_BLOCK * hidden * sizeof(float);
+    dim3 grid((n_tokens + ROUTER_TOKENS_PER_BLOCK - 1) / ROUTER_TOKENS_PER_BLOCK, (n_experts + 7) / 8);
     router_logits_kernel<<<grid, 256, smem, stream>>>(
         t, weight, bias, n_tokens, n_experts, hidden, logits, nullptr, 0, nullptr, nullptr);
 }
@@ -98,24 +98,22 @@ void gptoss_cuda_router_logits(const float *t, const bf16 *weight, const float *
  * runs the top-k as the general kernel does. Measured on an H100 (20b, ncu, caches flushed):
  * the general kernel took 18.9 us here with 4 blocks of 8 warps.
  */
-#define ROUTER1_WARPS 4
-#define ROUTER1_MAX_CHUNKS 16 /* hidden <= 32 * 16 * 8 = 4096 */
 
 /* One warp's router row (expert e, clamped to the last) into registers, 16 bytes per chunk. */
 static __device__ __forceinline__ void router_row_load(const bf16 *weight, int e, int32_t n_experts, int n_chunks,
-                                                       int lane, uint4 (&wq)[ROUTER1_MAX_CHUNKS]) {
+                                                       int lane, uint4 (&wq)[ROUTER_ONE_MAX_CHUNKS]) {
     const uint4 *w = (const uint4 *)(weight + (size_t)min(e, n_experts - 1) * n_chunks * 8);
 #pragma unroll
-    for (int i = 0; i < ROUTER1_MAX_CHUNKS; i++)
+    for (int i = 0; i < ROUTER_ONE_MAX_CHUNKS; i++)
         if (lane + 32 * i < n_chunks) wq[i] = __ldg(w + lane + 32 * i);
 }
 
 /* The warp's row . the fp32 token t4 (every lane gets the sum). */
-static __device__ __forceinline__ float router_row_dot(const uint4 (&wq)[ROUTER1_MAX_CHUNKS], const float4 *t4,
+static __device__ __forceinline__ float router_row_dot(const uint4 (&wq)[ROUTER_ONE_MAX_CHUNKS], const float4 *t4,
                                                        int n_chunks, int lane) {
     float acc = 0.0f;
 #pragma unroll
-    for (int i = 0; i < ROUTER1_MAX_CHUNKS; i++) {
+    for (int i = 0; i < ROUTER_ONE_MAX_CHUNKS; i++) {
         int j = lane + 32 * i;
         if (j < n_chunks) {
             float4 a = t4[2 * j], b = t4[2 * j + 1];
@@ -129,12 +127,12 @@ static __device__ __forceinline__ float router_row_dot(const uint4 (&wq)[ROUTER1
     return warp_sum(acc);
 }
 
-static __global__ void __launch_bounds__(ROUTER1_WARPS * 32)
+static __global__ void __launch_bounds__(ROUTER_ONE_WARPS * 32)
 router_one_kernel(const float *t, const bf16 *weight, const float *bias, int32_t n_experts, int32_t hidden,
                   float *logits, unsigned *done_counter, int32_t k_top, int32_t *topk_idx, float *topk_weight) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int e = blockIdx.x * ROUTER1_WARPS + warp, n_chunks = hidden >> 3;
-    uint4 wq[ROUTER1_MAX_CHUNKS];
+    const int e = blockIdx.x * ROUTER_ONE_WARPS + warp, n_chunks = hidden >> 3;
+    uint4 wq[ROUTER_ONE_MAX_CHUNKS];
     router_row_load(weight, e, n_experts, n_chunks, lane, wq);
     pdl_wait();
     const float acc = router_row_dot(wq, (const float4 *)t, n_chunks, lane);
@@ -148,49 +146,47 @@ void gptoss_cuda_router(const float *t, const bf16 *weight, const float *bias, i
                         int32_t n_experts, int32_t hidden, int32_t k_top, float *logits, unsigned *done_counter,
                         int32_t *topk_idx, float *topk_weight, cudaStream_t stream) {
     if (n_tokens <= 0) return;
-    if (n_tokens == 1 && hidden % 8 == 0 && hidden <= 32 * 8 * ROUTER1_MAX_CHUNKS) {
-        launch_pdl(router_one_kernel, dim3((n_experts + ROUTER1_WARPS - 1) / ROUTER1_WARPS), dim3(ROUTER1_WARPS * 32),
+    if (n_tokens == 1 && hidden % 8 == 0 && hidden <= 32 * 8 * ROUTER_ONE_MAX_CHUNKS) {
+        launch_pdl(router_one_kernel, dim3((n_experts + ROUTER_ONE_WARPS - 1) / ROUTER_ONE_WARPS), dim3(ROUTER_ONE_WARPS * 32),
                    0, stream, t, weight, bias, n_experts, hidden, logits, done_counter, k_top, topk_idx, topk_weight);
         return;
     }
-    size_t smem = (size_t)ROUTER_TOKENS * hidden * sizeof(float);
-    dim3 grid((n_tokens + ROUTER_TOKENS - 1) / ROUTER_TOKENS, (n_experts + 7) / 8);
+    size_t smem = (size_t)ROUTER_TOKENS_PER_BLOCK * hidden * sizeof(float);
+    dim3 grid((n_tokens + ROUTER_TOKENS_PER_BLOCK - 1) / ROUTER_TOKENS_PER_BLOCK, (n_experts + 7) / 8);
     launch_pdl(router_logits_kernel, grid, dim3(256), smem, stream, t, weight, bias, n_tokens, n_experts, hidden,
                logits, done_counter, k_top, topk_idx, topk_weight);
 }
 
 /*
- * One decode token: the residual update + RMSNorm after the attention block fused with the
- * router (they were two kernels of 6.3 and 9.2 us on an H100, each mostly one latency chain).
- * Each block of NR_WARPS warps loads its experts' router rows into registers before the PDL
- * wait, then recomputes the whole residual row and its norm (hidden floats from L2, cheap
- * next to a launch), keeps the normalized row in shared memory in fp32 and scores one expert
- * per warp. The last block to finish (atomic ticket) writes the new residual row and the bf16
- * normalized row, which no block may write earlier (the others could still be reading x),
- * and runs the top-k. The norm's sum runs in another order than residual_rmsnorm_kernel's,
- * so a row can differ from the two-kernel path's by an ulp.
+ * One decode token: the residual update + RMSNorm after the attention block fused with the router
+ * (they were two kernels of 6.3 and 9.2 us on an H100, each mostly one latency chain). Each block
+ * of NORM_ROUTER_WARPS warps loads its experts' router rows into registers before the PDL wait,
+ * then recomputes the whole residual row and its norm (hidden floats from L2, cheap next to a
+ * launch), keeps the normalized row in shared memory in fp32 and scores one expert per warp. The
+ * last block to finish (atomic ticket) writes the new residual row and the bf16 normalized row,
+ * which no block may write earlier (the others could still be reading x), and runs the top-k. The
+ * norm's sum runs in another order than residual_rmsnorm_kernel's, so a row can differ from the
+ * two-kernel path's by an ulp.
  */
-#define NR_WARPS 8
-#define NR_PER_THREAD 4 /* float4 per thread per array: hidden <= NR_WARPS * 32 * 4 * 4 = 4096 */
 
-static __global__ void __launch_bounds__(NR_WARPS * 32)
+static __global__ void __launch_bounds__(NORM_ROUTER_WARPS * 32)
 norm_router_one_kernel(float *__restrict__ x, const float *__restrict__ add, const float *__restrict__ add_bias,
                        const float *__restrict__ gain, float eps, int32_t hidden, bf16 *__restrict__ out,
                        const bf16 *__restrict__ weight, const float *__restrict__ bias, int32_t n_experts,
                        float *logits, unsigned *done_counter, int32_t k_top, int32_t *topk_idx,
                        float *topk_weight) {
     extern __shared__ __align__(128) float nr_row[]; /* [hidden] normalized, fp32; aligned as rows above */
-    __shared__ float partial[NR_WARPS];
+    __shared__ float partial[NORM_ROUTER_WARPS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int e = blockIdx.x * NR_WARPS + warp, n_chunks = hidden >> 3, n4 = hidden >> 2;
-    uint4 wq[ROUTER1_MAX_CHUNKS];
+    const int e = blockIdx.x * NORM_ROUTER_WARPS + warp, n_chunks = hidden >> 3, n4 = hidden >> 2;
+    uint4 wq[ROUTER_ONE_MAX_CHUNKS];
     router_row_load(weight, e, n_experts, n_chunks, lane, wq);
     pdl_wait(); /* x and the O projection come from earlier kernels */
-    float4 v[NR_PER_THREAD], g[NR_PER_THREAD];
+    float4 v[NORM_ROUTER_PER_THREAD], g[NORM_ROUTER_PER_THREAD];
     float ss = 0.0f;
 #pragma unroll
-    for (int c = 0; c < NR_PER_THREAD; c++) {
-        const int j = threadIdx.x + c * NR_WARPS * 32;
+    for (int c = 0; c < NORM_ROUTER_PER_THREAD; c++) {
+        const int j = threadIdx.x + c * NORM_ROUTER_WARPS * 32;
         if (j < n4) {
             float4 a = ((const float4 *)x)[j], b = ((const float4 *)add)[j], cb = ((const float4 *)add_bias)[j];
             g[c] = ((const float4 *)gain)[j];
@@ -203,11 +199,11 @@ norm_router_one_kernel(float *__restrict__ x, const float *__restrict__ add, con
     __syncthreads();
     float total = 0.0f;
 #pragma unroll
-    for (int i = 0; i < NR_WARPS; i++) total += partial[i];
+    for (int i = 0; i < NORM_ROUTER_WARPS; i++) total += partial[i];
     const float inv = rsqrtf(total / (float)hidden + eps);
 #pragma unroll
-    for (int c = 0; c < NR_PER_THREAD; c++) {
-        const int j = threadIdx.x + c * NR_WARPS * 32;
+    for (int c = 0; c < NORM_ROUTER_PER_THREAD; c++) {
+        const int j = threadIdx.x + c * NORM_ROUTER_WARPS * 32;
         if (j < n4)
             ((float4 *)nr_row)[j] = make_float4(g[c].x * (v[c].x * inv), g[c].y * (v[c].y * inv),
                                                 g[c].z * (v[c].z * inv), g[c].w * (v[c].w * inv));
@@ -218,8 +214,8 @@ norm_router_one_kernel(float *__restrict__ x, const float *__restrict__ add, con
     if (lane == 0 && e < n_experts) logits[e] = acc + bias[e];
     if (!last_block(done_counter, gridDim.x)) return;
 #pragma unroll
-    for (int c = 0; c < NR_PER_THREAD; c++) {
-        const int j = threadIdx.x + c * NR_WARPS * 32;
+    for (int c = 0; c < NORM_ROUTER_PER_THREAD; c++) {
+        const int j = threadIdx.x + c * NORM_ROUTER_WARPS * 32;
         if (j < n4) {
             ((float4 *)x)[j] = v[c];
             const float4 y = t4[j];
@@ -235,11 +231,11 @@ int gptoss_cuda_norm_router_one(float *x, const float *add, const float *add_bia
                                 int32_t hidden, bf16 *out, const bf16 *weight, const float *bias,
                                 int32_t n_experts, int32_t k_top, float *logits, unsigned *done_counter,
                                 int32_t *topk_idx, float *topk_weight, cudaStream_t stream) {
-    if (hidden % 8 != 0 || hidden > NR_WARPS * 32 * 4 * NR_PER_THREAD || hidden > 32 * 8 * ROUTER1_MAX_CHUNKS ||
+    if (hidden % 8 != 0 || hidden > NORM_ROUTER_WARPS * 32 * 4 * NORM_ROUTER_PER_THREAD || hidden > 32 * 8 * ROUTER_ONE_MAX_CHUNKS ||
         add_bias == NULL || n_experts < 1 || k_top < 1 || k_top > 32 || k_top > n_experts ||
         ((uintptr_t)x | (uintptr_t)add | (uintptr_t)add_bias | (uintptr_t)gain | (uintptr_t)out | (uintptr_t)weight) % 16)
         return 1;
-    launch_pdl(norm_router_one_kernel, dim3((n_experts + NR_WARPS - 1) / NR_WARPS), dim3(NR_WARPS * 32),
+    launch_pdl(norm_router_one_kernel, dim3((n_experts + NORM_ROUTER_WARPS - 1) / NORM_ROUTER_WARPS), dim3(NORM_ROUTER_WARPS * 32),
                (size_t)hidden * sizeof(float), stream, x, add, add_bias, gain, eps, hidden, out, weight, bias,
                n_experts, logits, done_counter, k_top, topk_idx, topk_weight);
     return 0;
@@ -247,7 +243,7 @@ int gptoss_cuda_norm_router_one(float *x, const float *add, const float *add_bia
 
 cudaError_t gptoss_cuda_router_prepare(int32_t hidden) {
     return cudaFuncSetAttribute(router_logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ROUTER_TOKENS * hidden * sizeof(float)));
+                                (int)(ROUTER_TOKENS_PER_BLOCK * hidden * sizeof(float)));
 }
 
 /* ---- router top-k --------------------------------------------------------------------- */

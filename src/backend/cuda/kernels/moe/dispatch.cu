@@ -19,6 +19,7 @@
  * Must not: allocate, synchronize, or read experts no token was routed to.
  */
 #include "backend/cuda/kernels/moe/fp4.cuh"
+#include "backend/cuda/kernels/traits.h"
 #include "backend/cuda/kernels/moe/moe_internal.h"
 
 #include <math.h>
@@ -105,10 +106,10 @@ cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *i
 
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
-/* Path 6 where experts average at least GPTOSS_CUDA_MOE_WG_MIN rows (default 24): its MMAs
- * are at least 32 columns wide, path 4's 8. Measured on an H100 (bench -b, depth 512): at 8
- * and 12 rows per expert (120b x256, x384) path 6 was 16% and 15% slower, at 32 (20b x256)
- * 7.5% faster; 24 sits between. */
+/* The wgmma GEMM where experts average at least GPTOSS_CUDA_MOE_WG_MIN rows (default 24): its
+ * MMAs are at least 32 columns wide, the mma GEMM's 8. Measured on an H100 (bench -b, depth 512):
+ * at 8 and 12 rows per expert (120b x256, x384) the wgmma GEMM was 16% and 15% slower, at 32 (20b
+ * x256) 7.5% faster; 24 sits between. */
 static bool wg_worth(int32_t n_tokens, int32_t k_top, int32_t n_experts) {
     static int32_t min_avg = -1;
     if (min_avg < 0) {
@@ -121,18 +122,14 @@ static bool wg_worth(int32_t n_tokens, int32_t k_top, int32_t n_experts) {
 }
 
 /*
- * Path 5 for steps of several tokens while their pairs number at most 7/8 of the experts: one
- * block per (pair, 16 rows), so an expert that several tokens chose is read once per pair,
- * where path 4 reads it once. Path 4's blocks each stream 192 rows through a 4-stage pipeline
- * and spend instructions on 8-row tiles that hold one or two rows here, while path 5's many
- * small blocks keep more copies in flight. Measured on an H100 (bench -b, depth 512, FP8 KV;
- * tok/s path 4 -> 5):
- *   120b: x2 366 -> 478, x4 493 -> 655, x8 688 -> 879, x16 1034 -> 1237, x24 1246 -> 1345,
- *         x32 1431 -> 1392, x64 2187 -> 1482 (crossing near 28 tokens, 112 pairs);
- *   20b:  x2 565 -> 695, x4 809 -> 968, x6 1020 -> 1181, x7 1134 -> 1251, x8 1240 -> 1315,
- *         x12 1882 -> 1728 (crossing near 9 tokens, 36 pairs).
- * GPTOSS_CUDA_MOE_PAIR_TOKENS=N replaces the rule by "up to N tokens" (1: one token only, as
- * before), for measurements.
+ * The pair mma for steps of several tokens while their pairs number at most 7/8 of the experts: one
+ * block per (pair, 16 rows), so an expert that several tokens chose is read once per pair, where
+ * the mma GEMM reads it once. The mma GEMM's blocks each stream 192 rows through a 4-stage pipeline
+ * and spend instructions on 8-row tiles that hold one or two rows here, while the pair mma's many
+ * small blocks keep more copies in flight. On an H100 the two cross near 112 pairs for 120b (128
+ * experts) and 36 for 20b (32 experts) (see bench/CUDA.md, "MoE dispatch: pair mma against the mma
+ * GEMM"). GPTOSS_CUDA_MOE_PAIR_TOKENS=N replaces the rule by "up to N tokens" (1: one token only,
+ * as before), for measurements.
  */
 static bool pair_path_worth(int32_t n_tokens, int32_t k_top, int32_t n_experts) {
     static int32_t max_tokens = -1;
@@ -186,7 +183,7 @@ void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_
 
 cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate) {
     int32_t widest = hidden > intermediate ? hidden : intermediate;
-    if (widest > 32 * 32 * GEMV_MAX_GROUPS_PER_LANE) return cudaErrorInvalidValue;
+    if (widest > 32 * 32 * MOE_ROUTE_GEMV_GROUPS_PER_LANE) return cudaErrorInvalidValue;
     cudaError_t err = gptoss_moe_route_gemv_prepare(widest);
     if (err == cudaSuccess) err = gptoss_moe_pair_gemv_prepare(widest);
     if (err == cudaSuccess) err = gptoss_moe_mma_gemm_prepare(widest);

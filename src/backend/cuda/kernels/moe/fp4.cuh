@@ -1,6 +1,6 @@
 /*
- * fp4.cuh - device helpers shared by the MoE kernels (the .cu files of kernels/moe/): E2M1 / E8M0 decode to
- * fp32 and to fp16 pairs, the clamped SwiGLU, h as the fp16 paths store it, the mma.sync
+ * fp4.cuh - device helpers shared by the MoE kernels (the .cu files of kernels/moe/): E2M1 / E8M0
+ * decode to fp32 and to fp16 pairs, the clamped SwiGLU, h as the fp16 paths store it, the mma.sync
  * m16n8k16 and cp.async wrappers and the "mma layout" permutation. All static inline, so each
  * kernel file compiles its own copy exactly as before.
  */

@@ -3,9 +3,10 @@
  * route tiles of 8 to 128 rows (prefill and batched decode).
  */
 #include "backend/cuda/kernels/moe/fp4.cuh"
+#include "backend/cuda/kernels/traits.h"
 #include "backend/cuda/kernels/moe/moe_internal.h"
 
-/* ---- mma path: grouped tensor-core GEMM with fp16 operands (path 4) -------------------------- */
+/* ---- mma path: grouped tensor-core GEMM with fp16 operands (GPTOSS_MOE_MMA_GEMM) ------------- */
 
 /*
  * One launch per projection; grid (weight-row tiles of 192 rows, route tiles of BN sorted rows).
@@ -46,9 +47,6 @@
  * tile and every token tile re-reads the weights. 192-row blocks cut the token re-reads by a
  * third, and B is copied through L1 (cp.async.ca) for the co-resident block on the same tokens.
  */
-#define MMA_WARPS 6
-#define MMA_BM (32 * MMA_WARPS) /* 192 rows: 2880 and 5760 are multiples */
-#define MMA_THREADS (32 * MMA_WARPS)
 /* t [n_rows, k] bf16 -> out [n_rows, k] fp16 in the mma layout; one 8-value chunk per thread. */
 static __global__ void mma_convert_kernel(const bf16 *t, int64_t n_chunks, __half *out) {
     pdl_wait();
@@ -66,16 +64,16 @@ template <int BN>
 struct mma_cfg {
     static constexpr int STAGES = BN >= 64 ? 3 : 4;
     static constexpr int MIN_BLOCKS = BN >= 128 ? 1 : 2; /* per SM: caps registers at 168 */
-    static constexpr int A_BYTES = MMA_BM * 64;
+    static constexpr int A_BYTES = MOE_MMA_BLOCK_ROWS * 64;
     static constexpr int B_BYTES = BN * 256;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
     static size_t smem(int n_groups) {
-        return (size_t)STAGES * STAGE_BYTES + (((size_t)MMA_BM * n_groups + 15) & ~(size_t)15) + 2 * BN * sizeof(int32_t);
+        return (size_t)STAGES * STAGE_BYTES + (((size_t)MOE_MMA_BLOCK_ROWS * n_groups + 15) & ~(size_t)15) + 2 * BN * sizeof(int32_t);
     }
 };
 
 template <bool GATE_UP, int BN>
-static __global__ void __launch_bounds__(MMA_THREADS, mma_cfg<BN>::MIN_BLOCKS)
+static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN>::MIN_BLOCKS)
 moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const __half *act, int32_t k_in,
                int32_t n_out_rows, gptoss_cuda_route route, float limit, float alpha, __half *h_out, float *y_out) {
     typedef mma_cfg<BN> C;
@@ -83,7 +81,7 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
     extern __shared__ __align__(16) uint8_t mma_smem[];
     uint8_t *s_scale = mma_smem + C::STAGES * C::STAGE_BYTES;
     const int n_groups = k_in >> 5;
-    int32_t *s_src = (int32_t *)(s_scale + (((size_t)MMA_BM * n_groups + 15) & ~(size_t)15)); /* [BN] act row */
+    int32_t *s_src = (int32_t *)(s_scale + (((size_t)MOE_MMA_BLOCK_ROWS * n_groups + 15) & ~(size_t)15)); /* [BN] act row */
     int32_t *s_dst = s_src + BN;                                                              /* [BN] out row */
 
     pdl_wait(); /* the route, the input and h come from earlier kernels */
@@ -98,14 +96,15 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
     const uint8_t *es = scales + (size_t)e * n_out_rows * n_groups;
     const int n_units = n_out_rows >> 1;
 
-    /* weight row (relative to the block's first, MMA_BM * bx) of fragment row f (0..MMA_BM-1) */
+    /* weight row (relative to the block's first, MOE_MMA_BLOCK_ROWS * bx) of fragment row f
+     * (0..MOE_MMA_BLOCK_ROWS-1) */
     auto local_row = [&](int f) -> int {
         if (GATE_UP) return 2 * ((f >> 5) * 16 + ((f >> 4) & 1) * 8 + (f & 7)) + ((f >> 3) & 1);
         return f;
     };
-    const int row0 = blockIdx.x * MMA_BM, n_valid_rows = min(MMA_BM, n_out_rows - row0);
+    const int row0 = blockIdx.x * MOE_MMA_BLOCK_ROWS, n_valid_rows = min(MOE_MMA_BLOCK_ROWS, n_out_rows - row0);
 
-    for (int i = tid; i < BN; i += MMA_THREADS) {
+    for (int i = tid; i < BN; i += MOE_MMA_THREADS) {
         int r = r0 + min(i, n_rows - 1);
         s_src[i] = GATE_UP ? route.sorted_token[r] : r;
         s_dst[i] = GATE_UP ? r : route.sorted_pair[r];
@@ -116,7 +115,7 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
     {
         const uint8_t *src = es + (size_t)row0 * n_groups;
         int chunks = n_valid_rows * n_groups / 16;
-        for (int i = tid; i < chunks; i += MMA_THREADS) cp_async16(s_scale + i * 16, src + (size_t)i * 16, true);
+        for (int i = tid; i < chunks; i += MOE_MMA_THREADS) cp_async16(s_scale + i * 16, src + (size_t)i * 16, true);
     }
     /* this thread's cp.async work per stage: 4 A chunks (rows a_f + BM/4 i, group a_j) and the
      * B chunks tid, tid + THREADS, ... of BN rows x 16 chunks */
@@ -124,7 +123,7 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
     const uint8_t *a_src[4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
-        a_src[i] = eb + (size_t)(row0 + min(local_row(a_f + (MMA_BM / 4) * i), n_valid_rows - 1)) * row_bytes + a_j * 16;
+        a_src[i] = eb + (size_t)(row0 + min(local_row(a_f + (MOE_MMA_BLOCK_ROWS / 4) * i), n_valid_rows - 1)) * row_bytes + a_j * 16;
     const int n_kb = (n_groups + 3) >> 2;
     __syncthreads(); /* s_src before the first B copies */
 
@@ -134,10 +133,10 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
         int grp_a = kb * 4 + a_j;
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            cp_async16(sa + (a_f + (MMA_BM / 4) * i) * 64 + a_j * 16,
+            cp_async16(sa + (a_f + (MOE_MMA_BLOCK_ROWS / 4) * i) * 64 + a_j * 16,
                        grp_a < n_groups ? a_src[i] + (size_t)kb * 64 : eb, grp_a < n_groups);
 #pragma unroll
-        for (int c = tid; c < BN * 16; c += MMA_THREADS) {
+        for (int c = tid; c < BN * 16; c += MOE_MMA_THREADS) {
             int r = c >> 4, b_j = (c >> 2) & 3, b_w = c & 3, grp_b = kb * 4 + b_j;
             bool ok = grp_b < n_groups && r < n_rows;
             const __half *src = ok ? act + (size_t)s_src[r] * k_in + grp_b * 32 + b_w * 8 : act;
@@ -212,7 +211,7 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
 #pragma unroll
     for (int f = 0; f < 2; f++) {
         if (GATE_UP) {
-            int u = blockIdx.x * (MMA_BM / 2) + warp * 16 + f * 8 + g;
+            int u = blockIdx.x * (MOE_MMA_BLOCK_ROWS / 2) + warp * 16 + f * 8 + g;
             if (u >= n_units) continue;
             float bg = ebias[2 * u], bu = ebias[2 * u + 1];
             int col = (u & ~7) | mma_pos(u & 7);
@@ -226,7 +225,7 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
                     h_out[(size_t)s_dst[tok] * n_units + col] = h_as_half(v);
                 }
         } else {
-            int row = blockIdx.x * MMA_BM + warp * 32 + f * 16 + g;
+            int row = blockIdx.x * MOE_MMA_BLOCK_ROWS + warp * 32 + f * 16 + g;
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 int rr = row + 8 * hh;
@@ -261,11 +260,9 @@ int32_t gptoss_moe_mma_tile_rows(int32_t n_tokens, int32_t k_top, int32_t n_expe
     }
     /* The height grows while it is under 1.25 times the average (GPTOSS_CUDA_MOE_TILE_PCT,
      * default 125): an expert with more rows than the tile takes a second tile, which
-     * dequantizes its weights again. Measured on an H100 (120b, bench -b, depth 512, rows
-     * per expert uniform with mean A): A = 8, 16-row tiles instead of 8: +5.3% tok/s (x256);
-     * A = 12, 32 instead of 16: -5% (x384; 10% of the experts take a second 16-row tile, and
-     * 32-row tiles double the MMAs and shared loads per weight);
-     * A = 16, 32 instead of 16: +6.7% (x512). */
+     * dequantizes its weights again, while a taller tile multiplies more empty rows: at 12 rows
+     * per expert (120b), 32-row tiles instead of 16 were 5% slower (see bench/CUDA.md, "MoE mma
+     * GEMM: route tile height"). */
     static int32_t pct = 0;
     if (pct == 0) {
         const char *v = getenv("GPTOSS_CUDA_MOE_TILE_PCT");
@@ -281,10 +278,10 @@ static void launch_mma(const gptoss_cuda_moe_weights *w, const __half *t16, int3
                        const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream) {
     int32_t H = w->hidden, I = w->intermediate;
     int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, BN);
-    launch_pdl(moe_mma_kernel<true, BN>, dim3((2 * I + MMA_BM - 1) / MMA_BM, tiles), dim3(MMA_THREADS), mma_cfg<BN>::smem(H / 32),
+    launch_pdl(moe_mma_kernel<true, BN>, dim3((2 * I + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles), dim3(MOE_MMA_THREADS), mma_cfg<BN>::smem(H / 32),
                stream, w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, t16, H, 2 * I, *route,
                w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
-    launch_pdl(moe_mma_kernel<false, BN>, dim3((H + MMA_BM - 1) / MMA_BM, tiles), dim3(MMA_THREADS),
+    launch_pdl(moe_mma_kernel<false, BN>, dim3((H + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles), dim3(MOE_MMA_THREADS),
                mma_cfg<BN>::smem(I / 32), stream, w->down_blocks, w->down_scales, w->down_bias,
                (const __half *)h, I, H, *route, w->swiglu_limit, w->swiglu_alpha, (__half *)nullptr, y);
 }

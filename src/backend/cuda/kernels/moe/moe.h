@@ -107,13 +107,12 @@ void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_
                      float *y, int path, cudaStream_t stream);
 
 /*
- * Decides w->mma_ok: GPTOSS_MOE_MMA_GEMM dequantizes to fp16 (code * 2^(s-127) exactly) and feeds the
- * inputs as fp16, which is exact when every scale byte of both projections lies in
- * [104, 128], the SwiGLU output bound limit * (limit + 1) and the input bound
- * sqrt(H) * max|input_gain| (an RMSNorm output; input_gain [H] f32 on the device, NULL to
- * skip) stay below 2^15. Also decides w->pair_mma_ok: GPTOSS_MOE_PAIR_MMA scales in fp32, so it needs the
- * same input bounds and scale bytes up to 240. scratch: 4 device words. Synchronizes the
- * stream.
+ * Decides w->mma_ok: GPTOSS_MOE_MMA_GEMM dequantizes to fp16 (code * 2^(s-127) exactly) and feeds
+ * the inputs as fp16, which is exact when every scale byte of both projections lies in [104, 128],
+ * the SwiGLU output bound limit * (limit + 1) and the input bound sqrt(H) * max|input_gain| (an
+ * RMSNorm output; input_gain [H] f32 on the device, NULL to skip) stay below 2^15. Also decides
+ * w->pair_mma_ok: GPTOSS_MOE_PAIR_MMA scales in fp32, so it needs the same input bounds and scale
+ * bytes up to 240. scratch: 4 device words. Synchronizes the stream.
  */
 cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *input_gain, unsigned *scratch,
                                       cudaStream_t stream);

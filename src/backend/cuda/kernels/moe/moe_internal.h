@@ -1,6 +1,6 @@
 /*
- * moe_internal.h - what the MoE files (the .cu files of kernels/moe/) share on the host side: each path's
- * launch and prepare functions, which dispatch.cu calls, and the tile sizes two files need.
+ * moe_internal.h - what the MoE files (the .cu files of kernels/moe/) share on the host side: each
+ * path's launch and prepare functions, which dispatch.cu calls, and the tile sizes two files need.
  * Not for use outside kernels/moe/.
  */
 #ifndef GPTOSS_CUDA_MOE_INTERNAL_H

@@ -3,6 +3,7 @@
  * pair on the CUDA cores; no route.
  */
 #include "backend/cuda/kernels/moe/fp4.cuh"
+#include "backend/cuda/kernels/traits.h"
 #include "backend/cuda/kernels/moe/moe_internal.h"
 
 /* ---- pair GEMV path (one or two decode tokens) -------------------------------------------- */
@@ -25,8 +26,6 @@
  *   - products fp4 * 2^-126 * x * 2^100 = fp4 * x * 2^-26 stay normal for |fp4 x| >= 2^-100,
  *     and the E8M0 scale multiplies each group's sum once: value = sum * 2^(s - 101).
  */
-#define PG_WARPS 8
-#define PG_GPL 4 /* groups per lane: k_in <= 32 * 32 * 4 = 4096 */
 
 /* 2^(s - 101) as hi * lo (both finite for every byte; lo = 1 up to s = 228). */
 static __device__ __forceinline__ void pair_scale(uint32_t s, float *hi, float *lo) {
@@ -43,7 +42,7 @@ static __device__ __forceinline__ float fp4_code_f(uint32_t w, int k) {
 }
 
 template <bool GATE_UP>
-static __global__ void __launch_bounds__(PG_WARPS * 32, 2)
+static __global__ void __launch_bounds__(MOE_PAIR_GEMV_WARPS * 32, 2)
 moe_pair_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const bf16 *act,
                      const int32_t *topk_idx, int32_t k_top, int32_t k_in, int32_t n_out_rows, float limit,
                      float alpha, bf16 *h_out, float *y_out) {
@@ -56,16 +55,16 @@ moe_pair_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
     const size_t row_bytes = (size_t)n_groups * 16;
     const uint8_t *eb = blocks + (size_t)e * n_out_rows * row_bytes;
     const uint8_t *es = scales + (size_t)e * n_out_rows * n_groups;
-    const int stride = gridDim.x * PG_WARPS;
-    int u = blockIdx.x * PG_WARPS + warp;
+    const int stride = gridDim.x * MOE_PAIR_GEMV_WARPS;
+    int u = blockIdx.x * MOE_PAIR_GEMV_WARPS + warp;
 
-    uint4 cur[2][PG_GPL];
-    uint32_t cs[2][PG_GPL];
-    auto load_unit = [&](int unit, uint4 (&c)[2][PG_GPL], uint32_t (&sc)[2][PG_GPL]) {
+    uint4 cur[2][MOE_PAIR_GEMV_GROUPS_PER_LANE];
+    uint32_t cs[2][MOE_PAIR_GEMV_GROUPS_PER_LANE];
+    auto load_unit = [&](int unit, uint4 (&c)[2][MOE_PAIR_GEMV_GROUPS_PER_LANE], uint32_t (&sc)[2][MOE_PAIR_GEMV_GROUPS_PER_LANE]) {
 #pragma unroll
         for (int r = 0; r < 2; r++)
 #pragma unroll
-            for (int gi = 0; gi < PG_GPL; gi++) {
+            for (int gi = 0; gi < MOE_PAIR_GEMV_GROUPS_PER_LANE; gi++) {
                 int g = lane + 32 * gi;
                 if (unit < n_units && g < n_groups) {
                     size_t row = 2 * (size_t)unit + r;
@@ -97,12 +96,12 @@ moe_pair_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
 
     const float *ebias = bias + (size_t)e * n_out_rows;
     for (; u < n_units; u += stride) {
-        uint4 nxt[2][PG_GPL];
-        uint32_t ns[2][PG_GPL];
+        uint4 nxt[2][MOE_PAIR_GEMV_GROUPS_PER_LANE];
+        uint32_t ns[2][MOE_PAIR_GEMV_GROUPS_PER_LANE];
         load_unit(u + stride, nxt, ns);
         float acc0 = 0.0f, acc1 = 0.0f;
 #pragma unroll
-        for (int gi = 0; gi < PG_GPL; gi++) {
+        for (int gi = 0; gi < MOE_PAIR_GEMV_GROUPS_PER_LANE; gi++) {
             int g = lane + 32 * gi;
             if (g < n_groups) {
                 const float4 *xg = pg_xs + g * 8;
@@ -144,7 +143,7 @@ moe_pair_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
 #pragma unroll
         for (int r = 0; r < 2; r++)
 #pragma unroll
-            for (int gi = 0; gi < PG_GPL; gi++) {
+            for (int gi = 0; gi < MOE_PAIR_GEMV_GROUPS_PER_LANE; gi++) {
                 cur[r][gi] = nxt[r][gi];
                 cs[r][gi] = ns[r][gi];
             }
@@ -161,7 +160,7 @@ static int pair_blocks(int32_t n_pairs, int32_t n_units) {
             n_sms = 132;
     }
     int b = (2 * n_sms + n_pairs - 1) / n_pairs;
-    int most = (n_units + PG_WARPS - 1) / PG_WARPS;
+    int most = (n_units + MOE_PAIR_GEMV_WARPS - 1) / MOE_PAIR_GEMV_WARPS;
     return b < most ? b : most;
 }
 
@@ -169,11 +168,11 @@ void gptoss_moe_pair_gemv(const gptoss_cuda_moe_weights *w, const bf16 *t, const
                           int32_t n_pairs, int32_t k_top, bf16 *h, float *y, cudaStream_t stream) {
     int32_t H = w->hidden, I = w->intermediate;
     dim3 g1(pair_blocks(n_pairs, I), n_pairs);
-    launch_pdl(moe_pair_gemv_kernel<true>, g1, dim3(PG_WARPS * 32), (size_t)H * sizeof(float), stream,
+    launch_pdl(moe_pair_gemv_kernel<true>, g1, dim3(MOE_PAIR_GEMV_WARPS * 32), (size_t)H * sizeof(float), stream,
                w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, t, topk_idx, k_top, H, 2 * I,
                w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
     dim3 g2(pair_blocks(n_pairs, H / 2), n_pairs);
-    launch_pdl(moe_pair_gemv_kernel<false>, g2, dim3(PG_WARPS * 32), (size_t)I * sizeof(float), stream,
+    launch_pdl(moe_pair_gemv_kernel<false>, g2, dim3(MOE_PAIR_GEMV_WARPS * 32), (size_t)I * sizeof(float), stream,
                w->down_blocks, w->down_scales, w->down_bias, (const bf16 *)h, topk_idx, k_top, I, H,
                w->swiglu_limit, w->swiglu_alpha, (bf16 *)nullptr, y);
 }

@@ -5,6 +5,7 @@
  * and FP8 kernels.
  */
 #include "backend/cuda/kernels/moe/wgmma.cuh"
+#include "backend/cuda/kernels/traits.h"
 #include "backend/cuda/kernels/moe/moe_internal.h"
 
 #include <cuda_fp8.h>
@@ -12,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- mma pair GEMV (path 5): decode steps of few pairs on the tensor cores ---------------- */
+/* ---- mma pair GEMV (GPTOSS_MOE_PAIR_MMA): decode steps of few pairs on the tensor cores ------ */
 
 /*
  * The pair GEMV above spends about four integer operations per weight building floats, and
@@ -31,34 +32,25 @@
  * D[row][n] is the dot product of group G + n % 4 alone. Lanes q = 0, 1 then scale columns
  * 2q and 2q + 1 (groups G + 2q, G + 2q + 1) in fp32, acc += d * 2^(s - 113) (the fp16 codes
  * are code * 2^-14), so any scale byte up to 240 is exact, not only [104, 128]. The token sits
- * in shared memory as fp16 in the mma layout (path 4's): the values that word w of group G
+ * in shared memory as fp16 in the mma layout (the mma GEMM's): the values that word w of group G
  * multiplies are chunk 4G + w.
  *
  * K slices add in shared memory; gate_up's epilogue applies bias and SwiGLU and writes h by
  * pair as fp16 (rounded to bf16 first) in the mma layout, which down stages directly.
  *
  * Two kernels stream the codes:
- * - moe_pair_tma_kernel (sm_90 and up): one block per tile and pair, 6 warps (K slices, PT_KS). One
- *   thread copies the tile's 16 rows of codes and of scale bytes (contiguous in the
- *   checkpoint) into shared memory with two bulk copies (cp.async.bulk, completing on an
- *   mbarrier), so the whole tile is in flight at once without holding registers: ~30 KB per
- *   block and 7 blocks per SM at the 20b/120b shapes.
+ * - moe_pair_tma_kernel (sm_90 and up): one block per tile and pair, 6 warps (K slices,
+ *   MOE_PAIR_TMA_K_SLICES). One thread copies the tile's 16 rows of codes and of scale bytes
+ *   (contiguous in the checkpoint) into shared memory with two bulk copies (cp.async.bulk,
+ *   completing on an mbarrier), so the whole tile is in flight at once without holding registers:
+ *   ~30 KB per block and 7 blocks per SM at the 20b/120b shapes.
  * - moe_pair_wide_kernel (older GPUs): the same arithmetic with each lane's 16-byte loads in
  *   registers, one window ahead; 8 warps = 2 tiles x 4 K slices per block.
  *
- * History (H100, 20b tg128): lanes that each loaded one 4-byte word of 8 rows requested every
- * 32-byte sector twice and ran at 1.3-1.5 TB/s (ncu); the 16-byte loads took decode from 429
- * to 444 tok/s. Even so ncu timed gate_up at 27.3 us (1.29 TB/s) and down at 16.7 us: with
- * one window ahead, each warp keeps 1 KB in flight and the registers cap a block at 16-32
- * warps per SM, too little for the memory latency; two windows ahead (half the warps
- * resident), two K slices (one wave), or an L2 bulk prefetch of each tile beside the loads
- * were each slower. A ring of cp.async stages per warp was also slower (367 vs 390 tok/s).
+ * The wide kernel's registers cap a block at 16-32 warps per SM, too little in flight for the
+ * memory latency, which is why the TMA kernel exists; 6 K slices per tile measured best for
+ * it (see bench/CUDA.md, "The pair mma kernels: what was tried").
  */
-#define PM_KS 4  /* K slices (warps) per tile of the wide kernel */
-#define PT_KS 6  /* ... of the TMA kernel (H100, 20b / 120b tg128: 4 slices 479.2 / 333.5 tok/s, 6 slices
-                    486.7 / 338.7, 8 slices 485.3 / 338.5, 8 slices with registers capped for 6 or 7
-                    blocks per SM slower: the compute after a tile lands is latency-bound per warp) */
-#define PM_TPB 2 /* tiles per block of the wide kernel */
 
 /* The token (gate_up: bf16 row pair / k_top of act; down: h of this pair, already fp16 in the
  * mma layout) into shared memory as fp16 chunks in the mma layout. */
@@ -194,15 +186,15 @@ static __device__ __forceinline__ void pair_finish(float acc0, float acc1, float
 }
 
 template <bool GATE_UP>
-static __global__ void __launch_bounds__(PM_KS * PM_TPB * 32)
+static __global__ void __launch_bounds__(MOE_PAIR_WIDE_K_SLICES * MOE_PAIR_WIDE_TILES_PER_BLOCK * 32)
 moe_pair_wide_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const void *act,
                      const int32_t *topk_idx, int32_t k_top, int32_t k_in, int32_t n_out_rows, float limit,
                      float alpha, __half *h_out, float *y_out) {
     extern __shared__ __align__(16) uint4 pm_xs[]; /* [k_in / 8] fp16 chunks, mma layout */
-    __shared__ float red[PM_KS * PM_TPB][16];
+    __shared__ float red[MOE_PAIR_WIDE_K_SLICES * MOE_PAIR_WIDE_TILES_PER_BLOCK][16];
     const int pair = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const int slice = warp % PM_KS, tile = blockIdx.x * PM_TPB + warp / PM_KS, n_tiles = n_out_rows >> 4;
+    const int slice = warp % MOE_PAIR_WIDE_K_SLICES, tile = blockIdx.x * MOE_PAIR_WIDE_TILES_PER_BLOCK + warp / MOE_PAIR_WIDE_K_SLICES, n_tiles = n_out_rows >> 4;
     const int n_groups = k_in >> 5, n_win = (n_groups + 3) >> 2;
     const size_t row_bytes = (size_t)n_groups * 16;
     pdl_wait(); /* topk_idx comes from the router, the input from the norm or gate_up */
@@ -210,7 +202,7 @@ moe_pair_wide_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
     const uint8_t *eb = blocks + (size_t)e * n_out_rows * row_bytes;
     const uint8_t *es = scales + (size_t)e * n_out_rows * n_groups;
 
-    const int per = (n_win + PM_KS - 1) / PM_KS;
+    const int per = (n_win + MOE_PAIR_WIDE_K_SLICES - 1) / MOE_PAIR_WIDE_K_SLICES;
     const int w0 = min(n_win, slice * per);
     const int w1 = tile < n_tiles ? min(n_win, w0 + per) : w0; /* warp-uniform */
     const int ra = GATE_UP ? 2 * (8 * tile + g) : 16 * tile + g, rb = GATE_UP ? ra + 1 : ra + 8;
@@ -245,7 +237,7 @@ moe_pair_wide_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
         pair_window(ca, cb, sc, 4 * W, q, owner, n_groups, pm_xs, acc0, acc1);
         ca = na, cb = nb, sc = ns;
     }
-    pair_finish<GATE_UP, true>(acc0, acc1, red, PM_KS, PM_TPB, blockIdx.x * PM_TPB, n_tiles, pair,
+    pair_finish<GATE_UP, true>(acc0, acc1, red, MOE_PAIR_WIDE_K_SLICES, MOE_PAIR_WIDE_TILES_PER_BLOCK, blockIdx.x * MOE_PAIR_WIDE_TILES_PER_BLOCK, n_tiles, pair,
                                make_float2(0.0f, 0.0f), bias, e, n_out_rows, limit, alpha, h_out, y_out);
 }
 
@@ -325,29 +317,27 @@ static void trace_init(void) {
 #endif
 
 /*
- * Copies in flight per SM for the TMA kernel. Without a limit every resident block (5-6 per SM
- * at one token) issues its tile when the router ends; the memory system serves the ~20 MB
- * interleaved, so every tile lands in the same microsecond, every block computes at once and
- * the DRAM idles while they do (bench/CUDA.md, "The expert kernel's timeline"). So each block
- * takes a ticket from its SM's counter and issues its copy only while fewer than `inflight`
- * copies with earlier tickets on that SM have not landed; a block counts its tile landed right
- * after its mbarrier wait (down: before its PDL wait, so that no landing waits for gate_up).
- * A ticket is taken only by a resident block whose landing depends on nothing but its own copy,
- * so the lowest unlanded ticket never waits. The counters sit on their own 128-byte lines and
- * the wait backs off with __nanosleep: a first form that polled 132 counters packed into 1 KB
- * in a tight loop did not finish a batched run in three minutes (under one without the
- * limit). The wait also gives up after PT_WAIT_NS (the copy is issued anyway and the give-up
- * counted), so a broken premise costs time, never a hang. H100 (tg128, N = 3 against none):
- * 120b +2.3%, 20b +2.0%, 120b at depth 8192 +1.7%, batched steps of 8 to 96 pairs +0.7-4.3%.
+ * Copies in flight per SM for the TMA kernel. Without a limit every resident block (5-6 per SM at
+ * one token) issues its tile when the router ends; the memory system serves the ~20 MB interleaved,
+ * so every tile lands in the same microsecond, every block computes at once and the DRAM idles
+ * while they do (bench/CUDA.md, "The expert kernel's timeline"). So each block takes a ticket from
+ * its SM's counter and issues its copy only while fewer than `inflight` copies with earlier tickets
+ * on that SM have not landed; a block counts its tile landed right after its mbarrier wait (down:
+ * before its PDL wait, so that no landing waits for gate_up). A ticket is taken only by a resident
+ * block whose landing depends on nothing but its own copy, so the lowest unlanded ticket never
+ * waits. The counters sit on their own 128-byte lines and the wait backs off with __nanosleep: a
+ * first form that polled 132 counters packed into 1 KB in a tight loop did not finish a batched run
+ * in three minutes (under one without the limit). The wait also gives up after
+ * MOE_PAIR_LIMIT_WAIT_NS (the copy is issued anyway and the give-up counted), so a broken premise
+ * costs time, never a hang. N = 3 against no limit: 120b tg128 +2.3% on an H100 (see bench/CUDA.md,
+ * "The pair mma kernels: what was tried").
  */
-#define PT_MAX_SMS 256
-#define PT_WAIT_NS 20000ull
 struct __align__(128) pt_counter {
     unsigned v;
     unsigned pad[31];
 };
-__device__ pt_counter pt_copy_issued[PT_MAX_SMS];
-__device__ pt_counter pt_copy_landed[PT_MAX_SMS];
+__device__ pt_counter pt_copy_issued[MOE_PAIR_LIMIT_MAX_SMS];
+__device__ pt_counter pt_copy_landed[MOE_PAIR_LIMIT_MAX_SMS];
 __device__ unsigned long long pt_copy_giveups;
 
 static __device__ __forceinline__ unsigned pt_load(const unsigned *p) {
@@ -364,7 +354,7 @@ static __device__ __forceinline__ void pt_take_turn(unsigned sm, int32_t infligh
         __nanosleep(200);
         landed = pt_load(&pt_copy_landed[sm].v);
         if ((int)(ticket - landed) < inflight) return;
-    } while (globaltimer_ns() - t0 < PT_WAIT_NS);
+    } while (globaltimer_ns() - t0 < MOE_PAIR_LIMIT_WAIT_NS);
     atomicAdd(&pt_copy_giveups, 1ull);
 }
 
@@ -389,14 +379,14 @@ static __device__ __forceinline__ void pt_take_turn(unsigned sm, int32_t infligh
  * DRAM trip off the block's end; pair_mma_launch says for which steps.
  */
 template <bool GATE_UP, bool EARLY_BIAS>
-static __global__ void __launch_bounds__(PT_KS * 32)
+static __global__ void __launch_bounds__(MOE_PAIR_TMA_K_SLICES * 32)
 moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const void *act,
                     const int32_t *topk_idx, int32_t k_top, int32_t k_in, int32_t n_out_rows, float limit,
                     float alpha, __half *h_out, float *y_out, int32_t inflight) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) uint8_t pt_smem[];
     __shared__ __align__(8) uint64_t bar;
-    __shared__ float red[PT_KS][16];
+    __shared__ float red[MOE_PAIR_TMA_K_SLICES][16];
     const int pair = blockIdx.y, tile = blockIdx.x, n_tiles = n_out_rows >> 4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int n_groups = k_in >> 5, n_win = (n_groups + 3) >> 2;
@@ -408,7 +398,7 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
 #ifdef GPTOSS_MOE_TRACE
     unsigned long long tr_start = globaltimer_ns(), tr_issue = 0, tr_wait = 0, tr_land = 0;
 #endif
-    const unsigned sm = inflight > 0 ? sm_id() % PT_MAX_SMS : 0u;
+    const unsigned sm = inflight > 0 ? sm_id() % MOE_PAIR_LIMIT_MAX_SMS : 0u;
     auto issue = [&]() {
         const size_t row0 = (size_t)topk_idx[pair] * n_out_rows + 16 * (size_t)tile;
         if (inflight > 0) pt_take_turn(sm, inflight);
@@ -457,7 +447,7 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
      * finite scale adds nothing. Lanes that hold no token values read the zero window, with a
      * step of 0. Lanes q = 2, 3 repeat the scales of lanes q = 0, 1 (their columns are copies).
      */
-    const int per = (n_win + PT_KS - 1) / PT_KS;
+    const int per = (n_win + MOE_PAIR_TMA_K_SLICES - 1) / MOE_PAIR_TMA_K_SLICES;
     const int w0 = min(n_win, warp * per), w1 = min(n_win, w0 + per);
     const int la = GATE_UP ? 2 * g : g, lb = GATE_UP ? la + 1 : la + 8;
     const bool owner = (g & 3) == q;
@@ -480,7 +470,7 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
         acc1 = fmaf(d[2], __uint_as_float(s2 * (1u << 23) + (14u << 23)), acc1);
         acc1 = fmaf(d[3], __uint_as_float(s3 * (1u << 23) + (14u << 23)), acc1);
     }
-    pair_finish<GATE_UP, !EARLY_BIAS>(acc0, acc1, red, PT_KS, 1, tile, n_tiles, pair, bv, bias, topk_idx[pair],
+    pair_finish<GATE_UP, !EARLY_BIAS>(acc0, acc1, red, MOE_PAIR_TMA_K_SLICES, 1, tile, n_tiles, pair, bv, bias, topk_idx[pair],
                                       n_out_rows, limit, alpha, h_out, y_out);
 #ifdef GPTOSS_MOE_TRACE
     if (threadIdx.x == 0 && trace_buf) {
@@ -499,7 +489,7 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
 }
 
 /*
- * moe_pair_fp8_kernel (sm_90a): path 5's tile (16 rows, the whole k_in, the same two bulk
+ * moe_pair_fp8_kernel (sm_90a): the pair mma's tile (16 rows, the whole k_in, the same two bulk
  * copies and copy limit) with the products on wgmma's FP8 tensor cores, which sm_90 runs
  * natively, instead of mma.sync on fp16 pairs. Not the default: each block builds the FP8
  * form of its token (B below) itself, after its PDL wait, and that costs more than the
@@ -530,7 +520,6 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
  * groups are zero), so the codes they read (the next slice's, the next row's, or the scale
  * bytes after the table: finite e4m3 bytes whatever their value) add nothing.
  */
-#define PF_KS 4 /* K slices: the four warps of one warpgroup */
 
 struct pair_fp8_layout {
     uint32_t scales, bt, bytes;
@@ -539,7 +528,7 @@ struct pair_fp8_layout {
 static __host__ __device__ __forceinline__ pair_fp8_layout pair_fp8_parts(int32_t k_in) {
     const int32_t n_groups = k_in / 32;
     pair_fp8_layout l;
-    l.gps = (n_groups + PF_KS - 1) / PF_KS;
+    l.gps = (n_groups + MOE_PAIR_FP8_K_SLICES - 1) / MOE_PAIR_FP8_K_SLICES;
     l.nws = (l.gps + 3) / 4;
     l.scales = 16u * 16u * (uint32_t)n_groups;
     l.bt = (l.scales + 16u * (uint32_t)n_groups + 16u + 127u) & ~127u;
@@ -579,7 +568,7 @@ static __device__ __forceinline__ float pair_fp8_stage(const void *act, int pair
     float mx = 0.0f;
 #pragma unroll
     for (int i = 0; i < U; i++) {
-        const int u = threadIdx.x + i * (PF_KS * 32);
+        const int u = threadIdx.x + i * (MOE_PAIR_FP8_K_SLICES * 32);
         const int gi = u >> 4, s = (u >> 2) & 3, q = u & 3, G = lay.gps * s + gi;
 #pragma unroll
         for (int j = 0; j < 8; j++) v[i][j] = 0.0f;
@@ -611,7 +600,7 @@ static __device__ __forceinline__ float pair_fp8_stage(const void *act, int pair
     const float up = __uint_as_float((uint32_t)(127 + sigma) << 23);
 #pragma unroll
     for (int i = 0; i < U; i++) {
-        const int u = threadIdx.x + i * (PF_KS * 32);
+        const int u = threadIdx.x + i * (MOE_PAIR_FP8_K_SLICES * 32);
         if (u >= n_units) break;
         const int gi = u >> 4, s = (u >> 2) & 3, q = u & 3;
         /* step gi: [k half][column 2s + t][16 bytes], lane q's k bytes 4q..4q+3 */
@@ -643,14 +632,14 @@ static __device__ __forceinline__ float pair_fp8_stage(const void *act, int pair
 #endif /* GPTOSS_WGMMA */
 
 template <bool GATE_UP, bool EARLY_BIAS>
-static __global__ void __launch_bounds__(PF_KS * 32, 7)
+static __global__ void __launch_bounds__(MOE_PAIR_FP8_K_SLICES * 32, 7)
 moe_pair_fp8_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const void *act,
                     const int32_t *topk_idx, int32_t k_top, int32_t k_in, int32_t n_out_rows, float limit,
                     float alpha, __half *h_out, float *y_out, int32_t inflight) {
 #ifdef GPTOSS_WGMMA
     extern __shared__ __align__(128) uint8_t pf_smem[];
     __shared__ __align__(8) uint64_t bar;
-    __shared__ float red[PF_KS][16];
+    __shared__ float red[MOE_PAIR_FP8_K_SLICES][16];
     __shared__ float red4[4];
     const int pair = blockIdx.y, tile = blockIdx.x, n_tiles = n_out_rows >> 4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -659,7 +648,7 @@ moe_pair_fp8_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
     const pair_fp8_layout lay = pair_fp8_parts(k_in);
     uint8_t *codes = pf_smem, *sc = pf_smem + lay.scales, *bt = pf_smem + lay.bt;
     const uint32_t bar_s = (uint32_t)__cvta_generic_to_shared(&bar);
-    const unsigned sm = inflight > 0 ? sm_id() % PT_MAX_SMS : 0u;
+    const unsigned sm = inflight > 0 ? sm_id() % MOE_PAIR_LIMIT_MAX_SMS : 0u;
     auto issue = [&]() {
         const size_t row0 = (size_t)topk_idx[pair] * n_out_rows + 16 * (size_t)tile;
         if (inflight > 0) pt_take_turn(sm, inflight);
@@ -740,7 +729,7 @@ moe_pair_fp8_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
     acc0 = __shfl_sync(0xffffffffu, acc0, (lane & ~3) | warp) * unscale;
     acc1 = __shfl_sync(0xffffffffu, acc1, (lane & ~3) | warp) * unscale;
     if (q != 0) acc0 = acc1 = 0.0f;
-    pair_finish<GATE_UP, !EARLY_BIAS>(acc0, acc1, red, PF_KS, 1, tile, n_tiles, pair, bv, bias, topk_idx[pair],
+    pair_finish<GATE_UP, !EARLY_BIAS>(acc0, acc1, red, MOE_PAIR_FP8_K_SLICES, 1, tile, n_tiles, pair, bv, bias, topk_idx[pair],
                                       n_out_rows, limit, alpha, h_out, y_out);
 #else
     __trap(); /* never launched: the host picks this kernel only on compute capability 9.0 with sm_90a code */
@@ -802,16 +791,16 @@ static void pair_mma_launch(const uint8_t *blocks, const uint8_t *scales, const 
     if (kernel == GPTOSS_MOE_PAIR_FP8)
         launch_pdl(n_pairs <= GPTOSS_MOE_PAIR_MAX ? moe_pair_fp8_kernel<GATE_UP, true>
                                                   : moe_pair_fp8_kernel<GATE_UP, false>,
-                   dim3(tiles, n_pairs), dim3(PF_KS * 32), pair_fp8_smem(k_in), stream, blocks, scales, bias, act,
+                   dim3(tiles, n_pairs), dim3(MOE_PAIR_FP8_K_SLICES * 32), pair_fp8_smem(k_in), stream, blocks, scales, bias, act,
                    topk_idx, k_top, k_in, n_out, w->swiglu_limit, w->swiglu_alpha, h, y, pair_tma_inflight());
     else if (kernel == GPTOSS_MOE_PAIR_TMA)
         launch_pdl(n_pairs <= GPTOSS_MOE_PAIR_MAX ? moe_pair_tma_kernel<GATE_UP, true>
                                                   : moe_pair_tma_kernel<GATE_UP, false>,
-                   dim3(tiles, n_pairs), dim3(PT_KS * 32), pair_tma_smem(k_in), stream, blocks, scales, bias, act,
+                   dim3(tiles, n_pairs), dim3(MOE_PAIR_TMA_K_SLICES * 32), pair_tma_smem(k_in), stream, blocks, scales, bias, act,
                    topk_idx, k_top, k_in, n_out, w->swiglu_limit, w->swiglu_alpha, h, y, pair_tma_inflight());
     else
-        launch_pdl(moe_pair_wide_kernel<GATE_UP>, dim3((tiles + PM_TPB - 1) / PM_TPB, n_pairs),
-                   dim3(PM_KS * PM_TPB * 32), (size_t)k_in * sizeof(__half), stream, blocks, scales, bias, act,
+        launch_pdl(moe_pair_wide_kernel<GATE_UP>, dim3((tiles + MOE_PAIR_WIDE_TILES_PER_BLOCK - 1) / MOE_PAIR_WIDE_TILES_PER_BLOCK, n_pairs),
+                   dim3(MOE_PAIR_WIDE_K_SLICES * MOE_PAIR_WIDE_TILES_PER_BLOCK * 32), (size_t)k_in * sizeof(__half), stream, blocks, scales, bias, act,
                    topk_idx, k_top, k_in, n_out, w->swiglu_limit, w->swiglu_alpha, h, y);
 }
 

@@ -4,6 +4,7 @@
  * The pair paths read topk_idx directly and need no route.
  */
 #include "backend/cuda/kernels/moe/fp4.cuh"
+#include "backend/cuda/kernels/traits.h"
 #include "backend/cuda/kernels/moe/moe_internal.h"
 
 /* ---- routing -------------------------------------------------------------------------- */
@@ -40,14 +41,13 @@ void gptoss_cuda_route_bind(void *memory, int32_t n_pairs, int32_t n_experts,
     route->tile_rows = GPTOSS_MOE_TILE_M;
 }
 
-#define ROUTE_MAX_EXPERTS 1024
 
 /* One block: count pairs per expert, prefix-sum, list tiles and active experts, scatter. */
 static __global__ void route_kernel(const int32_t *topk_idx, int32_t n_pairs, int32_t k_top,
                                     int32_t n_experts, int32_t max_tiles, int32_t tile_rows,
                                     gptoss_cuda_route route) {
-    __shared__ int32_t counts[ROUTE_MAX_EXPERTS];
-    __shared__ int32_t cursor[ROUTE_MAX_EXPERTS];
+    __shared__ int32_t counts[MOE_ROUTE_MAX_EXPERTS];
+    __shared__ int32_t cursor[MOE_ROUTE_MAX_EXPERTS];
     pdl_wait(); /* topk_idx comes from the router */
     for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
         counts[e] = 0;
@@ -86,7 +86,7 @@ void gptoss_cuda_moe_route(const int32_t *topk_idx, int32_t n_tokens, int32_t k_
                            cudaStream_t stream) {
     int32_t n_pairs = n_tokens * k_top;
     route->tile_rows = path == GPTOSS_MOE_MMA_GEMM     ? gptoss_moe_mma_tile_rows(n_tokens, k_top, n_experts)
-                       : path == GPTOSS_MOE_WGMMA_GEMM ? WG_BN
+                       : path == GPTOSS_MOE_WGMMA_GEMM ? MOE_WGMMA_TILE_ROWS
                                                        : GPTOSS_MOE_TILE_M;
     if (n_pairs <= 0) return;
     launch_pdl(route_kernel, dim3(1), dim3(1024), 0, stream, topk_idx, n_pairs, k_top, n_experts,

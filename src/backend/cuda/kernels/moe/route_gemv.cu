@@ -2,6 +2,7 @@
  * route_gemv.cu - GPTOSS_MOE_ROUTE_GEMV: the decode GEMV over a route, up to 8 tokens per pass.
  */
 #include "backend/cuda/kernels/moe/fp4.cuh"
+#include "backend/cuda/kernels/traits.h"
 #include "backend/cuda/kernels/moe/moe_internal.h"
 
 /* ---- GEMV path (decode) ------------------------------------------------------------------ */
@@ -17,11 +18,9 @@
  * accumulator; a warp reduction finishes each row. Weights are read once per expert per pass
  * of MAXT tokens.
  */
-#define GEMV_WARPS 8
-#define GEMV_MAX_TOKENS 8
 
 template <bool GATE_UP, int MAXT>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32)
+static __global__ void __launch_bounds__(MOE_ROUTE_GEMV_WARPS * 32)
 moe_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const bf16 *act,
                 const int32_t *act_rows_sorted_token, int32_t k_in, int32_t n_out_rows,
                 gptoss_cuda_route route, float limit, float alpha, bf16 *h_out, float *y_out) {
@@ -33,7 +32,7 @@ moe_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int n_groups = k_in / 32;
     size_t row_bytes = (size_t)n_groups * 16;
-    int unit = blockIdx.x * GEMV_WARPS + warp;
+    int unit = blockIdx.x * MOE_ROUTE_GEMV_WARPS + warp;
     bool active = 2 * unit < n_out_rows;
     int row0 = 2 * unit;
     const uint8_t *eb = blocks + ((size_t)e * n_out_rows + row0) * row_bytes;
@@ -41,10 +40,10 @@ moe_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
     const float *ebias = bias + (size_t)e * n_out_rows;
 
     /* all loads of this warp's two rows first */
-    uint4 codes[2][GEMV_MAX_GROUPS_PER_LANE];
-    uint8_t scl[2][GEMV_MAX_GROUPS_PER_LANE];
+    uint4 codes[2][MOE_ROUTE_GEMV_GROUPS_PER_LANE];
+    uint8_t scl[2][MOE_ROUTE_GEMV_GROUPS_PER_LANE];
 #pragma unroll
-    for (int gi = 0; gi < GEMV_MAX_GROUPS_PER_LANE; gi++) {
+    for (int gi = 0; gi < MOE_ROUTE_GEMV_GROUPS_PER_LANE; gi++) {
         int g = lane + 32 * gi;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -80,7 +79,7 @@ moe_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
 #pragma unroll
             for (int c = 0; c < MAXT; c++) acc[r][c] = 0.0f;
 #pragma unroll
-        for (int gi = 0; gi < GEMV_MAX_GROUPS_PER_LANE; gi++) {
+        for (int gi = 0; gi < MOE_ROUTE_GEMV_GROUPS_PER_LANE; gi++) {
             int g = lane + 32 * gi;
             if (g >= n_groups) break;
 #pragma unroll
@@ -143,12 +142,12 @@ static void launch_gemv(const gptoss_cuda_moe_weights *w, const bf16 *t, const g
     int32_t H = w->hidden, I = w->intermediate;
     size_t smem_gu = (size_t)MAXT * H * sizeof(bf16);
     size_t smem_dn = (size_t)MAXT * I * sizeof(bf16);
-    dim3 g1((I + GEMV_WARPS - 1) / GEMV_WARPS, slots); /* one unit (2 rows) per warp */
-    moe_gemv_kernel<true, MAXT><<<g1, GEMV_WARPS * 32, smem_gu, stream>>>(
+    dim3 g1((I + MOE_ROUTE_GEMV_WARPS - 1) / MOE_ROUTE_GEMV_WARPS, slots); /* one unit (2 rows) per warp */
+    moe_gemv_kernel<true, MAXT><<<g1, MOE_ROUTE_GEMV_WARPS * 32, smem_gu, stream>>>(
         w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, t, route->sorted_token, H, 2 * I, *route,
         w->swiglu_limit, w->swiglu_alpha, h, nullptr);
-    dim3 g2((H / 2 + GEMV_WARPS - 1) / GEMV_WARPS, slots);
-    moe_gemv_kernel<false, MAXT><<<g2, GEMV_WARPS * 32, smem_dn, stream>>>(
+    dim3 g2((H / 2 + MOE_ROUTE_GEMV_WARPS - 1) / MOE_ROUTE_GEMV_WARPS, slots);
+    moe_gemv_kernel<false, MAXT><<<g2, MOE_ROUTE_GEMV_WARPS * 32, smem_dn, stream>>>(
         w->down_blocks, w->down_scales, w->down_bias, h, nullptr, I, H, *route, w->swiglu_limit,
         w->swiglu_alpha, nullptr, y);
 }
@@ -164,7 +163,7 @@ void gptoss_moe_route_gemv(const gptoss_cuda_moe_weights *w, const bf16 *t, int3
 
 /* Raises the kernels' dynamic shared-memory limit (hidden sizes above 3072). */
 cudaError_t gptoss_moe_route_gemv_prepare(int32_t widest) {
-    int bytes = (int)(GEMV_MAX_TOKENS * widest * sizeof(bf16));
+    int bytes = (int)(MOE_ROUTE_GEMV_MAX_TOKENS * widest * sizeof(bf16));
     cudaError_t err = cudaSuccess;
 #define RAISE(GU, T)                                                                                   \
     if (err == cudaSuccess)                                                                            \

@@ -3,6 +3,7 @@
  * fallback prefill path where the fp16 paths are not exact).
  */
 #include "backend/cuda/kernels/moe/fp4.cuh"
+#include "backend/cuda/kernels/traits.h"
 #include "backend/cuda/kernels/moe/moe_internal.h"
 
 #include <mma.h>
@@ -24,10 +25,6 @@ using namespace nvcuda;
  * stored. Epilogue through shared memory: gate_up applies bias and the clamped SwiGLU to
  * (even, odd) column pairs, down adds the bias and scatters rows to their pair index.
  */
-#define GEMM_BN 64
-#define GEMM_BK 32
-#define GEMM_LDS (GEMM_BK + 8)
-#define GEMM_LDC (GEMM_BN + 4)
 
 template <bool GATE_UP>
 static __global__ void __launch_bounds__(128)
@@ -35,15 +32,15 @@ moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
                 int32_t k_in, int32_t n_out_rows, gptoss_cuda_route route, float limit,
                 float alpha, bf16 *h_out, float *y_out) {
     constexpr int BM = GPTOSS_MOE_TILE_M;
-    __shared__ __align__(128) bf16 As[BM * GEMM_LDS];
-    __shared__ __align__(128) bf16 Bs[GEMM_BN * GEMM_LDS];
-    __shared__ __align__(128) float Cs[BM * GEMM_LDC];
+    __shared__ __align__(128) bf16 As[BM * MOE_WMMA_LDS];
+    __shared__ __align__(128) bf16 Bs[MOE_WMMA_TILE_N * MOE_WMMA_LDS];
+    __shared__ __align__(128) float Cs[BM * MOE_WMMA_LDC];
     int tile = blockIdx.y;
     int e = route.tile_expert[tile];
     if (e < 0) return;
     int r0 = route.tile_row[tile];
     int r_end = route.expert_offsets[e + 1];
-    int n0 = blockIdx.x * GEMM_BN;
+    int n0 = blockIdx.x * MOE_WMMA_TILE_N;
     int tid = threadIdx.x, warp = tid >> 5;
     int n_groups = k_in / 32;
     size_t row_bytes = (size_t)n_groups * 16;
@@ -83,8 +80,8 @@ moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
         sbyte = __ldg(s_src);
     }
     for (int g = 0; g < n_groups; g++) {
-        *(uint4 *)(As + lrow * GEMM_LDS + lhalf * 16) = a0;
-        *(uint4 *)(As + lrow * GEMM_LDS + lhalf * 16 + 8) = a1;
+        *(uint4 *)(As + lrow * MOE_WMMA_LDS + lhalf * 16) = a0;
+        *(uint4 *)(As + lrow * MOE_WMMA_LDS + lhalf * 16 + 8) = a1;
         __nv_bfloat162 wv[8];
         {
             float wf[16], hi, lo;
@@ -94,8 +91,8 @@ moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
 #pragma unroll
             for (int b = 0; b < 8; b++) wv[b] = __floats2bfloat162_rn(wf[2 * b] * lo, wf[2 * b + 1] * lo);
         }
-        *(uint4 *)(Bs + lrow * GEMM_LDS + lhalf * 16) = *(uint4 *)&wv[0];
-        *(uint4 *)(Bs + lrow * GEMM_LDS + lhalf * 16 + 8) = *(uint4 *)&wv[4];
+        *(uint4 *)(Bs + lrow * MOE_WMMA_LDS + lhalf * 16) = *(uint4 *)&wv[0];
+        *(uint4 *)(Bs + lrow * MOE_WMMA_LDS + lhalf * 16 + 8) = *(uint4 *)&wv[4];
         __syncthreads();
         if (g + 1 < n_groups) {
             if (a_valid) {
@@ -108,13 +105,13 @@ moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
             }
         }
 #pragma unroll
-        for (int kk = 0; kk < GEMM_BK; kk += 16) {
+        for (int kk = 0; kk < MOE_WMMA_TILE_K; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
             wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb[2];
 #pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], As + (wm + 16 * i) * GEMM_LDS + kk, GEMM_LDS);
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], As + (wm + 16 * i) * MOE_WMMA_LDS + kk, MOE_WMMA_LDS);
 #pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Bs + (wn + 16 * j) * GEMM_LDS + kk, GEMM_LDS);
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Bs + (wn + 16 * j) * MOE_WMMA_LDS + kk, MOE_WMMA_LDS);
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -126,25 +123,25 @@ moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
     for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(Cs + (wm + 16 * i) * GEMM_LDC + wn + 16 * j, acc[i][j], GEMM_LDC,
+            wmma::store_matrix_sync(Cs + (wm + 16 * i) * MOE_WMMA_LDC + wn + 16 * j, acc[i][j], MOE_WMMA_LDC,
                                     wmma::mem_row_major);
     __syncthreads();
     const float *ebias = bias + (size_t)e * n_out_rows;
     if (GATE_UP) {
         int n_units = n_out_rows / 2;
-        for (int idx = tid; idx < BM * (GEMM_BN / 2); idx += blockDim.x) {
-            int m = idx / (GEMM_BN / 2), u = idx % (GEMM_BN / 2);
+        for (int idx = tid; idx < BM * (MOE_WMMA_TILE_N / 2); idx += blockDim.x) {
+            int m = idx / (MOE_WMMA_TILE_N / 2), u = idx % (MOE_WMMA_TILE_N / 2);
             int n = n0 + 2 * u;
             if (r0 + m >= r_end || n >= n_out_rows) continue;
-            float gate = Cs[m * GEMM_LDC + 2 * u] + ebias[n];
-            float up = Cs[m * GEMM_LDC + 2 * u + 1] + ebias[n + 1];
+            float gate = Cs[m * MOE_WMMA_LDC + 2 * u] + ebias[n];
+            float up = Cs[m * MOE_WMMA_LDC + 2 * u + 1] + ebias[n + 1];
             h_out[(size_t)(r0 + m) * n_units + n / 2] = __float2bfloat16(swiglu(gate, up, limit, alpha));
         }
     } else {
-        for (int idx = tid; idx < BM * GEMM_BN; idx += blockDim.x) {
-            int m = idx / GEMM_BN, n = idx % GEMM_BN;
+        for (int idx = tid; idx < BM * MOE_WMMA_TILE_N; idx += blockDim.x) {
+            int m = idx / MOE_WMMA_TILE_N, n = idx % MOE_WMMA_TILE_N;
             if (r0 + m >= r_end || n0 + n >= n_out_rows) continue;
-            y_out[(size_t)route.sorted_pair[r0 + m] * n_out_rows + n0 + n] = Cs[m * GEMM_LDC + n] + ebias[n0 + n];
+            y_out[(size_t)route.sorted_pair[r0 + m] * n_out_rows + n0 + n] = Cs[m * MOE_WMMA_LDC + n] + ebias[n0 + n];
         }
     }
 }
@@ -153,11 +150,11 @@ void gptoss_moe_wmma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32
                           const gptoss_cuda_route *route, bf16 *h, float *y, cudaStream_t stream) {
     int32_t H = w->hidden, I = w->intermediate;
     int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, GPTOSS_MOE_TILE_M);
-    dim3 g1((2 * I + GEMM_BN - 1) / GEMM_BN, tiles);
+    dim3 g1((2 * I + MOE_WMMA_TILE_N - 1) / MOE_WMMA_TILE_N, tiles);
     moe_gemm_kernel<true><<<g1, 128, 0, stream>>>(w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias,
                                                   t, H, 2 * I, *route, w->swiglu_limit,
                                                   w->swiglu_alpha, h, nullptr);
-    dim3 g2((H + GEMM_BN - 1) / GEMM_BN, tiles);
+    dim3 g2((H + MOE_WMMA_TILE_N - 1) / MOE_WMMA_TILE_N, tiles);
     moe_gemm_kernel<false><<<g2, 128, 0, stream>>>(w->down_blocks, w->down_scales, w->down_bias, h,
                                                    I, H, *route, w->swiglu_limit, w->swiglu_alpha,
                                                    nullptr, y);
