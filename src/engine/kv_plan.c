@@ -65,9 +65,12 @@ gptoss_status gptoss_kv_plan_serve(const gptoss_config *c, const gptoss_kv_plan_
     return GPTOSS_OK;
 }
 
-void gptoss_kv_plan_context(int64_t context_tokens, gptoss_backend_options *bo) {
-    bo->n_kv_blocks = (int32_t)ceil_div(context_tokens, bo->kv_block_size);
-    bo->n_sliding_kv_blocks = bo->n_kv_blocks;
+void gptoss_kv_plan_context(const gptoss_config *c, int64_t context_tokens,
+                            gptoss_backend_options *bo) {
+    bo->n_kv_blocks = (int32_t)ceil_div(context_tokens > 0 ? context_tokens : 1, bo->kv_block_size);
+    int32_t window = gptoss_config_n_sliding_layers(c) > 0 ? c->sliding_window : 0;
+    int32_t least = gptoss_kv_min_sliding_blocks(window, bo->kv_block_size);
+    bo->n_sliding_kv_blocks = bo->n_kv_blocks > least ? bo->n_kv_blocks : least;
     bo->kv_shared_pages = false;
 }
 

@@ -45,9 +45,11 @@ typedef struct gptoss_kv_plan_options {
 gptoss_status gptoss_kv_plan_serve(const gptoss_config *config, const gptoss_kv_plan_options *options,
                                    gptoss_backend_options *bo, gptoss_error *error);
 
-/* Fills n_kv_blocks (and a sliding pool of the same size) for a front end that runs one
- * sequence of up to context_tokens tokens at a time (gptoss chat, gptoss run). */
-void gptoss_kv_plan_context(int64_t context_tokens, gptoss_backend_options *bo);
+/* Fills n_kv_blocks and n_sliding_kv_blocks for a front end that runs one sequence of up to
+ * context_tokens tokens at a time (gptoss chat, gptoss run): pages for the context, and a
+ * sliding pool as large, but never below one window (the engine refuses less). */
+void gptoss_kv_plan_context(const gptoss_config *config, int64_t context_tokens,
+                            gptoss_backend_options *bo);
 
 /* Pages a separate sliding pool needs for max_num_seqs windows plus one prefill chunk of
  * max_num_batched_tokens: each window may straddle a page on each side, and 16 pages of slack
