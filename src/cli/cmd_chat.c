@@ -98,6 +98,7 @@ static gptoss_status session_open(session *s, const char *dir, const char *backe
     eo.forward = forward_text_ids;
     eo.forward_user = s;
     eo.forward_summary = NULL; /* the masked rows above are whole rows */
+    if (eo.max_model_len < s->capacity) s->capacity = eo.max_model_len;
     int32_t stop_ids[GPTOSS_CHAT_MAX_STOP_IDS];
     gptoss_engine_options_set_eos(&eo, stop_ids, gptoss_chat_stop_ids(stop_ids));
     eo.max_num_seqs = 1;

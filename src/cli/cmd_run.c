@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "engine/engine.h"
 #include "engine/kv_plan.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 #include <math.h>
@@ -235,7 +236,7 @@ int gptoss_cmd_run(int argc, char **argv) {
 
     /* The prompt alone, when the engine cannot give what is asked of it: every position's
      * logits, the last position's spread, or no generation at all. */
-    double t0 = cli_now_seconds(), prompt_seconds = -1;
+    double t0 = gptoss_now_seconds(), prompt_seconds = -1;
     if (logits_path || stats || max_tokens == 0) {
         if (!(last = malloc((size_t)vocab * sizeof *last))) {
             gptoss_set_error(&err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
@@ -244,7 +245,7 @@ int gptoss_cmd_run(int argc, char **argv) {
         if (prefill_logits(backend, &options, prompt, n_prompt, (int32_t)chunk, vocab, logits_file,
                            logits_path, last, &err) != GPTOSS_OK)
             goto fail;
-        prompt_seconds = cli_now_seconds() - t0;
+        prompt_seconds = gptoss_now_seconds() - t0;
     }
     if (logits_file) {
         int closed = fclose(logits_file);

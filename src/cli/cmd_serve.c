@@ -13,6 +13,7 @@
 #include "engine/kv_plan.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -174,8 +175,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
     const char *headroom_env = getenv("GPTOSS_ADMIT_HEADROOM");
     if (admit_headroom < 0 && headroom_env && *headroom_env &&
         !cli_parse_i64(headroom_env, 0, 4096, &admit_headroom))
-        return cli_usage_error("serve", "GPTOSS_ADMIT_HEADROOM needs an integer in [0, 4096], not '%s'",
-                               headroom_env);
+        return cli_usage_error(
+            "serve", "GPTOSS_ADMIT_HEADROOM needs an integer in [0, 4096], not '%s'", headroom_env);
     gptoss_backend_options bo = gptoss_backend_options_default();
     bo.kind = gptoss_has_cuda() ? GPTOSS_BACKEND_CUDA : GPTOSS_BACKEND_CPU;
     if (backend_name) {
@@ -190,8 +191,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
     bo.fp8_layers = fp8_layers;
     bo.kv_cache_dtype = kv_cache_dtype;
     if (shape && bo.kind != GPTOSS_BACKEND_CUDA)
-        return cli_usage_error("serve", "--random-weights needs the CUDA backend; on the CPU, write "
-                                        "a checkpoint with `gptoss make-model` and pass -m DIR");
+        return cli_usage_error("serve",
+                               "--random-weights needs the CUDA backend; on the CPU, write "
+                               "a checkpoint with `gptoss make-model` and pass -m DIR");
     if (max_num_seqs == 0) max_num_seqs = bo.kind == GPTOSS_BACKEND_CUDA ? 1024 : 64;
 
     /* The served name defaults to the folder's last component, as vLLM does with paths. */
@@ -204,8 +206,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
         size_t start = len;
         while (start > 0 && path[start - 1] != '/')
             start--;
-        snprintf(name_buf, sizeof name_buf, "%s%.*s", model_dir ? "" : "random-", (int)(len - start),
-                 path + start);
+        snprintf(name_buf, sizeof name_buf, "%s%.*s", model_dir ? "" : "random-",
+                 (int)(len - start), path + start);
         served_name = name_buf;
     }
     so.served_model_name = served_name;
@@ -228,9 +230,10 @@ int gptoss_cmd_serve(int argc, char **argv) {
     gptoss_engine *engine = NULL;
     int rc = 1;
     if (gptoss_server_start(&so, &server, &err) != GPTOSS_OK) goto fail;
-    GPTOSS_LOG_I("serve", "listening on http://%s:%d (GET /health answers 503 until the model is loaded)",
+    GPTOSS_LOG_I("serve",
+                 "listening on http://%s:%d (GET /health answers 503 until the model is loaded)",
                  so.host, gptoss_server_port(server));
-    double t0 = cli_now_seconds();
+    double t0 = gptoss_now_seconds();
     gptoss_config shape_config;
     const gptoss_config *c = NULL;
     if (model_dir) {
@@ -263,8 +266,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
                  "model: %d layers, hidden %d, %d experts (top %d), %d heads / %d KV heads x %d, "
                  "vocab %d, context %d%s",
                  c->n_layers, c->hidden_size, c->n_experts, c->n_experts_per_token, c->n_heads,
-            c->n_kv_heads, c->head_dim, c->vocab_size, c->max_position_embeddings,
-            model ? "" : " (random weights)");
+                 c->n_kv_heads, c->head_dim, c->vocab_size, c->max_position_embeddings,
+                 model ? "" : " (random weights)");
 
     gptoss_kv_plan_options kv_plan = {.n_kv_blocks = kv_blocks,
                                       .memory_fraction = memory_fraction,
@@ -295,13 +298,13 @@ int gptoss_cmd_serve(int argc, char **argv) {
     if (gptoss_engine_create(&eo, &engine, &err) != GPTOSS_OK) goto fail;
     if (gptoss_engine_start(engine, &err) != GPTOSS_OK) goto fail;
     gptoss_server_set_ready(server, engine, tokenizer, eo.max_model_len, eo.max_num_seqs);
-    GPTOSS_LOG_I("serve",
-                 "backend %s: KV cache (%s) %lld blocks x %d tokens = %lld tokens (%.1f MiB), max %d "
-                 "sequences, prefix cache %s, context %d",
-                 gptoss_backend_name(backend), kv_format(&bo), (long long)kv_blocks,
-                 bo.kv_block_size, (long long)kv_blocks * bo.kv_block_size,
-                 gptoss_kv_plan_mib(c, &bo), eo.max_num_seqs, prefix_cache ? "on" : "off",
-                 eo.max_model_len);
+    GPTOSS_LOG_I(
+        "serve",
+        "backend %s: KV cache (%s) %lld blocks x %d tokens = %lld tokens (%.1f MiB), max %d "
+        "sequences, prefix cache %s, context %d",
+        gptoss_backend_name(backend), kv_format(&bo), (long long)kv_blocks, bo.kv_block_size,
+        (long long)kv_blocks * bo.kv_block_size, gptoss_kv_plan_mib(c, &bo), eo.max_num_seqs,
+        prefix_cache ? "on" : "off", eo.max_model_len);
     if (bo.kv_shared_pages)
         GPTOSS_LOG_I("serve", "KV pages shared by the full and sliding layers: a sequence's window "
                               "takes pages from the same pool as its context");
@@ -310,8 +313,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
         GPTOSS_LOG_I("serve", "dense layers in FP8 (e4m3, row scales): %s",
                      cli_fp8_layers_name(fp8_layers, names, sizeof names));
     }
-    GPTOSS_LOG_I("serve", "ready in %.1f s: model '%s' at http://%s:%d/v1", cli_now_seconds() - t0,
-                 served_name, so.host, gptoss_server_port(server));
+    GPTOSS_LOG_I("serve", "ready in %.1f s: model '%s' at http://%s:%d/v1",
+                 gptoss_now_seconds() - t0, served_name, so.host, gptoss_server_port(server));
 
     while (!stop_signal) {
         struct timespec ts = {0, 50 * 1000 * 1000};

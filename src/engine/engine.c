@@ -443,7 +443,8 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
     pthread_cond_init(&e->idle, NULL);
     e->next_id = 1;
     e->timing = getenv("GPTOSS_STEP_TIMING") && strcmp(getenv("GPTOSS_STEP_TIMING"), "0") != 0;
-    uint64_t seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)e ^ (uint64_t)(gptoss_now_seconds() * 1e9);
+    uint64_t seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)e ^
+                    (uint64_t)(gptoss_now_seconds() * 1e9);
     gptoss_rng_seed(&e->entropy, seed, 0);
     if ((st = gptoss_kv_manager_create(&kv_options, &e->kv, error)) != GPTOSS_OK ||
         (st = gptoss_scheduler_create(&sched_options, e->kv, &e->sched, error)) != GPTOSS_OK ||

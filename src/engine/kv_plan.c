@@ -77,10 +77,11 @@ void gptoss_kv_plan_context(const gptoss_config *c, int64_t context_tokens,
 double gptoss_kv_plan_mib(const gptoss_config *c, const gptoss_backend_options *bo) {
     double per_layer_token = (double)gptoss_kv_cache_token_bytes(c, bo->kind, bo->kv_cache_dtype);
     int32_t n_sliding = gptoss_config_n_sliding_layers(c);
-    int32_t sliding_blocks = bo->n_sliding_kv_blocks > 0 ? bo->n_sliding_kv_blocks : bo->n_kv_blocks;
+    int32_t sliding_blocks =
+        bo->n_sliding_kv_blocks > 0 ? bo->n_sliding_kv_blocks : bo->n_kv_blocks;
     if (bo->kv_shared_pages) sliding_blocks = 0; /* in the full layers' memory */
     double tokens_full = (double)bo->n_kv_blocks * bo->kv_block_size;
     double tokens_sliding = (double)sliding_blocks * bo->kv_block_size;
-    return per_layer_token * ((c->n_layers - n_sliding) * tokens_full + n_sliding * tokens_sliding) /
-           (1 << 20);
+    return per_layer_token *
+           ((c->n_layers - n_sliding) * tokens_full + n_sliding * tokens_sliding) / (1 << 20);
 }

@@ -42,7 +42,8 @@ typedef struct gptoss_kv_plan_options {
  * CAPACITY error when not even one does). CUDA: shared pages, a separate sliding pool for a
  * model whose layers cannot share, and the fraction the backend sizes its pool from. The
  * backend may still change them: read them back with gptoss_backend_get_options. */
-gptoss_status gptoss_kv_plan_serve(const gptoss_config *config, const gptoss_kv_plan_options *options,
+gptoss_status gptoss_kv_plan_serve(const gptoss_config *config,
+                                   const gptoss_kv_plan_options *options,
                                    gptoss_backend_options *bo, gptoss_error *error);
 
 /* Fills n_kv_blocks and n_sliding_kv_blocks for a front end that runs one sequence of up to

@@ -45,7 +45,8 @@ static gptoss_engine *start_engine(fake_backend *f, const int32_t *eos, size_t n
     if (n_eos) gptoss_engine_options_set_eos(&o, eos, n_eos);
     gptoss_engine *e = NULL;
     gptoss_error err = {0};
-    if (gptoss_engine_create(&o, &e, &err) != GPTOSS_OK || gptoss_engine_start(e, &err) != GPTOSS_OK)
+    if (gptoss_engine_create(&o, &e, &err) != GPTOSS_OK ||
+        gptoss_engine_start(e, &err) != GPTOSS_OK)
         fail_msg("engine: %s", err.message);
     return e;
 }
@@ -97,7 +98,8 @@ static void test_greedy_and_eos(void **state) {
      * at the first eos the reference produces, that token delivered. */
     int32_t eos[2] = {VOCAB + 100, ref[5]};
     int32_t k = 0;
-    while (ref[k] != eos[1]) k++; /* its first occurrence */
+    while (ref[k] != eos[1])
+        k++; /* its first occurrence */
     e = start_engine(f, eos, 2);
     p = greedy(24, false);
     memset(&c, 0, sizeof c);
@@ -108,7 +110,8 @@ static void test_greedy_and_eos(void **state) {
 
     /* More than one choice is the event API's job. */
     p.n = 2;
-    assert_int_equal(gptoss_engine_generate(e, prompt, 20, &p, &go, &r, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(gptoss_engine_generate(e, prompt, 20, &p, &go, &r, &err),
+                     GPTOSS_ERR_INVALID_ARGUMENT);
     gptoss_engine_free(e);
     fake_free(f);
 }
@@ -221,10 +224,8 @@ static void test_backend_failure(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_greedy_and_eos),
-        cmocka_unit_test(test_set_eos),
-        cmocka_unit_test(test_stopping),
-        cmocka_unit_test(test_next_turn_reuses_kv),
+        cmocka_unit_test(test_greedy_and_eos),  cmocka_unit_test(test_set_eos),
+        cmocka_unit_test(test_stopping),        cmocka_unit_test(test_next_turn_reuses_kv),
         cmocka_unit_test(test_backend_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,7 +17,8 @@
 static gptoss_config preset(const char *name) {
     gptoss_config c;
     gptoss_error err = {0};
-    if (gptoss_config_preset(name, &c, &err) != GPTOSS_OK) fail_msg("preset %s: %s", name, err.message);
+    if (gptoss_config_preset(name, &c, &err) != GPTOSS_OK)
+        fail_msg("preset %s: %s", name, err.message);
     return c;
 }
 
