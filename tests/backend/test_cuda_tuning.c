@@ -53,12 +53,13 @@ static void test_string(void **state) {
     gptoss_error err = {0};
     assert_int_equal(gptoss_cuda_tuning_init(&t, " gemv=all, norm_router=0,moe_path = 1,attn_tc=off,,"
                                                  "attn_decode=false,gemv_kernel=ld,moe_pair_kernel=fp8,"
-                                                 "adc_warps=8,router_fused_max=0,moe_inflight=1,graphs=no",
+                                                 "adc_warps=8,router_fused_max=0,moe_inflight=1,graphs=no,"
+                                                 "moe_path=route_gemv",
                                              &err),
                      GPTOSS_OK);
     assert_int_equal(t.gemv, GPTOSS_CUDA_GEMV_ALL);
     assert_false(t.norm_router);
-    assert_int_equal(t.moe_path, 1);
+    assert_int_equal(t.moe_path, 1); /* route_gemv, after moe_path = 1 */
     assert_false(t.attn_tc);
     assert_false(t.attn_decode);
     assert_int_equal(t.gemv_kernel, GPTOSS_CUDA_GEMV_KERNEL_LD);
@@ -80,7 +81,7 @@ static void test_environment_overrides_string(void **state) {
     setenv("GPTOSS_CUDA_MOE_PATH", "2", 1);
     setenv("GPTOSS_CUDA_GEMV", "0", 1);
     setenv("GPTOSS_STEP_TIMING", "1", 1);
-    assert_int_equal(gptoss_cuda_tuning_init(&t, "moe_path=4,gemv=all,qkv_rope=0", &err), GPTOSS_OK);
+    assert_int_equal(gptoss_cuda_tuning_init(&t, "moe_path=mma_gemm,gemv=all,qkv_rope=0", &err), GPTOSS_OK);
     assert_int_equal(t.moe_path, 2);
     assert_int_equal(t.gemv, GPTOSS_CUDA_GEMV_OFF);
     assert_true(t.step_timing);
@@ -98,9 +99,9 @@ static void expect_error(const char *spec, const char *needle1, const char *need
 static void test_errors(void **state) {
     (void)state;
     expect_error("moe_paht=4", "unknown key 'moe_paht'", "moe_path");
-    expect_error("moe_path=7", "moe_path=7", "[0, 6]");
-    expect_error("moe_path=4x", "moe_path=4x", "[0, 6]");
-    expect_error("moe_path=", "moe_path=", "[0, 6]");
+    expect_error("moe_path=7", "moe_path=7", "one of auto, route_gemv, wmma_gemm");
+    expect_error("moe_path=4x", "moe_path=4x", "pair_mma");
+    expect_error("moe_path=", "moe_path=", "wgmma_gemm");
     expect_error("router_fused_max=65", "router_fused_max=65", "[0, 64]");
     expect_error("moe_max_tile=4", "moe_max_tile=4", "[8, 128]");
     expect_error("gemv_kernel=fast", "gemv_kernel=fast", "one of auto, ld, tma");

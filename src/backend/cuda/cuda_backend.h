@@ -14,8 +14,8 @@
 #define GPTOSS_CUDA_BACKEND_H
 
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/dense_lowp.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/kernels/dense_lowp.h"
 #include "backend/cuda/tuning.h"
 
 #include <cublas_v2.h>

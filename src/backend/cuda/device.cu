@@ -3,9 +3,9 @@
  * the kernels' one-time set-up, and binding it to the calling thread. Owns no device memory.
  */
 #include "backend/cuda/device.h"
-#include "backend/cuda/attention_tc.h"
+#include "backend/cuda/kernels/attention_tc.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/dense_lowp.h"
+#include "backend/cuda/kernels/dense_lowp.h"
 
 #include <stdio.h>
 

@@ -22,7 +22,7 @@
  * print, touch KV pages a plan does not name, or leave the device in a failed state without
  * an error message.
  */
-#include "backend/cuda/attention_tc.h"
+#include "backend/cuda/kernels/attention_tc.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/diagnostics.h"
 
@@ -336,8 +336,9 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps, NULL, T, H, w->t,
                                          w->t_f32, k);
         if (!normed_routed && !ABLATED(ROUTER)) TRY(route_tokens(s, L, key, error));
-        const int moe_path = gptoss_cuda_moe_choose_path(s->tuning.moe_path, T, K, &L->moe);
-        if (moe_path != 3 && moe_path != 5) gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
+        const enum gptoss_moe_path moe_path = gptoss_cuda_moe_choose_path(s->tuning.moe_path, T, K, &L->moe);
+        if (moe_path != GPTOSS_MOE_PAIR_GEMV && moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
+            gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
         MARK(PART_SMALL);
         if (!ABLATED(MOE)) gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
         MARK(PART_MOE);

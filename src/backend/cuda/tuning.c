@@ -35,7 +35,8 @@ static const knob knobs[] = {
     {"norm_router", "GPTOSS_CUDA_NORM_ROUTER", KIND_BOOL, FIELD(norm_router), 0, 0, NULL},
     {"qkv_rope", "GPTOSS_CUDA_QKV_ROPE", KIND_BOOL, FIELD(qkv_rope), 0, 0, NULL},
     {"router_fused_max", "GPTOSS_CUDA_ROUTER_FUSED_MAX", KIND_INT, FIELD(router_fused_max), 0, 64, NULL},
-    {"moe_path", "GPTOSS_CUDA_MOE_PATH", KIND_INT, FIELD(moe_path), 0, 6, NULL},
+    {"moe_path", "GPTOSS_CUDA_MOE_PATH", KIND_NAMED, FIELD(moe_path), 0, 0,
+     "auto=0 route_gemv=1 wmma_gemm=2 pair_gemv=3 mma_gemm=4 pair_mma=5 wgmma_gemm=6 0=0 1=1 2=2 3=3 4=4 5=5 6=6"},
     {"moe_pair_kernel", "GPTOSS_CUDA_MOE_PAIR_KERNEL", KIND_NAMED, FIELD(moe_pair_kernel), 0, 0,
      "auto=0 wide=1 tma=2 fp8=3"},
     {"moe_pair_tokens", "GPTOSS_CUDA_MOE_PAIR_TOKENS", KIND_INT, FIELD(moe_pair_tokens), 0, 1 << 20, NULL},
@@ -94,7 +95,7 @@ static void describe(const knob *k, char *buf, size_t cap) {
 }
 
 static gptoss_status bad_value(const knob *k, const char *origin, const char *value, size_t len, gptoss_error *error) {
-    char what[128];
+    char what[256];
     describe(k, what, sizeof what);
     return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "CUDA tuning: %s=%.*s is invalid (expected %s)", origin,
                             (int)len, value, what);

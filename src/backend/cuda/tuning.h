@@ -25,8 +25,10 @@
  *                                                         projection's epilogue
  *  router_fused_max  GPTOSS_CUDA_ROUTER_FUSED_MAX   8     steps of up to this many tokens (0..64) use the
  *                                                         fused router; larger ones an SGEMM + top-k
- *  moe_path          GPTOSS_CUDA_MOE_PATH           0     MoE path 1..6 forced (0: chosen per step; see
- *                                                         gptoss_cuda_moe_choose_path)
+ *  moe_path          GPTOSS_CUDA_MOE_PATH           auto  MoE path forced, by name or number (enum
+ *                                                         gptoss_moe_path, kernels/moe/moe.h): auto (0,
+ *                                                         chosen per step), route_gemv, wmma_gemm,
+ *                                                         pair_gemv, mma_gemm, pair_mma, wgmma_gemm (1..6)
  *  moe_pair_kernel   GPTOSS_CUDA_MOE_PAIR_KERNEL    auto  path 5 kernel: auto, wide (the one older GPUs
  *                                                         run), tma or fp8 (sm_90a)
  *  moe_pair_tokens   GPTOSS_CUDA_MOE_PAIR_TOKENS    0     path 5 for steps of up to N tokens (0: the rule
@@ -82,7 +84,7 @@ typedef struct gptoss_cuda_tuning {
     bool norm_router;
     bool qkv_rope;
     int router_fused_max;
-    int moe_path;             /* 0..6 */
+    int moe_path;             /* enum gptoss_moe_path: 0 (auto)..6 */
     int moe_pair_kernel;      /* GPTOSS_CUDA_PAIR_KERNEL_* */
     int moe_pair_tokens;
     int moe_inflight;
