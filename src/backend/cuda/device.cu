@@ -1,6 +1,7 @@
 /*
  * device.cu - opening a GPU for a backend: existence and capability checks, its properties,
- * the kernels' one-time set-up, and binding it to the calling thread. Owns no device memory.
+ * the kernels' set-up into the device's kernel context, and binding both to the calling
+ * thread. Owns no device memory.
  */
 #include "backend/cuda/device.h"
 #include "backend/cuda/kernels/attention_tc.h"
@@ -54,12 +55,15 @@ gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal, 
     dev->smem_per_sm = prop.sharedMemPerMultiprocessor;
     dev->has_pdl = prop.major >= 9;
     dev->pdl = dev->has_pdl && tuning->pdl;
-    gptoss_cuda_set_pdl(dev->pdl);
+    gptoss_cuda_kernel_ctx_init(&dev->kernels, tuning);
+    dev->kernels.pdl = dev->pdl;
     return GPTOSS_OK;
 }
 
 gptoss_status gptoss_cuda_device_prepare(gptoss_cuda_device *dev, const gptoss_config *config,
                                          const gptoss_cuda_tuning *tuning, bool fp8_layers, gptoss_error *error) {
+    gptoss_status st = gptoss_cuda_device_bind(dev, error);
+    if (st) return st;
     CUDA_TRY(gptoss_cuda_moe_prepare(config->hidden_size, config->intermediate_size), "MoE kernel setup");
     CUDA_TRY(gptoss_cuda_router_prepare(config->hidden_size), "router kernel setup");
     CUDA_TRY(gptoss_cuda_gemv_prepare(), "GEMV kernel setup");
@@ -74,8 +78,12 @@ gptoss_status gptoss_cuda_device_prepare(gptoss_cuda_device *dev, const gptoss_c
     return GPTOSS_OK;
 }
 
-gptoss_status gptoss_cuda_device_bind(const gptoss_cuda_device *dev, gptoss_error *error) {
+gptoss_status gptoss_cuda_device_bind(gptoss_cuda_device *dev, gptoss_error *error) {
     CUDA_TRY(cudaSetDevice(dev->ordinal), "cudaSetDevice");
-    gptoss_cuda_set_pdl(dev->pdl);
+    gptoss_cuda_kernel_ctx_bind(&dev->kernels);
     return GPTOSS_OK;
+}
+
+void gptoss_cuda_device_unbind(gptoss_cuda_device *dev) {
+    if (gptoss_cuda_kernel_ctx_current() == &dev->kernels) gptoss_cuda_kernel_ctx_bind(NULL);
 }

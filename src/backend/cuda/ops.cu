@@ -92,6 +92,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
 void gptoss_cuda_state_free(gptoss_cuda_state *s) {
     if (!s) return;
     cudaSetDevice(s->dev.ordinal);
+    gptoss_cuda_device_unbind(&s->dev);
     if (s->stream) cudaStreamSynchronize(s->stream);
     gptoss_cuda_graphs_clear(s);
     gptoss_cuda_diagnostics_free(s);

@@ -4,9 +4,10 @@
  * gptoss_cuda_tuning_init fills it in three layers: the defaults below, then
  * gptoss_backend_options.cuda_tuning ("key=value,key=value"), then the environment (the
  * GPTOSS_CUDA_* variable of each key overrides both). Nothing else in the backend reads the
- * environment or keeps a knob of its own: the state holds this struct and passes what a kernel
- * launcher needs to it. The knobs are developer switches for A/B measurements and tests; the
- * defaults are what a user runs.
+ * environment or keeps a knob of its own (the one exception, GPTOSS_MOE_TRACE_FILE, exists
+ * only in diagnostics builds with the MoE trace): the state holds this struct, and the
+ * kernels' choices are copied into its device's kernel context (cuda_kernels.h). The knobs
+ * are developer switches for A/B measurements and tests; the defaults are what a user runs.
  *
  *  key               variable                       default  meaning
  *  graphs            GPTOSS_CUDA_GRAPHS             1     replay steps of up to 64 tokens as CUDA graphs
