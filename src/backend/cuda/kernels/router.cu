@@ -40,9 +40,7 @@ static __global__ void router_logits_kernel(const float *t, const bf16 *weight, 
                                             int32_t n_experts, int32_t hidden, float *logits,
                                             unsigned *done_counter, int32_t k_top, int32_t *topk_idx,
                                             float *topk_weight) {
-    /* [ROUTER_TOKENS_PER_BLOCK][hidden]; 128-byte aligned, the dynamic-region layout this kernel
-     * was measured with (a file's largest extern __shared__ alignment applies to all its kernels) */
-    extern __shared__ __align__(128) float rows[];
+    extern __shared__ __align__(ROUTER_SMEM_ALIGN) float rows[]; /* [ROUTER_TOKENS_PER_BLOCK][hidden] */
     pdl_wait();
     int t0 = blockIdx.x * ROUTER_TOKENS_PER_BLOCK;
     int nt = min(ROUTER_TOKENS_PER_BLOCK, n_tokens - t0);
@@ -175,7 +173,7 @@ norm_router_one_kernel(float *__restrict__ x, const float *__restrict__ add, con
                        const bf16 *__restrict__ weight, const float *__restrict__ bias, int32_t n_experts,
                        float *logits, unsigned *done_counter, int32_t k_top, int32_t *topk_idx,
                        float *topk_weight) {
-    extern __shared__ __align__(128) float nr_row[]; /* [hidden] normalized, fp32; aligned as rows above */
+    extern __shared__ __align__(ROUTER_SMEM_ALIGN) float nr_row[]; /* [hidden] normalized, fp32 */
     __shared__ float partial[NORM_ROUTER_WARPS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e = blockIdx.x * NORM_ROUTER_WARPS + warp, n_chunks = hidden >> 3, n4 = hidden >> 2;

@@ -41,6 +41,14 @@
 #define ROUTER_ONE_MAX_CHUNKS 16 /* 16-byte weight chunks per lane: hidden <= 32 * 16 * 8 = 4096 */
 #define NORM_ROUTER_WARPS 8 /* warps per block of the fused norm + router */
 #define NORM_ROUTER_PER_THREAD 4 /* float4 per thread per array: hidden <= 8 * 32 * 4 * 4 = 4096 */
+/* Alignment of the router kernels' dynamic shared memory: the layout they were measured with,
+ * 128 bytes in sm_90 code and 16 elsewhere (nvcc aligns a file's dynamic region to its widest
+ * extern __shared__, and these kernels shared one with the TMA GEMV's 128-byte-aligned region). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define ROUTER_SMEM_ALIGN 128
+#else
+#define ROUTER_SMEM_ALIGN 16
+#endif
 
 /* Logits summary (logits_summary.cu) */
 #define LOGITS_SUMMARY_THREADS 256 /* threads per block */
