@@ -214,6 +214,13 @@ typedef struct gptoss_backend_options {
      * the CUDA backend sizes its pool from gpu_memory_utilization, FP8 fits about twice the
      * tokens. */
     gptoss_kv_cache_dtype kv_cache_dtype;
+    /* CUDA: "key=value,key=value" overrides of the backend's tuning knobs (kernel choices and
+     * A/B switches; the keys, values and defaults are listed in src/backend/cuda/tuning.h).
+     * The GPTOSS_CUDA_* variable of a key, when set, overrides the string. An unknown key or
+     * a bad value fails creation. Read only while the backend is created (the string need not
+     * outlive that call; gptoss_backend_get_options returns NULL here); ignored by the CPU
+     * backend. NULL = the defaults. */
+    const char *cuda_tuning;
 } gptoss_backend_options;
 
 /* Defaults: CPU, all cores, 16-token pages, 256 pages, bf16 KV cache. */

@@ -184,6 +184,7 @@ gptoss_status gptoss_backend_create(const gptoss_model *model, const gptoss_back
         free(b);
         return st;
     }
+    b->options.cuda_tuning = NULL; /* read during creation only: the caller's string may go */
     *out = b;
     return GPTOSS_OK;
 }
@@ -209,6 +210,7 @@ gptoss_status gptoss_backend_create_random(const gptoss_config *config, const gp
         free(b);
         return st;
     }
+    b->options.cuda_tuning = NULL; /* read during creation only: the caller's string may go */
     *out = b;
     return GPTOSS_OK;
 }

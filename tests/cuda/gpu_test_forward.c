@@ -523,25 +523,17 @@ int main(int argc, char **argv) {
          * experts on the route GEMV (path 1; the tested backend runs the pair GEMV for one
          * token and the tensor-core path 4 otherwise) and all attention on the scalar kernel
          * (the tested backend: tensor cores for prefill runs and for decode tokens; switches
-         * read when a backend is created) and the norm after attention apart from the
+         * chosen when a backend is created) and the norm after attention apart from the
          * router (the tested backend fuses them for one token), so only fp32 summation order
          * differs */
-        setenv("GPTOSS_CUDA_GEMV", "all", 1);
-        setenv("GPTOSS_CUDA_NORM_ROUTER", "0", 1);
-        setenv("GPTOSS_CUDA_MOE_PATH", "1", 1);
-        setenv("GPTOSS_CUDA_ATTN_TC", "0", 1);
-        setenv("GPTOSS_CUDA_ATTN_DECODE", "0", 1);
+        o.cuda_tuning = "gemv=all,norm_router=0,moe_path=1,attn_tc=0,attn_decode=0";
         gptoss_status floor_st = gptoss_backend_create(model, &o, &p.cuda_floor, &err);
         if (!floor_st) {
             o.kv_cache_dtype = GPTOSS_KV_CACHE_FP8;
             floor_st = gptoss_backend_create(model, &o, &p.cuda_kv8_floor, &err);
             o.kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
         }
-        unsetenv("GPTOSS_CUDA_GEMV");
-        unsetenv("GPTOSS_CUDA_NORM_ROUTER");
-        unsetenv("GPTOSS_CUDA_MOE_PATH");
-        unsetenv("GPTOSS_CUDA_ATTN_TC");
-        unsetenv("GPTOSS_CUDA_ATTN_DECODE");
+        o.cuda_tuning = NULL;
         if (floor_st) {
             fprintf(stderr, "cuda backend (noise floor): %s\n", err.message);
             return 1;

@@ -1,18 +1,22 @@
 /*
- * cuda_backend.h - the CUDA backend's state and its internal entry points (CUDA C++ only).
+ * cuda_backend.h - the CUDA backend's state and the entry points its files share (CUDA C++
+ * only).
  *
- * The state owns everything it puts on the device: weights (uploaded once), the two KV pools
- * (full-attention and sliding layers), per-step workspace (grown to the largest step seen,
- * never on the decode hot path once warm), the plan staging buffers and cuBLAS handle.
- * gptoss_cuda_backend_ops (cuda_backend.cu) is the public face; the bench and the GPU tests
- * use the functions below to build a state from random weights and to run a step without
- * copying logits back.
+ * The state owns one device context (device.h), its tuning (tuning.h, filled once at
+ * creation), and everything it puts on that device: weights (weights.cu, uploaded once), the
+ * two KV pools (kv_pool.cu: full-attention and sliding layers), per-step workspace
+ * (forward.cu: grown to the largest step seen, never on the decode hot path once warm), the
+ * plan staging buffers and the cuBLAS handle. gptoss_cuda_backend_ops (ops.cu) is the public
+ * face; the bench and the GPU tests use the functions below to build a state from random
+ * weights and to run a step without copying logits back.
  */
 #ifndef GPTOSS_CUDA_BACKEND_H
 #define GPTOSS_CUDA_BACKEND_H
 
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/device.h"
 #include "backend/cuda/kernels/dense_lowp.h"
+#include "backend/cuda/tuning.h"
 
 #include <cublas_v2.h>
 
@@ -91,9 +95,8 @@ typedef struct cuda_graph_entry {
 
 typedef struct gptoss_cuda_state {
     gptoss_config config;     /* copy of the model's config */
-    int32_t device;           /* CUDA ordinal */
-    int32_t n_sms;            /* multiprocessors */
-    char device_name[256];
+    gptoss_cuda_device dev;   /* the GPU: ordinal, capabilities, kernel set-up */
+    gptoss_cuda_tuning tuning; /* every knob, filled once at creation */
     int32_t kv_block_size;    /* tokens per page */
     int32_t n_kv_blocks;      /* pages of the full pool */
     int32_t n_sliding_kv_blocks; /* pages of the sliding pool */
@@ -113,14 +116,6 @@ typedef struct gptoss_cuda_state {
     size_t summary_bytes;     /* of summary_host */
     size_t summary_dev_bytes; /* of summary_dev */
     void *summary_scratch;
-    enum gptoss_moe_path moe_path; /* GPTOSS_MOE_AUTO, or the path tests and A/B runs force */
-    bool attn_tc;            /* tensor-core attention for prefill-shaped steps */
-    bool attn_decode;        /* tensor-core split-K attention for decode tokens */
-    int32_t router_fused_max; /* steps of up to this many tokens use the fused router */
-    bool use_gemv;            /* decode projections on our GEMV rather than cuBLAS */
-    bool norm_router;         /* one decode token: the norm after attention and the router in one kernel */
-    bool qkv_rope;            /* one decode token: RoPE and the KV write in the QKV projection's epilogue */
-    bool gemv_all;            /* diagnostics: every GEMM as GEMV row blocks (GPTOSS_CUDA_GEMV=all) */
     size_t weight_bytes;      /* device bytes of weights */
     uint32_t fp8_layers;      /* gptoss_fp8_layer bits: matrices held as e4m3 + row scales */
     bf16 *dense_scratch;      /* fp8 layers: bf16 rows on their way to e4m3 at load, then the
@@ -128,19 +123,16 @@ typedef struct gptoss_cuda_state {
     size_t dense_scratch_elems;
     size_t kv_bytes;          /* device bytes of both KV pools */
     bool kv_fp8;              /* the pages hold e4m3 codes and scales (kv_cache_dtype FP8) */
-    bool use_graphs;          /* replay small steps (decode) as CUDA graphs */
     cuda_graph_entry graphs[GPTOSS_CUDA_MAX_GRAPHS]; /* captured steps, keyed by shape */
     int32_t graph_next;       /* round-robin slot for the next capture */
-    bool profiling;           /* record events between components (bench --profile) */
+    bool profiling;           /* record events between components (bench --profile, tuning.profile) */
     int32_t prof_n;           /* events recorded this step */
     cudaEvent_t prof_events[GPTOSS_CUDA_MAX_PROF_EVENTS];
     int32_t prof_part[GPTOSS_CUDA_MAX_PROF_EVENTS]; /* component the time before event i is charged to */
-    bool serve_profile;       /* GPTOSS_CUDA_PROFILE=1: profile every step, print totals at exit */
-    double serve_prof_ms[2][8]; /* [decode-only steps, steps with prefill][component] */
+    double serve_prof_ms[2][8]; /* tuning.profile: [decode-only steps, steps with prefill][component] */
     double serve_prof_steps[2], serve_prof_tokens[2], serve_prof_wall_ms[2];
-    /* GPTOSS_STEP_TIMING=1: where a served step's wall time goes (host staging, GPU step,
-     * GPU summaries, host wait), totals printed at exit; events only, graphs stay on */
-    bool step_timing;
+    /* tuning.step_timing: where a served step's wall time goes (host staging, GPU step, GPU
+     * summaries, host wait), totals printed at exit; events only, graphs stay on */
     cudaEvent_t timing_events[3];
     double timing_ms[5], timing_steps;
 } gptoss_cuda_state;
@@ -148,19 +140,62 @@ typedef struct gptoss_cuda_state {
 /* Components of a step for profiling (index into gptoss_bench_part_names). */
 enum { PART_MOE = 0, PART_ATTENTION, PART_DENSE, PART_LM_HEAD, PART_SMALL, PART_UPLOAD, PART_GAPS };
 
+/* ---- ops.cu: creation and the public face ---- */
+
 /* Creates a state with weights generated on the GPU (bench; values follow make-model's
  * distributions, cost does not depend on them). */
 gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
                                               const gptoss_backend_options *options, uint64_t seed,
                                               gptoss_cuda_state **out, gptoss_error *error);
 
+void gptoss_cuda_state_free(gptoss_cuda_state *state);
+
+/* The step, then the summaries reduced on the GPU: n_top ids and values and one float per
+ * row cross to the host, plus only the rows asked for whole. */
+gptoss_status gptoss_cuda_summary_step(gptoss_cuda_state *s, const gptoss_batch_plan *plan,
+                                       const gptoss_logits_summary *out, gptoss_error *error);
+
+/* cuBLAS status to an error. */
+gptoss_status gptoss_cublas_check(cublasStatus_t status, const char *what, gptoss_error *error);
+
+/* ---- weights.cu ---- */
+
+/* Device bytes the weights of config take (before allocation, for the memory check). */
+size_t gptoss_cuda_weights_bytes(const gptoss_config *config, uint32_t fp8_layers);
+/* Allocates every weight buffer (contents undefined) and the FP8 layers' scratch. */
+gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *error);
+/* Copies a model's weights in (FP8 matrices quantized on the way). */
+gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weights *w,
+                                         const gptoss_backend_options *options, gptoss_error *error);
+/* Generates random weights in place (make-model's distributions). */
+gptoss_status gptoss_cuda_weights_random(gptoss_cuda_state *s, const gptoss_backend_options *options, uint64_t seed,
+                                         gptoss_error *error);
+/* What is derived from the weights once they are in place (router fp32 copy, MoE checks). */
+gptoss_status gptoss_cuda_weights_finish(gptoss_cuda_state *s, gptoss_error *error);
+void gptoss_cuda_weights_free(gptoss_cuda_state *s);
+
+/* ---- kv_pool.cu ---- */
+
+/* Page geometry and the memory check before anything is allocated: the pools' page counts
+ * from the options (or the first page of an automatic pool), page sharing. */
+gptoss_status gptoss_cuda_kv_plan(gptoss_cuda_state *s, const gptoss_backend_options *options, size_t weight_bytes,
+                                  gptoss_error *error);
+/* Sizes an automatic pool from what is free now, then allocates the pages (and aliases the
+ * sliding layers onto the full layers' with shared pages). */
+gptoss_status gptoss_cuda_kv_alloc(gptoss_cuda_state *s, const gptoss_backend_options *options, gptoss_error *error);
+void gptoss_cuda_kv_free(gptoss_cuda_state *s);
+
+/* ---- forward.cu ---- */
+
+/* Grows the step workspace to n_tokens / n_logits and the plan buffers to table_ints. */
+gptoss_status gptoss_cuda_workspace_ensure(gptoss_cuda_state *s, int32_t n_tokens, int32_t n_logits,
+                                           int32_t table_ints, gptoss_error *error);
+void gptoss_cuda_workspace_free(gptoss_cuda_state *s);
+/* Destroys every captured step. */
+void gptoss_cuda_graphs_clear(gptoss_cuda_state *s);
+
 /* Runs one validated plan; logits stay in state->ws.logits [n_logits, V] on the device. */
 gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *state, const gptoss_batch_plan *plan,
                                          gptoss_error *error);
-
-void gptoss_cuda_state_free(gptoss_cuda_state *state);
-
-/* Formats a CUDA error into *error. */
-gptoss_status gptoss_cuda_error(gptoss_error *error, cudaError_t code, const char *what);
 
 #endif

@@ -17,8 +17,52 @@
 
 typedef __nv_bfloat16 bf16;
 
+/*
+ * What the launchers know about the device they launch on and which kernel variants they
+ * choose: one context per device (the backend's gptoss_cuda_device owns it), filled by the
+ * *_prepare functions and from the tuning (tuning.h). The launchers read the calling thread's
+ * current context, which gptoss_cuda_kernel_ctx_bind sets (the backend binds its device's
+ * context wherever it makes the device current, as CUDA keeps the current device per thread).
+ * A thread that binds none gets its own default context, its knobs read from the tuning
+ * variables once (the GPU tests run that way).
+ *
+ * Return convention of the launchers that return int: 0 = launched; nonzero = the shape or
+ * alignment is not taken and nothing was launched (the caller then uses another kernel).
+ */
+typedef struct gptoss_cuda_kernel_ctx {
+    bool pdl;                 /* programmatic dependent launch (sm_90) for launch_pdl's kernels */
+    /* bf16 GEMV (kernels/gemv_bf16.cu) */
+    int gemv_kernel;          /* tuning: 0 by the rule, 1 ld, 2 tma */
+    bool gemv_tma_ok;         /* the bulk-copy kernel runs here (gptoss_cuda_gemv_prepare) */
+    int gemv_sms, gemv_sm_smem; /* multiprocessors, shared memory per multiprocessor */
+    /* FP8 GEMV (kernels/dense_lowp.cu): blocks of gemv_e4m3_kernel<1, 2, 4> one SM holds */
+    int e4_blocks_per_sm[3];
+    /* decode attention (kernels/attention_tc.cu), by head_dim */
+    bool adc_prepared[129];   /* the shared-memory attribute is set */
+    bool adc_wide_ok[129];    /* the 8-warp form fits on this GPU */
+    int adc_warps;            /* tuning: 0 by the rule, 4 or 8 */
+    /* MoE (kernels/moe/) */
+    int32_t moe_prepared_width; /* the mma kernels' shared-memory limits cover widths up to this */
+    bool moe_wg_ok;           /* the wgmma GEMM runs here (sm_90, its shared memory granted) */
+    bool moe_pair_tma_ok;     /* the pair mma's TMA kernel runs here */
+    bool moe_pair_fp8_ok;     /* the pair mma's FP8 kernel runs here */
+    int moe_pair_kernel;      /* tuning: enum gptoss_moe_pair_kernel */
+    int moe_inflight;         /* tuning: TMA copies in flight per SM (0: no limit) */
+    bool moe_inflight_report; /* tuning: print the waits that gave up at exit */
+    int moe_wg_min, moe_pair_tokens, moe_max_tile, moe_tile_pct; /* tuning (tuning.h) */
+    int n_sms;                /* multiprocessors (the pair GEMV's grid) */
+} gptoss_cuda_kernel_ctx;
+
+struct gptoss_cuda_tuning;
+/* Capabilities cleared (nothing prepared), knobs from the tuning (NULL: its defaults). */
+void gptoss_cuda_kernel_ctx_init(gptoss_cuda_kernel_ctx *kc, const struct gptoss_cuda_tuning *tuning);
+/* Makes kc the calling thread's current context (NULL: the thread's default one). */
+void gptoss_cuda_kernel_ctx_bind(gptoss_cuda_kernel_ctx *kc);
+/* The calling thread's current context. */
+gptoss_cuda_kernel_ctx *gptoss_cuda_kernel_ctx_current(void);
+
 /* Programmatic dependent launch (sm_90) for the kernels launched through launch_pdl
- * (kernels/ptx.cuh says what a kernel must do); off until set. */
+ * (kernels/ptx.cuh says what a kernel must do), in the current context; off until set. */
 void gptoss_cuda_set_pdl(bool on);
 bool gptoss_cuda_pdl_enabled(void);
 
@@ -146,12 +190,14 @@ int gptoss_cuda_qkv_rope_one(const bf16 *w, const bf16 *x, const float *qkv_bias
                              int32_t max_blocks, int32_t block_size, float *q_out, bf16 *k_cache, bf16 *v_cache,
                              cudaStream_t stream);
 /* Decides whether the GEMV's sm_90 kernel (weights staged by bulk copies) runs here and raises
- * its shared-memory limit (call once; a device it does not run on is not an error). */
+ * its shared-memory limit, recorded in the current context (once per context; a device it
+ * does not run on is not an error). */
 cudaError_t gptoss_cuda_gemv_prepare(void);
 /* Which GEMV kernel runs (tests and A/B runs): 0 = the default (the bulk-copy kernel where it
  * runs and its blocks fit in one wave), 1 = the load kernel, 2 = the bulk-copy kernel wherever
- * it runs. Until called, GPTOSS_CUDA_GEMV_KERNEL=ld|tma. gptoss_cuda_gemv_kernel: the kernel
- * (1 load, 2 bulk copy) a product of that shape runs on now. */
+ * it runs; in the current context, whose initial value is the gemv_kernel knob.
+ * gptoss_cuda_gemv_kernel: the kernel (1 load, 2 bulk copy) a product of that shape runs on
+ * now. */
 void gptoss_cuda_gemv_set_kernel(int kernel);
 int gptoss_cuda_gemv_kernel(int32_t m, int32_t n, int32_t k);
 

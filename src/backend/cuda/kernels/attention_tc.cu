@@ -846,22 +846,21 @@ int gptoss_cuda_attention_tc_fp8(const float *q, const uint8_t *k_cache, const u
                                      out, stream);
 }
 
-static bool adc_prepared[129]; /* by head_dim: the attribute is set */
-static bool adc_wide_ok[129];  /* by head_dim: the 8-warp form's shared memory fits on this GPU */
 
 /* Raises the kernels' dynamic shared-memory limit (73 KB for D = 64 with 4 warps, 147 KB with
  * 8): once per head_dim, before the first launch, which may sit inside a graph capture. The
  * 8-warp form is optional (GPUs with under 147 KB per block run 4 warps everywhere). */
 cudaError_t gptoss_cuda_attention_decode_prepare(int32_t head_dim) {
+    gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current(); /* adc_prepared, adc_wide_ok by head_dim */
     cudaError_t e = cudaSuccess;
-    if (head_dim >= 0 && head_dim <= 128 && adc_prepared[head_dim]) return cudaSuccess;
+    if (head_dim >= 0 && head_dim <= 128 && kc->adc_prepared[head_dim]) return cudaSuccess;
 #define SET_SMEM(DIM, E4M3, W)                                                                                       \
     cudaFuncSetAttribute(attention_decode_kernel<DIM, E4M3, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,         \
                          (int)(W * sizeof(adc_warp_smem<DIM, E4M3>)))
 #define PREPARE_DEC(DIM)                                                                                             \
     e = SET_SMEM(DIM, false, 4);                                                                                     \
     if (e == cudaSuccess) e = SET_SMEM(DIM, true, 4);                                                                \
-    adc_wide_ok[DIM] = SET_SMEM(DIM, false, 8) == cudaSuccess && SET_SMEM(DIM, true, 8) == cudaSuccess;               \
+    kc->adc_wide_ok[DIM] = SET_SMEM(DIM, false, 8) == cudaSuccess && SET_SMEM(DIM, true, 8) == cudaSuccess;               \
     (void)cudaGetLastError(); /* a refused 8-warp size is not an error: 4 warps run */
     switch (head_dim) {
     case 16: PREPARE_DEC(16); break;
@@ -872,7 +871,7 @@ cudaError_t gptoss_cuda_attention_decode_prepare(int32_t head_dim) {
     }
 #undef PREPARE_DEC
 #undef SET_SMEM
-    if (e == cudaSuccess) adc_prepared[head_dim] = true;
+    if (e == cudaSuccess) kc->adc_prepared[head_dim] = true;
     return e;
 }
 
@@ -896,14 +895,13 @@ static int attention_decode_launch(const float *q, const atc_kv_t<E4M3> *k_cache
     if (head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 128) return -1;
     if (gptoss_cuda_attention_decode_prepare(head_dim) != cudaSuccess) return -1;
     dim3 grid((unsigned)n_tokens, (unsigned)n_kv_heads, (unsigned)n_splits);
-    /* warps per block: the rule at ATTN_TC_DECODE_SMALL_GRID; GPTOSS_CUDA_ADC_WARPS=4 or 8 forces one */
-    static int forced = -1;
-    if (forced < 0) {
-        const char *v = getenv("GPTOSS_CUDA_ADC_WARPS");
-        forced = v && atoi(v) >= 8 ? 8 : v && atoi(v) > 0 ? 4 : 0;
-    }
+    /* warps per block: the rule at ATTN_TC_DECODE_SMALL_GRID; the adc_warps knob (4 or 8) forces one */
+    const gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
     const int64_t n_blocks = (int64_t)n_tokens * n_kv_heads * n_splits;
-    const int warps = !adc_wide_ok[head_dim] ? 4 : forced ? forced : n_blocks <= ATTN_TC_DECODE_SMALL_GRID ? 8 : 4;
+    const int warps = !kc->adc_wide_ok[head_dim]                   ? 4
+                      : kc->adc_warps                              ? kc->adc_warps
+                      : n_blocks <= ATTN_TC_DECODE_SMALL_GRID      ? 8
+                                                                   : 4;
 #define LAUNCH_DEC_W(DIM, W)                                                                                         \
     launch_pdl(attention_decode_kernel<DIM, E4M3, W>, grid, dim3(32 * W), W * sizeof(adc_warp_smem<DIM, E4M3>),       \
                stream, q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables, max_blocks,         \

@@ -206,12 +206,11 @@ gemv_e4m3_kernel(const uint8_t *codes, const float *row_scale, const bf16 *x, fl
     }
 }
 
-/* Blocks of gemv_e4m3_kernel<1>, <2>, <4> one SM holds (gptoss_cuda_dense_lowp_prepare; 0:
+/* Blocks of gemv_e4m3_kernel<1>, <2>, <4> one SM holds (set here, in the current context; 0:
  * not measured, then one per SM). The grid is one wave of them: blocks past the wave would
  * start only when others finish and leave most SMs idle for their whole turn. */
-static int e4_blocks_per_sm[3];
-
 cudaError_t gptoss_cuda_dense_lowp_prepare(void) {
+    int *e4_blocks_per_sm = gptoss_cuda_kernel_ctx_current()->e4_blocks_per_sm;
     const int threads = FP8_GEMV_WARPS * 32;
     const size_t x_row = 4096 * sizeof(bf16); /* the widest rows taken */
     cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e4_blocks_per_sm[0], gemv_e4m3_kernel<1>, threads,
@@ -232,6 +231,7 @@ int gptoss_cuda_gemv_e4m3(const uint8_t *codes, const float *row_scale, const bf
     const int rows_per_block = FP8_GEMV_ROWS_PER_WARP * FP8_GEMV_WARPS;
     const int want = (n + rows_per_block - 1) / rows_per_block;
     const int variant = m == 1 ? 0 : m == 2 ? 1 : 2;
+    const int *e4_blocks_per_sm = gptoss_cuda_kernel_ctx_current()->e4_blocks_per_sm;
     const int cap = (e4_blocks_per_sm[variant] > 0 ? e4_blocks_per_sm[variant] : 1) * (n_sms > 0 ? n_sms : 1);
     const int grid = want < cap ? want : cap;
     if (m == 1)

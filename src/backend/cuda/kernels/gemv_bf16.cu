@@ -172,40 +172,35 @@ dense_gemv_tma_kernel(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t
 #endif
 }
 
-static bool gemv_tma_supported = false; /* set by gptoss_cuda_gemv_prepare */
-static int gemv_sms = 0, gemv_sm_smem = 0;  /* multiprocessors, shared memory per multiprocessor */
-static int gemv_kernel_choice = -1;     /* gptoss_cuda_gemv_set_kernel; -1: not set */
-
-void gptoss_cuda_gemv_set_kernel(int kernel) { gemv_kernel_choice = kernel; }
+void gptoss_cuda_gemv_set_kernel(int kernel) { gptoss_cuda_kernel_ctx_current()->gemv_kernel = kernel; }
 
 /* The bulk-copy kernel by default only where its blocks fit in one wave: its copies start
  * before the wait only in resident blocks, and a second wave's start after the first wave's
  * end. Measured (H100, tg128, every projection on it): O (2880 rows, one wave) 11.6 -> 9.5 us
  * per layer, QKV (5120 rows, 1.2 waves) 12.2 -> 13.5 us. */
 int gptoss_cuda_gemv_kernel(int32_t m, int32_t n, int32_t k) {
-    if (gemv_kernel_choice < 0) {
-        const char *v = getenv("GPTOSS_CUDA_GEMV_KERNEL");
-        gemv_kernel_choice = v && strcmp(v, "ld") == 0 ? 1 : v && strcmp(v, "tma") == 0 ? 2 : 0;
-    }
-    if (gemv_kernel_choice == 1 || !gemv_tma_supported) return 1;
-    if (gemv_kernel_choice == 2) return 2;
-    const int64_t per_sm = gemv_sm_smem / ((int64_t)gemv_tma_smem(m, k) + 1024); /* 1 KB reserved per block */
-    return (int64_t)(n + GEMV_BF16_TMA_ROWS - 1) / GEMV_BF16_TMA_ROWS <= per_sm * gemv_sms ? 2 : 1;
+    const gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
+    if (kc->gemv_kernel == 1 || !kc->gemv_tma_ok) return 1;
+    if (kc->gemv_kernel == 2) return 2;
+    const int64_t per_sm = kc->gemv_sm_smem / ((int64_t)gemv_tma_smem(m, k) + 1024); /* 1 KB reserved per block */
+    return (int64_t)(n + GEMV_BF16_TMA_ROWS - 1) / GEMV_BF16_TMA_ROWS <= per_sm * kc->gemv_sms ? 2 : 1;
 }
 
 cudaError_t gptoss_cuda_gemv_prepare(void) {
+    gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
     const int bytes = (int)gemv_tma_smem(GPTOSS_GEMV_MAX_ROWS, 4096);
     int dev = 0;
     bool ok = cudaGetDevice(&dev) == cudaSuccess &&
-              cudaDeviceGetAttribute(&gemv_sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-              cudaDeviceGetAttribute(&gemv_sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess;
+              cudaDeviceGetAttribute(&kc->gemv_sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+              cudaDeviceGetAttribute(&kc->gemv_sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) ==
+                  cudaSuccess;
 #define PREP(M)                                                                                            \
     ok = ok && gptoss_cuda_runs_sm90_code((const void *)dense_gemv_tma_kernel<M>) &&                         \
          cudaFuncSetAttribute(dense_gemv_tma_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == \
              cudaSuccess;
     PREP(1) PREP(2) PREP(4)
 #undef PREP
-    gemv_tma_supported = ok;
+    kc->gemv_tma_ok = ok;
     (void)cudaGetLastError(); /* a kernel that does not run here is not an error: the other one runs */
     return cudaSuccess;
 }

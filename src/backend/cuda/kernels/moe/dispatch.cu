@@ -26,13 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* gptoss_cuda_moe_prepare raised the mma kernels' shared-memory limits (widths up to 4096) */
-static int32_t mma_prepared_width = 0;
-
-/* gptoss_cuda_moe_prepare: true when GPTOSS_MOE_WGMMA_GEMM can run here (an sm_90 device,
- * widths that are multiples of 64, its shared memory granted) */
-static bool wg_supported = false;
-
 static const char *const path_names[] = {"auto",     "route_gemv", "wmma_gemm", "pair_gemv",
                                          "mma_gemm", "pair_mma",   "wgmma_gemm"};
 
@@ -79,6 +72,7 @@ static __global__ void absmax_kernel(const float *x, int32_t n, unsigned *out) {
 
 cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *input_gain, unsigned *scratch,
                                       cudaStream_t stream) {
+    const gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
     w->mma_ok = false;
     w->pair_mma_ok = false;
     w->wg_ok = false;
@@ -97,9 +91,9 @@ cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *i
     double gain = gain_f;
     double in_bound = sqrt((double)H) * gain, h_bound = (double)w->swiglu_limit * ((double)w->swiglu_limit + 1.0);
     bool fp16_ok = in_bound < 32768.0 && isfinite(h_bound) && h_bound < 32768.0 && H % 32 == 0 && I % 32 == 0 &&
-                   (int32_t)H <= mma_prepared_width && (int32_t)I <= mma_prepared_width;
+                   (int32_t)H <= kc->moe_prepared_width && (int32_t)I <= kc->moe_prepared_width;
     w->mma_ok = fp16_ok && got[0] >= 104 && got[1] <= 128;
-    w->wg_ok = w->mma_ok && wg_supported && H % 64 == 0 && I % 64 == 0;
+    w->wg_ok = w->mma_ok && kc->moe_wg_ok && H % 64 == 0 && I % 64 == 0;
     w->pair_mma_ok = fp16_ok && got[1] <= 240; /* scales applied in fp32: 2^(s - 113) must be finite */
     return cudaSuccess;
 }
@@ -111,11 +105,7 @@ cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *i
  * at 8 and 12 rows per expert (120b x256, x384) the wgmma GEMM was 16% and 15% slower, at 32 (20b
  * x256) 7.5% faster; 24 sits between. */
 static bool wg_worth(int32_t n_tokens, int32_t k_top, int32_t n_experts) {
-    static int32_t min_avg = -1;
-    if (min_avg < 0) {
-        const char *v = getenv("GPTOSS_CUDA_MOE_WG_MIN");
-        min_avg = v && atoi(v) >= 1 ? atoi(v) : 24;
-    }
+    const int32_t min_avg = gptoss_cuda_kernel_ctx_current()->moe_wg_min;
     int32_t pairs = n_tokens * k_top;
     int32_t active = pairs < n_experts ? pairs : n_experts;
     return active > 0 && pairs >= (int64_t)min_avg * active;
@@ -132,11 +122,7 @@ static bool wg_worth(int32_t n_tokens, int32_t k_top, int32_t n_experts) {
  * as before), for measurements.
  */
 static bool pair_path_worth(int32_t n_tokens, int32_t k_top, int32_t n_experts) {
-    static int32_t max_tokens = -1;
-    if (max_tokens < 0) {
-        const char *v = getenv("GPTOSS_CUDA_MOE_PAIR_TOKENS");
-        max_tokens = v && atoi(v) >= 1 ? atoi(v) : 0;
-    }
+    const int32_t max_tokens = gptoss_cuda_kernel_ctx_current()->moe_pair_tokens;
     int64_t pairs = (int64_t)n_tokens * k_top;
     if (pairs > GPTOSS_MOE_PAIR5_MAX) return false;
     return max_tokens > 0 ? n_tokens <= max_tokens : 8 * pairs <= 7 * (int64_t)n_experts;
@@ -187,7 +173,8 @@ cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate) {
     cudaError_t err = gptoss_moe_route_gemv_prepare(widest);
     if (err == cudaSuccess) err = gptoss_moe_pair_gemv_prepare(widest);
     if (err == cudaSuccess) err = gptoss_moe_mma_gemm_prepare(widest);
-    if (err == cudaSuccess) mma_prepared_width = widest;
+    gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
+    if (err == cudaSuccess) kc->moe_prepared_width = widest; /* the mma kernels' shared-memory limits */
     /* GPTOSS_MOE_WGMMA_GEMM: compute capability 9.0 only (its kernels are built for sm_90a
      * alone), and only where the device grants the shared memory; otherwise the other paths run */
     int dev = 0, major = 0, minor = 0;
@@ -197,7 +184,7 @@ cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate) {
               major == 9 && minor == 0 && hidden % 64 == 0 && intermediate % 64 == 0;
     if (wg) wg = gptoss_moe_wgmma_gemm_prepare(widest);
     if (err == cudaSuccess) (void)cudaGetLastError(); /* a refused wgmma attribute is not an error */
-    wg_supported = wg;
+    kc->moe_wg_ok = wg; /* the wgmma GEMM runs here: sm_90, widths multiple of 64, smem granted */
     gptoss_moe_pair_mma_prepare(err == cudaSuccess, major, minor);
     if (err == cudaSuccess) (void)cudaGetLastError();
     return err;

@@ -244,30 +244,21 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
     }
 }
 
-
 /* Route tile height for the mma path: a power of two in [8, 128] chosen from the expected
  * rows per active expert (below). */
 int32_t gptoss_moe_mma_tile_rows(int32_t n_tokens, int32_t k_top, int32_t n_experts) {
     int32_t pairs = n_tokens * k_top;
     int32_t active = pairs < n_experts ? pairs : n_experts;
     int32_t avg = active > 0 ? (pairs + active - 1) / active : 1;
-    static int32_t cap = 0; /* GPTOSS_CUDA_MOE_MAX_TILE caps the height (A/B measurements) */
-    if (cap == 0) {
-        const char *v = getenv("GPTOSS_CUDA_MOE_MAX_TILE");
-        /* 64 by default: measured on an H100 (20b, 2048-token prefill, 256 rows per expert),
-         * 128-row tiles took 54 ms of MoE against 41 ms for 64 (255 registers, one block per SM) */
-        cap = v && atoi(v) >= 8 && atoi(v) <= 128 ? atoi(v) : 64;
-    }
-    /* The height grows while it is under 1.25 times the average (GPTOSS_CUDA_MOE_TILE_PCT,
-     * default 125): an expert with more rows than the tile takes a second tile, which
-     * dequantizes its weights again, while a taller tile multiplies more empty rows: at 12 rows
-     * per expert (120b), 32-row tiles instead of 16 were 5% slower (see bench/CUDA.md, "MoE mma
-     * GEMM: route tile height"). */
-    static int32_t pct = 0;
-    if (pct == 0) {
-        const char *v = getenv("GPTOSS_CUDA_MOE_TILE_PCT");
-        pct = v && atoi(v) >= 50 && atoi(v) <= 800 ? atoi(v) : 125;
-    }
+    /* The height is capped by the moe_max_tile knob, 64 by default: measured on an H100 (20b,
+     * 2048-token prefill, 256 rows per expert), 128-row tiles took 54 ms of MoE against 41 ms
+     * for 64 (255 registers, one block per SM). It grows while it is under moe_tile_pct percent
+     * of the average (default 125): an expert with more rows than the tile takes a second tile,
+     * which dequantizes its weights again, while a taller tile multiplies more empty rows: at 12
+     * rows per expert (120b), 32-row tiles instead of 16 were 5% slower (see bench/CUDA.md, "MoE
+     * mma GEMM: route tile height"). */
+    const gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
+    const int32_t cap = kc->moe_max_tile, pct = kc->moe_tile_pct;
     int32_t bn = GPTOSS_MOE_MIN_TILE;
     while (bn * 100 < avg * pct && bn < cap) bn *= 2;
     return bn;

@@ -119,14 +119,16 @@ cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *i
 
 /* Which kernel GPTOSS_MOE_PAIR_MMA runs (tests and A/B runs): a gptoss_moe_pair_kernel;
  * GPTOSS_MOE_PAIR_DEFAULT = the TMA kernel on compute capability 9.0 and up, the wide kernel
- * elsewhere. Until called, GPTOSS_CUDA_MOE_PAIR_KERNEL=wide|tma|fp8. */
+ * elsewhere. Sets the current kernel context's choice (cuda_kernels.h), whose initial value is
+ * the moe_pair_kernel knob (tuning.h). */
 void gptoss_cuda_moe_set_pair_kernel(int kernel);
 /* The kernel GPTOSS_MOE_PAIR_MMA launches now (never DEFAULT; decided by gptoss_cuda_moe_prepare,
  * a kernel that does not run here falls back to the next one that does). */
 enum gptoss_moe_pair_kernel gptoss_cuda_moe_pair_kernel(void);
 
 /* Raises the MoE kernels' dynamic shared-memory limits for these widths and decides which
- * paths and pair kernels run on this device (call once). */
+ * paths and pair kernels run on this device, recorded in the current kernel context (call
+ * once per context). */
 cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate);
 
 #endif

@@ -152,7 +152,7 @@ moe_pair_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
 
 /* Blocks per pair: enough resident warps to cover every SM twice, spread over the pairs. */
 static int pair_blocks(int32_t n_pairs, int32_t n_units) {
-    static int n_sms = 0;
+    int &n_sms = gptoss_cuda_kernel_ctx_current()->n_sms; /* the current device's, queried once */
     if (n_sms == 0) {
         int dev = 0;
         if (cudaGetDevice(&dev) != cudaSuccess ||

@@ -265,7 +265,8 @@ static size_t pair_tma_smem(int32_t k_in) { return pair_tma_parts(k_in).bytes; }
 
 /*
  * A timeline of the TMA kernel's blocks, for diagnosis only: built when GPTOSS_MOE_TRACE is
- * defined (cmake -DCMAKE_CUDA_FLAGS=-DGPTOSS_MOE_TRACE), never in a normal build. Each block
+ * defined in a diagnostics build (cmake -DGPTOSS_DIAGNOSTICS=ON
+ * -DCMAKE_CUDA_FLAGS=-DGPTOSS_MOE_TRACE), never in a release build. Each block
  * records, in a ring of the last TRACE_N blocks, its kind (gate_up or down), pair, tile and SM,
  * and globaltimer stamps: start, past the PDL wait, copy issued, tile landed, end. At exit the
  * ring goes to the file GPTOSS_MOE_TRACE_FILE names; bench/moe-trace.py reads it.
@@ -283,6 +284,9 @@ static __device__ __forceinline__ unsigned long long globaltimer_ns(void) {
     return t;
 }
 
+#if defined(GPTOSS_MOE_TRACE) && !defined(GPTOSS_DIAGNOSTICS)
+#error "GPTOSS_MOE_TRACE is a diagnostic: configure with -DGPTOSS_DIAGNOSTICS=ON"
+#endif
 #ifdef GPTOSS_MOE_TRACE
 #define TRACE_N (1u << 18)
 __device__ unsigned long long *trace_buf;
@@ -736,46 +740,35 @@ moe_pair_fp8_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
 #endif
 }
 
-static bool pair_tma_supported = false; /* set by gptoss_moe_pair_mma_prepare */
-static bool pair_fp8_supported = false; /* set by gptoss_moe_pair_mma_prepare */
-static int pair_kernel_choice = -1;     /* gptoss_cuda_moe_set_pair_kernel; -1: not set */
+void gptoss_cuda_moe_set_pair_kernel(int kernel) { gptoss_cuda_kernel_ctx_current()->moe_pair_kernel = kernel; }
 
-void gptoss_cuda_moe_set_pair_kernel(int kernel) { pair_kernel_choice = kernel; }
-
-/* The TMA kernel wherever it runs unless gptoss_cuda_moe_set_pair_kernel or
- * GPTOSS_CUDA_MOE_PAIR_KERNEL (wide, tma or fp8) says otherwise; a kernel that does not run
- * here falls back to the next one that does. */
+/* The TMA kernel wherever it runs unless the context's choice (the moe_pair_kernel knob, or
+ * gptoss_cuda_moe_set_pair_kernel) says otherwise; a kernel that does not run here falls back
+ * to the next one that does. */
 enum gptoss_moe_pair_kernel gptoss_cuda_moe_pair_kernel(void) {
-    if (pair_kernel_choice < 0) {
-        const char *v = getenv("GPTOSS_CUDA_MOE_PAIR_KERNEL");
-        pair_kernel_choice = !v                       ? GPTOSS_MOE_PAIR_DEFAULT
-                             : strcmp(v, "wide") == 0 ? GPTOSS_MOE_PAIR_WIDE
-                             : strcmp(v, "tma") == 0  ? GPTOSS_MOE_PAIR_TMA
-                             : strcmp(v, "fp8") == 0  ? GPTOSS_MOE_PAIR_FP8
-                                                      : GPTOSS_MOE_PAIR_DEFAULT;
-    }
-    if (pair_kernel_choice == GPTOSS_MOE_PAIR_WIDE || !pair_tma_supported) return GPTOSS_MOE_PAIR_WIDE;
-    if (pair_kernel_choice == GPTOSS_MOE_PAIR_FP8 && pair_fp8_supported) return GPTOSS_MOE_PAIR_FP8;
+    const gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
+    if (kc->moe_pair_kernel == GPTOSS_MOE_PAIR_WIDE || !kc->moe_pair_tma_ok) return GPTOSS_MOE_PAIR_WIDE;
+    if (kc->moe_pair_kernel == GPTOSS_MOE_PAIR_FP8 && kc->moe_pair_fp8_ok) return GPTOSS_MOE_PAIR_FP8;
     return GPTOSS_MOE_PAIR_TMA;
 }
 
-/* The TMA kernel's copies in flight per SM (pt_take_turn): GPTOSS_CUDA_MOE_INFLIGHT=N, 0 for
- * no limit; 3 when unset (H100, tg128: 2 gained 1.5-2%, 3 2.0-2.3%, 4 0.7-1%). With the
- * variable set, the number of waits that gave up is printed at exit (a diagnostic: 0 in every
- * run measured). */
+/* The TMA kernel's copies in flight per SM (pt_take_turn): the moe_inflight knob, 0 for no
+ * limit, 3 by default (H100, tg128: 2 gained 1.5-2%, 3 2.0-2.3%, 4 0.7-1%). With the knob
+ * given, the number of waits that gave up is printed at exit (a diagnostic: 0 in every run
+ * measured). */
 static void pair_tma_report(void) {
     unsigned long long n = 0;
     if (cudaMemcpyFromSymbol(&n, pt_copy_giveups, sizeof n) == cudaSuccess)
         fprintf(stderr, "moe in-flight limit: %llu waits gave up\n", n);
 }
 static int32_t pair_tma_inflight(void) {
-    static int32_t n = -1;
-    if (n < 0) {
-        const char *v = getenv("GPTOSS_CUDA_MOE_INFLIGHT");
-        n = v ? (atoi(v) > 0 ? atoi(v) : 0) : 3;
-        if (v && n > 0) atexit(pair_tma_report);
+    const gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
+    static bool report_registered = false; /* atexit is per process */
+    if (kc->moe_inflight_report && !report_registered) {
+        atexit(pair_tma_report);
+        report_registered = true;
     }
-    return n;
+    return kc->moe_inflight;
 }
 
 template <bool GATE_UP>
@@ -819,14 +812,15 @@ void gptoss_moe_pair_mma_prepare(bool ok, int major, int minor) {
 #endif
     /* the TMA pair kernel wherever the code that runs was built for compute capability 9.0 or
      * later (its body is a trap below that, as in a JIT of older PTX) */
-    pair_tma_supported = ok && gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true, true>) &&
-                         gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, true>) &&
-                         gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true, false>) &&
-                         gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, false>);
+    gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
+    kc->moe_pair_tma_ok = ok && gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true, true>) &&
+                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, true>) &&
+                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true, false>) &&
+                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, false>);
     /* the FP8 pair kernel: wgmma, so compute capability 9.0 with sm_90a code, as the wgmma GEMM */
-    pair_fp8_supported = pair_tma_supported && major == 9 && minor == 0 &&
-                         gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<true, true>) &&
-                         gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<false, true>) &&
-                         gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<true, false>) &&
-                         gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<false, false>);
+    kc->moe_pair_fp8_ok = kc->moe_pair_tma_ok && major == 9 && minor == 0 &&
+                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<true, true>) &&
+                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<false, true>) &&
+                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<true, false>) &&
+                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<false, false>);
 }
