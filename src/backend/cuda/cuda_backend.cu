@@ -474,6 +474,7 @@ void gptoss_cuda_state_free(gptoss_cuda_state *s) {
     cudaFree(s->inv_freq);
     cudaFree(s->summary_dev);
     cudaFreeHost(s->summary_host);
+    gptoss_cuda_sampler_free(s->sampler);
     if (s->layers) {
         for (int l = 0; l < s->config.n_layers; l++) {
             cuda_layer *L = &s->layers[l];
