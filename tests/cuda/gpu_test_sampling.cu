@@ -14,9 +14,12 @@
  * The reference sorts the whole row by (m desc, id asc), sums integer weights in that order,
  * and walks the kept tokens in id order; its float operations are sampling_rule.h's helpers,
  * which is the point: host and GPU must agree bit for bit.
+ * And the backend's hook (gptoss_cuda_forward_sample) on a tiny random-weight model: the
+ * tokens it returns are the reference's on the logits the step left on the device.
  * Then timing (CUDA events, warm-up, median) for 1, 8, 64, 256 rows at V = 201,088, unless
  * --no-timing. Prints a summary table last; exits 1 on any failure.
  */
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/sampling.h"
 #include "backend/sampling_rule.h"
@@ -30,6 +33,10 @@
 
 #define GPU_TEST_SEED 0x5a3c9e1d2b4f6071ull
 #include "gpu_test_util.h"
+
+extern "C" {
+#include "model/config.h"
+}
 
 #define TOP GPTOSS_MAX_SAMPLE_LOGPROBS
 
@@ -431,6 +438,104 @@ static void test_repeatable(void) {
     gpu_free(g);
 }
 
+/* The backend's forward_sample: B one-token sequences, two steps; each step's tokens against
+ * the reference on the logits the step left on the device (the hook must not change them). */
+static void test_forward_sample(int B) {
+    gptoss_error err;
+    gptoss_config c;
+    if (gptoss_config_preset("tiny", &c, &err) != GPTOSS_OK) {
+        check_true("forward_sample: tiny preset", false);
+        return;
+    }
+    gptoss_backend_options opt = gptoss_backend_options_default();
+    opt.kind = GPTOSS_BACKEND_CUDA;
+    opt.kv_block_size = 16;
+    opt.n_kv_blocks = B;
+    opt.n_sliding_kv_blocks = B;
+    gptoss_cuda_state *s = NULL;
+    if (gptoss_cuda_state_create_random(&c, &opt, 7, &s, &err) != GPTOSS_OK) {
+        printf("forward_sample: %s\n", err.message);
+        check_true("forward_sample: random-weight state", false);
+        return;
+    }
+    const int V = s->config.vocab_size;
+    long mismatches = 0, lp_bad = 0, top_bad = 0;
+    for (int step = 0; step < 2; step++) {
+        std::vector<int32_t> ids(B), pos(B, step), start(B + 1), cached(B, step), tables(B), logit(B);
+        for (int i = 0; i < B; i++) ids[i] = rnd_int(V), start[i] = i, tables[i] = i, logit[i] = i;
+        start[B] = B;
+        gptoss_batch_plan plan;
+        memset(&plan, 0, sizeof plan);
+        plan.n_tokens = B;
+        plan.token_ids = ids.data();
+        plan.positions = pos.data();
+        plan.n_seqs = B;
+        plan.seq_token_start = start.data();
+        plan.seq_n_cached = cached.data();
+        plan.max_blocks_per_seq = 1;
+        plan.block_tables = tables.data();
+        plan.n_logits = B;
+        plan.logit_token_index = logit.data();
+        std::vector<ref_row> rows;
+        std::vector<gptoss_sample_row> p(B);
+        std::vector<gptoss_sample_edit> edits;
+        std::vector<uint32_t> masks;
+        int n_allowed = 0;
+        for (int i = 0; i < B; i++) {
+            rows.push_back(make_row(rnd_int(N_COMBOS), V, 0));
+            p[i] = rows[i].p;
+            p[i].edit_start = (int32_t)edits.size();
+            edits.insert(edits.end(), rows[i].edits.begin(), rows[i].edits.end());
+            if (!rows[i].allowed.empty()) {
+                p[i].allowed_row = n_allowed++;
+                masks.insert(masks.end(), rows[i].allowed.begin(), rows[i].allowed.end());
+            }
+        }
+        std::vector<int32_t> out_ids(B, -1), top_ids((size_t)B * TOP, -1);
+        std::vector<float> lp(B, NAN), top_lp((size_t)B * TOP, NAN);
+        gptoss_sample_batch b;
+        memset(&b, 0, sizeof b);
+        b.rows = p.data();
+        b.edits = edits.data();
+        b.n_edits = (int32_t)edits.size();
+        b.allowed_masks = masks.empty() ? NULL : masks.data();
+        b.n_allowed_rows = n_allowed;
+        b.token_ids = out_ids.data();
+        b.logprobs = lp.data();
+        b.top_ids = top_ids.data();
+        b.top_logprobs = top_lp.data();
+        if (gptoss_cuda_forward_sample(s, &plan, &b, &err) != GPTOSS_OK) {
+            printf("forward_sample: %s\n", err.message);
+            check_true("forward_sample: the call succeeds", false);
+            gptoss_cuda_state_free(s);
+            return;
+        }
+        std::vector<float> logits((size_t)B * V);
+        CK(cudaMemcpy(logits.data(), s->ws.logits, logits.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < B; i++) {
+            const float *l = &logits[(size_t)i * V];
+            const int32_t want = ref_draw(l, V, rows[i]);
+            mismatches += out_ids[i] != want;
+            if (rows[i].p.n_top_logprobs >= 0) {
+                const double lse = ref_lse(l, V);
+                lp_bad += !(fabs((double)lp[i] - ((double)l[want] - lse)) <= 1e-5);
+                if (rows[i].p.n_top_logprobs > 0) {
+                    int32_t want_top[TOP];
+                    ref_top(l, V, want_top);
+                    for (int k = 0; k < TOP; k++)
+                        top_bad += top_ids[(size_t)i * TOP + k] != want_top[k] ||
+                                   !(fabs((double)top_lp[(size_t)i * TOP + k] - ((double)l[want_top[k]] - lse)) <= 1e-5);
+                }
+            }
+        }
+    }
+    gptoss_cuda_state_free(s);
+    char name[160];
+    snprintf(name, sizeof name, "forward_sample, tiny model, %d rows x 2 steps: tokens, logprobs, top-20", B);
+    printf("%s: %ld token mismatches, %ld logprobs off, %ld top entries off\n", name, mismatches, lp_bad, top_bad);
+    check_true(name, mismatches == 0 && lp_bad == 0 && top_bad == 0);
+}
+
 /* ---- timing ------------------------------------------------------------------------------- */
 
 static double median(std::vector<double> v) {
@@ -540,6 +645,8 @@ int main(int argc, char **argv) {
     test_vocab(2048 * 3 + 17, 1, {N_COMBOS});
     test_vocab(100, 1, {N_COMBOS});
     test_repeatable();
+    test_forward_sample(1);
+    test_forward_sample(16);
 
     std::vector<timing_row> table;
     if (timing) time_sampling(table);
