@@ -25,8 +25,8 @@
  *                     row wants logprobs;
  *   max               each chunk's edit range (a 32-way search of the row's sorted edits)
  *                     and largest key; last block: the row's largest key, its phase;
- *   select x 10       when some row uses top_k or top_p: one radix digit per launch over the
- *                     52-bit keys (digits of 11, 11, 10, 10, 10 bits), histograms of counts
+ *   select x 5 / 10   5 when the batch uses top_k or top_p, 10 when it uses both: one
+ *                     radix digit per launch over the 52-bit keys (digits of 11, 11, 10, 10, 10 bits), histograms of counts
  *                     (top_k: the min_p survivors) or weights (top_p: the top_k survivors)
  *                     in shared memory, added into the row's global histogram; last block:
  *                     the bin holding the boundary, and either the threshold (the bin is
@@ -63,7 +63,6 @@
 #define SP_DIGITS 5                          /* radix digits of a 52-bit key: 11, 11, 10, 10, 10 */
 #define SP_BINS 2048                         /* bins of the widest digit */
 #define SP_BINS_PER_THREAD (SP_BINS / SP_THREADS)
-#define SP_SELECT_PASSES (2 * SP_DIGITS)     /* top_k's digits, then top_p's */
 #define SP_TOP GPTOSS_MAX_SAMPLE_LOGPROBS    /* top logprobs per row */
 #define SP_ALIGN 256                         /* alignment of every buffer part */
 
@@ -577,7 +576,8 @@ size_t gptoss_cuda_sample_pack(void *host, const gptoss_sample_batch *batch, int
     for (int32_t i = 0; i < n_rows; i++) {
         const gptoss_sample_row *p = &batch->rows[i];
         if (p->n_top_logprobs >= 0) f |= GPTOSS_CUDA_SAMPLE_LOGPROBS;
-        if (p->temperature > 0.0f && (p->top_k > 0 || p->top_p < 1.0f)) f |= GPTOSS_CUDA_SAMPLE_SELECT;
+        if (p->temperature > 0.0f && p->top_k > 0) f |= GPTOSS_CUDA_SAMPLE_TOP_K;
+        if (p->temperature > 0.0f && p->top_p < 1.0f) f |= GPTOSS_CUDA_SAMPLE_TOP_P;
     }
     *flags = f;
     return at;
@@ -653,10 +653,10 @@ int gptoss_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab, const
     /* rows alternate direction between launches: the rows the last launch read last are the
      * ones still in L2 */
     int reverse = 1;
-    if (flags & GPTOSS_CUDA_SAMPLE_SELECT) {
-        for (int i = 0; i < SP_SELECT_PASSES; i++, reverse ^= 1)
-            sp_select_kernel<<<grid, SP_THREADS, 0, stream>>>(b, reverse);
-    }
+    /* a row settles top_k in at most SP_DIGITS launches, then top_p in as many */
+    const int select_launches = SP_DIGITS * (!!(flags & GPTOSS_CUDA_SAMPLE_TOP_K) + !!(flags & GPTOSS_CUDA_SAMPLE_TOP_P));
+    for (int i = 0; i < select_launches; i++, reverse ^= 1)
+        sp_select_kernel<<<grid, SP_THREADS, 0, stream>>>(b, reverse);
     sp_draw_kernel<<<grid, SP_THREADS, 0, stream>>>(b, reverse);
     return 0;
 }

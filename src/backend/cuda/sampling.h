@@ -12,8 +12,8 @@
  *   2. gptoss_cuda_sample: the kernels on the stream, reading the logits in place;
  *   3. one copy of the output buffer back: token ids and logprobs, then the top logprobs.
  *
- * Kernel arguments depend only on n_rows, the vocabulary, the buffers and two flags (whether
- * any row wants logprobs, whether any row uses top_k or top_p), so a step can be captured in
+ * Kernel arguments depend only on n_rows, the vocabulary, the buffers and three flags (whether
+ * any row wants logprobs, uses top_k, uses top_p), so a step can be captured in
  * a CUDA graph keyed by those.
  */
 #ifndef GPTOSS_CUDA_SAMPLING_H
@@ -31,7 +31,8 @@
 /* gptoss_cuda_sample flags. */
 enum {
     GPTOSS_CUDA_SAMPLE_LOGPROBS = 1u << 0, /* some row has n_top_logprobs >= 0: run the summary */
-    GPTOSS_CUDA_SAMPLE_SELECT = 1u << 1,   /* some sampled row has top_k > 0 or top_p < 1 */
+    GPTOSS_CUDA_SAMPLE_TOP_K = 1u << 1,    /* some sampled row has top_k > 0 */
+    GPTOSS_CUDA_SAMPLE_TOP_P = 1u << 2,    /* some sampled row has top_p < 1 */
 };
 
 /* Bytes of the packed input of a batch (header, rows, edits, masks; 16-byte aligned parts). */
