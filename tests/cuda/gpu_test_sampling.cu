@@ -55,7 +55,8 @@ static int32_t ref_draw(const float *l, int V, const ref_row &r) {
     const gptoss_sample_row &p = r.p;
     std::vector<float> m(V);
     std::vector<int> edit_of(V, -1);
-    for (size_t e = 0; e < r.edits.size(); e++) edit_of[r.edits[e].token] = (int)e;
+    for (size_t e = 0; e < r.edits.size(); e++)
+        edit_of[r.edits[e].token] = (int)e;
     for (int j = 0; j < V; j++) { /* step 1 */
         float x = isnan(l[j]) ? -INFINITY : l[j];
         bool allowed = r.allowed.empty() || ((r.allowed[j / 32] >> (j % 32)) & 1u);
@@ -65,7 +66,9 @@ static int32_t ref_draw(const float *l, int V, const ref_row &r) {
             if (e.masked) allowed = false;
             if (!allowed) x = -INFINITY;
             if (e.seen) x = gptoss_sampling_repetition(x, p.repetition_penalty);
-            if (e.output_count > 0) x = gptoss_sampling_freq_presence(x, p.frequency_penalty, p.presence_penalty, e.output_count);
+            if (e.output_count > 0)
+                x = gptoss_sampling_freq_presence(x, p.frequency_penalty, p.presence_penalty,
+                                                  e.output_count);
         } else if (!allowed) {
             x = -INFINITY;
         }
@@ -76,21 +79,26 @@ static int32_t ref_draw(const float *l, int V, const ref_row &r) {
         if (m[j] > m[greedy]) greedy = j;
     const float mx = m[greedy];
     if (p.temperature == 0.0f || !isfinite(mx)) return greedy; /* no finite max: every weight 0 */
-    const float scale = gptoss_sampling_scale(p.temperature); /* step 3 */
+    const float scale = gptoss_sampling_scale(p.temperature);  /* step 3 */
     std::vector<uint64_t> W(V);
-    for (int j = 0; j < V; j++) W[j] = gptoss_sampling_weight(gptoss_sampling_log2_weight(m[j], mx, scale));
+    for (int j = 0; j < V; j++)
+        W[j] = gptoss_sampling_weight(gptoss_sampling_log2_weight(m[j], mx, scale));
     std::vector<char> kept(V);
-    for (int j = 0; j < V; j++) kept[j] = gptoss_sampling_min_p_keeps(W[j], p.min_p); /* step 4 */
+    for (int j = 0; j < V; j++)
+        kept[j] = gptoss_sampling_min_p_keeps(W[j], p.min_p); /* step 4 */
     std::vector<int32_t> order(V);
-    for (int j = 0; j < V; j++) order[j] = j;
+    for (int j = 0; j < V; j++)
+        order[j] = j;
     std::sort(order.begin(), order.end(),
               [&](int32_t a, int32_t b) { return gptoss_sampling_before(m[a], a, m[b], b) != 0; });
     if (p.top_k > 0) {
         int taken = 0;
         for (int32_t j : order)
             if (kept[j]) {
-                if (taken < p.top_k) taken++;
-                else kept[j] = 0;
+                if (taken < p.top_k)
+                    taken++;
+                else
+                    kept[j] = 0;
             }
     }
     if (p.top_p < 1.0f) {
@@ -112,7 +120,8 @@ static int32_t ref_draw(const float *l, int V, const ref_row &r) {
     for (int j = 0; j < V; j++)
         if (kept[j]) z2 += W[j];
     if (z2 == 0) return greedy;
-    const uint64_t t = gptoss_sampling_target(gptoss_sampling_random(p.seed, p.position, p.choice), z2);
+    const uint64_t t =
+        gptoss_sampling_target(gptoss_sampling_random(p.seed, p.position, p.choice), z2);
     uint64_t run = 0;
     for (int j = 0; j < V; j++) {
         if (!kept[j] || W[j] == 0) continue;
@@ -133,12 +142,14 @@ static double ref_lse(const float *l, int V) {
 }
 static void ref_top(const float *l, int V, int32_t *ids) {
     std::vector<int32_t> idx(V);
-    for (int j = 0; j < V; j++) idx[j] = j;
+    for (int j = 0; j < V; j++)
+        idx[j] = j;
     auto val = [&](int32_t j) { return isnan(l[j]) ? -INFINITY : (l[j] == 0.0f ? 0.0f : l[j]); };
     std::partial_sort(idx.begin(), idx.begin() + TOP, idx.end(), [&](int32_t a, int32_t b) {
         return val(a) > val(b) || (val(a) == val(b) && a < b);
     });
-    for (int i = 0; i < TOP; i++) ids[i] = idx[i];
+    for (int i = 0; i < TOP; i++)
+        ids[i] = idx[i];
 }
 
 /* ---- inputs ------------------------------------------------------------------------------- */
@@ -152,27 +163,38 @@ static float rnd_normal(void) { /* Box-Muller */
 static void make_logits(float *l, int V, int shape) {
     switch (shape) {
     case 0: /* realistic: a bulk and a few strong candidates */
-        for (int j = 0; j < V; j++) l[j] = 3.0f * rnd_normal();
-        for (int k = 0; k < 20; k++) l[rnd_int(V)] = 8.0f + 7.0f * (float)rnd_unit();
+        for (int j = 0; j < V; j++)
+            l[j] = 3.0f * rnd_normal();
+        for (int k = 0; k < 20; k++)
+            l[rnd_int(V)] = 8.0f + 7.0f * (float)rnd_unit();
         break;
     case 1: /* quantized to quarters: ties everywhere, the maximum several times */
-        for (int j = 0; j < V; j++) l[j] = roundf(4.0f * rnd_normal()) / 4.0f * 2.0f;
-        for (int k = 0; k < 5; k++) l[rnd_int(V)] = 12.0f;
+        for (int j = 0; j < V; j++)
+            l[j] = roundf(4.0f * rnd_normal()) / 4.0f * 2.0f;
+        for (int k = 0; k < 5; k++)
+            l[rnd_int(V)] = 12.0f;
         break;
     case 2: /* flat: one value almost everywhere (top_k and top_p cut inside a tie) */
-        for (int j = 0; j < V; j++) l[j] = (rnd_u64() % 16 == 0) ? 1.5f : 1.0f;
+        for (int j = 0; j < V; j++)
+            l[j] = (rnd_u64() % 16 == 0) ? 1.5f : 1.0f;
         break;
     case 3: /* NaN, -inf and signed zeros among continuous values */
         for (int j = 0; j < V; j++) {
             uint64_t u = rnd_u64() % 64;
-            l[j] = u == 0 ? NAN : u == 1 ? -INFINITY : u == 2 ? 0.0f : u == 3 ? -0.0f : 2.0f * rnd_normal();
+            l[j] = u == 0   ? NAN
+                   : u == 1 ? -INFINITY
+                   : u == 2 ? 0.0f
+                   : u == 3 ? -0.0f
+                            : 2.0f * rnd_normal();
         }
         break;
     case 4: /* bf16-rounded values (as the lm_head's inputs are): coarse ties */
-        for (int j = 0; j < V; j++) l[j] = bf2f(f2bf(4.0f * rnd_normal()));
+        for (int j = 0; j < V; j++)
+            l[j] = bf2f(f2bf(4.0f * rnd_normal()));
         break;
     default: /* a narrow spread: nearly uniform weights */
-        for (int j = 0; j < V; j++) l[j] = 0.01f * rnd_normal();
+        for (int j = 0; j < V; j++)
+            l[j] = 0.01f * rnd_normal();
         break;
     }
 }
@@ -278,8 +300,8 @@ static void gpu_free(gpu_buffers &g) {
 
 /* Packs rows, uploads the input (logits already on the device), runs, downloads everything. */
 static void gpu_run(gpu_buffers &g, const std::vector<ref_row> &rows, std::vector<int32_t> &ids,
-                    std::vector<float> &lp, std::vector<int32_t> &top_ids, std::vector<float> &top_lp,
-                    uint32_t *flags_out) {
+                    std::vector<float> &lp, std::vector<int32_t> &top_ids,
+                    std::vector<float> &top_lp, uint32_t *flags_out) {
     const int n = (int)rows.size(), V = g.vocab;
     std::vector<gptoss_sample_row> p(n);
     std::vector<gptoss_sample_edit> edits;
@@ -312,7 +334,8 @@ static void gpu_run(gpu_buffers &g, const std::vector<ref_row> &rows, std::vecto
     }
     CK(cudaMemcpy(g.input, host.data(), packed, cudaMemcpyHostToDevice));
     CK(cudaMemset(g.output, 0xff, gptoss_cuda_sample_output_bytes(n))); /* poisoned */
-    if (gptoss_cuda_sample(g.logits, n, V, g.input, g.scratch, g.rows_cap, g.output, flags, 0) != 0) {
+    if (gptoss_cuda_sample(g.logits, n, V, g.input, g.scratch, g.rows_cap, g.output, flags, 0) !=
+        0) {
         fprintf(stderr, "gptoss_cuda_sample refused %d rows of %d\n", n, V);
         exit(2);
     }
@@ -331,7 +354,8 @@ static void gpu_run(gpu_buffers &g, const std::vector<ref_row> &rows, std::vecto
 /* ---- correctness -------------------------------------------------------------------------- */
 
 struct tally {
-    long rows = 0, token_mismatch = 0, logprob_bad = 0, top_bad = 0, sampled = 0, edited = 0, masked = 0;
+    long rows = 0, token_mismatch = 0, logprob_bad = 0, top_bad = 0, sampled = 0, edited = 0,
+         masked = 0;
     double max_lp_err = 0;
 };
 
@@ -346,7 +370,8 @@ static void run_batches(gpu_buffers &g, const std::vector<int> &sizes, int &comb
             rows.push_back(make_row(combo++, V, 0));
             make_logits(&logits[(size_t)i * V], V, rnd_int(6));
         }
-        CK(cudaMemcpy(g.logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(g.logits, logits.data(), logits.size() * sizeof(float),
+                      cudaMemcpyHostToDevice));
         std::vector<int32_t> ids, top_ids;
         std::vector<float> lp, top_lp;
         uint32_t flags = 0;
@@ -370,10 +395,11 @@ static void run_batches(gpu_buffers &g, const std::vector<int> &sizes, int &comb
             T.masked += !rows[i].allowed.empty();
             if (ids[i] != want[i]) {
                 if (T.token_mismatch < 10)
-                    printf("  mismatch V=%d row %d: gpu %d, reference %d (T %.2f top_p %g top_k %d min_p %.2f, %zu edits, "
+                    printf("  mismatch V=%d row %d: gpu %d, reference %d (T %.2f top_p %g top_k %d "
+                           "min_p %.2f, %zu edits, "
                            "%s mask)\n",
-                           V, i, ids[i], want[i], p.temperature, p.top_p, p.top_k, p.min_p, rows[i].edits.size(),
-                           rows[i].allowed.empty() ? "no" : "a");
+                           V, i, ids[i], want[i], p.temperature, p.top_p, p.top_k, p.min_p,
+                           rows[i].edits.size(), rows[i].allowed.empty() ? "no" : "a");
                 T.token_mismatch++;
                 continue;
             }
@@ -389,7 +415,9 @@ static void run_batches(gpu_buffers &g, const std::vector<int> &sizes, int &comb
                     const int32_t id = want_top[(size_t)i * TOP + k];
                     const double ref_k = (double)(isnan(l[id]) ? -INFINITY : l[id]) - lse[i];
                     top_ok = top_ok && top_ids[(size_t)i * TOP + k] == id;
-                    if (isfinite(ref_k)) top_ok = top_ok && fabs((double)top_lp[(size_t)i * TOP + k] - ref_k) <= 1e-5;
+                    if (isfinite(ref_k))
+                        top_ok =
+                            top_ok && fabs((double)top_lp[(size_t)i * TOP + k] - ref_k) <= 1e-5;
                 }
                 T.top_bad += !top_ok;
             }
@@ -403,17 +431,25 @@ static void test_vocab(int V, int rounds, const std::vector<int> &sizes) {
     gpu_buffers g = gpu_alloc(cap, V);
     tally T;
     int combo = 0;
-    for (int r = 0; r < rounds; r++) run_batches(g, sizes, combo, T);
+    for (int r = 0; r < rounds; r++)
+        run_batches(g, sizes, combo, T);
     gpu_free(g);
-    printf("V=%d: %ld rows (%ld sampled, %ld with edits, %ld with an allowed mask): %ld token mismatches, %ld logprobs "
+    printf("V=%d: %ld rows (%ld sampled, %ld with edits, %ld with an allowed mask): %ld token "
+           "mismatches, %ld logprobs "
            "off (max error %.2e), %ld top-20 rows off\n",
-           V, T.rows, T.sampled, T.edited, T.masked, T.token_mismatch, T.logprob_bad, T.max_lp_err, T.top_bad);
+           V, T.rows, T.sampled, T.edited, T.masked, T.token_mismatch, T.logprob_bad, T.max_lp_err,
+           T.top_bad);
     char name[160];
-    snprintf(name, sizeof name, "sampling V=%d%s: token equals the rule's, %ld rows", V, g_mode, T.rows);
-    check_true(name, T.token_mismatch == 0 && T.rows >= (g_mode[0] ? 100 : N_COMBOS)); /* the first run covers every combination */
+    snprintf(name, sizeof name, "sampling V=%d%s: token equals the rule's, %ld rows", V, g_mode,
+             T.rows);
+    check_true(name,
+               T.token_mismatch == 0 &&
+                   T.rows >=
+                       (g_mode[0] ? 100 : N_COMBOS)); /* the first run covers every combination */
     snprintf(name, sizeof name, "sampling V=%d%s: drawn token's logprob within 1e-5", V, g_mode);
     check_true(name, T.logprob_bad == 0);
-    snprintf(name, sizeof name, "sampling V=%d%s: top-20 ids equal, logprobs within 1e-5", V, g_mode);
+    snprintf(name, sizeof name, "sampling V=%d%s: top-20 ids equal, logprobs within 1e-5", V,
+             g_mode);
     check_true(name, T.top_bad == 0);
 }
 
@@ -466,8 +502,10 @@ static void test_forward_sample(int B) {
     const int V = s->config.vocab_size;
     long mismatches = 0, lp_bad = 0, top_bad = 0;
     for (int step = 0; step < 2; step++) {
-        std::vector<int32_t> ids(B), pos(B, step), start(B + 1), cached(B, step), tables(B), logit(B);
-        for (int i = 0; i < B; i++) ids[i] = rnd_int(V), start[i] = i, tables[i] = i, logit[i] = i;
+        std::vector<int32_t> ids(B), pos(B, step), start(B + 1), cached(B, step), tables(B),
+            logit(B);
+        for (int i = 0; i < B; i++)
+            ids[i] = rnd_int(V), start[i] = i, tables[i] = i, logit[i] = i;
         start[B] = B;
         gptoss_batch_plan plan;
         memset(&plan, 0, sizeof plan);
@@ -516,7 +554,8 @@ static void test_forward_sample(int B) {
             return;
         }
         std::vector<float> logits((size_t)B * V);
-        CK(cudaMemcpy(logits.data(), s->ws.logits, logits.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(logits.data(), s->ws.logits, logits.size() * sizeof(float),
+                      cudaMemcpyDeviceToHost));
         for (int i = 0; i < B; i++) {
             const float *l = &logits[(size_t)i * V];
             const int32_t want = ref_draw(l, V, rows[i]);
@@ -529,15 +568,18 @@ static void test_forward_sample(int B) {
                     ref_top(l, V, want_top);
                     for (int k = 0; k < TOP; k++)
                         top_bad += top_ids[(size_t)i * TOP + k] != want_top[k] ||
-                                   !(fabs((double)top_lp[(size_t)i * TOP + k] - ((double)l[want_top[k]] - lse)) <= 1e-5);
+                                   !(fabs((double)top_lp[(size_t)i * TOP + k] -
+                                          ((double)l[want_top[k]] - lse)) <= 1e-5);
                 }
             }
         }
     }
     gptoss_cuda_state_free(s);
     char name[160];
-    snprintf(name, sizeof name, "forward_sample, tiny model, %d rows x 2 steps: tokens, logprobs, top-20", B);
-    printf("%s: %ld token mismatches, %ld logprobs off, %ld top entries off\n", name, mismatches, lp_bad, top_bad);
+    snprintf(name, sizeof name,
+             "forward_sample, tiny model, %d rows x 2 steps: tokens, logprobs, top-20", B);
+    printf("%s: %ld token mismatches, %ld logprobs off, %ld top entries off\n", name, mismatches,
+           lp_bad, top_bad);
     check_true(name, mismatches == 0 && lp_bad == 0 && top_bad == 0);
 }
 
@@ -558,8 +600,10 @@ static void time_sampling(std::vector<timing_row> &table) {
     gpu_buffers g = gpu_alloc(cap, V);
     {
         std::vector<float> logits((size_t)cap * V);
-        for (int i = 0; i < cap; i++) make_logits(&logits[(size_t)i * V], V, 0);
-        CK(cudaMemcpy(g.logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice));
+        for (int i = 0; i < cap; i++)
+            make_logits(&logits[(size_t)i * V], V, 0);
+        CK(cudaMemcpy(g.logits, logits.data(), logits.size() * sizeof(float),
+                      cudaMemcpyHostToDevice));
     }
     void *sum_scratch = NULL;
     CK(cudaMalloc(&sum_scratch, gptoss_cuda_logits_summary_scratch(cap, V)));
@@ -588,8 +632,12 @@ static void time_sampling(std::vector<timing_row> &table) {
             CK(cudaGetLastError());
             return median(us);
         };
-        tr.summary_us = time_it([&] { gptoss_cuda_logits_summary(g.logits, n, V, 64, sum_scratch, sum_ids, sum_vals, sum_lse, 0); });
-        /* 0: greedy, 1: temperature 1 (the default), 2: top_p 0.9 + top_k 50, 3: default + 5 logprobs */
+        tr.summary_us = time_it([&] {
+            gptoss_cuda_logits_summary(g.logits, n, V, 64, sum_scratch, sum_ids, sum_vals, sum_lse,
+                                       0);
+        });
+        /* 0: greedy, 1: temperature 1 (the default), 2: top_p 0.9 + top_k 50, 3: default + 5
+         * logprobs */
         for (int mode = 0; mode < 4; mode++) {
             std::vector<gptoss_sample_row> p(n);
             for (int i = 0; i < n; i++) {
@@ -616,10 +664,16 @@ static void time_sampling(std::vector<timing_row> &table) {
                 g.input_cap = packed;
             }
             CK(cudaMemcpy(g.input, host.data(), packed, cudaMemcpyHostToDevice));
-            double us = time_it([&] { gptoss_cuda_sample(g.logits, n, V, g.input, g.scratch, cap, g.output, flags, 0); });
-            (mode == 0 ? tr.greedy_us : mode == 1 ? tr.default_us : mode == 2 ? tr.top_us : tr.logprobs_us) = us;
+            double us = time_it([&] {
+                gptoss_cuda_sample(g.logits, n, V, g.input, g.scratch, cap, g.output, flags, 0);
+            });
+            (mode == 0   ? tr.greedy_us
+             : mode == 1 ? tr.default_us
+             : mode == 2 ? tr.top_us
+                         : tr.logprobs_us) = us;
         }
-        printf("timing: %3d rows of %d: summary (top-64) %.1f us; sampling: greedy %.1f, temperature 1 %.1f, top_p 0.9 + "
+        printf("timing: %3d rows of %d: summary (top-64) %.1f us; sampling: greedy %.1f, "
+               "temperature 1 %.1f, top_p 0.9 + "
                "top_k 50 %.1f, temperature 1 + logprobs %.1f us (PDL %s)\n",
                n, V, tr.summary_us, tr.greedy_us, tr.default_us, tr.top_us, tr.logprobs_us,
                gptoss_cuda_pdl_enabled() ? "on" : "off");
@@ -647,12 +701,14 @@ int main(int argc, char **argv) {
     /* V = 1000: every combination many times, batch sizes that reuse one scratch */
     test_vocab(1000, 6, {1, 7, 256, 64, 3, 200, 256});
     /* the real vocabulary: every combination twice over, in batches of 1 to 64 rows */
-    test_vocab(201088, 1, {1, 64, 5, 64, 64, 33, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 2});
+    test_vocab(201088, 1,
+               {1, 64, 5, 64, 64, 33, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 2});
     /* a vocabulary not a multiple of the chunk, smaller than one chunk */
     test_vocab(2048 * 3 + 17, 1, {N_COMBOS});
     test_vocab(100, 1, {N_COMBOS});
     test_repeatable();
-    if (prop.major >= 9) { /* the launches chained by programmatic dependent launch, as the backend runs them */
+    if (prop.major >=
+        9) { /* the launches chained by programmatic dependent launch, as the backend runs them */
         gptoss_cuda_set_pdl(true);
         g_mode = ", PDL";
         test_vocab(1000, 2, {1, 7, 256, 64, 3, 200, 256});
@@ -672,11 +728,12 @@ int main(int argc, char **argv) {
         failed += !r.ok;
     }
     if (!table.empty()) {
-        printf("\n| rows (V = 201,088) | summary top-64 (us) | greedy (us) | T = 1 (us) | top_p 0.9 + top_k 50 (us) | "
+        printf("\n| rows (V = 201,088) | summary top-64 (us) | greedy (us) | T = 1 (us) | top_p "
+               "0.9 + top_k 50 (us) | "
                "T = 1 + logprobs (us) |\n|---:|---:|---:|---:|---:|---:|\n");
         for (auto &t : table)
-            printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", t.n, t.summary_us, t.greedy_us, t.default_us, t.top_us,
-                   t.logprobs_us);
+            printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", t.n, t.summary_us, t.greedy_us,
+                   t.default_us, t.top_us, t.logprobs_us);
     }
     printf("\ngpu_test_sampling: %zu cases, %d failed\n", results.size(), failed);
     return failed ? 1 : 0;

@@ -69,19 +69,23 @@
 #define SP_MAX_CHUNKS (GPTOSS_CUDA_SAMPLE_MAX_VOCAB / SP_CHUNK) /* 512 */
 #define SP_ID_BITS 20                                           /* low key bits: 2^20 - 1 - id */
 #define SP_ID_MASK ((1u << SP_ID_BITS) - 1u)
-#define SP_DIGITS 5                          /* radix digits of a 52-bit key: 11, 11, 10, 10, 10 */
-#define SP_BINS 2048                         /* bins of the widest digit */
+#define SP_DIGITS 5  /* radix digits of a 52-bit key: 11, 11, 10, 10, 10 */
+#define SP_BINS 2048 /* bins of the widest digit */
 #define SP_BINS_PER_THREAD (SP_BINS / SP_THREADS)
-#define SP_TOP GPTOSS_MAX_SAMPLE_LOGPROBS    /* top logprobs per row */
-#define SP_ALIGN 256                         /* alignment of every buffer part */
+#define SP_TOP GPTOSS_MAX_SAMPLE_LOGPROBS /* top logprobs per row */
+#define SP_ALIGN 256                      /* alignment of every buffer part */
 
 static_assert(SP_CHUNK <= 32767, "edit slots are int16");
 static_assert(SP_MAX_CHUNKS <= 2 * SP_THREADS, "the draw scans the chunk totals in two rounds");
 static_assert(SP_BINS % SP_THREADS == 0, "bins split evenly over threads");
 
 /* Bit position and width of radix digit d (most significant first). */
-static __device__ __forceinline__ int sp_digit_shift(int d) { return d == 0 ? 41 : d == 1 ? 30 : 20 - 10 * (d - 2); }
-static __device__ __forceinline__ int sp_digit_width(int d) { return d < 2 ? 11 : 10; }
+static __device__ __forceinline__ int sp_digit_shift(int d) {
+    return d == 0 ? 41 : d == 1 ? 30 : 20 - 10 * (d - 2);
+}
+static __device__ __forceinline__ int sp_digit_width(int d) {
+    return d < 2 ? 11 : 10;
+}
 
 /* Row phases (sp_row_state.phase). */
 enum { SP_GREEDY = 0, SP_TOP_K = 1, SP_TOP_P = 2, SP_DRAW = 3 };
@@ -98,7 +102,7 @@ typedef struct sp_row_state {
     uint64_t thr_k;    /* top_k: keep key >= thr_k (0: all) */
     uint64_t thr_p;    /* top_p: keep key >= thr_p (0: all) */
     uint64_t prefix;   /* radix: the digits settled so far */
-    uint64_t above;    /* radix: count (top_k) or weight (top_p) of the survivors above prefix's bin */
+    uint64_t above;    /* radix: survivors in bins above: count (top_k), weight (top_p) */
     uint64_t z1;       /* top_p: total weight of the top_k survivors */
     int32_t phase;     /* SP_GREEDY (token final), SP_TOP_K, SP_TOP_P, SP_DRAW */
     int32_t pass;      /* digit of the current phase */
@@ -112,18 +116,18 @@ typedef struct sp_bufs {
     int32_t vocab, n_chunks, n_rows;
     const sp_header *header;
     const gptoss_sample_row *rows; /* the header says where the edits and masks are */
-    sp_row_state *state;          /* [rows] */
-    unsigned *ticket;             /* [rows] zero between launches */
-    unsigned long long *chunk_val;/* [rows, chunks] largest key (max), kept total (draw) */
-    int2 *edit_range;             /* [rows, chunks] the chunk's edits [x, y) */
-    unsigned *hist_count;         /* [rows, SP_BINS] zero between launches */
-    unsigned long long *hist_sum; /* [rows, SP_BINS] zero between launches */
-    const int32_t *sum_ids;       /* summary: [rows, SP_TOP], or NULL (no logprobs) */
+    sp_row_state *state;           /* [rows] */
+    unsigned *ticket;              /* [rows] zero between launches */
+    unsigned long long *chunk_val; /* [rows, chunks] largest key (max), kept total (draw) */
+    int2 *edit_range;              /* [rows, chunks] the chunk's edits [x, y) */
+    unsigned *hist_count;          /* [rows, SP_BINS] zero between launches */
+    unsigned long long *hist_sum;  /* [rows, SP_BINS] zero between launches */
+    const int32_t *sum_ids;        /* summary: [rows, SP_TOP], or NULL (no logprobs) */
     const float *sum_vals;
-    const float *sum_lse;         /* [rows] */
-    int32_t *out_ids;             /* [n_rows] */
-    float *out_logprobs;          /* [n_rows] */
-    int32_t *out_top_ids;         /* [n_rows, SP_TOP] */
+    const float *sum_lse; /* [rows] */
+    int32_t *out_ids;     /* [n_rows] */
+    float *out_logprobs;  /* [n_rows] */
+    int32_t *out_top_ids; /* [n_rows, SP_TOP] */
     float *out_top_logprobs;
 } sp_bufs;
 
@@ -151,15 +155,16 @@ static __device__ __forceinline__ int32_t sp_key_id(uint64_t key) {
 /* ---- rows --------------------------------------------------------------------------------- */
 
 /* Rule step 1 for one token: l raw, e its edit or NULL, allowed whether the mask lets it. */
-static __device__ __forceinline__ float sp_processed(float l, const gptoss_sample_edit *e, bool allowed,
-                                                     const gptoss_sample_row &p) {
+static __device__ __forceinline__ float sp_processed(float l, const gptoss_sample_edit *e,
+                                                     bool allowed, const gptoss_sample_row &p) {
     float m = isnan(l) ? -INFINITY : l;
     if (!e) return allowed ? m : -INFINITY;
     m = GPTOSS_SR_ADD(m, e->bias);
     if (e->masked || !allowed) m = -INFINITY;
     if (e->seen) m = gptoss_sampling_repetition(m, p.repetition_penalty);
     if (e->output_count > 0)
-        m = gptoss_sampling_freq_presence(m, p.frequency_penalty, p.presence_penalty, e->output_count);
+        m = gptoss_sampling_freq_presence(m, p.frequency_penalty, p.presence_penalty,
+                                          e->output_count);
     return m;
 }
 
@@ -184,9 +189,10 @@ static __device__ int sp_lower_bound(const gptoss_sample_edit *edits, int n, int
 /* One row's view of the batch. */
 struct sp_row {
     gptoss_sample_row p;
-    const float *l;                  /* raw logits of the row */
-    const gptoss_sample_edit *edits; /* the batch's edits (the row's: [p.edit_start, + p.n_edits)) */
-    const uint32_t *allowed;         /* the row's allowed mask, or NULL */
+    const float *l; /* raw logits of the row */
+    const gptoss_sample_edit
+        *edits;              /* the batch's edits (the row's: [p.edit_start, + p.n_edits)) */
+    const uint32_t *allowed; /* the row's allowed mask, or NULL */
 };
 static __device__ __forceinline__ sp_row sp_row_view(const sp_bufs &b, int row) {
     const char *in = (const char *)b.header;
@@ -210,9 +216,11 @@ static __device__ void sp_load_chunk(const sp_row &r, int2 er, int begin, int n,
     const bool edited = er.y > er.x; /* uniform over the block */
     if (edited) {
         __syncthreads(); /* slot may still be read by an earlier call */
-        for (int i = tid; i < SP_CHUNK; i += SP_THREADS) slot[i] = -1;
+        for (int i = tid; i < SP_CHUNK; i += SP_THREADS)
+            slot[i] = -1;
         __syncthreads();
-        for (int e = er.x + tid; e < er.y; e += SP_THREADS) slot[r.edits[e].token - begin] = (short)(e - er.x);
+        for (int e = er.x + tid; e < er.y; e += SP_THREADS)
+            slot[r.edits[e].token - begin] = (short)(e - er.x);
         __syncthreads();
     }
     float raw[SP_ITEMS];
@@ -241,7 +249,8 @@ static __device__ __forceinline__ uint64_t sp_weight(float m, float mx, float sc
 }
 
 /* Whether a token is drawn from (rule steps 4-5): weight, min_p, both thresholds. */
-static __device__ __forceinline__ bool sp_kept(uint64_t w, uint64_t key, const sp_row_state &st, float min_p) {
+static __device__ __forceinline__ bool sp_kept(uint64_t w, uint64_t key, const sp_row_state &st,
+                                               float min_p) {
     return w > 0 && gptoss_sampling_min_p_keeps(w, min_p) && key >= st.thr_k && key >= st.thr_p;
 }
 
@@ -268,7 +277,9 @@ union sp_block_tmp {
 };
 
 struct sp_max_op {
-    __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const { return a > b ? a : b; }
+    __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const {
+        return a > b ? a : b;
+    }
 };
 
 /* The row's outputs, written by every thread of one block. */
@@ -321,7 +332,8 @@ __global__ void __launch_bounds__(SP_THREADS) sp_max_kernel(sp_bufs b) {
 
     __syncthreads();
     best = 0;
-    for (int c = tid; c < b.n_chunks; c += SP_THREADS) best = max(best, __ldcg(&b.chunk_val[(size_t)row * b.n_chunks + c]));
+    for (int c = tid; c < b.n_chunks; c += SP_THREADS)
+        best = max(best, __ldcg(&b.chunk_val[(size_t)row * b.n_chunks + c]));
     best = sp_reduce(reduce_tmp).Reduce(best, sp_max_op());
     if (tid == 0) {
         sp_row_state st;
@@ -331,10 +343,14 @@ __global__ void __launch_bounds__(SP_THREADS) sp_max_kernel(sp_bufs b) {
         const float mx = sp_key_value(best);
         /* no finite maximum (every token -inf, or +inf logits): every weight is 0, so the row
          * takes its greedy token */
-        if (!(r.p.temperature > 0.0f) || !isfinite(mx)) st.phase = SP_GREEDY;
-        else if (r.p.top_k > 0) st.phase = SP_TOP_K;
-        else if (r.p.top_p < 1.0f) st.phase = SP_TOP_P;
-        else st.phase = SP_DRAW;
+        if (!(r.p.temperature > 0.0f) || !isfinite(mx))
+            st.phase = SP_GREEDY;
+        else if (r.p.top_k > 0)
+            st.phase = SP_TOP_K;
+        else if (r.p.top_p < 1.0f)
+            st.phase = SP_TOP_P;
+        else
+            st.phase = SP_DRAW;
         b.state[row] = st;
     }
 }
@@ -353,12 +369,14 @@ __global__ void __launch_bounds__(SP_THREADS) sp_select_kernel(sp_bufs b, int re
     const sp_row_state st = b.state[row];
     if (st.phase != SP_TOP_K && st.phase != SP_TOP_P) return; /* uniform over the row's blocks */
     const bool top_k = st.phase == SP_TOP_K;
-    const int shift = sp_digit_shift(st.pass), width = sp_digit_width(st.pass), high = shift + width;
+    const int shift = sp_digit_shift(st.pass), width = sp_digit_width(st.pass),
+              high = shift + width;
     const int begin = chunk * SP_CHUNK, n = min(SP_CHUNK, b.vocab - begin);
     const sp_row r = sp_row_view(b, row);
     const float mx = sp_key_value(st.best_key), scale = gptoss_sampling_scale(r.p.temperature);
 
-    for (int i = tid; i < SP_BINS; i += SP_THREADS) count[i] = 0, weight[i] = 0;
+    for (int i = tid; i < SP_BINS; i += SP_THREADS)
+        count[i] = 0, weight[i] = 0;
     __syncthreads();
     float m[SP_ITEMS];
     sp_load_chunk(r, b.edit_range[(size_t)row * b.n_chunks + chunk], begin, n, slot, m);
@@ -369,7 +387,8 @@ __global__ void __launch_bounds__(SP_THREADS) sp_select_kernel(sp_bufs b, int re
         const uint64_t w = sp_weight(m[i], mx, scale);
         /* top_k counts the min_p survivors; top_p weighs the top_k survivors (weight 0 adds
          * nothing, so only tokens with weight are counted: a bin of one such token is settled) */
-        bool take = j < n && gptoss_sampling_min_p_keeps(w, r.p.min_p) && (key >> high) == (st.prefix >> high);
+        bool take = j < n && gptoss_sampling_min_p_keeps(w, r.p.min_p) &&
+                    (key >> high) == (st.prefix >> high);
         if (!top_k) take = take && w > 0 && key >= st.thr_k;
         const unsigned bin = take ? (unsigned)(key >> shift) & ((1u << width) - 1u) : SP_BINS;
         const unsigned peers = __match_any_sync(0xffffffffu, bin); /* values crowd into few bins */
@@ -536,7 +555,8 @@ __global__ void __launch_bounds__(SP_THREADS) sp_draw_kernel(sp_bufs b, int reve
     for (int i = 0; i < SP_ITEMS; i++) {
         const int j = tid + i * SP_THREADS;
         const uint64_t w0 = sp_weight(m[i], mx, scale);
-        const unsigned long long w = (j < n && sp_kept(w0, sp_key(m[i], begin + j), st, r.p.min_p)) ? w0 : 0;
+        const unsigned long long w =
+            (j < n && sp_kept(w0, sp_key(m[i], begin + j), st, r.p.min_p)) ? w0 : 0;
         unsigned long long incl, round_total;
         __syncthreads();
         sp_scan(tmp.scan).InclusiveSum(w, incl, round_total);
@@ -552,9 +572,12 @@ __global__ void __launch_bounds__(SP_THREADS) sp_draw_kernel(sp_bufs b, int reve
 
 /* ---- host side ----------------------------------------------------------------------------- */
 
-static size_t sp_align(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static size_t sp_align(size_t x, size_t a) {
+    return (x + a - 1) / a * a;
+}
 
-size_t gptoss_cuda_sample_input_bytes(int32_t n_rows, int32_t n_edits, int32_t n_allowed_rows, int32_t vocab) {
+size_t gptoss_cuda_sample_input_bytes(int32_t n_rows, int32_t n_edits, int32_t n_allowed_rows,
+                                      int32_t vocab) {
     size_t bytes = sp_align(sizeof(sp_header), 16);
     bytes += sp_align((size_t)n_rows * sizeof(gptoss_sample_row), 16);
     bytes += sp_align((size_t)n_edits * sizeof(gptoss_sample_edit), 16);
@@ -562,13 +585,14 @@ size_t gptoss_cuda_sample_input_bytes(int32_t n_rows, int32_t n_edits, int32_t n
     return bytes;
 }
 
-size_t gptoss_cuda_sample_pack(void *host, const gptoss_sample_batch *batch, int32_t n_rows, int32_t vocab,
-                               uint32_t *flags) {
+size_t gptoss_cuda_sample_pack(void *host, const gptoss_sample_batch *batch, int32_t n_rows,
+                               int32_t vocab, uint32_t *flags) {
     sp_header h;
     memset(&h, 0, sizeof h);
     h.n_rows = n_rows;
     h.n_edits = batch->n_edits > 0 ? batch->n_edits : 0;
-    h.n_allowed_rows = batch->allowed_masks && batch->n_allowed_rows > 0 ? batch->n_allowed_rows : 0;
+    h.n_allowed_rows =
+        batch->allowed_masks && batch->n_allowed_rows > 0 ? batch->n_allowed_rows : 0;
     h.mask_words = (vocab + 31) / 32;
     size_t at = sp_align(sizeof h, 16);
     h.rows_offset = (uint32_t)at;
@@ -582,7 +606,8 @@ size_t gptoss_cuda_sample_pack(void *host, const gptoss_sample_batch *batch, int
     char *dst = (char *)host;
     memcpy(dst, &h, sizeof h);
     memcpy(dst + h.rows_offset, batch->rows, (size_t)n_rows * sizeof(gptoss_sample_row));
-    if (h.n_edits) memcpy(dst + h.edits_offset, batch->edits, (size_t)h.n_edits * sizeof(gptoss_sample_edit));
+    if (h.n_edits)
+        memcpy(dst + h.edits_offset, batch->edits, (size_t)h.n_edits * sizeof(gptoss_sample_edit));
     if (mask_bytes) memcpy(dst + h.masks_offset, batch->allowed_masks, mask_bytes);
     uint32_t f = 0;
     for (int32_t i = 0; i < n_rows; i++) {
@@ -597,7 +622,8 @@ size_t gptoss_cuda_sample_pack(void *host, const gptoss_sample_batch *batch, int
 
 /* Scratch parts, each SP_ALIGN-aligned, placed by scratch_rows (the zero-kept parts first). */
 typedef struct sp_layout {
-    size_t hist_count, hist_sum, ticket, state, chunk_val, edit_range, sum_ids, sum_vals, sum_lse, summary, bytes;
+    size_t hist_count, hist_sum, ticket, state, chunk_val, edit_range, sum_ids, sum_vals, sum_lse,
+        summary, bytes;
 } sp_layout;
 
 static sp_layout sp_layout_of(int32_t scratch_rows, int32_t vocab) {
@@ -613,7 +639,8 @@ static sp_layout sp_layout_of(int32_t scratch_rows, int32_t vocab) {
     L.sum_ids = at, at = sp_align(at + R * SP_TOP * sizeof(int32_t), SP_ALIGN);
     L.sum_vals = at, at = sp_align(at + R * SP_TOP * sizeof(float), SP_ALIGN);
     L.sum_lse = at, at = sp_align(at + R * sizeof(float), SP_ALIGN);
-    L.summary = at, at = sp_align(at + gptoss_cuda_logits_summary_scratch(scratch_rows, vocab), SP_ALIGN);
+    L.summary = at,
+    at = sp_align(at + gptoss_cuda_logits_summary_scratch(scratch_rows, vocab), SP_ALIGN);
     L.bytes = at;
     return L;
 }
@@ -622,12 +649,17 @@ size_t gptoss_cuda_sample_scratch_bytes(int32_t scratch_rows, int32_t vocab) {
     return sp_layout_of(scratch_rows, vocab).bytes;
 }
 
-size_t gptoss_cuda_sample_output_bytes(int32_t n_rows) { return (size_t)n_rows * (2 + 2 * SP_TOP) * 4; }
+size_t gptoss_cuda_sample_output_bytes(int32_t n_rows) {
+    return (size_t)n_rows * (2 + 2 * SP_TOP) * 4;
+}
 
-int gptoss_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab, const void *input, void *scratch,
-                       int32_t scratch_rows, void *output, uint32_t flags, cudaStream_t stream) {
+int gptoss_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab, const void *input,
+                       void *scratch, int32_t scratch_rows, void *output, uint32_t flags,
+                       cudaStream_t stream) {
     if (n_rows <= 0) return 0;
-    if (vocab < SP_TOP || vocab > GPTOSS_CUDA_SAMPLE_MAX_VOCAB || n_rows > 65535 || scratch_rows < n_rows) return -1;
+    if (vocab < SP_TOP || vocab > GPTOSS_CUDA_SAMPLE_MAX_VOCAB || n_rows > 65535 ||
+        scratch_rows < n_rows)
+        return -1;
     const sp_layout L = sp_layout_of(scratch_rows, vocab);
     char *s = (char *)scratch;
     const char *in = (const char *)input;
@@ -656,8 +688,9 @@ int gptoss_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab, const
         b.sum_ids = (const int32_t *)(s + L.sum_ids);
         b.sum_vals = (const float *)(s + L.sum_vals);
         b.sum_lse = (const float *)(s + L.sum_lse);
-        if (gptoss_cuda_logits_summary(logits, n_rows, vocab, SP_TOP, s + L.summary, (int32_t *)(s + L.sum_ids),
-                                       (float *)(s + L.sum_vals), (float *)(s + L.sum_lse), stream) != 0)
+        if (gptoss_cuda_logits_summary(logits, n_rows, vocab, SP_TOP, s + L.summary,
+                                       (int32_t *)(s + L.sum_ids), (float *)(s + L.sum_vals),
+                                       (float *)(s + L.sum_lse), stream) != 0)
             return -1;
     }
     const dim3 grid(b.n_chunks, n_rows);
@@ -666,7 +699,8 @@ int gptoss_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab, const
      * ones still in L2 */
     int reverse = 1;
     /* a row settles top_k in at most SP_DIGITS launches, then top_p in as many */
-    const int select_launches = SP_DIGITS * (!!(flags & GPTOSS_CUDA_SAMPLE_TOP_K) + !!(flags & GPTOSS_CUDA_SAMPLE_TOP_P));
+    const int select_launches =
+        SP_DIGITS * (!!(flags & GPTOSS_CUDA_SAMPLE_TOP_K) + !!(flags & GPTOSS_CUDA_SAMPLE_TOP_P));
     for (int i = 0; i < select_launches; i++, reverse ^= 1)
         launch_pdl(sp_select_kernel, grid, dim3(SP_THREADS), 0, stream, b, reverse);
     launch_pdl(sp_draw_kernel, grid, dim3(SP_THREADS), 0, stream, b, reverse);

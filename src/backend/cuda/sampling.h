@@ -36,13 +36,14 @@ enum {
 };
 
 /* Bytes of the packed input of a batch (header, rows, edits, masks; 16-byte aligned parts). */
-size_t gptoss_cuda_sample_input_bytes(int32_t n_rows, int32_t n_edits, int32_t n_allowed_rows, int32_t vocab);
+size_t gptoss_cuda_sample_input_bytes(int32_t n_rows, int32_t n_edits, int32_t n_allowed_rows,
+                                      int32_t vocab);
 
 /* Packs rows [n_rows], the edits and the allowed masks of batch into host (at least
  * gptoss_cuda_sample_input_bytes bytes, 16-byte aligned). Returns the bytes written (the size of
  * the one copy to the device) and the flags the batch needs in *flags. */
-size_t gptoss_cuda_sample_pack(void *host, const gptoss_sample_batch *batch, int32_t n_rows, int32_t vocab,
-                               uint32_t *flags);
+size_t gptoss_cuda_sample_pack(void *host, const gptoss_sample_batch *batch, int32_t n_rows,
+                               int32_t vocab, uint32_t *flags);
 
 /* Device scratch for up to scratch_rows rows (grown with the row count; zeroed once when
  * allocated: the kernels leave their counters and histograms at zero when they finish, and
@@ -65,7 +66,8 @@ size_t gptoss_cuda_sample_output_bytes(int32_t n_rows);
  * vocabulary outside [GPTOSS_MAX_SAMPLE_LOGPROBS, GPTOSS_CUDA_SAMPLE_MAX_VOCAB], more than
  * 65535 rows or scratch_rows < n_rows.
  */
-int gptoss_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab, const void *input, void *scratch,
-                       int32_t scratch_rows, void *output, uint32_t flags, cudaStream_t stream);
+int gptoss_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab, const void *input,
+                       void *scratch, int32_t scratch_rows, void *output, uint32_t flags,
+                       cudaStream_t stream);
 
 #endif
