@@ -90,6 +90,8 @@ typedef struct cuda_graph_entry {
     cudaGraphExec_t exec;
 } cuda_graph_entry;
 
+struct gptoss_cuda_sampler; /* forward_sample's buffers (cuda_sample_ops.cu) */
+
 #define GPTOSS_CUDA_MAX_GRAPHS 8
 #define GPTOSS_CUDA_MAX_PROF_EVENTS 1024
 
@@ -135,6 +137,7 @@ typedef struct gptoss_cuda_state {
      * summaries, host wait), totals printed at exit; events only, graphs stay on */
     cudaEvent_t timing_events[3];
     double timing_ms[5], timing_steps;
+    struct gptoss_cuda_sampler *sampler; /* NULL until the first forward_sample */
 } gptoss_cuda_state;
 
 /* Components of a step for profiling (index into gptoss_bench_part_names). */
@@ -197,5 +200,11 @@ void gptoss_cuda_graphs_clear(gptoss_cuda_state *s);
 /* Runs one validated plan; logits stay in state->ws.logits [n_logits, V] on the device. */
 gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *state, const gptoss_batch_plan *plan,
                                          gptoss_error *error);
+
+/* The ops table's forward_sample (cuda_sample_ops.cu): the step, then one token per logits row
+ * drawn on the GPU (sampling.cu). The batch is validated by the caller (backend.c). */
+gptoss_status gptoss_cuda_forward_sample(void *state, const gptoss_batch_plan *plan,
+                                         const gptoss_sample_batch *batch, gptoss_error *error);
+void gptoss_cuda_sampler_free(struct gptoss_cuda_sampler *sampler);
 
 #endif

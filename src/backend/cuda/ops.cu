@@ -95,6 +95,7 @@ void gptoss_cuda_state_free(gptoss_cuda_state *s) {
     gptoss_cuda_device_unbind(&s->dev);
     if (s->stream) cudaStreamSynchronize(s->stream);
     gptoss_cuda_graphs_clear(s);
+    gptoss_cuda_sampler_free(s->sampler);
     gptoss_cuda_diagnostics_free(s);
     gptoss_cuda_kv_free(s);
     gptoss_cuda_weights_free(s);
