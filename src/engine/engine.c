@@ -19,7 +19,6 @@
 #include "util/error.h"
 
 #include <errno.h>
-#include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
