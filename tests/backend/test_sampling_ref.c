@@ -440,16 +440,19 @@ static void test_logprobs(void **state) {
 
 /* A full vocabulary: the draws still equal the brute force, and one draw costs well under a
  * millisecond in the default case (reported, not asserted: shared machines). */
+/* The fastest of 30 draws, in ms (the least disturbed by other work on the machine). */
 static double time_draws(const float *logits, int32_t V, gptoss_sample_row row, gptoss_sample_scratch *s) {
-    enum { REPS = 30 };
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int i = 0; i < REPS; i++) {
+    double best = INFINITY;
+    for (int i = 0; i < 30; i++) {
+        struct timespec t0, t1;
         row.position = i;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         (void)gptoss_sample_reference(logits, V, &row, NULL, NULL, s);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+        if (ms < best) best = ms;
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    return ((double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6) / REPS;
+    return best;
 }
 
 static void test_full_vocabulary(void **state) {
@@ -474,8 +477,8 @@ static void test_full_vocabulary(void **state) {
     gptoss_sample_row k50 = p9;
     k50.top_k = 50;
     const double ms_top_k = time_draws(logits, V, k50, s);
-    print_message("reference draw over 201088 logits: %.3f ms (T 1), %.3f ms (top_p 0.9), %.3f ms (top_p 0.9, "
-                  "top_k 50)\n",
+    print_message("reference draw over 201088 logits (fastest of 30): %.3f ms (T 1), %.3f ms (top_p 0.9), %.3f ms "
+                  "(top_p 0.9, top_k 50)\n",
                   ms_default, ms_top_p, ms_top_k);
     const gptoss_sample_row *cases[3] = {&row, &p9, &k50};
     for (int c = 0; c < 3; c++)
@@ -484,6 +487,16 @@ static void test_full_vocabulary(void **state) {
             r.position = 1000 + d;
             assert_int_equal(gptoss_sample_reference(logits, V, &r, NULL, NULL, s), brute_force(logits, V, &r, NULL, NULL));
         }
+    /* The worst case: a flat row, every token with a positive weight. */
+    for (int32_t j = 0; j < V; j++)
+        logits[j] = (float)(urand() * 10.0 - 5.0);
+    print_message("flat row (every weight positive, fastest of 30): %.3f ms (T 1), %.3f ms (top_p 0.9), %.3f ms "
+                  "(top_p 0.9, top_k 50)\n",
+                  time_draws(logits, V, row, s), time_draws(logits, V, p9, s), time_draws(logits, V, k50, s));
+    for (int c = 0; c < 3; c++) {
+        gptoss_sample_row r = *cases[c];
+        assert_int_equal(gptoss_sample_reference(logits, V, &r, NULL, NULL, s), brute_force(logits, V, &r, NULL, NULL));
+    }
     free(logits);
     gptoss_sample_scratch_free(s);
 }
