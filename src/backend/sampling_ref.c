@@ -4,14 +4,17 @@
  *
  * One draw costs a few passes over the row, never a sort of it:
  *   - processed logits m (a copy with NaN as -inf, the allowed-token mask, then the sparse
- *     edits) and their maximum;
- *   - the weights W (floats w * 2^32; W is their truncation, as in gptoss_sampling_weight);
- *   - without top_k / top_p, partial sums of W per block of ids, so the id-order walk of the
- *     draw only enters one block;
+ *     edits) and their maximum, in one vectorized pass when nothing is masked or edited;
+ *   - the weights W, computed exactly as gptoss_sampling_weight but vectorized (integer bit
+ *     tests instead of float branches), only for blocks of 64 tokens that hold a token with
+ *     x > -33 (below, W is 0); in a language model's row most blocks are skipped;
+ *   - without top_k / top_p, partial sums of W per block, so the id-order walk of the draw
+ *     only enters one block;
  *   - with top_k / top_p, the kept set is a prefix of the order (m desc, id asc), so it is
  *     known once its last token is: a radix selection over the bits of m (12, 12, then 8 bits)
  *     with the count and the W total of each bucket finds that token exactly, visiting only
- *     the bucket that holds it at each level. Equal m stay in id order throughout.
+ *     the bucket that holds it at each level, among the "live" tokens (x > -33: a prefix of
+ *     the order that holds every positive weight). Equal m stay in id order throughout.
  */
 #include "backend/sampling_ref.h"
 
