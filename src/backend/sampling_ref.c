@@ -11,8 +11,9 @@
  *   - without top_k / top_p, partial sums of W per block, so the id-order walk of the draw
  *     only enters one block;
  *   - with top_k / top_p, the kept set is a prefix of the order (m desc, id asc), so it is
- *     known once its last token is: a radix selection over the bits of m (12, 12, then 8 bits)
- *     with the count and the W total of each bucket finds that token exactly, visiting only
+ *     known once its last token is: a radix selection over the bits of m (12, 12, then up to 8
+ *     bits of the candidates' key range) with the count and the W total of each bucket finds
+ *     that token exactly, visiting only
  *     the bucket that holds it at each level, among the "live" tokens (x > -33: a prefix of
  *     the order that holds every positive weight). Equal m stay in id order throughout.
  */
@@ -293,85 +294,100 @@ static inline bool eligible(const candidates *c, const float *weight, int32_t j)
     return !c->min_p_on || (double)weight_of(weight, j) >= c->min_w;
 }
 
+/* The highest bucket (of n, scanned from the top) at which goal g is reached, adding the
+ * buckets above it to the running count and weight. */
+static int scan_buckets(const goal *g, const uint32_t *count, const uint64_t *wsum, int n, uint64_t *acc_count,
+                        uint64_t *acc_w) {
+    int b = n - 1;
+    for (; b > 0; b--) {
+        if (reached(g, *acc_count + count[b], *acc_w + wsum[b])) break;
+        *acc_count += count[b];
+        *acc_w += wsum[b];
+    }
+    return b;
+}
+
 /* Radix selection of the token where goal g is reached, over the candidates in the order.
- * Returns whether it was reached; *count / *wsum are the totals through that token (or of
- * all candidates when it was not). goal->total == 0 means "the candidates' total", filled
- * in after the first level. */
+ * The buckets cover the candidates' key range [lo, hi] (d = key - lo): level 1 the top 12
+ * bits of d's width, level 2 the next 12, level 3 the rest (at most 8), so values packed in a
+ * narrow range still spread over the buckets. Returns whether the goal was reached; *count /
+ * *wsum are the totals through that token (or of all candidates when it was not).
+ * goal->total == 0 means "the candidates' total", filled in by the first pass. */
 static bool select_cut(gptoss_sample_scratch *s, const candidates *c, goal *g, cut *out, uint64_t *count_out,
                        uint64_t *wsum_out) {
     const float *m = s->m, *weight = s->weight;
     uint32_t *count = s->count;
     uint64_t *wsum = s->wsum;
-    uint64_t acc_count = 0, acc_w = 0;
-    /* Level 1: bits 31..20 of the key, over every candidate. */
-    memset(count, 0, LEVEL_BUCKETS * sizeof *count);
-    memset(wsum, 0, LEVEL_BUCKETS * sizeof *wsum);
-    for (int32_t i = 0; i < c->n; i++) {
-        int32_t j = c->ids ? c->ids[i] : i;
-        if (!eligible(c, weight, j)) continue;
-        uint32_t b = order_key(m[j]) >> 20;
-        count[b]++;
-        wsum[b] += weight_of(weight, j);
-    }
+    uint32_t lo = UINT32_MAX, hi = 0;
     uint64_t total_count = 0, total_w = 0;
-    for (int b = 0; b < LEVEL_BUCKETS; b++)
-        total_count += count[b], total_w += wsum[b];
+    for (int32_t i = 0; i < c->n; i++) {
+        const int32_t j = c->ids ? c->ids[i] : i;
+        if (!eligible(c, weight, j)) continue;
+        const uint32_t key = order_key(m[j]);
+        lo = key < lo ? key : lo;
+        hi = key > hi ? key : hi;
+        total_count++;
+        total_w += weight_of(weight, j);
+    }
     if (!g->by_count && g->total == 0) g->total = total_w;
-    if (!reached(g, total_count, total_w)) {
+    if (total_count == 0 || !reached(g, total_count, total_w)) {
         *count_out = total_count;
         *wsum_out = total_w;
         return false;
     }
-    int b1 = LEVEL_BUCKETS - 1;
-    for (;; b1--) {
-        if (reached(g, acc_count + count[b1], acc_w + wsum[b1])) break;
-        acc_count += count[b1];
-        acc_w += wsum[b1];
+    const uint32_t range = hi - lo;
+    const int width = range ? 32 - __builtin_clz(range) : 0;
+    const int s1 = width > 12 ? width - 12 : 0, s2 = s1 > 12 ? s1 - 12 : 0;
+    const uint32_t mask2 = (1u << (s1 - s2)) - 1u, mask3 = (1u << s2) - 1u;
+    uint64_t acc_count = 0, acc_w = 0;
+    /* Level 1, over every candidate. */
+    const int n1 = (int)(range >> s1) + 1;
+    memset(count, 0, (size_t)n1 * sizeof *count);
+    memset(wsum, 0, (size_t)n1 * sizeof *wsum);
+    for (int32_t i = 0; i < c->n; i++) {
+        const int32_t j = c->ids ? c->ids[i] : i;
+        if (!eligible(c, weight, j)) continue;
+        const uint32_t b = (order_key(m[j]) - lo) >> s1;
+        count[b]++;
+        wsum[b] += weight_of(weight, j);
     }
-    /* Level 2: bits 19..8, over the tokens of bucket b1. */
+    const uint32_t b1 = (uint32_t)scan_buckets(g, count, wsum, n1, &acc_count, &acc_w);
+    /* Level 2, over the tokens of bucket b1. */
     int32_t n_a = 0;
     for (int32_t i = 0; i < c->n; i++) {
-        int32_t j = c->ids ? c->ids[i] : i;
-        if ((int)(order_key(m[j]) >> 20) == b1 && eligible(c, weight, j)) s->list_a[n_a++] = j;
+        const int32_t j = c->ids ? c->ids[i] : i;
+        if (((order_key(m[j]) - lo) >> s1) == b1 && eligible(c, weight, j)) s->list_a[n_a++] = j;
     }
-    memset(count, 0, LEVEL_BUCKETS * sizeof *count);
-    memset(wsum, 0, LEVEL_BUCKETS * sizeof *wsum);
+    const int n2 = (int)mask2 + 1;
+    memset(count, 0, (size_t)n2 * sizeof *count);
+    memset(wsum, 0, (size_t)n2 * sizeof *wsum);
     for (int32_t i = 0; i < n_a; i++) {
-        int32_t j = s->list_a[i];
-        uint32_t b = (order_key(m[j]) >> 8) & 0xfffu;
+        const int32_t j = s->list_a[i];
+        const uint32_t b = ((order_key(m[j]) - lo) >> s2) & mask2;
         count[b]++;
         wsum[b] += weight_of(weight, j);
     }
-    int b2 = LEVEL_BUCKETS - 1;
-    for (;; b2--) {
-        if (reached(g, acc_count + count[b2], acc_w + wsum[b2])) break;
-        acc_count += count[b2];
-        acc_w += wsum[b2];
-    }
-    /* Level 3: bits 7..0, over the tokens of bucket b2. */
+    const uint32_t b2 = (uint32_t)scan_buckets(g, count, wsum, n2, &acc_count, &acc_w);
+    /* Level 3, over the tokens of bucket b2. */
     int32_t n_b = 0;
     for (int32_t i = 0; i < n_a; i++) {
-        int32_t j = s->list_a[i];
-        if ((int)((order_key(m[j]) >> 8) & 0xfffu) == b2) s->list_b[n_b++] = j;
+        const int32_t j = s->list_a[i];
+        if ((((order_key(m[j]) - lo) >> s2) & mask2) == b2) s->list_b[n_b++] = j;
     }
-    memset(count, 0, 256 * sizeof *count);
-    memset(wsum, 0, 256 * sizeof *wsum);
+    const int n3 = (int)mask3 + 1;
+    memset(count, 0, (size_t)n3 * sizeof *count);
+    memset(wsum, 0, (size_t)n3 * sizeof *wsum);
     for (int32_t i = 0; i < n_b; i++) {
-        int32_t j = s->list_b[i];
-        uint32_t b = order_key(m[j]) & 0xffu;
+        const int32_t j = s->list_b[i];
+        const uint32_t b = (order_key(m[j]) - lo) & mask3;
         count[b]++;
         wsum[b] += weight_of(weight, j);
     }
-    int b3 = 255;
-    for (;; b3--) {
-        if (reached(g, acc_count + count[b3], acc_w + wsum[b3])) break;
-        acc_count += count[b3];
-        acc_w += wsum[b3];
-    }
+    const uint32_t b3 = (uint32_t)scan_buckets(g, count, wsum, n3, &acc_count, &acc_w);
     /* Equal keys: the order is the id order, which the lists kept. */
-    const uint32_t key = ((uint32_t)b1 << 20) | ((uint32_t)b2 << 8) | (uint32_t)b3;
+    const uint32_t key = lo + (b1 << s1) + (b2 << s2) + b3;
     for (int32_t i = 0; i < n_b; i++) {
-        int32_t j = s->list_b[i];
+        const int32_t j = s->list_b[i];
         if (order_key(m[j]) != key) continue;
         acc_count++;
         acc_w += weight_of(weight, j);
