@@ -128,8 +128,10 @@ typedef struct gptoss_batch_plan {
     int32_t max_blocks_per_seq;          /* row stride of the block tables */
     const int32_t *block_tables;         /* [n_seqs, max_blocks_per_seq] full-layer pages */
     const int32_t *sliding_block_tables; /* same shape for sliding layers, or NULL */
-    int32_t n_logits;                    /* rows of logits wanted */
-    const int32_t *logit_token_index;    /* [n_logits] indices into token_ids */
+    int32_t n_logits;                    /* rows of logits wanted (<= 128 * n_tokens) */
+    /* [n_logits] indices into token_ids; an index may repeat (one row per draw: the n choices
+     * at the end of a prompt each draw from its last token's row) */
+    const int32_t *logit_token_index;
 } gptoss_batch_plan;
 
 /* Checks a plan against a backend's KV geometry: offsets monotone, positions equal

@@ -5,9 +5,11 @@
  */
 #include "backend/backend.h"
 #include "backend/kv_fp8.h"
+#include "backend/sampling_ref.h"
 #include "util/error.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,9 +19,13 @@ struct gptoss_backend {
     const gptoss_model *model;      /* NULL for random weights */
     gptoss_config config;           /* the shape it runs */
     gptoss_backend_options options; /* defaults and automatic sizes resolved */
-    float *scratch;                 /* host summaries of backends without forward_summary */
+    float *scratch;                 /* host logits of backends without forward_summary / _sample */
     size_t scratch_floats;
+    gptoss_sample_scratch **samplers; /* [n_samplers] one per drawing thread (no forward_sample) */
+    int32_t n_samplers;
 };
+
+static gptoss_status ensure_logits(gptoss_backend *b, int32_t n_logits, gptoss_error *error);
 
 gptoss_backend_options gptoss_backend_options_default(void) {
     gptoss_backend_options o;
@@ -63,7 +69,7 @@ gptoss_status gptoss_batch_plan_validate(const gptoss_batch_plan *p, const gptos
                                 p->n_tokens, p->n_seqs);
     if (!p->token_ids || !p->positions || !p->seq_token_start || !p->seq_n_cached || !p->block_tables)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "plan: a required array is NULL");
-    if (p->n_logits < 0 || p->n_logits > p->n_tokens || (p->n_logits > 0 && !p->logit_token_index))
+    if (p->n_logits < 0 || p->n_logits > 128 * (int64_t)p->n_tokens || (p->n_logits > 0 && !p->logit_token_index))
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "plan: n_logits = %d is invalid", p->n_logits);
     if (p->max_blocks_per_seq < 1)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "plan: max_blocks_per_seq must be positive");
@@ -290,13 +296,7 @@ gptoss_status gptoss_backend_forward_summary(gptoss_backend *b, const gptoss_bat
                                     "logits summary: full rows asked for but the logits buffer is NULL");
     }
     if (b->ops->forward_summary) return b->ops->forward_summary(b->state, plan, out, error);
-    size_t need = (size_t)NL * (size_t)V;
-    if (need > b->scratch_floats) {
-        float *p = realloc(b->scratch, need * sizeof(float));
-        if (!p) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (logits)");
-        b->scratch = p;
-        b->scratch_floats = need;
-    }
+    if ((st = ensure_logits(b, NL, error)) != GPTOSS_OK) return st;
     st = b->ops->forward(b->state, plan, b->scratch, error);
     if (st != GPTOSS_OK) return st;
     for (int32_t i = 0; i < NL; i++) {
@@ -308,6 +308,59 @@ gptoss_status gptoss_backend_forward_summary(gptoss_backend *b, const gptoss_bat
     return GPTOSS_OK;
 }
 
+/* Host logits for n_logits rows (grown, never shrunk). */
+static gptoss_status ensure_logits(gptoss_backend *b, int32_t n_logits, gptoss_error *error) {
+    size_t need = (size_t)n_logits * (size_t)b->config.vocab_size;
+    if (need <= b->scratch_floats) return GPTOSS_OK;
+    float *p = realloc(b->scratch, need * sizeof(float));
+    if (!p) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (logits)");
+    b->scratch = p;
+    b->scratch_floats = need;
+    return GPTOSS_OK;
+}
+
+/* Drawing threads for host sampling: the OpenMP default, at most 8 (each holds ~4 MB of
+ * scratch for a 201k vocabulary). Created on first use, kept for the backend's life. */
+static gptoss_status ensure_samplers(gptoss_backend *b, gptoss_error *error) {
+    if (b->n_samplers > 0) return GPTOSS_OK;
+    int n = omp_get_max_threads();
+    if (n > 8) n = 8;
+    if (n < 1) n = 1;
+    b->samplers = calloc((size_t)n, sizeof *b->samplers);
+    if (!b->samplers) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (samplers)");
+    for (int i = 0; i < n; i++) {
+        gptoss_status st = gptoss_sample_scratch_create(b->config.vocab_size, &b->samplers[i], error);
+        if (st != GPTOSS_OK) {
+            for (int k = 0; k < i; k++)
+                gptoss_sample_scratch_free(b->samplers[k]);
+            free(b->samplers);
+            b->samplers = NULL;
+            return st;
+        }
+    }
+    b->n_samplers = n;
+    return GPTOSS_OK;
+}
+
+gptoss_status gptoss_backend_forward_sample(gptoss_backend *b, const gptoss_batch_plan *plan,
+                                            const gptoss_sample_batch *batch, gptoss_error *error) {
+    if (!b) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "backend is NULL");
+    gptoss_status st = gptoss_batch_plan_validate(plan, &b->config, b->options.kv_block_size, b->options.n_kv_blocks,
+                                                  b->options.n_sliding_kv_blocks, error);
+    if (st != GPTOSS_OK) return st;
+    const int32_t NL = plan->n_logits, V = b->config.vocab_size;
+    if (NL > 0 && !batch)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "plan asks for logits but the sample batch is NULL");
+    if ((st = gptoss_sample_batch_validate(batch, NL, V, error)) != GPTOSS_OK) return st;
+    if (b->ops->forward_sample) return b->ops->forward_sample(b->state, plan, batch, error);
+    if ((st = ensure_logits(b, NL, error)) != GPTOSS_OK) return st;
+    if (NL > 0 && (st = ensure_samplers(b, error)) != GPTOSS_OK) return st;
+    st = b->ops->forward(b->state, plan, b->scratch, error);
+    if (st != GPTOSS_OK) return st;
+    if (NL > 0) gptoss_sample_rows(b->scratch, V, NL, batch, b->samplers, b->n_samplers);
+    return GPTOSS_OK;
+}
+
 const char *gptoss_backend_name(const gptoss_backend *b) {
     return b ? b->ops->name : "none";
 }
@@ -315,6 +368,9 @@ const char *gptoss_backend_name(const gptoss_backend *b) {
 void gptoss_backend_free(gptoss_backend *b) {
     if (!b) return;
     b->ops->destroy(b->state);
+    for (int32_t i = 0; i < b->n_samplers; i++)
+        gptoss_sample_scratch_free(b->samplers[i]);
+    free(b->samplers);
     free(b->scratch);
     free(b);
 }

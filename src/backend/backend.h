@@ -28,6 +28,11 @@ typedef struct gptoss_backend_ops {
      * summarizes on the host). */
     gptoss_status (*forward_summary)(void *state, const gptoss_batch_plan *plan,
                                      const gptoss_logits_summary *out, gptoss_error *error);
+    /* Optional: a validated plan and a validated sample batch, one token drawn per logits row
+     * by the rule of sampling_rule.h (NULL: backend.c runs forward and draws each row with the
+     * host reference, sampling_ref.h). */
+    gptoss_status (*forward_sample)(void *state, const gptoss_batch_plan *plan,
+                                    const gptoss_sample_batch *batch, gptoss_error *error);
 } gptoss_backend_ops;
 
 extern const gptoss_backend_ops gptoss_cpu_backend_ops;

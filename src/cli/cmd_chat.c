@@ -46,15 +46,21 @@ static void session_close(session *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* The backend's forward with the logits of ids the tokenizer cannot decode (the padding rows
- * of the unembedding) at -inf, so that they are never drawn. */
-static gptoss_status forward_text_ids(void *user, const gptoss_batch_plan *plan, float *logits,
-                                      gptoss_error *err) {
+/* The ids a draw may pick: those the tokenizer can decode, so the padding rows of the
+ * unembedding are never drawn (the engine's allowed-token hook). */
+static bool text_ids_allowed(void *user, int32_t choice, const int32_t *generated, int32_t n_generated,
+                             uint32_t *mask, int32_t vocab_size) {
+    (void)choice, (void)generated, (void)n_generated;
     const session *s = user;
-    gptoss_status st = gptoss_backend_forward(s->backend, plan, logits, err);
-    for (int32_t r = 0; !st && r < plan->n_logits; r++)
-        for (int32_t v = s->n_sample; v < s->vocab; v++) logits[(size_t)r * s->vocab + v] = -INFINITY;
-    return st;
+    const int32_t n_words = (vocab_size + 31) / 32;
+    for (int32_t w = 0; w < n_words; w++) {
+        const int32_t first = w * 32;
+        uint32_t bits = 0;
+        if (first + 32 <= s->n_sample) bits = 0xffffffffu;
+        else if (first < s->n_sample) bits = (1u << (s->n_sample - first)) - 1u;
+        mask[w] = bits;
+    }
+    return s->n_sample > 0;
 }
 
 static gptoss_status session_open(session *s, const char *dir, const char *backend_name, int64_t threads,
@@ -95,9 +101,6 @@ static gptoss_status session_open(session *s, const char *dir, const char *backe
     gptoss_engine_options eo = gptoss_engine_options_default();
     eo.max_model_len = s->capacity;
     gptoss_engine_options_for_backend(&eo, c, s->backend, &options);
-    eo.forward = forward_text_ids;
-    eo.forward_user = s;
-    eo.forward_summary = NULL; /* the masked rows above are whole rows */
     if (eo.max_model_len < s->capacity) s->capacity = eo.max_model_len;
     int32_t stop_ids[GPTOSS_CHAT_MAX_STOP_IDS];
     gptoss_engine_options_set_eos(&eo, stop_ids, gptoss_chat_stop_ids(stop_ids));
@@ -238,7 +241,11 @@ static gptoss_status generate_reply(session *s, const int32_t *ids, size_t n,
     bool limited = s->capacity - (int64_t)n < max_tokens;
     gptoss_sampling_params p = *params;
     p.max_tokens = (int32_t)(limited ? s->capacity - (int64_t)n : max_tokens);
-    gptoss_generate_options go = {.on_token = on_reply_token, .should_stop = interrupted, .user = sink};
+    /* every id when the tokenizer decodes the whole vocabulary, else only those it decodes */
+    gptoss_request_options ro = {.allowed_tokens = s->n_sample < s->vocab ? text_ids_allowed : NULL,
+                                 .allowed_tokens_user = s};
+    gptoss_generate_options go = {
+        .on_token = on_reply_token, .should_stop = interrupted, .user = sink, .request_options = &ro};
     gptoss_generate_result result;
     gptoss_status st = gptoss_engine_generate(s->engine, ids, (int32_t)n, &p, &go, &result, err);
     if (st) return st;

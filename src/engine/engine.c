@@ -22,7 +22,6 @@
 #include "util/sha256.h"
 
 #include <errno.h>
-#include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -56,7 +55,12 @@ struct gptoss_request {
     gptoss_sampling_params params;
     int32_t max_tokens;      /* resolved (> 0) */
     gptoss_seq **seqs;       /* [n_choices] live sequences, NULL once finished/not forked */
-    gptoss_rng *rngs;        /* [n_choices] */
+    uint64_t seed;           /* Philox key of every draw (the request's, or drawn at submit) */
+    gptoss_token_counts *counts; /* [n_choices] when penalties need them, else NULL */
+    int32_t *bias_tokens;    /* [params.n_logit_bias] copied at submit, sorted by token */
+    float *bias_values;
+    gptoss_allowed_tokens_fn allowed_tokens; /* optional constraint on each draw */
+    void *allowed_tokens_user;
     double *last_token_time; /* [n_choices] seconds, 0 = none yet */
     bool *choice_done;       /* [n_choices] finish event queued */
     int32_t n_done;
@@ -67,29 +71,34 @@ struct gptoss_request {
     double submit_time;
 };
 
-/* One token to draw this step: which sequence, from which logits row, and the result. */
+/* One token drawn this step (one row of the sample batch): for which sequence and choice.
+ * At the end of a prompt with n > 1 the prompt's last logits row is asked for once per
+ * choice; those rows name the prompt's sequence and the choice forked from it after the
+ * step. */
 typedef struct sample_job {
     gptoss_seq *seq;           /* its request is seq->user */
-    const float *row;          /* [vocab] logits, or NULL: draw from the row's summary */
-    const int32_t *top_ids;    /* summary of the row: GPTOSS_MAX_SUMMARY_TOP ids, values */
-    const float *top_logits;
-    float logsumexp;
-    gptoss_engine_event event; /* filled by draw(): token and logprobs */
+    int32_t choice;            /* != seq->index: a choice to fork from seq */
+    bool refused;              /* the allowed-token callback refused: end the choice */
+    gptoss_engine_event event; /* filled from the batch's outputs */
 } sample_job;
 
 struct gptoss_engine {
     gptoss_engine_options options;
     gptoss_kv_manager *kv;
     gptoss_scheduler *sched;
-    gptoss_sampler **samplers; /* [n_samplers] one per sampling thread */
-    int32_t n_samplers;
-    sample_job *jobs; /* [cap_jobs] draws of the current step */
+    /* The sample batch of the current step, row k for jobs[k] (grown, never shrunk). */
+    sample_job *jobs; /* [cap_jobs] */
     int32_t n_jobs, cap_jobs;
-    float *logits; /* [max_num_seqs + 1, vocab] */
-    int32_t *top_ids;   /* [max_num_seqs + 1, GPTOSS_MAX_SUMMARY_TOP] (forward_summary) */
-    float *top_logits;  /* same */
-    float *logsumexp;   /* [max_num_seqs + 1] */
-    uint8_t *full_rows; /* [max_num_seqs + 1] rows the step needs whole */
+    int32_t *logit_index;     /* [cap_jobs] the plan's logit_token_index, per row */
+    gptoss_sample_row *rows;  /* [cap_jobs] */
+    int32_t *token_ids;       /* [cap_jobs] drawn tokens */
+    float *logprobs;          /* [cap_jobs] */
+    int32_t *top_ids;         /* [cap_jobs, GPTOSS_MAX_SAMPLE_LOGPROBS] */
+    float *top_logprobs;      /* same */
+    gptoss_sample_edit *edits; /* [cap_edits] */
+    int32_t n_edits, cap_edits;
+    uint32_t *masks;          /* [cap_masks, (vocab + 31) / 32] allowed-token rows */
+    int32_t n_masks, cap_masks;
     /* Token events of the last step not yet handed to their requests: pushing one locks the
      * request and may wake its reader, about 2 us, so a step of 1000 sequences would leave
      * the GPU idle for 2 ms. They are pushed while the device runs the next step (the
@@ -120,7 +129,7 @@ struct gptoss_engine {
     gptoss_engine_stats local; /* counters accumulated by the thread */
     /* GPTOSS_STEP_TIMING=1: host seconds per phase of a step, printed at exit */
     bool timing;
-    double t_schedule, t_forward, t_sample, t_between, t_mark, t_draw, t_flush;
+    double t_schedule, t_forward, t_sample, t_between, t_mark, t_rows, t_flush;
     int64_t timed_steps;
 };
 
@@ -156,21 +165,15 @@ gptoss_engine_options gptoss_engine_options_default(void) {
     return o;
 }
 
-static gptoss_status backend_forward_summary(void *user, const gptoss_batch_plan *plan,
-                                             const gptoss_logits_summary *out, gptoss_error *error) {
-    return gptoss_backend_forward_summary((gptoss_backend *)user, plan, out, error);
-}
-
-static gptoss_status backend_forward(void *user, const gptoss_batch_plan *plan, float *logits,
-                                     gptoss_error *error) {
-    return gptoss_backend_forward((gptoss_backend *)user, plan, logits, error);
+static gptoss_status backend_forward_sample(void *user, const gptoss_batch_plan *plan,
+                                            const gptoss_sample_batch *batch, gptoss_error *error) {
+    return gptoss_backend_forward_sample((gptoss_backend *)user, plan, batch, error);
 }
 
 void gptoss_engine_options_for_backend(gptoss_engine_options *o, const gptoss_config *config,
                                        gptoss_backend *backend,
                                        const gptoss_backend_options *backend_options) {
-    o->forward = backend_forward;
-    o->forward_summary = backend_forward_summary;
+    o->forward_sample = backend_forward_sample;
     o->forward_user = backend;
     o->vocab_size = config->vocab_size;
     o->sliding_window = gptoss_config_n_sliding_layers(config) > 0 ? config->sliding_window : 0;
@@ -196,7 +199,7 @@ void gptoss_engine_options_set_eos(gptoss_engine_options *o, const int32_t *ids,
 
 static gptoss_status validate_options(const gptoss_engine_options *o, gptoss_error *error) {
     const gptoss_status bad = GPTOSS_ERR_INVALID_ARGUMENT;
-    if (!o->forward) return gptoss_set_error(error, bad, "engine options: no forward function");
+    if (!o->forward_sample) return gptoss_set_error(error, bad, "engine options: no forward_sample function");
     if (o->vocab_size < 1)
         return gptoss_set_error(error, bad, "engine options: vocab_size must be positive");
     if (o->kv_block_size < 1 || o->kv_block_size > 4096)
@@ -257,7 +260,11 @@ static void request_free(gptoss_request *r) {
     free(r->events);
     free(r->stop_requested);
     free(r->seqs);
-    free(r->rngs);
+    for (int32_t i = 0; r->counts && i < r->n_choices; i++)
+        gptoss_token_counts_free(&r->counts[i]);
+    free(r->counts);
+    free(r->bias_tokens);
+    free(r->bias_values);
     free(r->last_token_time);
     free(r->choice_done);
     free(r);
@@ -398,21 +405,7 @@ void gptoss_request_release(gptoss_request *r) {
 
 /* ---- engine ------------------------------------------------------------------------------ */
 
-/* Sampling threads: the OpenMP default, at most 8 (each sampler holds ~4 MB of scratch). */
-static gptoss_status create_samplers(gptoss_engine *e, gptoss_error *error) {
-    int n = omp_get_max_threads();
-    if (n > 8) n = 8;
-    if (n < 1) n = 1;
-    e->samplers = calloc((size_t)n, sizeof *e->samplers);
-    if (!e->samplers)
-        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (samplers)");
-    for (int i = 0; i < n; i++) {
-        gptoss_status st = gptoss_sampler_create(e->options.vocab_size, &e->samplers[i], error);
-        if (st != GPTOSS_OK) return st;
-        e->n_samplers = i + 1;
-    }
-    return GPTOSS_OK;
-}
+static bool grow_rows(gptoss_engine *e, int32_t need);
 
 gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_engine **out,
                                    gptoss_error *error) {
@@ -447,21 +440,13 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
                     (uint64_t)(gptoss_now_seconds() * 1e9);
     gptoss_rng_seed(&e->entropy, seed, 0);
     if ((st = gptoss_kv_manager_create(&kv_options, &e->kv, error)) != GPTOSS_OK ||
-        (st = gptoss_scheduler_create(&sched_options, e->kv, &e->sched, error)) != GPTOSS_OK ||
-        (st = create_samplers(e, error)) != GPTOSS_OK) {
+        (st = gptoss_scheduler_create(&sched_options, e->kv, &e->sched, error)) != GPTOSS_OK) {
         gptoss_engine_free(e);
         return st;
     }
-    e->logits =
-        malloc((size_t)(options->max_num_seqs + 1) * (size_t)options->vocab_size * sizeof(float));
-    const size_t rows = (size_t)options->max_num_seqs + 1;
-    e->top_ids = malloc(rows * GPTOSS_MAX_SUMMARY_TOP * sizeof(int32_t));
-    e->top_logits = malloc(rows * GPTOSS_MAX_SUMMARY_TOP * sizeof(float));
-    e->logsumexp = malloc(rows * sizeof(float));
-    e->full_rows = malloc(rows);
-    if (!e->logits || !e->top_ids || !e->top_logits || !e->logsumexp || !e->full_rows) {
+    if (!grow_rows(e, options->max_num_seqs + 1)) {
         gptoss_engine_free(e);
-        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (logits buffer)");
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (sample rows)");
     }
     e->stats.kv_blocks_total = options->n_kv_blocks;
     e->stats.sliding_blocks_total = kv_options.n_sliding_blocks;
@@ -591,60 +576,157 @@ static int32_t masked_tokens(const gptoss_engine *e, const gptoss_seq *seq, int3
     return n_masked;
 }
 
-/* Whether the next draw of seq can come from the row's summary with the same result as from
- * the whole row (see gptoss_sampler_summary_exact). */
-static bool summary_serves(const gptoss_engine *e, const gptoss_seq *seq) {
-    int32_t masked[GPTOSS_MAX_STOP_TOKENS + GPTOSS_ENGINE_MAX_EOS];
-    const gptoss_request *r = seq->user;
-    return gptoss_sampler_summary_exact(&r->params, masked_tokens(e, seq, masked),
-                                        GPTOSS_MAX_SUMMARY_TOP);
+/* Room for `need` rows in the step's sample batch. */
+static bool grow_rows(gptoss_engine *e, int32_t need) {
+    if (need <= e->cap_jobs) return true;
+    int32_t cap = e->cap_jobs ? e->cap_jobs : 64;
+    while (cap < need) cap *= 2;
+    const size_t n = (size_t)cap, top = n * GPTOSS_MAX_SAMPLE_LOGPROBS;
+    sample_job *jobs = realloc(e->jobs, n * sizeof *jobs);
+    if (jobs) e->jobs = jobs;
+    int32_t *logit_index = realloc(e->logit_index, n * sizeof *logit_index);
+    if (logit_index) e->logit_index = logit_index;
+    gptoss_sample_row *rows = realloc(e->rows, n * sizeof *rows);
+    if (rows) e->rows = rows;
+    int32_t *token_ids = realloc(e->token_ids, n * sizeof *token_ids);
+    if (token_ids) e->token_ids = token_ids;
+    float *logprobs = realloc(e->logprobs, n * sizeof *logprobs);
+    if (logprobs) e->logprobs = logprobs;
+    int32_t *top_ids = realloc(e->top_ids, top * sizeof *top_ids);
+    if (top_ids) e->top_ids = top_ids;
+    float *top_logprobs = realloc(e->top_logprobs, top * sizeof *top_logprobs);
+    if (top_logprobs) e->top_logprobs = top_logprobs;
+    if (!jobs || !logit_index || !rows || !token_ids || !logprobs || !top_ids || !top_logprobs) return false;
+    e->cap_jobs = cap;
+    return true;
 }
 
-/* Draws the next token of job->seq from job->row (or its summary) with a sampler of its own:
- * touches only the sequence's own RNG and the job, so jobs run in parallel. */
-static void draw(const gptoss_engine *e, gptoss_sampler *sampler, sample_job *job) {
-    gptoss_seq *seq = job->seq;
-    gptoss_request *r = seq->user;
-    const gptoss_sampling_params *p = &r->params;
-    const int32_t index = seq->index;
-    const int32_t n_generated = seq->n_tokens - seq->n_prompt;
+/* Room for `need` edits / allowed-token rows. */
+static bool grow_edits(gptoss_engine *e, int32_t need) {
+    if (need <= e->cap_edits) return true;
+    int32_t cap = e->cap_edits ? e->cap_edits : 1024;
+    while (cap < need) cap *= 2;
+    gptoss_sample_edit *edits = realloc(e->edits, (size_t)cap * sizeof *edits);
+    if (!edits) return false;
+    e->edits = edits;
+    e->cap_edits = cap;
+    return true;
+}
+
+static bool grow_masks(gptoss_engine *e, int32_t need) {
+    if (need <= e->cap_masks) return true;
+    int32_t cap = e->cap_masks ? e->cap_masks * 2 : 16;
+    while (cap < need) cap *= 2;
+    const size_t words = ((size_t)e->options.vocab_size + 31) / 32;
+    uint32_t *masks = realloc(e->masks, (size_t)cap * words * sizeof *masks);
+    if (!masks) return false;
+    e->masks = masks;
+    e->cap_masks = cap;
+    return true;
+}
+
+static int compare_token(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The edits of seq's next draw (logit_bias, masked stop tokens, penalties), appended to the
+ * step's edits; *start / *n name them. False: out of memory. */
+static bool build_edits(gptoss_engine *e, const gptoss_seq *seq, int32_t *start, int32_t *n) {
+    const gptoss_request *r = seq->user;
     int32_t masked[GPTOSS_MAX_STOP_TOKENS + GPTOSS_ENGINE_MAX_EOS];
-    int32_t n_masked = masked_tokens(e, seq, masked);
-    gptoss_sample_history history = {
-        .prompt = seq->tokens,
-        .n_prompt = seq->n_prompt,
-        .output = seq->tokens + seq->n_prompt,
-        .n_output = n_generated,
-        .masked = masked,
-        .n_masked = n_masked,
-    };
+    int32_t n_masked = masked_tokens(e, seq, masked), n_distinct = 0;
+    if (n_masked > 1) qsort(masked, (size_t)n_masked, sizeof *masked, compare_token);
+    for (int32_t i = 0; i < n_masked; i++)
+        if (i == 0 || masked[i] != masked[i - 1]) masked[n_distinct++] = masked[i];
+    const gptoss_token_counts *counts = r->counts ? &r->counts[seq->index] : NULL;
+    const int32_t room = r->params.n_logit_bias + n_distinct + (counts ? counts->n : 0);
+    *start = e->n_edits;
+    *n = 0;
+    if (room == 0) return true;
+    if (!grow_edits(e, e->n_edits + room)) return false;
+    *n = gptoss_sampler_edits(&r->params, masked, n_distinct, counts, e->edits + e->n_edits);
+    e->n_edits += *n;
+    return true;
+}
+
+/* Asks the request's callback which tokens choice may draw next; fills a new allowed row.
+ * Returns its index, -1 without a callback, -2 when the callback refused or allowed nothing
+ * (or no memory for the row). */
+static int32_t build_mask(gptoss_engine *e, const gptoss_seq *seq, int32_t choice) {
+    const gptoss_request *r = seq->user;
+    if (!r->allowed_tokens) return -1;
+    if (!grow_masks(e, e->n_masks + 1)) return -2;
+    const int32_t V = e->options.vocab_size;
+    const size_t words = ((size_t)V + 31) / 32;
+    uint32_t *mask = e->masks + (size_t)e->n_masks * words;
+    memset(mask, 0, words * sizeof *mask);
+    if (!r->allowed_tokens(r->allowed_tokens_user, choice, seq->tokens + seq->n_prompt,
+                           seq->n_tokens - seq->n_prompt, mask, V))
+        return -2;
+    if (V % 32) mask[words - 1] &= (1u << (V % 32)) - 1u; /* bits past the vocabulary */
+    uint32_t any = 0;
+    for (size_t w = 0; w < words; w++)
+        any |= mask[w];
+    if (!any) return -2;
+    return e->n_masks++;
+}
+
+/* The sample batch of a scheduled plan: one row per logits row, and at the end of a prompt
+ * with n > 1 one row per choice (the same logits row asked for again: each choice draws with
+ * its own Philox counter). Replaces plan->n_logits / logit_token_index with the rows' own.
+ * False: out of memory (nothing ran yet). */
+static bool build_rows(gptoss_engine *e, gptoss_batch_plan *plan) {
+    e->n_jobs = 0;
+    e->n_edits = 0;
+    e->n_masks = 0;
+    for (int32_t i = 0; i < plan->n_logits; i++) {
+        gptoss_seq *seq = gptoss_scheduler_logit_seq(e->sched, i);
+        gptoss_request *r = seq->user;
+        const bool forks = seq->index == 0 && r->n_choices > 1 && !r->forked;
+        const int32_t n_rows = forks ? r->n_choices : 1;
+        int32_t edit_start = 0, n_edits = 0;
+        if (!grow_rows(e, e->n_jobs + n_rows) || !build_edits(e, seq, &edit_start, &n_edits)) return false;
+        for (int32_t c = 0; c < n_rows; c++) {
+            const int32_t choice = forks ? c : seq->index;
+            if (forks && c > 0 && r->choice_done[c]) continue;
+            const int32_t k = e->n_jobs++;
+            sample_job *job = &e->jobs[k];
+            job->seq = seq;
+            job->choice = choice;
+            gptoss_sample_row row = gptoss_sampler_row(&r->params, r->seed, seq->n_tokens, choice);
+            row.edit_start = edit_start; /* forks share the prompt's history */
+            row.n_edits = n_edits;
+            const int32_t allowed = build_mask(e, seq, choice);
+            row.allowed_row = allowed >= 0 ? allowed : -1;
+            job->refused = allowed == -2;
+            e->rows[k] = row;
+            e->logit_index[k] = plan->logit_token_index[i];
+        }
+    }
+    plan->n_logits = e->n_jobs;
+    plan->logit_token_index = e->logit_index;
+    return true;
+}
+
+/* The event of job k from the batch's outputs. */
+static void fill_event(const gptoss_engine *e, int32_t k, sample_job *job) {
+    const gptoss_request *r = job->seq->user;
+    const gptoss_sampling_params *p = &r->params;
     gptoss_engine_event *event = &job->event;
     memset(event, 0, sizeof *event);
-    event->index = index;
+    event->index = job->choice;
     event->stop_token_id = -1;
-    if (!job->row) {
-        const int32_t n_top = GPTOSS_MAX_SUMMARY_TOP;
-        int32_t token = gptoss_sampler_sample_summary(sampler, p, &history, job->top_ids,
-                                                      job->top_logits, n_top, &r->rngs[index]);
-        event->token_id = token;
-        if (p->logprobs || p->top_logprobs > 0) {
-            const double norm = (double)job->logsumexp;
-            for (int32_t i = 0; i < n_top; i++)
-                if (job->top_ids[i] == token) event->logprob = (float)((double)job->top_logits[i] - norm);
-            for (int32_t i = 0; i < p->top_logprobs && i < n_top; i++) {
-                event->top_logprobs[i].token_id = job->top_ids[i];
-                event->top_logprobs[i].logprob = (float)((double)job->top_logits[i] - norm);
-            }
-            event->n_top_logprobs = p->top_logprobs;
+    event->token_id = e->token_ids[k];
+    if (e->rows[k].n_top_logprobs >= 0) {
+        event->logprob = e->logprobs[k];
+        int32_t n_top = p->top_logprobs < e->options.vocab_size ? p->top_logprobs : e->options.vocab_size;
+        const size_t at = (size_t)k * GPTOSS_MAX_SAMPLE_LOGPROBS;
+        for (int32_t i = 0; i < n_top; i++) {
+            event->top_logprobs[i].token_id = e->top_ids[at + i];
+            event->top_logprobs[i].logprob = e->top_logprobs[at + i];
         }
-        return;
-    }
-    int32_t token = gptoss_sampler_sample(sampler, p, &history, job->row, &r->rngs[index]);
-    event->token_id = token;
-    if (p->logprobs || p->top_logprobs > 0) {
-        event->logprob = gptoss_sampler_logprobs(job->row, e->options.vocab_size, token,
-                                                 p->top_logprobs, event->top_logprobs);
-        event->n_top_logprobs = p->top_logprobs;
+        event->n_top_logprobs = n_top;
     }
 }
 
@@ -656,7 +738,18 @@ static void deliver(gptoss_engine *e, sample_job *job) {
     const int32_t index = seq->index;
     const int32_t n_generated = seq->n_tokens - seq->n_prompt;
     const int32_t token = job->event.token_id;
+    if (job->refused) {
+        snprintf(r->error_message, sizeof r->error_message,
+                 "the allowed-token callback refused choice %d or allowed no token", index);
+        finish_choice(e, r, index, GPTOSS_FINISH_ERROR, NULL, -1);
+        return;
+    }
     gptoss_seq_append(seq, token);
+    if (r->counts && !gptoss_token_counts_add_output(&r->counts[index], token)) {
+        snprintf(r->error_message, sizeof r->error_message, "out of memory counting tokens");
+        finish_choice(e, r, index, GPTOSS_FINISH_ERROR, NULL, -1);
+        return;
+    }
     double now = gptoss_now_seconds();
     if (n_generated == 0 && index == 0) {
         histogram_add(&e->local.ttft, now - r->submit_time);
@@ -678,72 +771,45 @@ static void deliver(gptoss_engine *e, sample_job *job) {
     }
 }
 
-static bool add_job(gptoss_engine *e, gptoss_seq *seq, int32_t row_index) {
-    if (e->n_jobs == e->cap_jobs) {
-        int32_t cap = e->cap_jobs ? e->cap_jobs * 2 : 64;
-        sample_job *jobs = realloc(e->jobs, (size_t)cap * sizeof *jobs);
-        if (!jobs) return false;
-        e->jobs = jobs;
-        e->cap_jobs = cap;
+/* The choice of job, forked from the prompt's sequence now that the prompt is cached (it
+ * shares the prompt's KV). NULL when the fork failed (the choice is then finished). */
+static gptoss_seq *fork_choice(gptoss_engine *e, sample_job *job) {
+    gptoss_seq *parent = job->seq;
+    gptoss_request *r = parent->user;
+    const int32_t j = job->choice;
+    gptoss_seq *child;
+    gptoss_error err;
+    if (gptoss_scheduler_fork(e->sched, parent, j, &child, &err) != GPTOSS_OK) {
+        snprintf(r->error_message, sizeof r->error_message, "%s", err.message);
+        finish_choice(e, r, j, GPTOSS_FINISH_ERROR, NULL, -1);
+        return NULL;
     }
-    sample_job *job = &e->jobs[e->n_jobs];
-    job->seq = seq;
-    const size_t r = (size_t)row_index;
-    job->row = e->full_rows[r] ? e->logits + r * (size_t)e->options.vocab_size : NULL;
-    job->top_ids = e->top_ids + r * GPTOSS_MAX_SUMMARY_TOP;
-    job->top_logits = e->top_logits + r * GPTOSS_MAX_SUMMARY_TOP;
-    job->logsumexp = e->logsumexp[r];
-    e->n_jobs++;
-    return true;
+    child->user = r;
+    r->seqs[j] = child;
+    if (r->counts && !gptoss_token_counts_copy(&r->counts[j], &r->counts[parent->index])) {
+        snprintf(r->error_message, sizeof r->error_message, "out of memory counting tokens");
+        finish_choice(e, r, j, GPTOSS_FINISH_ERROR, NULL, -1);
+        return NULL;
+    }
+    return child;
 }
 
-/* Queues the draws of one logits row: the sequence's, and at the end of a prompt with
- * n > 1 also those of the choices forked from it (they share the prompt's KV). */
-static void plan_row(gptoss_engine *e, gptoss_seq *seq, int32_t row) {
-    gptoss_request *r = seq->user;
-    if (seq->index == 0 && r->n_choices > 1 && !r->forked) {
-        r->forked = true;
-        seq->n_slots = 1;
-        for (int32_t j = 1; j < r->n_choices; j++) {
-            if (r->choice_done[j]) continue;
-            gptoss_seq *child;
-            gptoss_error err;
-            if (gptoss_scheduler_fork(e->sched, seq, j, &child, &err) != GPTOSS_OK) {
-                snprintf(r->error_message, sizeof r->error_message, "%s", err.message);
-                finish_choice(e, r, j, GPTOSS_FINISH_ERROR, NULL, -1);
-                continue;
-            }
-            child->user = r;
-            r->seqs[j] = child;
-            if (!add_job(e, child, row)) {
-                snprintf(r->error_message, sizeof r->error_message, "out of memory (sample jobs)");
-                finish_choice(e, r, j, GPTOSS_FINISH_ERROR, NULL, -1);
-            }
-        }
-    }
-    if (!add_job(e, seq, row)) {
-        snprintf(r->error_message, sizeof r->error_message, "out of memory (sample jobs)");
-        finish_choice(e, r, seq->index, GPTOSS_FINISH_ERROR, NULL, -1);
-    }
-}
-
-/* Samples every queued job (in parallel across rows when there are several: sampling a
- * 201k vocabulary costs about a millisecond per row), then delivers them in order. */
+/* After a successful step: forks the choices of prompts that ended (before any of their
+ * tokens is appended), then delivers every drawn token in row order. */
 static void run_jobs(gptoss_engine *e) {
     const int32_t n = e->n_jobs;
-    double t0 = e->timing ? gptoss_now_seconds() : 0;
-    if (n >= 4 && e->n_samplers > 1) {
-        int n_threads = e->n_samplers < n ? e->n_samplers : n;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
-        for (int32_t i = 0; i < n; i++)
-            draw(e, e->samplers[omp_get_thread_num()], &e->jobs[i]);
-    } else {
-        for (int32_t i = 0; i < n; i++)
-            draw(e, e->samplers[0], &e->jobs[i]);
+    for (int32_t k = 0; k < n; k++) {
+        sample_job *job = &e->jobs[k];
+        fill_event(e, k, job);
+        gptoss_request *r = job->seq->user;
+        if (job->seq->index == 0 && r->n_choices > 1 && !r->forked) {
+            r->forked = true;
+            job->seq->n_slots = 1;
+        }
+        if (job->choice != job->seq->index) job->seq = fork_choice(e, job);
     }
-    if (e->timing) e->t_draw += gptoss_now_seconds() - t0;
-    for (int32_t i = 0; i < n; i++)
-        deliver(e, &e->jobs[i]);
+    for (int32_t k = 0; k < n; k++)
+        if (e->jobs[k].seq) deliver(e, &e->jobs[k]);
     e->n_jobs = 0;
 }
 
@@ -838,30 +904,26 @@ static bool step(gptoss_engine *e) {
         flush_pushes(e); /* nothing runs: no hook will push them */
         return false;
     }
-    if (e->options.forward_summary && e->options.vocab_size >= GPTOSS_MAX_SUMMARY_TOP) {
-        /* Whole rows only where a draw needs them; forks at the end of a prompt share the
-         * request's parameters, so the first sequence of the row decides for all. */
-        bool want_lse = false; /* logprobs anywhere in the step */
-        for (int32_t i = 0; i < plan.n_logits; i++) {
-            const gptoss_seq *seq = gptoss_scheduler_logit_seq(e->sched, i);
-            const gptoss_request *r = seq->user;
-            e->full_rows[i] = !summary_serves(e, seq);
-            want_lse |= r->params.logprobs || r->params.top_logprobs > 0;
-        }
-        gptoss_logits_summary summary = {
-            .n_top = GPTOSS_MAX_SUMMARY_TOP,
+    /* Each row's parameters, seed and edits; the backend draws where the logits are, and
+     * pushes the last step's tokens (while_running) while its device computes. */
+    if (!build_rows(e, &plan)) {
+        st = gptoss_set_error(&err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (sample rows)");
+    } else {
+        gptoss_sample_batch batch = {
+            .rows = e->rows,
+            .edits = e->edits,
+            .n_edits = e->n_edits,
+            .allowed_masks = e->masks,
+            .n_allowed_rows = e->n_masks,
+            .token_ids = e->token_ids,
+            .logprobs = e->logprobs,
             .top_ids = e->top_ids,
-            .top_logits = e->top_logits,
-            .logsumexp = want_lse ? e->logsumexp : NULL,
-            .full = e->full_rows,
-            .logits = e->logits,
+            .top_logprobs = e->top_logprobs,
             .while_running = flush_pushes_hook,
             .while_running_user = e,
         };
-        st = e->options.forward_summary(e->options.forward_user, &plan, &summary, &err);
-    } else {
-        memset(e->full_rows, 1, (size_t)plan.n_logits);
-        st = e->options.forward(e->options.forward_user, &plan, e->logits, &err);
+        if (e->timing) e->t_rows += gptoss_now_seconds() - t1;
+        st = e->options.forward_sample(e->options.forward_user, &plan, &batch, &err);
     }
     flush_pushes(e); /* when the backend did not run the hook */
     double t2 = e->timing ? gptoss_now_seconds() : 0;
@@ -878,13 +940,12 @@ static bool step(gptoss_engine *e) {
                          gptoss_status_name(st), err.message);
         }
         gptoss_scheduler_abort_step(e->sched);
+        e->n_jobs = 0;
         for (int32_t a = 0; a < e->n_active; a++)
             if (e->active[a]->failed_step) finish_request(e, e->active[a], GPTOSS_FINISH_ERROR);
         return true;
     }
     gptoss_scheduler_commit(e->sched);
-    for (int32_t i = 0; i < plan.n_logits; i++)
-        plan_row(e, gptoss_scheduler_logit_seq(e->sched, i), i);
     run_jobs(e);
     if (e->timing) {
         double t3 = gptoss_now_seconds();
@@ -1024,10 +1085,10 @@ void gptoss_engine_free(gptoss_engine *e) {
         const double n = (double)e->timed_steps, us = 1e6;
         fprintf(stderr,
                 "engine step timing, %lld steps, us per step: schedule %.1f, forward %.1f (of which "
-                "token pushes while the device runs %.1f), sample + deliver %.1f (of which draws "
-                "%.1f), between steps %.1f\n",
+                "token pushes while the device runs %.1f), sample rows %.1f, deliver %.1f, between "
+                "steps %.1f\n",
                 (long long)e->timed_steps, e->t_schedule / n * us, e->t_forward / n * us,
-                e->t_flush / n * us, e->t_sample / n * us, e->t_draw / n * us,
+                e->t_flush / n * us, e->t_rows / n * us, e->t_sample / n * us,
                 e->t_between / (n - 1) * us);
     }
     if (e->thread_started) {
@@ -1041,15 +1102,15 @@ void gptoss_engine_free(gptoss_engine *e) {
     }
     gptoss_scheduler_free(e->sched);
     gptoss_kv_manager_free(e->kv);
-    for (int32_t i = 0; i < e->n_samplers; i++)
-        gptoss_sampler_free(e->samplers[i]);
-    free(e->samplers);
     free(e->jobs);
-    free(e->logits);
+    free(e->logit_index);
+    free(e->rows);
+    free(e->token_ids);
+    free(e->logprobs);
     free(e->top_ids);
-    free(e->top_logits);
-    free(e->logsumexp);
-    free(e->full_rows);
+    free(e->top_logprobs);
+    free(e->edits);
+    free(e->masks);
     free(e->pending);
     free(e->active);
     pthread_mutex_destroy(&e->mutex);
@@ -1133,17 +1194,44 @@ gptoss_status gptoss_engine_submit(gptoss_engine *e, const int32_t *prompt, int3
     atomic_init(&r->cached_prompt_tokens, 0);
     r->stop_requested = malloc((size_t)n * sizeof(atomic_bool));
     r->seqs = calloc((size_t)n, sizeof(gptoss_seq *));
-    r->rngs = malloc((size_t)n * sizeof(gptoss_rng));
+    /* Penalties need each choice's token counts (choice 0's now, the others' at the fork);
+     * logit_bias is copied, sorted by token as the edits are. */
+    bool counts_ok = true, bias_ok = true;
+    if (gptoss_sampler_needs_counts(params)) {
+        r->counts = calloc((size_t)n, sizeof *r->counts);
+        counts_ok = r->counts && gptoss_token_counts_init(&r->counts[0], prompt, n_prompt);
+    }
+    if (params->n_logit_bias > 0) {
+        const int32_t nb = params->n_logit_bias;
+        r->bias_tokens = malloc((size_t)nb * sizeof *r->bias_tokens);
+        r->bias_values = malloc((size_t)nb * sizeof *r->bias_values);
+        bias_ok = r->bias_tokens && r->bias_values;
+        for (int32_t i = 0; bias_ok && i < nb; i++) { /* insertion sort: nb <= 1024, once */
+            int32_t t = params->logit_bias_tokens[i], at = i;
+            float v = params->logit_bias_values[i];
+            while (at > 0 && r->bias_tokens[at - 1] > t) {
+                r->bias_tokens[at] = r->bias_tokens[at - 1];
+                r->bias_values[at] = r->bias_values[at - 1];
+                at--;
+            }
+            r->bias_tokens[at] = t;
+            r->bias_values[at] = v;
+        }
+    }
+    r->params.logit_bias_tokens = r->bias_tokens;
+    r->params.logit_bias_values = r->bias_values;
     r->last_token_time = calloc((size_t)n, sizeof(double));
     r->choice_done = calloc((size_t)n, sizeof(bool));
     if (request_options) {
         r->notify = request_options->notify;
         r->notify_user = request_options->notify_user;
+        r->allowed_tokens = request_options->allowed_tokens;
+        r->allowed_tokens_user = request_options->allowed_tokens_user;
     }
     uint8_t salt[GPTOSS_SHA256_BYTES] = {0};
     if (request_options && request_options->cache_salt_len > 0)
         gptoss_sha256_digest(request_options->cache_salt, request_options->cache_salt_len, salt);
-    if (!r->stop_requested || !r->seqs || !r->rngs || !r->last_token_time || !r->choice_done) {
+    if (!r->stop_requested || !r->seqs || !counts_ok || !bias_ok || !r->last_token_time || !r->choice_done) {
         request_free(r);
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (request)");
     }
@@ -1173,9 +1261,7 @@ gptoss_status gptoss_engine_submit(gptoss_engine *e, const int32_t *prompt, int3
     }
     r->id = e->next_id++;
     r->seqs[0]->priority = r->id;
-    uint64_t seed = params->has_seed ? params->seed : gptoss_rng_next(&e->entropy);
-    for (int32_t i = 0; i < n; i++)
-        gptoss_rng_seed(&r->rngs[i], seed, (uint64_t)i);
+    r->seed = params->has_seed ? params->seed : gptoss_rng_next(&e->entropy);
     r->submit_time = gptoss_now_seconds();
     r->engine = e;
     r->next = e->registry;

@@ -3,9 +3,10 @@
  *
  * The engine owns the request queue, the scheduler (continuous batching with chunked
  * prefill and preemption), the KV block manager with its prefix cache, and the sampler.
- * Each step it builds one gptoss_batch_plan, runs it through an injectable forward function
- * (normally gptoss_backend_forward) and samples one token for every sequence that produced
- * logits. It must not know about HTTP, JSON, text or the tokenizer: callers speak token ids.
+ * Each step it builds one gptoss_batch_plan and one gptoss_sample_batch (each row's sampling
+ * parameters, seed and penalty edits) and runs them through an injectable forward_sample
+ * function (normally gptoss_backend_forward_sample), which draws one token for every sequence
+ * that produced logits where the logits are. It must not know about HTTP, JSON, text or the tokenizer: callers speak token ids.
  *
  * Threads: gptoss_engine_start() launches the engine thread. Every other function here may
  * be called from any thread, except gptoss_engine_free (one caller, after all other calls
@@ -36,25 +37,18 @@
 /* Options                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
-/* The forward function the engine calls once per step; the same contract as
- * gptoss_backend_forward: logits [plan->n_logits, vocab_size] float32. Tests inject fakes. */
-typedef gptoss_status (*gptoss_forward_fn)(void *user, const gptoss_batch_plan *plan, float *logits,
-                                           gptoss_error *error);
-
-/* Optional second form with gptoss_backend_forward_summary's contract: only the top logits
- * and log-sum-exp of each row, plus whole rows where out->full says so. When set, the engine
- * uses it for every step and asks for whole rows only for draws the summary cannot serve
- * exactly (penalties, or sampling beyond the top GPTOSS_MAX_SUMMARY_TOP tokens). */
-typedef gptoss_status (*gptoss_forward_summary_fn)(void *user, const gptoss_batch_plan *plan,
-                                                   const gptoss_logits_summary *out,
-                                                   gptoss_error *error);
+/* The function the engine calls once per step, with gptoss_backend_forward_sample's contract:
+ * run the plan and draw one token per logits row by the rule of the batch's rows. Tests
+ * inject fakes. */
+typedef gptoss_status (*gptoss_forward_sample_fn)(void *user, const gptoss_batch_plan *plan,
+                                                  const gptoss_sample_batch *batch,
+                                                  gptoss_error *error);
 
 #define GPTOSS_ENGINE_MAX_EOS 8
 
 typedef struct gptoss_engine_options {
-    gptoss_forward_fn forward;      /* required */
-    void *forward_user;             /* passed to forward (e.g. the gptoss_backend) */
-    gptoss_forward_summary_fn forward_summary; /* optional, same user */
+    gptoss_forward_sample_fn forward_sample; /* required */
+    void *forward_user;             /* passed to forward_sample (e.g. the gptoss_backend) */
     int32_t vocab_size;             /* logits row width */
     int32_t sliding_window;         /* tokens incl. self of sliding layers; 0 = none */
     int32_t kv_block_size;          /* tokens per KV page; must match the backend */
@@ -80,9 +74,9 @@ typedef struct gptoss_engine_options {
  * queue 1024, prefix cache on, no forward function (the caller must set one). */
 gptoss_engine_options gptoss_engine_options_default(void);
 
-/* Fills forward/forward_user (gptoss_backend_forward on `backend`), vocab_size, sliding_window
- * (0 when no layer slides), the KV geometry of backend_options, and the eos tokens (the
- * config's eos_token_id when it is in the vocabulary); caps max_model_len at
+/* Fills forward_sample/forward_user (gptoss_backend_forward_sample on `backend`), vocab_size,
+ * sliding_window (0 when no layer slides), the KV geometry of backend_options, and the eos
+ * tokens (the config's eos_token_id when it is in the vocabulary); caps max_model_len at
  * max_position_embeddings. Other fields keep what the caller set. A front end that speaks
  * harmony then replaces the eos tokens with the chat layer's stop ids
  * (gptoss_engine_options_set_eos with gptoss_chat_stop_ids). */
@@ -113,7 +107,8 @@ typedef struct gptoss_sampling_params {
     float frequency_penalty;  /* [-2, 2], on generated tokens, per occurrence */
     float repetition_penalty; /* > 0; 1 = off; prompt and generated tokens */
     bool has_seed;            /* false: seeded from the engine's own entropy */
-    uint64_t seed;            /* same seed, same output, whatever the batch */
+    uint64_t seed;            /* same seed, same output, whatever the batch, preemptions or
+                                 backend (Philox keyed by seed, counter position, choice) */
     bool logprobs;            /* return the sampled token's logprob */
     int32_t top_logprobs;     /* 0..GPTOSS_MAX_TOP_LOGPROBS alternatives per token */
     int32_t max_tokens;       /* generated tokens; 0 = up to max_model_len / KV capacity */
@@ -195,11 +190,22 @@ void gptoss_engine_free(gptoss_engine *engine);
  * and must not block (typically: wake the connection that reads the events). */
 typedef void (*gptoss_request_notify_fn)(void *user, gptoss_request *request);
 
+/* Constrains the next draw of one choice (structured output): fills mask[(vocab_size + 31) / 32]
+ * (token t may be drawn iff bit t % 32 of word t / 32 is set; the engine zeroes the words
+ * first) given the tokens the choice generated so far. Called on the engine thread before
+ * every draw of every choice of the request, without any lock held; must be quick and must
+ * not call into the engine. Returning false, or allowing no token, ends the choice with
+ * GPTOSS_FINISH_ERROR. */
+typedef bool (*gptoss_allowed_tokens_fn)(void *user, int32_t choice, const int32_t *generated,
+                                         int32_t n_generated, uint32_t *mask, int32_t vocab_size);
+
 typedef struct gptoss_request_options {
     const uint8_t *cache_salt;       /* per-tenant salt: prefix cache hits only within a salt */
     size_t cache_salt_len;           /* 0..GPTOSS_MAX_SALT_BYTES */
     gptoss_request_notify_fn notify; /* optional */
     void *notify_user;
+    gptoss_allowed_tokens_fn allowed_tokens; /* optional: every token allowed when NULL */
+    void *allowed_tokens_user;
 } gptoss_request_options;
 
 /* Queues a request. prompt: [n_prompt] token ids, copied. Refuses with a clear message:

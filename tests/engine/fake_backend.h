@@ -9,11 +9,13 @@
  * are a hash of what it read. So any bookkeeping bug in the engine (a wrong page, a page reused or
  * shared while still needed, a missing window page, a bad prefix-cache hit) changes the logits and
  * the greedy output, while a correct engine reproduces fake_reference_logits(), which is computed
- * from the token list alone.
+ * from the token list alone. fake_forward_sample() is the engine's seam: the logits, then each
+ * row drawn by the host reference sampler, as a backend without a device sampler does.
  */
 #ifndef GPTOSS_TESTS_FAKE_BACKEND_H
 #define GPTOSS_TESTS_FAKE_BACKEND_H
 
+#include "backend/sampling_ref.h"
 #include "gptoss.h"
 #include "util/error.h"
 
@@ -40,6 +42,10 @@ typedef struct fake_backend {
     int32_t max_seqs_in_plan;   /* largest n_seqs seen */
     int32_t bad_reads;          /* slots read that did not hold the expected position */
     bool shared;                /* sliding pages are the full pages (fake_share_pages) */
+    bool run_hook;              /* run the batch's while_running hook before computing */
+    float *rows;                /* [cap_rows, vocab] logits of the last forward_sample */
+    int32_t cap_rows;
+    gptoss_sample_scratch *scratch;
 } fake_backend;
 
 static inline uint64_t fake_mix(uint64_t x) {
@@ -157,13 +163,36 @@ static inline gptoss_status fake_forward(void *user, const gptoss_batch_plan *pl
                         fake_mix(window_hash ^ ((uint64_t)(e & 0xffffffff) << 20 ^ (uint64_t)j));
                 }
             }
-            if (next_logit < plan->n_logits && plan->logit_token_index[next_logit] == t) {
+            while (next_logit < plan->n_logits && plan->logit_token_index[next_logit] == t) {
                 fake_logits_from(full_hash, window_hash, f->vocab,
                                  logits + (size_t)next_logit * f->vocab);
                 next_logit++;
             }
         }
     }
+    return GPTOSS_OK;
+}
+
+/* gptoss_backend_forward_sample's contract: the batch is validated, the logits computed, each
+ * row drawn by the host reference (sampling_ref.h). */
+static inline gptoss_status fake_forward_sample(void *user, const gptoss_batch_plan *plan,
+                                                const gptoss_sample_batch *batch,
+                                                gptoss_error *error) {
+    fake_backend *f = user;
+    gptoss_status st = gptoss_sample_batch_validate(batch, plan->n_logits, f->vocab, error);
+    if (st != GPTOSS_OK) return st;
+    if (plan->n_logits > f->cap_rows) {
+        free(f->rows);
+        f->cap_rows = plan->n_logits;
+        f->rows = malloc((size_t)f->cap_rows * (size_t)f->vocab * sizeof(float));
+        if (!f->rows) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    if (!f->scratch && gptoss_sample_scratch_create(f->vocab, &f->scratch, error) != GPTOSS_OK)
+        return error ? error->status : GPTOSS_ERR_OUT_OF_MEMORY;
+    if (f->run_hook && batch->while_running) batch->while_running(batch->while_running_user);
+    st = fake_forward(user, plan, f->rows, error);
+    if (st != GPTOSS_OK) return st;
+    gptoss_sample_rows(f->rows, f->vocab, plan->n_logits, batch, &f->scratch, 1);
     return GPTOSS_OK;
 }
 
@@ -200,6 +229,8 @@ static inline void fake_free(fake_backend *f) {
     if (!f) return;
     free(f->full_slots);
     if (!f->shared) free(f->sliding_slots);
+    free(f->rows);
+    gptoss_sample_scratch_free(f->scratch);
     free(f);
 }
 

@@ -5,8 +5,11 @@
  */
 #include "test_support.h"
 
+#include "backend/sampling_ref.h"
 #include "engine/engine.h"
 #include "fake_backend.h"
+
+#include <stdatomic.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -38,33 +41,15 @@ static uint32_t lcg(void) {
     return (uint32_t)(lcg_state >> 33);
 }
 
-/* Second pass of every test: the engine's summary path, with a backend that runs the
- * summary's while_running hook (the engine pushes the last step's tokens there) before it
- * computes, as the CUDA backend runs it while the device computes. */
-static bool summary_pass;
-
-static gptoss_status fake_forward_summary(void *user, const gptoss_batch_plan *plan,
-                                          const gptoss_logits_summary *out, gptoss_error *error) {
-    fake_backend *f = user;
-    const int32_t V = f->vocab, n = out->n_top;
-    float *rows = malloc((size_t)(plan->n_logits > 0 ? plan->n_logits : 1) * V * sizeof(float));
-    if (!rows) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
-    if (out->while_running) out->while_running(out->while_running_user);
-    gptoss_status st = fake_forward(user, plan, rows, error);
-    for (int32_t r = 0; st == GPTOSS_OK && r < plan->n_logits; r++) {
-        const float *row = rows + (size_t)r * V;
-        gptoss_logits_summarize_row(row, V, n, out->top_ids + (size_t)r * n, out->top_logits + (size_t)r * n,
-                                    out->logsumexp ? out->logsumexp + r : NULL);
-        if (out->full && out->full[r]) memcpy(out->logits + (size_t)r * V, row, (size_t)V * sizeof(float));
-    }
-    free(rows);
-    return st;
-}
+/* Second pass of every test: a backend that runs the batch's while_running hook (the engine
+ * pushes the last step's tokens there) before it computes, as the CUDA backend runs it while
+ * the device computes. */
+static bool hook_pass;
 
 static gptoss_engine_options fake_options(fake_backend *f) {
     gptoss_engine_options o = gptoss_engine_options_default();
-    o.forward = fake_forward;
-    if (summary_pass) o.forward_summary = fake_forward_summary;
+    f->run_hook = hook_pass;
+    o.forward_sample = fake_forward_sample;
     o.forward_user = f;
     o.vocab_size = f->vocab;
     o.sliding_window = f->window;
@@ -724,6 +709,241 @@ static void test_backend_error(void **state) {
     fake_free(f);
 }
 
+/* The tokens a seeded request must produce, computed here from token lists alone: the fake's
+ * reference logits, each draw's edits by brute force from the history (logit_bias, stop
+ * tokens masked before min_tokens, penalties), the row's Philox counter (seed, absolute
+ * position of the drawn token, choice), and the host reference sampler. */
+static int32_t reference_sampled(const job *j, int32_t choice, int32_t max_new, const int32_t *eos, int32_t n_eos,
+                                 int32_t window, int32_t *out) {
+    const gptoss_sampling_params *p = &j->params;
+    gptoss_sample_scratch *s;
+    gptoss_error err;
+    assert_int_equal(gptoss_sample_scratch_create(VOCAB, &s, &err), GPTOSS_OK);
+    int32_t ctx[256 + MAX_OUT];
+    memcpy(ctx, j->prompt, (size_t)j->n_prompt * sizeof(int32_t));
+    int32_t n = j->n_prompt, made = 0;
+    float row[VOCAB];
+    while (made < max_new) {
+        fake_reference_logits(ctx, n, window, VOCAB, row);
+        gptoss_sample_edit edits[VOCAB];
+        int32_t n_edits = 0;
+        for (int32_t t = 0; t < VOCAB; t++) {
+            gptoss_sample_edit e = {t, 0.0f, 0, 0, 0};
+            bool any = false;
+            for (int32_t i = 0; i < p->n_logit_bias; i++)
+                if (p->logit_bias_tokens[i] == t) e.bias = p->logit_bias_values[i], any = true;
+            bool stop = false;
+            for (int32_t i = 0; i < p->n_stop_token_ids; i++)
+                stop |= p->stop_token_ids[i] == t;
+            for (int32_t i = 0; i < n_eos && !p->ignore_eos; i++)
+                stop |= eos[i] == t;
+            if (stop && made < p->min_tokens) e.masked = 1, any = true;
+            for (int32_t i = j->n_prompt; i < n; i++)
+                e.output_count += ctx[i] == t;
+            bool seen = e.output_count > 0;
+            for (int32_t i = 0; i < j->n_prompt; i++)
+                seen |= ctx[i] == t;
+            if (p->repetition_penalty != 1.0f && seen) e.seen = 1, any = true;
+            if ((p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) && e.output_count > 0) any = true;
+            if (!(p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f)) e.output_count = 0;
+            if (any) edits[n_edits++] = e;
+        }
+        gptoss_sample_row r = {0};
+        r.temperature = p->temperature;
+        r.top_p = p->top_p;
+        r.top_k = p->top_k > 0 ? p->top_k : 0;
+        r.min_p = p->min_p;
+        r.repetition_penalty = p->repetition_penalty;
+        r.frequency_penalty = p->frequency_penalty;
+        r.presence_penalty = p->presence_penalty;
+        r.seed = p->seed;
+        r.position = n;
+        r.choice = choice;
+        r.n_edits = n_edits;
+        r.allowed_row = -1;
+        int32_t token = gptoss_sample_reference(row, VOCAB, &r, n_edits ? edits : NULL, NULL, s);
+        ctx[n++] = token;
+        out[made++] = token;
+        bool stop = false;
+        for (int32_t i = 0; i < p->n_stop_token_ids; i++)
+            stop |= p->stop_token_ids[i] == token;
+        for (int32_t i = 0; i < n_eos && !p->ignore_eos; i++)
+            stop |= eos[i] == token;
+        if (stop) break;
+    }
+    gptoss_sample_scratch_free(s);
+    return made;
+}
+
+/* A seeded request with every sampling parameter set (n = 2) gives exactly the reference's
+ * tokens alone, inside a batch of 7 other requests with other parameters (greedy, other
+ * temperatures, top_k, min_p, penalties, logprobs, unseeded), and in a KV pool so small that
+ * sequences are preempted and recomputed. */
+static void test_seeded_request_any_batch(void **state) {
+    (void)state;
+    int32_t bias_tokens[3] = {40, 7, 13};
+    float bias_values[3] = {2.5f, -100.0f, 1.0f};
+    job target;
+    memset(&target, 0, sizeof target);
+    lcg_state = 2718;
+    random_prompt(&target, 37);
+    gptoss_sampling_params *p = &target.params;
+    *p = gptoss_sampling_params_default();
+    p->temperature = 0.8f;
+    p->top_k = 20;
+    p->top_p = 0.95f;
+    p->min_p = 0.02f;
+    p->repetition_penalty = 1.1f;
+    p->frequency_penalty = 0.3f;
+    p->presence_penalty = 0.2f;
+    p->logit_bias_tokens = bias_tokens;
+    p->logit_bias_values = bias_values;
+    p->n_logit_bias = 3;
+    p->has_seed = true;
+    p->seed = 0x5eed5eed12345ull;
+    p->max_tokens = 24;
+    p->min_tokens = 5;
+    p->stop_token_ids[0] = 3;
+    p->n_stop_token_ids = 1;
+    p->n = 2;
+    const int32_t eos[1] = {11};
+    int32_t want[2][MAX_OUT], n_want[2];
+    for (int c = 0; c < 2; c++) {
+        n_want[c] = reference_sampled(&target, c, 24, eos, 1, 16, want[c]);
+        for (int32_t i = 0; i < n_want[c]; i++)
+            assert_true(want[c][i] != 7); /* logit_bias -100 */
+    }
+    assert_true(memcmp(want[0], want[1], sizeof want[0]) != 0); /* choices draw differently */
+
+    for (int pass = 0; pass < 3; pass++) {
+        /* 0: alone; 1: in a batch; 2: in a batch with preemptions */
+        fake_backend *f = pass < 2 ? fake_create(VOCAB, 8, 512, 0, 16) : fake_create(VOCAB, 4, 44, 12, 16);
+        gptoss_engine_options o = fake_options(f);
+        o.eos_token_ids[0] = eos[0];
+        o.n_eos_token_ids = 1;
+        o.max_num_batched_tokens = 32;
+        if (pass == 2) o.admit_headroom = 0;
+        job jobs[8];
+        int n_jobs = pass == 0 ? 1 : 8;
+        lcg_state = 99 + (uint64_t)pass;
+        for (int i = 1; i < n_jobs; i++) {
+            greedy_job(&jobs[i], 20 + i);
+            random_prompt(&jobs[i], 10 + (int32_t)(lcg() % 30));
+            gptoss_sampling_params *q = &jobs[i].params;
+            q->temperature = (float)(i % 4) * 0.5f;
+            q->top_k = i % 3 == 0 ? 5 : 0;
+            q->min_p = i % 2 ? 0.1f : 0.0f;
+            q->repetition_penalty = i == 5 ? 1.3f : 1.0f;
+            q->presence_penalty = i == 6 ? -0.5f : 0.0f;
+            q->logprobs = i == 4;
+            q->top_logprobs = i == 4 ? 3 : 0;
+            q->has_seed = i % 2 == 0;
+            q->seed = (uint64_t)i;
+            q->n = i == 7 ? 3 : 1;
+        }
+        jobs[0] = target;
+        gptoss_engine_stats st;
+        if (pass == 0) {
+            run_jobs(&o, jobs, 1, &st);
+        } else {
+            /* the target in the middle of the queue */
+            job tmp = jobs[0];
+            jobs[0] = jobs[3];
+            jobs[3] = tmp;
+            run_jobs(&o, jobs, n_jobs, &st);
+            tmp = jobs[0];
+            jobs[0] = jobs[3];
+            jobs[3] = tmp;
+        }
+        for (int c = 0; c < 2; c++) {
+            if (jobs[0].n_out[c] != n_want[c] || memcmp(jobs[0].out[c], want[c], (size_t)n_want[c] * 4) != 0)
+                fail_msg("pass %d choice %d: %d tokens, reference %d (first %d vs %d)", pass, c, jobs[0].n_out[c],
+                         n_want[c], jobs[0].out[c][0], want[c][0]);
+        }
+        if (pass == 2) assert_true(st.preemptions > 0);
+        assert_int_equal(f->bad_reads, 0);
+        fake_free(f);
+    }
+}
+
+/* The allowed-token callback: greedy under a mask equals the reference argmax over the
+ * allowed tokens, and a callback that refuses ends the choice with an error. */
+typedef struct allow_state {
+    atomic_int calls;
+    int32_t refuse_after; /* generated tokens after which the callback refuses (-1: never) */
+} allow_state;
+
+static bool allow_multiples_of_3(void *user, int32_t choice, const int32_t *generated, int32_t n_generated,
+                                 uint32_t *mask, int32_t vocab) {
+    allow_state *a = user;
+    atomic_fetch_add(&a->calls, 1);
+    (void)generated;
+    if (a->refuse_after >= 0 && n_generated >= a->refuse_after) return false;
+    for (int32_t t = choice % 3; t < vocab; t += 3) /* choice 0: 0, 3, 6, ...; choice 1: 1, 4, ... */
+        mask[t / 32] |= 1u << (t % 32);
+    return true;
+}
+
+static void test_allowed_tokens(void **state) {
+    (void)state;
+    fake_backend *f = fake_create(VOCAB, 8, 256, 0, 0);
+    gptoss_engine_options o = fake_options(f);
+    allow_state a;
+    atomic_init(&a.calls, 0);
+    a.refuse_after = -1;
+    job j;
+    greedy_job(&j, 10);
+    random_prompt(&j, 12);
+    j.params.n = 2;
+    j.ropts.allowed_tokens = allow_multiples_of_3;
+    j.ropts.allowed_tokens_user = &a;
+    run_jobs(&o, &j, 1, NULL);
+    for (int c = 0; c < 2; c++) {
+        int32_t ctx[64];
+        float row[VOCAB];
+        memcpy(ctx, j.prompt, (size_t)j.n_prompt * sizeof(int32_t));
+        assert_int_equal(j.n_out[c], 10);
+        for (int32_t k = 0; k < 10; k++) {
+            fake_reference_logits(ctx, j.n_prompt + k, 0, VOCAB, row);
+            int32_t best = c;
+            for (int32_t t = c; t < VOCAB; t += 3)
+                if (row[t] > row[best]) best = t;
+            assert_int_equal(j.out[c][k], best);
+            ctx[j.n_prompt + k] = best;
+        }
+    }
+    assert_int_equal(atomic_load(&a.calls), 20);
+
+    a.refuse_after = 4;
+    job r;
+    greedy_job(&r, 10);
+    random_prompt(&r, 12);
+    r.ropts.allowed_tokens = allow_multiples_of_3;
+    r.ropts.allowed_tokens_user = &a;
+    gptoss_engine *e;
+    gptoss_error err = {0};
+    assert_int_equal(gptoss_engine_create(&o, &e, &err), GPTOSS_OK);
+    submit(e, &r);
+    gptoss_request *keep = r.request;
+    assert_int_equal(gptoss_engine_start(e, &err), GPTOSS_OK);
+    gptoss_engine_event ev;
+    int tokens = 0;
+    gptoss_finish_reason last = GPTOSS_FINISH_NONE;
+    while (gptoss_request_next_event(keep, &ev, 20000) == 1) {
+        tokens += ev.token_id >= 0;
+        last = ev.finish;
+    }
+    assert_int_equal(tokens, 4);
+    assert_int_equal(last, GPTOSS_FINISH_ERROR);
+    assert_non_null(strstr(gptoss_request_error(keep), "allowed-token"));
+    gptoss_request_release(keep);
+    gptoss_engine_stats s;
+    wait_idle_stats(e, &s);
+    assert_int_equal(s.kv_blocks_used, 0);
+    gptoss_engine_free(e);
+    fake_free(f);
+}
+
 /* Logprobs are those of the raw model distribution (reference: log-softmax in the test). */
 static void test_logprobs(void **state) {
     (void)state;
@@ -816,11 +1036,13 @@ int main(void) {
         cmocka_unit_test(test_cancel_frees_blocks),
         cmocka_unit_test(test_submit_limits_and_drain),
         cmocka_unit_test(test_backend_error),
+        cmocka_unit_test(test_seeded_request_any_batch),
+        cmocka_unit_test(test_allowed_tokens),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_notify_callback),
     };
-    int failed = cmocka_run_group_tests_name("whole logits rows", tests, NULL, NULL);
-    summary_pass = true;
-    failed += cmocka_run_group_tests_name("summaries, token pushes while the backend runs", tests, NULL, NULL);
+    int failed = cmocka_run_group_tests_name("token pushes after the step", tests, NULL, NULL);
+    hook_pass = true;
+    failed += cmocka_run_group_tests_name("token pushes while the backend runs", tests, NULL, NULL);
     return failed;
 }

@@ -33,7 +33,7 @@ static bool collect(void *user, const gptoss_engine_event *event) {
 
 static gptoss_engine *start_engine(fake_backend *f, const int32_t *eos, size_t n_eos) {
     gptoss_engine_options o = gptoss_engine_options_default();
-    o.forward = fake_forward;
+    o.forward_sample = fake_forward_sample;
     o.forward_user = f;
     o.vocab_size = f->vocab;
     o.sliding_window = f->window;

@@ -121,9 +121,9 @@ static void test_context_and_mib(void **state) {
     assert_true(fabs(gptoss_kv_plan_mib(&c, &bo) - 450.0) < 1e-9);
 }
 
-static gptoss_status never_called(void *user, const gptoss_batch_plan *plan, float *logits,
-                                  gptoss_error *error) {
-    (void)user, (void)plan, (void)logits;
+static gptoss_status never_called(void *user, const gptoss_batch_plan *plan,
+                                  const gptoss_sample_batch *batch, gptoss_error *error) {
+    (void)user, (void)plan, (void)batch;
     return gptoss_set_error(error, GPTOSS_ERR_BACKEND, "not expected");
 }
 
@@ -131,7 +131,7 @@ static gptoss_status never_called(void *user, const gptoss_batch_plan *plan, flo
 static void test_engine_minimum_sliding_pool(void **state) {
     (void)state;
     gptoss_engine_options o = gptoss_engine_options_default();
-    o.forward = never_called;
+    o.forward_sample = never_called;
     o.vocab_size = 64;
     o.sliding_window = 128;
     o.kv_block_size = 16;

@@ -248,4 +248,5 @@ gptoss_status gptoss_cuda_summary_step(gptoss_cuda_state *s, const gptoss_batch_
 }
 
 extern "C" const gptoss_backend_ops gptoss_cuda_backend_ops = {"cuda", cuda_create, cuda_create_random, cuda_destroy,
-                                                               cuda_forward, cuda_forward_summary};
+                                                               cuda_forward, cuda_forward_summary,
+                                                               gptoss_cuda_forward_sample};
