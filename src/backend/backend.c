@@ -8,6 +8,7 @@
 #include "backend/sampling_ref.h"
 #include "util/error.h"
 
+#include <assert.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -168,6 +169,8 @@ static gptoss_status backend_prepare(const gptoss_backend_options *options, gpto
     else if (o.kind == GPTOSS_BACKEND_CUDA)
         return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "this gptoss was built without CUDA");
     else return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "unknown backend kind %d", (int)o.kind);
+    /* the plan validation divides by and indexes with these */
+    assert(o.kv_block_size > 0 && o.n_kv_blocks > 0 && o.n_sliding_kv_blocks > 0);
     gptoss_backend *b = calloc(1, sizeof *b);
     if (!b) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     b->ops = ops;
@@ -191,6 +194,7 @@ gptoss_status gptoss_backend_create(const gptoss_model *model, const gptoss_back
         return st;
     }
     b->options.cuda_tuning = NULL; /* read during creation only: the caller's string may go */
+    assert(b->state);
     *out = b;
     return GPTOSS_OK;
 }
@@ -217,6 +221,7 @@ gptoss_status gptoss_backend_create_random(const gptoss_config *config, const gp
         return st;
     }
     b->options.cuda_tuning = NULL; /* read during creation only: the caller's string may go */
+    assert(b->state);
     *out = b;
     return GPTOSS_OK;
 }
@@ -249,6 +254,7 @@ static bool ranks_before(float a, int32_t ia, float b, int32_t ib) {
 
 void gptoss_logits_summarize_row(const float *row, int32_t vocab_size, int32_t n_top, int32_t *top_ids,
                                  float *top_logits, float *logsumexp) {
+    assert(n_top >= 1 && vocab_size >= 1); /* callers check; n_top = 0 would read top_ids[-1] */
     if (n_top > vocab_size) n_top = vocab_size;
     int32_t n_have = 0;
     float max = -INFINITY;
@@ -263,8 +269,11 @@ void gptoss_logits_summarize_row(const float *row, int32_t vocab_size, int32_t n
         }
         top_ids[pos] = i;
     }
-    for (int32_t j = 0; j < n_have; j++)
+    assert(n_have == n_top);
+    for (int32_t j = 0; j < n_have; j++) {
+        assert(j == 0 || ranks_before(row[top_ids[j - 1]], top_ids[j - 1], row[top_ids[j]], top_ids[j]));
         top_logits[j] = isnan(row[top_ids[j]]) ? -INFINITY : row[top_ids[j]];
+    }
     if (!logsumexp) return;
     if (!isfinite(max)) {
         *logsumexp = max; /* -inf (no finite logit) or +inf */

@@ -22,19 +22,26 @@ fail() {
     exit 1
 }
 screen() { tm capture-pane -p -J -S - -t chat; }
-# wait_for PATTERN SECONDS: polls the screen until grep -E matches.
-# Sanitizer builds run several times slower: every wait stretches by the same factor.
+# Every wait is for an event on the screen, with a deadline far beyond the time the event
+# takes (well under a second alone, a few seconds on a loaded 2-core machine): a deadline is
+# reached only when the event never comes, so a slow machine makes the test slower, not red.
+# Sanitizer builds run several times slower: every deadline stretches by the same factor.
 slow=1
 [ "${GPTOSS_SANITIZE:-0}" = 1 ] && slow=6
-wait_for() {
-    local deadline=$((SECONDS + $2 * slow))
-    while [ $SECONDS -lt $deadline ]; do
-        screen | grep -qE -- "$1" && return 0
+# wait_until SECONDS COMMAND...: polls until COMMAND succeeds; 1 when the deadline passes.
+wait_until() {
+    local deadline=$((SECONDS + $1 * slow))
+    shift
+    until "$@"; do
+        [ $SECONDS -lt $deadline ] || return 1
         sleep 0.2
     done
-    return 1
 }
-prompts() { screen | grep -cE '^> ?'; }
+on_screen() { screen | grep -qE -- "$1"; }
+# wait_for PATTERN SECONDS: waits until a screen line matches grep -E PATTERN.
+wait_for() { wait_until "$2" on_screen "$1"; }
+# at_prompt: the last line written is an empty prompt.
+at_prompt() { screen | sed -e '/^$/d' | tail -1 | grep -qE '^> ?$'; }
 
 "$bin" make-model --preset tiny -o "$dir/tiny" >/dev/null 2>&1 || fail "make-model --preset tiny"
 # A session that lives for the whole test keeps the private tmux server up. Without it,
@@ -52,54 +59,52 @@ start_chat() {
 # 1. A question: an answer region streams between the question and the next prompt. A large
 #    --max-tokens makes the answer long enough to interrupt.
 start_chat --max-tokens 100000 --date 2025-06-28
-wait_for '^> ' 30 || fail "no prompt within 30 s"
+wait_for '^> ' 120 || fail "no prompt within 120 s"
 tm send-keys -t chat "Hello, who are you?" Enter
-wait_for '^> Hello, who are you\?' 5 || fail "the question was not echoed"
+wait_for '^> Hello, who are you\?' 60 || fail "the question was not echoed"
 # Something must stream after the question (reasoning, answer or a tool call line).
 answer_appeared() { screen | sed -n '/^> Hello, who are you?/,$p' | sed 1d | grep -qE '[^[:space:]]'; }
-# 60 s: under a parallel ctest on a 2-core machine the reply's first text once took over 20 s
-# (alone it takes well under 1 s); waiting longer costs nothing when it comes.
-deadline=$((SECONDS + 60 * slow))
-until answer_appeared; do
-    [ $SECONDS -lt $deadline ] || fail "no answer text within 60 s"
-    sleep 0.2
-done
-# 2. Ctrl-C stops the long answer: an [interrupted ...] note and a new prompt, quickly.
-sleep 1
-screen | grep -qE '^\[(stop|length|tool_calls)' && fail "the answer ended by itself; cannot test Ctrl-C"
+wait_until 120 answer_appeared || fail "no answer text within 120 s"
+# 2. Ctrl-C stops the long answer: an [interrupted ...] note and a new prompt. It is sent as
+#    soon as the answer shows, a few tokens in. Greedy decoding makes the answer the same on
+#    every run, and it runs on for hundreds of tokens: had it ended by itself, Ctrl-C would
+#    reach the prompt and print the hint of step 4 instead, which is reported as such. 60 s
+#    separates an interrupted answer (under a second) from one that runs on to 100000 tokens.
 t0=$SECONDS
 tm send-keys -t chat C-c
-wait_for '^\[interrupted after [0-9]+ tokens\]' 5 || fail "Ctrl-C did not interrupt the answer within 5 s"
-wait_for '^\[interrupted after [0-9]+ tokens\]$' 1 && true
-n_before=$(prompts)
-[ "$n_before" -ge 2 ] || wait_for '^> $' 3 || fail "no prompt after the interruption"
+interrupt_seen() { on_screen '^\[interrupted after [0-9]+ tokens\]|Ctrl-C again or /quit to leave|^\[(length|tool_calls|context full)'; }
+wait_until 60 interrupt_seen || fail "Ctrl-C did not interrupt the answer within 60 s"
+on_screen '^\[interrupted after [0-9]+ tokens\]' ||
+    fail "the answer ended by itself before Ctrl-C came (a changed model or sampler?); cannot test Ctrl-C"
+wait_until 30 at_prompt || fail "no prompt after the interruption"
 echo "interrupted and back at the prompt in $((SECONDS - t0)) s"
 
 # 3. /effort and /reset are acknowledged.
 tm send-keys -t chat "/effort high" Enter
-wait_for '^\[effort: high\]' 5 || fail "/effort high not acknowledged"
+wait_for '^\[effort: high\]' 30 || fail "/effort high not acknowledged"
 tm send-keys -t chat "/effort extreme" Enter
-wait_for '^\[usage: /effort low\|medium\|high\]' 5 || fail "/effort extreme not refused"
+wait_for '^\[usage: /effort low\|medium\|high\]' 30 || fail "/effort extreme not refused"
 tm send-keys -t chat "/reset" Enter
-wait_for '^\[conversation reset\]' 5 || fail "/reset not acknowledged"
+wait_for '^\[conversation reset\]' 30 || fail "/reset not acknowledged"
+wait_until 30 at_prompt || fail "no prompt after /reset"
 
 # 4. Ctrl-C at the prompt explains how to leave; /quit then exits the program.
 tm send-keys -t chat C-c
-wait_for 'Ctrl-C again or /quit to leave' 5 || fail "Ctrl-C at the prompt gave no hint"
+wait_for 'Ctrl-C again or /quit to leave' 30 || fail "Ctrl-C at the prompt gave no hint"
 tm send-keys -t chat "/quit" Enter
-wait_for '^\[chat exited\] 0' 10 || fail "/quit did not exit with status 0"
+wait_for '^\[chat exited\] 0' 60 || fail "/quit did not exit with status 0"
 tm kill-session -t chat
 
 # 5. Two Ctrl-C in a row at the prompt exit; so does end of input (Ctrl-D).
 start_chat -n 4
-wait_for '^> ' 30 || fail "no prompt within 30 s (second session)"
+wait_for '^> ' 120 || fail "no prompt within 120 s (second session)"
 tm send-keys -t chat C-c
-wait_for 'Ctrl-C again' 5 || fail "no hint after the first Ctrl-C"
+wait_for 'Ctrl-C again' 30 || fail "no hint after the first Ctrl-C"
 tm send-keys -t chat C-c
-wait_for '^\[chat exited\] 0' 10 || fail "a second Ctrl-C did not exit"
+wait_for '^\[chat exited\] 0' 60 || fail "a second Ctrl-C did not exit"
 tm kill-session -t chat
 start_chat -n 4
-wait_for '^> ' 30 || fail "no prompt within 30 s (third session)"
+wait_for '^> ' 120 || fail "no prompt within 120 s (third session)"
 tm send-keys -t chat C-d
-wait_for '^\[chat exited\] 0' 10 || fail "end of input (Ctrl-D) did not exit"
+wait_for '^\[chat exited\] 0' 60 || fail "end of input (Ctrl-D) did not exit"
 echo "ok: answer streamed, Ctrl-C interrupts, /effort, /reset, /quit, Ctrl-C twice, Ctrl-D"

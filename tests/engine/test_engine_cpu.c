@@ -1,6 +1,9 @@
 /*
  * test_engine_cpu.c - the engine on the real CPU backend with a tiny random checkpoint
- * (`gptoss make-model --preset tiny`: 4 layers, sliding window 16, the real vocabulary).
+ * (`gptoss make-model --config tests/support/micro_vocab.json`: the `tiny` preset's 4 layers,
+ * sliding window 16, GQA and top-4 of 8 experts, with a 512-token vocabulary: these are
+ * engine mechanics on random token ids, and the real vocabulary's 201k-wide logits rows would
+ * be most of the run time).
  *
  * Reference: each prompt run alone straight through gptoss_backend_forward (one sequence,
  * whole prompt in one plan, pages 0..n in order, greedy argmax), with no engine code. The
@@ -36,7 +39,8 @@ static int setup(void **state) {
     (void)state;
     model_dir = ts_mkdtemp();
     char *out = NULL;
-    int rc = ts_run(&out, "'%s' make-model --preset tiny -o '%s'", ts_env("GPTOSS_BIN"), model_dir);
+    int rc = ts_run(&out, "'%s' make-model --config '%s/tests/support/micro_vocab.json' -o '%s'", ts_env("GPTOSS_BIN"),
+                    ts_env("GPTOSS_SOURCE_DIR"), model_dir);
     if (rc != 0) {
         fprintf(stderr, "make-model failed: %s\n", out ? out : "");
         free(out);
@@ -182,7 +186,7 @@ static bool sanitized(void) {
 static uint64_t lcg_state = 2024;
 static int32_t next_token(void) {
     lcg_state = lcg_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (int32_t)((lcg_state >> 33) % 200000);
+    return (int32_t)((lcg_state >> 33) % (uint64_t)config->vocab_size);
 }
 
 /* 31 prompts of different lengths, alone and batched (budget 48: chunked prefill). */
