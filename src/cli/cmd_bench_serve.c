@@ -4,24 +4,31 @@
  *
  * Owns: the workload (synthetic prompts of fixed token lengths made of random words, or a
  * ShareGPT-like lognormal length mix), the client threads (a fixed concurrency, or Poisson
- * arrivals at a request rate), timing of every streamed chunk, and the report (throughput,
- * TTFT, TPOT, ITL; mean, median, p99) on stdout and as JSON. Output lengths are fixed with
- * ignore_eos + max_tokens. Must not depend on the server being ours.
+ * arrivals at a request rate), timing of every streamed chunk, the report (throughput,
+ * TTFT, TPOT, ITL; mean, median, p99) on stdout and as JSON, and the sweep table (one row per
+ * run, per GPU and per user) as text, CSV and a gnuplot Pareto plot beside published points.
+ * Output lengths are fixed with ignore_eos + max_tokens; sampling parameters are sent only
+ * when asked for, so the server's defaults apply as they do for real clients. Must not
+ * depend on the server being ours.
  */
 #include "cli.h"
 
 #include "server/http_client.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/log.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_LEVELS 32
 
@@ -47,9 +54,22 @@ static void help(FILE *out) {
         "  --output-len O       generated tokens (ignore_eos + max_tokens)\n"
         "  --sharegpt-like      lognormal lengths: mean ~215 prompt and ~200 output tokens, long "
         "tail\n"
+        "  --temperature T      send temperature T (0 = greedy); default: not sent, the server's\n"
+        "                       default applies, as for a client that does not set it\n"
+        "  --top-p P            send top_p P in (0, 1]; default: not sent\n"
         "  --seed S             workload seed (default 0)\n"
         "  --timeout S          per-request socket timeout in seconds (default 600)\n"
-        "  --json FILE          also write the results as JSON\n");
+        "\n"
+        "After the runs a table has one row per run: concurrency, completed requests, output and\n"
+        "total tok/s, both per GPU, median TPOT, tok/s per user (1000 / median TPOT), median TTFT\n"
+        "and p99 TPOT.\n"
+        "  --gpus N             GPUs behind the URL; the per-GPU columns divide by N (default 1)\n"
+        "  --json FILE          also write the results (every run, with the table's fields) as JSON\n"
+        "  --csv FILE           also write the table as CSV\n"
+        "  --plot FILE.png      draw the Pareto curve with gnuplot: x tok/s per user, y tok/s per GPU,\n"
+        "                       with published InferenceX 1k/1k points (H100 vLLM, H200 TensorRT-LLM)\n"
+        "  --plot-metric M      y axis: total (default; the published points are total tok/s) or\n"
+        "                       output\n");
 }
 
 /* ---- workload ---------------------------------------------------------------------------- */
@@ -227,6 +247,8 @@ typedef struct bench {
     const char *api_key;
     const char *model;
     bool chat;
+    bool has_temperature, has_top_p; /* send them only when given */
+    double temperature, top_p;
     int timeout_ms;
     work_item *items; /* [n_items] */
     result *results;  /* [n_items] */
@@ -237,9 +259,11 @@ typedef struct bench {
 static void run_one(bench *b, int32_t i) {
     work_item *w = &b->items[i];
     result *r = &b->results[i];
-    json_t *req = json_pack("{s:s, s:b, s:{s:b}, s:i, s:b, s:f}", "model", b->model, "stream", 1,
+    json_t *req = json_pack("{s:s, s:b, s:{s:b}, s:i, s:b}", "model", b->model, "stream", 1,
                             "stream_options", "include_usage", 1, "max_tokens", w->output_len,
-                            "ignore_eos", 1, "temperature", 0.0);
+                            "ignore_eos", 1);
+    if (b->has_temperature) json_object_set_new(req, "temperature", json_real(b->temperature));
+    if (b->has_top_p) json_object_set_new(req, "top_p", json_real(b->top_p));
     if (b->chat) {
         json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", w->prompt);
         json_object_set_new(req, "messages", msgs);
@@ -328,7 +352,7 @@ static void put_summary(json_t *o, const char *name, summary s) {
         json_object_set_new(o, key, json_real(s.p99 * 1e3));
 }
 
-static json_t *report(bench *b, double duration, const char *label) {
+static json_t *report(bench *b, double duration, const char *label, int32_t gpus) {
     int32_t ok = 0;
     int64_t in = 0, out = 0;
     size_t n_itl = 0;
@@ -379,7 +403,172 @@ static json_t *report(bench *b, double duration, const char *label) {
     put_summary(o, "ttft", s_ttft);
     put_summary(o, "tpot", s_tpot);
     put_summary(o, "itl", s_itl);
+    json_object_set_new(o, "output_throughput_per_gpu", json_real(out / d / gpus));
+    json_object_set_new(o, "total_token_throughput_per_gpu", json_real((in + out) / d / gpus));
+    /* One user's decode speed: a request streams a token every median TPOT. */
+    json_object_set_new(o, "tok_s_per_user", json_real(s_tpot.median > 0 ? 1.0 / s_tpot.median : 0.0));
     return o;
+}
+
+/* ---- the sweep table, CSV and plot ------------------------------------------------------- */
+
+/* One row of the table, read back from a run's JSON so every output agrees. */
+typedef struct sweep_row {
+    double point; /* concurrency, or request rate (INFINITY for inf) */
+    int64_t requests;
+    double output_tps, total_tps, output_per_gpu, total_per_gpu;
+    double median_tpot_ms, per_user, median_ttft_ms, p99_tpot_ms;
+} sweep_row;
+
+static double num(json_t *run, const char *key) {
+    return json_number_value(json_object_get(run, key));
+}
+
+static sweep_row sweep_row_of(json_t *run) {
+    sweep_row r;
+    json_t *c = json_object_get(run, "concurrency"), *rate = json_object_get(run, "request_rate");
+    r.point = c ? json_number_value(c) : json_is_string(rate) ? INFINITY : json_number_value(rate);
+    r.requests = json_integer_value(json_object_get(run, "completed"));
+    r.output_tps = num(run, "output_throughput");
+    r.total_tps = num(run, "total_token_throughput");
+    r.output_per_gpu = num(run, "output_throughput_per_gpu");
+    r.total_per_gpu = num(run, "total_token_throughput_per_gpu");
+    r.median_tpot_ms = num(run, "median_tpot_ms");
+    r.per_user = num(run, "tok_s_per_user");
+    r.median_ttft_ms = num(run, "median_ttft_ms");
+    r.p99_tpot_ms = num(run, "p99_tpot_ms");
+    return r;
+}
+
+static void print_table(json_t *runs, bool by_concurrency, int32_t gpus) {
+    printf("\n==== sweep (%d GPU%s; per user = 1000 / median TPOT) ====\n", gpus, gpus == 1 ? "" : "s");
+    printf("%11s %8s %10s %10s %10s %10s %9s %9s %9s %9s\n", by_concurrency ? "concurrency" : "rate/s",
+           "requests", "output", "total", "output", "total", "median", "tok/s", "median", "p99");
+    printf("%11s %8s %10s %10s %10s %10s %9s %9s %9s %9s\n", "", "", "tok/s", "tok/s", "tok/s/GPU", "tok/s/GPU",
+           "TPOT ms", "per user", "TTFT ms", "TPOT ms");
+    for (size_t i = 0; i < json_array_size(runs); i++) {
+        sweep_row r = sweep_row_of(json_array_get(runs, i));
+        printf("%11g %8lld %10.1f %10.1f %10.1f %10.1f %9.2f %9.2f %9.2f %9.2f\n", r.point, (long long)r.requests,
+               r.output_tps, r.total_tps, r.output_per_gpu, r.total_per_gpu, r.median_tpot_ms, r.per_user,
+               r.median_ttft_ms, r.p99_tpot_ms);
+    }
+    fflush(stdout);
+}
+
+static gptoss_status write_csv(const char *path, json_t *runs, bool by_concurrency, gptoss_error *error) {
+    FILE *f = fopen(path, "w");
+    if (!f) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    fprintf(f, "%s,requests,output_tok_s,total_tok_s,output_tok_s_per_gpu,total_tok_s_per_gpu,median_tpot_ms,"
+               "tok_s_per_user,median_ttft_ms,p99_tpot_ms\n",
+            by_concurrency ? "concurrency" : "request_rate");
+    for (size_t i = 0; i < json_array_size(runs); i++) {
+        sweep_row r = sweep_row_of(json_array_get(runs, i));
+        fprintf(f, "%g,%lld,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.4f\n", r.point, (long long)r.requests, r.output_tps,
+                r.total_tps, r.output_per_gpu, r.total_per_gpu, r.median_tpot_ms, r.per_user, r.median_ttft_ms,
+                r.p99_tpot_ms);
+    }
+    if (fclose(f) != 0) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    return GPTOSS_OK;
+}
+
+/* Published InferenceX points for gpt-oss-120b, 1k input / 1k output: total tok/s per GPU at
+ * a given tok/s per user. */
+static const struct {
+    const char *label;
+    double per_user, total_per_gpu;
+} peer_points[] = {
+    {"H100 vLLM (InferenceX 1k/1k, total tok/s)", 67, 4171},
+    {"H200 TensorRT-LLM (InferenceX 1k/1k, total tok/s)", 49, 6064},
+};
+
+/* Writes s as a gnuplot single-quoted string (a quote doubles). */
+static void gnuplot_string(FILE *f, const char *s) {
+    fputc('\'', f);
+    for (; *s; s++) {
+        if (*s == '\'') fputc('\'', f);
+        fputc(*s, f);
+    }
+    fputc('\'', f);
+}
+
+static bool gnuplot_found(void) {
+    const char *path = getenv("PATH");
+    if (!path) return false;
+    char dir[4096], file[4200];
+    for (const char *p = path; *p;) {
+        size_t n = strcspn(p, ":");
+        snprintf(dir, sizeof dir, "%.*s", (int)(n < sizeof dir ? n : sizeof dir - 1), p);
+        snprintf(file, sizeof file, "%s/gnuplot", n ? dir : ".");
+        if (access(file, X_OK) == 0) return true;
+        p += n;
+        if (*p == ':') p++;
+    }
+    return false;
+}
+
+/* The Pareto curve: the runs no other run beats on both tok/s per user and tok/s per GPU,
+ * plus every run as a labelled point, plus the published points. */
+static gptoss_status write_plot(const char *path, json_t *runs, bool by_concurrency, bool total, int32_t gpus,
+                                gptoss_error *error) {
+    size_t n = json_array_size(runs);
+    sweep_row *rows = calloc(n ? n : 1, sizeof *rows);
+    if (!rows) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    for (size_t i = 0; i < n; i++) rows[i] = sweep_row_of(json_array_get(runs, i));
+    /* Sort by tok/s per user so the frontier is drawn left to right. */
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && rows[j - 1].per_user > rows[j].per_user; j--) {
+            sweep_row tmp = rows[j];
+            rows[j] = rows[j - 1];
+            rows[j - 1] = tmp;
+        }
+    /* A gnuplot that exits early must not kill us with SIGPIPE; its status says what failed. */
+    void (*old_pipe)(int) = signal(SIGPIPE, SIG_IGN);
+    FILE *g = popen("gnuplot", "w");
+    if (!g) {
+        signal(SIGPIPE, old_pipe);
+        free(rows);
+        return gptoss_set_error(error, GPTOSS_ERR_IO, "cannot start gnuplot: %s", strerror(errno));
+    }
+    fprintf(g, "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 1000,650 } "
+               "else { set terminal png size 1000,650 }\n");
+    fprintf(g, "set output ");
+    gnuplot_string(g, path);
+    fprintf(g, "\nset title 'gptoss bench-serve: throughput per GPU against speed per user (%d GPU%s)'\n", gpus,
+            gpus == 1 ? "" : "s");
+    fprintf(g, "set xlabel 'tok/s per user (1000 / median TPOT ms)'\n");
+    fprintf(g, "set ylabel '%s tok/s per GPU'\n", total ? "total (input + output)" : "output");
+    fprintf(g, "set grid\nset key below\nset xrange [0:*]\nset yrange [0:*]\n"
+               "set offsets 0, graph 0.05, graph 0.08, 0\n");
+    fprintf(g, "$runs << EOD\n");
+    for (size_t i = 0; i < n; i++)
+        fprintf(g, "%.6g %.6g \"%s%g\"\n", rows[i].per_user, total ? rows[i].total_per_gpu : rows[i].output_per_gpu,
+                by_concurrency ? "c=" : "rate ", rows[i].point);
+    fprintf(g, "EOD\n$frontier << EOD\n");
+    for (size_t i = 0; i < n; i++) {
+        double yi = total ? rows[i].total_per_gpu : rows[i].output_per_gpu;
+        bool beaten = false;
+        for (size_t j = 0; j < n && !beaten; j++) {
+            double yj = total ? rows[j].total_per_gpu : rows[j].output_per_gpu;
+            beaten = j != i && rows[j].per_user >= rows[i].per_user && yj >= yi &&
+                     (rows[j].per_user > rows[i].per_user || yj > yi);
+        }
+        if (!beaten) fprintf(g, "%.6g %.6g\n", rows[i].per_user, yi);
+    }
+    fprintf(g, "EOD\n$peers << EOD\n");
+    for (size_t i = 0; i < sizeof peer_points / sizeof *peer_points; i++)
+        fprintf(g, "%g %g \"%s\"\n", peer_points[i].per_user, peer_points[i].total_per_gpu, peer_points[i].label);
+    fprintf(g, "EOD\n");
+    fprintf(g, "plot $frontier using 1:2 with lines lw 2 lc rgb '#1f77b4' title 'gptoss (Pareto frontier)', \\\n"
+               "     $runs using 1:2 with points pt 7 ps 1.2 lc rgb '#1f77b4' notitle, \\\n"
+               "     $runs using 1:2:3 with labels offset 0.8,0.8 left notitle, \\\n"
+               "     $peers using 1:2 with points pt 9 ps 2 lc rgb '#d62728' title 'published (total tok/s per GPU)', \\\n"
+               "     $peers using 1:2:3 with labels offset -1.5,0 right tc rgb '#d62728' notitle\n");
+    free(rows);
+    int rc = pclose(g);
+    signal(SIGPIPE, old_pipe);
+    if (rc != 0) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: gnuplot failed (status %d)", path, rc);
+    if (access(path, F_OK) != 0) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: gnuplot wrote no file", path);
+    return GPTOSS_OK;
 }
 
 /* ---- driver ------------------------------------------------------------------------------ */
@@ -423,10 +612,11 @@ static void reset_results(bench *b) {
 
 int gptoss_cmd_bench_serve(int argc, char **argv) {
     const char *url_text = NULL, *model = NULL, *api_key = NULL, *json_path = NULL,
-               *levels_text = NULL, *rate_text = NULL;
-    const char *endpoint = "completions";
-    int64_t n_requests = 0, input_len = 0, output_len = 0, seed = 0, timeout_s = 600;
-    bool sharegpt = false;
+               *levels_text = NULL, *rate_text = NULL, *csv_path = NULL, *plot_path = NULL;
+    const char *endpoint = "completions", *plot_metric = "total";
+    int64_t n_requests = 0, input_len = 0, output_len = 0, seed = 0, timeout_s = 600, gpus = 1;
+    bool sharegpt = false, has_temperature = false, has_top_p = false;
+    double temperature = 0, top_p = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool v = i + 1 < argc;
@@ -441,6 +631,30 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
             api_key = argv[++i];
         else if (!strcmp(a, "--json") && v)
             json_path = argv[++i];
+        else if (!strcmp(a, "--csv") && v)
+            csv_path = argv[++i];
+        else if (!strcmp(a, "--plot") && v)
+            plot_path = argv[++i];
+        else if (!strcmp(a, "--plot-metric") && v) {
+            plot_metric = argv[++i];
+            if (strcmp(plot_metric, "total") && strcmp(plot_metric, "output"))
+                return cli_usage_error("bench-serve", "--plot-metric must be total or output");
+        } else if (!strcmp(a, "--temperature") && v) {
+            char *end = NULL;
+            temperature = strtod(argv[++i], &end);
+            if (end == argv[i] || *end || !(temperature >= 0 && temperature <= 2))
+                return cli_usage_error("bench-serve", "--temperature needs a number in [0, 2] (0 = greedy)");
+            has_temperature = true;
+        } else if (!strcmp(a, "--top-p") && v) {
+            char *end = NULL;
+            top_p = strtod(argv[++i], &end);
+            if (end == argv[i] || *end || !(top_p > 0 && top_p <= 1))
+                return cli_usage_error("bench-serve", "--top-p needs a number in (0, 1]");
+            has_top_p = true;
+        } else if (!strcmp(a, "--gpus") && v) {
+            if (!cli_parse_i64(argv[++i], 1, 4096, &gpus))
+                return cli_usage_error("bench-serve", "--gpus needs a positive integer");
+        }
         else if (!strcmp(a, "--endpoint") && v)
             endpoint = argv[++i];
         else if (!strcmp(a, "--concurrency") && v)
@@ -500,6 +714,8 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
     if (plen >= 3 && !strcmp(b.url.path_prefix + plen - 3, "/v1"))
         b.url.path_prefix[plen - 3] = '\0';
     b.api_key = api_key, b.chat = !strcmp(endpoint, "chat"), b.timeout_ms = (int)(timeout_s * 1000);
+    b.has_temperature = has_temperature, b.temperature = temperature;
+    b.has_top_p = has_top_p, b.top_p = top_p;
 
     char *models_body = NULL;
     json_t *models_json = NULL;
@@ -532,9 +748,7 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
         snprintf(path, sizeof path, "%s/tokenizer.json", tok_dir);
         if (gptoss_tokenizer_load(path, &tok, &err) != GPTOSS_OK) tok = NULL;
     }
-    if (!tok)
-        fprintf(stderr,
-                "bench-serve: gpt-oss tokenizer not found; prompts assume one token per word\n");
+    if (!tok) GPTOSS_LOG_W("bench-serve", "gpt-oss tokenizer not found; prompts assume one token per word");
     b.n_items = (int32_t)n_requests;
     b.items = calloc((size_t)b.n_items, sizeof *b.items);
     b.results = calloc((size_t)b.n_items, sizeof *b.results);
@@ -557,8 +771,15 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
             goto done;
         }
     }
-    fprintf(stderr, "bench-serve: %s%s/v1/%s model '%s', %d requests per run\n", url_text, "",
-            b.chat ? "chat/completions" : "completions", model, b.n_items);
+    char sampling[96] = "server's default sampling";
+    if (has_temperature && has_top_p)
+        snprintf(sampling, sizeof sampling, "temperature %g, top_p %g", temperature, top_p);
+    else if (has_temperature)
+        snprintf(sampling, sizeof sampling, "temperature %g", temperature);
+    else if (has_top_p)
+        snprintf(sampling, sizeof sampling, "top_p %g", top_p);
+    GPTOSS_LOG_I("bench-serve", "%s/v1/%s model '%s', %d requests per run, %s", url_text,
+                 b.chat ? "chat/completions" : "completions", model, b.n_items, sampling);
     int n_runs = levels_text ? n_levels : 1;
     for (int run = 0; run < n_runs; run++) {
         reset_results(&b);
@@ -566,6 +787,9 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
         double t0 = cli_now_seconds();
         if (levels_text) {
             int32_t c = levels[run] < b.n_items ? levels[run] : b.n_items;
+            if (levels[run] > b.n_items)
+                GPTOSS_LOG_W("bench-serve", "concurrency %d is more than --num-requests %d: at most %d in flight",
+                             levels[run], b.n_items, b.n_items);
             snprintf(label, sizeof label, "concurrency %d", levels[run]);
             pthread_t *th = calloc((size_t)c, sizeof *th);
             int32_t started = 0;
@@ -596,7 +820,7 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
             free(th), free(args), free(live);
         }
         double duration = cli_now_seconds() - t0;
-        json_t *o = report(&b, duration, label);
+        json_t *o = report(&b, duration, label, (int32_t)gpus);
         if (levels_text)
             json_object_set_new(o, "concurrency", json_integer(levels[run]));
         else
@@ -607,6 +831,8 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
     rc = 0;
     for (size_t i = 0; i < json_array_size(runs); i++)
         if (json_integer_value(json_object_get(json_array_get(runs, i), "completed")) == 0) rc = 1;
+    print_table(runs, levels_text != NULL, (int32_t)gpus);
+    if (csv_path && write_csv(csv_path, runs, levels_text != NULL, &err) != GPTOSS_OK) rc = cli_fail(&err);
     if (json_path) {
         json_t *doc =
             json_pack("{s:s, s:s, s:s, s:I, s:b, s:O}", "url", url_text, "model", model, "endpoint",
@@ -615,11 +841,28 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
             json_object_set_new(doc, "input_len", json_integer(input_len));
             json_object_set_new(doc, "output_len", json_integer(output_len));
         }
+        json_object_set_new(doc, "gpus", json_integer(gpus));
+        if (has_temperature) json_object_set_new(doc, "temperature", json_real(temperature));
+        if (has_top_p) json_object_set_new(doc, "top_p", json_real(top_p));
         if (json_dump_file(doc, json_path, JSON_INDENT(2)) != 0) {
             gptoss_set_error(&err, GPTOSS_ERR_IO, "%s: cannot write", json_path);
             rc = cli_fail(&err);
         }
         json_decref(doc);
+    }
+    if (plot_path) {
+        if (!gnuplot_found()) {
+            GPTOSS_LOG_W("bench-serve",
+                         "gnuplot is not installed (Debian: apt-get install gnuplot-nox), so %s was not drawn; "
+                         "the table%s above is complete",
+                         plot_path, csv_path && json_path ? ", CSV and JSON"
+                                    : csv_path           ? " and CSV"
+                                    : json_path          ? " and JSON"
+                                                         : "");
+        } else if (write_plot(plot_path, runs, levels_text != NULL, !strcmp(plot_metric, "total"), (int32_t)gpus,
+                              &err) != GPTOSS_OK) {
+            rc = cli_fail(&err);
+        }
     }
 done:
     reset_results(&b);

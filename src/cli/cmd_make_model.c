@@ -2,9 +2,10 @@
  * cmd_make_model.c - `gptoss make-model`: write a random-weight checkpoint.
  */
 #include "cli.h"
-#include "format/checkpoint_writer.h"
 #include "model/config.h"
+#include "tools/checkpoint_writer.h"
 #include "util/error.h"
+#include "util/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,7 +115,7 @@ int gptoss_cmd_make_model(int argc, char **argv) {
     int64_t bytes = gptoss_config_n_bytes(&config);
     if (bytes > (256ll << 20)) {
         options.progress = cli_progress;
-        fprintf(stderr, "writing %.2f GB of weights to %s\n", (double)bytes / 1e9, out_dir);
+        GPTOSS_LOG_I("make-model", "writing %.2f GB of weights to %s", (double)bytes / 1e9, out_dir);
     }
     double start = cli_now_seconds();
     if (gptoss_checkpoint_write_random(&config, out_dir, &options, &err) != GPTOSS_OK) return cli_fail(&err);

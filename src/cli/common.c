@@ -4,14 +4,15 @@
 #include "cli.h"
 
 #include "model/config.h"
+#include "util/clock.h"
 #include "util/error.h"
+#include "util/log.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 int cli_fail(const gptoss_error *error) {
@@ -73,9 +74,7 @@ bool cli_parse_token_list(const char *text, int32_t **ids, int32_t *n) {
 }
 
 double cli_now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return gptoss_now_seconds();
 }
 
 bool cli_stderr_is_tty(void) {
@@ -91,10 +90,11 @@ void cli_progress(void *user, const char *what, double fraction) {
     if (percent > 100) percent = 100;
     bool same_stage = strncmp(last_what, what, sizeof last_what - 1) == 0;
     if (same_stage && percent == last_percent) return;
+    if (!gptoss_log_enabled(GPTOSS_LOG_INFO)) return;
     if (!cli_stderr_is_tty()) {
         /* Logs get a line per 10% so progress is visible without flooding them. */
         if (same_stage && percent / 10 == last_percent / 10 && percent != 100) return;
-        fprintf(stderr, "%s: %d%%\n", what, percent);
+        GPTOSS_LOG_I("progress", "%s: %d%%", what, percent);
     } else {
         char bar[31];
         int filled = percent * 30 / 100;

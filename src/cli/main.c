@@ -1,7 +1,8 @@
 /*
- * main.c - the gptoss binary: dispatches to one subcommand (see cli.h).
+ * main.c - the gptoss binary: global options (--log-level), then one subcommand (see cli.h).
  */
 #include "cli.h"
+#include "util/log.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -27,14 +28,53 @@ static const cli_command commands[] = {
 
 static void usage(FILE *out) {
     fprintf(out, "gptoss %s - inference for OpenAI's gpt-oss models\n\n", GPTOSS_VERSION_STRING);
-    fprintf(out, "usage: gptoss <command> [options]   (gptoss <command> --help for details)\n\n");
+    fprintf(out, "usage: gptoss [--log-level LEVEL] <command> [options]   (gptoss <command> --help for details)\n\n");
     fprintf(out, "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\nglobal options (before the command):\n");
+    fprintf(out, "  --log-level LEVEL  error, warn, info (default) or debug: how much goes to the log on stderr\n");
+    fprintf(out, "                     (GPTOSS_LOG_LEVEL sets the same when the option is absent)\n");
     fprintf(out, "\nbackends: cpu%s\n", gptoss_has_cuda() ? ", cuda" : " (built without CUDA)");
 }
 
+/* Consumes the global options at argv[1..]; returns how many arguments they took, or -1 after
+ * printing a usage error. */
+static int parse_global_options(int argc, char **argv) {
+    int used = 0;
+    while (1 + used < argc) {
+        const char *arg = argv[1 + used];
+        const char *value = NULL;
+        int n = 0;
+        if (strcmp(arg, "--log-level") == 0) {
+            if (2 + used >= argc) {
+                fprintf(stderr, "gptoss: --log-level needs a value (error, warn, info or debug)\n");
+                return -1;
+            }
+            value = argv[2 + used];
+            n = 2;
+        } else if (strncmp(arg, "--log-level=", 12) == 0) {
+            value = arg + 12;
+            n = 1;
+        } else {
+            break;
+        }
+        gptoss_log_level level;
+        if (!gptoss_log_level_parse(value, &level)) {
+            fprintf(stderr, "gptoss: --log-level '%s': expected error, warn, info or debug\n", value);
+            return -1;
+        }
+        gptoss_log_set_level(level);
+        used += n;
+    }
+    return used;
+}
+
 int main(int argc, char **argv) {
+    int global = parse_global_options(argc, argv);
+    if (global < 0) return 2;
+    argc -= global;
+    argv += global;
     if (argc < 2) {
         usage(stderr);
         return 2;

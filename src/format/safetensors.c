@@ -17,39 +17,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const struct {
-    const char *name;
-    gptoss_dtype dtype;
-    size_t size;
-} dtype_table[] = {
-    {"BF16", GPTOSS_DTYPE_BF16, 2},       {"F16", GPTOSS_DTYPE_F16, 2},
-    {"F32", GPTOSS_DTYPE_F32, 4},         {"U8", GPTOSS_DTYPE_U8, 1},
-    {"I8", GPTOSS_DTYPE_I8, 1},           {"I16", GPTOSS_DTYPE_I16, 2},
-    {"U16", GPTOSS_DTYPE_U16, 2},         {"I32", GPTOSS_DTYPE_I32, 4},
-    {"U32", GPTOSS_DTYPE_U32, 4},         {"I64", GPTOSS_DTYPE_I64, 8},
-    {"U64", GPTOSS_DTYPE_U64, 8},         {"F64", GPTOSS_DTYPE_F64, 8},
-    {"BOOL", GPTOSS_DTYPE_BOOL, 1},       {"F8_E4M3", GPTOSS_DTYPE_F8_E4M3, 1},
-    {"F8_E5M2", GPTOSS_DTYPE_F8_E5M2, 1}, {"F8_E8M0", GPTOSS_DTYPE_F8_E8M0, 1},
-};
-
-size_t gptoss_dtype_size(gptoss_dtype dtype) {
-    for (size_t i = 0; i < sizeof dtype_table / sizeof dtype_table[0]; i++)
-        if (dtype_table[i].dtype == dtype) return dtype_table[i].size;
-    return 0;
-}
-
-const char *gptoss_dtype_name(gptoss_dtype dtype) {
-    for (size_t i = 0; i < sizeof dtype_table / sizeof dtype_table[0]; i++)
-        if (dtype_table[i].dtype == dtype) return dtype_table[i].name;
-    return "?";
-}
-
-gptoss_dtype gptoss_dtype_from_name(const char *name) {
-    for (size_t i = 0; i < sizeof dtype_table / sizeof dtype_table[0]; i++)
-        if (strcmp(dtype_table[i].name, name) == 0) return dtype_table[i].dtype;
-    return GPTOSS_DTYPE_UNKNOWN;
-}
-
 void gptoss_st_free_tensors(gptoss_st_tensor *tensors, size_t n_tensors) {
     if (!tensors) return;
     for (size_t i = 0; i < n_tensors; i++) free(tensors[i].name);

@@ -9,8 +9,8 @@
 #ifndef GPTOSS_FORMAT_SAFETENSORS_H
 #define GPTOSS_FORMAT_SAFETENSORS_H
 
+#include "format/tensor.h"
 #include "gptoss.h"
-#include "model/weights.h"
 
 #include <stddef.h>
 #include <stdint.h>

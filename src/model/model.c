@@ -1,29 +1,32 @@
 /*
- * model.c - loading a Hugging Face gpt-oss folder: config.json, tokenizer.json presence, and
- * the safetensors weights (single file or sharded), each tensor bound to its layer slot.
+ * model.c - a gpt-oss model: its validated config, its tensors bound to their layer slots, and
+ * the storage a loader handed over (see model.h).
  *
- * Owns the safetensors mappings for the model's lifetime; gptoss_weights points into them.
- * Binding reports every missing and unexpected tensor at once, and the first tensor whose
- * dtype or shape disagrees with config.json, with both shapes.
+ * Owns the storage list for the model's lifetime; gptoss_weights points into it. Binding
+ * reports every missing and unexpected tensor at once, and the first tensor whose dtype or
+ * shape disagrees with config.json, with both shapes. Knows nothing of files: loaders
+ * (loader/) open them and pass tensor views.
  */
-#include "format/safetensors.h"
+#include "model/model.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "util/error.h"
 
-#include <errno.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+
+typedef struct model_storage {
+    void *handle;                /* opaque to the model */
+    gptoss_storage_close_fn close;
+} model_storage;
 
 struct gptoss_model {
     char *dir;                /* folder the model came from */
     gptoss_config config;     /* validated */
-    gptoss_weights weights;   /* views into shards */
-    gptoss_st_file **shards;  /* [n_shards] mapped files */
-    size_t n_shards;
+    gptoss_weights weights;   /* views into the storage */
+    model_storage *storage;   /* [n_storage] what the views point into; closed on free */
+    size_t n_storage;
     char **tensor_names;      /* [n_bound] names the views point at (owned) */
     size_t n_bound;
 };
@@ -47,12 +50,37 @@ const char *gptoss_model_dir(const gptoss_model *model) {
     return model->dir;
 }
 
-/* ---- the name -> tensor index across shards -------------------------------------------- */
+gptoss_status gptoss_model_create(const char *dir, const gptoss_config *config, gptoss_model **out,
+                                  gptoss_error *error) {
+    *out = NULL;
+    gptoss_model *m = calloc(1, sizeof *m);
+    if (!m || !(m->dir = strdup(dir ? dir : ""))) {
+        free(m);
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    m->config = *config;
+    *out = m;
+    return GPTOSS_OK;
+}
+
+gptoss_status gptoss_model_add_storage(gptoss_model *m, void *handle, gptoss_storage_close_fn close,
+                                       gptoss_error *error) {
+    model_storage *grown = realloc(m->storage, (m->n_storage + 1) * sizeof *grown);
+    if (!grown) {
+        if (close) close(handle);
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    m->storage = grown;
+    m->storage[m->n_storage++] = (model_storage){handle, close};
+    return GPTOSS_OK;
+}
+
+/* ---- the name -> tensor index across storage -------------------------------------------- */
 
 typedef struct indexed_tensor {
-    const gptoss_st_tensor *tensor; /* in some shard */
-    const gptoss_st_file *shard;
-    bool used;                      /* bound to a slot */
+    const gptoss_tensor *tensor; /* a view from the loader */
+    const char *origin;          /* where it came from, for messages */
+    bool used;                   /* bound to a slot */
 } indexed_tensor;
 
 static int compare_indexed(const void *a, const void *b) {
@@ -185,7 +213,7 @@ static gptoss_status bind_tensors(gptoss_model *m, indexed_tensor *index, size_t
             continue;
         }
         found->used = true;
-        const gptoss_st_tensor *t = found->tensor;
+        const gptoss_tensor *t = found->tensor;
         if (st != GPTOSS_OK) continue; /* keep collecting missing names */
         bool dtype_ok = e->kind == KIND_U8       ? t->dtype == GPTOSS_DTYPE_U8
                         : e->kind == KIND_MATRIX ? t->dtype == GPTOSS_DTYPE_BF16
@@ -213,7 +241,7 @@ static gptoss_status bind_tensors(gptoss_model *m, indexed_tensor *index, size_t
         slot->dtype = t->dtype;
         slot->n_dims = t->n_dims;
         memcpy(slot->shape, t->shape, sizeof slot->shape);
-        slot->n_bytes = (size_t)(t->end - t->begin);
+        slot->n_bytes = t->n_bytes;
     }
     for (size_t i = 0; i < n_index; i++)
         if (!index[i].used) list_append(unexpected, sizeof unexpected, &n_unexpected, index[i].tensor->name);
@@ -231,160 +259,32 @@ static gptoss_status bind_tensors(gptoss_model *m, indexed_tensor *index, size_t
     return st;
 }
 
-/* ---- files ------------------------------------------------------------------------------ */
-
-static bool file_exists(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-static gptoss_status add_shard(gptoss_model *m, const char *path, gptoss_error *error) {
-    gptoss_st_file **grown = realloc(m->shards, (m->n_shards + 1) * sizeof *grown);
-    if (!grown) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
-    m->shards = grown;
-    gptoss_st_file *file = NULL;
-    gptoss_status st = gptoss_st_open(path, &file, error);
-    if (st != GPTOSS_OK) return st;
-    m->shards[m->n_shards++] = file;
-    return GPTOSS_OK;
-}
-
-/* Opens the shards named by model.safetensors.index.json and checks that the weight map and
- * the shard headers agree. */
-static gptoss_status open_sharded(gptoss_model *m, const char *index_path, gptoss_error *error) {
-    json_error_t jerr;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", index_path,
-                                jerr.text, jerr.line, jerr.column);
+gptoss_status gptoss_model_bind(gptoss_model *m, const gptoss_tensor *tensors, const char *const *origins,
+                                size_t n_tensors, gptoss_error *error) {
+    indexed_tensor *index = calloc(n_tensors ? n_tensors : 1, sizeof *index);
+    if (!index) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    for (size_t i = 0; i < n_tensors; i++) {
+        index[i].tensor = &tensors[i];
+        index[i].origin = origins ? origins[i] : "";
+    }
+    qsort(index, n_tensors, sizeof *index, compare_indexed);
     gptoss_status st = GPTOSS_OK;
-    json_t *map = json_object_get(root, "weight_map");
-    if (!json_is_object(map) || json_object_size(map) == 0) {
-        st = gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: \"weight_map\" is missing, empty or not an object",
-                              index_path);
-        goto done;
-    }
-    const char *name;
-    json_t *value;
-    json_object_foreach(map, name, value) {
-        const char *shard = json_string_value(value);
-        if (!shard || !*shard || strchr(shard, '/') || strcmp(shard, "..") == 0 || strlen(shard) > 255) {
-            st = gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: weight_map[\"%s\"] is not a plain file name",
-                                  index_path, name);
-            goto done;
-        }
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", m->dir, shard);
-        bool open_already = false;
-        for (size_t i = 0; i < m->n_shards && !open_already; i++) open_already = strcmp(m->shards[i]->path, path) == 0;
-        if (!open_already) {
-            if (!file_exists(path)) {
-                st = gptoss_set_error(error, GPTOSS_ERR_IO, "%s: shard %s (holding %s) does not exist", index_path,
-                                      shard, name);
-                goto done;
-            }
-            if ((st = add_shard(m, path, error)) != GPTOSS_OK) goto done;
-        }
-        const gptoss_st_file *file = NULL;
-        for (size_t i = 0; i < m->n_shards; i++)
-            if (strcmp(m->shards[i]->path, path) == 0) file = m->shards[i];
-        if (!gptoss_st_find(file, name)) {
-            st = gptoss_set_error(error, GPTOSS_ERR_MODEL, "%s: weight_map puts %s in %s, but that shard has no such tensor",
-                                  index_path, name, shard);
-            goto done;
-        }
-    }
-    /* Every tensor in a shard must be in the weight map. */
-    for (size_t i = 0; i < m->n_shards; i++) {
-        for (size_t t = 0; t < m->shards[i]->n_tensors; t++) {
-            const char *tname = m->shards[i]->tensors[t].name;
-            json_t *listed = json_object_get(map, tname);
-            const char *base = strrchr(m->shards[i]->path, '/');
-            base = base ? base + 1 : m->shards[i]->path;
-            if (!listed || strcmp(json_string_value(listed), base) != 0) {
-                st = gptoss_set_error(error, GPTOSS_ERR_MODEL, "%s: tensor %s is not in the weight_map of %s",
-                                      m->shards[i]->path, tname, index_path);
-                goto done;
-            }
-        }
-    }
-done:
-    json_decref(root);
-    return st;
-}
-
-gptoss_status gptoss_model_load(const char *dir, gptoss_model **out, gptoss_error *error) {
-    *out = NULL;
-    if (!dir || !*dir) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "no model folder given");
-    struct stat sb;
-    if (stat(dir, &sb) != 0)
-        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: %s", dir, strerror(errno));
-    if (!S_ISDIR(sb.st_mode))
-        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: not a folder (give the model folder holding config.json)", dir);
-    gptoss_model *m = calloc(1, sizeof *m);
-    if (!m) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
-    m->dir = strdup(dir);
-    gptoss_status st = gptoss_config_load(dir, &m->config, error);
-    if (st != GPTOSS_OK) goto fail;
-
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (!file_exists(path)) {
-        st = gptoss_set_error(error, GPTOSS_ERR_IO,
-                              "%s: tokenizer.json is missing (a gpt-oss folder ships it beside config.json)", dir);
-        goto fail;
-    }
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    if (file_exists(path)) {
-        st = open_sharded(m, path, error);
-    } else {
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        if (file_exists(path)) st = add_shard(m, path, error);
-        else
-            st = gptoss_set_error(error, GPTOSS_ERR_IO,
-                                  "%s: no weights: neither model.safetensors.index.json nor model.safetensors exists",
-                                  dir);
-    }
-    if (st != GPTOSS_OK) goto fail;
-
-    size_t n_index = 0;
-    for (size_t i = 0; i < m->n_shards; i++) n_index += m->shards[i]->n_tensors;
-    indexed_tensor *index = calloc(n_index ? n_index : 1, sizeof *index);
-    if (!index) {
-        st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
-        goto fail;
-    }
-    size_t k = 0;
-    for (size_t i = 0; i < m->n_shards; i++)
-        for (size_t t = 0; t < m->shards[i]->n_tensors; t++) {
-            index[k].tensor = &m->shards[i]->tensors[t];
-            index[k].shard = m->shards[i];
-            k++;
-        }
-    qsort(index, n_index, sizeof *index, compare_indexed);
-    for (size_t i = 1; i < n_index; i++)
+    for (size_t i = 1; i < n_tensors; i++)
         if (strcmp(index[i - 1].tensor->name, index[i].tensor->name) == 0) {
             st = gptoss_set_error(error, GPTOSS_ERR_MODEL, "tensor %s appears in both %s and %s", index[i].tensor->name,
-                                  index[i - 1].shard->path, index[i].shard->path);
+                                  index[i - 1].origin, index[i].origin);
             break;
         }
-    if (st == GPTOSS_OK) st = bind_tensors(m, index, n_index, error);
+    if (st == GPTOSS_OK) st = bind_tensors(m, index, n_tensors, error);
     free(index);
-    if (st != GPTOSS_OK) {
-        gptoss_error_prefix(error, "%s: ", dir);
-        goto fail;
-    }
-    *out = m;
-    return GPTOSS_OK;
-fail:
-    gptoss_model_free(m);
     return st;
 }
 
 void gptoss_model_free(gptoss_model *m) {
     if (!m) return;
-    for (size_t i = 0; i < m->n_shards; i++) gptoss_st_close(m->shards[i]);
-    free(m->shards);
+    for (size_t i = m->n_storage; i-- > 0;)
+        if (m->storage[i].close) m->storage[i].close(m->storage[i].handle);
+    free(m->storage);
     for (size_t i = 0; i < m->n_bound; i++) free(m->tensor_names[i]);
     free(m->tensor_names);
     free(m->weights.layers);

@@ -1,9 +1,9 @@
 /*
  * weights.h - the tensors of a gpt-oss model, bound to their layer slots.
  *
- * A gptoss_tensor is a view: it points into memory someone else owns (the safetensors
- * mappings of a loaded model, or buffers a generator filled). Binding checks every tensor's
- * dtype and shape against the config, so backends may trust them.
+ * The tensors are views (format/tensor.h) into storage the model keeps alive: the mapped files
+ * of a loaded checkpoint, or buffers a generator filled. Binding checks every tensor's dtype
+ * and shape against the config, so backends may trust them.
  *
  * Shapes use the Hugging Face layout (spec section 3.2): Linear weights are [out, in],
  * MXFP4 experts are blocks [E, rows, in/32, 16] (two 4-bit codes per byte, low nibble = even
@@ -12,48 +12,11 @@
 #ifndef GPTOSS_MODEL_WEIGHTS_H
 #define GPTOSS_MODEL_WEIGHTS_H
 
+#include "format/tensor.h"
 #include "gptoss.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-typedef enum gptoss_dtype {
-    GPTOSS_DTYPE_UNKNOWN = 0,
-    GPTOSS_DTYPE_BF16,
-    GPTOSS_DTYPE_F16,
-    GPTOSS_DTYPE_F32,
-    GPTOSS_DTYPE_U8,
-    GPTOSS_DTYPE_I8,
-    GPTOSS_DTYPE_I16,
-    GPTOSS_DTYPE_U16,
-    GPTOSS_DTYPE_I32,
-    GPTOSS_DTYPE_U32,
-    GPTOSS_DTYPE_I64,
-    GPTOSS_DTYPE_U64,
-    GPTOSS_DTYPE_F64,
-    GPTOSS_DTYPE_BOOL,
-    GPTOSS_DTYPE_F8_E4M3,
-    GPTOSS_DTYPE_F8_E5M2,
-    GPTOSS_DTYPE_F8_E8M0,
-} gptoss_dtype;
-
-/* Bytes per element (0 for unknown). */
-size_t gptoss_dtype_size(gptoss_dtype dtype);
-/* The safetensors name ("BF16"), or "?". */
-const char *gptoss_dtype_name(gptoss_dtype dtype);
-/* Parses a safetensors dtype string; GPTOSS_DTYPE_UNKNOWN if not known. */
-gptoss_dtype gptoss_dtype_from_name(const char *name);
-
-#define GPTOSS_MAX_DIMS 8
-
-typedef struct gptoss_tensor {
-    const char *name;               /* full checkpoint name; owned by the binder */
-    const void *data;               /* little-endian, C-order, possibly unaligned */
-    gptoss_dtype dtype;
-    int32_t n_dims;
-    int64_t shape[GPTOSS_MAX_DIMS];
-    size_t n_bytes;
-} gptoss_tensor;
 
 typedef struct gptoss_layer_weights {
     gptoss_tensor attn_norm;      /* input_layernorm.weight [H] */
@@ -90,24 +53,6 @@ int32_t gptoss_weights_expected_count(const gptoss_config *config);
 
 /* The weights of a loaded model (valid while the model lives). */
 const gptoss_weights *gptoss_model_weights(const gptoss_model *model);
-
-/* bf16 <-> f32 (round to nearest even; NaN stays NaN). */
-static inline float gptoss_bf16_to_f32(uint16_t h) {
-    union {
-        uint32_t u;
-        float f;
-    } v = {(uint32_t)h << 16};
-    return v.f;
-}
-static inline uint16_t gptoss_f32_to_bf16(float f) {
-    union {
-        float f;
-        uint32_t u;
-    } v = {f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* NaN */
-    uint32_t rounding = 0x7fffu + ((v.u >> 16) & 1u);
-    return (uint16_t)((v.u + rounding) >> 16);
-}
 
 /* E2M1 code (0..15) to float, and E8M0 scale byte to 2^(s-127). */
 extern const float gptoss_fp4_e2m1_values[16];

@@ -10,7 +10,7 @@
  */
 #include "tokenizer/tokenizer_internal.h"
 
-#include "tokenizer/utf8.h"
+#include "util/utf8.h"
 #include "util/error.h"
 
 #include <pcre2.h>

@@ -11,8 +11,8 @@
  */
 #include "tokenizer/tokenizer_internal.h"
 
-#include "tokenizer/json_scan.h"
-#include "tokenizer/utf8.h"
+#include "util/json_scan.h"
+#include "util/utf8.h"
 #include "util/error.h"
 
 #include <errno.h>

@@ -4,7 +4,7 @@
 #include "model_fixture.h"
 #include "test_support.h"
 
-#include "format/checkpoint_writer.h"
+#include "tools/checkpoint_writer.h"
 #include "model/config.h"
 
 #include <stdio.h>

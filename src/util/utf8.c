@@ -1,7 +1,7 @@
 /*
  * utf8.c - UTF-8 validation helpers (see utf8.h).
  */
-#include "tokenizer/utf8.h"
+#include "util/utf8.h"
 
 #include <string.h>
 

@@ -4,8 +4,8 @@
  * safetensors + model.safetensors.index.json (or one model.safetensors), MXFP4 expert
  * blocks/scales as U8, BF16 for the rest, and the tokenizer files.
  */
-#ifndef GPTOSS_FORMAT_CHECKPOINT_WRITER_H
-#define GPTOSS_FORMAT_CHECKPOINT_WRITER_H
+#ifndef GPTOSS_TOOLS_CHECKPOINT_WRITER_H
+#define GPTOSS_TOOLS_CHECKPOINT_WRITER_H
 
 #include "gptoss.h"
 

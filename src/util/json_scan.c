@@ -1,14 +1,13 @@
 /*
- * json_scan.c - the strict JSON pull scanner used to read tokenizer.json (see json_scan.h).
+ * json_scan.c - the strict JSON pull scanner (see json_scan.h).
  *
  * Grammar is RFC 8259: no comments, no trailing commas, no NaN, strings must be valid UTF-8
  * with no raw control characters, \u escapes must pair surrogates. Nesting is limited so a
  * hostile file cannot exhaust the stack.
  */
-#include "tokenizer/json_scan.h"
-
-#include "tokenizer/utf8.h"
+#include "util/json_scan.h"
 #include "util/error.h"
+#include "util/utf8.h"
 
 #include <stdarg.h>
 #include <stdio.h>

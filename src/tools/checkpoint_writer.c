@@ -4,7 +4,7 @@
  * Tensor values come from model/random_init (a pure function of seed, name and index), so
  * the bytes do not depend on thread count, chunking or machine.
  */
-#include "format/checkpoint_writer.h"
+#include "tools/checkpoint_writer.h"
 #include "format/safetensors_writer.h"
 #include "model/config.h"
 #include "model/random_init.h"

@@ -1,5 +1,5 @@
 /*
- * json_scan.h - a small, strict, allocation-light JSON pull scanner for tokenizer.json.
+ * json_scan.h - a small, strict, allocation-light JSON pull scanner (tokenizer.json and other large JSON files).
  *
  * Why not jansson: building a DOM of the 27 MB tokenizer.json (200k vocab keys, 446k merge
  * pairs) costs far more than the tokenizer needs; this scanner walks the text once, decodes
@@ -9,8 +9,8 @@
  * Owns: the cursor over a caller-owned buffer and one scratch buffer for decoded strings.
  * Must not: know anything about tokenizers; read past `end`; recurse without a depth limit.
  */
-#ifndef GPTOSS_TOKENIZER_JSON_SCAN_H
-#define GPTOSS_TOKENIZER_JSON_SCAN_H
+#ifndef GPTOSS_UTIL_JSON_SCAN_H
+#define GPTOSS_UTIL_JSON_SCAN_H
 
 #include "gptoss.h"
 
