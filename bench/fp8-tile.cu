@@ -1,6 +1,6 @@
 // bench/fp8-tile.cu - what the arithmetic of one-token MXFP4 expert rows costs on an SM, in two
 // forms, with the tile already in shared memory (so only the issue rate counts):
-//   fp16: the form the path-5 expert kernel uses (src/backend/cuda/moe_mxfp4.cu): each lane
+//   fp16: the form the path-5 expert kernel uses (src/backend/cuda/kernels/moe/pair_mma.cu): each lane
 //         turns its 4-bit codes into fp16 pairs (11 integer operations per 8 codes) for
 //         mma.sync m16n8k16, the four groups of a window kept apart in the MMA's columns and
 //         scaled in fp32; 16 rows x 3072 per block, 6 warps (K slices);

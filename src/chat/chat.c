@@ -37,10 +37,15 @@ gptoss_status gptoss_chat_prompt_from_request(const gptoss_tokenizer *tokenizer,
         memset(out, 0, sizeof *out);
         return st;
     }
-    out->stop_ids[out->n_stop_ids++] = GPTOSS_TOKEN_RETURN;
-    out->stop_ids[out->n_stop_ids++] = GPTOSS_TOKEN_CALL;
-    out->stop_ids[out->n_stop_ids++] = GPTOSS_TOKEN_ENDOFTEXT;
+    out->n_stop_ids = gptoss_chat_stop_ids(out->stop_ids);
     return GPTOSS_OK;
+}
+
+size_t gptoss_chat_stop_ids(int32_t ids[GPTOSS_CHAT_MAX_STOP_IDS]) {
+    ids[0] = GPTOSS_TOKEN_RETURN;
+    ids[1] = GPTOSS_TOKEN_CALL;
+    ids[2] = GPTOSS_TOKEN_ENDOFTEXT;
+    return 3;
 }
 
 void gptoss_chat_prompt_free(gptoss_chat_prompt *prompt) {

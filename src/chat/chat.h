@@ -15,6 +15,12 @@
 
 #define GPTOSS_CHAT_MAX_STOP_IDS 4
 
+/* The ids that end an assistant turn: <|return|>, <|call|> and <|endoftext|> (gpt-oss's
+ * generation_config.json eos list). The one list of stop ids: every rendered prompt carries
+ * it, and a front end gives it to the engine as its eos tokens. Writes them to ids and
+ * returns how many (at most GPTOSS_CHAT_MAX_STOP_IDS). */
+size_t gptoss_chat_stop_ids(int32_t ids[GPTOSS_CHAT_MAX_STOP_IDS]);
+
 /* A rendered prompt. Zero-initialize or fill with gptoss_chat_prompt_from_request. */
 typedef struct gptoss_chat_prompt {
     gptoss_tokens tokens; /* prompt ids, ending in <|start|>assistant */

@@ -1,21 +1,24 @@
 /*
  * cmd_chat.c - `gptoss chat` (an interactive terminal chat) and the text-prompt half of
- * `gptoss run` (`run -p TEXT`), which share one generation loop.
+ * `gptoss run` (`run -p TEXT`), which share one generation path.
  *
- * Owns: a single-sequence generation session on top of the public API (model, backend, a
- * contiguous KV block table, the ids already in the KV cache), a small host-side sampler
- * (greedy, or temperature + top-p with a seeded generator), the terminal output of a reply
- * (reasoning dimmed on a TTY, prefixed otherwise; control characters from the model never
- * reach the terminal raw), and the chat loop with its slash commands and Ctrl-C handling.
+ * Owns: a session on top of the engine (model, backend, tokenizer, and an engine of one
+ * sequence whose prefix cache keeps the conversation's KV between turns), the terminal
+ * output of a reply (reasoning dimmed on a TTY, prefixed otherwise; control characters from
+ * the model never reach the terminal raw), and the chat loop with its slash commands and
+ * Ctrl-C handling. Sampling, stop tokens and KV pages are the engine's, as for the server.
  * Must not know harmony's rules: prompts come from chat/chat.h, replies are parsed there.
  */
 #include "chat/chat.h"
 #include "chat/chat_buf.h"
 #include "cli.h"
+#include "engine/engine.h"
+#include "engine/kv_plan.h"
 #include "util/error.h"
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,28 +32,29 @@ typedef struct session {
     gptoss_model *model;
     gptoss_backend *backend;
     gptoss_tokenizer *tokenizer;
-    int32_t vocab;            /* rows of the model's logits */
-    int32_t n_sample;         /* ids the sampler may pick: the tokenizer's ids (<= vocab) */
-    float *logits;            /* [vocab] logits after the last fed token */
-    int32_t *block_table;     /* [n_blocks] identity map: position p lives in block p / block size */
-    int32_t n_blocks;
-    int32_t capacity;         /* tokens the KV cache holds */
-    int32_t *cached;          /* [capacity] ids whose K/V are in the cache, in order */
-    int32_t n_cached;
+    gptoss_engine *engine;
+    int32_t vocab;    /* rows of the model's logits */
+    int32_t n_sample; /* ids that may be drawn: the tokenizer's ids (<= vocab) */
+    int32_t capacity; /* tokens the KV cache holds: prompt + reply of one turn */
 } session;
 
-typedef struct sampling {
-    double temperature; /* 0: greedy */
-    double top_p;       /* nucleus mass in (0, 1] */
-    uint64_t rng;       /* xorshift64* state, from --seed */
-} sampling;
-
 static void session_close(session *s) {
-    free(s->logits), free(s->block_table), free(s->cached);
+    gptoss_engine_free(s->engine);
     gptoss_backend_free(s->backend);
     gptoss_model_free(s->model);
     gptoss_tokenizer_free(s->tokenizer);
     memset(s, 0, sizeof *s);
+}
+
+/* The backend's forward with the logits of ids the tokenizer cannot decode (the padding rows
+ * of the unembedding) at -inf, so that they are never drawn. */
+static gptoss_status forward_text_ids(void *user, const gptoss_batch_plan *plan, float *logits,
+                                      gptoss_error *err) {
+    const session *s = user;
+    gptoss_status st = gptoss_backend_forward(s->backend, plan, logits, err);
+    for (int32_t r = 0; !st && r < plan->n_logits; r++)
+        for (int32_t v = s->n_sample; v < s->vocab; v++) logits[(size_t)r * s->vocab + v] = -INFINITY;
+    return st;
 }
 
 static gptoss_status session_open(session *s, const char *dir, const char *backend_name, int64_t threads,
@@ -71,7 +75,7 @@ static gptoss_status session_open(session *s, const char *dir, const char *backe
                                 "gptoss make-model --preset tiny -o DIR, or give ids with --tokens",
                                 dir, c->vocab_size, n_tok - 1, (int)GPTOSS_TOKEN_CALL);
     s->vocab = c->vocab_size;
-    s->n_sample = n_tok < s->vocab ? n_tok : s->vocab; /* padding rows are never sampled */
+    s->n_sample = n_tok < s->vocab ? n_tok : s->vocab;
     gptoss_backend_options options = gptoss_backend_options_default();
     options.kind = gptoss_has_cuda() ? GPTOSS_BACKEND_CUDA : GPTOSS_BACKEND_CPU;
     if (backend_name && !strcmp(backend_name, "cpu")) options.kind = GPTOSS_BACKEND_CPU;
@@ -82,99 +86,33 @@ static gptoss_status session_open(session *s, const char *dir, const char *backe
     options.n_threads = (int32_t)threads;
     options.fp8_layers = fp8_layers;
     options.kv_cache_dtype = kv_cache_dtype;
-    options.n_kv_blocks = (int32_t)((context + options.kv_block_size - 1) / options.kv_block_size);
+    gptoss_kv_plan_context(c, context, &options);
     if (cli_stderr_is_tty()) options.progress = cli_progress;
     if ((st = gptoss_backend_create(s->model, &options, &s->backend, err))) return st;
-    s->n_blocks = options.n_kv_blocks;
-    s->capacity = s->n_blocks * options.kv_block_size;
-    s->logits = malloc((size_t)s->vocab * sizeof *s->logits);
-    s->block_table = malloc((size_t)s->n_blocks * sizeof *s->block_table);
-    s->cached = malloc((size_t)s->capacity * sizeof *s->cached);
-    if (!s->logits || !s->block_table || !s->cached) return gptoss_set_error(err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
-    for (int32_t b = 0; b < s->n_blocks; b++) s->block_table[b] = b;
-    return GPTOSS_OK;
-}
+    options = gptoss_backend_get_options(s->backend);
+    s->capacity = options.n_kv_blocks * options.kv_block_size;
 
-/* Makes the cache hold exactly ids[0..n) and leaves the logits after the last one. Reuses the
- * longest prefix already cached (earlier turns of a chat) and recomputes only the rest. */
-static gptoss_status session_set_prompt(session *s, const int32_t *ids, int32_t n, gptoss_error *err) {
-    if (n <= 0) return gptoss_set_error(err, GPTOSS_ERR_INVALID_ARGUMENT, "empty prompt");
-    if (n >= s->capacity)
-        return gptoss_set_error(err, GPTOSS_ERR_CAPACITY,
-                                "the prompt has %d tokens but the context holds %d; use /reset or a larger --context",
-                                n, s->capacity);
-    int32_t keep = 0;
-    while (keep < s->n_cached && keep < n - 1 && s->cached[keep] == ids[keep]) keep++;
-    int32_t len = n - keep;
-    int32_t *positions = malloc((size_t)len * sizeof *positions);
-    if (!positions) return gptoss_set_error(err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
-    for (int32_t i = 0; i < len; i++) positions[i] = keep + i;
-    int32_t starts[2] = {0, len}, last = len - 1;
-    memcpy(s->cached + keep, ids + keep, (size_t)len * sizeof *ids);
-    gptoss_batch_plan plan = {.n_tokens = len, .token_ids = s->cached + keep, .positions = positions, .n_seqs = 1,
-                              .seq_token_start = starts, .seq_n_cached = &keep, .max_blocks_per_seq = s->n_blocks,
-                              .block_tables = s->block_table, .n_logits = 1, .logit_token_index = &last};
-    gptoss_status st = gptoss_backend_forward(s->backend, &plan, s->logits, err);
-    free(positions);
-    s->n_cached = st ? keep : n;
+    gptoss_engine_options eo = gptoss_engine_options_default();
+    eo.max_model_len = s->capacity;
+    gptoss_engine_options_for_backend(&eo, c, s->backend, &options);
+    eo.forward = forward_text_ids;
+    eo.forward_user = s;
+    eo.forward_summary = NULL; /* the masked rows above are whole rows */
+    if (eo.max_model_len < s->capacity) s->capacity = eo.max_model_len;
+    int32_t stop_ids[GPTOSS_CHAT_MAX_STOP_IDS];
+    gptoss_engine_options_set_eos(&eo, stop_ids, gptoss_chat_stop_ids(stop_ids));
+    eo.max_num_seqs = 1;
+    eo.max_num_batched_tokens = s->capacity; /* a prompt in one step */
+    if ((st = gptoss_engine_create(&eo, &s->engine, err))) return st;
+    /* The engine thread (and the backend's workers it starts) never takes Ctrl-C: the
+     * signal must interrupt this thread's read at the prompt. */
+    sigset_t block, previous;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &block, &previous);
+    st = gptoss_engine_start(s->engine, err);
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
     return st;
-}
-
-/* Appends one generated id to the cache; false (no error) when the context is full. */
-static gptoss_status session_feed(session *s, int32_t id, bool *full, gptoss_error *err) {
-    *full = s->n_cached + 1 >= s->capacity;
-    if (*full) return GPTOSS_OK;
-    int32_t pos = s->n_cached, starts[2] = {0, 1}, zero = 0;
-    s->cached[pos] = id;
-    gptoss_batch_plan plan = {.n_tokens = 1, .token_ids = &s->cached[pos], .positions = &pos, .n_seqs = 1,
-                              .seq_token_start = starts, .seq_n_cached = &pos, .max_blocks_per_seq = s->n_blocks,
-                              .block_tables = s->block_table, .n_logits = 1, .logit_token_index = &zero};
-    gptoss_status st = gptoss_backend_forward(s->backend, &plan, s->logits, err);
-    if (!st) s->n_cached++;
-    return st;
-}
-
-static double next_uniform(uint64_t *state) {
-    uint64_t x = *state ? *state : 0x9E3779B97F4A7C15ull;
-    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
-    *state = x;
-    return (double)((x * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
-}
-
-typedef struct candidate {
-    int32_t id;
-    double p;
-} candidate;
-
-static int by_probability(const void *a, const void *b) {
-    double pa = ((const candidate *)a)->p, pb = ((const candidate *)b)->p;
-    return pa < pb ? 1 : pa > pb ? -1 : 0;
-}
-
-/* Greedy at temperature 0; otherwise softmax(logits / T), the smallest set of most likely ids
- * whose mass reaches top_p, and one draw from it. */
-static int32_t sample(const session *s, sampling *params, candidate *scratch) {
-    const float *logits = s->logits;
-    int32_t best = 0;
-    for (int32_t v = 1; v < s->n_sample; v++)
-        if (logits[v] > logits[best]) best = v;
-    if (params->temperature <= 0) return best;
-    double total = 0;
-    for (int32_t v = 0; v < s->n_sample; v++) {
-        scratch[v].id = v;
-        scratch[v].p = exp(((double)logits[v] - logits[best]) / params->temperature);
-        total += scratch[v].p;
-    }
-    qsort(scratch, (size_t)s->n_sample, sizeof *scratch, by_probability);
-    int32_t n = 0;
-    double mass = 0;
-    while (n < s->n_sample && (n == 0 || mass < params->top_p * total)) mass += scratch[n++].p;
-    double r = next_uniform(&params->rng) * mass;
-    for (int32_t i = 0; i < n; i++) {
-        r -= scratch[i].p;
-        if (r <= 0) return scratch[i].id;
-    }
-    return scratch[n - 1].id;
 }
 
 /* ---- terminal output -------------------------------------------------------------------- */
@@ -249,50 +187,89 @@ static void print_pieces(printer *pr, gptoss_chat_stream *stream, gptoss_chat_bu
 
 typedef struct reply_stats {
     int32_t n_generated;
-    const char *finish;  /* "stop", "tool_calls", "length", "interrupted", "context full" */
+    double decode_seconds; /* from the first token to the last */
+    const char *finish;    /* "stop", "tool_calls", "length", "interrupted", "context full" */
 } reply_stats;
 
-/* Generates after the prompt now in the session, printing as it goes. The answer text (not
- * reasoning) is appended to *answer when given. */
-static gptoss_status generate_reply(session *s, sampling *params, int64_t max_tokens, printer *pr,
-                                    gptoss_chat_buf *answer, reply_stats *stats, gptoss_error *err) {
+static bool interrupted(void *user) {
+    (void)user;
+    return interrupts != 0;
+}
+
+/* What a reply's tokens go through on their way to the terminal. */
+typedef struct reply_sink {
+    gptoss_chat_stream *stream;  /* a chat reply: harmony parsed into pieces */
+    printer *pr;
+    gptoss_chat_buf *answer;     /* the answer text (not reasoning), when wanted */
+    gptoss_stream_decoder *decoder; /* a raw continuation: text as it is */
+    char *text;
+    size_t text_capacity;
+    gptoss_status st;            /* the first failure (out of memory) */
+    gptoss_error err;
+} reply_sink;
+
+static bool on_reply_token(void *user, const gptoss_engine_event *event) {
+    reply_sink *r = user;
+    if (r->stream) {
+        if ((r->st = gptoss_chat_stream_push(r->stream, event->token_id, &r->err))) return false;
+        print_pieces(r->pr, r->stream, r->answer);
+        return true;
+    }
+    size_t len = 0;
+    if ((r->st = gptoss_stream_decoder_push(r->decoder, event->token_id, r->text, r->text_capacity, &len,
+                                            &r->err)))
+        return false;
+    print_text(r->text, len);
+    fflush(stdout);
+    return true;
+}
+
+/* Generates after ids[0..n) through the engine, at most max_tokens tokens, handing them to
+ * sink; Ctrl-C stops the reply. */
+static gptoss_status generate_reply(session *s, const int32_t *ids, size_t n,
+                                    const gptoss_sampling_params *params, int64_t max_tokens,
+                                    reply_sink *sink, reply_stats *stats, gptoss_error *err) {
     memset(stats, 0, sizeof *stats);
-    gptoss_chat_stream *stream = NULL;
-    candidate *scratch = NULL;
-    gptoss_status st = gptoss_chat_stream_create(s->tokenizer, NULL, &stream, err);
+    if ((int64_t)n >= s->capacity)
+        return gptoss_set_error(err, GPTOSS_ERR_CAPACITY,
+                                "the prompt has %zu tokens but the context holds %d; use /reset or a larger --context",
+                                n, s->capacity);
+    /* max_tokens, or what is left of the context (then a reply cut short ran out of it) */
+    bool limited = s->capacity - (int64_t)n < max_tokens;
+    gptoss_sampling_params p = *params;
+    p.max_tokens = (int32_t)(limited ? s->capacity - (int64_t)n : max_tokens);
+    gptoss_generate_options go = {.on_token = on_reply_token, .should_stop = interrupted, .user = sink};
+    gptoss_generate_result result;
+    gptoss_status st = gptoss_engine_generate(s->engine, ids, (int32_t)n, &p, &go, &result, err);
     if (st) return st;
-    if (params->temperature > 0 && !(scratch = malloc((size_t)s->n_sample * sizeof *scratch))) {
-        gptoss_chat_stream_free(stream);
-        return gptoss_set_error(err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    if (sink->st) {
+        *err = sink->err;
+        return sink->st;
     }
-    const char *finish = NULL;
-    for (int64_t g = 0; g < max_tokens; g++) {
-        if (interrupts) {
-            finish = "interrupted";
-            break;
-        }
-        int32_t id = sample(s, params, scratch);
-        stats->n_generated++;
-        if ((st = gptoss_chat_stream_push(stream, id, err))) break;
-        print_pieces(pr, stream, answer);
-        if (gptoss_chat_stream_done(stream)) break;
-        if (g + 1 == max_tokens) break;
-        bool full = false;
-        if ((st = session_feed(s, id, &full, err))) break;
-        if (full) {
-            finish = "context full";
-            break;
-        }
-    }
-    if (!st && !(st = gptoss_chat_stream_finish(stream, err))) {
-        print_pieces(pr, stream, answer);
+    stats->n_generated = result.n_generated;
+    stats->decode_seconds = result.seconds - result.first_token_seconds;
+    if (result.finish == GPTOSS_FINISH_CANCELLED) stats->finish = "interrupted";
+    else if (result.finish == GPTOSS_FINISH_LENGTH && limited) stats->finish = "context full";
+    return GPTOSS_OK;
+}
+
+/* A chat reply to the rendered prompt, printed as it streams. The answer text (not
+ * reasoning) is appended to *answer when given. */
+static gptoss_status chat_reply(session *s, const gptoss_chat_prompt *prompt, const gptoss_sampling_params *params,
+                                int64_t max_tokens, printer *pr, gptoss_chat_buf *answer,
+                                reply_stats *stats, gptoss_error *err) {
+    reply_sink sink = {.pr = pr, .answer = answer};
+    gptoss_status st = gptoss_chat_stream_create(s->tokenizer, NULL, &sink.stream, err);
+    if (st) return st;
+    st = generate_reply(s, prompt->tokens.ids, prompt->tokens.n, params, max_tokens, &sink, stats, err);
+    if (!st && !(st = gptoss_chat_stream_finish(sink.stream, err))) {
+        print_pieces(pr, sink.stream, answer);
         size_t n = 0;
-        const gptoss_chat_piece *pieces = gptoss_chat_stream_pieces(stream, &n);
-        stats->finish = finish ? finish : pieces[n - 1].finish_reason;
+        const gptoss_chat_piece *pieces = gptoss_chat_stream_pieces(sink.stream, &n);
+        if (!stats->finish) stats->finish = pieces[n - 1].finish_reason;
     }
     end_sections(pr);
-    free(scratch);
-    gptoss_chat_stream_free(stream);
+    gptoss_chat_stream_free(sink.stream);
     return st;
 }
 
@@ -304,7 +281,7 @@ typedef struct common_options {
     uint32_t fp8_layers; /* gptoss_fp8_layer bits */
     gptoss_kv_cache_dtype kv_cache_dtype;
     gptoss_reasoning_effort effort;
-    sampling sampling;
+    gptoss_sampling_params sampling;
 } common_options;
 
 /* Parses an option both commands share; returns 1 if consumed (advancing *i), 0 if not
@@ -337,18 +314,19 @@ static int parse_common(const char *cmd, int argc, char **argv, int *i, common_o
         if (!cli_parse_i64(v, 64, 1 << 20, &o->context)) return cli_usage_error(cmd, "--context needs an integer in [64, 1048576]");
     } else if (!strcmp(a, "--temperature") && has_value) {
         char *end;
-        o->sampling.temperature = strtod(v, &end);
-        if (*end || end == v || !(o->sampling.temperature >= 0 && o->sampling.temperature <= 10))
-            return cli_usage_error(cmd, "--temperature needs a number in [0, 10]");
+        double t = strtod(v, &end);
+        if (*end || end == v || !(t >= 0 && t <= 10)) return cli_usage_error(cmd, "--temperature needs a number in [0, 10]");
+        o->sampling.temperature = (float)t;
     } else if (!strcmp(a, "--top-p") && has_value) {
         char *end;
-        o->sampling.top_p = strtod(v, &end);
-        if (*end || end == v || !(o->sampling.top_p > 0 && o->sampling.top_p <= 1))
-            return cli_usage_error(cmd, "--top-p needs a number in (0, 1]");
+        double p = strtod(v, &end);
+        if (*end || end == v || !(p > 0 && p <= 1)) return cli_usage_error(cmd, "--top-p needs a number in (0, 1]");
+        o->sampling.top_p = (float)p;
     } else if (!strcmp(a, "--seed") && has_value) {
         int64_t seed;
         if (!cli_parse_i64(v, 0, INT64_MAX, &seed)) return cli_usage_error(cmd, "--seed needs a non-negative integer");
-        o->sampling.rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 1;
+        o->sampling.has_seed = true;
+        o->sampling.seed = (uint64_t)seed;
     } else
         return 0;
     (*i)++;
@@ -367,8 +345,8 @@ static void common_defaults(common_options *o, int64_t max_tokens) {
     o->max_tokens = max_tokens;
     o->context = 4096;
     o->effort = GPTOSS_EFFORT_MEDIUM;
-    o->sampling.top_p = 1.0;
-    o->sampling.rng = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + 1;
+    o->sampling = gptoss_sampling_params_default();
+    o->sampling.temperature = 0; /* greedy unless asked */
 }
 
 static const char *today(char *buf, size_t size) {
@@ -385,55 +363,46 @@ static const char *const common_help =
     "  --date YYYY-MM-DD     date for the system message (default: today)\n"
     "  --temperature T       sampling temperature (default 0: greedy)\n"
     "  --top-p P             nucleus sampling mass (default 1)\n"
-    "  --seed S              seed of the sampler (default: from the clock)\n"
+    "  --seed S              seed of the sampler (default: a fresh one each reply)\n"
     "  --context N           tokens the KV cache holds (default 4096)\n"
     "  --backend cpu|cuda    compute backend (default: cuda when built with it, else cpu)\n"
     "  -t, --threads N       CPU threads (default: all cores)\n";
 
-/* Renders a chat-completions request in the session, or explains why it cannot. */
-static gptoss_status set_chat_prompt(session *s, const json_t *request, const char *date, gptoss_error *err) {
+/* Renders a chat-completions request and replies to it. */
+static gptoss_status reply_to_request(session *s, const json_t *request, const char *date, const gptoss_sampling_params *params,
+                                      int64_t max_tokens, printer *pr, gptoss_chat_buf *answer, reply_stats *stats,
+                                      gptoss_error *err) {
     gptoss_openai_chat_options options = {.current_date = date};
     gptoss_chat_prompt prompt;
     gptoss_status st = gptoss_chat_prompt_from_request(s->tokenizer, request, &options, &prompt, err);
     if (st) return st;
-    st = session_set_prompt(s, prompt.tokens.ids, (int32_t)prompt.tokens.n, err);
+    st = chat_reply(s, &prompt, params, max_tokens, pr, answer, stats, err);
     gptoss_chat_prompt_free(&prompt);
     return st;
 }
 
 /* ---- gptoss run -p TEXT ------------------------------------------------------------------ */
 
+/* --raw: TEXT tokenized as is and continued, every token printed as text. */
 static gptoss_status run_raw(session *s, const char *text, bool special, common_options *o, gptoss_error *err) {
     gptoss_tokens ids = {0};
     gptoss_status st = gptoss_tokenizer_encode(s->tokenizer, text, strlen(text), special, &ids, err);
     if (!st && ids.n == 0) st = gptoss_set_error(err, GPTOSS_ERR_INVALID_ARGUMENT, "the prompt is empty");
-    if (!st) st = session_set_prompt(s, ids.ids, (int32_t)ids.n, err);
-    gptoss_tokens_free(&ids);
-    if (st) return st;
     gptoss_stream_decoder decoder;
     gptoss_stream_decoder_init(&decoder, s->tokenizer);
-    size_t capacity = gptoss_stream_decoder_out_capacity(s->tokenizer);
-    char *out = malloc(capacity);
-    candidate *scratch = o->sampling.temperature > 0 ? malloc((size_t)s->n_sample * sizeof *scratch) : NULL;
-    if (!out || (o->sampling.temperature > 0 && !scratch)) {
-        free(out), free(scratch);
-        return gptoss_set_error(err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
-    }
-    for (int64_t g = 0; g < o->max_tokens && !st; g++) {
-        int32_t id = sample(s, &o->sampling, scratch);
+    reply_sink sink = {.decoder = &decoder, .text_capacity = gptoss_stream_decoder_out_capacity(s->tokenizer)};
+    if (!st && !(sink.text = malloc(sink.text_capacity)))
+        st = gptoss_set_error(err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    reply_stats stats;
+    if (!st) st = generate_reply(s, ids.ids, ids.n, &o->sampling, o->max_tokens, &sink, &stats, err);
+    if (sink.text) {
         size_t len = 0;
-        if ((st = gptoss_stream_decoder_push(&decoder, id, out, capacity, &len, err))) break;
-        print_text(out, len);
-        fflush(stdout);
-        if (id == GPTOSS_TOKEN_RETURN || id == GPTOSS_TOKEN_CALL || id == GPTOSS_TOKEN_ENDOFTEXT) break;
-        bool full = false;
-        if (g + 1 < o->max_tokens && !(st = session_feed(s, id, &full, err)) && full) break;
+        gptoss_stream_decoder_flush(&decoder, sink.text, sink.text_capacity, &len);
+        print_text(sink.text, len);
+        fputc('\n', stdout);
     }
-    size_t len = 0;
-    gptoss_stream_decoder_flush(&decoder, out, capacity, &len);
-    print_text(out, len);
-    fputc('\n', stdout);
-    free(out), free(scratch);
+    free(sink.text);
+    gptoss_tokens_free(&ids);
     return st;
 }
 
@@ -443,7 +412,8 @@ static void run_help(FILE *out) {
             "       gptoss run -m DIR --tokens \"ID ID ...\" [options]   (see gptoss run --tokens --help)\n\n"
             "Renders TEXT as a one-turn chat (harmony: default system message, your text as the user\n"
             "message) and prints the reply as it is generated: the reasoning (dimmed on a terminal,\n"
-            "prefixed [reasoning] otherwise), then the answer ([answer]). Stops at <|return|> or <|call|>.\n\n"
+            "prefixed [reasoning] otherwise), then the answer ([answer]). Stops at <|return|>, <|call|>\n"
+            "or <|endoftext|>, as the server does.\n\n"
             "options:\n"
             "  -p, --prompt TEXT     the user message\n"
             "  --raw                 no chat rendering: TEXT is tokenized as is and continued\n"
@@ -488,16 +458,16 @@ int cli_run_text(int argc, char **argv) {
         json_t *request = json_pack("{s:s, s:[{s:s, s:s}]}", "reasoning_effort", gptoss_reasoning_effort_name(o.effort),
                                     "messages", "role", "user", "content", prompt);
         if (!request) st = gptoss_set_error(&err, GPTOSS_ERR_INVALID_ARGUMENT, "the prompt is not valid UTF-8");
-        if (!st) st = set_chat_prompt(&s, request, o.date ? o.date : today(date, sizeof date), &err);
-        json_decref(request);
         printer pr = {.tty = isatty(STDOUT_FILENO) != 0};
         reply_stats stats;
-        double t0 = cli_now_seconds();
-        if (!st) st = generate_reply(&s, &o.sampling, o.max_tokens, &pr, NULL, &stats, &err);
-        double t1 = cli_now_seconds();
         if (!st)
-            fprintf(stderr, "finish: %s; %d tokens in %.2f s (%.1f tok/s)\n", stats.finish, stats.n_generated, t1 - t0,
-                    stats.n_generated / (t1 - t0 > 0 ? t1 - t0 : 1e-9));
+            st = reply_to_request(&s, request, o.date ? o.date : today(date, sizeof date), &o.sampling, o.max_tokens,
+                                  &pr, NULL, &stats, &err);
+        json_decref(request);
+        double t = stats.decode_seconds;
+        if (!st)
+            fprintf(stderr, "finish: %s; %d tokens in %.2f s (%.1f tok/s)\n", stats.finish, stats.n_generated, t,
+                    stats.n_generated > 1 ? (stats.n_generated - 1) / (t > 0 ? t : 1e-9) : 0.0);
     }
     session_close(&s);
     return st ? cli_fail(&err) : 0;
@@ -627,10 +597,10 @@ int gptoss_cmd_chat(int argc, char **argv) {
         gptoss_chat_buf answer = {0};
         reply_stats stats = {0};
         interrupts = 0;
-        gptoss_status st = request ? set_chat_prompt(&s, request, date, &err)
+        gptoss_status st = request ? reply_to_request(&s, request, date, &o.sampling, o.max_tokens, &pr, &answer,
+                                                      &stats, &err)
                                    : gptoss_set_error(&err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
         json_decref(request);
-        if (!st) st = generate_reply(&s, &o.sampling, o.max_tokens, &pr, &answer, &stats, &err);
         if (st) {
             /* The turn failed (e.g. the context is full): say so and keep the session usable. */
             fprintf(stderr, "gptoss: %s\n", err.message);

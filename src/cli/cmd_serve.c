@@ -2,23 +2,26 @@
  * cmd_serve.c - `gptoss serve`: the OpenAI-compatible HTTP server.
  *
  * Owns: the serve command line, the order of start-up (listen first so /health can say 503
- * while weights load, then model, tokenizer, backend, engine, ready), KV sizing, and the
- * SIGTERM drain. The HTTP work itself is src/server; this file must stay a thin driver.
+ * while weights load, then model, tokenizer, backend, engine, ready) and the SIGTERM drain.
+ * KV sizing is engine/kv_plan.c's; the HTTP work itself is src/server. This file must stay a
+ * thin driver.
  */
 #include "cli.h"
 
+#include "chat/chat.h"
 #include "engine/engine.h"
-#include "model/config.h"
+#include "engine/kv_plan.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
+#include "util/clock.h"
 #include "util/error.h"
+#include "util/log.h"
 
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 static volatile sig_atomic_t stop_signal = 0;
 
@@ -70,26 +73,6 @@ static void print_progress(void *user, const char *what, double fraction) {
     cli_progress(user, what, fraction);
 }
 
-/* KV bytes per token for sizing: K and V of every layer (gptoss_kv_cache_token_bytes: fp32
- * on the CPU; bf16, or e4m3 and scales, on CUDA). */
-static double kv_bytes_per_token(const gptoss_config *c, const gptoss_backend_options *bo) {
-    return (double)c->n_layers * (double)gptoss_kv_cache_token_bytes(c, bo->kind, bo->kv_cache_dtype);
-}
-
-/* MiB of both pools as the backend sized them (full layers x full pool, sliding x sliding;
- * shared pages: the full layers' pages hold both). */
-static double kv_mib(const gptoss_config *c, const gptoss_backend_options *bo) {
-    double per_layer_token = (double)gptoss_kv_cache_token_bytes(c, bo->kind, bo->kv_cache_dtype);
-    int32_t n_sliding = 0;
-    for (int32_t l = 0; l < c->n_layers; l++)
-        n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
-    int32_t sliding_blocks = bo->n_sliding_kv_blocks > 0 ? bo->n_sliding_kv_blocks : bo->n_kv_blocks;
-    if (bo->kv_shared_pages) sliding_blocks = 0; /* in the full layers' memory */
-    double tokens_full = (double)bo->n_kv_blocks * bo->kv_block_size;
-    double tokens_sliding = (double)sliding_blocks * bo->kv_block_size;
-    return per_layer_token * ((c->n_layers - n_sliding) * tokens_full + n_sliding * tokens_sliding) / (1 << 20);
-}
-
 /* What the pages hold, for the start-up line (no commas: scripts cut the line at the first). */
 static const char *kv_format(const gptoss_backend_options *bo) {
     bool fp8 = bo->kv_cache_dtype == GPTOSS_KV_CACHE_FP8;
@@ -103,7 +86,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
     gptoss_server_options so = gptoss_server_options_default();
     int64_t threads = 0, max_num_seqs = 0, max_batched = 2048, kv_blocks = 0, max_queue = 1024,
             max_body = (int64_t)so.max_body_bytes, port = so.port, drain_s = 60, max_model_len = 0,
-            idle_s = so.connection_timeout_s;
+            idle_s = so.connection_timeout_s, admit_headroom = -1;
     double memory_fraction = 0;
     uint32_t fp8_layers = 0;
     gptoss_kv_cache_dtype kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
@@ -168,6 +151,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--kv-cache-dtype") && v) {
             if (!cli_parse_kv_cache_dtype(argv[++i], &kv_cache_dtype))
                 return cli_kv_cache_dtype_usage_error("serve", argv[i]);
+        } else if (!strcmp(a, "--admit-headroom") && v) { /* measurements; not in --help */
+            if (!cli_parse_i64(argv[++i], 0, 4096, &admit_headroom))
+                return cli_usage_error("serve", "--admit-headroom needs an integer in [0, 4096]");
         } else if (!strcmp(a, "--gpu-memory-utilization") && v) {
             char *end = NULL;
             memory_fraction = strtod(argv[++i], &end);
@@ -185,6 +171,12 @@ int gptoss_cmd_serve(int argc, char **argv) {
             "--random-weights SHAPE, not both");
     if (kv_blocks && memory_fraction > 0)
         return cli_usage_error("serve", "give --kv-blocks or --gpu-memory-utilization, not both");
+    /* GPTOSS_ADMIT_HEADROOM=N stands for --admit-headroom N (for measurement scripts). */
+    const char *headroom_env = getenv("GPTOSS_ADMIT_HEADROOM");
+    if (admit_headroom < 0 && headroom_env && *headroom_env &&
+        !cli_parse_i64(headroom_env, 0, 4096, &admit_headroom))
+        return cli_usage_error(
+            "serve", "GPTOSS_ADMIT_HEADROOM needs an integer in [0, 4096], not '%s'", headroom_env);
     gptoss_backend_options bo = gptoss_backend_options_default();
     bo.kind = gptoss_has_cuda() ? GPTOSS_BACKEND_CUDA : GPTOSS_BACKEND_CPU;
     if (backend_name) {
@@ -199,8 +191,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
     bo.fp8_layers = fp8_layers;
     bo.kv_cache_dtype = kv_cache_dtype;
     if (shape && bo.kind != GPTOSS_BACKEND_CUDA)
-        return cli_usage_error("serve", "--random-weights needs the CUDA backend; on the CPU, write "
-                                        "a checkpoint with `gptoss make-model` and pass -m DIR");
+        return cli_usage_error("serve",
+                               "--random-weights needs the CUDA backend; on the CPU, write "
+                               "a checkpoint with `gptoss make-model` and pass -m DIR");
     if (max_num_seqs == 0) max_num_seqs = bo.kind == GPTOSS_BACKEND_CUDA ? 1024 : 64;
 
     /* The served name defaults to the folder's last component, as vLLM does with paths. */
@@ -213,8 +206,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
         size_t start = len;
         while (start > 0 && path[start - 1] != '/')
             start--;
-        snprintf(name_buf, sizeof name_buf, "%s%.*s", model_dir ? "" : "random-", (int)(len - start),
-                 path + start);
+        snprintf(name_buf, sizeof name_buf, "%s%.*s", model_dir ? "" : "random-",
+                 (int)(len - start), path + start);
         served_name = name_buf;
     }
     so.served_model_name = served_name;
@@ -237,15 +230,14 @@ int gptoss_cmd_serve(int argc, char **argv) {
     gptoss_engine *engine = NULL;
     int rc = 1;
     if (gptoss_server_start(&so, &server, &err) != GPTOSS_OK) goto fail;
-    fprintf(stderr,
-            "gptoss serve: listening on http://%s:%d (GET /health answers 503 until the model is "
-            "loaded)\n",
-            so.host, gptoss_server_port(server));
-    double t0 = cli_now_seconds();
+    GPTOSS_LOG_I("serve",
+                 "listening on http://%s:%d (GET /health answers 503 until the model is loaded)",
+                 so.host, gptoss_server_port(server));
+    double t0 = gptoss_now_seconds();
     gptoss_config shape_config;
     const gptoss_config *c = NULL;
     if (model_dir) {
-        fprintf(stderr, "loading %s ...\n", model_dir);
+        GPTOSS_LOG_I("serve", "loading %s ...", model_dir);
         if (gptoss_model_load(model_dir, &model, &err) != GPTOSS_OK) goto fail;
         c = gptoss_model_config(model);
     } else {
@@ -270,53 +262,19 @@ int gptoss_cmd_serve(int argc, char **argv) {
         snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
     }
     if (gptoss_tokenizer_load(tok_path, &tokenizer, &err) != GPTOSS_OK) goto fail;
-    fprintf(stderr,
-            "model: %d layers, hidden %d, %d experts (top %d), %d heads / %d KV heads x %d, vocab "
-            "%d, context %d%s\n",
-            c->n_layers, c->hidden_size, c->n_experts, c->n_experts_per_token, c->n_heads,
-            c->n_kv_heads, c->head_dim, c->vocab_size, c->max_position_embeddings,
-            model ? "" : " (random weights)");
+    GPTOSS_LOG_I("serve",
+                 "model: %d layers, hidden %d, %d experts (top %d), %d heads / %d KV heads x %d, "
+                 "vocab %d, context %d%s",
+                 c->n_layers, c->hidden_size, c->n_experts, c->n_experts_per_token, c->n_heads,
+                 c->n_kv_heads, c->head_dim, c->vocab_size, c->max_position_embeddings,
+                 model ? "" : " (random weights)");
 
-    double per_token = kv_bytes_per_token(c, &bo);
-    double per_block = per_token * bo.kv_block_size;
-    if (bo.kind == GPTOSS_BACKEND_CUDA) {
-        /* Sliding and full layers share one space of pages (the engine hands each page to one
-         * pool at a time), so no memory is set aside for the windows of sequences that may
-         * never run. Where the backend cannot share (unequal layer counts), the sliding pool
-         * needs only each sequence's window plus one prefill chunk: */
-        bo.kv_shared_pages = true;
-        int32_t window = 0;
-        for (int32_t l = 0; l < c->n_layers; l++)
-            if (c->layer_is_sliding[l]) window = c->sliding_window;
-        if (window > 0) {
-            int64_t sliding = max_num_seqs * ((window + bo.kv_block_size - 1) / bo.kv_block_size + 2) +
-                              (max_batched + bo.kv_block_size - 1) / bo.kv_block_size + 16;
-            if (kv_blocks && sliding > kv_blocks) sliding = kv_blocks;
-            bo.n_sliding_kv_blocks = (int32_t)sliding;
-        }
-        /* 0.95 by default: what the process allocates after the cache is sized (cuBLAS, graphs,
-         * plan buffers) stays inside the 512 MiB the backend keeps back, and every token of
-         * cache lets more sequences decode per step. Measured on an H100 (120b, FP8 pages,
-         * 1000 requests of 1024 in / 1024 out, one call): 0.9 -> 430k tokens, 4,932 output
-         * tok/s; 0.95 -> 647k tokens, 5,759 tok/s, the GPU at 74.8 of 79.6 GiB. */
-        if (kv_blocks == 0) bo.gpu_memory_utilization = memory_fraction > 0 ? memory_fraction : 0.95;
-        bo.max_step_tokens = (int32_t)max_batched;
-        bo.max_step_logits = (int32_t)max_num_seqs + 1;
-    } else if (kv_blocks == 0) {
-        double budget = 4.0 * (1 << 30);
-        if (memory_fraction > 0)
-            budget = memory_fraction * (double)sysconf(_SC_PHYS_PAGES) *
-                     (double)sysconf(_SC_PAGESIZE) * 0.5;
-        kv_blocks = (int64_t)(budget / per_block);
-        if (memory_fraction == 0 && kv_blocks > 8192) kv_blocks = 8192;
-        if (kv_blocks < 1) {
-            gptoss_set_error(&err, GPTOSS_ERR_CAPACITY,
-                             "no KV block fits the memory budget; use --kv-blocks N");
-            goto fail;
-        }
-    }
+    gptoss_kv_plan_options kv_plan = {.n_kv_blocks = kv_blocks,
+                                      .memory_fraction = memory_fraction,
+                                      .max_num_seqs = (int32_t)max_num_seqs,
+                                      .max_num_batched_tokens = (int32_t)max_batched};
+    if (gptoss_kv_plan_serve(c, &kv_plan, &bo, &err) != GPTOSS_OK) goto fail;
     bo.n_threads = (int32_t)threads;
-    if (kv_blocks) bo.n_kv_blocks = (int32_t)kv_blocks;
     bo.progress = print_progress;
     if (model) {
         if (gptoss_backend_create(model, &bo, &backend, &err) != GPTOSS_OK) goto fail;
@@ -334,33 +292,36 @@ int gptoss_cmd_serve(int argc, char **argv) {
     eo.max_num_batched_tokens = (int32_t)max_batched;
     eo.max_queue_len = (int32_t)max_queue;
     eo.enable_prefix_cache = prefix_cache;
+    if (admit_headroom >= 0) eo.admit_headroom = (int32_t)admit_headroom;
+    int32_t stop_ids[GPTOSS_CHAT_MAX_STOP_IDS];
+    gptoss_engine_options_set_eos(&eo, stop_ids, gptoss_chat_stop_ids(stop_ids));
     if (gptoss_engine_create(&eo, &engine, &err) != GPTOSS_OK) goto fail;
     if (gptoss_engine_start(engine, &err) != GPTOSS_OK) goto fail;
     gptoss_server_set_ready(server, engine, tokenizer, eo.max_model_len, eo.max_num_seqs);
-    fprintf(stderr,
-            "backend %s: KV cache (%s) %lld blocks x %d tokens = %lld tokens (%.1f MiB), max %d "
-            "sequences, prefix cache %s, "
-            "context %d\n",
-            gptoss_backend_name(backend), kv_format(&bo), (long long)kv_blocks, bo.kv_block_size,
-            (long long)kv_blocks * bo.kv_block_size, kv_mib(c, &bo),
-            eo.max_num_seqs, prefix_cache ? "on" : "off", eo.max_model_len);
+    GPTOSS_LOG_I(
+        "serve",
+        "backend %s: KV cache (%s) %lld blocks x %d tokens = %lld tokens (%.1f MiB), max %d "
+        "sequences, prefix cache %s, context %d",
+        gptoss_backend_name(backend), kv_format(&bo), (long long)kv_blocks, bo.kv_block_size,
+        (long long)kv_blocks * bo.kv_block_size, gptoss_kv_plan_mib(c, &bo), eo.max_num_seqs,
+        prefix_cache ? "on" : "off", eo.max_model_len);
     if (bo.kv_shared_pages)
-        fprintf(stderr, "KV pages shared by the full and sliding layers: a sequence's window takes "
-                        "pages from the same pool as its context\n");
+        GPTOSS_LOG_I("serve", "KV pages shared by the full and sliding layers: a sequence's window "
+                              "takes pages from the same pool as its context");
     if (fp8_layers) {
         char names[64];
-        fprintf(stderr, "dense layers in FP8 (e4m3, row scales): %s\n",
-                cli_fp8_layers_name(fp8_layers, names, sizeof names));
+        GPTOSS_LOG_I("serve", "dense layers in FP8 (e4m3, row scales): %s",
+                     cli_fp8_layers_name(fp8_layers, names, sizeof names));
     }
-    fprintf(stderr, "ready in %.1f s: model '%s' at http://%s:%d/v1\n", cli_now_seconds() - t0,
-            served_name, so.host, gptoss_server_port(server));
+    GPTOSS_LOG_I("serve", "ready in %.1f s: model '%s' at http://%s:%d/v1",
+                 gptoss_now_seconds() - t0, served_name, so.host, gptoss_server_port(server));
 
     while (!stop_signal) {
         struct timespec ts = {0, 50 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    fprintf(stderr, "gptoss serve: %s received, draining in-flight requests (up to %lld s)\n",
-            stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)drain_s);
+    GPTOSS_LOG_I("serve", "%s received, draining in-flight requests (up to %lld s)",
+                 stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)drain_s);
     gptoss_server_set_draining(server);
     bool drained = gptoss_engine_drain(engine, drain_s * 1000);
     /* Let connection threads finish writing the last bytes of their responses. */
@@ -368,8 +329,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
         struct timespec ts = {0, 25 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    fprintf(stderr, "gptoss serve: %s, shutting down\n",
-            drained ? "drained" : "drain timed out, cancelling the rest");
+    GPTOSS_LOG_I("serve", "%s, shutting down",
+                 drained ? "drained" : "drain timed out, cancelling the rest");
     if (!drained) { /* cancel what is left so connection threads finish before the daemon stops */
         gptoss_engine_free(engine);
         engine = NULL;

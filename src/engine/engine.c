@@ -13,10 +13,13 @@
 #include "engine/engine.h"
 
 #include "engine/kv_cache.h"
+#include "engine/kv_plan.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
-#include "util/sha256.h"
+#include "model/config.h"
+#include "util/clock.h"
 #include "util/error.h"
+#include "util/sha256.h"
 
 #include <errno.h>
 #include <omp.h>
@@ -68,7 +71,7 @@ struct gptoss_request {
 typedef struct sample_job {
     gptoss_seq *seq;           /* its request is seq->user */
     const float *row;          /* [vocab] logits, or NULL: draw from the row's summary */
-    const int32_t *top_ids;    /* summary of the row: GPTOSS_ENGINE_SUMMARY_TOP ids, values */
+    const int32_t *top_ids;    /* summary of the row: GPTOSS_MAX_SUMMARY_TOP ids, values */
     const float *top_logits;
     float logsumexp;
     gptoss_engine_event event; /* filled by draw(): token and logprobs */
@@ -83,7 +86,7 @@ struct gptoss_engine {
     sample_job *jobs; /* [cap_jobs] draws of the current step */
     int32_t n_jobs, cap_jobs;
     float *logits; /* [max_num_seqs + 1, vocab] */
-    int32_t *top_ids;   /* [max_num_seqs + 1, GPTOSS_ENGINE_SUMMARY_TOP] (forward_summary) */
+    int32_t *top_ids;   /* [max_num_seqs + 1, GPTOSS_MAX_SUMMARY_TOP] (forward_summary) */
     float *top_logits;  /* same */
     float *logsumexp;   /* [max_num_seqs + 1] */
     uint8_t *full_rows; /* [max_num_seqs + 1] rows the step needs whole */
@@ -121,12 +124,6 @@ struct gptoss_engine {
     int64_t timed_steps;
 };
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 const char *gptoss_finish_reason_name(gptoss_finish_reason reason) {
     switch (reason) {
     case GPTOSS_FINISH_NONE:
@@ -156,9 +153,6 @@ gptoss_engine_options gptoss_engine_options_default(void) {
     o.max_queue_len = 1024;
     o.enable_prefix_cache = true;
     o.admit_headroom = 1;
-    /* GPTOSS_ADMIT_HEADROOM (0..4096) replaces the default, for measurements */
-    const char *headroom = getenv("GPTOSS_ADMIT_HEADROOM");
-    if (headroom && atoi(headroom) >= 0 && atoi(headroom) <= 4096) o.admit_headroom = atoi(headroom);
     return o;
 }
 
@@ -179,9 +173,7 @@ void gptoss_engine_options_for_backend(gptoss_engine_options *o, const gptoss_co
     o->forward_summary = backend_forward_summary;
     o->forward_user = backend;
     o->vocab_size = config->vocab_size;
-    o->sliding_window = 0;
-    for (int32_t l = 0; l < config->n_layers; l++)
-        if (config->layer_is_sliding[l]) o->sliding_window = config->sliding_window;
+    o->sliding_window = gptoss_config_n_sliding_layers(config) > 0 ? config->sliding_window : 0;
     o->kv_block_size = backend_options->kv_block_size;
     o->n_kv_blocks = backend_options->n_kv_blocks;
     o->n_sliding_kv_blocks = backend_options->n_sliding_kv_blocks;
@@ -189,13 +181,17 @@ void gptoss_engine_options_for_backend(gptoss_engine_options *o, const gptoss_co
     if (config->max_position_embeddings < o->max_model_len || o->max_model_len <= 0)
         o->max_model_len = config->max_position_embeddings;
     o->n_eos_token_ids = 0;
-    /* gpt-oss ends a turn with <|return|> and a tool call with <|call|>. */
-    if (config->vocab_size > 200012) {
-        o->eos_token_ids[o->n_eos_token_ids++] = 200002;
-        o->eos_token_ids[o->n_eos_token_ids++] = 200012;
-    } else if (config->eos_token_id >= 0 && config->eos_token_id < config->vocab_size) {
+    if (config->eos_token_id >= 0 && config->eos_token_id < config->vocab_size)
         o->eos_token_ids[o->n_eos_token_ids++] = config->eos_token_id;
-    }
+}
+
+void gptoss_engine_options_set_eos(gptoss_engine_options *o, const int32_t *ids, size_t n) {
+    int32_t kept[GPTOSS_ENGINE_MAX_EOS], n_kept = 0;
+    for (size_t i = 0; i < n && n_kept < GPTOSS_ENGINE_MAX_EOS; i++)
+        if (ids[i] >= 0 && ids[i] < o->vocab_size) kept[n_kept++] = ids[i];
+    if (n_kept == 0) return;
+    memcpy(o->eos_token_ids, kept, (size_t)n_kept * sizeof *kept);
+    o->n_eos_token_ids = n_kept;
 }
 
 static gptoss_status validate_options(const gptoss_engine_options *o, gptoss_error *error) {
@@ -240,7 +236,7 @@ static gptoss_status validate_options(const gptoss_engine_options *o, gptoss_err
                                     o->eos_token_ids[i]);
     if (o->sliding_window > 0) {
         int32_t sliding = o->n_sliding_kv_blocks && !o->kv_shared_pages ? o->n_sliding_kv_blocks : o->n_kv_blocks;
-        int32_t need = (o->sliding_window - 1 + o->kv_block_size - 1) / o->kv_block_size + 1;
+        int32_t need = gptoss_kv_min_sliding_blocks(o->sliding_window, o->kv_block_size);
         if (sliding < need)
             return gptoss_set_error(error, GPTOSS_ERR_CAPACITY,
                                     "the sliding KV pool has %d blocks but one sequence needs %d "
@@ -274,7 +270,6 @@ static void request_unref(gptoss_request *r) {
     if (refs == 0) request_free(r);
 }
 
-/* Queues an event; false only when memory ran out (the event is dropped). */
 /* Room for `need` events in the ring (caller holds r->mutex). */
 static bool ring_room(gptoss_request *r, int32_t need) {
     if (need <= r->cap_events) return true;
@@ -448,7 +443,8 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
     pthread_cond_init(&e->idle, NULL);
     e->next_id = 1;
     e->timing = getenv("GPTOSS_STEP_TIMING") && strcmp(getenv("GPTOSS_STEP_TIMING"), "0") != 0;
-    uint64_t seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)e ^ (uint64_t)(now_seconds() * 1e9);
+    uint64_t seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)e ^
+                    (uint64_t)(gptoss_now_seconds() * 1e9);
     gptoss_rng_seed(&e->entropy, seed, 0);
     if ((st = gptoss_kv_manager_create(&kv_options, &e->kv, error)) != GPTOSS_OK ||
         (st = gptoss_scheduler_create(&sched_options, e->kv, &e->sched, error)) != GPTOSS_OK ||
@@ -459,8 +455,8 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
     e->logits =
         malloc((size_t)(options->max_num_seqs + 1) * (size_t)options->vocab_size * sizeof(float));
     const size_t rows = (size_t)options->max_num_seqs + 1;
-    e->top_ids = malloc(rows * GPTOSS_ENGINE_SUMMARY_TOP * sizeof(int32_t));
-    e->top_logits = malloc(rows * GPTOSS_ENGINE_SUMMARY_TOP * sizeof(float));
+    e->top_ids = malloc(rows * GPTOSS_MAX_SUMMARY_TOP * sizeof(int32_t));
+    e->top_logits = malloc(rows * GPTOSS_MAX_SUMMARY_TOP * sizeof(float));
     e->logsumexp = malloc(rows * sizeof(float));
     e->full_rows = malloc(rows);
     if (!e->logits || !e->top_ids || !e->top_logits || !e->logsumexp || !e->full_rows) {
@@ -492,12 +488,10 @@ static void note_started(gptoss_engine *e, gptoss_request *r) {
     pthread_mutex_unlock(&e->mutex);
 }
 
-/* Ends one choice: releases its sequence and queues its last event (`event` may carry the
- * final token; NULL for a finish without one). */
 /* Pushes the pending token events, oldest first (room was reserved: they cannot fail). */
 static void flush_pushes(gptoss_engine *e) {
     if (e->n_pending == 0) return;
-    double t0 = e->timing ? now_seconds() : 0;
+    double t0 = e->timing ? gptoss_now_seconds() : 0;
     for (int32_t i = 0; i < e->n_pending; i++) {
         gptoss_request *r = e->pending[i].r;
         request_push(r, &e->pending[i].event);
@@ -505,7 +499,7 @@ static void flush_pushes(gptoss_engine *e) {
         if (r->notify) r->notify(r->notify_user, r);
     }
     e->n_pending = 0;
-    if (e->timing) e->t_flush += now_seconds() - t0;
+    if (e->timing) e->t_flush += gptoss_now_seconds() - t0;
 }
 
 static void flush_pushes_hook(void *user) { flush_pushes(user); }
@@ -533,6 +527,8 @@ static bool queue_push(gptoss_engine *e, gptoss_request *r, const gptoss_engine_
     return true;
 }
 
+/* Ends one choice: releases its sequence and queues its last event (`event` may carry the
+ * final token; NULL for a finish without one). */
 static void finish_choice(gptoss_engine *e, gptoss_request *r, int32_t index,
                           gptoss_finish_reason reason, gptoss_engine_event *event,
                           int32_t stop_token) {
@@ -601,7 +597,7 @@ static bool summary_serves(const gptoss_engine *e, const gptoss_seq *seq) {
     int32_t masked[GPTOSS_MAX_STOP_TOKENS + GPTOSS_ENGINE_MAX_EOS];
     const gptoss_request *r = seq->user;
     return gptoss_sampler_summary_exact(&r->params, masked_tokens(e, seq, masked),
-                                        GPTOSS_ENGINE_SUMMARY_TOP);
+                                        GPTOSS_MAX_SUMMARY_TOP);
 }
 
 /* Draws the next token of job->seq from job->row (or its summary) with a sampler of its own:
@@ -627,7 +623,7 @@ static void draw(const gptoss_engine *e, gptoss_sampler *sampler, sample_job *jo
     event->index = index;
     event->stop_token_id = -1;
     if (!job->row) {
-        const int32_t n_top = GPTOSS_ENGINE_SUMMARY_TOP;
+        const int32_t n_top = GPTOSS_MAX_SUMMARY_TOP;
         int32_t token = gptoss_sampler_sample_summary(sampler, p, &history, job->top_ids,
                                                       job->top_logits, n_top, &r->rngs[index]);
         event->token_id = token;
@@ -661,7 +657,7 @@ static void deliver(gptoss_engine *e, sample_job *job) {
     const int32_t n_generated = seq->n_tokens - seq->n_prompt;
     const int32_t token = job->event.token_id;
     gptoss_seq_append(seq, token);
-    double now = now_seconds();
+    double now = gptoss_now_seconds();
     if (n_generated == 0 && index == 0) {
         histogram_add(&e->local.ttft, now - r->submit_time);
         e->local.prompt_tokens += (uint64_t)seq->n_prompt;
@@ -694,8 +690,8 @@ static bool add_job(gptoss_engine *e, gptoss_seq *seq, int32_t row_index) {
     job->seq = seq;
     const size_t r = (size_t)row_index;
     job->row = e->full_rows[r] ? e->logits + r * (size_t)e->options.vocab_size : NULL;
-    job->top_ids = e->top_ids + r * GPTOSS_ENGINE_SUMMARY_TOP;
-    job->top_logits = e->top_logits + r * GPTOSS_ENGINE_SUMMARY_TOP;
+    job->top_ids = e->top_ids + r * GPTOSS_MAX_SUMMARY_TOP;
+    job->top_logits = e->top_logits + r * GPTOSS_MAX_SUMMARY_TOP;
     job->logsumexp = e->logsumexp[r];
     e->n_jobs++;
     return true;
@@ -735,7 +731,7 @@ static void plan_row(gptoss_engine *e, gptoss_seq *seq, int32_t row) {
  * 201k vocabulary costs about a millisecond per row), then delivers them in order. */
 static void run_jobs(gptoss_engine *e) {
     const int32_t n = e->n_jobs;
-    double t0 = e->timing ? now_seconds() : 0;
+    double t0 = e->timing ? gptoss_now_seconds() : 0;
     if (n >= 4 && e->n_samplers > 1) {
         int n_threads = e->n_samplers < n ? e->n_samplers : n;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
@@ -745,7 +741,7 @@ static void run_jobs(gptoss_engine *e) {
         for (int32_t i = 0; i < n; i++)
             draw(e, e->samplers[0], &e->jobs[i]);
     }
-    if (e->timing) e->t_draw += now_seconds() - t0;
+    if (e->timing) e->t_draw += gptoss_now_seconds() - t0;
     for (int32_t i = 0; i < n; i++)
         deliver(e, &e->jobs[i]);
     e->n_jobs = 0;
@@ -824,9 +820,9 @@ static bool step(gptoss_engine *e) {
     gptoss_error err;
     gptoss_error_clear(&err);
     memset(&plan, 0, sizeof plan);
-    double t0 = e->timing ? now_seconds() : 0;
+    double t0 = e->timing ? gptoss_now_seconds() : 0;
     gptoss_status st = gptoss_scheduler_schedule(e->sched, &plan, &err);
-    double t1 = e->timing ? now_seconds() : 0;
+    double t1 = e->timing ? gptoss_now_seconds() : 0;
     if (st != GPTOSS_OK) {
         /* Only host memory can fail here; retrying would spin, so fail what is live. */
         gptoss_scheduler_abort_step(e->sched);
@@ -842,7 +838,7 @@ static bool step(gptoss_engine *e) {
         flush_pushes(e); /* nothing runs: no hook will push them */
         return false;
     }
-    if (e->options.forward_summary && e->options.vocab_size >= GPTOSS_ENGINE_SUMMARY_TOP) {
+    if (e->options.forward_summary && e->options.vocab_size >= GPTOSS_MAX_SUMMARY_TOP) {
         /* Whole rows only where a draw needs them; forks at the end of a prompt share the
          * request's parameters, so the first sequence of the row decides for all. */
         bool want_lse = false; /* logprobs anywhere in the step */
@@ -853,7 +849,7 @@ static bool step(gptoss_engine *e) {
             want_lse |= r->params.logprobs || r->params.top_logprobs > 0;
         }
         gptoss_logits_summary summary = {
-            .n_top = GPTOSS_ENGINE_SUMMARY_TOP,
+            .n_top = GPTOSS_MAX_SUMMARY_TOP,
             .top_ids = e->top_ids,
             .top_logits = e->top_logits,
             .logsumexp = want_lse ? e->logsumexp : NULL,
@@ -868,7 +864,7 @@ static bool step(gptoss_engine *e) {
         st = e->options.forward(e->options.forward_user, &plan, e->logits, &err);
     }
     flush_pushes(e); /* when the backend did not run the hook */
-    double t2 = e->timing ? now_seconds() : 0;
+    double t2 = e->timing ? gptoss_now_seconds() : 0;
     e->local.steps++;
     if (st != GPTOSS_OK) {
         /* Nothing of this step reached the KV cache: fail the requests it carried. Mark the
@@ -891,7 +887,7 @@ static bool step(gptoss_engine *e) {
         plan_row(e, gptoss_scheduler_logit_seq(e->sched, i), i);
     run_jobs(e);
     if (e->timing) {
-        double t3 = now_seconds();
+        double t3 = gptoss_now_seconds();
         if (e->timed_steps > 0) e->t_between += t0 - e->t_mark;
         e->t_schedule += t1 - t0;
         e->t_forward += t2 - t1;
@@ -1180,7 +1176,7 @@ gptoss_status gptoss_engine_submit(gptoss_engine *e, const int32_t *prompt, int3
     uint64_t seed = params->has_seed ? params->seed : gptoss_rng_next(&e->entropy);
     for (int32_t i = 0; i < n; i++)
         gptoss_rng_seed(&r->rngs[i], seed, (uint64_t)i);
-    r->submit_time = now_seconds();
+    r->submit_time = gptoss_now_seconds();
     r->engine = e;
     r->next = e->registry;
     if (e->registry) e->registry->prev = r;

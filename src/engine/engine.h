@@ -44,18 +44,10 @@ typedef gptoss_status (*gptoss_forward_fn)(void *user, const gptoss_batch_plan *
 /* Optional second form with gptoss_backend_forward_summary's contract: only the top logits
  * and log-sum-exp of each row, plus whole rows where out->full says so. When set, the engine
  * uses it for every step and asks for whole rows only for draws the summary cannot serve
- * exactly (penalties, or sampling beyond the top GPTOSS_ENGINE_SUMMARY_TOP tokens). */
+ * exactly (penalties, or sampling beyond the top GPTOSS_MAX_SUMMARY_TOP tokens). */
 typedef gptoss_status (*gptoss_forward_summary_fn)(void *user, const gptoss_batch_plan *plan,
                                                    const gptoss_logits_summary *out,
                                                    gptoss_error *error);
-#define GPTOSS_ENGINE_SUMMARY_TOP 64
-
-/* KV cache element type. The engine only records it (for metrics and sizing); the backend
- * stores the pages. */
-typedef enum gptoss_kv_dtype {
-    GPTOSS_KV_BF16 = 0,
-    GPTOSS_KV_FP8 = 1,
-} gptoss_kv_dtype;
 
 #define GPTOSS_ENGINE_MAX_EOS 8
 
@@ -70,7 +62,6 @@ typedef struct gptoss_engine_options {
     int32_t n_sliding_kv_blocks;    /* pages in the sliding pool (0 = n_kv_blocks) */
     bool kv_shared_pages;           /* one id space of n_kv_blocks for both pools (kv_cache.h);
                                        required when the backend shares them */
-    gptoss_kv_dtype kv_dtype;       /* recorded only; the backend stores the pages */
     int32_t max_num_seqs;           /* sequences per step (default 64) */
     int32_t max_num_batched_tokens; /* new tokens per step, decodes + prefill (default 2048) */
     int32_t max_model_len;          /* prompt + generated tokens per sequence */
@@ -90,13 +81,19 @@ typedef struct gptoss_engine_options {
 gptoss_engine_options gptoss_engine_options_default(void);
 
 /* Fills forward/forward_user (gptoss_backend_forward on `backend`), vocab_size, sliding_window
- * (0 when no layer slides), the KV geometry of backend_options, and the eos tokens (gpt-oss
- * stop tokens <|return|> 200002 and <|call|> 200012 when the vocabulary holds them, else
- * config eos_token_id); caps max_model_len at max_position_embeddings. Other fields keep
- * what the caller set. */
+ * (0 when no layer slides), the KV geometry of backend_options, and the eos tokens (the
+ * config's eos_token_id when it is in the vocabulary); caps max_model_len at
+ * max_position_embeddings. Other fields keep what the caller set. A front end that speaks
+ * harmony then replaces the eos tokens with the chat layer's stop ids
+ * (gptoss_engine_options_set_eos with gptoss_chat_stop_ids). */
 void gptoss_engine_options_for_backend(gptoss_engine_options *options, const gptoss_config *config,
                                        gptoss_backend *backend,
                                        const gptoss_backend_options *backend_options);
+
+/* Makes ids[0..n) that lie in [0, vocab_size) the eos tokens (at most GPTOSS_ENGINE_MAX_EOS;
+ * set vocab_size first). When none does (a model without the harmony vocabulary), the eos
+ * tokens stay as they were. */
+void gptoss_engine_options_set_eos(gptoss_engine_options *options, const int32_t *ids, size_t n);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Sampling parameters (vLLM / OpenAI semantics)                                             */
@@ -242,6 +239,44 @@ const char *gptoss_request_error(const gptoss_request *request);
 
 /* Drops the caller's reference; cancels the request when it has not finished. NULL ok. */
 void gptoss_request_release(gptoss_request *request);
+
+/* ---------------------------------------------------------------------------------------- */
+/* One request, synchronously (generate.c)                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Called with each generated token of the request, in order, on the caller's thread (the
+ * token that finished it included). Returning false stops the request (FINISH_CANCELLED). */
+typedef bool (*gptoss_generate_token_fn)(void *user, const gptoss_engine_event *event);
+
+/* Polled at least every 20 ms while the request runs; returning true stops it (a terminal
+ * front end polls its Ctrl-C flag here). */
+typedef bool (*gptoss_generate_stop_fn)(void *user);
+
+typedef struct gptoss_generate_options {
+    gptoss_generate_token_fn on_token; /* optional */
+    gptoss_generate_stop_fn should_stop; /* optional */
+    void *user;                        /* passed to both */
+    const gptoss_request_options *request_options; /* optional (cache salt) */
+} gptoss_generate_options;
+
+typedef struct gptoss_generate_result {
+    gptoss_finish_reason finish;  /* why it ended: STOP, LENGTH, CANCELLED (stopped) or ERROR */
+    int32_t stop_token_id;        /* on FINISH_STOP by a token: that token, else -1 */
+    int32_t n_generated;          /* tokens handed to on_token */
+    int32_t n_cached_prompt;      /* prompt tokens the prefix cache served */
+    double first_token_seconds;   /* from submit to the first token (0 when none came) */
+    double seconds;               /* from submit to the finish */
+} gptoss_generate_result;
+
+/* Submits one request with params (params->n must be 1) and waits for it to finish, handing
+ * every token to options->on_token. The engine must be running. Fails as
+ * gptoss_engine_submit does; a request the backend failed returns the request's error (the
+ * tokens before it were delivered). A stopped request is not an error: result->finish says
+ * CANCELLED. */
+gptoss_status gptoss_engine_generate(gptoss_engine *engine, const int32_t *prompt, int32_t n_prompt,
+                                     const gptoss_sampling_params *params,
+                                     const gptoss_generate_options *options,
+                                     gptoss_generate_result *result, gptoss_error *error);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Statistics (/metrics)                                                                     */

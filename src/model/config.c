@@ -5,6 +5,7 @@
  * accepting both the `rope_scaling` spelling and the newer `rope_parameters` one.
  */
 #include "model/config.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
 #include <errno.h>
@@ -362,8 +363,8 @@ static void fill_common(gptoss_config *c) {
     c->rms_norm_eps = 1e-5;
     c->swiglu_limit = 7.0;
     c->swiglu_alpha = 1.702;
-    c->eos_token_id = 200002;
-    c->pad_token_id = 199999;
+    c->eos_token_id = GPTOSS_TOKEN_RETURN;
+    c->pad_token_id = GPTOSS_TOKEN_ENDOFTEXT;
 }
 
 gptoss_status gptoss_config_preset(const char *name, gptoss_config *c, gptoss_error *error) {
@@ -459,6 +460,12 @@ int64_t gptoss_config_q_dim(const gptoss_config *c) {
 
 int64_t gptoss_config_kv_dim(const gptoss_config *c) {
     return (int64_t)c->n_kv_heads * c->head_dim;
+}
+
+int32_t gptoss_config_n_sliding_layers(const gptoss_config *c) {
+    int32_t n = 0;
+    for (int32_t l = 0; l < c->n_layers; l++) n += c->layer_is_sliding[l] && c->sliding_window > 0;
+    return n;
 }
 
 static int64_t attention_params(const gptoss_config *c) {

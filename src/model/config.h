@@ -33,6 +33,9 @@ char *gptoss_config_to_json(const gptoss_config *config);
 /* Derived sizes. */
 int64_t gptoss_config_q_dim(const gptoss_config *c);  /* n_heads * head_dim */
 int64_t gptoss_config_kv_dim(const gptoss_config *c); /* n_kv_heads * head_dim */
+/* Layers that attend over a sliding window (layer_is_sliding with sliding_window > 0); the
+ * others attend over the whole context. */
+int32_t gptoss_config_n_sliding_layers(const gptoss_config *c);
 /* Parameter count of the whole checkpoint (MXFP4 values counted as parameters). */
 int64_t gptoss_config_n_params(const gptoss_config *c);
 /* Bytes of the checkpoint's tensors (bf16 + MXFP4 blocks and scales). */

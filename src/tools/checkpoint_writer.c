@@ -8,6 +8,7 @@
 #include "format/safetensors_writer.h"
 #include "model/config.h"
 #include "model/random_init.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
 #include <errno.h>
@@ -93,14 +94,15 @@ static int compare_names(const void *a, const void *b) {
 
 static gptoss_status write_generation_config(const gptoss_config *c, const char *dir, gptoss_error *error) {
     json_t *g = json_object();
-    if (c->vocab_size > 199998) json_object_set_new(g, "bos_token_id", json_integer(199998));
+    if (c->vocab_size > GPTOSS_TOKEN_STARTOFTEXT)
+        json_object_set_new(g, "bos_token_id", json_integer(GPTOSS_TOKEN_STARTOFTEXT));
     json_object_set_new(g, "do_sample", json_true());
     json_t *eos = json_array();
     json_array_append_new(eos, json_integer(c->eos_token_id));
     /* The published file also stops on <|endoftext|> and <|call|> when they exist. */
-    if (c->eos_token_id == 200002 && c->vocab_size > 200012) {
-        json_array_append_new(eos, json_integer(199999));
-        json_array_append_new(eos, json_integer(200012));
+    if (c->eos_token_id == GPTOSS_TOKEN_RETURN && c->vocab_size > GPTOSS_TOKEN_CALL) {
+        json_array_append_new(eos, json_integer(GPTOSS_TOKEN_ENDOFTEXT));
+        json_array_append_new(eos, json_integer(GPTOSS_TOKEN_CALL));
     }
     json_object_set_new(g, "eos_token_id", eos);
     if (c->pad_token_id >= 0) json_object_set_new(g, "pad_token_id", json_integer(c->pad_token_id));

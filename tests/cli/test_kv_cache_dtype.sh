@@ -79,12 +79,12 @@ done
 server_pid=$!
 port=""
 for _ in $(seq 1 300); do
-    grep -q "^ready in" "$dir/serve.log" && break
+    grep -q " serve: ready in" "$dir/serve.log" && break
     kill -0 "$server_pid" 2>/dev/null || fail "serve --kv-cache-dtype fp8 exited: $(cat "$dir/serve.log")"
     sleep 0.1
 done
 port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$dir/serve.log" | head -1)
-[ -n "$port" ] && grep -q "^ready in" "$dir/serve.log" || fail "serve did not become ready: $(cat "$dir/serve.log")"
+[ -n "$port" ] && grep -q " serve: ready in" "$dir/serve.log" || fail "serve did not become ready: $(cat "$dir/serve.log")"
 grep -q "KV cache (fp8 emulated in fp32 pages) 64 blocks x 16 tokens = 1024 tokens" "$dir/serve.log" ||
     fail "serve start-up does not name the FP8 cache: $(cat "$dir/serve.log")"
 code=$(curl -s -m 30 -o "$dir/reply.json" -w '%{http_code}' "http://127.0.0.1:$port/v1/completions" \

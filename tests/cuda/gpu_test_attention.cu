@@ -10,7 +10,7 @@
  * write past the end fails. Prints one line per case, a summary table and the timings last;
  * exits 1 on any failure.
  */
-#include "backend/cuda/attention_tc.h"
+#include "backend/cuda/kernels/attention_tc.h"
 #include "backend/cuda/cuda_kernels.h"
 
 #include <math.h>

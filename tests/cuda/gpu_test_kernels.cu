@@ -13,9 +13,9 @@
  *                                    (default: all; a subset re-checks one kernel family in
  *                                    less time)
  */
-#include "backend/cuda/attention_tc.h"
+#include "backend/cuda/kernels/attention_tc.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/dense_lowp.h"
+#include "backend/cuda/kernels/dense_lowp.h"
 #include "backend/kv_fp8.h"
 
 #include <math.h>

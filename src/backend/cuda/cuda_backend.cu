@@ -22,7 +22,7 @@
  * an error message.
  */
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/attention_tc.h"
+#include "backend/cuda/kernels/attention_tc.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -231,7 +231,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
      * GPTOSS_CUDA_GEMV_KERNEL=ld runs decode projections on the kernel older GPUs run,
      * GPTOSS_CUDA_MOE_PAIR_KERNEL=wide runs one-token experts on the kernel older GPUs run,
      * =fp8 on the FP8 tensor-core kernel (sm_90a; slower so far, see moe_pair_fp8_kernel),
-     * GPTOSS_CUDA_MOE_PATH=1..6 forces a MoE path (default: chosen per step),
+     * GPTOSS_CUDA_MOE_PATH=1..6 or a name forces a MoE path (kernels/moe/moe.h),
      * GPTOSS_CUDA_QKV_ROPE=0 keeps a decode token's RoPE + KV write out of the QKV projection,
      * GPTOSS_CUDA_ADC_WARPS=4 or 8 runs decode attention with that many warps per block
      * everywhere (default: 8 for small grids where the GPU allows, see ADC_SMALL_GRID),
@@ -250,10 +250,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     gptoss_cuda_set_pdl(prop.major >= 9 &&
                         (getenv("GPTOSS_CUDA_PDL") == NULL || strcmp(getenv("GPTOSS_CUDA_PDL"), "0") != 0));
     s->gemv_all = getenv("GPTOSS_CUDA_GEMV") && strcmp(getenv("GPTOSS_CUDA_GEMV"), "all") == 0;
-    if (getenv("GPTOSS_CUDA_MOE_PATH")) {
-        int mp = atoi(getenv("GPTOSS_CUDA_MOE_PATH"));
-        s->moe_path = mp >= 1 && mp <= 6 ? mp : 0;
-    }
+    if (getenv("GPTOSS_CUDA_MOE_PATH")) s->moe_path = gptoss_cuda_moe_path_parse(getenv("GPTOSS_CUDA_MOE_PATH"));
     if (getenv("GPTOSS_CUDA_PROFILE") && strcmp(getenv("GPTOSS_CUDA_PROFILE"), "0") != 0) {
         for (int i = 0; i < GPTOSS_CUDA_MAX_PROF_EVENTS; i++)
             CUDA_TRY(cudaEventCreate(&s->prof_events[i]), "cudaEventCreate");
@@ -979,8 +976,9 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             if (cs != CUBLAS_STATUS_SUCCESS) return cublas_check(cs, "router SGEMM", error);
             gptoss_cuda_router_topk(w->proj, L->router_bias, T, E, K, w->topk_idx, w->topk_weight, k);
         }
-        int moe_path = gptoss_cuda_moe_choose_path(s->moe_path, T, K, &L->moe);
-        if (moe_path != 3 && moe_path != 5) gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k); /* 3 needs none */
+        enum gptoss_moe_path moe_path = gptoss_cuda_moe_choose_path(s->moe_path, T, K, &L->moe);
+        if (moe_path != GPTOSS_MOE_PAIR_GEMV && moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
+            gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
         prof_mark(s, PART_SMALL);
         if (!(AB & 16)) gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
         prof_mark(s, PART_MOE);

@@ -12,7 +12,7 @@
 #define GPTOSS_CUDA_BACKEND_H
 
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/dense_lowp.h"
+#include "backend/cuda/kernels/dense_lowp.h"
 
 #include <cublas_v2.h>
 
@@ -113,7 +113,7 @@ typedef struct gptoss_cuda_state {
     size_t summary_bytes;     /* of summary_host */
     size_t summary_dev_bytes; /* of summary_dev */
     void *summary_scratch;
-    int moe_path;             /* 0 auto, 1 GEMV, 2 GEMM, 3 pair GEMV (tests and A/B runs force one) */
+    enum gptoss_moe_path moe_path; /* GPTOSS_MOE_AUTO, or the path tests and A/B runs force */
     bool attn_tc;            /* tensor-core attention for prefill-shaped steps */
     bool attn_decode;        /* tensor-core split-K attention for decode tokens */
     int32_t router_fused_max; /* steps of up to this many tokens use the fused router */

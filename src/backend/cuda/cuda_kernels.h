@@ -1,5 +1,6 @@
 /*
- * cuda_kernels.h - launchers of the CUDA backend's kernels (kernels.cu, moe_mxfp4.cu).
+ * cuda_kernels.h - launchers of the CUDA backend's kernels (in kernels/; the MoE ones in
+ * kernels/moe/moe.h).
  *
  * Owns nothing: every launcher takes device pointers and a stream and enqueues work; none
  * allocates, synchronizes or checks results (the caller checks cudaGetLastError once per
@@ -16,114 +17,11 @@
 
 typedef __nv_bfloat16 bf16;
 
-/*
- * Programmatic dependent launch (sm_90): a kernel launched through launch_pdl may be
- * scheduled while the kernel before it in the stream is still finishing; it must run
- * pdl_wait() in every block before reading anything that kernel (or an earlier one) wrote,
- * and must not exit before that wait (a grid that finished without waiting would let its
- * own successor run ahead of the predecessor). Work that only reads weights (loads of the
- * first weight rows) goes before the wait, which is where the overlap comes from. Off unless
- * gptoss_cuda_set_pdl(true) (the backend turns it on; GPTOSS_CUDA_PDL=0 keeps it off).
- *
- * pdl_wait() also lets the next kernel launch (griddepcontrol.launch_dependents) as soon as
- * this block is past its own wait, not when the grid exits: the successor's blocks then sit
- * beside this kernel's, run their weight-only prologue (the GEMVs' L2 prefetch, the router's
- * row loads) while this kernel works, and wait. Triggering after the wait keeps the early
- * launch one kernel deep: a chain of waiting grids cannot fill the GPU ahead of the kernel
- * that is running (pdl_trigger_wait below is the one exception, two deep).
- */
+/* Programmatic dependent launch (sm_90) for the kernels launched through launch_pdl
+ * (kernels/ptx.cuh says what a kernel must do); off until set. */
 void gptoss_cuda_set_pdl(bool on);
 bool gptoss_cuda_pdl_enabled(void);
 
-#ifdef __CUDACC__
-static __device__ __forceinline__ void pdl_wait(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#ifndef GPTOSS_PDL_NO_TRIGGER
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-#endif
-}
-
-/*
- * pdl_wait with the trigger first, for a kernel whose successor should launch before this
- * kernel waits. Used by decode attention only: its successor, the O projection, copies its
- * weights before its own wait, and so starts them during RoPE instead of after it (H100
- * tg128: 20b 490.0 -> 492.5, 120b 342.0 -> 343.2). The same in the residual norm before
- * the QKV projection was slower (476.2 and 330.6: the projection's blocks then sit waiting
- * beside the experts' last blocks). A successor must read nothing but weights before its
- * own wait and trigger after it, so the early launch stays two kernels deep; no block is
- * displaced, since a grid launches only once every block of its predecessor has started.
- */
-static __device__ __forceinline__ void pdl_trigger_wait(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#ifndef GPTOSS_PDL_NO_TRIGGER
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-/* Bulk copies into shared memory (sm_90): one thread arms an mbarrier (arrival count 1) with
- * the bytes to come and issues cp.async.bulk copies that complete on it; every thread that
- * reads the data waits for the phase. The barrier's address is a shared-space address. */
-static __device__ __forceinline__ void mbar_init(uint32_t bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    for (uint32_t done = 0; !done;)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-}
-/* One bulk copy global -> shared, completing on bar (which expects the bytes). */
-static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-#endif
-
-/* Whether the code this device runs for kernel was built for compute capability 9.0 or later
- * (from sm_90 SASS or PTX, not a JIT of older PTX): the bulk-copy kernels trap otherwise. */
-static inline bool gptoss_cuda_runs_sm90_code(const void *kernel) {
-    cudaFuncAttributes fa;
-    return cudaFuncGetAttributes(&fa, kernel) == cudaSuccess && fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
-}
-
-/* Sum and max over the 32 lanes of a warp (every lane gets the result). */
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-static __device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-template <typename... KArgs, typename... Args>
-static inline void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                              Args... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = gptoss_cuda_pdl_enabled() ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
-}
-#endif
 
 /* x[t, :] = float(embedding[token_ids[t], :]); x [n_tokens, hidden] f32. */
 void gptoss_cuda_embed(const bf16 *embedding, const int32_t *token_ids, int32_t n_tokens,
@@ -264,92 +162,8 @@ void gptoss_cuda_router_topk(const float *logits, const float *bias, int32_t n_t
                              int32_t n_experts, int32_t k_top, int32_t *topk_idx,
                              float *topk_weight, cudaStream_t stream);
 
-/* Groups the n_tokens*k_top (token, slot) pairs by expert (see moe_mxfp4.cu for the layout of
- * `route`) into tiles of route->tile_rows rows, the tile height of the MoE path that will read
- * it (gptoss_cuda_moe_route sets it from that path). Returns nothing; route lives in device
- * memory of gptoss_cuda_route_bytes bytes. */
-typedef struct gptoss_cuda_route {
-    int32_t *expert_offsets; /* [n_experts + 1] prefix offsets into the sorted rows */
-    int32_t *sorted_token;   /* [n_pairs] token of each sorted row */
-    int32_t *sorted_pair;    /* [n_pairs] token*k_top + slot of each sorted row */
-    int32_t *tile_expert;    /* [max_tiles] expert of each tile, -1 past the end */
-    int32_t *tile_row;       /* [max_tiles] first sorted row of each tile */
-    int32_t *active_experts; /* [n_experts] experts with at least one row, then -1 */
-    int32_t tile_rows;       /* host side: rows per tile the route was built with */
-} gptoss_cuda_route;
-
-#define GPTOSS_MOE_TILE_M 64   /* tile height of the WMMA path (2) */
-#define GPTOSS_MOE_MIN_TILE 8  /* smallest tile of the mma path (4); sizes the route */
-
-/* Tiles a route of tile_rows-row tiles can need: every active expert may end in a partial one. */
-int32_t gptoss_cuda_route_tiles(int32_t n_pairs, int32_t n_experts, int32_t tile_rows);
-int32_t gptoss_cuda_route_max_tiles(int32_t n_pairs, int32_t n_experts);
-size_t gptoss_cuda_route_bytes(int32_t n_pairs, int32_t n_experts);
-void gptoss_cuda_route_bind(void *memory, int32_t n_pairs, int32_t n_experts,
-                            gptoss_cuda_route *route);
-/* path: the resolved path (gptoss_cuda_moe_choose_path) the route is for (not 3). */
-void gptoss_cuda_moe_route(const int32_t *topk_idx, int32_t n_tokens, int32_t k_top,
-                           int32_t n_experts, int path, gptoss_cuda_route *route,
-                           cudaStream_t stream);
-
-/* MXFP4 expert weights of one layer, HF layout (spec 3.4). */
-typedef struct gptoss_cuda_moe_weights {
-    const uint8_t *gate_up_blocks; /* [E, 2I, H/32, 16] */
-    const uint8_t *gate_up_scales; /* [E, 2I, H/32] E8M0 */
-    const float *gate_up_bias;     /* [E, 2I] interleaved gate, up */
-    const uint8_t *down_blocks;    /* [E, H, I/32, 16] */
-    const uint8_t *down_scales;    /* [E, H, I/32] */
-    const float *down_bias;        /* [E, H] */
-    int32_t n_experts, hidden, intermediate;
-    float swiglu_limit, swiglu_alpha;
-    bool mma_ok;      /* set by gptoss_cuda_moe_check_mma: path 4 is exact for this layer */
-    bool pair_mma_ok; /* ... and path 5 is */
-    bool wg_ok;       /* ... and path 6 is, and runs here (mma_ok on an sm_90 device) */
-} gptoss_cuda_moe_weights;
-
-/*
- * The expert MLPs of one layer. t [n_tokens, H] bf16 (normalized input); h scratch
- * [n_pairs, I] (16-bit values: bf16 by sorted row, by pair on path 3; fp16 in the mma
- * layout on path 4); y [n_tokens * k_top, H] f32 (by token*k_top + slot), each row =
- * down(swiglu(gate_up(t))) + down_bias, unweighted. path: 0 = choose
- * (gptoss_cuda_moe_choose_path), 1 = GEMV over the route (up to 8 tokens per pass), 2 = tiled
- * WMMA GEMM, 3 = pair GEMV (n_tokens * k_top <= GPTOSS_MOE_PAIR_MAX; reads topk_idx
- * [n_tokens, k_top] and ignores route, which need not have been built), 4 = mma.sync
- * grouped GEMM with fp16 operands (only where w->mma_ok; it also uses y as scratch for the
- * fp16 copy of t before writing it), 5 = pair GEMV on the tensor cores (like 3; only where
- * w->pair_mma_ok, else 3 for up to 8 pairs; up to GPTOSS_MOE_PAIR5_MAX pairs; chosen for
- * steps of up to 7/8 as many pairs as experts; h by pair as fp16 in the mma layout), 6 =
- * path 4 on wgmma (sm_90a; only where w->wg_ok, else 4; h fp16 in the wgmma layout). The
- * route must have been built for the same path (paths 3 and 5 need none).
- */
-#define GPTOSS_MOE_PAIR_MAX 8
-#define GPTOSS_MOE_PAIR5_MAX 256 /* path 5 takes up to this many pairs */
-int gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int32_t k_top, const gptoss_cuda_moe_weights *w);
-void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
-                     int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route, void *h,
-                     float *y, int path, cudaStream_t stream);
-
-/*
- * Decides w->mma_ok: path 4 dequantizes to fp16 (code * 2^(s-127) exactly) and feeds the
- * inputs as fp16, which is exact when every scale byte of both projections lies in
- * [104, 128], the SwiGLU output bound limit * (limit + 1) and the input bound
- * sqrt(H) * max|input_gain| (an RMSNorm output; input_gain [H] f32 on the device, NULL to
- * skip) stay below 2^15. Also decides w->pair_mma_ok: path 5 scales in fp32, so it needs the
- * same input bounds and scale bytes up to 240. scratch: 4 device words. Synchronizes the
- * stream.
- */
-cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *input_gain, unsigned *scratch,
-                                      cudaStream_t stream);
-
-/* Which kernel path 5 runs (tests and A/B runs): 0 = the default (the TMA kernel on compute
- * capability 9.0 and up, the wide kernel elsewhere), 1 = the wide kernel, 2 = the TMA kernel
- * where it runs (else the wide one). Until called, GPTOSS_CUDA_MOE_PAIR_KERNEL=wide|tma. */
-void gptoss_cuda_moe_set_pair_kernel(int kernel);
-/* The kernel path 5 launches now (1 wide, 2 TMA; decided by gptoss_cuda_moe_prepare). */
-int gptoss_cuda_moe_pair_kernel(void);
-
-/* Raises the GEMV kernels' dynamic shared-memory limit for these widths (call once). */
-cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate);
+/* The MXFP4 mixture-of-experts MLP: routing, the paths, their choice (kernels/moe/). */
+#include "backend/cuda/kernels/moe/moe.h"
 
 /* out[i] = src[rows[i], :], bf16 rows of width `width`. */
 void gptoss_cuda_gather_rows(const bf16 *src, const int32_t *rows, int32_t n_rows, int32_t width,

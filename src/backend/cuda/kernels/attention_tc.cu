@@ -1,7 +1,7 @@
 /*
  * attention_tc.cu - paged sink attention on tensor cores for prefill-sized steps (mma.sync
  * m16n8k16, bf16 in, f32 accumulate; sm_80+). Computes what gptoss_cuda_attention computes
- * with n_splits = 1 (kernels.cu) and replaces it when a step has many tokens; owns no memory.
+ * with n_splits = 1 (attention_split.cu) and replaces it when a step has many tokens; owns no memory.
  *
  * Grid (token tiles, n_kv_heads), latest tile first (causal tiles with the most keys start
  * first). A block takes TQ = 16 * subtiles consecutive tokens of the step and the `group` query
@@ -49,7 +49,9 @@
  * cache's attention with the same 16-bit q and P as the bf16 path; it costs one more pass
  * over shared memory and one more barrier per key tile.
  */
-#include "backend/cuda/attention_tc.h"
+#include "backend/cuda/kernels/attention_tc.h"
+#include "backend/cuda/kernels/traits.h"
+#include "backend/cuda/kernels/ptx.cuh"
 #include "backend/kv_fp8.h"
 
 #include <limits.h>
@@ -63,9 +65,6 @@
 #error "attention_tc.cu needs sm_80 or newer (bf16 mma.sync, cp.async)"
 #endif
 
-#define ATC_MAX_WARPS 8                     /* warps per block; group * subtiles of them compute */
-#define ATC_THREADS (32 * ATC_MAX_WARPS)    /* all of them copy K/V tiles */
-#define ATC_MAX_TOKENS (16 * ATC_MAX_WARPS) /* tokens per block at most (group 1) */
 
 /* Tile shapes by head_dim D, in one place. Shared memory: 2 stages x (K, V) x KEYS x ROW bf16
  * = 36 KB for D = 64, 34 KB for D = 128. */
@@ -405,11 +404,11 @@ static __device__ __forceinline__ void q_fragments(uint32_t (&qf)[NQ][D / 16][4]
     }
 }
 
-/* Grid (ceil(n_tokens / (16 * subtiles)), n_kv_heads), ATC_THREADS threads. E4M3: the pages
+/* Grid (ceil(n_tokens / (16 * subtiles)), n_kv_heads), ATTN_TC_PREFILL_THREADS threads. E4M3: the pages
  * hold e4m3 codes with scales k_scale, v_scale [n_blocks, block_size, n_kv_heads] (else the
  * scales are unused). */
 template <int D, bool E4M3>
-static __global__ void __launch_bounds__(ATC_THREADS, atc_traits<D>::MIN_BLOCKS)
+static __global__ void __launch_bounds__(ATTN_TC_PREFILL_THREADS, atc_traits<D>::MIN_BLOCKS)
 attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_t<E4M3> *v_cache,
                     const float *k_scale, const float *v_scale, const int32_t *positions,
                     const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
@@ -418,7 +417,7 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
     typedef atc_traits<D> tr;
     constexpr int KT = tr::KEYS, SUB = tr::SUB, ROW = tr::ROW;
     __shared__ atc_smem<D, E4M3> sm;
-    __shared__ int32_t tile_pos[ATC_MAX_TOKENS], tile_seq[ATC_MAX_TOKENS]; /* the block's tokens */
+    __shared__ int32_t tile_pos[ATTN_TC_PREFILL_MAX_TOKENS], tile_seq[ATTN_TC_PREFILL_MAX_TOKENS]; /* the block's tokens */
 
     pdl_wait(); /* q, positions and the caches come from earlier kernels */
 
@@ -430,7 +429,7 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
     const int n_tiles = (n_tokens + tokens_per_block - 1) / tokens_per_block;
     const int tb = (n_tiles - 1 - (int)blockIdx.x) * tokens_per_block; /* the block's tokens [tb, te) */
     const int te = min(n_tokens, tb + tokens_per_block);
-    for (int i = threadIdx.x; i < te - tb; i += ATC_THREADS) {
+    for (int i = threadIdx.x; i < te - tb; i += ATTN_TC_PREFILL_THREADS) {
         tile_pos[i] = positions[tb + i];
         tile_seq[i] = token_seq[tb + i];
     }
@@ -491,11 +490,11 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
         /* starts the copy of the key tile at k1 into stage st */
         auto load_stage = [&](int st, int k1) {
             if constexpr (E4M3)
-                load_kv_codes<D, KT, ATC_THREADS>(sm.k_codes[st], sm.v_codes[st], sm.k_scale[st], sm.v_scale[st],
+                load_kv_codes<D, KT, ATTN_TC_PREFILL_THREADS>(sm.k_codes[st], sm.v_codes[st], sm.k_scale[st], sm.v_scale[st],
                                                   k_cache, v_cache, k_scale, v_scale, table, block_size, n_kv_heads,
                                                   kv_head, k1, khi, threadIdx.x);
             else
-                load_kv_tile<D, KT, ATC_THREADS>(sm.k[st], sm.v[st], k_cache, v_cache, table, block_size, n_kv_heads,
+                load_kv_tile<D, KT, ATTN_TC_PREFILL_THREADS>(sm.k[st], sm.v[st], k_cache, v_cache, table, block_size, n_kv_heads,
                                                  kv_head, k1, khi, threadIdx.x);
         };
         load_stage(0, klo);
@@ -507,7 +506,7 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
             cp_async_wait<1>();
             __syncthreads();
             if constexpr (E4M3) { /* the landed codes -> the bf16 tiles, for every warp */
-                decode_kv_tile<D, KT, ATC_THREADS>(sm.k[0], sm.v[0], sm.k_codes[stage], sm.v_codes[stage], threadIdx.x);
+                decode_kv_tile<D, KT, ATTN_TC_PREFILL_THREADS>(sm.k[0], sm.v[0], sm.k_codes[stage], sm.v_codes[stage], threadIdx.x);
                 __syncthreads();
             }
             if (k0 < last_hi && k0 + KT > any_lo) { /* warp-uniform */
@@ -597,7 +596,7 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
  * tile is 8 KB of bf16 K and V for 96 mma). The scalar kernel read its tiles with 4-byte loads
  * into shared memory behind a block barrier and computed one lane per key in fp32.
  *
- * Rounding: q and P enter the tensor cores as three bf16 terms each (ADC_TERMS), 24
+ * Rounding: q and P enter the tensor cores as three bf16 terms each (ATTN_TC_DECODE_BF16_TERMS), 24
  * significant bits, so a decode token's attention is as exact as the fp32 scalar kernel's.
  * With the prefill kernel's two terms (16 bits) the forward tests saw it: a score of 10 moves
  * by about 1e-4, enough to flip the bf16 rounding of a few percent of the outputs, and decode
@@ -606,14 +605,12 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
  * little there. The FP8 form decodes a landed stage into the warp's bf16 tile and applies the
  * scales in fp32 as the prefill kernel does.
  */
-/* W = 8 warps for grids of at most ADC_SMALL_GRID blocks (one-token steps over short spans,
+/* W = 8 warps for grids of at most ATTN_TC_DECODE_SMALL_GRID blocks (one-token steps over short spans,
  * and every sliding layer: one 32-key tile per warp at spans under 256, where 4 warps walked
  * two in a row), 4 otherwise: 8 warps take 147 KB of shared memory per block (D = 64), and a
  * grid of many such blocks keeps the O projection's blocks, which copy their weights before
  * their own wait, off those SMs (H100 tg128: +1.4% at depth 0 and +0.8% at 8192 for the rule;
  * 8 warps everywhere lost 2.2% at 8192). */
-#define ADC_SMALL_GRID 16
-#define ADC_TERMS 3 /* bf16 terms of q and P: 24 significant bits, as the fp32 scalar kernel */
 
 template <int D> struct adc_traits {
     static constexpr int KEYS = D <= 64 ? 32 : 16; /* keys per warp tile */
@@ -701,8 +698,8 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
     cp_async_commit();
     const int head0 = kv_head * group;
     const float log2e = 1.4426950408889634f;
-    uint32_t qf[ADC_TERMS][D / 16][4];
-    q_fragments<D, ADC_TERMS>(qf, frag_row < group ? q + ((size_t)t * n_heads + head0 + frag_row) * D : nullptr,
+    uint32_t qf[ATTN_TC_DECODE_BF16_TERMS][D / 16][4];
+    q_fragments<D, ATTN_TC_DECODE_BF16_TERMS>(qf, frag_row < group ? q + ((size_t)t * n_heads + head0 + frag_row) * D : nullptr,
                               frag_row + 8 < group ? q + ((size_t)t * n_heads + head0 + frag_row + 8) * D : nullptr,
                               frag_col);
     float o[D / 8][4];
@@ -727,7 +724,7 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
         const int tile = E4M3 ? 0 : stage;
         const int k0 = begin + (warp + i * W) * KT;
         float s[KT / 8][4];
-        qk_step<D, KT, ROW, ADC_TERMS>(s, qf, smem_addr(sm.k[tile]) + k_lane);
+        qk_step<D, KT, ROW, ATTN_TC_DECODE_BF16_TERMS>(s, qf, smem_addr(sm.k[tile]) + k_lane);
         if constexpr (E4M3) scale_keys<KT>(s, sm.k_scale[stage], frag_col);
         if (k0 + KT > end) { /* the last tile: keys past the split are zero-filled, masked here */
 #pragma unroll
@@ -738,7 +735,7 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
         }
         const float *v_sc = nullptr;
         if constexpr (E4M3) v_sc = sm.v_scale[stage];
-        softmax_pv_step<D, KT, ROW, E4M3, ADC_TERMS>(s, o, max0, max1, sum0, sum1, smem_addr(sm.v[tile]) + v_lane, v_sc,
+        softmax_pv_step<D, KT, ROW, E4M3, ATTN_TC_DECODE_BF16_TERMS>(s, o, max0, max1, sum0, sum1, smem_addr(sm.v[tile]) + v_lane, v_sc,
                                           frag_col);
         __syncwarp(); /* this stage is refilled by the next iteration's load */
     }
@@ -804,14 +801,14 @@ static int attention_tc_launch(const float *q, const atc_kv_t<E4M3> *k_cache, co
     if (n_tokens <= 0) return 0;
     if (n_heads <= 0 || n_kv_heads <= 0 || n_kv_heads > 65535 || n_heads % n_kv_heads != 0) return -1;
     int32_t group = n_heads / n_kv_heads;
-    if (group > ATC_MAX_WARPS || block_size <= 0 || max_blocks <= 0) return -1;
+    if (group > ATTN_TC_PREFILL_MAX_WARPS || block_size <= 0 || max_blocks <= 0) return -1;
     if ((((uintptr_t)k_cache | (uintptr_t)v_cache) & 15) != 0 || ((uintptr_t)q & 7) != 0 || ((uintptr_t)out & 3) != 0)
         return -1;
     if (E4M3 && (((uintptr_t)k_scale | (uintptr_t)v_scale) & 3) != 0) return -1;
-    int32_t subtiles = ATC_MAX_WARPS / group; /* token tiles of 16 per block: 8 warps when group | 8 */
+    int32_t subtiles = ATTN_TC_PREFILL_MAX_WARPS / group; /* token tiles of 16 per block: 8 warps when group | 8 */
     int32_t tokens_per_block = 16 * subtiles;
     dim3 grid((unsigned)((n_tokens + tokens_per_block - 1) / tokens_per_block), (unsigned)n_kv_heads);
-    dim3 block(ATC_THREADS);
+    dim3 block(ATTN_TC_PREFILL_THREADS);
 #define LAUNCH_ATT_TC(DIM)                                                                                      \
     launch_pdl(attention_tc_kernel<DIM, E4M3>, grid, block, 0, stream, q, k_cache, v_cache, k_scale, v_scale,   \
                positions, token_seq, block_tables, max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, \
@@ -899,14 +896,14 @@ static int attention_decode_launch(const float *q, const atc_kv_t<E4M3> *k_cache
     if (head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 128) return -1;
     if (gptoss_cuda_attention_decode_prepare(head_dim) != cudaSuccess) return -1;
     dim3 grid((unsigned)n_tokens, (unsigned)n_kv_heads, (unsigned)n_splits);
-    /* warps per block: the rule at ADC_SMALL_GRID; GPTOSS_CUDA_ADC_WARPS=4 or 8 forces one */
+    /* warps per block: the rule at ATTN_TC_DECODE_SMALL_GRID; GPTOSS_CUDA_ADC_WARPS=4 or 8 forces one */
     static int forced = -1;
     if (forced < 0) {
         const char *v = getenv("GPTOSS_CUDA_ADC_WARPS");
         forced = v && atoi(v) >= 8 ? 8 : v && atoi(v) > 0 ? 4 : 0;
     }
     const int64_t n_blocks = (int64_t)n_tokens * n_kv_heads * n_splits;
-    const int warps = !adc_wide_ok[head_dim] ? 4 : forced ? forced : n_blocks <= ADC_SMALL_GRID ? 8 : 4;
+    const int warps = !adc_wide_ok[head_dim] ? 4 : forced ? forced : n_blocks <= ATTN_TC_DECODE_SMALL_GRID ? 8 : 4;
 #define LAUNCH_DEC_W(DIM, W)                                                                                         \
     launch_pdl(attention_decode_kernel<DIM, E4M3, W>, grid, dim3(32 * W), W * sizeof(adc_warp_smem<DIM, E4M3>),       \
                stream, q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables, max_blocks,         \

@@ -5,13 +5,15 @@
  *
  * Decode is memory-bound: per token every weight byte crosses the bus once, so halving the
  * bytes of QKV, O and lm_head is the point of the format. The GEMV therefore looks like the
- * bf16 one in kernels.cu (16-byte loads, two rows per warp sharing the activations staged
+ * bf16 one in gemv_bf16.cu (16-byte loads, two rows per warp sharing the activations staged
  * in shared memory, several loads in flight per lane, fp32 accumulation, one warp
  * reduction per row), with 16 weights per load instead of 8.
  *
  * Nothing here allocates or synchronizes; launchers only enqueue.
  */
-#include "backend/cuda/dense_lowp.h"
+#include "backend/cuda/kernels/dense_lowp.h"
+#include "backend/cuda/kernels/traits.h"
+#include "backend/cuda/kernels/ptx.cuh"
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -105,7 +107,7 @@ void gptoss_cuda_quantize_e4m3_rows(const bf16 *w, int32_t n, int32_t k, uint8_t
 /*
  * Grid-stride over pairs of rows, one pair per warp at a time; x [m, k] bf16 staged in
  * shared memory once per block. Lane l takes 16-byte chunks l, l + 32, ... of both rows
- * (16 codes each; E4_UNROLL chunks per row in flight), decodes each half chunk to 8 floats
+ * (16 codes each; FP8_GEMV_LOADS_IN_FLIGHT chunks per row in flight), decodes each half chunk to 8 floats
  * and multiplies them with the matching 8 activations of every token:
  *
  *   codes row r:  | chunk 0 | chunk 1 | ... | chunk k/16 - 1 |    (lane = chunk % 32)
@@ -114,9 +116,6 @@ void gptoss_cuda_quantize_e4m3_rows(const bf16 *w, int32_t n, int32_t k, uint8_t
  * Products of a bf16 and an e4m3 value are exact in fp32; the sums are fp32; the row scale
  * multiplies the warp's total once.
  */
-#define E4_WARPS 8  /* warps per block */
-#define E4_ROWS 2   /* rows per warp: each activation read from shared memory feeds both */
-#define E4_UNROLL 4 /* 16-byte loads per row and lane in flight */
 
 /* Weights are read once per step: load them past L1 (read-only path, no allocation). */
 static __device__ __forceinline__ uint4 load_weights16(const uint4 *p) {
@@ -128,18 +127,18 @@ static __device__ __forceinline__ uint4 load_weights16(const uint4 *p) {
 }
 
 template <int M>
-static __global__ void __launch_bounds__(E4_WARPS * 32)
+static __global__ void __launch_bounds__(FP8_GEMV_WARPS * 32)
 gemv_e4m3_kernel(const uint8_t *codes, const float *row_scale, const bf16 *x, float *y, int32_t m, int32_t n,
                  int32_t k) {
     extern __shared__ __align__(16) unsigned char e4_smem[];
     uint4 *xs = (uint4 *)e4_smem; /* [m][k / 8] */
     const int x_chunks = k >> 3, w_chunks = k >> 4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int first_row = E4_ROWS * (blockIdx.x * E4_WARPS + warp);
-    const int row_step = E4_ROWS * E4_WARPS * gridDim.x;
+    const int first_row = FP8_GEMV_ROWS_PER_WARP * (blockIdx.x * FP8_GEMV_WARPS + warp);
+    const int row_step = FP8_GEMV_ROWS_PER_WARP * FP8_GEMV_WARPS * gridDim.x;
     if (first_row < n) { /* warm L2 with this warp's first rows while the previous kernel finishes */
         const char *p = (const char *)(codes + (size_t)first_row * k);
-        size_t bytes = (size_t)min(E4_ROWS, n - first_row) * k;
+        size_t bytes = (size_t)min(FP8_GEMV_ROWS_PER_WARP, n - first_row) * k;
         for (size_t off = (size_t)lane * 128; off < bytes; off += 32 * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
     }
@@ -147,33 +146,33 @@ gemv_e4m3_kernel(const uint8_t *codes, const float *row_scale, const bf16 *x, fl
     for (int i = threadIdx.x; i < m * x_chunks; i += blockDim.x) xs[i] = ((const uint4 *)x)[i];
     __syncthreads();
     for (int row0 = first_row; row0 < n; row0 += row_step) {
-        const uint4 *wr[E4_ROWS];
+        const uint4 *wr[FP8_GEMV_ROWS_PER_WARP];
 #pragma unroll
-        for (int r = 0; r < E4_ROWS; r++) /* past the last row: repeat it (read, never stored) */
+        for (int r = 0; r < FP8_GEMV_ROWS_PER_WARP; r++) /* past the last row: repeat it (read, never stored) */
             wr[r] = (const uint4 *)(codes + (size_t)min(row0 + r, n - 1) * k);
-        float acc[E4_ROWS][M];
+        float acc[FP8_GEMV_ROWS_PER_WARP][M];
 #pragma unroll
-        for (int r = 0; r < E4_ROWS; r++)
+        for (int r = 0; r < FP8_GEMV_ROWS_PER_WARP; r++)
 #pragma unroll
             for (int i = 0; i < M; i++) acc[r][i] = 0.0f;
-        for (int c0 = lane; c0 < w_chunks; c0 += 32 * E4_UNROLL) {
-            uint4 q[E4_UNROLL][E4_ROWS];
+        for (int c0 = lane; c0 < w_chunks; c0 += 32 * FP8_GEMV_LOADS_IN_FLIGHT) {
+            uint4 q[FP8_GEMV_LOADS_IN_FLIGHT][FP8_GEMV_ROWS_PER_WARP];
 #pragma unroll
-            for (int u = 0; u < E4_UNROLL; u++) {
+            for (int u = 0; u < FP8_GEMV_LOADS_IN_FLIGHT; u++) {
                 const int c = c0 + 32 * u;
 #pragma unroll
-                for (int r = 0; r < E4_ROWS; r++)
+                for (int r = 0; r < FP8_GEMV_ROWS_PER_WARP; r++)
                     q[u][r] = c < w_chunks ? load_weights16(wr[r] + c) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
-            for (int u = 0; u < E4_UNROLL; u++) {
+            for (int u = 0; u < FP8_GEMV_LOADS_IN_FLIGHT; u++) {
                 const int c = c0 + 32 * u;
                 if (c >= w_chunks) break;
 #pragma unroll
                 for (int half = 0; half < 2; half++) { /* codes 8*half .. 8*half+7 of the chunk */
-                    float wf[E4_ROWS][8];
+                    float wf[FP8_GEMV_ROWS_PER_WARP][8];
 #pragma unroll
-                    for (int r = 0; r < E4_ROWS; r++)
+                    for (int r = 0; r < FP8_GEMV_ROWS_PER_WARP; r++)
                         decode8(half ? q[u][r].z : q[u][r].x, half ? q[u][r].w : q[u][r].y, wf[r]);
 #pragma unroll
                     for (int i = 0; i < M; i++) {
@@ -184,7 +183,7 @@ gemv_e4m3_kernel(const uint8_t *codes, const float *row_scale, const bf16 *x, fl
                         for (int j = 0; j < 4; j++) {
                             const float x0 = __uint_as_float(xw[j] << 16), x1 = __uint_as_float(xw[j] & 0xffff0000u);
 #pragma unroll
-                            for (int r = 0; r < E4_ROWS; r++) {
+                            for (int r = 0; r < FP8_GEMV_ROWS_PER_WARP; r++) {
                                 acc[r][i] = fmaf(wf[r][2 * j], x0, acc[r][i]);
                                 acc[r][i] = fmaf(wf[r][2 * j + 1], x1, acc[r][i]);
                             }
@@ -194,7 +193,7 @@ gemv_e4m3_kernel(const uint8_t *codes, const float *row_scale, const bf16 *x, fl
             }
         }
 #pragma unroll
-        for (int r = 0; r < E4_ROWS; r++) {
+        for (int r = 0; r < FP8_GEMV_ROWS_PER_WARP; r++) {
             const int row = row0 + r;
             const float scale = row < n ? row_scale[row] * E4M3_DECODE_FACTOR : 0.0f;
 #pragma unroll
@@ -213,7 +212,7 @@ gemv_e4m3_kernel(const uint8_t *codes, const float *row_scale, const bf16 *x, fl
 static int e4_blocks_per_sm[3];
 
 cudaError_t gptoss_cuda_dense_lowp_prepare(void) {
-    const int threads = E4_WARPS * 32;
+    const int threads = FP8_GEMV_WARPS * 32;
     const size_t x_row = 4096 * sizeof(bf16); /* the widest rows taken */
     cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e4_blocks_per_sm[0], gemv_e4m3_kernel<1>, threads,
                                                                   x_row);
@@ -230,17 +229,17 @@ int gptoss_cuda_gemv_e4m3(const uint8_t *codes, const float *row_scale, const bf
     if (m > GPTOSS_GEMV_MAX_ROWS || k <= 0 || k % 16 != 0 || k > 4096 || ((uintptr_t)codes | (uintptr_t)x) % 16 != 0)
         return 1;
     const size_t smem = (size_t)m * k * sizeof(bf16);
-    const int rows_per_block = E4_ROWS * E4_WARPS;
+    const int rows_per_block = FP8_GEMV_ROWS_PER_WARP * FP8_GEMV_WARPS;
     const int want = (n + rows_per_block - 1) / rows_per_block;
     const int variant = m == 1 ? 0 : m == 2 ? 1 : 2;
     const int cap = (e4_blocks_per_sm[variant] > 0 ? e4_blocks_per_sm[variant] : 1) * (n_sms > 0 ? n_sms : 1);
     const int grid = want < cap ? want : cap;
     if (m == 1)
-        launch_pdl(gemv_e4m3_kernel<1>, dim3(grid), dim3(E4_WARPS * 32), smem, stream, codes, row_scale, x, y, m, n, k);
+        launch_pdl(gemv_e4m3_kernel<1>, dim3(grid), dim3(FP8_GEMV_WARPS * 32), smem, stream, codes, row_scale, x, y, m, n, k);
     else if (m == 2)
-        launch_pdl(gemv_e4m3_kernel<2>, dim3(grid), dim3(E4_WARPS * 32), smem, stream, codes, row_scale, x, y, m, n, k);
+        launch_pdl(gemv_e4m3_kernel<2>, dim3(grid), dim3(FP8_GEMV_WARPS * 32), smem, stream, codes, row_scale, x, y, m, n, k);
     else
-        launch_pdl(gemv_e4m3_kernel<4>, dim3(grid), dim3(E4_WARPS * 32), smem, stream, codes, row_scale, x, y, m, n, k);
+        launch_pdl(gemv_e4m3_kernel<4>, dim3(grid), dim3(FP8_GEMV_WARPS * 32), smem, stream, codes, row_scale, x, y, m, n, k);
     return 0;
 }
 

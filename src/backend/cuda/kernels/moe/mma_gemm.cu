@@ -1,0 +1,318 @@
+/*
+ * mma_gemm.cu - GPTOSS_MOE_MMA_GEMM: the grouped GEMM on mma.sync with fp16 operands over
+ * route tiles of 8 to 128 rows (prefill and batched decode).
+ */
+#include "backend/cuda/kernels/moe/fp4.cuh"
+#include "backend/cuda/kernels/traits.h"
+#include "backend/cuda/kernels/moe/moe_internal.h"
+
+/* ---- mma path: grouped tensor-core GEMM with fp16 operands (GPTOSS_MOE_MMA_GEMM) ------------- */
+
+/*
+ * One launch per projection; grid (weight-row tiles of 192 rows, route tiles of BN sorted rows).
+ * The weight matrix is the M side of mma.sync.m16n8k16 (row-major A, K-major like the
+ * checkpoint) and the routed tokens are the N side, so an expert with only a few tokens wastes
+ * at most BN - rows columns, not a 64-row tile. 6 warps, each owning 32 weight rows (two
+ * m16 fragments) and all BN tokens; fp32 accumulators.
+ *
+ * K runs in blocks of 128 (4 MXFP4 groups). Thread (g = lane / 4, q = lane % 4) takes group q
+ * of each block for its rows g and g + 8 of both fragments: one 16-byte code chunk per row,
+ * read from shared memory. The k order inside an mma is permuted (the sum does not care) so
+ * that a 32-bit word of codes (8 values, nibble i = value i) dequantizes straight into
+ * fragment registers: register i of the word holds the fp16 pair (value i, value i + 4), where
+ * both halves need the same shifts:
+ *
+ *     mag  = (word << (9 - 4i)) & 0x0E000E00    e1 e0 m -> fp16 exponent bits 1..0, mantissa 9
+ *     sign = (word << (12 - 4i)) & 0x80008000
+ *
+ * which is code * 2^-14 exactly (code 1 is the fp16 subnormal 2^-15), and one mul.f16x2 by
+ * 2^(s - 113) makes it code * 2^(s - 127), exact for s in [104, 128] (gptoss_cuda_moe_check_mma).
+ * Word w of the group feeds two k16 steps: registers 0 and 1 (step 0, k low / k high), 2 and 3
+ * (step 1). The activations are stored to match ("mma layout"): inside every 8-value chunk the
+ * order is x0 x4 x1 x5 x2 x6 x3 x7, so one 16-byte shared load gives the B registers of both
+ * steps. The input t is converted to fp16 in that layout by mma_convert_kernel; gate_up
+ * writes h in it directly (rounded to bf16 first, as every other path stores h).
+ *
+ * Shared memory per stage: A 192 rows x 64 bytes (codes, rows in fragment order), B BN rows x
+ * 256 bytes (chunk (word w, group j) of token row r at chunk (4w + j) ^ (r & 1) * 4, so the
+ * eight lanes of a 16-byte load phase cover all 32 banks). cp.async fills STAGES - 1 blocks
+ * ahead; the scale bytes of the block's rows for the whole K range are loaded once up front.
+ *
+ * gate_up: fragment row g of m-frag f is the gate row of unit u = 96 * bx + 16 * warp + 8 * f + g
+ * and row g + 8 its up row, so each thread ends with gate and up of the same (unit, token) and
+ * applies bias + clamped SwiGLU in registers. down: 192 consecutive output rows per block.
+ *
+ * Measured (H100, 20b shapes, 512-token prefill, ncu): with 128-row blocks the kernel was bound
+ * by L2 -> SM traffic (75% of L2 throughput, DRAM 20%): every row block re-reads the token
+ * tile and every token tile re-reads the weights. 192-row blocks cut the token re-reads by a
+ * third, and B is copied through L1 (cp.async.ca) for the co-resident block on the same tokens.
+ */
+/* t [n_rows, k] bf16 -> out [n_rows, k] fp16 in the mma layout; one 8-value chunk per thread. */
+static __global__ void mma_convert_kernel(const bf16 *t, int64_t n_chunks, __half *out) {
+    pdl_wait();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_chunks) return;
+    uint4 v = *(const uint4 *)(t + i * 8);
+    const bf16 *x = (const bf16 *)&v;
+    __align__(16) __half o[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) o[mma_pos(j)] = __float2half_rn(__bfloat162float(x[j]));
+    *(uint4 *)(out + i * 8) = *(const uint4 *)o;
+}
+
+template <int BN>
+struct mma_cfg {
+    static constexpr int STAGES = BN >= 64 ? 3 : 4;
+    static constexpr int MIN_BLOCKS = BN >= 128 ? 1 : 2; /* per SM: caps registers at 168 */
+    static constexpr int A_BYTES = MOE_MMA_BLOCK_ROWS * 64;
+    static constexpr int B_BYTES = BN * 256;
+    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    static size_t smem(int n_groups) {
+        return (size_t)STAGES * STAGE_BYTES + (((size_t)MOE_MMA_BLOCK_ROWS * n_groups + 15) & ~(size_t)15) + 2 * BN * sizeof(int32_t);
+    }
+};
+
+template <bool GATE_UP, int BN>
+static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN>::MIN_BLOCKS)
+moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const __half *act, int32_t k_in,
+               int32_t n_out_rows, gptoss_cuda_route route, float limit, float alpha, __half *h_out, float *y_out) {
+    typedef mma_cfg<BN> C;
+    constexpr int NF = BN / 8;
+    extern __shared__ __align__(16) uint8_t mma_smem[];
+    uint8_t *s_scale = mma_smem + C::STAGES * C::STAGE_BYTES;
+    const int n_groups = k_in >> 5;
+    int32_t *s_src = (int32_t *)(s_scale + (((size_t)MOE_MMA_BLOCK_ROWS * n_groups + 15) & ~(size_t)15)); /* [BN] act row */
+    int32_t *s_dst = s_src + BN;                                                              /* [BN] out row */
+
+    pdl_wait(); /* the route, the input and h come from earlier kernels */
+    const int tile = blockIdx.y;
+    const int e = route.tile_expert[tile];
+    if (e < 0) return;
+    const int r0 = route.tile_row[tile];
+    const int n_rows = min(BN, route.expert_offsets[e + 1] - r0);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const size_t row_bytes = (size_t)n_groups * 16;
+    const uint8_t *eb = blocks + (size_t)e * n_out_rows * row_bytes;
+    const uint8_t *es = scales + (size_t)e * n_out_rows * n_groups;
+    const int n_units = n_out_rows >> 1;
+
+    /* weight row (relative to the block's first, MOE_MMA_BLOCK_ROWS * bx) of fragment row f
+     * (0..MOE_MMA_BLOCK_ROWS-1) */
+    auto local_row = [&](int f) -> int {
+        if (GATE_UP) return 2 * ((f >> 5) * 16 + ((f >> 4) & 1) * 8 + (f & 7)) + ((f >> 3) & 1);
+        return f;
+    };
+    const int row0 = blockIdx.x * MOE_MMA_BLOCK_ROWS, n_valid_rows = min(MOE_MMA_BLOCK_ROWS, n_out_rows - row0);
+
+    for (int i = tid; i < BN; i += MOE_MMA_THREADS) {
+        int r = r0 + min(i, n_rows - 1);
+        s_src[i] = GATE_UP ? route.sorted_token[r] : r;
+        s_dst[i] = GATE_UP ? r : route.sorted_pair[r];
+    }
+    /* the scales of the block's rows, one contiguous range (n_out_rows % 32 == 0 keeps it
+     * 16-byte aligned and a multiple of 16 long); rows past the matrix stay unset and only
+     * feed outputs that are never stored */
+    {
+        const uint8_t *src = es + (size_t)row0 * n_groups;
+        int chunks = n_valid_rows * n_groups / 16;
+        for (int i = tid; i < chunks; i += MOE_MMA_THREADS) cp_async16(s_scale + i * 16, src + (size_t)i * 16, true);
+    }
+    /* this thread's cp.async work per stage: 4 A chunks (rows a_f + BM/4 i, group a_j) and the
+     * B chunks tid, tid + THREADS, ... of BN rows x 16 chunks */
+    const int a_j = tid & 3, a_f = tid >> 2;
+    const uint8_t *a_src[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        a_src[i] = eb + (size_t)(row0 + min(local_row(a_f + (MOE_MMA_BLOCK_ROWS / 4) * i), n_valid_rows - 1)) * row_bytes + a_j * 16;
+    const int n_kb = (n_groups + 3) >> 2;
+    __syncthreads(); /* s_src before the first B copies */
+
+    auto issue = [&](int kb) {
+        uint8_t *sa = mma_smem + (kb % C::STAGES) * C::STAGE_BYTES;
+        uint8_t *sb = sa + C::A_BYTES;
+        int grp_a = kb * 4 + a_j;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            cp_async16(sa + (a_f + (MOE_MMA_BLOCK_ROWS / 4) * i) * 64 + a_j * 16,
+                       grp_a < n_groups ? a_src[i] + (size_t)kb * 64 : eb, grp_a < n_groups);
+#pragma unroll
+        for (int c = tid; c < BN * 16; c += MOE_MMA_THREADS) {
+            int r = c >> 4, b_j = (c >> 2) & 3, b_w = c & 3, grp_b = kb * 4 + b_j;
+            bool ok = grp_b < n_groups && r < n_rows;
+            const __half *src = ok ? act + (size_t)s_src[r] * k_in + grp_b * 32 + b_w * 8 : act;
+            /* cached in L1: the blocks beside this one on the SM work on the same tokens */
+            cp_async16_ca(sb + r * 256 + (((b_w * 4 + b_j) ^ ((r & 1) * 4)) * 16), src, ok);
+        }
+    };
+
+    float acc[2][NF][4];
+#pragma unroll
+    for (int f = 0; f < 2; f++)
+#pragma unroll
+        for (int n = 0; n < NF; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[f][n][c] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < C::STAGES - 1; s++) {
+        if (s < n_kb) issue(s);
+        cp_async_commit();
+    }
+    /* this thread's fragment rows: r = 2 * mfrag + half, row g (half 0) or g + 8 (half 1) */
+    int frow[4], srow[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        frow[r] = warp * 32 + (r >> 1) * 16 + (r & 1) * 8 + g;
+        srow[r] = local_row(frow[r]) * n_groups;
+    }
+
+    for (int kb = 0; kb < n_kb; kb++) {
+        if (kb + C::STAGES - 1 < n_kb) issue(kb + C::STAGES - 1);
+        cp_async_commit();
+        cp_async_wait<C::STAGES - 1>();
+        __syncthreads();
+        const uint8_t *sa = mma_smem + (kb % C::STAGES) * C::STAGE_BYTES;
+        const uint8_t *sb = sa + C::A_BYTES;
+        const int grp = kb * 4 + q;
+        uint4 araw[4];
+        uint32_t mult[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            araw[r] = *(const uint4 *)(sa + frow[r] * 64 + q * 16);
+            uint32_t sc = grp < n_groups ? s_scale[srow[r] + grp] : 127u;
+            mult[r] = ((sc - 98u) << 10) * 0x00010001u; /* fp16x2 2^(s - 113) */
+        }
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            uint32_t R[4][4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                uint32_t word = w == 0 ? araw[r].x : w == 1 ? araw[r].y : w == 2 ? araw[r].z : araw[r].w;
+                mma_fp4_pairs(word, R[r]);
+#pragma unroll
+                for (int i = 0; i < 4; i++) R[r][i] = hmul2_u32(R[r][i], mult[r]);
+            }
+#pragma unroll
+            for (int n = 0; n < NF; n++) {
+                const int row = n * 8 + g;
+                uint4 b = *(const uint4 *)(sb + row * 256 + (((w * 4 + q) ^ ((g & 1) * 4)) * 16));
+#pragma unroll
+                for (int f = 0; f < 2; f++) {
+                    mma_f16(acc[f][n], R[2 * f][0], R[2 * f + 1][0], R[2 * f][1], R[2 * f + 1][1], b.x, b.y);
+                    mma_f16(acc[f][n], R[2 * f][2], R[2 * f + 1][2], R[2 * f][3], R[2 * f + 1][3], b.z, b.w);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    /* epilogue: acc[f][n] = rows (g, g + 8) of m-frag f x tokens (2q, 2q + 1) of n-frag n */
+    const float *ebias = bias + (size_t)e * n_out_rows;
+#pragma unroll
+    for (int f = 0; f < 2; f++) {
+        if (GATE_UP) {
+            int u = blockIdx.x * (MOE_MMA_BLOCK_ROWS / 2) + warp * 16 + f * 8 + g;
+            if (u >= n_units) continue;
+            float bg = ebias[2 * u], bu = ebias[2 * u + 1];
+            int col = (u & ~7) | mma_pos(u & 7);
+#pragma unroll
+            for (int n = 0; n < NF; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    int tok = n * 8 + 2 * q + c;
+                    if (tok >= n_rows) continue;
+                    float v = swiglu(acc[f][n][c] + bg, acc[f][n][2 + c] + bu, limit, alpha);
+                    h_out[(size_t)s_dst[tok] * n_units + col] = h_as_half(v);
+                }
+        } else {
+            int row = blockIdx.x * MOE_MMA_BLOCK_ROWS + warp * 32 + f * 16 + g;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                int rr = row + 8 * hh;
+                if (rr >= n_out_rows) continue;
+                float b = ebias[rr];
+#pragma unroll
+                for (int n = 0; n < NF; n++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        int tok = n * 8 + 2 * q + c;
+                        if (tok >= n_rows) continue;
+                        y_out[(size_t)s_dst[tok] * n_out_rows + rr] = acc[f][n][2 * hh + c] + b;
+                    }
+            }
+        }
+    }
+}
+
+
+/* Route tile height for the mma path: a power of two in [8, 128] chosen from the expected
+ * rows per active expert (below). */
+int32_t gptoss_moe_mma_tile_rows(int32_t n_tokens, int32_t k_top, int32_t n_experts) {
+    int32_t pairs = n_tokens * k_top;
+    int32_t active = pairs < n_experts ? pairs : n_experts;
+    int32_t avg = active > 0 ? (pairs + active - 1) / active : 1;
+    static int32_t cap = 0; /* GPTOSS_CUDA_MOE_MAX_TILE caps the height (A/B measurements) */
+    if (cap == 0) {
+        const char *v = getenv("GPTOSS_CUDA_MOE_MAX_TILE");
+        /* 64 by default: measured on an H100 (20b, 2048-token prefill, 256 rows per expert),
+         * 128-row tiles took 54 ms of MoE against 41 ms for 64 (255 registers, one block per SM) */
+        cap = v && atoi(v) >= 8 && atoi(v) <= 128 ? atoi(v) : 64;
+    }
+    /* The height grows while it is under 1.25 times the average (GPTOSS_CUDA_MOE_TILE_PCT,
+     * default 125): an expert with more rows than the tile takes a second tile, which
+     * dequantizes its weights again, while a taller tile multiplies more empty rows: at 12 rows
+     * per expert (120b), 32-row tiles instead of 16 were 5% slower (see bench/CUDA.md, "MoE mma
+     * GEMM: route tile height"). */
+    static int32_t pct = 0;
+    if (pct == 0) {
+        const char *v = getenv("GPTOSS_CUDA_MOE_TILE_PCT");
+        pct = v && atoi(v) >= 50 && atoi(v) <= 800 ? atoi(v) : 125;
+    }
+    int32_t bn = GPTOSS_MOE_MIN_TILE;
+    while (bn * 100 < avg * pct && bn < cap) bn *= 2;
+    return bn;
+}
+
+template <int BN>
+static void launch_mma(const gptoss_cuda_moe_weights *w, const __half *t16, int32_t n_pairs,
+                       const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream) {
+    int32_t H = w->hidden, I = w->intermediate;
+    int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, BN);
+    launch_pdl(moe_mma_kernel<true, BN>, dim3((2 * I + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles), dim3(MOE_MMA_THREADS), mma_cfg<BN>::smem(H / 32),
+               stream, w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, t16, H, 2 * I, *route,
+               w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
+    launch_pdl(moe_mma_kernel<false, BN>, dim3((H + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles), dim3(MOE_MMA_THREADS),
+               mma_cfg<BN>::smem(I / 32), stream, w->down_blocks, w->down_scales, w->down_bias,
+               (const __half *)h, I, H, *route, w->swiglu_limit, w->swiglu_alpha, (__half *)nullptr, y);
+}
+
+void gptoss_moe_mma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens, int32_t k_top,
+                         const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream) {
+    int32_t n_pairs = n_tokens * k_top;
+    __half *t16 = (__half *)y; /* y is free until the down projection writes it */
+    int64_t chunks = (int64_t)n_tokens * w->hidden / 8;
+    launch_pdl(mma_convert_kernel, dim3((unsigned)((chunks + 255) / 256)), dim3(256), 0, stream, t, chunks, t16);
+    switch (route->tile_rows) {
+    case 8: launch_mma<8>(w, t16, n_pairs, route, h, y, stream); break;
+    case 16: launch_mma<16>(w, t16, n_pairs, route, h, y, stream); break;
+    case 32: launch_mma<32>(w, t16, n_pairs, route, h, y, stream); break;
+    case 64: launch_mma<64>(w, t16, n_pairs, route, h, y, stream); break;
+    default: launch_mma<128>(w, t16, n_pairs, route, h, y, stream); break;
+    }
+}
+
+/* Raises the kernels' dynamic shared-memory limits for widths up to `widest`. */
+cudaError_t gptoss_moe_mma_gemm_prepare(int32_t widest) {
+    cudaError_t err = cudaSuccess;
+#define RAISE_MMA(BN)                                                                                    \
+    if (err == cudaSuccess)                                                                              \
+        err = cudaFuncSetAttribute(moe_mma_kernel<true, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                   (int)mma_cfg<BN>::smem(widest / 32));                                 \
+    if (err == cudaSuccess)                                                                              \
+        err = cudaFuncSetAttribute(moe_mma_kernel<false, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                   (int)mma_cfg<BN>::smem(widest / 32));
+    RAISE_MMA(8) RAISE_MMA(16) RAISE_MMA(32) RAISE_MMA(64) RAISE_MMA(128)
+#undef RAISE_MMA
+    return err;
+}
+
