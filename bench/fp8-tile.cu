@@ -13,7 +13,7 @@
 // error of each form's row sums against a double-precision host reference.
 // Build and run on the GPU machine:
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o fp8-tile bench/fp8-tile.cu && ./fp8-tile
-// Numbers: bench/RESULTS.md, "The experts' arithmetic on FP8 tensor cores".
+// Numbers: bench/history/2026-11-25-experts-fp8-tensor-cores.md.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

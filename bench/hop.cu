@@ -9,7 +9,7 @@
 //     it (the cheapest possible hand-over, the floor for a one-kernel decode step).
 // Events around 500 steps; median of 7. Build and run on the GPU machine:
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o hop bench/hop.cu && ./hop
-// Numbers: bench/RESULTS.md, "What a dependency costs".
+// Numbers: bench/history/2026-11-25-decode-eighth-pass.md, "what one dependency costs".
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

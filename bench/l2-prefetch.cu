@@ -5,7 +5,8 @@
 // wait 30 us, then time a read of those N MB in reversed block order (other SMs than the
 // warming ones). Events; median of 5. Build and run on the GPU machine:
 //   nvcc -O2 -gencode=arch=compute_90a,code=sm_90a -o l2-prefetch bench/l2-prefetch.cu && ./l2-prefetch
-// Numbers: bench/RESULTS.md, "L2 prefetch of the next projection's weights".
+// Numbers: bench/history/2026-11-25-decode-seventh-pass.md, "L2 prefetch of the next
+// projection's weights".
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>

@@ -9,8 +9,8 @@
  * spec section 6.1). Knows nothing of HTTP or of the OpenAI request format (openai_chat.h).
  *
  * The rendering rules follow OpenAI's harmony library byte for byte (spec section 6,
- * ../shared/reference/harmony/README.md); tests/chat/test_harmony_cases.c checks every
- * reference case.
+ * ../shared/reference/harmony/README.md); tests/chat/test_harmony_render.c and
+ * test_harmony_parse.c check every reference case.
  *
  * Ownership: a conversation owns every string and content item reachable from it (malloc'd);
  * tool parameter schemas are jansson references owned by the tool. Free with
