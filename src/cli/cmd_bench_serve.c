@@ -57,6 +57,11 @@ static void help(FILE *out) {
         "  --temperature T      send temperature T (0 = greedy); default: not sent, the server's\n"
         "                       default applies, as for a client that does not set it\n"
         "  --top-p P            send top_p P in (0, 1]; default: not sent\n"
+        "  --logprobs N         ask for logprobs with N alternatives per token (0..20) on every\n"
+        "                       request; default: not asked\n"
+        "  --requests-per-client K\n"
+        "                       with --concurrency: each run sends min(N, K x concurrency)\n"
+        "                       requests (K per client), not N at every level\n"
         "  --seed S             workload seed (default 0)\n"
         "  --timeout S          per-request socket timeout in seconds (default 600)\n"
         "\n"
@@ -249,6 +254,7 @@ typedef struct bench {
     bool chat;
     bool has_temperature, has_top_p; /* send them only when given */
     double temperature, top_p;
+    int32_t logprobs; /* alternatives asked per token (-1: no logprobs asked) */
     int timeout_ms;
     work_item *items; /* [n_items] */
     result *results;  /* [n_items] */
@@ -264,6 +270,12 @@ static void run_one(bench *b, int32_t i) {
                             "ignore_eos", 1);
     if (b->has_temperature) json_object_set_new(req, "temperature", json_real(b->temperature));
     if (b->has_top_p) json_object_set_new(req, "top_p", json_real(b->top_p));
+    if (b->logprobs >= 0 && b->chat) {
+        json_object_set_new(req, "logprobs", json_true());
+        json_object_set_new(req, "top_logprobs", json_integer(b->logprobs));
+    } else if (b->logprobs >= 0) {
+        json_object_set_new(req, "logprobs", json_integer(b->logprobs));
+    }
     if (b->chat) {
         json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", w->prompt);
         json_object_set_new(req, "messages", msgs);
@@ -616,6 +628,7 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
     const char *endpoint = "completions", *plot_metric = "total";
     int64_t n_requests = 0, input_len = 0, output_len = 0, seed = 0, timeout_s = 600, gpus = 1;
     bool sharegpt = false, has_temperature = false, has_top_p = false;
+    int64_t logprobs = -1, per_client = 0;
     double temperature = 0, top_p = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -672,6 +685,12 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--output-len") && v) {
             if (!cli_parse_i64(argv[++i], 1, 1 << 20, &output_len))
                 return cli_usage_error("bench-serve", "--output-len needs a positive integer");
+        } else if (!strcmp(a, "--logprobs") && v) {
+            if (!cli_parse_i64(argv[++i], 0, 20, &logprobs))
+                return cli_usage_error("bench-serve", "--logprobs needs an integer in [0, 20]");
+        } else if (!strcmp(a, "--requests-per-client") && v) {
+            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &per_client))
+                return cli_usage_error("bench-serve", "--requests-per-client needs a positive integer");
         } else if (!strcmp(a, "--seed") && v) {
             if (!cli_parse_i64(argv[++i], 0, INT64_MAX, &seed))
                 return cli_usage_error("bench-serve", "--seed needs a non-negative integer");
@@ -715,6 +734,7 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
         b.url.path_prefix[plen - 3] = '\0';
     b.api_key = api_key, b.chat = !strcmp(endpoint, "chat"), b.timeout_ms = (int)(timeout_s * 1000);
     b.has_temperature = has_temperature, b.temperature = temperature;
+    b.logprobs = (int32_t)logprobs;
     b.has_top_p = has_top_p, b.top_p = top_p;
 
     char *models_body = NULL;
@@ -781,8 +801,12 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
     GPTOSS_LOG_I("bench-serve", "%s/v1/%s model '%s', %d requests per run, %s", url_text,
                  b.chat ? "chat/completions" : "completions", model, b.n_items, sampling);
     int n_runs = levels_text ? n_levels : 1;
+    const int32_t n_items_all = b.n_items;
     for (int run = 0; run < n_runs; run++) {
+        b.n_items = n_items_all;
         reset_results(&b);
+        if (levels_text && per_client > 0 && per_client * levels[run] < n_items_all)
+            b.n_items = (int32_t)(per_client * levels[run]);
         char label[64];
         double t0 = cli_now_seconds();
         if (levels_text) {
@@ -828,6 +852,7 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
                                 isfinite(rate) ? json_real(rate) : json_string("inf"));
         json_array_append_new(runs, o);
     }
+    b.n_items = n_items_all;
     rc = 0;
     for (size_t i = 0; i < json_array_size(runs); i++)
         if (json_integer_value(json_object_get(json_array_get(runs, i), "completed")) == 0) rc = 1;
