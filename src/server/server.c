@@ -197,9 +197,14 @@ void server_access_set_note(server_access *a, const char *note) {
 
 void server_access_release(server_access *a) {
     if (!a || atomic_fetch_sub(&a->refs, 1) != 1) return;
-    gptoss_log_level level = a->status >= 500 || a->status == 0 ? GPTOSS_LOG_ERROR
-                             : a->status >= 400                 ? GPTOSS_LOG_WARN
-                                                                : GPTOSS_LOG_INFO;
+    /* 503 (loading, draining) and 4xx are the client's to handle: warn; other 5xx: error. */
+    gptoss_log_level level = (a->status >= 500 && a->status != 503) || a->status == 0
+                                 ? GPTOSS_LOG_ERROR
+                             : a->status >= 400 ? GPTOSS_LOG_WARN
+                                                : GPTOSS_LOG_INFO;
+    /* Health checks and scrapes come every few seconds from machines: debug, when answered. */
+    if (level == GPTOSS_LOG_INFO && (!strcmp(a->path, "/health") || !strcmp(a->path, "/metrics")))
+        level = GPTOSS_LOG_DEBUG;
     const char *note = atomic_load(&a->note);
     gptoss_log(level, "serve", "%s %s %u prompt_tokens=%d completion_tokens=%d %.1f ms%s%s",
                a->method, a->path, a->status, atomic_load(&a->prompt_tokens),
