@@ -187,10 +187,9 @@ void api_sse(api_call *c, json_t *chunk) {
 json_t *api_usage(api_call *c) {
     gen_usage u = generation_usage(c->gen);
     if (c->request) c->cached_prompt_tokens = gptoss_request_cached_prompt_tokens(c->request);
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", c->n_prompt,
-                     "completion_tokens", u.completion_tokens, "total_tokens",
-                     c->n_prompt + u.completion_tokens, "prompt_tokens_details", "cached_tokens",
-                     c->cached_prompt_tokens);
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", c->n_prompt, "completion_tokens",
+                     u.completion_tokens, "total_tokens", c->n_prompt + u.completion_tokens,
+                     "prompt_tokens_details", "cached_tokens", c->cached_prompt_tokens);
 }
 
 static json_t *token_text_json(const gptoss_tokenizer *t, int32_t id, json_t **bytes_out) {

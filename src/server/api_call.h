@@ -19,9 +19,9 @@
 typedef struct api_call api_call;
 
 typedef struct api_encoder {
-    const char *name;          /* for log lines: "chat.completions" */
-    const char *id_prefix;     /* response ids: "chatcmpl" -> "chatcmpl-<hex>" */
-    gen_text_mode text_mode;   /* how tokens become text */
+    const char *name;        /* for log lines: "chat.completions" */
+    const char *id_prefix;   /* response ids: "chatcmpl" -> "chatcmpl-<hex>" */
+    gen_text_mode text_mode; /* how tokens become text */
     /* Per-call encoder state (calloc'd by the caller with state_size bytes, n_choices known);
      * init may allocate more (false: out of memory), fini frees what init allocated. */
     size_t state_size;

@@ -76,9 +76,9 @@ static void send_chunk(api_call *call, int32_t index, json_t *delta, const char 
     json_object_set_new(ch, "delta", delta);
     json_object_set_new(ch, "logprobs", logprobs ? logprobs : json_null());
     json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
-    json_t *chunk = json_pack("{s:s, s:s, s:I, s:s}", "id", call->id, "object",
-                              "chat.completion.chunk", "created", (json_int_t)call->created,
-                              "model", call->model_name);
+    json_t *chunk =
+        json_pack("{s:s, s:s, s:I, s:s}", "id", call->id, "object", "chat.completion.chunk",
+                  "created", (json_int_t)call->created, "model", call->model_name);
     json_t *choices = json_array();
     json_array_append_new(choices, ch);
     json_object_set_new(chunk, "choices", choices);
@@ -98,8 +98,9 @@ static void flush_delta(api_call *call, chat_state *st, int32_t index) {
         st->delta_logprobs) {
         json_t *d = json_object();
         if (st->delta_reasoning.len)
-            json_object_set_new(d, "reasoning_content",
-                                server_json_text(st->delta_reasoning.data, st->delta_reasoning.len));
+            json_object_set_new(
+                d, "reasoning_content",
+                server_json_text(st->delta_reasoning.data, st->delta_reasoning.len));
         if (st->delta_content.len)
             json_object_set_new(d, "content",
                                 server_json_text(st->delta_content.data, st->delta_content.len));
@@ -115,8 +116,8 @@ static void flush_delta(api_call *call, chat_state *st, int32_t index) {
         if (!strcmp(st->finish_reason, "error")) {
             const char *m = generation_error(call->gen);
             api_sse(call, json_pack("{s:{s:o, s:s, s:n, s:n}}", "error", "message",
-                                    server_json_text(m, strlen(m)), "type", "server_error",
-                                    "param", "code"));
+                                    server_json_text(m, strlen(m)), "type", "server_error", "param",
+                                    "code"));
         }
         send_chunk(call, index, json_object(), st->finish_reason, NULL);
         st->finish_reason = NULL;
@@ -129,8 +130,7 @@ static void chat_event(api_call *call, void *state, const gen_event *ev) {
     bool stream = call->params.stream;
     switch (ev->kind) {
     case GEN_LOGPROB:
-        append_new(stream ? &st->delta_logprobs : &c->logprobs,
-                   api_logprob_entry(call, ev->token));
+        append_new(stream ? &st->delta_logprobs : &c->logprobs, api_logprob_entry(call, ev->token));
         break;
     case GEN_REASONING:
         gptoss_chat_buf_append(stream ? &st->delta_reasoning : &c->reasoning, ev->text, ev->len);
@@ -149,16 +149,16 @@ static void chat_event(api_call *call, void *state, const gen_event *ev) {
             close_tool_call(c);
             c->tool_args.len = 0;
             append_new(&c->tool_calls,
-                       json_pack("{s:s, s:s, s:{s:o, s:s}}", "id", ev->call_id, "type",
-                                 "function", "function", "name", name, "arguments", ""));
+                       json_pack("{s:s, s:s, s:{s:o, s:s}}", "id", ev->call_id, "type", "function",
+                                 "function", "name", name, "arguments", ""));
         }
         break;
     }
     case GEN_TOOL_ARGUMENTS:
         if (stream)
             append_new(&st->delta_tool_calls,
-                       json_pack("{s:i, s:{s:o}}", "index", ev->tool_index, "function",
-                                 "arguments", server_json_text(ev->text, ev->len)));
+                       json_pack("{s:i, s:{s:o}}", "index", ev->tool_index, "function", "arguments",
+                                 server_json_text(ev->text, ev->len)));
         else
             gptoss_chat_buf_append(&c->tool_args, ev->text, ev->len);
         break;
@@ -177,9 +177,9 @@ static void chat_event(api_call *call, void *state, const gen_event *ev) {
 
 static json_t *chat_usage(api_call *call) {
     json_t *u = api_usage(call);
-    json_object_set_new(u, "completion_tokens_details",
-                        json_pack("{s:i}", "reasoning_tokens",
-                                  generation_usage(call->gen).reasoning_tokens));
+    json_object_set_new(
+        u, "completion_tokens_details",
+        json_pack("{s:i}", "reasoning_tokens", generation_usage(call->gen).reasoning_tokens));
     return u;
 }
 
@@ -200,11 +200,11 @@ static json_t *chat_response(api_call *call, void *state) {
     for (int32_t i = 0; i < st->n; i++) {
         chat_choice *c = &st->choices[i];
         json_t *msg = json_pack("{s:s}", "role", "assistant");
-        json_object_set_new(msg, "content",
-                            c->content.len || !c->tool_calls
-                                ? server_json_text(c->content.data ? c->content.data : "",
-                                                   c->content.len)
-                                : json_null());
+        json_object_set_new(
+            msg, "content",
+            c->content.len || !c->tool_calls
+                ? server_json_text(c->content.data ? c->content.data : "", c->content.len)
+                : json_null());
         json_object_set_new(msg, "reasoning_content",
                             c->reasoning.len ? server_json_text(c->reasoning.data, c->reasoning.len)
                                              : json_null());
@@ -245,9 +245,9 @@ server_reply server_chat_completions(gptoss_server *s, const server_request *htt
     gptoss_sampling_params *p = &params.sampling;
     bool present = false;
     int32_t max_completion_tokens = 0;
-    ok = ok && param_bool(req, "logprobs", &p->logprobs, &fe) &&
-         param_int(req, "top_logprobs", 0, GPTOSS_MAX_TOP_LOGPROBS, &p->top_logprobs, &present,
-                   &fe);
+    ok =
+        ok && param_bool(req, "logprobs", &p->logprobs, &fe) &&
+        param_int(req, "top_logprobs", 0, GPTOSS_MAX_TOP_LOGPROBS, &p->top_logprobs, &present, &fe);
     if (ok && present && p->top_logprobs > 0 && !p->logprobs)
         ok = field_fail(&fe, "top_logprobs", "top_logprobs: needs \"logprobs\": true");
     ok = ok && param_int(req, "max_completion_tokens", 1, INT32_MAX, &max_completion_tokens,
@@ -274,8 +274,8 @@ server_reply server_chat_completions(gptoss_server *s, const server_request *htt
         return server_error(oom ? 500 : 400, oom ? "server_error" : "invalid_request_error",
                             param[0] ? param : NULL, NULL, "%s", err.message);
     }
-    reply = api_call_serve(s, http, &api_chat_encoder, prompt.tokens.ids,
-                           (int32_t)prompt.tokens.n, &params);
+    reply = api_call_serve(s, http, &api_chat_encoder, prompt.tokens.ids, (int32_t)prompt.tokens.n,
+                           &params);
     gptoss_chat_prompt_free(&prompt);
     return reply;
 }

@@ -57,9 +57,8 @@ static json_t *completion_logprobs(const json_t *entries) {
         json_t *top = json_object();
         size_t k;
         json_t *alt;
-        json_array_foreach(json_object_get(e, "top_logprobs"), k, alt)
-            json_object_set(top, json_string_value(json_object_get(alt, "token")),
-                            json_object_get(alt, "logprob"));
+        json_array_foreach(json_object_get(e, "top_logprobs"), k, alt) json_object_set(
+            top, json_string_value(json_object_get(alt, "token")), json_object_get(alt, "logprob"));
         json_array_append_new(tops, top);
         json_array_append_new(offsets, json_integer((json_int_t)offset));
         offset += json_string_length(tok);
@@ -69,8 +68,8 @@ static json_t *completion_logprobs(const json_t *entries) {
 }
 
 static json_t *chunk_base(api_call *call) {
-    return json_pack("{s:s, s:s, s:I, s:s}", "id", call->id, "object", "text_completion",
-                     "created", (json_int_t)call->created, "model", call->model_name);
+    return json_pack("{s:s, s:s, s:I, s:s}", "id", call->id, "object", "text_completion", "created",
+                     (json_int_t)call->created, "model", call->model_name);
 }
 
 static void send_chunk(api_call *call, int32_t index, json_t *text, const char *finish,
@@ -88,8 +87,9 @@ static void send_chunk(api_call *call, int32_t index, json_t *text, const char *
 
 static void flush_delta(api_call *call, completion_state *st, int32_t index) {
     if (st->delta.len || st->delta_logprobs)
-        send_chunk(call, index, server_json_text(st->delta.data ? st->delta.data : "", st->delta.len),
-                   NULL, st->delta_logprobs ? completion_logprobs(st->delta_logprobs) : NULL);
+        send_chunk(call, index,
+                   server_json_text(st->delta.data ? st->delta.data : "", st->delta.len), NULL,
+                   st->delta_logprobs ? completion_logprobs(st->delta_logprobs) : NULL);
     st->delta.len = 0;
     json_decref(st->delta_logprobs);
     st->delta_logprobs = NULL;
@@ -97,8 +97,8 @@ static void flush_delta(api_call *call, completion_state *st, int32_t index) {
         if (!strcmp(st->finish_reason, "error")) {
             const char *m = generation_error(call->gen);
             api_sse(call, json_pack("{s:{s:o, s:s, s:n, s:n}}", "error", "message",
-                                    server_json_text(m, strlen(m)), "type", "server_error",
-                                    "param", "code"));
+                                    server_json_text(m, strlen(m)), "type", "server_error", "param",
+                                    "code"));
         }
         send_chunk(call, index, json_string(""), st->finish_reason, NULL);
         st->finish_reason = NULL;
@@ -239,8 +239,7 @@ server_reply server_completions(gptoss_server *s, const server_request *http) {
     request_params params;
     gptoss_tokens prompt = {0};
     bool ok = request_params_parse(req, vocab, s->max_num_seqs, &params, &fe) &&
-              completion_fields(req, &params, &fe) &&
-              request_params_finish(&params, vocab, &fe) &&
+              completion_fields(req, &params, &fe) && request_params_finish(&params, vocab, &fe) &&
               completion_prompt(s, req, &prompt, &fe);
     json_decref(req);
     if (!ok) {
@@ -248,8 +247,8 @@ server_reply server_completions(gptoss_server *s, const server_request *http) {
         gptoss_tokens_free(&prompt);
         return api_bad_request(&fe);
     }
-    reply = api_call_serve(s, http, &api_completions_encoder, prompt.ids, (int32_t)prompt.n,
-                           &params);
+    reply =
+        api_call_serve(s, http, &api_completions_encoder, prompt.ids, (int32_t)prompt.n, &params);
     gptoss_tokens_free(&prompt);
     return reply;
 }

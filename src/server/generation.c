@@ -115,8 +115,8 @@ static void add_content(generation *g, choice_state *c, const char *text, size_t
     size_t from = old_len >= g->max_stop_len ? old_len - g->max_stop_len + 1 : 0;
     size_t best = SIZE_MAX;
     for (int i = 0; i < g->options.n_stops; i++) {
-        const char *hit = memmem(c->content.data + from, c->content.len - from,
-                                 g->options.stops[i], g->options.stop_lens[i]);
+        const char *hit = memmem(c->content.data + from, c->content.len - from, g->options.stops[i],
+                                 g->options.stop_lens[i]);
         if (hit && (size_t)(hit - c->content.data) < best) best = (size_t)(hit - c->content.data);
     }
     if (best != SIZE_MAX) {
@@ -128,8 +128,7 @@ static void add_content(generation *g, choice_state *c, const char *text, size_t
         if (g->request) gptoss_request_stop_choice(g->request, c->index);
         return;
     }
-    size_t safe =
-        c->content.len > g->max_stop_len - 1 ? c->content.len - (g->max_stop_len - 1) : 0;
+    size_t safe = c->content.len > g->max_stop_len - 1 ? c->content.len - (g->max_stop_len - 1) : 0;
     /* Never split a UTF-8 sequence: back up to the start of the one `safe` falls into. */
     while (safe > c->content_emitted && ((unsigned char)c->content.data[safe] & 0xC0) == 0x80)
         safe--;
@@ -144,10 +143,8 @@ static void chat_pieces(generation *g, choice_state *c, bool *reasoning_token) {
         switch (p->kind) {
         case GPTOSS_CHAT_PIECE_REASONING:
             *reasoning_token = true;
-            emit(g, (gen_event){.kind = GEN_REASONING,
-                                .choice = c->index,
-                                .text = p->text,
-                                .len = p->len});
+            emit(g, (gen_event){
+                        .kind = GEN_REASONING, .choice = c->index, .text = p->text, .len = p->len});
             break;
         case GPTOSS_CHAT_PIECE_CONTENT:
             add_content(g, c, p->text, p->len);

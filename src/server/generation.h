@@ -40,8 +40,8 @@ typedef enum gen_event_kind {
 
 typedef struct gen_event {
     gen_event_kind kind;
-    int32_t choice;                   /* 0..n-1 */
-    const char *text;                 /* REASONING/CONTENT/TOOL_ARGUMENTS bytes (not NUL-ended) */
+    int32_t choice;   /* 0..n-1 */
+    const char *text; /* REASONING/CONTENT/TOOL_ARGUMENTS bytes (not NUL-ended) */
     size_t len;
     int32_t tool_index;               /* TOOL_CALL/TOOL_ARGUMENTS */
     const char *call_id, *name;       /* TOOL_CALL */
@@ -53,9 +53,9 @@ typedef void (*gen_sink_fn)(void *user, const gen_event *event);
 
 typedef struct gen_options {
     gen_text_mode text_mode;
-    int32_t n_choices;          /* 1.. */
-    bool logprobs;              /* emit GEN_LOGPROB for every token */
-    const char *const *stops;   /* [n_stops] stop strings (borrowed) */
+    int32_t n_choices;        /* 1.. */
+    bool logprobs;            /* emit GEN_LOGPROB for every token */
+    const char *const *stops; /* [n_stops] stop strings (borrowed) */
     const size_t *stop_lens;
     int n_stops;
     const char *call_id_prefix; /* tool call ids (harmony mode), unique per request */

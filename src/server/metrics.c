@@ -81,11 +81,13 @@ server_reply server_metrics(gptoss_server *s, const server_request *request) {
         gauge(&b, "gptoss:num_requests_waiting", "gauge", "Sequences waiting to start or resume", m,
               st.n_waiting);
         gauge(&b, "gptoss:kv_cache_usage_perc", "gauge",
-              "Fraction of KV blocks in use (0-1; full-attention pool, or both where they share pages)", m,
-              st.kv_blocks_total ? (double)st.kv_blocks_used / st.kv_blocks_total : 0.0);
+              "Fraction of KV blocks in use (0-1; full-attention pool, or both where they share "
+              "pages)",
+              m, st.kv_blocks_total ? (double)st.kv_blocks_used / st.kv_blocks_total : 0.0);
         gauge(&b, "gptoss:kv_cache_blocks_used", "gauge",
-              "KV blocks referenced by sequences (full-attention pool, or both where they share pages)", m,
-              st.kv_blocks_used);
+              "KV blocks referenced by sequences (full-attention pool, or both where they share "
+              "pages)",
+              m, st.kv_blocks_used);
         gauge(&b, "gptoss:kv_cache_blocks_cached", "gauge",
               "Idle KV blocks kept for the prefix cache", m, st.kv_blocks_cached);
         gauge(&b, "gptoss:kv_cache_blocks_total", "gauge", "Full-attention KV blocks in the pool",
@@ -130,4 +132,3 @@ server_reply server_metrics(gptoss_server *s, const server_request *request) {
     free(b.data);
     return reply;
 }
-

@@ -110,8 +110,7 @@ static bool parse_stop(const json_t *req, request_params *o, field_error *e) {
 }
 
 /* OpenAI's logit_bias: {"<token id>": bias}, the id as a decimal string. */
-static bool parse_logit_bias(const json_t *req, int32_t vocab, request_params *o,
-                             field_error *e) {
+static bool parse_logit_bias(const json_t *req, int32_t vocab, request_params *o, field_error *e) {
     json_t *v = json_member(req, "logit_bias");
     if (!v) return true;
     if (!json_is_object(v))
@@ -138,18 +137,17 @@ static bool parse_logit_bias(const json_t *req, int32_t vocab, request_params *o
                               "logit_bias: key \"%.64s\" is not a token id (a decimal integer)",
                               key);
         if (id < 0 || id >= vocab)
-            return field_fail(e, "logit_bias",
-                              "logit_bias: token id %lld is out of range [0, %d)", id, vocab);
+            return field_fail(e, "logit_bias", "logit_bias: token id %lld is out of range [0, %d)",
+                              id, vocab);
         if (!json_is_number(bias))
             return field_fail(e, "logit_bias", "logit_bias[\"%s\"]: expected a number", key);
         double x = json_number_value(bias);
         if (!(x >= -100 && x <= 100))
-            return field_fail(e, "logit_bias",
-                              "logit_bias[\"%s\"]: %g is out of range [-100, 100]", key, x);
+            return field_fail(e, "logit_bias", "logit_bias[\"%s\"]: %g is out of range [-100, 100]",
+                              key, x);
         for (int32_t j = 0; j < count; j++)
             if (o->bias_tokens[j] == (int32_t)id)
-                return field_fail(e, "logit_bias", "logit_bias: token id %lld is given twice",
-                                  id);
+                return field_fail(e, "logit_bias", "logit_bias: token id %lld is given twice", id);
         o->bias_tokens[count] = (int32_t)id;
         o->bias_values[count++] = (float)x;
     }
@@ -199,8 +197,7 @@ bool request_params_parse(const json_t *req, int32_t vocab, int32_t max_n, reque
     json_t *ids = json_member(req, "stop_token_ids");
     if (ids) {
         if (!json_is_array(ids))
-            return field_fail(e, "stop_token_ids",
-                              "stop_token_ids: expected an array of integers");
+            return field_fail(e, "stop_token_ids", "stop_token_ids: expected an array of integers");
         if (json_array_size(ids) > GPTOSS_MAX_STOP_TOKENS)
             return field_fail(e, "stop_token_ids", "stop_token_ids: at most %d ids",
                               GPTOSS_MAX_STOP_TOKENS);

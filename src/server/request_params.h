@@ -41,11 +41,11 @@ bool param_int(const json_t *req, const char *key, int64_t lo, int64_t hi, int32
 bool param_bool(const json_t *req, const char *key, bool *out, field_error *e);
 
 typedef struct request_params {
-    gptoss_sampling_params sampling;       /* for the engine; points into this struct */
-    bool stream;                           /* server-sent events */
-    bool include_usage;                    /* stream_options.include_usage */
-    bool has_max_tokens;                   /* max_tokens was given */
-    char *stops[SERVER_MAX_STOP_STRINGS];  /* stop strings (malloc'd), [n_stops] */
+    gptoss_sampling_params sampling;      /* for the engine; points into this struct */
+    bool stream;                          /* server-sent events */
+    bool include_usage;                   /* stream_options.include_usage */
+    bool has_max_tokens;                  /* max_tokens was given */
+    char *stops[SERVER_MAX_STOP_STRINGS]; /* stop strings (malloc'd), [n_stops] */
     size_t stop_lens[SERVER_MAX_STOP_STRINGS];
     int n_stops;
     int32_t *bias_tokens; /* logit_bias ids (malloc'd), [sampling.n_logit_bias] */

@@ -216,9 +216,9 @@ void server_access_release(server_access *a) {
 /* ---- connections ------------------------------------------------------------------------- */
 
 typedef struct connection_state {
-    char *body;      /* [len] uploaded bytes (NUL-terminated), NULL when empty or dropped */
-    size_t len, cap; /* bytes held / allocated */
-    bool too_large;  /* the body passed max_body_bytes: answer 413, drop the rest */
+    char *body;            /* [len] uploaded bytes (NUL-terminated), NULL when empty or dropped */
+    size_t len, cap;       /* bytes held / allocated */
+    bool too_large;        /* the body passed max_body_bytes: answer 413, drop the rest */
     server_access *access; /* this request's log line (one reference) */
 } connection_state;
 
@@ -265,9 +265,9 @@ static server_reply models_route(gptoss_server *s, const server_request *r) {
 }
 
 typedef struct route_entry {
-    const char *path;  /* exact, or a prefix when it ends in '/' */
+    const char *path; /* exact, or a prefix when it ends in '/' */
     const char *method;
-    bool api;          /* API key, body limit, draining and readiness apply */
+    bool api; /* API key, body limit, draining and readiness apply */
     route_fn handler;
 } route_entry;
 
@@ -317,9 +317,11 @@ static server_reply route(gptoss_server *s, struct MHD_Connection *c, const char
             return server_error(503, "server_error", NULL, "not_ready",
                                 "the model is still loading; retry when GET /health answers 200");
     }
-    server_request request = {
-        .connection = c, .url = url, .body = st->body ? st->body : "", .len = st->len,
-        .access = st->access};
+    server_request request = {.connection = c,
+                              .url = url,
+                              .body = st->body ? st->body : "",
+                              .len = st->len,
+                              .access = st->access};
     return r->handler(s, &request);
 }
 

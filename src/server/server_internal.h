@@ -80,7 +80,6 @@ server_reply server_completions(gptoss_server *server, const server_request *req
 server_reply server_metrics(gptoss_server *server, const server_request *request);
 
 /* A response over a copy of `text`. */
-struct MHD_Response *server_buffer_response(const char *text, size_t len,
-                                            const char *content_type);
+struct MHD_Response *server_buffer_response(const char *text, size_t len, const char *content_type);
 
 #endif
