@@ -1,16 +1,20 @@
 /*
  * server.c - HTTP plumbing of the OpenAI-compatible server: the libmicrohttpd daemon,
- * request bodies (with their size limit), routing, API keys, errors, /health, /metrics and
- * /v1/models.
+ * request bodies (with their size limit), routing, API keys, errors, the access log, /health
+ * and /v1/models.
  *
- * Owns: connection state (the body being uploaded) and the server's counters. The OpenAI
- * generation endpoints live in openai_api.c. Must not block a connection thread without a
- * timeout, and must answer every request, however malformed, with an OpenAI-style error.
+ * Owns: connection state (the body being uploaded), the route table, the access log and the
+ * server's counters. The generation endpoints live in api_chat.c and api_completions.c (over
+ * api_call.c and generation.c), /metrics in metrics.c. A connection thread blocks only on its
+ * client and its request's events; every request, however malformed, gets an OpenAI-style
+ * error.
  */
 #include "server/server_internal.h"
 
 #include "tokenizer/utf8.h"
+#include "util/clock.h"
 #include "util/error.h"
+#include "util/log.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -38,7 +42,7 @@ gptoss_server_options gptoss_server_options_default(void) {
 
 /* ---- replies ------------------------------------------------------------------------------ */
 
-static struct MHD_Response *buffer_response(const char *text, size_t len,
+struct MHD_Response *server_buffer_response(const char *text, size_t len,
                                             const char *content_type) {
     struct MHD_Response *r =
         MHD_create_response_from_buffer(len, (void *)text, MHD_RESPMEM_MUST_COPY);
@@ -55,10 +59,10 @@ server_reply server_json(unsigned status, json_t *body) {
             "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
             "\"param\":null,\"code\":null}}";
         reply.status = 500;
-        reply.response = buffer_response(oom, sizeof oom - 1, "application/json");
+        reply.response = server_buffer_response(oom, sizeof oom - 1, "application/json");
         return reply;
     }
-    reply.response = buffer_response(text, strlen(text), "application/json");
+    reply.response = server_buffer_response(text, strlen(text), "application/json");
     free(text);
     return reply;
 }
@@ -151,131 +155,71 @@ static server_reply models(gptoss_server *s, const char *url) {
     return server_json(200, json_pack("{s:s, s:o}", "object", "list", "data", list));
 }
 
-/* Appends printf output to a growable text buffer (metrics). */
-typedef struct text_buf {
-    char *data;
-    size_t len, cap;
-    bool failed;
-} text_buf;
+/* ---- access log ---------------------------------------------------------------------------- */
 
-static void tb_printf(text_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void tb_printf(text_buf *b, const char *fmt, ...) {
-    if (b->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n =
-            vsnprintf(b->data ? b->data + b->len : NULL, b->data ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->failed = true;
-            return;
-        }
-        if (b->data && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
-        char *grown = realloc(b->data, cap);
-        if (!grown) {
-            b->failed = true;
-            return;
-        }
-        b->data = grown, b->cap = cap;
-    }
+struct server_access {
+    atomic_int refs;
+    char method[16];
+    char path[128];
+    unsigned status;
+    double start; /* gptoss_now_seconds */
+    atomic_int prompt_tokens, completion_tokens;
+    _Atomic(const char *) note; /* static, or NULL */
+};
+
+static server_access *access_new(const char *method, const char *url) {
+    server_access *a = calloc(1, sizeof *a);
+    if (!a) return NULL;
+    atomic_init(&a->refs, 1);
+    snprintf(a->method, sizeof a->method, "%s", method);
+    snprintf(a->path, sizeof a->path, "%s", url);
+    a->start = gptoss_now_seconds();
+    atomic_init(&a->prompt_tokens, 0);
+    atomic_init(&a->completion_tokens, 0);
+    return a;
 }
 
-static void histogram(text_buf *b, const char *name, const char *help, const char *model,
-                      const gptoss_latency_histogram *h) {
-    tb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    for (int i = 0; i < GPTOSS_LATENCY_BUCKETS; i++) {
-        if (i == GPTOSS_LATENCY_BUCKETS - 1)
-            tb_printf(b, "%s_bucket{model_name=\"%s\",le=\"+Inf\"} %llu\n", name, model,
-                      (unsigned long long)h->count);
-        else
-            tb_printf(b, "%s_bucket{model_name=\"%s\",le=\"%g\"} %llu\n", name, model,
-                      gptoss_latency_bucket_bounds[i], (unsigned long long)h->buckets[i]);
-    }
-    tb_printf(b, "%s_sum{model_name=\"%s\"} %.9g\n%s_count{model_name=\"%s\"} %llu\n", name, model,
-              h->sum_seconds, name, model, (unsigned long long)h->count);
+server_access *server_access_hold(server_access *a) {
+    if (a) atomic_fetch_add(&a->refs, 1);
+    return a;
 }
 
-static void gauge(text_buf *b, const char *name, const char *type, const char *help,
-                  const char *model, double value) {
-    tb_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s{model_name=\"%s\"} %.17g\n", name, help, name,
-              type, name, model, value);
+void server_access_set_tokens(server_access *a, int32_t prompt, int32_t completion) {
+    if (!a) return;
+    atomic_store(&a->prompt_tokens, prompt);
+    atomic_store(&a->completion_tokens, completion);
 }
 
-static server_reply metrics(gptoss_server *s) {
-    text_buf b = {0};
-    const char *m = s->model_name;
-    bool ready = atomic_load_explicit(&s->ready, memory_order_acquire);
-    gauge(&b, "gptoss:ready", "gauge", "1 when the model is loaded and requests are served", m,
-          ready && !atomic_load(&s->draining));
-    if (ready) {
-        gptoss_engine_stats st;
-        gptoss_engine_get_stats(s->engine, &st);
-        gauge(&b, "gptoss:num_requests_running", "gauge", "Sequences holding KV and being stepped",
-              m, st.n_running);
-        gauge(&b, "gptoss:num_requests_waiting", "gauge", "Sequences waiting to start or resume", m,
-              st.n_waiting);
-        gauge(&b, "gptoss:kv_cache_usage_perc", "gauge",
-              "Fraction of KV blocks in use (0-1; full-attention pool, or both where they share pages)", m,
-              st.kv_blocks_total ? (double)st.kv_blocks_used / st.kv_blocks_total : 0.0);
-        gauge(&b, "gptoss:kv_cache_blocks_used", "gauge",
-              "KV blocks referenced by sequences (full-attention pool, or both where they share pages)", m,
-              st.kv_blocks_used);
-        gauge(&b, "gptoss:kv_cache_blocks_cached", "gauge",
-              "Idle KV blocks kept for the prefix cache", m, st.kv_blocks_cached);
-        gauge(&b, "gptoss:kv_cache_blocks_total", "gauge", "Full-attention KV blocks in the pool",
-              m, st.kv_blocks_total);
-        gauge(&b, "gptoss:prefix_cache_queries_total", "counter",
-              "Prompt tokens looked up in the prefix cache", m, (double)st.prefix_cache_queries);
-        gauge(&b, "gptoss:prefix_cache_hits_total", "counter",
-              "Prompt tokens found in the prefix cache", m, (double)st.prefix_cache_hits);
-        gauge(&b, "gptoss:prefix_cache_hit_rate", "gauge",
-              "prefix_cache_hits / prefix_cache_queries", m,
-              st.prefix_cache_queries
-                  ? (double)st.prefix_cache_hits / (double)st.prefix_cache_queries
-                  : 0.0);
-        gauge(&b, "gptoss:prompt_tokens_total", "counter", "Prompt tokens of started requests", m,
-              (double)st.prompt_tokens);
-        gauge(&b, "gptoss:generation_tokens_total", "counter", "Generated tokens", m,
-              (double)st.generation_tokens);
-        gauge(&b, "gptoss:num_preemptions_total", "counter",
-              "Sequences preempted for lack of KV blocks", m, (double)st.preemptions);
-        tb_printf(&b, "# HELP gptoss:request_success_total Finished choices by finish reason\n"
-                      "# TYPE gptoss:request_success_total counter\n");
-        for (int r = 1; r < 5; r++)
-            tb_printf(
-                &b, "gptoss:request_success_total{model_name=\"%s\",finished_reason=\"%s\"} %llu\n",
-                m, gptoss_finish_reason_name((gptoss_finish_reason)r),
-                (unsigned long long)st.requests_finished[r]);
-        histogram(&b, "gptoss:time_to_first_token_seconds", "Submit to first token", m, &st.ttft);
-        histogram(&b, "gptoss:inter_token_latency_seconds", "Time between consecutive tokens", m,
-                  &st.itl);
-    }
-    tb_printf(&b, "# HELP gptoss:http_responses_total HTTP responses by status class\n"
-                  "# TYPE gptoss:http_responses_total counter\n");
-    for (int c = 2; c < 6; c++)
-        tb_printf(&b, "gptoss:http_responses_total{code=\"%dxx\"} %llu\n", c,
-                  (unsigned long long)atomic_load(&s->responses_by_class[c]));
-    if (b.failed) {
-        free(b.data);
-        return server_error(500, "server_error", NULL, NULL, "out of memory");
-    }
-    server_reply reply = {
-        200, buffer_response(b.data, b.len, "text/plain; version=0.0.4; charset=utf-8")};
-    free(b.data);
-    return reply;
+void server_access_set_note(server_access *a, const char *note) {
+    const char *none = NULL;
+    if (a) atomic_compare_exchange_strong(&a->note, &none, note); /* the first reason stays */
+}
+
+void server_access_release(server_access *a) {
+    if (!a || atomic_fetch_sub(&a->refs, 1) != 1) return;
+    /* 503 (loading, draining) and 4xx are the client's to handle: warn; other 5xx: error. */
+    gptoss_log_level level = (a->status >= 500 && a->status != 503) || a->status == 0
+                                 ? GPTOSS_LOG_ERROR
+                             : a->status >= 400 ? GPTOSS_LOG_WARN
+                                                : GPTOSS_LOG_INFO;
+    /* Health checks and scrapes come every few seconds from machines: debug, when answered. */
+    if (level == GPTOSS_LOG_INFO && (!strcmp(a->path, "/health") || !strcmp(a->path, "/metrics")))
+        level = GPTOSS_LOG_DEBUG;
+    const char *note = atomic_load(&a->note);
+    gptoss_log(level, "serve", "%s %s %u prompt_tokens=%d completion_tokens=%d %.1f ms%s%s",
+               a->method, a->path, a->status, atomic_load(&a->prompt_tokens),
+               atomic_load(&a->completion_tokens), (gptoss_now_seconds() - a->start) * 1000.0,
+               note ? ": " : "", note ? note : "");
+    free(a);
 }
 
 /* ---- connections ------------------------------------------------------------------------- */
 
 typedef struct connection_state {
-    char *body;      /* [len] uploaded bytes (NUL-terminated), NULL when empty or dropped */
-    size_t len, cap; /* bytes held / allocated */
-    bool too_large;  /* the body passed max_body_bytes: answer 413, drop the rest */
+    char *body;            /* [len] uploaded bytes (NUL-terminated), NULL when empty or dropped */
+    size_t len, cap;       /* bytes held / allocated */
+    bool too_large;        /* the body passed max_body_bytes: answer 413, drop the rest */
+    server_access *access; /* this request's log line (one reference) */
 } connection_state;
 
 /* Compares without an early exit so the time taken says nothing about where keys differ. */
@@ -307,41 +251,83 @@ static server_reply method_not_allowed(const char *allow, const char *method, co
     return r;
 }
 
+/* ---- routes ------------------------------------------------------------------------------ */
+
+typedef server_reply (*route_fn)(gptoss_server *s, const server_request *request);
+
+static server_reply health_route(gptoss_server *s, const server_request *r) {
+    (void)r;
+    return health(s);
+}
+
+static server_reply models_route(gptoss_server *s, const server_request *r) {
+    return models(s, r->url);
+}
+
+typedef struct route_entry {
+    const char *path; /* exact, or a prefix when it ends in '/' */
+    const char *method;
+    bool api; /* API key, body limit, draining and readiness apply */
+    route_fn handler;
+} route_entry;
+
+static const route_entry routes[] = {
+    {"/health", "GET", false, health_route},
+    {"/metrics", "GET", false, server_metrics},
+    {"/v1/models", "GET", true, models_route},
+    {"/v1/models/", "GET", true, models_route},
+    {"/v1/chat/completions", "POST", true, server_chat_completions},
+    {"/v1/completions", "POST", true, server_completions},
+};
+
+static const route_entry *find_route(const char *url) {
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        size_t n = strlen(routes[i].path);
+        bool prefix = routes[i].path[n - 1] == '/';
+        if (prefix ? !strncmp(url, routes[i].path, n) : !strcmp(url, routes[i].path))
+            return &routes[i];
+    }
+    return NULL;
+}
+
 static server_reply route(gptoss_server *s, struct MHD_Connection *c, const char *url,
                           const char *method, connection_state *st) {
-    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
-    if (!strcmp(url, "/health")) return get ? health(s) : method_not_allowed("GET", method, url);
-    if (!strcmp(url, "/metrics")) return get ? metrics(s) : method_not_allowed("GET", method, url);
-    bool is_chat = !strcmp(url, "/v1/chat/completions"),
-         is_completions = !strcmp(url, "/v1/completions");
-    bool is_models = !strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11);
-    if (!is_chat && !is_completions && !is_models)
+    const route_entry *r = find_route(url);
+    if (!r)
         return server_error(404, "invalid_request_error", NULL, "not_found",
                             "No route %s %s; try POST /v1/chat/completions, POST /v1/completions, "
                             "GET /v1/models, GET /health or GET /metrics",
                             method, url);
-    if (is_models && !get) return method_not_allowed("GET", method, url);
-    if (!is_models && !post) return method_not_allowed("POST", method, url);
-    if (!authorized(s, c))
-        return server_error(
-            401, "invalid_request_error", NULL, "invalid_api_key",
-            "Missing or incorrect API key: send the header 'Authorization: Bearer KEY' "
-            "with the key given to --api-key");
-    if (st->too_large)
-        return server_error(413, "invalid_request_error", NULL, "request_too_large",
-                            "Request body is larger than the limit of %zu bytes (--max-body-bytes)",
-                            s->max_body_bytes);
-    if (atomic_load(&s->draining))
-        return server_error(503, "server_error", NULL, "draining", "the server is shutting down");
-    if (!atomic_load_explicit(&s->ready, memory_order_acquire))
-        return server_error(503, "server_error", NULL, "not_ready",
-                            "the model is still loading; retry when GET /health answers 200");
-    if (is_models) return models(s, url);
-    if (is_chat) return server_chat_completions(s, c, st->body ? st->body : "", st->len);
-    return server_completions(s, c, st->body ? st->body : "", st->len);
+    if (strcmp(method, r->method) != 0) return method_not_allowed(r->method, method, url);
+    if (r->api) {
+        if (!authorized(s, c))
+            return server_error(
+                401, "invalid_request_error", NULL, "invalid_api_key",
+                "Missing or incorrect API key: send the header 'Authorization: Bearer KEY' "
+                "with the key given to --api-key");
+        if (st->too_large)
+            return server_error(413, "invalid_request_error", NULL, "request_too_large",
+                                "Request body is larger than the limit of %zu bytes "
+                                "(--max-body-bytes)",
+                                s->max_body_bytes);
+        if (atomic_load(&s->draining))
+            return server_error(503, "server_error", NULL, "draining",
+                                "the server is shutting down");
+        if (!atomic_load_explicit(&s->ready, memory_order_acquire))
+            return server_error(503, "server_error", NULL, "not_ready",
+                                "the model is still loading; retry when GET /health answers 200");
+    }
+    server_request request = {.connection = c,
+                              .url = url,
+                              .body = st->body ? st->body : "",
+                              .len = st->len,
+                              .access = st->access};
+    return r->handler(s, &request);
 }
 
-static enum MHD_Result queue(gptoss_server *s, struct MHD_Connection *c, server_reply reply) {
+static enum MHD_Result queue(gptoss_server *s, struct MHD_Connection *c, connection_state *st,
+                             server_reply reply) {
+    if (st->access) st->access->status = reply.response ? reply.status : 0;
     if (!reply.response) return MHD_NO; /* out of memory: drop the connection */
     unsigned cls = reply.status / 100;
     if (cls < 6) atomic_fetch_add(&s->responses_by_class[cls], 1);
@@ -359,6 +345,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         st = calloc(1, sizeof *st);
         if (!st) return MHD_NO;
         *con_cls = st;
+        st->access = access_new(method, url);
         atomic_fetch_add(&s->active_requests, 1);
         /* A declared length over the limit is refused before reading a byte of it. */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -369,7 +356,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             if (errno == 0 && end != cl && *end == '\0' && n > s->max_body_bytes) {
                 st->too_large = true;
                 return queue(
-                    s, c,
+                    s, c, st,
                     server_error(413, "invalid_request_error", NULL, "request_too_large",
                                  "Request body of %llu bytes is larger than the limit of %zu bytes "
                                  "(--max-body-bytes)",
@@ -402,7 +389,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         st->body[st->len] = '\0';
         return MHD_YES;
     }
-    return queue(s, c, route(s, c, url, method, st));
+    return queue(s, c, st, route(s, c, url, method, st));
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -410,6 +397,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     gptoss_server *s = cls;
     connection_state *st = *con_cls;
     if (!st) return;
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        server_access_set_note(st->access, "connection closed early");
+    server_access_release(st->access);
     free(st->body);
     free(st);
     *con_cls = NULL;

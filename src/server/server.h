@@ -8,9 +8,9 @@
  * the caller (cmd_serve.c) owns the model, backend, tokenizer and engine and hands them over
  * once they are ready.
  *
- * Threads: libmicrohttpd runs one thread per connection; a connection thread waits on its
- * request's events with short timeouts (never indefinitely) and checks for a hung-up client
- * between waits, cancelling the generation when the client went away.
+ * Threads: libmicrohttpd runs one thread per connection; a connection thread sleeps until the
+ * engine signals new events for its request or its client hangs up (which cancels the
+ * generation). Each request leaves one access-log line (util/log.h).
  */
 #ifndef GPTOSS_SERVER_H
 #define GPTOSS_SERVER_H

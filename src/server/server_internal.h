@@ -1,6 +1,7 @@
 /*
- * server_internal.h - what server.c (HTTP plumbing) and openai_api.c (the OpenAI endpoints)
- * share. Not a public interface: nothing outside src/server includes it.
+ * server_internal.h - what server.c (HTTP plumbing, routes), metrics.c and the endpoints
+ * (api_call.c and its encoders) share. Not a public interface: nothing outside src/server
+ * includes it.
  */
 #ifndef GPTOSS_SERVER_INTERNAL_H
 #define GPTOSS_SERVER_INTERNAL_H
@@ -55,10 +56,30 @@ bool server_client_gone(struct MHD_Connection *connection);
  * for minutes, and its connection thread watches for a client that left (server_client_gone). */
 void server_hold_connection(struct MHD_Connection *connection);
 
-/* POST /v1/chat/completions and POST /v1/completions; body is the raw request body. */
-server_reply server_chat_completions(gptoss_server *server, struct MHD_Connection *connection,
-                                     const char *body, size_t len);
-server_reply server_completions(gptoss_server *server, struct MHD_Connection *connection,
-                                const char *body, size_t len);
+/* One request's access-log line, written when the last holder lets go: the connection
+ * (when libmicrohttpd completes the request) and a streaming response (when its last byte
+ * was produced). Level: info, warn for 4xx, error for 5xx. */
+typedef struct server_access server_access;
+server_access *server_access_hold(server_access *access);
+void server_access_release(server_access *access);
+void server_access_set_tokens(server_access *access, int32_t prompt, int32_t completion);
+void server_access_set_note(server_access *access, const char *note); /* static string */
+
+/* What a route handler gets besides the server. */
+typedef struct server_request {
+    struct MHD_Connection *connection;
+    const char *url;
+    const char *body; /* NUL-terminated, [len] bytes */
+    size_t len;
+    server_access *access;
+} server_request;
+
+/* Route handlers (method, auth, body size and readiness were checked by server.c). */
+server_reply server_chat_completions(gptoss_server *server, const server_request *request);
+server_reply server_completions(gptoss_server *server, const server_request *request);
+server_reply server_metrics(gptoss_server *server, const server_request *request);
+
+/* A response over a copy of `text`. */
+struct MHD_Response *server_buffer_response(const char *text, size_t len, const char *content_type);
 
 #endif

@@ -1,4 +1,4 @@
-// server_client.mjs - end-to-end client checks of `gptoss serve`, driven by test_serve.sh.
+// server_client.mjs - end-to-end client checks of `gptoss serve`, driven by the test_serve_*.sh tests.
 //
 // Uses the official `openai` npm client (5.23.2) and node's own fetch/net, never our code,
 // so the server is judged by what real clients see. Usage:
