@@ -11,7 +11,7 @@
  */
 #include "server/server_internal.h"
 
-#include "tokenizer/utf8.h"
+#include "util/utf8.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/log.h"
