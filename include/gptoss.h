@@ -66,17 +66,17 @@ typedef struct gptoss_config {
     int32_t vocab_size;          /* embedding and lm_head rows */
     int32_t sliding_window;      /* window of sliding layers, in tokens, including self */
     int32_t max_position_embeddings;
-    double rope_theta;           /* RoPE base */
-    double rope_scaling_factor;  /* YaRN factor f (32) */
-    double rope_beta_fast;       /* YaRN beta_fast (32) */
-    double rope_beta_slow;       /* YaRN beta_slow (1) */
+    double rope_theta;                             /* RoPE base */
+    double rope_scaling_factor;                    /* YaRN factor f (32) */
+    double rope_beta_fast;                         /* YaRN beta_fast (32) */
+    double rope_beta_slow;                         /* YaRN beta_slow (1) */
     int32_t rope_original_max_position_embeddings; /* YaRN L0 (4096) */
-    bool rope_truncate;          /* round the YaRN ramp bounds (false for gpt-oss) */
-    double rms_norm_eps;         /* 1e-5 */
-    double swiglu_limit;         /* clamp of the SwiGLU inputs (7.0) */
-    double swiglu_alpha;         /* sigmoid slope (1.702) */
-    int32_t eos_token_id;        /* config.json eos_token_id (first, if a list) */
-    int32_t pad_token_id;        /* config.json pad_token_id, or -1 */
+    bool rope_truncate;                       /* round the YaRN ramp bounds (false for gpt-oss) */
+    double rms_norm_eps;                      /* 1e-5 */
+    double swiglu_limit;                      /* clamp of the SwiGLU inputs (7.0) */
+    double swiglu_alpha;                      /* sigmoid slope (1.702) */
+    int32_t eos_token_id;                     /* config.json eos_token_id (first, if a list) */
+    int32_t pad_token_id;                     /* config.json pad_token_id, or -1 */
     bool layer_is_sliding[GPTOSS_MAX_LAYERS]; /* from layer_types */
 } gptoss_config;
 
@@ -196,7 +196,7 @@ typedef struct gptoss_backend_options {
     int32_t device;              /* CUDA device ordinal */
     gptoss_progress_fn progress; /* optional: weight upload progress */
     void *progress_user;
-    bool layer_stats;            /* CPU: print each layer's residual RMS and max to stderr */
+    bool layer_stats; /* CPU: print each layer's residual RMS and max to stderr */
     /* CPU, tests only: round activations to bf16 at exactly the points where the CUDA backend
      * stores them as bf16 (see cpu_backend.c), so the two can be compared strictly. Off by
      * default: the default CPU path stays fp32 everywhere. */
@@ -206,7 +206,7 @@ typedef struct gptoss_backend_options {
      * for steps of max_step_tokens tokens and max_step_logits logit rows are allocated. The
      * chosen size is reported by gptoss_backend_get_options. */
     double gpu_memory_utilization;
-    int32_t max_step_tokens;     /* workspace reserved at creation (0 = grow on demand) */
+    int32_t max_step_tokens; /* workspace reserved at creation (0 = grow on demand) */
     int32_t max_step_logits;
     /* CUDA: gptoss_fp8_layer bits of the dense layers to hold in FP8 (0 = all bf16). Bits
      * outside GPTOSS_FP8_ALL are refused, and so is any bit with the CPU backend (which
@@ -240,8 +240,9 @@ const char *gptoss_kv_cache_dtype_name(gptoss_kv_cache_dtype dtype);
 typedef struct gptoss_backend gptoss_backend;
 
 /* Creates a backend for a loaded model; the model must outlive the backend. */
-gptoss_status gptoss_backend_create(const gptoss_model *model, const gptoss_backend_options *options,
-                                    gptoss_backend **out, gptoss_error *error);
+gptoss_status gptoss_backend_create(const gptoss_model *model,
+                                    const gptoss_backend_options *options, gptoss_backend **out,
+                                    gptoss_error *error);
 
 /* Creates a backend with random weights of the config's shape, generated on the device (for
  * benchmarks and load tests; CUDA only). The config is copied. */
@@ -265,12 +266,12 @@ gptoss_status gptoss_backend_forward(gptoss_backend *backend, const gptoss_batch
  * [n_logits, vocab]); full may be NULL (no row whole).
  */
 typedef struct gptoss_logits_summary {
-    int32_t n_top;            /* 1..GPTOSS_MAX_SUMMARY_TOP */
-    int32_t *top_ids;         /* [n_logits, n_top] */
-    float *top_logits;        /* [n_logits, n_top] */
-    float *logsumexp;         /* [n_logits], or NULL: not needed (saves a pass over each row) */
-    const uint8_t *full;      /* [n_logits] or NULL */
-    float *logits;            /* [n_logits, vocab] (rows with full[i]), or NULL if no full */
+    int32_t n_top;       /* 1..GPTOSS_MAX_SUMMARY_TOP */
+    int32_t *top_ids;    /* [n_logits, n_top] */
+    float *top_logits;   /* [n_logits, n_top] */
+    float *logsumexp;    /* [n_logits], or NULL: not needed (saves a pass over each row) */
+    const uint8_t *full; /* [n_logits] or NULL */
+    float *logits;       /* [n_logits, vocab] (rows with full[i]), or NULL if no full */
     /* Optional: host work that may run while the device computes the step (a backend that
      * computes asynchronously calls it once, after launching and before waiting; others may
      * not call it at all). It must not touch the plan or the output buffers. */
@@ -312,10 +313,10 @@ typedef struct gptoss_sample_row {
     uint64_t seed;            /* Philox key */
     int64_t position;         /* position of the token being drawn (Philox counter) */
     int32_t choice;           /* choice index (Philox counter) */
-    int32_t n_top_logprobs;   /* -1: no logprobs; 0: the drawn token's; 1..20: and the most likely */
-    int32_t edit_start;       /* this row's edits: [edit_start, edit_start + n_edits) */
+    int32_t n_top_logprobs; /* -1: no logprobs; 0: the drawn token's; 1..20: and the most likely */
+    int32_t edit_start;     /* this row's edits: [edit_start, edit_start + n_edits) */
     int32_t n_edits;
-    int32_t allowed_row;      /* row of the batch's allowed_masks, or -1: every token allowed */
+    int32_t allowed_row; /* row of the batch's allowed_masks, or -1: every token allowed */
 } gptoss_sample_row;
 
 /* What a row changes about single tokens, one entry per token (a row's entries sorted by

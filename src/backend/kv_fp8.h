@@ -39,8 +39,8 @@
 #define KV_FP8_FN static inline
 #endif
 
-#define GPTOSS_E4M3_MAX 448.0f  /* largest finite e4m3 value (code 0x7e) */
-#define GPTOSS_E4M3_NAN 0x7f    /* the NaN code (with either sign bit) */
+#define GPTOSS_E4M3_MAX 448.0f /* largest finite e4m3 value (code 0x7e) */
+#define GPTOSS_E4M3_NAN 0x7f   /* the NaN code (with either sign bit) */
 
 /* Bytes one token's K (or V) takes per KV head in an FP8 page: head_dim codes and a scale. */
 #define GPTOSS_KV_FP8_HEAD_BYTES(head_dim) ((size_t)(head_dim) + sizeof(float))
@@ -100,17 +100,22 @@ KV_FP8_FN uint8_t gptoss_e4m3_encode(float x) {
     /* below 2^-6: a multiple k of 2^-9, k in 0..8 (8 is 2^-6, code 0x08). x = M * 2^(E-150)
      * with the 24-bit significand M, so k = M / 2^(141 - E), rounded to nearest even. */
     uint32_t exponent = a >> 23, significand = a & 0x7fffffu;
-    if (exponent) significand |= 0x800000u;
-    else exponent = 1; /* fp32 subnormal: M * 2^-149 */
+    if (exponent)
+        significand |= 0x800000u;
+    else
+        exponent = 1;                 /* fp32 subnormal: M * 2^-149 */
     uint32_t shift = 141u - exponent; /* >= 21 here */
-    if (shift >= 32u) return sign; /* below 2^-10 (half the smallest subnormal): 0 */
-    uint32_t k = significand >> shift, rest = significand & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (shift >= 32u) return sign;    /* below 2^-10 (half the smallest subnormal): 0 */
+    uint32_t k = significand >> shift, rest = significand & ((1u << shift) - 1u),
+             half = 1u << (shift - 1u);
     if (rest > half || (rest == half && (k & 1u))) k++;
     return (uint8_t)(sign | k);
 }
 
 /* The scale of a vector whose largest magnitude is absmax (0 for a zero vector). */
-KV_FP8_FN float gptoss_kv_fp8_scale(float absmax) { return kv_fp8_div(absmax, GPTOSS_E4M3_MAX); }
+KV_FP8_FN float gptoss_kv_fp8_scale(float absmax) {
+    return kv_fp8_div(absmax, GPTOSS_E4M3_MAX);
+}
 
 /* The code of one value x of a vector with that scale. A zero scale (zero vector) gives code
  * 0 for finite x; x * 0 keeps a NaN or infinite input a NaN code rather than hiding it. */
@@ -141,7 +146,8 @@ KV_FP8_FN float gptoss_kv_fp8_round_trip(float *x, int32_t n, uint8_t *codes) {
  * instruction on sm_89 and newer, emulated before); the same values as gptoss_e4m3_decode,
  * NaN codes included (tests/cuda check all 65536 pairs). */
 static __device__ __forceinline__ float2 gptoss_e4m3x2_decode(uint16_t codes) {
-    return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)codes, __NV_E4M3)));
+    return __half22float2(
+        __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)codes, __NV_E4M3)));
 }
 #endif
 

@@ -33,23 +33,27 @@
 
 struct gptoss_sample_scratch {
     int32_t vocab;
-    float *m;                /* [vocab] processed logits */
-    float *weight;           /* [vocab] W (an integer up to 2^32, exact as a float) */
-    int32_t *list_a;         /* [vocab] candidates of a selection level, in id order */
-    int32_t *list_b;         /* [vocab] the same, one level down */
-    int32_t *prefix;         /* [vocab] the top_k prefix, in id order */
-    int32_t *live;           /* [vocab] tokens that may have a positive weight, in id order */
-    uint64_t *block_sum;     /* [vocab / BLOCK_TOKENS + 1] */
+    float *m;            /* [vocab] processed logits */
+    float *weight;       /* [vocab] W (an integer up to 2^32, exact as a float) */
+    int32_t *list_a;     /* [vocab] candidates of a selection level, in id order */
+    int32_t *list_b;     /* [vocab] the same, one level down */
+    int32_t *prefix;     /* [vocab] the top_k prefix, in id order */
+    int32_t *live;       /* [vocab] tokens that may have a positive weight, in id order */
+    uint64_t *block_sum; /* [vocab / BLOCK_TOKENS + 1] */
     uint32_t count[LEVEL_BUCKETS];
     uint64_t wsum[LEVEL_BUCKETS];
 };
 
-gptoss_status gptoss_sample_scratch_create(int32_t vocab, gptoss_sample_scratch **out, gptoss_error *error) {
+gptoss_status gptoss_sample_scratch_create(int32_t vocab, gptoss_sample_scratch **out,
+                                           gptoss_error *error) {
     *out = NULL;
     if (vocab < 1)
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "sampling scratch: vocabulary size %d", vocab);
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "sampling scratch: vocabulary size %d", vocab);
     gptoss_sample_scratch *s = calloc(1, sizeof *s);
-    if (!s) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (sampling scratch)");
+    if (!s)
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                                "out of memory (sampling scratch)");
     const size_t n = (size_t)vocab;
     s->vocab = vocab;
     s->m = malloc(n * sizeof(float));
@@ -59,10 +63,11 @@ gptoss_status gptoss_sample_scratch_create(int32_t vocab, gptoss_sample_scratch 
     s->prefix = malloc(n * sizeof(int32_t));
     s->live = malloc(n * sizeof(int32_t));
     s->block_sum = malloc((n / BLOCK_TOKENS + 1) * sizeof(uint64_t));
-    if (!s->m || !s->weight || !s->list_a || !s->list_b || !s->prefix || !s->live || !s->block_sum) {
+    if (!s->m || !s->weight || !s->list_a || !s->list_b || !s->prefix || !s->live ||
+        !s->block_sum) {
         gptoss_sample_scratch_free(s);
-        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (sampling scratch for %d tokens)",
-                                vocab);
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                                "out of memory (sampling scratch for %d tokens)", vocab);
     }
     *out = s;
     return GPTOSS_OK;
@@ -144,7 +149,8 @@ static float process(const float *restrict logits, int32_t V, const gptoss_sampl
         if (ed->masked || !allowed(mask, t)) x = -INFINITY;
         if (ed->seen && r != 1.0f) x = gptoss_sampling_repetition(x, r);
         if (ed->output_count > 0)
-            x = gptoss_sampling_freq_presence(x, row->frequency_penalty, row->presence_penalty, ed->output_count);
+            x = gptoss_sampling_freq_presence(x, row->frequency_penalty, row->presence_penalty,
+                                              ed->output_count);
         m[t] = x;
     }
     if (mask || row->n_edits > 0) best_key = max_key(m, V);
@@ -162,7 +168,8 @@ static int32_t first_max(const float *m, int32_t V, float mx) {
 /* ---- weights ----------------------------------------------------------------------------- */
 
 /* The weights of n tokens, one vectorized loop (see gptoss_sample_weights). */
-static void weights_span(const float *restrict m, float *restrict weight, int32_t n, float mx, float scale) {
+static void weights_span(const float *restrict m, float *restrict weight, int32_t n, float mx,
+                         float scale) {
     const int32_t minus_126 = (int32_t)0xc2fc0000u, plus_inf = 0x7f800000, two_23 = 0x4b000000;
     for (int32_t j = 0; j < n; j++) {
         /* gptoss_sampling_exp2(x): 0 unless x > -126 (NaN fails), x clamped to <= 0 */
@@ -224,8 +231,8 @@ static uint64_t weight_sum(const float *restrict weight, int32_t n) {
 /* The weights, and when block_sum is not NULL the total of each block of BLOCK_TOKENS. Most
  * of a language model's row lies far below its maximum: blocks of such tokens only need a
  * cheap test, not the polynomial. */
-static int32_t weights_and_sums(const float *restrict m, float *restrict weight, int32_t n, float mx, float scale,
-                                uint64_t *block_sum, int32_t *live) {
+static int32_t weights_and_sums(const float *restrict m, float *restrict weight, int32_t n,
+                                float mx, float scale, uint64_t *block_sum, int32_t *live) {
     int32_t n_live = 0;
     for (int32_t from = 0, b = 0; from < n; from += BLOCK_TOKENS, b++) {
         const int32_t len = n - from < BLOCK_TOKENS ? n - from : BLOCK_TOKENS;
@@ -296,8 +303,8 @@ static inline bool eligible(const candidates *c, const float *weight, int32_t j)
 
 /* The highest bucket (of n, scanned from the top) at which goal g is reached, adding the
  * buckets above it to the running count and weight. */
-static int scan_buckets(const goal *g, const uint32_t *count, const uint64_t *wsum, int n, uint64_t *acc_count,
-                        uint64_t *acc_w) {
+static int scan_buckets(const goal *g, const uint32_t *count, const uint64_t *wsum, int n,
+                        uint64_t *acc_count, uint64_t *acc_w) {
     int b = n - 1;
     for (; b > 0; b--) {
         if (reached(g, *acc_count + count[b], *acc_w + wsum[b])) break;
@@ -313,8 +320,8 @@ static int scan_buckets(const goal *g, const uint32_t *count, const uint64_t *ws
  * narrow range still spread over the buckets. Returns whether the goal was reached; *count /
  * *wsum are the totals through that token (or of all candidates when it was not).
  * goal->total == 0 means "the candidates' total", filled in by the first pass. */
-static bool select_cut(gptoss_sample_scratch *s, const candidates *c, goal *g, cut *out, uint64_t *count_out,
-                       uint64_t *wsum_out) {
+static bool select_cut(gptoss_sample_scratch *s, const candidates *c, goal *g, cut *out,
+                       uint64_t *count_out, uint64_t *wsum_out) {
     const float *m = s->m, *weight = s->weight;
     uint32_t *count = s->count;
     uint64_t *wsum = s->wsum;
@@ -413,15 +420,17 @@ int32_t gptoss_sample_reference(const float *logits, int32_t V, const gptoss_sam
                                 gptoss_sample_scratch *s) {
     const float mx = process(logits, V, row, edits, allowed_mask, s->m);
     /* Greedy; and when no token has a positive weight, the greedy token too. */
-    if (row->temperature == 0.0f || !(mx > -INFINITY && mx < INFINITY)) return first_max(s->m, V, mx);
+    if (row->temperature == 0.0f || !(mx > -INFINITY && mx < INFINITY))
+        return first_max(s->m, V, mx);
     const bool top_k_on = row->top_k > 0 && row->top_k < V;
     const bool top_p_on = row->top_p < 1.0f;
     const bool plain = !top_k_on && !top_p_on && !(row->min_p > 0.0f);
     /* The live tokens (a prefix of the order holding every positive weight) stand for the row
      * in top_k / top_p: a cut inside them is the same cut, and a top_k beyond them keeps only
      * zero weights more. */
-    const int32_t n_live = weights_and_sums(s->m, s->weight, V, mx, gptoss_sampling_scale(row->temperature),
-                                            plain ? s->block_sum : NULL, plain ? NULL : s->live);
+    const int32_t n_live =
+        weights_and_sums(s->m, s->weight, V, mx, gptoss_sampling_scale(row->temperature),
+                         plain ? s->block_sum : NULL, plain ? NULL : s->live);
     const float *weight = s->weight;
     const uint64_t r = gptoss_sampling_random(row->seed, row->position, row->choice);
     candidates all = {NULL, V, (double)row->min_p * 4294967296.0, row->min_p > 0.0f};
@@ -473,7 +482,8 @@ int32_t gptoss_sample_reference(const float *logits, int32_t V, const gptoss_sam
             int32_t n = 0;
             for (int32_t i = 0; i < n_live; i++) {
                 const int32_t j = s->live[i];
-                if (within(&last, order_key(s->m[j]), j) && eligible(&all, weight, j)) s->prefix[n++] = j;
+                if (within(&last, order_key(s->m[j]), j) && eligible(&all, weight, j))
+                    s->prefix[n++] = j;
             }
             kept.ids = s->prefix;
             kept.n = n;
@@ -498,8 +508,8 @@ int32_t gptoss_sample_reference(const float *logits, int32_t V, const gptoss_sam
 
 /* ---- logprobs ---------------------------------------------------------------------------- */
 
-float gptoss_sample_logprobs(const float *logits, int32_t V, int32_t token, int32_t n_top, int32_t *top_ids,
-                             float *top_logprobs) {
+float gptoss_sample_logprobs(const float *logits, int32_t V, int32_t token, int32_t n_top,
+                             int32_t *top_ids, float *top_logprobs) {
     float mx = -INFINITY;
     for (int32_t j = 0; j < V; j++)
         if (logits[j] > mx) mx = logits[j];
@@ -507,7 +517,8 @@ float gptoss_sample_logprobs(const float *logits, int32_t V, int32_t token, int3
     if (mx > -INFINITY && mx < INFINITY) {
         double sum = 0.0;
         for (int32_t j = 0; j < V; j++)
-            sum += gptoss_sampling_exp2(GPTOSS_SR_MUL(GPTOSS_SR_SUB(logits[j], mx), 1.4426950408889634f));
+            sum += gptoss_sampling_exp2(
+                GPTOSS_SR_MUL(GPTOSS_SR_SUB(logits[j], mx), 1.4426950408889634f));
         log_norm = (double)mx + log(sum);
     }
     if (n_top > GPTOSS_MAX_SAMPLE_LOGPROBS) n_top = GPTOSS_MAX_SAMPLE_LOGPROBS;
@@ -547,56 +558,72 @@ gptoss_status gptoss_sample_batch_validate(const gptoss_sample_batch *b, int32_t
     const gptoss_status bad = GPTOSS_ERR_INVALID_ARGUMENT;
     if (n_rows <= 0) return GPTOSS_OK;
     if (!b || !b->rows || !b->token_ids)
-        return gptoss_set_error(error, bad, "sample batch: the rows and the token_ids output are required");
+        return gptoss_set_error(error, bad,
+                                "sample batch: the rows and the token_ids output are required");
     if (b->n_edits < 0 || (b->n_edits > 0 && !b->edits))
-        return gptoss_set_error(error, bad, "sample batch: n_edits = %d without an edits array", b->n_edits);
+        return gptoss_set_error(error, bad, "sample batch: n_edits = %d without an edits array",
+                                b->n_edits);
     if (b->n_allowed_rows < 0 || (b->n_allowed_rows > 0 && !b->allowed_masks))
-        return gptoss_set_error(error, bad, "sample batch: n_allowed_rows = %d without allowed_masks",
+        return gptoss_set_error(error, bad,
+                                "sample batch: n_allowed_rows = %d without allowed_masks",
                                 b->n_allowed_rows);
     for (int32_t i = 0; i < n_rows; i++) {
         const gptoss_sample_row *r = &b->rows[i];
         const float T = r->temperature;
         if (!(T >= 0.0f && T < INFINITY) || (T > 0.0f && !(gptoss_sampling_scale(T) < INFINITY)))
-            return gptoss_set_error(error, bad, "sample row %d: temperature %g is not 0 or a usable positive value", i,
-                                    (double)T);
+            return gptoss_set_error(
+                error, bad, "sample row %d: temperature %g is not 0 or a usable positive value", i,
+                (double)T);
         if (!(r->top_p > 0.0f && r->top_p <= 1.0f))
-            return gptoss_set_error(error, bad, "sample row %d: top_p %g is outside (0, 1]", i, (double)r->top_p);
+            return gptoss_set_error(error, bad, "sample row %d: top_p %g is outside (0, 1]", i,
+                                    (double)r->top_p);
         if (!(r->min_p >= 0.0f && r->min_p <= 1.0f))
-            return gptoss_set_error(error, bad, "sample row %d: min_p %g is outside [0, 1]", i, (double)r->min_p);
+            return gptoss_set_error(error, bad, "sample row %d: min_p %g is outside [0, 1]", i,
+                                    (double)r->min_p);
         if (!(r->repetition_penalty > 0.0f && r->repetition_penalty < INFINITY))
-            return gptoss_set_error(error, bad, "sample row %d: repetition_penalty %g must be positive and finite", i,
-                                    (double)r->repetition_penalty);
+            return gptoss_set_error(
+                error, bad, "sample row %d: repetition_penalty %g must be positive and finite", i,
+                (double)r->repetition_penalty);
         if (!isfinite(r->frequency_penalty) || !isfinite(r->presence_penalty))
-            return gptoss_set_error(error, bad, "sample row %d: frequency / presence penalties must be finite", i);
+            return gptoss_set_error(
+                error, bad, "sample row %d: frequency / presence penalties must be finite", i);
         if (r->position < 0 || r->choice < 0)
-            return gptoss_set_error(error, bad, "sample row %d: position %lld and choice %d must not be negative", i,
-                                    (long long)r->position, r->choice);
+            return gptoss_set_error(
+                error, bad, "sample row %d: position %lld and choice %d must not be negative", i,
+                (long long)r->position, r->choice);
         if (r->n_top_logprobs < -1 || r->n_top_logprobs > GPTOSS_MAX_SAMPLE_LOGPROBS)
-            return gptoss_set_error(error, bad, "sample row %d: n_top_logprobs %d is outside [-1, %d]", i,
+            return gptoss_set_error(error, bad,
+                                    "sample row %d: n_top_logprobs %d is outside [-1, %d]", i,
                                     r->n_top_logprobs, GPTOSS_MAX_SAMPLE_LOGPROBS);
         if (r->n_top_logprobs >= 0 && !b->logprobs)
-            return gptoss_set_error(error, bad, "sample row %d asks for logprobs but the logprobs output is NULL", i);
+            return gptoss_set_error(
+                error, bad, "sample row %d asks for logprobs but the logprobs output is NULL", i);
         if (r->n_top_logprobs > 0 && (!b->top_ids || !b->top_logprobs))
-            return gptoss_set_error(error, bad,
-                                    "sample row %d asks for top logprobs but top_ids / top_logprobs is NULL", i);
+            return gptoss_set_error(
+                error, bad,
+                "sample row %d asks for top logprobs but top_ids / top_logprobs is NULL", i);
         if (r->allowed_row < -1 || r->allowed_row >= b->n_allowed_rows)
-            return gptoss_set_error(error, bad, "sample row %d: allowed_row %d is outside [-1, %d)", i,
-                                    r->allowed_row, b->n_allowed_rows);
+            return gptoss_set_error(error, bad, "sample row %d: allowed_row %d is outside [-1, %d)",
+                                    i, r->allowed_row, b->n_allowed_rows);
         if (r->n_edits < 0 || r->edit_start < 0 || r->edit_start > b->n_edits - r->n_edits)
-            return gptoss_set_error(error, bad, "sample row %d: edits [%d, %d + %d) are outside the batch's %d", i,
-                                    r->edit_start, r->edit_start, r->n_edits, b->n_edits);
+            return gptoss_set_error(error, bad,
+                                    "sample row %d: edits [%d, %d + %d) are outside the batch's %d",
+                                    i, r->edit_start, r->edit_start, r->n_edits, b->n_edits);
         for (int32_t e = 0; e < r->n_edits; e++) {
             const gptoss_sample_edit *ed = &b->edits[r->edit_start + e];
             if (ed->token < 0 || ed->token >= V)
-                return gptoss_set_error(error, bad, "sample row %d: edit of token %d outside the vocabulary [0, %d)", i,
-                                        ed->token, V);
+                return gptoss_set_error(
+                    error, bad, "sample row %d: edit of token %d outside the vocabulary [0, %d)", i,
+                    ed->token, V);
             if (e > 0 && ed->token <= b->edits[r->edit_start + e - 1].token)
                 return gptoss_set_error(error, bad,
-                                        "sample row %d: edits must be sorted by token with no token twice (%d after %d)",
+                                        "sample row %d: edits must be sorted by token with no "
+                                        "token twice (%d after %d)",
                                         i, ed->token, b->edits[r->edit_start + e - 1].token);
             if (!isfinite(ed->bias) || ed->output_count < 0)
-                return gptoss_set_error(error, bad, "sample row %d: edit of token %d has bias %g / output_count %d", i,
-                                        ed->token, (double)ed->bias, ed->output_count);
+                return gptoss_set_error(
+                    error, bad, "sample row %d: edit of token %d has bias %g / output_count %d", i,
+                    ed->token, (double)ed->bias, ed->output_count);
         }
     }
     return GPTOSS_OK;
@@ -606,20 +633,22 @@ static void sample_row(const float *logits, int32_t V, const gptoss_sample_batch
                        gptoss_sample_scratch *s) {
     const gptoss_sample_row *row = &b->rows[i];
     const size_t words = ((size_t)V + 31) / 32;
-    const uint32_t *mask = row->allowed_row >= 0 ? b->allowed_masks + (size_t)row->allowed_row * words : NULL;
+    const uint32_t *mask =
+        row->allowed_row >= 0 ? b->allowed_masks + (size_t)row->allowed_row * words : NULL;
     const gptoss_sample_edit *edits = row->n_edits > 0 ? b->edits + row->edit_start : NULL;
     const int32_t token = gptoss_sample_reference(logits, V, row, edits, mask, s);
     b->token_ids[i] = token;
     if (row->n_top_logprobs >= 0) {
         const size_t at = (size_t)i * GPTOSS_MAX_SAMPLE_LOGPROBS;
-        b->logprobs[i] = gptoss_sample_logprobs(logits, V, token, row->n_top_logprobs,
-                                                row->n_top_logprobs > 0 ? b->top_ids + at : NULL,
-                                                row->n_top_logprobs > 0 ? b->top_logprobs + at : NULL);
+        b->logprobs[i] = gptoss_sample_logprobs(
+            logits, V, token, row->n_top_logprobs, row->n_top_logprobs > 0 ? b->top_ids + at : NULL,
+            row->n_top_logprobs > 0 ? b->top_logprobs + at : NULL);
     }
 }
 
-void gptoss_sample_rows(const float *logits, int32_t V, int32_t n_rows, const gptoss_sample_batch *b,
-                        gptoss_sample_scratch *const *scratch, int32_t n_scratch) {
+void gptoss_sample_rows(const float *logits, int32_t V, int32_t n_rows,
+                        const gptoss_sample_batch *b, gptoss_sample_scratch *const *scratch,
+                        int32_t n_scratch) {
     int n_threads = n_scratch < n_rows ? n_scratch : n_rows;
     if (n_threads <= 1) {
         for (int32_t i = 0; i < n_rows; i++)

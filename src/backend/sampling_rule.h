@@ -109,10 +109,9 @@ GPTOSS_SR_FN gptoss_philox_out gptoss_philox4x32_10(uint32_t c0, uint32_t c1, ui
 
 /* The 64 random bits of one draw: seed, position of the token being drawn, choice index. */
 GPTOSS_SR_FN uint64_t gptoss_sampling_random(uint64_t seed, int64_t position, int32_t choice) {
-    gptoss_philox_out o = gptoss_philox4x32_10((uint32_t)(uint64_t)position,
-                                               (uint32_t)((uint64_t)position >> 32),
-                                               (uint32_t)choice, 0u, (uint32_t)seed,
-                                               (uint32_t)(seed >> 32));
+    gptoss_philox_out o =
+        gptoss_philox4x32_10((uint32_t)(uint64_t)position, (uint32_t)((uint64_t)position >> 32),
+                             (uint32_t)choice, 0u, (uint32_t)seed, (uint32_t)(seed >> 32));
     return (uint64_t)o.v[0] | ((uint64_t)o.v[1] << 32);
 }
 

@@ -20,7 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-gptoss_status gptoss_chat_prompt_from_request(const gptoss_tokenizer *tokenizer, const json_t *request,
+gptoss_status gptoss_chat_prompt_from_request(const gptoss_tokenizer *tokenizer,
+                                              const json_t *request,
                                               const gptoss_openai_chat_options *options,
                                               gptoss_chat_prompt *out, gptoss_error *error) {
     memset(out, 0, sizeof *out);
@@ -67,18 +68,19 @@ typedef struct tool_call {
 
 struct gptoss_chat_stream {
     gptoss_harmony_parser *parser;
-    char *call_id_prefix;    /* "call_" or the caller's */
-    tool_call *calls;        /* [n_calls] every tool call so far (owned strings) */
+    char *call_id_prefix; /* "call_" or the caller's */
+    tool_call *calls;     /* [n_calls] every tool call so far (owned strings) */
     int n_calls;
     gptoss_chat_piece *pieces; /* [n_pieces] produced by the last push/finish */
     size_t n_pieces;
     size_t pieces_capacity;
-    bool turn_ended;           /* a stop id ended the turn */
-    bool finished;             /* finish was called */
+    bool turn_ended; /* a stop id ended the turn */
+    bool finished;   /* finish was called */
 };
 
-gptoss_status gptoss_chat_stream_create(const gptoss_tokenizer *tokenizer, const char *call_id_prefix,
-                                        gptoss_chat_stream **out, gptoss_error *error) {
+gptoss_status gptoss_chat_stream_create(const gptoss_tokenizer *tokenizer,
+                                        const char *call_id_prefix, gptoss_chat_stream **out,
+                                        gptoss_error *error) {
     *out = NULL;
     gptoss_chat_stream *s = calloc(1, sizeof *s);
     if (!s) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
@@ -89,8 +91,8 @@ gptoss_status gptoss_chat_stream_create(const gptoss_tokenizer *tokenizer, const
     }
     /* The prompt ends in "<|start|>assistant": generation starts inside a header. Non-strict:
      * a model's slip must not lose text or fail the request. */
-    gptoss_harmony_parser_options options = {.strict = false, .has_initial_role = true,
-                                             .initial_role = GPTOSS_ROLE_ASSISTANT};
+    gptoss_harmony_parser_options options = {
+        .strict = false, .has_initial_role = true, .initial_role = GPTOSS_ROLE_ASSISTANT};
     gptoss_status st = gptoss_harmony_parser_create(tokenizer, &options, &s->parser, error);
     if (st) {
         free(s->call_id_prefix);
@@ -114,7 +116,8 @@ void gptoss_chat_stream_free(gptoss_chat_stream *stream) {
     free(stream);
 }
 
-static gptoss_chat_piece *new_piece(gptoss_chat_stream *s, gptoss_chat_piece_kind kind, gptoss_error *error) {
+static gptoss_chat_piece *new_piece(gptoss_chat_stream *s, gptoss_chat_piece_kind kind,
+                                    gptoss_error *error) {
     if (s->n_pieces == s->pieces_capacity) {
         size_t capacity = s->pieces_capacity ? 2 * s->pieces_capacity : 8;
         gptoss_chat_piece *bigger = realloc(s->pieces, capacity * sizeof *bigger);
@@ -132,7 +135,8 @@ static gptoss_chat_piece *new_piece(gptoss_chat_stream *s, gptoss_chat_piece_kin
     return p;
 }
 
-static gptoss_status start_tool_call(gptoss_chat_stream *s, const char *recipient, size_t len, gptoss_error *error) {
+static gptoss_status start_tool_call(gptoss_chat_stream *s, const char *recipient, size_t len,
+                                     gptoss_error *error) {
     tool_call *bigger = realloc(s->calls, (size_t)(s->n_calls + 1) * sizeof *bigger);
     if (!bigger) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     s->calls = bigger;
@@ -169,8 +173,10 @@ static gptoss_status take_events(gptoss_chat_stream *s, gptoss_error *error) {
         case GPTOSS_CHAT_EVENT_ANSWER_DELTA:
         case GPTOSS_CHAT_EVENT_COMMENTARY_DELTA:
             if (ev->len == 0) break;
-            p = new_piece(s, ev->kind == GPTOSS_CHAT_EVENT_REASONING_DELTA ? GPTOSS_CHAT_PIECE_REASONING
-                                                                            : GPTOSS_CHAT_PIECE_CONTENT,
+            p = new_piece(s,
+                          ev->kind == GPTOSS_CHAT_EVENT_REASONING_DELTA
+                              ? GPTOSS_CHAT_PIECE_REASONING
+                              : GPTOSS_CHAT_PIECE_CONTENT,
                           error);
             if (!p) return GPTOSS_ERR_OUT_OF_MEMORY;
             p->text = ev->text;
@@ -212,7 +218,8 @@ gptoss_status gptoss_chat_stream_push(gptoss_chat_stream *stream, int32_t id, gp
 
 gptoss_status gptoss_chat_stream_finish(gptoss_chat_stream *stream, gptoss_error *error) {
     stream->n_pieces = 0;
-    if (stream->finished) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "chat stream finished twice");
+    if (stream->finished)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "chat stream finished twice");
     stream->finished = true;
     if (!stream->turn_ended) {
         gptoss_status st = gptoss_harmony_parser_finish(stream->parser, error);
@@ -230,6 +237,10 @@ const gptoss_chat_piece *gptoss_chat_stream_pieces(const gptoss_chat_stream *str
     return stream->pieces;
 }
 
-bool gptoss_chat_stream_done(const gptoss_chat_stream *stream) { return stream->turn_ended; }
+bool gptoss_chat_stream_done(const gptoss_chat_stream *stream) {
+    return stream->turn_ended;
+}
 
-int gptoss_chat_stream_n_tool_calls(const gptoss_chat_stream *stream) { return stream->n_calls; }
+int gptoss_chat_stream_n_tool_calls(const gptoss_chat_stream *stream) {
+    return stream->n_calls;
+}

@@ -23,7 +23,7 @@ size_t gptoss_chat_stop_ids(int32_t ids[GPTOSS_CHAT_MAX_STOP_IDS]);
 
 /* A rendered prompt. Zero-initialize or fill with gptoss_chat_prompt_from_request. */
 typedef struct gptoss_chat_prompt {
-    gptoss_tokens tokens; /* prompt ids, ending in <|start|>assistant */
+    gptoss_tokens tokens;                       /* prompt ids, ending in <|start|>assistant */
     int32_t stop_ids[GPTOSS_CHAT_MAX_STOP_IDS]; /* <|return|>, <|call|>, <|endoftext|> */
     size_t n_stop_ids;
 } gptoss_chat_prompt;
@@ -31,7 +31,8 @@ typedef struct gptoss_chat_prompt {
 /* Maps `request` (messages, tools, tool_choice, reasoning_effort) to harmony and renders it
  * for completion by the assistant. GPTOSS_ERR_INVALID_ARGUMENT (with the field named) for a
  * request that breaks the rules. On failure *out is left empty. */
-gptoss_status gptoss_chat_prompt_from_request(const gptoss_tokenizer *tokenizer, const json_t *request,
+gptoss_status gptoss_chat_prompt_from_request(const gptoss_tokenizer *tokenizer,
+                                              const json_t *request,
                                               const gptoss_openai_chat_options *options,
                                               gptoss_chat_prompt *out, gptoss_error *error);
 void gptoss_chat_prompt_free(gptoss_chat_prompt *prompt);
@@ -65,8 +66,9 @@ typedef struct gptoss_chat_stream gptoss_chat_stream;
 
 /* tokenizer must outlive the stream. call_id_prefix (copied; NULL: "call_") starts every tool
  * call id, followed by the call's index; a server passes something unique per request. */
-gptoss_status gptoss_chat_stream_create(const gptoss_tokenizer *tokenizer, const char *call_id_prefix,
-                                        gptoss_chat_stream **out, gptoss_error *error);
+gptoss_status gptoss_chat_stream_create(const gptoss_tokenizer *tokenizer,
+                                        const char *call_id_prefix, gptoss_chat_stream **out,
+                                        gptoss_error *error);
 void gptoss_chat_stream_free(gptoss_chat_stream *stream);
 
 /* Feeds one generated id. The pieces it produced are then in gptoss_chat_stream_pieces (valid

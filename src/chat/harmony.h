@@ -57,8 +57,8 @@ typedef struct gptoss_harmony_tool {
 } gptoss_harmony_tool;
 
 typedef struct gptoss_harmony_namespace {
-    char *name;                /* "functions", "browser", "python", ... */
-    char *description;         /* may be NULL */
+    char *name;                 /* "functions", "browser", "python", ... */
+    char *description;          /* may be NULL */
     gptoss_harmony_tool *tools; /* [n_tools]; none for e.g. "python" */
     size_t n_tools;
 } gptoss_harmony_namespace;
@@ -94,8 +94,8 @@ typedef enum gptoss_harmony_content_kind {
 
 typedef struct gptoss_harmony_content {
     gptoss_harmony_content_kind kind;
-    char *text;      /* TEXT: bytes [text_len], NUL-terminated */
-    size_t text_len; /* TEXT: bytes (text may hold NULs) */
+    char *text;                                 /* TEXT: bytes [text_len], NUL-terminated */
+    size_t text_len;                            /* TEXT: bytes (text may hold NULs) */
     gptoss_harmony_system_content system;       /* SYSTEM */
     gptoss_harmony_developer_content developer; /* DEVELOPER */
 } gptoss_harmony_content;
@@ -190,8 +190,8 @@ gptoss_harmony_render_options gptoss_harmony_render_options_default(void);
  * NUL-terminated; *len excludes the NUL. Fails on a conversation harmony cannot render (a
  * tool message without a name, system content outside a system message). */
 gptoss_status gptoss_harmony_render_text(const gptoss_harmony_conversation *conversation,
-                                         const gptoss_harmony_render_options *options,
-                                         char **text, size_t *len, gptoss_error *error);
+                                         const gptoss_harmony_render_options *options, char **text,
+                                         size_t *len, gptoss_error *error);
 
 /* Renders to token ids, appended to *out: text fragments are encoded with special tokens
  * NOT recognised (user text "<|start|>" stays text), special tokens are single ids. */

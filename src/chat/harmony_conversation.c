@@ -32,24 +32,33 @@ bool gptoss_harmony_role_parse(const char *word, size_t len, gptoss_harmony_role
 
 const char *gptoss_reasoning_effort_name(gptoss_reasoning_effort effort) {
     switch (effort) {
-    case GPTOSS_EFFORT_LOW: return "low";
-    case GPTOSS_EFFORT_MEDIUM: return "medium";
-    case GPTOSS_EFFORT_HIGH: return "high";
-    case GPTOSS_EFFORT_NONE: break;
+    case GPTOSS_EFFORT_LOW:
+        return "low";
+    case GPTOSS_EFFORT_MEDIUM:
+        return "medium";
+    case GPTOSS_EFFORT_HIGH:
+        return "high";
+    case GPTOSS_EFFORT_NONE:
+        break;
     }
     return NULL;
 }
 
 bool gptoss_reasoning_effort_parse(const char *word, gptoss_reasoning_effort *effort) {
-    if (strcmp(word, "low") == 0) *effort = GPTOSS_EFFORT_LOW;
-    else if (strcmp(word, "medium") == 0) *effort = GPTOSS_EFFORT_MEDIUM;
-    else if (strcmp(word, "high") == 0) *effort = GPTOSS_EFFORT_HIGH;
-    else return false;
+    if (strcmp(word, "low") == 0)
+        *effort = GPTOSS_EFFORT_LOW;
+    else if (strcmp(word, "medium") == 0)
+        *effort = GPTOSS_EFFORT_MEDIUM;
+    else if (strcmp(word, "high") == 0)
+        *effort = GPTOSS_EFFORT_HIGH;
+    else
+        return false;
     return true;
 }
 
 static gptoss_status oom(gptoss_error *error) {
-    return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory building a conversation");
+    return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                            "out of memory building a conversation");
 }
 
 /* Grows *items (of item_size bytes each) to hold one more; the new item is zeroed. */
@@ -86,7 +95,8 @@ static void content_free(gptoss_harmony_content *content) {
     free(sys->knowledge_cutoff);
     free(sys->conversation_start_date);
     tools_free(&sys->tools);
-    for (size_t i = 0; i < sys->n_valid_channels; i++) free(sys->valid_channels[i]);
+    for (size_t i = 0; i < sys->n_valid_channels; i++)
+        free(sys->valid_channels[i]);
     free(sys->valid_channels);
     free(content->developer.instructions);
     tools_free(&content->developer.tools);
@@ -104,7 +114,8 @@ void gptoss_harmony_conversation_free(gptoss_harmony_conversation *conversation)
         free(m->recipient);
         free(m->channel);
         free(m->content_type);
-        for (size_t j = 0; j < m->n_content; j++) content_free(&m->content[j]);
+        for (size_t j = 0; j < m->n_content; j++)
+            content_free(&m->content[j]);
         free(m->content);
     }
     free(conversation->messages);
@@ -116,8 +127,7 @@ gptoss_status gptoss_harmony_conversation_push(gptoss_harmony_conversation *conv
                                                gptoss_harmony_message **out, gptoss_error *error) {
     if (conversation->n_messages == conversation->capacity) {
         size_t capacity = conversation->capacity ? conversation->capacity * 2 : 8;
-        gptoss_harmony_message *bigger =
-            realloc(conversation->messages, capacity * sizeof *bigger);
+        gptoss_harmony_message *bigger = realloc(conversation->messages, capacity * sizeof *bigger);
         if (!bigger) return oom(error);
         conversation->messages = bigger;
         conversation->capacity = capacity;
@@ -190,9 +200,9 @@ static gptoss_status add_channel(gptoss_harmony_system_content *system, const ch
 gptoss_status gptoss_harmony_system_defaults(gptoss_harmony_system_content *system,
                                              gptoss_error *error) {
     gptoss_status st;
-    if ((st = gptoss_harmony_set_string(&system->model_identity,
-                                        "You are ChatGPT, a large language model trained by OpenAI.",
-                                        error)) ||
+    if ((st = gptoss_harmony_set_string(
+             &system->model_identity, "You are ChatGPT, a large language model trained by OpenAI.",
+             error)) ||
         (st = gptoss_harmony_set_string(&system->knowledge_cutoff, "2024-06", error)))
         return st;
     system->reasoning_effort = GPTOSS_EFFORT_MEDIUM;
@@ -251,8 +261,8 @@ static gptoss_status opt_string(const json_t *object, const char *key, const cha
     const json_t *value = json_object_get(object, key);
     if (!value || json_is_null(value)) return GPTOSS_OK;
     if (!json_is_string(value))
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s.%s: expected a string or null",
-                                where, key);
+        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s.%s: expected a string or null", where,
+                                key);
     return gptoss_harmony_set_string(out, json_string_value(value), error);
 }
 
@@ -271,9 +281,9 @@ static gptoss_status read_tools(const json_t *list, const char *where, gptoss_ha
                                     "%s.tool_namespaces[%zu].name: expected a string", where, i);
         const json_t *desc = json_object_get(item, "description");
         if (desc && !json_is_null(desc) && !json_is_string(desc))
-            return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
-                                    "%s.tool_namespaces[%zu].description: expected a string or null",
-                                    where, i);
+            return gptoss_set_error(
+                error, GPTOSS_ERR_FORMAT,
+                "%s.tool_namespaces[%zu].description: expected a string or null", where, i);
         gptoss_harmony_namespace *ns = NULL;
         gptoss_status st = gptoss_harmony_tools_add_namespace(
             tools, json_string_value(name), json_is_string(desc) ? json_string_value(desc) : NULL,
@@ -290,13 +300,14 @@ static gptoss_status read_tools(const json_t *list, const char *where, gptoss_ha
             const json_t *tool_desc = json_object_get(tool, "description");
             json_t *params = json_object_get(tool, "parameters");
             if (!json_is_string(tool_name))
-                return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
-                                        "%s.tool_namespaces[%zu].tools[%zu].name: expected a string",
-                                        where, i, j);
+                return gptoss_set_error(
+                    error, GPTOSS_ERR_FORMAT,
+                    "%s.tool_namespaces[%zu].tools[%zu].name: expected a string", where, i, j);
             if (tool_desc && !json_is_null(tool_desc) && !json_is_string(tool_desc))
                 return gptoss_set_error(
                     error, GPTOSS_ERR_FORMAT,
-                    "%s.tool_namespaces[%zu].tools[%zu].description: expected a string", where, i, j);
+                    "%s.tool_namespaces[%zu].tools[%zu].description: expected a string", where, i,
+                    j);
             if (json_is_null(params)) params = NULL;
             st = gptoss_harmony_namespace_add_tool(
                 ns, json_string_value(tool_name),
@@ -307,8 +318,8 @@ static gptoss_status read_tools(const json_t *list, const char *where, gptoss_ha
     return GPTOSS_OK;
 }
 
-static gptoss_status read_content(const json_t *item, const char *where,
-                                  gptoss_harmony_message *m, gptoss_error *error) {
+static gptoss_status read_content(const json_t *item, const char *where, gptoss_harmony_message *m,
+                                  gptoss_error *error) {
     const char *type = json_string_value(json_object_get(item, "type"));
     gptoss_status st;
     if (!type)
@@ -332,9 +343,9 @@ static gptoss_status read_content(const json_t *item, const char *where,
         if (effort && !json_is_null(effort) &&
             !(json_is_string(effort) &&
               gptoss_reasoning_effort_parse(json_string_value(effort), &sys->reasoning_effort)))
-            return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
-                                    "%s.reasoning_effort: expected \"low\", \"medium\", \"high\" or null",
-                                    where);
+            return gptoss_set_error(
+                error, GPTOSS_ERR_FORMAT,
+                "%s.reasoning_effort: expected \"low\", \"medium\", \"high\" or null", where);
         if ((st = read_tools(json_object_get(item, "tool_namespaces"), where, &sys->tools, error)))
             return st;
         const json_t *config = json_object_get(item, "channel_config");
@@ -349,9 +360,9 @@ static gptoss_status read_content(const json_t *item, const char *where,
             const json_t *ch;
             json_array_foreach(channels, i, ch) {
                 if (!json_is_string(ch))
-                    return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
-                                            "%s.channel_config.valid_channels[%zu]: expected a string",
-                                            where, i);
+                    return gptoss_set_error(
+                        error, GPTOSS_ERR_FORMAT,
+                        "%s.channel_config.valid_channels[%zu]: expected a string", where, i);
                 if ((st = add_channel(sys, json_string_value(ch), error))) return st;
             }
         }
@@ -373,7 +384,8 @@ gptoss_status gptoss_harmony_conversation_from_json(const json_t *messages,
                                                     gptoss_harmony_conversation *conversation,
                                                     gptoss_error *error) {
     if (!json_is_array(messages))
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "conversation: expected a list of messages");
+        return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                "conversation: expected a list of messages");
     size_t i;
     const json_t *item;
     json_array_foreach(messages, i, item) {
@@ -417,7 +429,8 @@ static const char builtin_tools_json[] =
     "{\"name\":\"browser\",\"description\":\"Tool for browsing.\\nThe `cursor` appears in brackets "
     "before each browsing display: `[{cursor}]`.\\nCite information from the tool using the "
     "following format:\\n`\\u3010{cursor}\\u2020L{line_start}(-L{line_end})?\\u3011`, for example: "
-    "`\\u30106\\u2020L9-L11\\u3011` or `\\u30108\\u2020L3\\u3011`.\\nDo not quote more than 10 words "
+    "`\\u30106\\u2020L9-L11\\u3011` or `\\u30108\\u2020L3\\u3011`.\\nDo not quote more than 10 "
+    "words "
     "directly from the tool output.\\nsources=web (default: web)\",\"tools\":["
     "{\"name\":\"search\",\"description\":\"Searches for information related to `query` and "
     "displays `topn` results.\",\"parameters\":{\"type\":\"object\",\"properties\":{\"query\":{"
@@ -426,17 +439,22 @@ static const char builtin_tools_json[] =
     "{\"name\":\"open\",\"description\":\"Opens the link `id` from the page indicated by `cursor` "
     "starting at line number `loc`, showing `num_lines` lines.\\nValid link ids are displayed with "
     "the formatting: `\\u3010{id}\\u2020.*\\u3011`.\\nIf `cursor` is not provided, the most recent "
-    "page is implied.\\nIf `id` is a string, it is treated as a fully qualified URL associated with "
+    "page is implied.\\nIf `id` is a string, it is treated as a fully qualified URL associated "
+    "with "
     "`source`.\\nIf `loc` is not provided, the viewport will be positioned at the beginning of the "
     "document or centered on the most relevant passage, if available.\\nUse this function without "
     "`id` to scroll to a new location of an opened page.\",\"parameters\":{\"type\":\"object\","
     "\"properties\":{\"id\":{\"type\":[\"number\",\"string\"],\"default\":-1},\"cursor\":{\"type\":"
-    "\"number\",\"default\":-1},\"loc\":{\"type\":\"number\",\"default\":-1},\"num_lines\":{\"type\":"
-    "\"number\",\"default\":-1},\"view_source\":{\"type\":\"boolean\",\"default\":false},\"source\":{"
+    "\"number\",\"default\":-1},\"loc\":{\"type\":\"number\",\"default\":-1},\"num_lines\":{"
+    "\"type\":"
+    "\"number\",\"default\":-1},\"view_source\":{\"type\":\"boolean\",\"default\":false},"
+    "\"source\":{"
     "\"type\":\"string\"}}}},"
     "{\"name\":\"find\",\"description\":\"Finds exact matches of `pattern` in the current page, or "
-    "the page given by `cursor`.\",\"parameters\":{\"type\":\"object\",\"properties\":{\"pattern\":{"
-    "\"type\":\"string\"},\"cursor\":{\"type\":\"number\",\"default\":-1}},\"required\":[\"pattern\"]"
+    "the page given by "
+    "`cursor`.\",\"parameters\":{\"type\":\"object\",\"properties\":{\"pattern\":{"
+    "\"type\":\"string\"},\"cursor\":{\"type\":\"number\",\"default\":-1}},\"required\":["
+    "\"pattern\"]"
     "}}]},"
     "{\"name\":\"python\",\"description\":\"Use this tool to execute Python code in your chain of "
     "thought. The code will not be shown to the user. This tool should be used for internal "

@@ -25,54 +25,67 @@ struct gptoss_harmony_parser {
     const gptoss_tokenizer *tokenizer;     /* token id -> bytes */
     gptoss_harmony_parser_options options; /* strict, initial role */
     enum parse_state state;
-    bool has_next_role;              /* the next header's role is already known */
-    gptoss_harmony_role next_role;   /* ... and this is it */
-    gptoss_chat_buf header;          /* raw bytes of the header being read */
-    gptoss_harmony_parsed_message current; /* header fields of the open message */
-    gptoss_chat_buf content;         /* valid UTF-8 content of the open message */
-    gptoss_chat_event_kind current_kind; /* delta kind of the open message */
-    bool current_recovered;          /* the open message came from a recovery */
-    unsigned char pending[4];        /* bytes of an unfinished UTF-8 character */
-    size_t n_pending;                /* [0, 4) */
-    size_t n_pending_needed;         /* length of the character being assembled */
-    gptoss_chat_buf delta;           /* content text the current step produced */
-    bool has_delta;                  /* the current step produced content text */
+    bool has_next_role;                      /* the next header's role is already known */
+    gptoss_harmony_role next_role;           /* ... and this is it */
+    gptoss_chat_buf header;                  /* raw bytes of the header being read */
+    gptoss_harmony_parsed_message current;   /* header fields of the open message */
+    gptoss_chat_buf content;                 /* valid UTF-8 content of the open message */
+    gptoss_chat_event_kind current_kind;     /* delta kind of the open message */
+    bool current_recovered;                  /* the open message came from a recovery */
+    unsigned char pending[4];                /* bytes of an unfinished UTF-8 character */
+    size_t n_pending;                        /* [0, 4) */
+    size_t n_pending_needed;                 /* length of the character being assembled */
+    gptoss_chat_buf delta;                   /* content text the current step produced */
+    bool has_delta;                          /* the current step produced content text */
     gptoss_harmony_parsed_message *messages; /* [n_messages] completed */
     size_t n_messages;
     size_t messages_capacity;
-    gptoss_chat_event *events;       /* [n_events] of the current step */
-    size_t *event_text_offsets;      /* [n_events] offset in event_text, or SIZE_MAX */
+    gptoss_chat_event *events;  /* [n_events] of the current step */
+    size_t *event_text_offsets; /* [n_events] offset in event_text, or SIZE_MAX */
     size_t n_events;
     size_t events_capacity;
-    gptoss_chat_buf event_text;      /* text of the current step's delta events */
-    bool last_event_turn_end;        /* the last event emitted was TURN_END */
-    int32_t last_token;              /* last id pushed, -1 before any */
-    bool failed;                     /* strict mode hit an error; stays failed */
-    gptoss_error failure;            /* ... this one */
-    bool out_of_memory;              /* an allocation failed during the step */
+    gptoss_chat_buf event_text; /* text of the current step's delta events */
+    bool last_event_turn_end;   /* the last event emitted was TURN_END */
+    int32_t last_token;         /* last id pushed, -1 before any */
+    bool failed;                /* strict mode hit an error; stays failed */
+    gptoss_error failure;       /* ... this one */
+    bool out_of_memory;         /* an allocation failed during the step */
 };
 
 const char *gptoss_chat_event_kind_name(gptoss_chat_event_kind kind) {
     switch (kind) {
-    case GPTOSS_CHAT_EVENT_REASONING_DELTA: return "reasoning_delta";
-    case GPTOSS_CHAT_EVENT_ANSWER_DELTA: return "answer_delta";
-    case GPTOSS_CHAT_EVENT_COMMENTARY_DELTA: return "commentary_delta";
-    case GPTOSS_CHAT_EVENT_TOOL_CALL_START: return "tool_call_start";
-    case GPTOSS_CHAT_EVENT_TOOL_CALL_ARGS_DELTA: return "tool_call_args_delta";
-    case GPTOSS_CHAT_EVENT_MESSAGE_END: return "message_end";
-    case GPTOSS_CHAT_EVENT_TURN_END: return "turn_end";
+    case GPTOSS_CHAT_EVENT_REASONING_DELTA:
+        return "reasoning_delta";
+    case GPTOSS_CHAT_EVENT_ANSWER_DELTA:
+        return "answer_delta";
+    case GPTOSS_CHAT_EVENT_COMMENTARY_DELTA:
+        return "commentary_delta";
+    case GPTOSS_CHAT_EVENT_TOOL_CALL_START:
+        return "tool_call_start";
+    case GPTOSS_CHAT_EVENT_TOOL_CALL_ARGS_DELTA:
+        return "tool_call_args_delta";
+    case GPTOSS_CHAT_EVENT_MESSAGE_END:
+        return "message_end";
+    case GPTOSS_CHAT_EVENT_TURN_END:
+        return "turn_end";
     }
     return "unknown";
 }
 
 const char *gptoss_chat_end_reason_name(gptoss_chat_end_reason reason) {
     switch (reason) {
-    case GPTOSS_CHAT_END_NONE: return "none";
-    case GPTOSS_CHAT_END_RETURN: return "return";
-    case GPTOSS_CHAT_END_CALL: return "call";
-    case GPTOSS_CHAT_END_END: return "end";
-    case GPTOSS_CHAT_END_EOS: return "eos";
-    case GPTOSS_CHAT_END_LENGTH: return "length";
+    case GPTOSS_CHAT_END_NONE:
+        return "none";
+    case GPTOSS_CHAT_END_RETURN:
+        return "return";
+    case GPTOSS_CHAT_END_CALL:
+        return "call";
+    case GPTOSS_CHAT_END_END:
+        return "end";
+    case GPTOSS_CHAT_END_EOS:
+        return "eos";
+    case GPTOSS_CHAT_END_LENGTH:
+        return "length";
     }
     return "unknown";
 }
@@ -83,10 +96,14 @@ static bool is_stop(int32_t id) {
 
 static gptoss_chat_end_reason reason_of(int32_t id) {
     switch (id) {
-    case GPTOSS_TOKEN_RETURN: return GPTOSS_CHAT_END_RETURN;
-    case GPTOSS_TOKEN_CALL: return GPTOSS_CHAT_END_CALL;
-    case GPTOSS_TOKEN_END: return GPTOSS_CHAT_END_END;
-    case GPTOSS_TOKEN_ENDOFTEXT: return GPTOSS_CHAT_END_EOS;
+    case GPTOSS_TOKEN_RETURN:
+        return GPTOSS_CHAT_END_RETURN;
+    case GPTOSS_TOKEN_CALL:
+        return GPTOSS_CHAT_END_CALL;
+    case GPTOSS_TOKEN_END:
+        return GPTOSS_CHAT_END_END;
+    case GPTOSS_TOKEN_ENDOFTEXT:
+        return GPTOSS_CHAT_END_EOS;
     }
     return GPTOSS_CHAT_END_LENGTH;
 }
@@ -137,7 +154,8 @@ static void turn_end(gptoss_harmony_parser *p, gptoss_chat_end_reason reason) {
 /* Valid UTF-8 text of the open message: into its content, the step's delta and an event
  * (consecutive text of one message in one step is merged into one event). */
 static void emit_text(gptoss_harmony_parser *p, const char *bytes, size_t n) {
-    if (!gptoss_chat_buf_append(&p->content, bytes, n) || !gptoss_chat_buf_append(&p->delta, bytes, n)) {
+    if (!gptoss_chat_buf_append(&p->content, bytes, n) ||
+        !gptoss_chat_buf_append(&p->delta, bytes, n)) {
         p->out_of_memory = true;
         return;
     }
@@ -150,8 +168,10 @@ static void emit_text(gptoss_harmony_parser *p, const char *bytes, size_t n) {
         if (!last) return;
         p->event_text_offsets[p->n_events - 1] = p->event_text.len;
     }
-    if (!gptoss_chat_buf_append(&p->event_text, bytes, n)) p->out_of_memory = true;
-    else last->len += n;
+    if (!gptoss_chat_buf_append(&p->event_text, bytes, n))
+        p->out_of_memory = true;
+    else
+        last->len += n;
 }
 
 /* ---- UTF-8 assembly ------------------------------------------------------------------------ */
@@ -169,10 +189,14 @@ static size_t sequence_length(unsigned char lead) {
 static bool valid_continuation(const gptoss_harmony_parser *p, unsigned char c) {
     if (p->n_pending == 1) {
         switch (p->pending[0]) {
-        case 0xE0: return c >= 0xA0 && c <= 0xBF;
-        case 0xED: return c >= 0x80 && c <= 0x9F;
-        case 0xF0: return c >= 0x90 && c <= 0xBF;
-        case 0xF4: return c >= 0x80 && c <= 0x8F;
+        case 0xE0:
+            return c >= 0xA0 && c <= 0xBF;
+        case 0xED:
+            return c >= 0x80 && c <= 0x9F;
+        case 0xF0:
+            return c >= 0x90 && c <= 0xBF;
+        case 0xF4:
+            return c >= 0x80 && c <= 0x8F;
         }
     }
     return c >= 0x80 && c <= 0xBF;
@@ -220,7 +244,8 @@ static void feed_bytes(gptoss_harmony_parser *p, const unsigned char *bytes, siz
             p->n_pending = 0;
         }
     }
-    if (n > run_start && p->n_pending == 0) emit_text(p, (const char *)bytes + run_start, n - run_start);
+    if (n > run_start && p->n_pending == 0)
+        emit_text(p, (const char *)bytes + run_start, n - run_start);
 }
 
 static void content_token(gptoss_harmony_parser *p, int32_t id) {
@@ -265,9 +290,11 @@ static void begin_message(gptoss_harmony_parser *p) {
             ev->text = m->recipient;
             ev->len = strlen(m->recipient);
         }
-    } else if (m->role == GPTOSS_ROLE_ASSISTANT && m->channel && strcmp(m->channel, "analysis") == 0) {
+    } else if (m->role == GPTOSS_ROLE_ASSISTANT && m->channel &&
+               strcmp(m->channel, "analysis") == 0) {
         p->current_kind = GPTOSS_CHAT_EVENT_REASONING_DELTA;
-    } else if (m->role == GPTOSS_ROLE_ASSISTANT && m->channel && strcmp(m->channel, "commentary") == 0) {
+    } else if (m->role == GPTOSS_ROLE_ASSISTANT && m->channel &&
+               strcmp(m->channel, "commentary") == 0) {
         p->current_kind = GPTOSS_CHAT_EVENT_COMMENTARY_DELTA;
     } else {
         p->current_kind = GPTOSS_CHAT_EVENT_ANSWER_DELTA;
@@ -275,7 +302,8 @@ static void begin_message(gptoss_harmony_parser *p) {
 }
 
 /* Closes the open message: held bytes flushed, message stored, MESSAGE_END emitted. */
-static void close_message(gptoss_harmony_parser *p, int32_t stop_token, gptoss_chat_end_reason reason) {
+static void close_message(gptoss_harmony_parser *p, int32_t stop_token,
+                          gptoss_chat_end_reason reason) {
     flush_pending(p);
     gptoss_chat_event *ev = new_event(p, GPTOSS_CHAT_EVENT_MESSAGE_END);
     if (ev) ev->reason = reason;
@@ -325,7 +353,8 @@ static bool cut_channel(char *s, char **channel, bool lenient) {
     if (!marker) return true;
     char *value = marker + strlen(channel_marker);
     size_t n = 0;
-    while (value[n] && !is_ws(value[n]) && value[n] != '<') n++;
+    while (value[n] && !is_ws(value[n]) && value[n] != '<')
+        n++;
     if (n == 0) {
         if (lenient) memmove(marker, value, strlen(value) + 1);
         return false;
@@ -341,7 +370,8 @@ static size_t split_words(char *s, char ***words_out) {
     char **words = NULL;
     char *p = s;
     while (*p) {
-        while (*p && is_ws(*p)) *p++ = '\0';
+        while (*p && is_ws(*p))
+            *p++ = '\0';
         if (!*p) break;
         if (n == capacity) {
             capacity = capacity ? capacity * 2 : 8;
@@ -350,7 +380,8 @@ static size_t split_words(char *s, char ***words_out) {
             words = bigger;
         }
         words[n++] = p;
-        while (*p && !is_ws(*p)) p++;
+        while (*p && !is_ws(*p))
+            p++;
     }
     *words_out = words;
     return n;
@@ -488,7 +519,8 @@ static gptoss_status fail(gptoss_harmony_parser *p, gptoss_error *error, const c
 
 /* Non-strict: the header read so far becomes a message (harmony's recovery when a stop
  * token arrives before <|message|>): channel kept, other words single-spaced as content. */
-static void recover_header(gptoss_harmony_parser *p, int32_t stop_token, gptoss_chat_end_reason reason) {
+static void recover_header(gptoss_harmony_parser *p, int32_t stop_token,
+                           gptoss_chat_end_reason reason) {
     clear_current(p);
     p->current.role = p->has_next_role ? p->next_role : GPTOSS_ROLE_ASSISTANT;
     char *s = header_string(p);
@@ -499,7 +531,8 @@ static void recover_header(gptoss_harmony_parser *p, int32_t stop_token, gptoss_
     size_t n = s ? split_words(s, &words) : 0;
     size_t first = 0;
     gptoss_harmony_role role;
-    if (!p->has_next_role && n > 0 && gptoss_harmony_role_parse(words[0], strlen(words[0]), &role)) {
+    if (!p->has_next_role && n > 0 &&
+        gptoss_harmony_role_parse(words[0], strlen(words[0]), &role)) {
         p->current.role = role;
         first = 1;
     }
@@ -548,7 +581,8 @@ gptoss_status gptoss_harmony_parser_create(const gptoss_tokenizer *tokenizer,
     if (!tokenizer || !out)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "harmony parser: no tokenizer");
     gptoss_harmony_parser *p = calloc(1, sizeof *p);
-    if (!p) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory creating a parser");
+    if (!p)
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory creating a parser");
     p->tokenizer = tokenizer;
     if (options) p->options = *options;
     p->state = p->options.has_initial_role ? HEADER : EXPECT_START;
@@ -597,7 +631,8 @@ static gptoss_status end_step(gptoss_harmony_parser *p, gptoss_error *error) {
     return GPTOSS_OK;
 }
 
-gptoss_status gptoss_harmony_parser_push(gptoss_harmony_parser *p, int32_t id, gptoss_error *error) {
+gptoss_status gptoss_harmony_parser_push(gptoss_harmony_parser *p, int32_t id,
+                                         gptoss_error *error) {
     if (p->failed) return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s", p->failure.message);
     begin_step(p);
     p->last_token = id;
@@ -668,7 +703,8 @@ gptoss_status gptoss_harmony_parser_finish(gptoss_harmony_parser *p, gptoss_erro
     begin_step(p);
     if (p->state == HEADER) {
         if (p->options.strict)
-            return fail(p, error, "%s", "unexpected end of input while waiting for message header to complete");
+            return fail(p, error, "%s",
+                        "unexpected end of input while waiting for message header to complete");
         recover_header(p, -1, GPTOSS_CHAT_END_LENGTH);
     } else if (p->state == CONTENT) {
         close_message(p, -1, GPTOSS_CHAT_END_LENGTH);
@@ -686,7 +722,9 @@ const gptoss_chat_event *gptoss_harmony_parser_events(const gptoss_harmony_parse
     return p->events;
 }
 
-size_t gptoss_harmony_parser_n_messages(const gptoss_harmony_parser *p) { return p->n_messages; }
+size_t gptoss_harmony_parser_n_messages(const gptoss_harmony_parser *p) {
+    return p->n_messages;
+}
 
 const gptoss_harmony_parsed_message *gptoss_harmony_parser_message(const gptoss_harmony_parser *p,
                                                                    size_t index) {

@@ -62,13 +62,13 @@ typedef struct gptoss_harmony_parsed_message {
 } gptoss_harmony_parsed_message;
 
 typedef enum gptoss_chat_event_kind {
-    GPTOSS_CHAT_EVENT_REASONING_DELTA = 0,  /* analysis channel text */
-    GPTOSS_CHAT_EVENT_ANSWER_DELTA = 1,     /* final channel text (and recovered text) */
-    GPTOSS_CHAT_EVENT_COMMENTARY_DELTA = 2, /* commentary without recipient: a preamble */
-    GPTOSS_CHAT_EVENT_TOOL_CALL_START = 3,  /* text = the recipient ("functions.get_time") */
+    GPTOSS_CHAT_EVENT_REASONING_DELTA = 0,      /* analysis channel text */
+    GPTOSS_CHAT_EVENT_ANSWER_DELTA = 1,         /* final channel text (and recovered text) */
+    GPTOSS_CHAT_EVENT_COMMENTARY_DELTA = 2,     /* commentary without recipient: a preamble */
+    GPTOSS_CHAT_EVENT_TOOL_CALL_START = 3,      /* text = the recipient ("functions.get_time") */
     GPTOSS_CHAT_EVENT_TOOL_CALL_ARGS_DELTA = 4, /* tool call content (JSON arguments) */
-    GPTOSS_CHAT_EVENT_MESSAGE_END = 5,      /* a message closed; reason says how */
-    GPTOSS_CHAT_EVENT_TURN_END = 6,         /* generation should stop / has stopped */
+    GPTOSS_CHAT_EVENT_MESSAGE_END = 5,          /* a message closed; reason says how */
+    GPTOSS_CHAT_EVENT_TURN_END = 6,             /* generation should stop / has stopped */
 } gptoss_chat_event_kind;
 
 typedef enum gptoss_chat_end_reason {
@@ -82,15 +82,15 @@ typedef enum gptoss_chat_end_reason {
 
 typedef struct gptoss_chat_event {
     gptoss_chat_event_kind kind;
-    const char *text;         /* delta text or the tool name; valid until the next push */
-    size_t len;               /* bytes of text */
-    gptoss_harmony_role role; /* author of the message the event belongs to */
-    const char *channel;      /* its channel, or NULL */
-    const char *recipient;    /* its recipient, or NULL */
-    const char *content_type; /* its content type, or NULL */
-    size_t message_index;     /* index of the message (in parse order) */
+    const char *text;              /* delta text or the tool name; valid until the next push */
+    size_t len;                    /* bytes of text */
+    gptoss_harmony_role role;      /* author of the message the event belongs to */
+    const char *channel;           /* its channel, or NULL */
+    const char *recipient;         /* its recipient, or NULL */
+    const char *content_type;      /* its content type, or NULL */
+    size_t message_index;          /* index of the message (in parse order) */
     gptoss_chat_end_reason reason; /* MESSAGE_END, TURN_END */
-    bool recovered;           /* text surfaced by a non-strict recovery */
+    bool recovered;                /* text surfaced by a non-strict recovery */
 } gptoss_chat_event;
 
 typedef struct gptoss_harmony_parser_options {
@@ -122,12 +122,11 @@ const gptoss_chat_event *gptoss_harmony_parser_events(const gptoss_harmony_parse
 
 /* Completed messages, in order; valid while the parser lives. */
 size_t gptoss_harmony_parser_n_messages(const gptoss_harmony_parser *parser);
-const gptoss_harmony_parsed_message *gptoss_harmony_parser_message(
-    const gptoss_harmony_parser *parser, size_t index);
+const gptoss_harmony_parsed_message *
+gptoss_harmony_parser_message(const gptoss_harmony_parser *parser, size_t index);
 
 /* Text of the open message so far ("" when none is open). */
-const char *gptoss_harmony_parser_current_content(const gptoss_harmony_parser *parser,
-                                                  size_t *len);
+const char *gptoss_harmony_parser_current_content(const gptoss_harmony_parser *parser, size_t *len);
 /* Content text the last pushed token completed, or NULL when it completed none. */
 const char *gptoss_harmony_parser_last_delta(const gptoss_harmony_parser *parser, size_t *len);
 

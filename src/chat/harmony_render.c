@@ -21,15 +21,24 @@ static const char *const constrain_marker = "<|constrain|>";
 
 const char *gptoss_harmony_special_name(int32_t id) {
     switch (id) {
-    case GPTOSS_TOKEN_STARTOFTEXT: return "<|startoftext|>";
-    case GPTOSS_TOKEN_ENDOFTEXT: return "<|endoftext|>";
-    case GPTOSS_TOKEN_RETURN: return "<|return|>";
-    case GPTOSS_TOKEN_CONSTRAIN: return "<|constrain|>";
-    case GPTOSS_TOKEN_CHANNEL: return "<|channel|>";
-    case GPTOSS_TOKEN_START: return "<|start|>";
-    case GPTOSS_TOKEN_END: return "<|end|>";
-    case GPTOSS_TOKEN_MESSAGE: return "<|message|>";
-    case GPTOSS_TOKEN_CALL: return "<|call|>";
+    case GPTOSS_TOKEN_STARTOFTEXT:
+        return "<|startoftext|>";
+    case GPTOSS_TOKEN_ENDOFTEXT:
+        return "<|endoftext|>";
+    case GPTOSS_TOKEN_RETURN:
+        return "<|return|>";
+    case GPTOSS_TOKEN_CONSTRAIN:
+        return "<|constrain|>";
+    case GPTOSS_TOKEN_CHANNEL:
+        return "<|channel|>";
+    case GPTOSS_TOKEN_START:
+        return "<|start|>";
+    case GPTOSS_TOKEN_END:
+        return "<|end|>";
+    case GPTOSS_TOKEN_MESSAGE:
+        return "<|message|>";
+    case GPTOSS_TOKEN_CALL:
+        return "<|call|>";
     }
     return NULL;
 }
@@ -52,13 +61,15 @@ static gptoss_status emit_text(const gptoss_harmony_sink *sink, const char *text
     return sink->text(sink->user, text, len, error);
 }
 
-static gptoss_status emit_str(const gptoss_harmony_sink *sink, const char *text, gptoss_error *error) {
+static gptoss_status emit_str(const gptoss_harmony_sink *sink, const char *text,
+                              gptoss_error *error) {
     return sink->text(sink->user, text, strlen(text), error);
 }
 
 /* Appends the lines of text (split at '\n', a trailing '\r' removed, no empty last line for a
  * trailing '\n', none at all for "") each as its own item prefixed by `prefix`. */
-static bool push_lines(gptoss_chat_buf *out, bool *first_item, const char *text, const char *prefix) {
+static bool push_lines(gptoss_chat_buf *out, bool *first_item, const char *text,
+                       const char *prefix) {
     if (!text) return true;
     const char *p = text;
     while (*p) {
@@ -67,7 +78,8 @@ static bool push_lines(gptoss_chat_buf *out, bool *first_item, const char *text,
         size_t shown = (n > 0 && p[n - 1] == '\r') ? n - 1 : n;
         if (!*first_item && !gptoss_chat_buf_puts(out, "\n")) return false;
         *first_item = false;
-        if (!gptoss_chat_buf_puts(out, prefix) || !gptoss_chat_buf_append(out, p, shown)) return false;
+        if (!gptoss_chat_buf_puts(out, prefix) || !gptoss_chat_buf_append(out, p, shown))
+            return false;
         p += n;
         if (*p == '\n') p++;
     }
@@ -90,7 +102,8 @@ static int compare_namespaces(const void *a, const void *b) {
 static bool tools_section(const gptoss_harmony_tools *tools, gptoss_chat_buf *out) {
     const gptoss_harmony_namespace **sorted = malloc(tools->n_namespaces * sizeof *sorted);
     if (!sorted) return false;
-    for (size_t i = 0; i < tools->n_namespaces; i++) sorted[i] = &tools->namespaces[i];
+    for (size_t i = 0; i < tools->n_namespaces; i++)
+        sorted[i] = &tools->namespaces[i];
     /* qsort is not stable, but equal names never happen in a well-formed set. */
     qsort(sorted, tools->n_namespaces, sizeof *sorted, compare_namespaces);
     bool ok = gptoss_chat_buf_puts(out, "# Tools");
@@ -137,8 +150,10 @@ static bool system_text(const gptoss_harmony_system_content *sys, bool has_funct
     bool first_line = true;
     for (int i = 0; ok && i < 3; i++) {
         if (!top[i]) continue;
-        if (first_line) ok = section(out, &first_section);
-        else ok = gptoss_chat_buf_puts(out, "\n");
+        if (first_line)
+            ok = section(out, &first_section);
+        else
+            ok = gptoss_chat_buf_puts(out, "\n");
         first_line = false;
         ok = ok && gptoss_chat_buf_puts(out, labels[i]) && gptoss_chat_buf_puts(out, top[i]);
     }
@@ -198,9 +213,9 @@ static gptoss_status render_message(const gptoss_harmony_message *m, size_t inde
     if ((st = sink->special(sink->user, GPTOSS_TOKEN_START, error))) return st;
     if (m->role == GPTOSS_ROLE_TOOL) {
         if (!m->name)
-            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                    "message %zu: a tool message needs the tool's name as its author",
-                                    index);
+            return gptoss_set_error(
+                error, GPTOSS_ERR_INVALID_ARGUMENT,
+                "message %zu: a tool message needs the tool's name as its author", index);
         if ((st = emit_str(sink, m->name, error))) return st;
     } else {
         if ((st = emit_str(sink, gptoss_harmony_role_name(m->role), error))) return st;
@@ -247,9 +262,9 @@ static gptoss_status render_message(const gptoss_harmony_message *m, size_t inde
             continue;
         }
         if (c->kind == GPTOSS_CONTENT_SYSTEM && m->role != GPTOSS_ROLE_SYSTEM)
-            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                    "message %zu: system content may only appear in a system message",
-                                    index);
+            return gptoss_set_error(
+                error, GPTOSS_ERR_INVALID_ARGUMENT,
+                "message %zu: system content may only appear in a system message", index);
         if (c->kind == GPTOSS_CONTENT_DEVELOPER && m->role != GPTOSS_ROLE_DEVELOPER)
             return gptoss_set_error(
                 error, GPTOSS_ERR_INVALID_ARGUMENT,
@@ -315,21 +330,22 @@ gptoss_status gptoss_harmony_render_to_sink(const gptoss_harmony_conversation *c
 
 /* ---- text form ---------------------------------------------------------------------------- */
 
-static gptoss_status text_sink_text(void *user, const char *bytes, size_t len, gptoss_error *error) {
+static gptoss_status text_sink_text(void *user, const char *bytes, size_t len,
+                                    gptoss_error *error) {
     return gptoss_chat_buf_append(user, bytes, len) ? GPTOSS_OK : oom(error);
 }
 
 static gptoss_status text_sink_special(void *user, int32_t id, gptoss_error *error) {
     const char *name = gptoss_harmony_special_name(id);
     if (!name)
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "token %d is not a harmony token",
-                                (int)id);
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "token %d is not a harmony token", (int)id);
     return gptoss_chat_buf_puts(user, name) ? GPTOSS_OK : oom(error);
 }
 
 gptoss_status gptoss_harmony_render_text(const gptoss_harmony_conversation *conversation,
-                                         const gptoss_harmony_render_options *options,
-                                         char **text, size_t *len, gptoss_error *error) {
+                                         const gptoss_harmony_render_options *options, char **text,
+                                         size_t *len, gptoss_error *error) {
     gptoss_chat_buf out = {0};
     gptoss_harmony_sink sink = {text_sink_text, text_sink_special, &out};
     gptoss_status st = gptoss_harmony_render_to_sink(conversation, options, &sink, error);

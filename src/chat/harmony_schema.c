@@ -44,7 +44,8 @@ static bool append_json_value(gptoss_chat_buf *out, const json_t *value) {
 static bool append_default(gptoss_chat_buf *out, const json_t *owner, const json_t *value) {
     if (json_is_string(value) && !is_enum(owner))
         return gptoss_chat_buf_printf(out, "default: \"%s\"", json_string_value(value));
-    if (json_is_string(value)) return gptoss_chat_buf_printf(out, "default: %s", json_string_value(value));
+    if (json_is_string(value))
+        return gptoss_chat_buf_printf(out, "default: %s", json_string_value(value));
     return gptoss_chat_buf_puts(out, "default: ") && append_json_value(out, value);
 }
 
@@ -83,7 +84,8 @@ static bool one_of_top(const json_t *variants, const char *indent, gptoss_chat_b
     size_t i;
     const json_t *variant;
     json_array_foreach(variants, i, variant) {
-        ok = ok && gptoss_chat_buf_printf(out, "\n%s | ", indent) && type_with_null(variant, inner, out);
+        ok = ok && gptoss_chat_buf_printf(out, "\n%s | ", indent) &&
+             type_with_null(variant, inner, out);
         const json_t *desc = json_object_get(variant, "description");
         const json_t *def = json_object_get(variant, "default");
         bool has_desc = json_is_string(desc);
@@ -127,8 +129,8 @@ static bool one_of_property(const json_t *schema, const char *key, const json_t 
     if (ok && def)
         ok = gptoss_chat_buf_printf(out, "%s// ", indent) && append_default(out, prop, def) &&
              gptoss_chat_buf_puts(out, "\n");
-    ok = ok && gptoss_chat_buf_printf(out, "%s%s%s:\n", indent, key,
-                                      is_required(schema, key) ? "" : "?");
+    ok = ok &&
+         gptoss_chat_buf_printf(out, "%s%s%s:\n", indent, key, is_required(schema, key) ? "" : "?");
     char *inner = indent_plus(indent, "   ");
     if (!inner) return false;
     size_t i;
@@ -155,7 +157,8 @@ static bool one_of_property(const json_t *schema, const char *key, const json_t 
 static bool object_type(const json_t *schema, const char *indent, gptoss_chat_buf *out) {
     bool ok = true;
     const json_t *desc = json_object_get(schema, "description");
-    if (json_is_string(desc)) ok = gptoss_chat_buf_printf(out, "%s// %s\n", indent, json_string_value(desc));
+    if (json_is_string(desc))
+        ok = gptoss_chat_buf_printf(out, "%s// %s\n", indent, json_string_value(desc));
     ok = ok && gptoss_chat_buf_puts(out, "{\n");
     const json_t *props = json_object_get(schema, "properties");
     char *inner = indent_plus(indent, "    ");
@@ -169,7 +172,8 @@ static bool object_type(const json_t *schema, const char *indent, gptoss_chat_bu
         const json_t *pdesc = json_object_get(prop, "description");
         const json_t *examples = json_object_get(prop, "examples");
         if (json_is_string(title))
-            ok = gptoss_chat_buf_printf(out, "%s// %s\n%s//\n", indent, json_string_value(title), indent);
+            ok = gptoss_chat_buf_printf(out, "%s// %s\n%s//\n", indent, json_string_value(title),
+                                        indent);
         if (ok && !one_of && json_is_string(pdesc))
             ok = gptoss_chat_buf_printf(out, "%s// %s\n", indent, json_string_value(pdesc));
         if (ok && json_is_array(examples) && json_array_size(examples) > 0) {
@@ -178,7 +182,8 @@ static bool object_type(const json_t *schema, const char *indent, gptoss_chat_bu
             const json_t *ex;
             json_array_foreach(examples, i, ex) {
                 if (ok && json_is_string(ex))
-                    ok = gptoss_chat_buf_printf(out, "%s// - \"%s\"\n", indent, json_string_value(ex));
+                    ok = gptoss_chat_buf_printf(out, "%s// - \"%s\"\n", indent,
+                                                json_string_value(ex));
             }
         }
         if (!ok) break;
@@ -186,7 +191,8 @@ static bool object_type(const json_t *schema, const char *indent, gptoss_chat_bu
             ok = one_of_property(schema, key, prop, one_of, indent, out);
             continue;
         }
-        ok = gptoss_chat_buf_printf(out, "%s%s%s: ", indent, key, is_required(schema, key) ? "" : "?") &&
+        ok = gptoss_chat_buf_printf(out, "%s%s%s: ", indent, key,
+                                    is_required(schema, key) ? "" : "?") &&
              type_with_null(prop, inner, out) && gptoss_chat_buf_puts(out, ",");
         const json_t *def = json_object_get(prop, "default");
         if (ok && !one_of && def)
@@ -238,7 +244,8 @@ bool gptoss_harmony_schema_to_typescript(const json_t *schema, const char *inden
     if (strcmp(name, "array") == 0) {
         const json_t *items = json_object_get(schema, "items");
         if (!items) return gptoss_chat_buf_puts(out, "Array<any>");
-        return gptoss_harmony_schema_to_typescript(items, indent, out) && gptoss_chat_buf_puts(out, "[]");
+        return gptoss_harmony_schema_to_typescript(items, indent, out) &&
+               gptoss_chat_buf_puts(out, "[]");
     }
     return gptoss_chat_buf_puts(out, "any");
 }

@@ -59,18 +59,27 @@ typedef struct mapping {
     gptoss_error *error;
 } mapping;
 
-static gptoss_status bad(gptoss_error *error, const char *fmt, const char *field, const char *detail) {
+static gptoss_status bad(gptoss_error *error, const char *fmt, const char *field,
+                         const char *detail) {
     return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, fmt, field, detail);
 }
 
 static const char *json_type_name(const json_t *v) {
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: case JSON_REAL: return "a number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+    case JSON_REAL:
+        return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    case JSON_NULL:
+        return "null";
     }
     return "unknown";
 }
@@ -82,16 +91,16 @@ static bool valid_function_name(const char *name) {
     if (n == 0 || n > 64) return false;
     for (size_t i = 0; i < n; i++) {
         char c = name[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-              c == '-' || c == '.'))
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.'))
             return false;
     }
     return true;
 }
 
 /* Content as a string or an array of text parts, concatenated into *out. null -> absent. */
-static gptoss_status read_text_content(const json_t *content, const char *field, gptoss_chat_buf *out,
-                                       bool *present, gptoss_error *error) {
+static gptoss_status read_text_content(const json_t *content, const char *field,
+                                       gptoss_chat_buf *out, bool *present, gptoss_error *error) {
     *present = false;
     if (!content || json_is_null(content)) return GPTOSS_OK;
     *present = true;
@@ -111,21 +120,25 @@ static gptoss_status read_text_content(const json_t *content, const char *field,
         const json_t *text = json_object_get(part, "text");
         char where[128];
         snprintf(where, sizeof where, "%s[%zu]", field, i);
-        if (!json_is_object(part)) return bad(error, "%s: expected an object, got %s", where, json_type_name(part));
+        if (!json_is_object(part))
+            return bad(error, "%s: expected an object, got %s", where, json_type_name(part));
         if (!type) return bad(error, "%s.type: %s", where, "expected a string");
         if (strcmp(type, "text") != 0)
             return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                    "%s.type: '%.100s' is not supported (only 'text')", where, type);
+                                    "%s.type: '%.100s' is not supported (only 'text')", where,
+                                    type);
         if (!json_is_string(text)) return bad(error, "%s.text: %s", where, "expected a string");
         if (!gptoss_chat_buf_append(out, json_string_value(text), json_string_length(text)))
             return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     }
-    if (!gptoss_chat_buf_terminate(out)) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    if (!gptoss_chat_buf_terminate(out))
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     return GPTOSS_OK;
 }
 
-static gptoss_status push_text(mapping *m, gptoss_harmony_role role, const char *name, const char *recipient,
-                               const char *channel, const char *content_type, const char *text, size_t len) {
+static gptoss_status push_text(mapping *m, gptoss_harmony_role role, const char *name,
+                               const char *recipient, const char *channel, const char *content_type,
+                               const char *text, size_t len) {
     gptoss_harmony_message *msg;
     gptoss_status st;
     if ((st = gptoss_harmony_conversation_push(m->conversation, role, &msg, m->error)) ||
@@ -137,16 +150,19 @@ static gptoss_status push_text(mapping *m, gptoss_harmony_role role, const char 
     return gptoss_harmony_message_add_text(msg, text, len, m->error);
 }
 
-static gptoss_status map_tools(const json_t *tools, gptoss_harmony_developer_content *dev, gptoss_error *error) {
+static gptoss_status map_tools(const json_t *tools, gptoss_harmony_developer_content *dev,
+                               gptoss_error *error) {
     gptoss_harmony_namespace *ns = NULL;
-    gptoss_status st = gptoss_harmony_tools_add_namespace(&dev->tools, "functions", NULL, &ns, error);
+    gptoss_status st =
+        gptoss_harmony_tools_add_namespace(&dev->tools, "functions", NULL, &ns, error);
     if (st) return st;
     size_t i;
     const json_t *tool;
     json_array_foreach(tools, i, tool) {
         char where[64];
         snprintf(where, sizeof where, "tools[%zu]", i);
-        if (!json_is_object(tool)) return bad(error, "%s: expected an object, got %s", where, json_type_name(tool));
+        if (!json_is_object(tool))
+            return bad(error, "%s: expected an object, got %s", where, json_type_name(tool));
         const char *type = json_string_value(json_object_get(tool, "type"));
         if (!type || strcmp(type, "function") != 0)
             return bad(error, "%s.type: %s", where, "expected \"function\"");
@@ -165,10 +181,11 @@ static gptoss_status map_tools(const json_t *tools, gptoss_harmony_developer_con
         for (size_t j = 0; j < ns->n_tools; j++)
             if (strcmp(ns->tools[j].name, json_string_value(name)) == 0)
                 return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                        "%s.function.name: '%s' is defined twice", where, json_string_value(name));
-        st = gptoss_harmony_namespace_add_tool(ns, json_string_value(name),
-                                               json_is_string(desc) ? json_string_value(desc) : NULL,
-                                               json_is_object(params) ? params : NULL, error);
+                                        "%s.function.name: '%s' is defined twice", where,
+                                        json_string_value(name));
+        st = gptoss_harmony_namespace_add_tool(
+            ns, json_string_value(name), json_is_string(desc) ? json_string_value(desc) : NULL,
+            json_is_object(params) ? params : NULL, error);
         if (st) return st;
     }
     return GPTOSS_OK;
@@ -185,13 +202,15 @@ static gptoss_status map_assistant(mapping *m, const json_t *msg, const char *wh
     }
     bool has_reasoning = reasoning && !json_is_null(reasoning);
     if (has_reasoning && !json_is_string(reasoning))
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "%s.%s: expected a string, got %s", where,
-                                reasoning_key, json_type_name(reasoning));
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "%s.%s: expected a string, got %s", where, reasoning_key,
+                                json_type_name(reasoning));
     char field[128];
     snprintf(field, sizeof field, "%s.content", where);
     gptoss_chat_buf content = {0};
     bool has_content;
-    if ((st = read_text_content(json_object_get(msg, "content"), field, &content, &has_content, error))) {
+    if ((st = read_text_content(json_object_get(msg, "content"), field, &content, &has_content,
+                                error))) {
         gptoss_chat_buf_free(&content);
         return st;
     }
@@ -199,24 +218,27 @@ static gptoss_status map_assistant(mapping *m, const json_t *msg, const char *wh
     if (calls && json_is_null(calls)) calls = NULL;
     if (calls && !json_is_array(calls)) {
         gptoss_chat_buf_free(&content);
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "%s.tool_calls: expected an array, got %s",
-                                where, json_type_name(calls));
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "%s.tool_calls: expected an array, got %s", where,
+                                json_type_name(calls));
     }
     bool has_calls = calls && json_array_size(calls) > 0;
     if (!has_reasoning && !has_content && !has_calls) {
         gptoss_chat_buf_free(&content);
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                "%s: an assistant message needs content, reasoning_content or tool_calls", where);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_INVALID_ARGUMENT,
+            "%s: an assistant message needs content, reasoning_content or tool_calls", where);
     }
     st = GPTOSS_OK;
     if (has_reasoning)
-        st = push_text(m, GPTOSS_ROLE_ASSISTANT, NULL, NULL, "analysis", NULL, json_string_value(reasoning),
-                       json_string_length(reasoning));
+        st = push_text(m, GPTOSS_ROLE_ASSISTANT, NULL, NULL, "analysis", NULL,
+                       json_string_value(reasoning), json_string_length(reasoning));
     if (!st && has_content && !has_calls)
-        st = push_text(m, GPTOSS_ROLE_ASSISTANT, NULL, NULL, "final", NULL, content.data ? content.data : "",
-                       content.len);
+        st = push_text(m, GPTOSS_ROLE_ASSISTANT, NULL, NULL, "final", NULL,
+                       content.data ? content.data : "", content.len);
     if (!st && has_content && has_calls && content.len > 0)
-        st = push_text(m, GPTOSS_ROLE_ASSISTANT, NULL, NULL, "commentary", NULL, content.data, content.len);
+        st = push_text(m, GPTOSS_ROLE_ASSISTANT, NULL, NULL, "commentary", NULL, content.data,
+                       content.len);
     gptoss_chat_buf_free(&content);
     size_t i;
     const json_t *call;
@@ -224,9 +246,11 @@ static gptoss_status map_assistant(mapping *m, const json_t *msg, const char *wh
         if (st) break;
         char cw[160];
         snprintf(cw, sizeof cw, "%s.tool_calls[%zu]", where, i);
-        if (!json_is_object(call)) return bad(error, "%s: expected an object, got %s", cw, json_type_name(call));
+        if (!json_is_object(call))
+            return bad(error, "%s: expected an object, got %s", cw, json_type_name(call));
         const char *type = json_string_value(json_object_get(call, "type"));
-        if (type && strcmp(type, "function") != 0) return bad(error, "%s.type: %s", cw, "expected \"function\"");
+        if (type && strcmp(type, "function") != 0)
+            return bad(error, "%s.type: %s", cw, "expected \"function\"");
         const json_t *id = json_object_get(call, "id");
         if (id && !json_is_string(id)) return bad(error, "%s.id: %s", cw, "expected a string");
         const json_t *fn = json_object_get(call, "function");
@@ -252,8 +276,8 @@ static gptoss_status map_assistant(mapping *m, const json_t *msg, const char *wh
         }
         char recipient[96];
         snprintf(recipient, sizeof recipient, "functions.%s", name);
-        st = push_text(m, GPTOSS_ROLE_ASSISTANT, NULL, recipient, "commentary", "<|constrain|>json", args_text,
-                       args_len);
+        st = push_text(m, GPTOSS_ROLE_ASSISTANT, NULL, recipient, "commentary", "<|constrain|>json",
+                       args_text, args_len);
         free(dumped);
         if (st) return st;
         if (id) {
@@ -272,7 +296,8 @@ static gptoss_status map_tool_result(mapping *m, const json_t *msg, const char *
     gptoss_error *error = m->error;
     const json_t *id = json_object_get(msg, "tool_call_id");
     if (!json_is_string(id))
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "%s.tool_call_id: expected a string", where);
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "%s.tool_call_id: expected a string", where);
     const char *name = NULL;
     for (size_t i = m->n_calls; i-- > 0;)
         if (m->calls[i].id && strcmp(m->calls[i].id, json_string_value(id)) == 0) {
@@ -281,12 +306,14 @@ static gptoss_status map_tool_result(mapping *m, const json_t *msg, const char *
         }
     if (!name)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                "%s.tool_call_id: no earlier tool call has id '%.200s'", where, json_string_value(id));
+                                "%s.tool_call_id: no earlier tool call has id '%.200s'", where,
+                                json_string_value(id));
     char field[128];
     snprintf(field, sizeof field, "%s.content", where);
     gptoss_chat_buf content = {0};
     bool present;
-    gptoss_status st = read_text_content(json_object_get(msg, "content"), field, &content, &present, error);
+    gptoss_status st =
+        read_text_content(json_object_get(msg, "content"), field, &content, &present, error);
     if (!st) {
         char author[96];
         snprintf(author, sizeof author, "functions.%s", name);
@@ -297,7 +324,8 @@ static gptoss_status map_tool_result(mapping *m, const json_t *msg, const char *
     return st;
 }
 
-static gptoss_status map_messages(mapping *m, const json_t *messages, const gptoss_openai_chat_options *options) {
+static gptoss_status map_messages(mapping *m, const json_t *messages,
+                                  const gptoss_openai_chat_options *options) {
     gptoss_error *error = m->error;
     gptoss_status st;
     const json_t *request = m->request;
@@ -306,12 +334,14 @@ static gptoss_status map_messages(mapping *m, const json_t *messages, const gpto
     gptoss_reasoning_effort effort = GPTOSS_EFFORT_MEDIUM;
     const json_t *effort_json = json_object_get(request, "reasoning_effort");
     if (effort_json && !json_is_null(effort_json) &&
-        !(json_is_string(effort_json) && gptoss_reasoning_effort_parse(json_string_value(effort_json), &effort)))
+        !(json_is_string(effort_json) &&
+          gptoss_reasoning_effort_parse(json_string_value(effort_json), &effort)))
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                 "reasoning_effort: expected \"low\", \"medium\" or \"high\"");
     gptoss_harmony_message *sys_msg;
     gptoss_harmony_system_content *sys;
-    if ((st = gptoss_harmony_conversation_push(m->conversation, GPTOSS_ROLE_SYSTEM, &sys_msg, error)) ||
+    if ((st = gptoss_harmony_conversation_push(m->conversation, GPTOSS_ROLE_SYSTEM, &sys_msg,
+                                               error)) ||
         (st = gptoss_harmony_message_add_system(sys_msg, &sys, error)) ||
         (st = gptoss_harmony_system_defaults(sys, error)))
         return st;
@@ -323,21 +353,25 @@ static gptoss_status map_messages(mapping *m, const json_t *messages, const gpto
         (st = gptoss_harmony_set_string(&sys->knowledge_cutoff, options->knowledge_cutoff, error)))
         return st;
     if (options && options->current_date &&
-        (st = gptoss_harmony_set_string(&sys->conversation_start_date, options->current_date, error)))
+        (st = gptoss_harmony_set_string(&sys->conversation_start_date, options->current_date,
+                                        error)))
         return st;
-    if (options && options->builtin_browser && (st = gptoss_harmony_tools_add_builtin(&sys->tools, "browser", error)))
+    if (options && options->builtin_browser &&
+        (st = gptoss_harmony_tools_add_builtin(&sys->tools, "browser", error)))
         return st;
-    if (options && options->builtin_python && (st = gptoss_harmony_tools_add_builtin(&sys->tools, "python", error)))
+    if (options && options->builtin_python &&
+        (st = gptoss_harmony_tools_add_builtin(&sys->tools, "python", error)))
         return st;
 
     /* 2./3. the developer message */
     const json_t *tools = json_object_get(request, "tools");
     if (tools && !json_is_null(tools) && !json_is_array(tools))
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "tools: expected an array, got %s",
-                                json_type_name(tools));
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "tools: expected an array, got %s", json_type_name(tools));
     const json_t *choice = json_object_get(request, "tool_choice");
     if (choice && !json_is_null(choice) && !json_is_string(choice) && !json_is_object(choice))
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice: expected a string or an object");
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "tool_choice: expected a string or an object");
     bool use_tools = json_array_size(tools) > 0 &&
                      !(json_is_string(choice) && strcmp(json_string_value(choice), "none") == 0);
     gptoss_chat_buf instructions = {0};
@@ -351,31 +385,35 @@ static gptoss_status map_messages(mapping *m, const json_t *messages, const gpto
         snprintf(field, sizeof field, "messages[%zu].content", first);
         gptoss_chat_buf text = {0};
         bool present;
-        if ((st = read_text_content(json_object_get(msg, "content"), field, &text, &present, error))) {
+        if ((st = read_text_content(json_object_get(msg, "content"), field, &text, &present,
+                                    error))) {
             gptoss_chat_buf_free(&text);
             gptoss_chat_buf_free(&instructions);
             return st;
         }
         if (!present) {
             gptoss_chat_buf_free(&instructions);
-            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "%s: expected a string or an array of text parts",
-                                    field);
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "%s: expected a string or an array of text parts", field);
         }
         if (first > 0) gptoss_chat_buf_puts(&instructions, "\n\n");
         gptoss_chat_buf_append(&instructions, text.data ? text.data : "", text.len);
         gptoss_chat_buf_terminate(&instructions);
         gptoss_chat_buf_free(&text);
     }
-    if (instructions.failed) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    if (instructions.failed)
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     /* Leading system/developer messages that are all empty give no "# Instructions" section
      * (an empty section is noise to the model; the template omits it too). */
     bool has_instructions = first > 0 && instructions.len > 0;
     if (has_instructions || use_tools) {
         gptoss_harmony_message *dev_msg;
         gptoss_harmony_developer_content *dev;
-        st = gptoss_harmony_conversation_push(m->conversation, GPTOSS_ROLE_DEVELOPER, &dev_msg, error);
+        st = gptoss_harmony_conversation_push(m->conversation, GPTOSS_ROLE_DEVELOPER, &dev_msg,
+                                              error);
         if (!st) st = gptoss_harmony_message_add_developer(dev_msg, &dev, error);
-        if (!st && has_instructions) st = gptoss_harmony_set_string(&dev->instructions, instructions.data, error);
+        if (!st && has_instructions)
+            st = gptoss_harmony_set_string(&dev->instructions, instructions.data, error);
         if (!st && use_tools) st = map_tools(tools, dev, error);
         if (st) {
             gptoss_chat_buf_free(&instructions);
@@ -410,17 +448,20 @@ static gptoss_status map_messages(mapping *m, const json_t *messages, const gpto
         char where[64];
         snprintf(where, sizeof where, "messages[%zu]", i);
         if (!json_is_object(msg))
-            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "%s: expected an object, got %s", where,
-                                    json_type_name(msg));
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "%s: expected an object, got %s", where, json_type_name(msg));
         const char *role = json_string_value(json_object_get(msg, "role"));
         if (!role)
-            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "%s.role: expected a string", where);
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "%s.role: expected a string", where);
         const json_t *name = json_object_get(msg, "name");
         if (name && !json_is_null(name) && !json_is_string(name))
-            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "%s.name: expected a string", where);
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "%s.name: expected a string", where);
         char field[96];
         snprintf(field, sizeof field, "%s.content", where);
-        if (strcmp(role, "user") == 0 || strcmp(role, "system") == 0 || strcmp(role, "developer") == 0) {
+        if (strcmp(role, "user") == 0 || strcmp(role, "system") == 0 ||
+            strcmp(role, "developer") == 0) {
             gptoss_chat_buf text = {0};
             bool present;
             st = read_text_content(json_object_get(msg, "content"), field, &text, &present, error);
@@ -428,13 +469,17 @@ static gptoss_status map_messages(mapping *m, const json_t *messages, const gpto
                 st = gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                       "%s: expected a string or an array of text parts", field);
             if (!st && strcmp(role, "user") == 0) {
-                st = push_text(m, GPTOSS_ROLE_USER, NULL, NULL, NULL, NULL, text.data ? text.data : "", text.len);
+                st = push_text(m, GPTOSS_ROLE_USER, NULL, NULL, NULL, NULL,
+                               text.data ? text.data : "", text.len);
             } else if (!st) {
                 gptoss_harmony_message *dev_msg;
                 gptoss_harmony_developer_content *dev;
-                st = gptoss_harmony_conversation_push(m->conversation, GPTOSS_ROLE_DEVELOPER, &dev_msg, error);
+                st = gptoss_harmony_conversation_push(m->conversation, GPTOSS_ROLE_DEVELOPER,
+                                                      &dev_msg, error);
                 if (!st) st = gptoss_harmony_message_add_developer(dev_msg, &dev, error);
-                if (!st) st = gptoss_harmony_set_string(&dev->instructions, text.data ? text.data : "", error);
+                if (!st)
+                    st = gptoss_harmony_set_string(&dev->instructions, text.data ? text.data : "",
+                                                   error);
             }
             gptoss_chat_buf_free(&text);
         } else if (strcmp(role, "assistant") == 0) {
@@ -442,24 +487,30 @@ static gptoss_status map_messages(mapping *m, const json_t *messages, const gpto
         } else if (strcmp(role, "tool") == 0) {
             st = map_tool_result(m, msg, where);
         } else {
-            st = gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                  "%s.role: '%.64s' is not supported (system, developer, user, assistant, tool)",
-                                  where, role);
+            st = gptoss_set_error(
+                error, GPTOSS_ERR_INVALID_ARGUMENT,
+                "%s.role: '%.64s' is not supported (system, developer, user, assistant, tool)",
+                where, role);
         }
         if (st) return st;
     }
     return GPTOSS_OK;
 }
 
-gptoss_status gptoss_openai_chat_to_harmony(const json_t *request, const gptoss_openai_chat_options *options,
-                                            gptoss_harmony_conversation *conversation, gptoss_error *error) {
+gptoss_status gptoss_openai_chat_to_harmony(const json_t *request,
+                                            const gptoss_openai_chat_options *options,
+                                            gptoss_harmony_conversation *conversation,
+                                            gptoss_error *error) {
     if (!json_is_object(request))
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "request: expected a JSON object");
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "request: expected a JSON object");
     const json_t *messages = json_object_get(request, "messages");
     if (!json_is_array(messages))
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "messages: expected an array of messages");
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "messages: expected an array of messages");
     if (json_array_size(messages) == 0)
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "messages: must contain at least one message");
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "messages: must contain at least one message");
     mapping m = {request, conversation, NULL, 0, error};
     gptoss_status st = map_messages(&m, messages, options);
     for (size_t i = 0; i < m.n_calls; i++) {

@@ -69,10 +69,13 @@ static void help(FILE *out) {
         "total tok/s, both per GPU, median TPOT, tok/s per user (1000 / median TPOT), median TTFT\n"
         "and p99 TPOT.\n"
         "  --gpus N             GPUs behind the URL; the per-GPU columns divide by N (default 1)\n"
-        "  --json FILE          also write the results (every run, with the table's fields) as JSON\n"
+        "  --json FILE          also write the results (every run, with the table's fields) as "
+        "JSON\n"
         "  --csv FILE           also write the table as CSV\n"
-        "  --plot FILE.png      draw the Pareto curve with gnuplot: x tok/s per user, y tok/s per GPU,\n"
-        "                       with published InferenceX 1k/1k points (H100 vLLM, H200 TensorRT-LLM)\n"
+        "  --plot FILE.png      draw the Pareto curve with gnuplot: x tok/s per user, y tok/s per "
+        "GPU,\n"
+        "                       with published InferenceX 1k/1k points (H100 vLLM, H200 "
+        "TensorRT-LLM)\n"
         "  --plot-metric M      y axis: total (default; the published points are total tok/s) or\n"
         "                       output\n");
 }
@@ -265,9 +268,9 @@ typedef struct bench {
 static void run_one(bench *b, int32_t i) {
     work_item *w = &b->items[i];
     result *r = &b->results[i];
-    json_t *req = json_pack("{s:s, s:b, s:{s:b}, s:i, s:b}", "model", b->model, "stream", 1,
-                            "stream_options", "include_usage", 1, "max_tokens", w->output_len,
-                            "ignore_eos", 1);
+    json_t *req =
+        json_pack("{s:s, s:b, s:{s:b}, s:i, s:b}", "model", b->model, "stream", 1, "stream_options",
+                  "include_usage", 1, "max_tokens", w->output_len, "ignore_eos", 1);
     if (b->has_temperature) json_object_set_new(req, "temperature", json_real(b->temperature));
     if (b->has_top_p) json_object_set_new(req, "top_p", json_real(b->top_p));
     if (b->logprobs >= 0 && b->chat) {
@@ -418,7 +421,8 @@ static json_t *report(bench *b, double duration, const char *label, int32_t gpus
     json_object_set_new(o, "output_throughput_per_gpu", json_real(out / d / gpus));
     json_object_set_new(o, "total_token_throughput_per_gpu", json_real((in + out) / d / gpus));
     /* One user's decode speed: a request streams a token every median TPOT. */
-    json_object_set_new(o, "tok_s_per_user", json_real(s_tpot.median > 0 ? 1.0 / s_tpot.median : 0.0));
+    json_object_set_new(o, "tok_s_per_user",
+                        json_real(s_tpot.median > 0 ? 1.0 / s_tpot.median : 0.0));
     return o;
 }
 
@@ -453,33 +457,42 @@ static sweep_row sweep_row_of(json_t *run) {
 }
 
 static void print_table(json_t *runs, bool by_concurrency, int32_t gpus) {
-    printf("\n==== sweep (%d GPU%s; per user = 1000 / median TPOT) ====\n", gpus, gpus == 1 ? "" : "s");
-    printf("%11s %8s %10s %10s %10s %10s %9s %9s %9s %9s\n", by_concurrency ? "concurrency" : "rate/s",
-           "requests", "output", "total", "output", "total", "median", "tok/s", "median", "p99");
-    printf("%11s %8s %10s %10s %10s %10s %9s %9s %9s %9s\n", "", "", "tok/s", "tok/s", "tok/s/GPU", "tok/s/GPU",
-           "TPOT ms", "per user", "TTFT ms", "TPOT ms");
+    printf("\n==== sweep (%d GPU%s; per user = 1000 / median TPOT) ====\n", gpus,
+           gpus == 1 ? "" : "s");
+    printf("%11s %8s %10s %10s %10s %10s %9s %9s %9s %9s\n",
+           by_concurrency ? "concurrency" : "rate/s", "requests", "output", "total", "output",
+           "total", "median", "tok/s", "median", "p99");
+    printf("%11s %8s %10s %10s %10s %10s %9s %9s %9s %9s\n", "", "", "tok/s", "tok/s", "tok/s/GPU",
+           "tok/s/GPU", "TPOT ms", "per user", "TTFT ms", "TPOT ms");
     for (size_t i = 0; i < json_array_size(runs); i++) {
         sweep_row r = sweep_row_of(json_array_get(runs, i));
-        printf("%11g %8lld %10.1f %10.1f %10.1f %10.1f %9.2f %9.2f %9.2f %9.2f\n", r.point, (long long)r.requests,
-               r.output_tps, r.total_tps, r.output_per_gpu, r.total_per_gpu, r.median_tpot_ms, r.per_user,
-               r.median_ttft_ms, r.p99_tpot_ms);
+        printf("%11g %8lld %10.1f %10.1f %10.1f %10.1f %9.2f %9.2f %9.2f %9.2f\n", r.point,
+               (long long)r.requests, r.output_tps, r.total_tps, r.output_per_gpu, r.total_per_gpu,
+               r.median_tpot_ms, r.per_user, r.median_ttft_ms, r.p99_tpot_ms);
     }
     fflush(stdout);
 }
 
-static gptoss_status write_csv(const char *path, json_t *runs, bool by_concurrency, gptoss_error *error) {
+static gptoss_status write_csv(const char *path, json_t *runs, bool by_concurrency,
+                               gptoss_error *error) {
     FILE *f = fopen(path, "w");
-    if (!f) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
-    fprintf(f, "%s,requests,output_tok_s,total_tok_s,output_tok_s_per_gpu,total_tok_s_per_gpu,median_tpot_ms,"
-               "tok_s_per_user,median_ttft_ms,p99_tpot_ms\n",
+    if (!f)
+        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot write: %s", path,
+                                strerror(errno));
+    fprintf(f,
+            "%s,requests,output_tok_s,total_tok_s,output_tok_s_per_gpu,total_tok_s_per_gpu,median_"
+            "tpot_ms,"
+            "tok_s_per_user,median_ttft_ms,p99_tpot_ms\n",
             by_concurrency ? "concurrency" : "request_rate");
     for (size_t i = 0; i < json_array_size(runs); i++) {
         sweep_row r = sweep_row_of(json_array_get(runs, i));
-        fprintf(f, "%g,%lld,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.4f\n", r.point, (long long)r.requests, r.output_tps,
-                r.total_tps, r.output_per_gpu, r.total_per_gpu, r.median_tpot_ms, r.per_user, r.median_ttft_ms,
-                r.p99_tpot_ms);
+        fprintf(f, "%g,%lld,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.4f\n", r.point,
+                (long long)r.requests, r.output_tps, r.total_tps, r.output_per_gpu, r.total_per_gpu,
+                r.median_tpot_ms, r.per_user, r.median_ttft_ms, r.p99_tpot_ms);
     }
-    if (fclose(f) != 0) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    if (fclose(f) != 0)
+        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot write: %s", path,
+                                strerror(errno));
     return GPTOSS_OK;
 }
 
@@ -520,12 +533,13 @@ static bool gnuplot_found(void) {
 
 /* The Pareto curve: the runs no other run beats on both tok/s per user and tok/s per GPU,
  * plus every run as a labelled point, plus the published points. */
-static gptoss_status write_plot(const char *path, json_t *runs, bool by_concurrency, bool total, int32_t gpus,
-                                gptoss_error *error) {
+static gptoss_status write_plot(const char *path, json_t *runs, bool by_concurrency, bool total,
+                                int32_t gpus, gptoss_error *error) {
     size_t n = json_array_size(runs);
     sweep_row *rows = calloc(n ? n : 1, sizeof *rows);
     if (!rows) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
-    for (size_t i = 0; i < n; i++) rows[i] = sweep_row_of(json_array_get(runs, i));
+    for (size_t i = 0; i < n; i++)
+        rows[i] = sweep_row_of(json_array_get(runs, i));
     /* Sort by tok/s per user so the frontier is drawn left to right. */
     for (size_t i = 1; i < n; i++)
         for (size_t j = i; j > 0 && rows[j - 1].per_user > rows[j].per_user; j--) {
@@ -541,19 +555,23 @@ static gptoss_status write_plot(const char *path, json_t *runs, bool by_concurre
         free(rows);
         return gptoss_set_error(error, GPTOSS_ERR_IO, "cannot start gnuplot: %s", strerror(errno));
     }
-    fprintf(g, "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 1000,650 } "
-               "else { set terminal png size 1000,650 }\n");
+    fprintf(g,
+            "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 1000,650 } "
+            "else { set terminal png size 1000,650 }\n");
     fprintf(g, "set output ");
     gnuplot_string(g, path);
-    fprintf(g, "\nset title 'gptoss bench-serve: throughput per GPU against speed per user (%d GPU%s)'\n", gpus,
-            gpus == 1 ? "" : "s");
+    fprintf(
+        g,
+        "\nset title 'gptoss bench-serve: throughput per GPU against speed per user (%d GPU%s)'\n",
+        gpus, gpus == 1 ? "" : "s");
     fprintf(g, "set xlabel 'tok/s per user (1000 / median TPOT ms)'\n");
     fprintf(g, "set ylabel '%s tok/s per GPU'\n", total ? "total (input + output)" : "output");
     fprintf(g, "set grid\nset key below\nset xrange [0:*]\nset yrange [0:*]\n"
                "set offsets 0, graph 0.05, graph 0.08, 0\n");
     fprintf(g, "$runs << EOD\n");
     for (size_t i = 0; i < n; i++)
-        fprintf(g, "%.6g %.6g \"%s%g\"\n", rows[i].per_user, total ? rows[i].total_per_gpu : rows[i].output_per_gpu,
+        fprintf(g, "%.6g %.6g \"%s%g\"\n", rows[i].per_user,
+                total ? rows[i].total_per_gpu : rows[i].output_per_gpu,
                 by_concurrency ? "c=" : "rate ", rows[i].point);
     fprintf(g, "EOD\n$frontier << EOD\n");
     for (size_t i = 0; i < n; i++) {
@@ -568,18 +586,24 @@ static gptoss_status write_plot(const char *path, json_t *runs, bool by_concurre
     }
     fprintf(g, "EOD\n$peers << EOD\n");
     for (size_t i = 0; i < sizeof peer_points / sizeof *peer_points; i++)
-        fprintf(g, "%g %g \"%s\"\n", peer_points[i].per_user, peer_points[i].total_per_gpu, peer_points[i].label);
+        fprintf(g, "%g %g \"%s\"\n", peer_points[i].per_user, peer_points[i].total_per_gpu,
+                peer_points[i].label);
     fprintf(g, "EOD\n");
-    fprintf(g, "plot $frontier using 1:2 with lines lw 2 lc rgb '#1f77b4' title 'gptoss (Pareto frontier)', \\\n"
-               "     $runs using 1:2 with points pt 7 ps 1.2 lc rgb '#1f77b4' notitle, \\\n"
-               "     $runs using 1:2:3 with labels offset 0.8,0.8 left notitle, \\\n"
-               "     $peers using 1:2 with points pt 9 ps 2 lc rgb '#d62728' title 'published (total tok/s per GPU)', \\\n"
-               "     $peers using 1:2:3 with labels offset -1.5,0 right tc rgb '#d62728' notitle\n");
+    fprintf(g,
+            "plot $frontier using 1:2 with lines lw 2 lc rgb '#1f77b4' title 'gptoss (Pareto "
+            "frontier)', \\\n"
+            "     $runs using 1:2 with points pt 7 ps 1.2 lc rgb '#1f77b4' notitle, \\\n"
+            "     $runs using 1:2:3 with labels offset 0.8,0.8 left notitle, \\\n"
+            "     $peers using 1:2 with points pt 9 ps 2 lc rgb '#d62728' title 'published (total "
+            "tok/s per GPU)', \\\n"
+            "     $peers using 1:2:3 with labels offset -1.5,0 right tc rgb '#d62728' notitle\n");
     free(rows);
     int rc = pclose(g);
     signal(SIGPIPE, old_pipe);
-    if (rc != 0) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: gnuplot failed (status %d)", path, rc);
-    if (access(path, F_OK) != 0) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: gnuplot wrote no file", path);
+    if (rc != 0)
+        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: gnuplot failed (status %d)", path, rc);
+    if (access(path, F_OK) != 0)
+        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: gnuplot wrote no file", path);
     return GPTOSS_OK;
 }
 
@@ -656,7 +680,8 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
             char *end = NULL;
             temperature = strtod(argv[++i], &end);
             if (end == argv[i] || *end || !(temperature >= 0 && temperature <= 2))
-                return cli_usage_error("bench-serve", "--temperature needs a number in [0, 2] (0 = greedy)");
+                return cli_usage_error("bench-serve",
+                                       "--temperature needs a number in [0, 2] (0 = greedy)");
             has_temperature = true;
         } else if (!strcmp(a, "--top-p") && v) {
             char *end = NULL;
@@ -667,8 +692,7 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--gpus") && v) {
             if (!cli_parse_i64(argv[++i], 1, 4096, &gpus))
                 return cli_usage_error("bench-serve", "--gpus needs a positive integer");
-        }
-        else if (!strcmp(a, "--endpoint") && v)
+        } else if (!strcmp(a, "--endpoint") && v)
             endpoint = argv[++i];
         else if (!strcmp(a, "--concurrency") && v)
             levels_text = argv[++i];
@@ -690,7 +714,8 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
                 return cli_usage_error("bench-serve", "--logprobs needs an integer in [0, 20]");
         } else if (!strcmp(a, "--requests-per-client") && v) {
             if (!cli_parse_i64(argv[++i], 1, 1 << 20, &per_client))
-                return cli_usage_error("bench-serve", "--requests-per-client needs a positive integer");
+                return cli_usage_error("bench-serve",
+                                       "--requests-per-client needs a positive integer");
         } else if (!strcmp(a, "--seed") && v) {
             if (!cli_parse_i64(argv[++i], 0, INT64_MAX, &seed))
                 return cli_usage_error("bench-serve", "--seed needs a non-negative integer");
@@ -768,7 +793,9 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
         snprintf(path, sizeof path, "%s/tokenizer.json", tok_dir);
         if (gptoss_tokenizer_load(path, &tok, &err) != GPTOSS_OK) tok = NULL;
     }
-    if (!tok) GPTOSS_LOG_W("bench-serve", "gpt-oss tokenizer not found; prompts assume one token per word");
+    if (!tok)
+        GPTOSS_LOG_W("bench-serve",
+                     "gpt-oss tokenizer not found; prompts assume one token per word");
     b.n_items = (int32_t)n_requests;
     b.items = calloc((size_t)b.n_items, sizeof *b.items);
     b.results = calloc((size_t)b.n_items, sizeof *b.results);
@@ -812,7 +839,8 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
         if (levels_text) {
             int32_t c = levels[run] < b.n_items ? levels[run] : b.n_items;
             if (levels[run] > b.n_items)
-                GPTOSS_LOG_W("bench-serve", "concurrency %d is more than --num-requests %d: at most %d in flight",
+                GPTOSS_LOG_W("bench-serve",
+                             "concurrency %d is more than --num-requests %d: at most %d in flight",
                              levels[run], b.n_items, b.n_items);
             snprintf(label, sizeof label, "concurrency %d", levels[run]);
             pthread_t *th = calloc((size_t)c, sizeof *th);
@@ -857,7 +885,8 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
     for (size_t i = 0; i < json_array_size(runs); i++)
         if (json_integer_value(json_object_get(json_array_get(runs, i), "completed")) == 0) rc = 1;
     print_table(runs, levels_text != NULL, (int32_t)gpus);
-    if (csv_path && write_csv(csv_path, runs, levels_text != NULL, &err) != GPTOSS_OK) rc = cli_fail(&err);
+    if (csv_path && write_csv(csv_path, runs, levels_text != NULL, &err) != GPTOSS_OK)
+        rc = cli_fail(&err);
     if (json_path) {
         json_t *doc =
             json_pack("{s:s, s:s, s:s, s:I, s:b, s:O}", "url", url_text, "model", model, "endpoint",
@@ -878,14 +907,16 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
     if (plot_path) {
         if (!gnuplot_found()) {
             GPTOSS_LOG_W("bench-serve",
-                         "gnuplot is not installed (Debian: apt-get install gnuplot-nox), so %s was not drawn; "
+                         "gnuplot is not installed (Debian: apt-get install gnuplot-nox), so %s "
+                         "was not drawn; "
                          "the table%s above is complete",
-                         plot_path, csv_path && json_path ? ", CSV and JSON"
-                                    : csv_path           ? " and CSV"
-                                    : json_path          ? " and JSON"
-                                                         : "");
-        } else if (write_plot(plot_path, runs, levels_text != NULL, !strcmp(plot_metric, "total"), (int32_t)gpus,
-                              &err) != GPTOSS_OK) {
+                         plot_path,
+                         csv_path && json_path ? ", CSV and JSON"
+                         : csv_path            ? " and CSV"
+                         : json_path           ? " and JSON"
+                                               : "");
+        } else if (write_plot(plot_path, runs, levels_text != NULL, !strcmp(plot_metric, "total"),
+                              (int32_t)gpus, &err) != GPTOSS_OK) {
             rc = cli_fail(&err);
         }
     }

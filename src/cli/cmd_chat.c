@@ -48,24 +48,26 @@ static void session_close(session *s) {
 
 /* The ids a draw may pick: those the tokenizer can decode, so the padding rows of the
  * unembedding are never drawn (the engine's allowed-token hook). */
-static bool text_ids_allowed(void *user, int32_t choice, const int32_t *generated, int32_t n_generated,
-                             uint32_t *mask, int32_t vocab_size) {
+static bool text_ids_allowed(void *user, int32_t choice, const int32_t *generated,
+                             int32_t n_generated, uint32_t *mask, int32_t vocab_size) {
     (void)choice, (void)generated, (void)n_generated;
     const session *s = user;
     const int32_t n_words = (vocab_size + 31) / 32;
     for (int32_t w = 0; w < n_words; w++) {
         const int32_t first = w * 32;
         uint32_t bits = 0;
-        if (first + 32 <= s->n_sample) bits = 0xffffffffu;
-        else if (first < s->n_sample) bits = (1u << (s->n_sample - first)) - 1u;
+        if (first + 32 <= s->n_sample)
+            bits = 0xffffffffu;
+        else if (first < s->n_sample)
+            bits = (1u << (s->n_sample - first)) - 1u;
         mask[w] = bits;
     }
     return s->n_sample > 0;
 }
 
-static gptoss_status session_open(session *s, const char *dir, const char *backend_name, int64_t threads,
-                                  int64_t context, uint32_t fp8_layers, gptoss_kv_cache_dtype kv_cache_dtype,
-                                  gptoss_error *err) {
+static gptoss_status session_open(session *s, const char *dir, const char *backend_name,
+                                  int64_t threads, int64_t context, uint32_t fp8_layers,
+                                  gptoss_kv_cache_dtype kv_cache_dtype, gptoss_error *err) {
     memset(s, 0, sizeof *s);
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -75,20 +77,23 @@ static gptoss_status session_open(session *s, const char *dir, const char *backe
     const gptoss_config *c = gptoss_model_config(s->model);
     int32_t n_tok = gptoss_tokenizer_n_vocab(s->tokenizer);
     if (c->vocab_size <= GPTOSS_TOKEN_CALL)
-        return gptoss_set_error(err, GPTOSS_ERR_UNSUPPORTED,
-                                "%s: the model's vocab_size is %d but text prompts need the o200k_harmony ids "
-                                "(up to %d, <|call|> is %d); use a model with the real vocabulary, e.g. "
-                                "gptoss make-model --preset tiny -o DIR, or give ids with --tokens",
-                                dir, c->vocab_size, n_tok - 1, (int)GPTOSS_TOKEN_CALL);
+        return gptoss_set_error(
+            err, GPTOSS_ERR_UNSUPPORTED,
+            "%s: the model's vocab_size is %d but text prompts need the o200k_harmony ids "
+            "(up to %d, <|call|> is %d); use a model with the real vocabulary, e.g. "
+            "gptoss make-model --preset tiny -o DIR, or give ids with --tokens",
+            dir, c->vocab_size, n_tok - 1, (int)GPTOSS_TOKEN_CALL);
     s->vocab = c->vocab_size;
     s->n_sample = n_tok < s->vocab ? n_tok : s->vocab;
     gptoss_backend_options options = gptoss_backend_options_default();
     options.kind = gptoss_has_cuda() ? GPTOSS_BACKEND_CUDA : GPTOSS_BACKEND_CPU;
-    if (backend_name && !strcmp(backend_name, "cpu")) options.kind = GPTOSS_BACKEND_CPU;
-    else if (backend_name && !strcmp(backend_name, "cuda")) options.kind = GPTOSS_BACKEND_CUDA;
+    if (backend_name && !strcmp(backend_name, "cpu"))
+        options.kind = GPTOSS_BACKEND_CPU;
+    else if (backend_name && !strcmp(backend_name, "cuda"))
+        options.kind = GPTOSS_BACKEND_CUDA;
     else if (backend_name)
-        return gptoss_set_error(err, GPTOSS_ERR_INVALID_ARGUMENT, "--backend must be cpu or cuda, not '%s'",
-                                backend_name);
+        return gptoss_set_error(err, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "--backend must be cpu or cuda, not '%s'", backend_name);
     options.n_threads = (int32_t)threads;
     options.fp8_layers = fp8_layers;
     options.kv_cache_dtype = kv_cache_dtype;
@@ -128,8 +133,8 @@ static void on_sigint(int signo) {
 }
 
 typedef struct printer {
-    bool tty;          /* stdout is a terminal: dim reasoning, no prefixes */
-    int section;       /* 0 none, 1 reasoning, 2 answer, 3 tool call */
+    bool tty;    /* stdout is a terminal: dim reasoning, no prefixes */
+    int section; /* 0 none, 1 reasoning, 2 answer, 3 tool call */
 } printer;
 
 /* Writes model text; control characters other than newline and tab become '?', so a model
@@ -146,8 +151,10 @@ static void enter_section(printer *p, int section) {
     if (p->tty && p->section == 1) fputs("\033[0m", stdout);
     if (p->section != 0) fputc('\n', stdout);
     p->section = section;
-    if (section == 1) fputs(p->tty ? "\033[2m" : "[reasoning] ", stdout);
-    else if (section == 2 && !p->tty) fputs("[answer] ", stdout);
+    if (section == 1)
+        fputs(p->tty ? "\033[2m" : "[reasoning] ", stdout);
+    else if (section == 2 && !p->tty)
+        fputs("[answer] ", stdout);
 }
 
 static void end_sections(printer *p) {
@@ -201,13 +208,13 @@ static bool interrupted(void *user) {
 
 /* What a reply's tokens go through on their way to the terminal. */
 typedef struct reply_sink {
-    gptoss_chat_stream *stream;  /* a chat reply: harmony parsed into pieces */
+    gptoss_chat_stream *stream; /* a chat reply: harmony parsed into pieces */
     printer *pr;
-    gptoss_chat_buf *answer;     /* the answer text (not reasoning), when wanted */
+    gptoss_chat_buf *answer;        /* the answer text (not reasoning), when wanted */
     gptoss_stream_decoder *decoder; /* a raw continuation: text as it is */
     char *text;
     size_t text_capacity;
-    gptoss_status st;            /* the first failure (out of memory) */
+    gptoss_status st; /* the first failure (out of memory) */
     gptoss_error err;
 } reply_sink;
 
@@ -219,8 +226,8 @@ static bool on_reply_token(void *user, const gptoss_engine_event *event) {
         return true;
     }
     size_t len = 0;
-    if ((r->st = gptoss_stream_decoder_push(r->decoder, event->token_id, r->text, r->text_capacity, &len,
-                                            &r->err)))
+    if ((r->st = gptoss_stream_decoder_push(r->decoder, event->token_id, r->text, r->text_capacity,
+                                            &len, &r->err)))
         return false;
     print_text(r->text, len);
     fflush(stdout);
@@ -234,9 +241,10 @@ static gptoss_status generate_reply(session *s, const int32_t *ids, size_t n,
                                     reply_sink *sink, reply_stats *stats, gptoss_error *err) {
     memset(stats, 0, sizeof *stats);
     if ((int64_t)n >= s->capacity)
-        return gptoss_set_error(err, GPTOSS_ERR_CAPACITY,
-                                "the prompt has %zu tokens but the context holds %d; use /reset or a larger --context",
-                                n, s->capacity);
+        return gptoss_set_error(
+            err, GPTOSS_ERR_CAPACITY,
+            "the prompt has %zu tokens but the context holds %d; use /reset or a larger --context",
+            n, s->capacity);
     /* max_tokens, or what is left of the context (then a reply cut short ran out of it) */
     bool limited = s->capacity - (int64_t)n < max_tokens;
     gptoss_sampling_params p = *params;
@@ -244,8 +252,10 @@ static gptoss_status generate_reply(session *s, const int32_t *ids, size_t n,
     /* every id when the tokenizer decodes the whole vocabulary, else only those it decodes */
     gptoss_request_options ro = {.allowed_tokens = s->n_sample < s->vocab ? text_ids_allowed : NULL,
                                  .allowed_tokens_user = s};
-    gptoss_generate_options go = {
-        .on_token = on_reply_token, .should_stop = interrupted, .user = sink, .request_options = &ro};
+    gptoss_generate_options go = {.on_token = on_reply_token,
+                                  .should_stop = interrupted,
+                                  .user = sink,
+                                  .request_options = &ro};
     gptoss_generate_result result;
     gptoss_status st = gptoss_engine_generate(s->engine, ids, (int32_t)n, &p, &go, &result, err);
     if (st) return st;
@@ -255,20 +265,24 @@ static gptoss_status generate_reply(session *s, const int32_t *ids, size_t n,
     }
     stats->n_generated = result.n_generated;
     stats->decode_seconds = result.seconds - result.first_token_seconds;
-    if (result.finish == GPTOSS_FINISH_CANCELLED) stats->finish = "interrupted";
-    else if (result.finish == GPTOSS_FINISH_LENGTH && limited) stats->finish = "context full";
+    if (result.finish == GPTOSS_FINISH_CANCELLED)
+        stats->finish = "interrupted";
+    else if (result.finish == GPTOSS_FINISH_LENGTH && limited)
+        stats->finish = "context full";
     return GPTOSS_OK;
 }
 
 /* A chat reply to the rendered prompt, printed as it streams. The answer text (not
  * reasoning) is appended to *answer when given. */
-static gptoss_status chat_reply(session *s, const gptoss_chat_prompt *prompt, const gptoss_sampling_params *params,
-                                int64_t max_tokens, printer *pr, gptoss_chat_buf *answer,
-                                reply_stats *stats, gptoss_error *err) {
+static gptoss_status chat_reply(session *s, const gptoss_chat_prompt *prompt,
+                                const gptoss_sampling_params *params, int64_t max_tokens,
+                                printer *pr, gptoss_chat_buf *answer, reply_stats *stats,
+                                gptoss_error *err) {
     reply_sink sink = {.pr = pr, .answer = answer};
     gptoss_status st = gptoss_chat_stream_create(s->tokenizer, NULL, &sink.stream, err);
     if (st) return st;
-    st = generate_reply(s, prompt->tokens.ids, prompt->tokens.n, params, max_tokens, &sink, stats, err);
+    st = generate_reply(s, prompt->tokens.ids, prompt->tokens.n, params, max_tokens, &sink, stats,
+                        err);
     if (!st && !(st = gptoss_chat_stream_finish(sink.stream, err))) {
         print_pieces(pr, sink.stream, answer);
         size_t n = 0;
@@ -297,41 +311,50 @@ static int parse_common(const char *cmd, int argc, char **argv, int *i, common_o
     const char *a = argv[*i];
     bool has_value = *i + 1 < argc;
     const char *v = has_value ? argv[*i + 1] : NULL;
-    if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has_value) o->model_dir = v;
-    else if (!strcmp(a, "--backend") && has_value) o->backend = v;
+    if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has_value)
+        o->model_dir = v;
+    else if (!strcmp(a, "--backend") && has_value)
+        o->backend = v;
     else if (!strcmp(a, "--date") && has_value) {
         int y, mo, d;
         char extra;
-        if (strlen(v) != 10 || sscanf(v, "%4d-%2d-%2d%c", &y, &mo, &d, &extra) != 3 || mo < 1 || mo > 12 || d < 1 ||
-            d > 31)
+        if (strlen(v) != 10 || sscanf(v, "%4d-%2d-%2d%c", &y, &mo, &d, &extra) != 3 || mo < 1 ||
+            mo > 12 || d < 1 || d > 31)
             return cli_usage_error(cmd, "--date needs YYYY-MM-DD, got '%s'", v);
         o->date = v;
     } else if (!strcmp(a, "--fp8-layers") && has_value) {
         if (!cli_parse_fp8_layers(v, &o->fp8_layers)) return cli_fp8_layers_usage_error(cmd, v);
     } else if (!strcmp(a, "--kv-cache-dtype") && has_value) {
-        if (!cli_parse_kv_cache_dtype(v, &o->kv_cache_dtype)) return cli_kv_cache_dtype_usage_error(cmd, v);
+        if (!cli_parse_kv_cache_dtype(v, &o->kv_cache_dtype))
+            return cli_kv_cache_dtype_usage_error(cmd, v);
     } else if (!strcmp(a, "--effort") && has_value) {
         if (!gptoss_reasoning_effort_parse(v, &o->effort))
             return cli_usage_error(cmd, "--effort must be low, medium or high, not '%s'", v);
     } else if ((!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) && has_value) {
-        if (!cli_parse_i64(v, 1, 1 << 20, &o->max_tokens)) return cli_usage_error(cmd, "--max-tokens needs an integer in [1, 1048576]");
+        if (!cli_parse_i64(v, 1, 1 << 20, &o->max_tokens))
+            return cli_usage_error(cmd, "--max-tokens needs an integer in [1, 1048576]");
     } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && has_value) {
-        if (!cli_parse_i64(v, 1, 4096, &o->threads)) return cli_usage_error(cmd, "--threads needs a positive integer");
+        if (!cli_parse_i64(v, 1, 4096, &o->threads))
+            return cli_usage_error(cmd, "--threads needs a positive integer");
     } else if (!strcmp(a, "--context") && has_value) {
-        if (!cli_parse_i64(v, 64, 1 << 20, &o->context)) return cli_usage_error(cmd, "--context needs an integer in [64, 1048576]");
+        if (!cli_parse_i64(v, 64, 1 << 20, &o->context))
+            return cli_usage_error(cmd, "--context needs an integer in [64, 1048576]");
     } else if (!strcmp(a, "--temperature") && has_value) {
         char *end;
         double t = strtod(v, &end);
-        if (*end || end == v || !(t >= 0 && t <= 10)) return cli_usage_error(cmd, "--temperature needs a number in [0, 10]");
+        if (*end || end == v || !(t >= 0 && t <= 10))
+            return cli_usage_error(cmd, "--temperature needs a number in [0, 10]");
         o->sampling.temperature = (float)t;
     } else if (!strcmp(a, "--top-p") && has_value) {
         char *end;
         double p = strtod(v, &end);
-        if (*end || end == v || !(p > 0 && p <= 1)) return cli_usage_error(cmd, "--top-p needs a number in (0, 1]");
+        if (*end || end == v || !(p > 0 && p <= 1))
+            return cli_usage_error(cmd, "--top-p needs a number in (0, 1]");
         o->sampling.top_p = (float)p;
     } else if (!strcmp(a, "--seed") && has_value) {
         int64_t seed;
-        if (!cli_parse_i64(v, 0, INT64_MAX, &seed)) return cli_usage_error(cmd, "--seed needs a non-negative integer");
+        if (!cli_parse_i64(v, 0, INT64_MAX, &seed))
+            return cli_usage_error(cmd, "--seed needs a non-negative integer");
         o->sampling.has_seed = true;
         o->sampling.seed = (uint64_t)seed;
     } else
@@ -344,7 +367,9 @@ static int parse_common(const char *cmd, int argc, char **argv, int *i, common_o
  * A --backend name other than cpu and cuda is left to session_open to refuse. */
 static int check_common(const char *cmd, const common_options *o) {
     bool cpu = o->backend ? !strcmp(o->backend, "cpu") : !gptoss_has_cuda();
-    return cli_check_fp8_layers(cmd, o->fp8_layers, cpu ? GPTOSS_BACKEND_CPU : GPTOSS_BACKEND_CUDA) ? 2 : 0;
+    return cli_check_fp8_layers(cmd, o->fp8_layers, cpu ? GPTOSS_BACKEND_CPU : GPTOSS_BACKEND_CUDA)
+               ? 2
+               : 0;
 }
 
 static void common_defaults(common_options *o, int64_t max_tokens) {
@@ -365,7 +390,8 @@ static const char *today(char *buf, size_t size) {
 }
 
 static const char *const common_help =
-    "  -m, --model DIR       Hugging Face gpt-oss folder (config.json, tokenizer.json, safetensors)\n"
+    "  -m, --model DIR       Hugging Face gpt-oss folder (config.json, tokenizer.json, "
+    "safetensors)\n"
     "  --effort LEVEL        reasoning effort: low, medium (default) or high\n"
     "  --date YYYY-MM-DD     date for the system message (default: today)\n"
     "  --temperature T       sampling temperature (default 0: greedy)\n"
@@ -376,12 +402,14 @@ static const char *const common_help =
     "  -t, --threads N       CPU threads (default: all cores)\n";
 
 /* Renders a chat-completions request and replies to it. */
-static gptoss_status reply_to_request(session *s, const json_t *request, const char *date, const gptoss_sampling_params *params,
-                                      int64_t max_tokens, printer *pr, gptoss_chat_buf *answer, reply_stats *stats,
+static gptoss_status reply_to_request(session *s, const json_t *request, const char *date,
+                                      const gptoss_sampling_params *params, int64_t max_tokens,
+                                      printer *pr, gptoss_chat_buf *answer, reply_stats *stats,
                                       gptoss_error *err) {
     gptoss_openai_chat_options options = {.current_date = date};
     gptoss_chat_prompt prompt;
-    gptoss_status st = gptoss_chat_prompt_from_request(s->tokenizer, request, &options, &prompt, err);
+    gptoss_status st =
+        gptoss_chat_prompt_from_request(s->tokenizer, request, &options, &prompt, err);
     if (st) return st;
     st = chat_reply(s, &prompt, params, max_tokens, pr, answer, stats, err);
     gptoss_chat_prompt_free(&prompt);
@@ -391,17 +419,22 @@ static gptoss_status reply_to_request(session *s, const json_t *request, const c
 /* ---- gptoss run -p TEXT ------------------------------------------------------------------ */
 
 /* --raw: TEXT tokenized as is and continued, every token printed as text. */
-static gptoss_status run_raw(session *s, const char *text, bool special, common_options *o, gptoss_error *err) {
+static gptoss_status run_raw(session *s, const char *text, bool special, common_options *o,
+                             gptoss_error *err) {
     gptoss_tokens ids = {0};
-    gptoss_status st = gptoss_tokenizer_encode(s->tokenizer, text, strlen(text), special, &ids, err);
-    if (!st && ids.n == 0) st = gptoss_set_error(err, GPTOSS_ERR_INVALID_ARGUMENT, "the prompt is empty");
+    gptoss_status st =
+        gptoss_tokenizer_encode(s->tokenizer, text, strlen(text), special, &ids, err);
+    if (!st && ids.n == 0)
+        st = gptoss_set_error(err, GPTOSS_ERR_INVALID_ARGUMENT, "the prompt is empty");
     gptoss_stream_decoder decoder;
     gptoss_stream_decoder_init(&decoder, s->tokenizer);
-    reply_sink sink = {.decoder = &decoder, .text_capacity = gptoss_stream_decoder_out_capacity(s->tokenizer)};
+    reply_sink sink = {.decoder = &decoder,
+                       .text_capacity = gptoss_stream_decoder_out_capacity(s->tokenizer)};
     if (!st && !(sink.text = malloc(sink.text_capacity)))
         st = gptoss_set_error(err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     reply_stats stats;
-    if (!st) st = generate_reply(s, ids.ids, ids.n, &o->sampling, o->max_tokens, &sink, &stats, err);
+    if (!st)
+        st = generate_reply(s, ids.ids, ids.n, &o->sampling, o->max_tokens, &sink, &stats, err);
     if (sink.text) {
         size_t len = 0;
         gptoss_stream_decoder_flush(&decoder, sink.text, sink.text_capacity, &len);
@@ -414,20 +447,23 @@ static gptoss_status run_raw(session *s, const char *text, bool special, common_
 }
 
 static void run_help(FILE *out) {
-    fprintf(out,
-            "usage: gptoss run -m DIR -p TEXT [options]\n"
-            "       gptoss run -m DIR --tokens \"ID ID ...\" [options]   (see gptoss run --tokens --help)\n\n"
-            "Renders TEXT as a one-turn chat (harmony: default system message, your text as the user\n"
-            "message) and prints the reply as it is generated: the reasoning (dimmed on a terminal,\n"
-            "prefixed [reasoning] otherwise), then the answer ([answer]). Stops at <|return|>, <|call|>\n"
-            "or <|endoftext|>, as the server does.\n\n"
-            "options:\n"
-            "  -p, --prompt TEXT     the user message\n"
-            "  --raw                 no chat rendering: TEXT is tokenized as is and continued\n"
-            "  --special             with --raw: special-token text such as <|start|> becomes its id\n"
-            "  -n, --max-tokens N    tokens to generate (default 256)\n"
-            "%s",
-            common_help);
+    fprintf(
+        out,
+        "usage: gptoss run -m DIR -p TEXT [options]\n"
+        "       gptoss run -m DIR --tokens \"ID ID ...\" [options]   (see gptoss run --tokens "
+        "--help)\n\n"
+        "Renders TEXT as a one-turn chat (harmony: default system message, your text as the user\n"
+        "message) and prints the reply as it is generated: the reasoning (dimmed on a terminal,\n"
+        "prefixed [reasoning] otherwise), then the answer ([answer]). Stops at <|return|>, "
+        "<|call|>\n"
+        "or <|endoftext|>, as the server does.\n\n"
+        "options:\n"
+        "  -p, --prompt TEXT     the user message\n"
+        "  --raw                 no chat rendering: TEXT is tokenized as is and continued\n"
+        "  --special             with --raw: special-token text such as <|start|> becomes its id\n"
+        "  -n, --max-tokens N    tokens to generate (default 256)\n"
+        "%s",
+        common_help);
     cli_print_fp8_layers_help(out, 24);
     cli_print_kv_cache_dtype_help(out, 24);
 }
@@ -442,38 +478,49 @@ int cli_run_text(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             run_help(stdout);
             return 0;
-        } else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && i + 1 < argc) prompt = argv[++i];
-        else if (!strcmp(a, "--raw")) raw = true;
-        else if (!strcmp(a, "--special")) special = true;
+        } else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && i + 1 < argc)
+            prompt = argv[++i];
+        else if (!strcmp(a, "--raw"))
+            raw = true;
+        else if (!strcmp(a, "--special"))
+            special = true;
         else {
             int r = parse_common("run", argc, argv, &i, &o);
             if (r == 2) return 2;
             if (r == 0) return cli_usage_error("run", "unknown or incomplete option '%s'", a);
         }
     }
-    if (!o.model_dir) return cli_usage_error("run", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
+    if (!o.model_dir)
+        return cli_usage_error(
+            "run", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
     if (!prompt) return cli_usage_error("run", "missing -p TEXT");
-    if (special && !raw) return cli_usage_error("run", "--special only applies with --raw (chat prompts never parse special tokens in user text)");
+    if (special && !raw)
+        return cli_usage_error("run", "--special only applies with --raw (chat prompts never parse "
+                                      "special tokens in user text)");
     if (check_common("run", &o)) return 2;
     gptoss_error err = {0};
     session s;
-    gptoss_status st =
-        session_open(&s, o.model_dir, o.backend, o.threads, o.context, o.fp8_layers, o.kv_cache_dtype, &err);
+    gptoss_status st = session_open(&s, o.model_dir, o.backend, o.threads, o.context, o.fp8_layers,
+                                    o.kv_cache_dtype, &err);
     if (!st && raw) st = run_raw(&s, prompt, special, &o, &err);
     if (!st && !raw) {
         char date[16];
-        json_t *request = json_pack("{s:s, s:[{s:s, s:s}]}", "reasoning_effort", gptoss_reasoning_effort_name(o.effort),
-                                    "messages", "role", "user", "content", prompt);
-        if (!request) st = gptoss_set_error(&err, GPTOSS_ERR_INVALID_ARGUMENT, "the prompt is not valid UTF-8");
+        json_t *request = json_pack("{s:s, s:[{s:s, s:s}]}", "reasoning_effort",
+                                    gptoss_reasoning_effort_name(o.effort), "messages", "role",
+                                    "user", "content", prompt);
+        if (!request)
+            st = gptoss_set_error(&err, GPTOSS_ERR_INVALID_ARGUMENT,
+                                  "the prompt is not valid UTF-8");
         printer pr = {.tty = isatty(STDOUT_FILENO) != 0};
         reply_stats stats;
         if (!st)
-            st = reply_to_request(&s, request, o.date ? o.date : today(date, sizeof date), &o.sampling, o.max_tokens,
-                                  &pr, NULL, &stats, &err);
+            st = reply_to_request(&s, request, o.date ? o.date : today(date, sizeof date),
+                                  &o.sampling, o.max_tokens, &pr, NULL, &stats, &err);
         json_decref(request);
         double t = stats.decode_seconds;
         if (!st)
-            fprintf(stderr, "finish: %s; %d tokens in %.2f s (%.1f tok/s)\n", stats.finish, stats.n_generated, t,
+            fprintf(stderr, "finish: %s; %d tokens in %.2f s (%.1f tok/s)\n", stats.finish,
+                    stats.n_generated, t,
                     stats.n_generated > 1 ? (stats.n_generated - 1) / (t > 0 ? t : 1e-9) : 0.0);
     }
     session_close(&s);
@@ -483,20 +530,21 @@ int cli_run_text(int argc, char **argv) {
 /* ---- gptoss chat -------------------------------------------------------------------------- */
 
 static void chat_help(FILE *out) {
-    fprintf(out,
-            "usage: gptoss chat -m DIR [options]\n\n"
-            "An interactive chat in the terminal. Earlier turns stay in the conversation (their\n"
-            "reasoning is dropped, as harmony prescribes); replies stream as they are generated, the\n"
-            "reasoning dimmed.\n\n"
-            "commands at the prompt:\n"
-            "  /effort low|medium|high   change the reasoning effort\n"
-            "  /reset                    forget the conversation\n"
-            "  /quit                     leave (so do end-of-file and Ctrl-C twice at the prompt)\n"
-            "  Ctrl-C while a reply streams stops that reply.\n\n"
-            "options:\n"
-            "  -n, --max-tokens N    tokens per reply (default 512)\n"
-            "%s",
-            common_help);
+    fprintf(
+        out,
+        "usage: gptoss chat -m DIR [options]\n\n"
+        "An interactive chat in the terminal. Earlier turns stay in the conversation (their\n"
+        "reasoning is dropped, as harmony prescribes); replies stream as they are generated, the\n"
+        "reasoning dimmed.\n\n"
+        "commands at the prompt:\n"
+        "  /effort low|medium|high   change the reasoning effort\n"
+        "  /reset                    forget the conversation\n"
+        "  /quit                     leave (so do end-of-file and Ctrl-C twice at the prompt)\n"
+        "  Ctrl-C while a reply streams stops that reply.\n\n"
+        "options:\n"
+        "  -n, --max-tokens N    tokens per reply (default 512)\n"
+        "%s",
+        common_help);
     cli_print_fp8_layers_help(out, 24);
     cli_print_kv_cache_dtype_help(out, 24);
 }
@@ -507,10 +555,12 @@ static int read_line(char *buf, size_t size) {
     clearerr(stdin);
     if (fgets(buf, (int)size, stdin)) {
         size_t n = strlen(buf);
-        if (n > 0 && buf[n - 1] == '\n') buf[--n] = '\0';
+        if (n > 0 && buf[n - 1] == '\n')
+            buf[--n] = '\0';
         else if (n + 1 == size) { /* a very long line: drop its rest */
             int c;
-            while ((c = getchar()) != EOF && c != '\n') {}
+            while ((c = getchar()) != EOF && c != '\n') {
+            }
         }
         return 1;
     }
@@ -536,12 +586,15 @@ int gptoss_cmd_chat(int argc, char **argv) {
         if (r == 2) return 2;
         if (r == 0) return cli_usage_error("chat", "unknown or incomplete option '%s'", a);
     }
-    if (!o.model_dir) return cli_usage_error("chat", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
+    if (!o.model_dir)
+        return cli_usage_error(
+            "chat", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
     if (check_common("chat", &o)) return 2;
 
     gptoss_error err = {0};
     session s;
-    if (session_open(&s, o.model_dir, o.backend, o.threads, o.context, o.fp8_layers, o.kv_cache_dtype, &err)) {
+    if (session_open(&s, o.model_dir, o.backend, o.threads, o.context, o.fp8_layers,
+                     o.kv_cache_dtype, &err)) {
         session_close(&s);
         return cli_fail(&err);
     }
@@ -555,7 +608,8 @@ int gptoss_cmd_chat(int argc, char **argv) {
     const char *date = o.date ? o.date : today(date_buf, sizeof date_buf);
     json_t *messages = json_array();
     printer pr = {.tty = isatty(STDOUT_FILENO) != 0};
-    printf("gptoss chat: %s (effort %s). /effort low|medium|high, /reset, /quit; Ctrl-C stops a reply.\n",
+    printf("gptoss chat: %s (effort %s). /effort low|medium|high, /reset, /quit; Ctrl-C stops a "
+           "reply.\n",
            o.model_dir, gptoss_reasoning_effort_name(o.effort));
     char line[16384];
     bool armed = false; /* the last prompt ended in Ctrl-C */
@@ -586,9 +640,12 @@ int gptoss_cmd_chat(int argc, char **argv) {
         }
         if (!strncmp(line, "/effort", 7)) {
             const char *word = line + 7;
-            while (*word == ' ') word++;
-            if (gptoss_reasoning_effort_parse(word, &o.effort)) printf("[effort: %s]\n", word);
-            else printf("[usage: /effort low|medium|high]\n");
+            while (*word == ' ')
+                word++;
+            if (gptoss_reasoning_effort_parse(word, &o.effort))
+                printf("[effort: %s]\n", word);
+            else
+                printf("[usage: /effort low|medium|high]\n");
             continue;
         }
         if (line[0] == '/') {
@@ -599,21 +656,23 @@ int gptoss_cmd_chat(int argc, char **argv) {
             printf("[the message is not valid UTF-8; not sent]\n");
             continue;
         }
-        json_t *request = json_pack("{s:s, s:O}", "reasoning_effort", gptoss_reasoning_effort_name(o.effort),
-                                    "messages", messages);
+        json_t *request = json_pack("{s:s, s:O}", "reasoning_effort",
+                                    gptoss_reasoning_effort_name(o.effort), "messages", messages);
         gptoss_chat_buf answer = {0};
         reply_stats stats = {0};
         interrupts = 0;
-        gptoss_status st = request ? reply_to_request(&s, request, date, &o.sampling, o.max_tokens, &pr, &answer,
-                                                      &stats, &err)
-                                   : gptoss_set_error(&err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+        gptoss_status st = request
+                               ? reply_to_request(&s, request, date, &o.sampling, o.max_tokens, &pr,
+                                                  &answer, &stats, &err)
+                               : gptoss_set_error(&err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
         json_decref(request);
         if (st) {
             /* The turn failed (e.g. the context is full): say so and keep the session usable. */
             fprintf(stderr, "gptoss: %s\n", err.message);
             json_array_remove(messages, json_array_size(messages) - 1);
         } else {
-            if (strcmp(stats.finish, "stop") != 0) printf("[%s after %d tokens]\n", stats.finish, stats.n_generated);
+            if (strcmp(stats.finish, "stop") != 0)
+                printf("[%s after %d tokens]\n", stats.finish, stats.n_generated);
             gptoss_chat_buf_terminate(&answer);
             if (!add_message(messages, "assistant", answer.data ? answer.data : "")) {
                 json_array_remove(messages, json_array_size(messages) - 1);

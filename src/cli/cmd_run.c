@@ -18,28 +18,32 @@
 #include <string.h>
 
 static void help(FILE *out) {
-    fprintf(out,
-            "usage: gptoss run -m DIR --tokens \"ID ID ...\" [-n N] [options]\n"
-            "       gptoss run -m DIR -p TEXT [options]   (a chat prompt; see gptoss run -p x --help)\n\n"
-            "Runs the prompt through the model and generates (greedily unless --temperature),\n"
-            "printing generated token ids.\n\n"
-            "options:\n"
-            "  -m, --model DIR       Hugging Face gpt-oss folder (config.json, tokenizer.json, safetensors)\n"
-            "  --tokens IDS          prompt token ids, separated by spaces or commas\n"
-            "  -n, --max-tokens N    tokens to generate (default 16; 0 = prompt only)\n"
-            "  --logits FILE         write the logits of every prompt position: one JSON header line\n"
-            "                        {\"shape\":[n_tokens,vocab],\"dtype\":\"float32\",...} then float32\n"
-            "                        little-endian, row-major\n"
-            "  --ignore-eos          do not stop at <|return|>, <|call|> or <|endoftext|> (a model\n"
-            "                        without them: its config's eos id)\n"
-            "  --temperature T       sampling temperature (default 0: greedy)\n"
-            "  --top-p P             nucleus sampling mass (default 1)\n"
-            "  --seed S              seed of the sampler (default: a fresh one each run)\n"
-            "  --backend cpu|cuda    compute backend (default: cuda when built with it, else cpu)\n"
-            "  -t, --threads N       CPU threads (default: all cores)\n"
-            "  --chunk N             prefill the prompt in chunks of N tokens (default: all at once)\n"
-            "  --stats               print each layer's residual statistics and the logit spread\n"
-            "                        (CPU backend), to check a model is numerically healthy\n");
+    fprintf(
+        out,
+        "usage: gptoss run -m DIR --tokens \"ID ID ...\" [-n N] [options]\n"
+        "       gptoss run -m DIR -p TEXT [options]   (a chat prompt; see gptoss run -p x "
+        "--help)\n\n"
+        "Runs the prompt through the model and generates (greedily unless --temperature),\n"
+        "printing generated token ids.\n\n"
+        "options:\n"
+        "  -m, --model DIR       Hugging Face gpt-oss folder (config.json, tokenizer.json, "
+        "safetensors)\n"
+        "  --tokens IDS          prompt token ids, separated by spaces or commas\n"
+        "  -n, --max-tokens N    tokens to generate (default 16; 0 = prompt only)\n"
+        "  --logits FILE         write the logits of every prompt position: one JSON header line\n"
+        "                        {\"shape\":[n_tokens,vocab],\"dtype\":\"float32\",...} then "
+        "float32\n"
+        "                        little-endian, row-major\n"
+        "  --ignore-eos          do not stop at <|return|>, <|call|> or <|endoftext|> (a model\n"
+        "                        without them: its config's eos id)\n"
+        "  --temperature T       sampling temperature (default 0: greedy)\n"
+        "  --top-p P             nucleus sampling mass (default 1)\n"
+        "  --seed S              seed of the sampler (default: a fresh one each run)\n"
+        "  --backend cpu|cuda    compute backend (default: cuda when built with it, else cpu)\n"
+        "  -t, --threads N       CPU threads (default: all cores)\n"
+        "  --chunk N             prefill the prompt in chunks of N tokens (default: all at once)\n"
+        "  --stats               print each layer's residual statistics and the logit spread\n"
+        "                        (CPU backend), to check a model is numerically healthy\n");
     cli_print_fp8_layers_help(out, 24);
     cli_print_kv_cache_dtype_help(out, 24);
 }
@@ -54,13 +58,16 @@ static void print_logit_stats(const float *row, int32_t vocab) {
         if (row[v] > max) max = row[v];
     }
     mean /= vocab;
-    for (int32_t v = 0; v < vocab; v++) z += exp(row[v] - max);
+    for (int32_t v = 0; v < vocab; v++)
+        z += exp(row[v] - max);
     for (int32_t v = 0; v < vocab; v++) {
         double p = exp(row[v] - max) / z;
         if (p > 0) entropy -= p * log(p);
     }
-    fprintf(stderr, "last position logits: mean %.4g, std %.4g, max %.4g, softmax entropy %.3f nats (uniform: %.3f), "
-                    "%d non-finite\n",
+    fprintf(stderr,
+            "last position logits: mean %.4g, std %.4g, max %.4g, softmax entropy %.3f nats "
+            "(uniform: %.3f), "
+            "%d non-finite\n",
             mean, sqrt(sq / vocab - mean * mean), max, entropy, log((double)vocab), n_bad);
 }
 
@@ -80,7 +87,8 @@ static gptoss_status prefill_logits(gptoss_backend *backend, const gptoss_backen
     gptoss_status st = GPTOSS_OK;
     if (!logits || !block_table || !positions || !logit_index)
         st = gptoss_set_error(err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
-    for (int32_t b = 0; !st && b < bo->n_kv_blocks; b++) block_table[b] = b;
+    for (int32_t b = 0; !st && b < bo->n_kv_blocks; b++)
+        block_table[b] = b;
     for (int32_t begin = 0; !st && begin < n_prompt; begin += step) {
         int32_t len = n_prompt - begin < step ? n_prompt - begin : step;
         int32_t n_logits = 0;
@@ -89,10 +97,16 @@ static gptoss_status prefill_logits(gptoss_backend *backend, const gptoss_backen
             if (logits_file || begin + i == n_prompt - 1) logit_index[n_logits++] = i;
         }
         int32_t starts[2] = {0, len}, cached = begin;
-        gptoss_batch_plan plan = {.n_tokens = len, .token_ids = prompt + begin, .positions = positions,
-                                  .n_seqs = 1, .seq_token_start = starts, .seq_n_cached = &cached,
-                                  .max_blocks_per_seq = bo->n_kv_blocks, .block_tables = block_table,
-                                  .n_logits = n_logits, .logit_token_index = logit_index};
+        gptoss_batch_plan plan = {.n_tokens = len,
+                                  .token_ids = prompt + begin,
+                                  .positions = positions,
+                                  .n_seqs = 1,
+                                  .seq_token_start = starts,
+                                  .seq_n_cached = &cached,
+                                  .max_blocks_per_seq = bo->n_kv_blocks,
+                                  .block_tables = block_table,
+                                  .n_logits = n_logits,
+                                  .logit_token_index = logit_index};
         if ((st = gptoss_backend_forward(backend, &plan, logits, err))) break;
         size_t n_values = (size_t)n_logits * vocab;
         if (logits_file && fwrite(logits, sizeof *logits, n_values, logits_file) != n_values)
@@ -151,18 +165,27 @@ int gptoss_cmd_run(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             help(stdout);
             return 0;
-        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has_value) model_dir = argv[++i];
-        else if (!strcmp(a, "--tokens") && has_value) tokens_text = argv[++i];
-        else if (!strcmp(a, "--logits") && has_value) logits_path = argv[++i];
-        else if (!strcmp(a, "--backend") && has_value) backend_name = argv[++i];
-        else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
-        else if (!strcmp(a, "--stats")) stats = true;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has_value)
+            model_dir = argv[++i];
+        else if (!strcmp(a, "--tokens") && has_value)
+            tokens_text = argv[++i];
+        else if (!strcmp(a, "--logits") && has_value)
+            logits_path = argv[++i];
+        else if (!strcmp(a, "--backend") && has_value)
+            backend_name = argv[++i];
+        else if (!strcmp(a, "--ignore-eos"))
+            ignore_eos = true;
+        else if (!strcmp(a, "--stats"))
+            stats = true;
         else if ((!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) && has_value) {
-            if (!cli_parse_i64(argv[++i], 0, 1 << 20, &max_tokens)) return cli_usage_error("run", "-n needs an integer in [0, 1048576]");
+            if (!cli_parse_i64(argv[++i], 0, 1 << 20, &max_tokens))
+                return cli_usage_error("run", "-n needs an integer in [0, 1048576]");
         } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && has_value) {
-            if (!cli_parse_i64(argv[++i], 1, 4096, &threads)) return cli_usage_error("run", "--threads needs a positive integer");
+            if (!cli_parse_i64(argv[++i], 1, 4096, &threads))
+                return cli_usage_error("run", "--threads needs a positive integer");
         } else if (!strcmp(a, "--chunk") && has_value) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &chunk)) return cli_usage_error("run", "--chunk needs a positive integer");
+            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &chunk))
+                return cli_usage_error("run", "--chunk needs a positive integer");
         } else if (!strcmp(a, "--temperature") && has_value) {
             char *end;
             temperature = strtod(argv[++i], &end);
@@ -174,16 +197,20 @@ int gptoss_cmd_run(int argc, char **argv) {
             if (*end || end == argv[i] || !(top_p > 0 && top_p <= 1))
                 return cli_usage_error("run", "--top-p needs a number in (0, 1]");
         } else if (!strcmp(a, "--seed") && has_value) {
-            if (!cli_parse_i64(argv[++i], 0, INT64_MAX, &seed)) return cli_usage_error("run", "--seed needs a non-negative integer");
+            if (!cli_parse_i64(argv[++i], 0, INT64_MAX, &seed))
+                return cli_usage_error("run", "--seed needs a non-negative integer");
         } else if (!strcmp(a, "--fp8-layers") && has_value) {
-            if (!cli_parse_fp8_layers(argv[++i], &fp8_layers)) return cli_fp8_layers_usage_error("run", argv[i]);
+            if (!cli_parse_fp8_layers(argv[++i], &fp8_layers))
+                return cli_fp8_layers_usage_error("run", argv[i]);
         } else if (!strcmp(a, "--kv-cache-dtype") && has_value) {
             if (!cli_parse_kv_cache_dtype(argv[++i], &kv_cache_dtype))
                 return cli_kv_cache_dtype_usage_error("run", argv[i]);
         } else
             return cli_usage_error("run", "unknown or incomplete option '%s'", a);
     }
-    if (!model_dir) return cli_usage_error("run", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
+    if (!model_dir)
+        return cli_usage_error(
+            "run", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
     if (!tokens_text) return cli_usage_error("run", "missing --tokens");
     int32_t *prompt = NULL, n_prompt = 0;
     if (!cli_parse_token_list(tokens_text, &prompt, &n_prompt) || n_prompt == 0) {
@@ -203,8 +230,10 @@ int gptoss_cmd_run(int argc, char **argv) {
     gptoss_backend_options options = gptoss_backend_options_default();
     options.kind = gptoss_has_cuda() ? GPTOSS_BACKEND_CUDA : GPTOSS_BACKEND_CPU;
     if (backend_name) {
-        if (!strcmp(backend_name, "cpu")) options.kind = GPTOSS_BACKEND_CPU;
-        else if (!strcmp(backend_name, "cuda")) options.kind = GPTOSS_BACKEND_CUDA;
+        if (!strcmp(backend_name, "cpu"))
+            options.kind = GPTOSS_BACKEND_CPU;
+        else if (!strcmp(backend_name, "cuda"))
+            options.kind = GPTOSS_BACKEND_CUDA;
         else {
             rc = cli_usage_error("run", "--backend must be cpu or cuda");
             goto done;
@@ -230,7 +259,9 @@ int gptoss_cmd_run(int argc, char **argv) {
             gptoss_set_error(&err, GPTOSS_ERR_IO, "%s: cannot create", logits_path);
             goto fail;
         }
-        fprintf(logits_file, "{\"shape\":[%d,%d],\"dtype\":\"float32\",\"order\":\"row-major\",\"endian\":\"little\"}\n",
+        fprintf(logits_file,
+                "{\"shape\":[%d,%d],\"dtype\":\"float32\",\"order\":\"row-major\",\"endian\":"
+                "\"little\"}\n",
                 n_prompt, vocab);
     }
 
@@ -276,7 +307,9 @@ int gptoss_cmd_run(int argc, char **argv) {
     double gen_seconds = result.seconds - result.first_token_seconds;
     if (prompt_seconds < 0) prompt_seconds = result.first_token_seconds;
     int32_t n_generated = result.n_generated;
-    fprintf(stderr, "backend %s: prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.2f tok/s)\n",
+    fprintf(stderr,
+            "backend %s: prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s "
+            "(%.2f tok/s)\n",
             gptoss_backend_name(backend), n_prompt, prompt_seconds,
             n_prompt / (prompt_seconds > 0 ? prompt_seconds : 1e-9), n_generated, gen_seconds,
             n_generated > 1 ? (n_generated - 1) / (gen_seconds > 0 ? gen_seconds : 1e-9) : 0.0);

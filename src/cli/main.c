@@ -16,7 +16,8 @@ typedef struct cli_command {
 static const cli_command commands[] = {
     {"run", gptoss_cmd_run, "generate from a prompt (token ids or text)"},
     {"info", gptoss_cmd_info, "what a checkpoint holds and what its KV cache costs"},
-    {"make-model", gptoss_cmd_make_model, "write a random-weight checkpoint (tiny, 20b, 120b, config)"},
+    {"make-model", gptoss_cmd_make_model,
+     "write a random-weight checkpoint (tiny, 20b, 120b, config)"},
     {"tokenize", gptoss_cmd_tokenize, "text on stdin -> o200k_harmony token ids"},
     {"detokenize", gptoss_cmd_detokenize, "token ids on stdin -> text"},
     {"chat", gptoss_cmd_chat, "interactive chat in the terminal (streams reasoning and answer)"},
@@ -28,13 +29,16 @@ static const cli_command commands[] = {
 
 static void usage(FILE *out) {
     fprintf(out, "gptoss %s - inference for OpenAI's gpt-oss models\n\n", GPTOSS_VERSION_STRING);
-    fprintf(out, "usage: gptoss [--log-level LEVEL] <command> [options]   (gptoss <command> --help for details)\n\n");
+    fprintf(out, "usage: gptoss [--log-level LEVEL] <command> [options]   (gptoss <command> --help "
+                 "for details)\n\n");
     fprintf(out, "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
     fprintf(out, "\nglobal options (before the command):\n");
-    fprintf(out, "  --log-level LEVEL  error, warn, info (default) or debug: how much goes to the log on stderr\n");
-    fprintf(out, "                     (GPTOSS_LOG_LEVEL sets the same when the option is absent)\n");
+    fprintf(out, "  --log-level LEVEL  error, warn, info (default) or debug: how much goes to the "
+                 "log on stderr\n");
+    fprintf(out,
+            "                     (GPTOSS_LOG_LEVEL sets the same when the option is absent)\n");
     fprintf(out, "\nbackends: cpu%s\n", gptoss_has_cuda() ? ", cuda" : " (built without CUDA)");
 }
 
@@ -61,7 +65,8 @@ static int parse_global_options(int argc, char **argv) {
         }
         gptoss_log_level level;
         if (!gptoss_log_level_parse(value, &level)) {
-            fprintf(stderr, "gptoss: --log-level '%s': expected error, warn, info or debug\n", value);
+            fprintf(stderr, "gptoss: --log-level '%s': expected error, warn, info or debug\n",
+                    value);
             return -1;
         }
         gptoss_log_set_level(level);

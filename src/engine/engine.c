@@ -53,20 +53,20 @@ struct gptoss_request {
     gptoss_request *inbox_next;
     /* Engine thread only. */
     gptoss_sampling_params params;
-    int32_t max_tokens;      /* resolved (> 0) */
-    gptoss_seq **seqs;       /* [n_choices] live sequences, NULL once finished/not forked */
-    uint64_t seed;           /* Philox key of every draw (the request's, or drawn at submit) */
+    int32_t max_tokens;          /* resolved (> 0) */
+    gptoss_seq **seqs;           /* [n_choices] live sequences, NULL once finished/not forked */
+    uint64_t seed;               /* Philox key of every draw (the request's, or drawn at submit) */
     gptoss_token_counts *counts; /* [n_choices] when penalties need them, else NULL */
-    int32_t *bias_tokens;    /* [params.n_logit_bias] copied at submit, sorted by token */
+    int32_t *bias_tokens;        /* [params.n_logit_bias] copied at submit, sorted by token */
     float *bias_values;
     gptoss_allowed_tokens_fn allowed_tokens; /* optional constraint on each draw */
     void *allowed_tokens_user;
     double *last_token_time; /* [n_choices] seconds, 0 = none yet */
     bool *choice_done;       /* [n_choices] finish event queued */
     int32_t n_done;
-    bool forked;      /* children of choice 0 created */
-    bool started;     /* choice 0 admitted once */
-    bool failed_step; /* a forward carrying this request failed */
+    bool forked;       /* children of choice 0 created */
+    bool started;      /* choice 0 admitted once */
+    bool failed_step;  /* a forward carrying this request failed */
     int32_t n_pending; /* token events in the engine's pending list, not pushed yet */
     double submit_time;
 };
@@ -89,15 +89,15 @@ struct gptoss_engine {
     /* The sample batch of the current step, row k for jobs[k] (grown, never shrunk). */
     sample_job *jobs; /* [cap_jobs] */
     int32_t n_jobs, cap_jobs;
-    int32_t *logit_index;     /* [cap_jobs] the plan's logit_token_index, per row */
-    gptoss_sample_row *rows;  /* [cap_jobs] */
-    int32_t *token_ids;       /* [cap_jobs] drawn tokens */
-    float *logprobs;          /* [cap_jobs] */
-    int32_t *top_ids;         /* [cap_jobs, GPTOSS_MAX_SAMPLE_LOGPROBS] */
-    float *top_logprobs;      /* same */
+    int32_t *logit_index;      /* [cap_jobs] the plan's logit_token_index, per row */
+    gptoss_sample_row *rows;   /* [cap_jobs] */
+    int32_t *token_ids;        /* [cap_jobs] drawn tokens */
+    float *logprobs;           /* [cap_jobs] */
+    int32_t *top_ids;          /* [cap_jobs, GPTOSS_MAX_SAMPLE_LOGPROBS] */
+    float *top_logprobs;       /* same */
     gptoss_sample_edit *edits; /* [cap_edits] */
     int32_t n_edits, cap_edits;
-    uint32_t *masks;          /* [cap_masks, (vocab + 31) / 32] allowed-token rows */
+    uint32_t *masks; /* [cap_masks, (vocab + 31) / 32] allowed-token rows */
     int32_t n_masks, cap_masks;
     /* Token events of the last step not yet handed to their requests: pushing one locks the
      * request and may wake its reader, about 2 us, so a step of 1000 sequences would leave
@@ -107,7 +107,7 @@ struct gptoss_engine {
     struct pending_push {
         gptoss_request *r;
         gptoss_engine_event event;
-    } *pending;
+    } * pending;
     int32_t n_pending, cap_pending;
     pthread_t thread;
     bool thread_started;
@@ -199,7 +199,8 @@ void gptoss_engine_options_set_eos(gptoss_engine_options *o, const int32_t *ids,
 
 static gptoss_status validate_options(const gptoss_engine_options *o, gptoss_error *error) {
     const gptoss_status bad = GPTOSS_ERR_INVALID_ARGUMENT;
-    if (!o->forward_sample) return gptoss_set_error(error, bad, "engine options: no forward_sample function");
+    if (!o->forward_sample)
+        return gptoss_set_error(error, bad, "engine options: no forward_sample function");
     if (o->vocab_size < 1)
         return gptoss_set_error(error, bad, "engine options: vocab_size must be positive");
     if (o->kv_block_size < 1 || o->kv_block_size > 4096)
@@ -238,7 +239,8 @@ static gptoss_status validate_options(const gptoss_engine_options *o, gptoss_err
                                     "engine options: eos token %d is outside the vocabulary",
                                     o->eos_token_ids[i]);
     if (o->sliding_window > 0) {
-        int32_t sliding = o->n_sliding_kv_blocks && !o->kv_shared_pages ? o->n_sliding_kv_blocks : o->n_kv_blocks;
+        int32_t sliding =
+            o->n_sliding_kv_blocks && !o->kv_shared_pages ? o->n_sliding_kv_blocks : o->n_kv_blocks;
         int32_t need = gptoss_kv_min_sliding_blocks(o->sliding_window, o->kv_block_size);
         if (sliding < need)
             return gptoss_set_error(error, GPTOSS_ERR_CAPACITY,
@@ -281,7 +283,8 @@ static void request_unref(gptoss_request *r) {
 static bool ring_room(gptoss_request *r, int32_t need) {
     if (need <= r->cap_events) return true;
     int32_t cap = r->cap_events ? r->cap_events * 2 : 16;
-    while (cap < need) cap *= 2;
+    while (cap < need)
+        cap *= 2;
     gptoss_engine_event *events = malloc((size_t)cap * sizeof *events);
     if (!events) return false;
     for (int32_t i = 0; i < r->n_events; i++)
@@ -415,7 +418,8 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
     gptoss_engine *e = calloc(1, sizeof *e);
     if (!e) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (engine)");
     e->options = *options;
-    if (e->options.sliding_window > 0 && (e->options.n_sliding_kv_blocks == 0 || options->kv_shared_pages))
+    if (e->options.sliding_window > 0 &&
+        (e->options.n_sliding_kv_blocks == 0 || options->kv_shared_pages))
         e->options.n_sliding_kv_blocks = e->options.n_kv_blocks;
     gptoss_kv_manager_options kv_options = {
         .block_size = options->kv_block_size,
@@ -436,8 +440,8 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
     pthread_cond_init(&e->idle, NULL);
     e->next_id = 1;
     e->timing = getenv("GPTOSS_STEP_TIMING") && strcmp(getenv("GPTOSS_STEP_TIMING"), "0") != 0;
-    uint64_t seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)e ^
-                    (uint64_t)(gptoss_now_seconds() * 1e9);
+    uint64_t seed =
+        (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)e ^ (uint64_t)(gptoss_now_seconds() * 1e9);
     gptoss_rng_seed(&e->entropy, seed, 0);
     if ((st = gptoss_kv_manager_create(&kv_options, &e->kv, error)) != GPTOSS_OK ||
         (st = gptoss_scheduler_create(&sched_options, e->kv, &e->sched, error)) != GPTOSS_OK) {
@@ -487,7 +491,9 @@ static void flush_pushes(gptoss_engine *e) {
     if (e->timing) e->t_flush += gptoss_now_seconds() - t0;
 }
 
-static void flush_pushes_hook(void *user) { flush_pushes(user); }
+static void flush_pushes_hook(void *user) {
+    flush_pushes(user);
+}
 
 /* Queues a token event for flush_pushes; pushes it at once when the list cannot grow.
  * False: no memory for the event at all. */
@@ -580,7 +586,8 @@ static int32_t masked_tokens(const gptoss_engine *e, const gptoss_seq *seq, int3
 static bool grow_rows(gptoss_engine *e, int32_t need) {
     if (need <= e->cap_jobs) return true;
     int32_t cap = e->cap_jobs ? e->cap_jobs : 64;
-    while (cap < need) cap *= 2;
+    while (cap < need)
+        cap *= 2;
     const size_t n = (size_t)cap, top = n * GPTOSS_MAX_SAMPLE_LOGPROBS;
     sample_job *jobs = realloc(e->jobs, n * sizeof *jobs);
     if (jobs) e->jobs = jobs;
@@ -596,7 +603,8 @@ static bool grow_rows(gptoss_engine *e, int32_t need) {
     if (top_ids) e->top_ids = top_ids;
     float *top_logprobs = realloc(e->top_logprobs, top * sizeof *top_logprobs);
     if (top_logprobs) e->top_logprobs = top_logprobs;
-    if (!jobs || !logit_index || !rows || !token_ids || !logprobs || !top_ids || !top_logprobs) return false;
+    if (!jobs || !logit_index || !rows || !token_ids || !logprobs || !top_ids || !top_logprobs)
+        return false;
     e->cap_jobs = cap;
     return true;
 }
@@ -605,7 +613,8 @@ static bool grow_rows(gptoss_engine *e, int32_t need) {
 static bool grow_edits(gptoss_engine *e, int32_t need) {
     if (need <= e->cap_edits) return true;
     int32_t cap = e->cap_edits ? e->cap_edits : 1024;
-    while (cap < need) cap *= 2;
+    while (cap < need)
+        cap *= 2;
     gptoss_sample_edit *edits = realloc(e->edits, (size_t)cap * sizeof *edits);
     if (!edits) return false;
     e->edits = edits;
@@ -616,7 +625,8 @@ static bool grow_edits(gptoss_engine *e, int32_t need) {
 static bool grow_masks(gptoss_engine *e, int32_t need) {
     if (need <= e->cap_masks) return true;
     int32_t cap = e->cap_masks ? e->cap_masks * 2 : 16;
-    while (cap < need) cap *= 2;
+    while (cap < need)
+        cap *= 2;
     const size_t words = ((size_t)e->options.vocab_size + 31) / 32;
     uint32_t *masks = realloc(e->masks, (size_t)cap * words * sizeof *masks);
     if (!masks) return false;
@@ -686,7 +696,8 @@ static bool build_rows(gptoss_engine *e, gptoss_batch_plan *plan) {
         const bool forks = seq->index == 0 && r->n_choices > 1 && !r->forked;
         const int32_t n_rows = forks ? r->n_choices : 1;
         int32_t edit_start = 0, n_edits = 0;
-        if (!grow_rows(e, e->n_jobs + n_rows) || !build_edits(e, seq, &edit_start, &n_edits)) return false;
+        if (!grow_rows(e, e->n_jobs + n_rows) || !build_edits(e, seq, &edit_start, &n_edits))
+            return false;
         for (int32_t c = 0; c < n_rows; c++) {
             const int32_t choice = forks ? c : seq->index;
             if (forks && c > 0 && r->choice_done[c]) continue;
@@ -720,7 +731,8 @@ static void fill_event(const gptoss_engine *e, int32_t k, sample_job *job) {
     event->token_id = e->token_ids[k];
     if (e->rows[k].n_top_logprobs >= 0) {
         event->logprob = e->logprobs[k];
-        int32_t n_top = p->top_logprobs < e->options.vocab_size ? p->top_logprobs : e->options.vocab_size;
+        int32_t n_top =
+            p->top_logprobs < e->options.vocab_size ? p->top_logprobs : e->options.vocab_size;
         const size_t at = (size_t)k * GPTOSS_MAX_SAMPLE_LOGPROBS;
         for (int32_t i = 0; i < n_top; i++) {
             event->top_logprobs[i].token_id = e->top_ids[at + i];
@@ -868,7 +880,8 @@ static void publish_stats(gptoss_engine *e) {
     s->n_waiting_requests = e->n_queued;
     s->kv_blocks_total = gptoss_kv_total(e->kv, GPTOSS_KV_POOL_FULL);
     s->kv_blocks_used = gptoss_kv_used(e->kv, GPTOSS_KV_POOL_FULL);
-    if (gptoss_kv_shared_pages(e->kv)) s->kv_blocks_used += gptoss_kv_used(e->kv, GPTOSS_KV_POOL_SLIDING);
+    if (gptoss_kv_shared_pages(e->kv))
+        s->kv_blocks_used += gptoss_kv_used(e->kv, GPTOSS_KV_POOL_SLIDING);
     s->kv_blocks_cached = gptoss_kv_idle_cached(e->kv, GPTOSS_KV_POOL_FULL);
     s->sliding_blocks_total = gptoss_kv_total(e->kv, GPTOSS_KV_POOL_SLIDING);
     s->sliding_blocks_used = gptoss_kv_used(e->kv, GPTOSS_KV_POOL_SLIDING);
@@ -1083,13 +1096,14 @@ void gptoss_engine_free(gptoss_engine *e) {
     if (!e) return;
     if (e->timing && e->timed_steps > 1) {
         const double n = (double)e->timed_steps, us = 1e6;
-        fprintf(stderr,
-                "engine step timing, %lld steps, us per step: schedule %.1f, forward %.1f (of which "
-                "token pushes while the device runs %.1f), sample rows %.1f, deliver %.1f, between "
-                "steps %.1f\n",
-                (long long)e->timed_steps, e->t_schedule / n * us, e->t_forward / n * us,
-                e->t_flush / n * us, e->t_rows / n * us, e->t_sample / n * us,
-                e->t_between / (n - 1) * us);
+        fprintf(
+            stderr,
+            "engine step timing, %lld steps, us per step: schedule %.1f, forward %.1f (of which "
+            "token pushes while the device runs %.1f), sample rows %.1f, deliver %.1f, between "
+            "steps %.1f\n",
+            (long long)e->timed_steps, e->t_schedule / n * us, e->t_forward / n * us,
+            e->t_flush / n * us, e->t_rows / n * us, e->t_sample / n * us,
+            e->t_between / (n - 1) * us);
     }
     if (e->thread_started) {
         pthread_mutex_lock(&e->mutex);
@@ -1231,7 +1245,8 @@ gptoss_status gptoss_engine_submit(gptoss_engine *e, const int32_t *prompt, int3
     uint8_t salt[GPTOSS_SHA256_BYTES] = {0};
     if (request_options && request_options->cache_salt_len > 0)
         gptoss_sha256_digest(request_options->cache_salt, request_options->cache_salt_len, salt);
-    if (!r->stop_requested || !r->seqs || !counts_ok || !bias_ok || !r->last_token_time || !r->choice_done) {
+    if (!r->stop_requested || !r->seqs || !counts_ok || !bias_ok || !r->last_token_time ||
+        !r->choice_done) {
         request_free(r);
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (request)");
     }

@@ -6,7 +6,8 @@
  * Each step it builds one gptoss_batch_plan and one gptoss_sample_batch (each row's sampling
  * parameters, seed and penalty edits) and runs them through an injectable forward_sample
  * function (normally gptoss_backend_forward_sample), which draws one token for every sequence
- * that produced logits where the logits are. It must not know about HTTP, JSON, text or the tokenizer: callers speak token ids.
+ * that produced logits where the logits are. It must not know about HTTP, JSON, text or the
+ * tokenizer: callers speak token ids.
  *
  * Threads: gptoss_engine_start() launches the engine thread. Every other function here may
  * be called from any thread, except gptoss_engine_free (one caller, after all other calls
@@ -259,19 +260,19 @@ typedef bool (*gptoss_generate_token_fn)(void *user, const gptoss_engine_event *
 typedef bool (*gptoss_generate_stop_fn)(void *user);
 
 typedef struct gptoss_generate_options {
-    gptoss_generate_token_fn on_token; /* optional */
-    gptoss_generate_stop_fn should_stop; /* optional */
-    void *user;                        /* passed to both */
+    gptoss_generate_token_fn on_token;             /* optional */
+    gptoss_generate_stop_fn should_stop;           /* optional */
+    void *user;                                    /* passed to both */
     const gptoss_request_options *request_options; /* optional (cache salt) */
 } gptoss_generate_options;
 
 typedef struct gptoss_generate_result {
-    gptoss_finish_reason finish;  /* why it ended: STOP, LENGTH, CANCELLED (stopped) or ERROR */
-    int32_t stop_token_id;        /* on FINISH_STOP by a token: that token, else -1 */
-    int32_t n_generated;          /* tokens handed to on_token */
-    int32_t n_cached_prompt;      /* prompt tokens the prefix cache served */
-    double first_token_seconds;   /* from submit to the first token (0 when none came) */
-    double seconds;               /* from submit to the finish */
+    gptoss_finish_reason finish; /* why it ended: STOP, LENGTH, CANCELLED (stopped) or ERROR */
+    int32_t stop_token_id;       /* on FINISH_STOP by a token: that token, else -1 */
+    int32_t n_generated;         /* tokens handed to on_token */
+    int32_t n_cached_prompt;     /* prompt tokens the prefix cache served */
+    double first_token_seconds;  /* from submit to the first token (0 when none came) */
+    double seconds;              /* from submit to the finish */
 } gptoss_generate_result;
 
 /* Submits one request with params (params->n must be 1) and waits for it to finish, handing

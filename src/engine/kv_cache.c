@@ -269,7 +269,8 @@ int32_t gptoss_kv_alloc(gptoss_kv_manager *kv, gptoss_kv_pool_id pool_id) {
     } else if ((b = evict_one(kv, pool_id)) < 0) {
         if (!kv->shared) return -1;
         /* nothing idle here: the other pool's least recently used idle page moves over */
-        gptoss_kv_pool_id other = pool_id == GPTOSS_KV_POOL_FULL ? GPTOSS_KV_POOL_SLIDING : GPTOSS_KV_POOL_FULL;
+        gptoss_kv_pool_id other =
+            pool_id == GPTOSS_KV_POOL_FULL ? GPTOSS_KV_POOL_SLIDING : GPTOSS_KV_POOL_FULL;
         b = evict_one(kv, other);
         if (b < 0) return -1;
         kv->pools[other].n_owned--;

@@ -43,8 +43,8 @@ uint64_t gptoss_rng_next(gptoss_rng *rng) {
 
 /* ---- rows -------------------------------------------------------------------------------- */
 
-gptoss_sample_row gptoss_sampler_row(const gptoss_sampling_params *p, uint64_t seed, int64_t position,
-                                     int32_t choice) {
+gptoss_sample_row gptoss_sampler_row(const gptoss_sampling_params *p, uint64_t seed,
+                                     int64_t position, int32_t choice) {
     gptoss_sample_row row;
     memset(&row, 0, sizeof row);
     row.temperature = p->temperature < GPTOSS_GREEDY_TEMPERATURE ? 0.0f : p->temperature;
@@ -63,7 +63,8 @@ gptoss_sample_row gptoss_sampler_row(const gptoss_sampling_params *p, uint64_t s
 }
 
 bool gptoss_sampler_needs_counts(const gptoss_sampling_params *p) {
-    return p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+    return p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+           p->presence_penalty != 0.0f;
 }
 
 /* ---- token counts ------------------------------------------------------------------------ */
@@ -121,7 +122,8 @@ bool gptoss_token_counts_init(gptoss_token_counts *c, const int32_t *prompt, int
         return false;
     }
     for (int32_t i = 0; i < n_prompt; i++)
-        if (i == 0 || sorted[i] != sorted[i - 1]) c->entries[c->n++] = (gptoss_token_count){sorted[i], 0, 1};
+        if (i == 0 || sorted[i] != sorted[i - 1])
+            c->entries[c->n++] = (gptoss_token_count){sorted[i], 0, 1};
     c->cap = distinct;
     free(sorted);
     return true;
@@ -152,8 +154,9 @@ void gptoss_token_counts_free(gptoss_token_counts *c) {
 
 /* ---- edits ------------------------------------------------------------------------------- */
 
-int32_t gptoss_sampler_edits(const gptoss_sampling_params *p, const int32_t *masked, int32_t n_masked,
-                             const gptoss_token_counts *counts, gptoss_sample_edit *out) {
+int32_t gptoss_sampler_edits(const gptoss_sampling_params *p, const int32_t *masked,
+                             int32_t n_masked, const gptoss_token_counts *counts,
+                             gptoss_sample_edit *out) {
     const bool repetition = p->repetition_penalty != 1.0f;
     const int32_t n_bias = p->n_logit_bias, n_counts = counts ? counts->n : 0;
     int32_t ib = 0, im = 0, ic = 0, n = 0;
@@ -240,16 +243,19 @@ gptoss_status gptoss_sampling_params_validate(const gptoss_sampling_params *p, i
     if (p->n < 1 || p->n > 128)
         return gptoss_set_error(error, bad, "n must be in [1, 128], got %d", p->n);
     if (p->n_logit_bias < 0 || p->n_logit_bias > GPTOSS_MAX_LOGIT_BIAS)
-        return gptoss_set_error(error, bad, "logit_bias may name at most %d tokens, got %d", GPTOSS_MAX_LOGIT_BIAS,
-                                p->n_logit_bias);
+        return gptoss_set_error(error, bad, "logit_bias may name at most %d tokens, got %d",
+                                GPTOSS_MAX_LOGIT_BIAS, p->n_logit_bias);
     if (p->n_logit_bias > 0 && (!p->logit_bias_tokens || !p->logit_bias_values))
-        return gptoss_set_error(error, bad, "logit_bias: %d entries without token or value arrays", p->n_logit_bias);
+        return gptoss_set_error(error, bad, "logit_bias: %d entries without token or value arrays",
+                                p->n_logit_bias);
     for (int32_t i = 0; i < p->n_logit_bias; i++) {
         const int32_t t = p->logit_bias_tokens[i];
         if (t < 0 || t >= vocab_size)
-            return gptoss_set_error(error, bad, "logit_bias token %d is outside the vocabulary [0, %d)", t, vocab_size);
+            return gptoss_set_error(
+                error, bad, "logit_bias token %d is outside the vocabulary [0, %d)", t, vocab_size);
         if (!in_range(p->logit_bias_values[i], -100.0f, 100.0f))
-            return gptoss_set_error(error, bad, "logit_bias of token %d must be in [-100, 100], got %g", t,
+            return gptoss_set_error(error, bad,
+                                    "logit_bias of token %d must be in [-100, 100], got %g", t,
                                     (double)p->logit_bias_values[i]);
     }
     if (p->n_logit_bias > 1) {

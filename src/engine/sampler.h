@@ -28,8 +28,8 @@ uint64_t gptoss_rng_next(gptoss_rng *rng);
 
 /* The row of one draw: the parameters of p, Philox key `seed`, counter (position of the token
  * being drawn, choice). Edits and the allowed row are left empty (-1 for allowed_row). */
-gptoss_sample_row gptoss_sampler_row(const gptoss_sampling_params *p, uint64_t seed, int64_t position,
-                                     int32_t choice);
+gptoss_sample_row gptoss_sampler_row(const gptoss_sampling_params *p, uint64_t seed,
+                                     int64_t position, int32_t choice);
 
 /* Whether draws with p need token counts (repetition, frequency or presence penalty). */
 bool gptoss_sampler_needs_counts(const gptoss_sampling_params *p);
@@ -65,7 +65,8 @@ void gptoss_token_counts_free(gptoss_token_counts *c);
  * tokens the penalties of p touch (seen: in the prompt or generated, when the repetition
  * penalty is on; output_count when generated). Returns the number written.
  */
-int32_t gptoss_sampler_edits(const gptoss_sampling_params *p, const int32_t *masked, int32_t n_masked,
-                             const gptoss_token_counts *counts, gptoss_sample_edit *out);
+int32_t gptoss_sampler_edits(const gptoss_sampling_params *p, const int32_t *masked,
+                             int32_t n_masked, const gptoss_token_counts *counts,
+                             gptoss_sample_edit *out);
 
 #endif

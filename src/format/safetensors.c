@@ -19,7 +19,8 @@
 
 void gptoss_st_free_tensors(gptoss_st_tensor *tensors, size_t n_tensors) {
     if (!tensors) return;
-    for (size_t i = 0; i < n_tensors; i++) free(tensors[i].name);
+    for (size_t i = 0; i < n_tensors; i++)
+        free(tensors[i].name);
     free(tensors);
 }
 
@@ -48,19 +49,20 @@ static gptoss_status parse_entry(const char *name, json_t *entry, uint64_t data_
     json_t *shape = json_object_get(entry, "shape");
     json_t *offsets = json_object_get(entry, "data_offsets");
     if (!json_is_string(dtype))
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "tensor %s: missing or non-string \"dtype\"",
-                                name);
+        return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                "tensor %s: missing or non-string \"dtype\"", name);
     t->dtype = gptoss_dtype_from_name(json_string_value(dtype));
     if (t->dtype == GPTOSS_DTYPE_UNKNOWN)
         return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "tensor %s: unknown dtype \"%s\"", name,
                                 json_string_value(dtype));
     if (!json_is_array(shape))
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "tensor %s: missing or non-array \"shape\"",
-                                name);
+        return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                "tensor %s: missing or non-array \"shape\"", name);
     size_t n_dims = json_array_size(shape);
     if (n_dims > GPTOSS_MAX_DIMS)
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "tensor %s: %zu dimensions (at most %d supported)",
-                                name, n_dims, GPTOSS_MAX_DIMS);
+        return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                "tensor %s: %zu dimensions (at most %d supported)", name, n_dims,
+                                GPTOSS_MAX_DIMS);
     t->n_dims = (int32_t)n_dims;
     /* numel * element size must not overflow; every factor is bounded by the data size. */
     uint64_t n_bytes = gptoss_dtype_size(t->dtype);
@@ -71,11 +73,12 @@ static gptoss_status parse_entry(const char *name, json_t *entry, uint64_t data_
             return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
                                     "tensor %s: shape[%zu] is not a non-negative integer", name, d);
         t->shape[d] = (int64_t)dim;
-        if (dim == 0) zero = true;
+        if (dim == 0)
+            zero = true;
         else if (!zero) {
             if (dim > UINT64_MAX / n_bytes)
-                return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "tensor %s: shape is absurdly large",
-                                        name);
+                return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                        "tensor %s: shape is absurdly large", name);
             n_bytes *= dim;
         }
     }
@@ -88,8 +91,9 @@ static gptoss_status parse_entry(const char *name, json_t *entry, uint64_t data_
         return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
                                 "tensor %s: data_offsets must be non-negative integers", name);
     if (t->end < t->begin)
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "tensor %s: data_offsets end %llu < begin %llu",
-                                name, (unsigned long long)t->end, (unsigned long long)t->begin);
+        return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                "tensor %s: data_offsets end %llu < begin %llu", name,
+                                (unsigned long long)t->end, (unsigned long long)t->begin);
     if (t->end > data_size)
         return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
                                 "tensor %s: data_offsets [%llu, %llu) run past the end of the data "
@@ -102,10 +106,11 @@ static gptoss_status parse_entry(const char *name, json_t *entry, uint64_t data_
         for (size_t d = 0; d < n_dims && used < sizeof dims - 24; d++)
             used += (size_t)snprintf(dims + used, sizeof dims - used, "%s%lld", d ? "," : "",
                                      (long long)t->shape[d]);
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
-                                "tensor %s: shape [%s] of %s needs %llu bytes but data_offsets span %llu",
-                                name, dims, gptoss_dtype_name(t->dtype), (unsigned long long)n_bytes,
-                                (unsigned long long)(t->end - t->begin));
+        return gptoss_set_error(
+            error, GPTOSS_ERR_FORMAT,
+            "tensor %s: shape [%s] of %s needs %llu bytes but data_offsets span %llu", name, dims,
+            gptoss_dtype_name(t->dtype), (unsigned long long)n_bytes,
+            (unsigned long long)(t->end - t->begin));
     }
     return GPTOSS_OK;
 }
@@ -121,8 +126,9 @@ gptoss_status gptoss_st_parse_header(const char *json_text, size_t json_len, uin
     json_error_t jerr;
     json_t *root = json_loadb(json_text, json_len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "header is not valid JSON: %s (line %d, column %d)",
-                                jerr.text, jerr.line, jerr.column);
+        return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                "header is not valid JSON: %s (line %d, column %d)", jerr.text,
+                                jerr.line, jerr.column);
     if (!json_is_object(root)) {
         json_decref(root);
         return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "header is not a JSON object");
@@ -159,9 +165,11 @@ gptoss_status gptoss_st_parse_header(const char *json_text, size_t json_len, uin
     if (st == GPTOSS_OK && count > 1) {
         /* Overlap check on byte ranges sorted by start; empty tensors overlap nothing. */
         gptoss_st_tensor **order = malloc(count * sizeof *order);
-        if (!order) st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+        if (!order)
+            st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
         else {
-            for (size_t i = 0; i < count; i++) order[i] = &tensors[i];
+            for (size_t i = 0; i < count; i++)
+                order[i] = &tensors[i];
             qsort(order, count, sizeof *order, compare_by_begin);
             const gptoss_st_tensor *prev = NULL;
             for (size_t i = 0; i < count; i++) {
@@ -192,7 +200,8 @@ gptoss_status gptoss_st_parse_header(const char *json_text, size_t json_len, uin
 gptoss_status gptoss_st_open(const char *path, gptoss_st_file **out, gptoss_error *error) {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0)
+        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
@@ -201,24 +210,28 @@ gptoss_status gptoss_st_open(const char *path, gptoss_st_file **out, gptoss_erro
     size_t size = (size_t)sb.st_size;
     if (size < 8) {
         close(fd);
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
-                                "%s: file is %zu bytes, too short for a safetensors header (truncated?)",
-                                path, size);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_FORMAT,
+            "%s: file is %zu bytes, too short for a safetensors header (truncated?)", path, size);
     }
     uint8_t *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (map == MAP_FAILED) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
+    if (map == MAP_FAILED)
+        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
 
     uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = (n << 8) | map[i]; /* little-endian u64 */
+    for (int i = 7; i >= 0; i--)
+        n = (n << 8) | map[i]; /* little-endian u64 */
     gptoss_status st = GPTOSS_OK;
     if (n > GPTOSS_SAFETENSORS_MAX_HEADER)
-        st = gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: header length %llu exceeds the %llu byte limit",
-                              path, (unsigned long long)n, (unsigned long long)GPTOSS_SAFETENSORS_MAX_HEADER);
+        st = gptoss_set_error(
+            error, GPTOSS_ERR_FORMAT, "%s: header length %llu exceeds the %llu byte limit", path,
+            (unsigned long long)n, (unsigned long long)GPTOSS_SAFETENSORS_MAX_HEADER);
     else if (n > size - 8)
-        st = gptoss_set_error(error, GPTOSS_ERR_FORMAT,
-                              "%s: header length %llu runs past the end of the %zu-byte file (truncated?)",
-                              path, (unsigned long long)n, size);
+        st = gptoss_set_error(
+            error, GPTOSS_ERR_FORMAT,
+            "%s: header length %llu runs past the end of the %zu-byte file (truncated?)", path,
+            (unsigned long long)n, size);
     gptoss_st_file *file = NULL;
     if (st == GPTOSS_OK) {
         file = calloc(1, sizeof *file);
@@ -231,8 +244,8 @@ gptoss_status gptoss_st_open(const char *path, gptoss_st_file **out, gptoss_erro
         file->header_len = n;
         file->data = map + 8 + n;
         file->data_size = size - 8 - n;
-        st = gptoss_st_parse_header((const char *)map + 8, (size_t)n, file->data_size, &file->tensors,
-                                    &file->n_tensors, error);
+        st = gptoss_st_parse_header((const char *)map + 8, (size_t)n, file->data_size,
+                                    &file->tensors, &file->n_tensors, error);
         if (st != GPTOSS_OK) gptoss_error_prefix(error, "%s: ", path);
     }
     if (st != GPTOSS_OK) {
@@ -243,7 +256,8 @@ gptoss_status gptoss_st_open(const char *path, gptoss_st_file **out, gptoss_erro
         munmap(map, size);
         return st;
     }
-    for (size_t i = 0; i < file->n_tensors; i++) file->tensors[i].data = file->data + file->tensors[i].begin;
+    for (size_t i = 0; i < file->n_tensors; i++)
+        file->tensors[i].data = file->data + file->tensors[i].begin;
     *out = file;
     return GPTOSS_OK;
 }

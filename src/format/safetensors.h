@@ -19,23 +19,23 @@
 #define GPTOSS_SAFETENSORS_MAX_HEADER ((uint64_t)100 * 1000 * 1000)
 
 typedef struct gptoss_st_tensor {
-    char *name;                    /* owned */
+    char *name; /* owned */
     gptoss_dtype dtype;
     int32_t n_dims;
     int64_t shape[GPTOSS_MAX_DIMS];
-    uint64_t begin;                /* byte offset in the data buffer */
-    uint64_t end;                  /* exclusive */
-    const uint8_t *data;           /* points into the mapping */
+    uint64_t begin;      /* byte offset in the data buffer */
+    uint64_t end;        /* exclusive */
+    const uint8_t *data; /* points into the mapping */
 } gptoss_st_tensor;
 
 typedef struct gptoss_st_file {
-    char *path;                    /* owned copy */
-    uint8_t *map;                  /* whole file, read-only mapping */
-    size_t map_size;               /* file size in bytes */
-    uint64_t header_len;           /* N from the first 8 bytes */
-    const uint8_t *data;           /* start of the data buffer = map + 8 + N */
-    uint64_t data_size;            /* bytes after the header */
-    gptoss_st_tensor *tensors;     /* [n_tensors], in header order */
+    char *path;                /* owned copy */
+    uint8_t *map;              /* whole file, read-only mapping */
+    size_t map_size;           /* file size in bytes */
+    uint64_t header_len;       /* N from the first 8 bytes */
+    const uint8_t *data;       /* start of the data buffer = map + 8 + N */
+    uint64_t data_size;        /* bytes after the header */
+    gptoss_st_tensor *tensors; /* [n_tensors], in header order */
     size_t n_tensors;
 } gptoss_st_file;
 

@@ -12,9 +12,9 @@
 
 #define CHUNK_BYTES ((size_t)32 << 20)
 
-gptoss_status gptoss_st_write(const char *path, const gptoss_st_write_tensor *tensors, size_t n_tensors,
-                              gptoss_st_fill_fn fill, gptoss_st_written_fn written, void *user,
-                              gptoss_error *error) {
+gptoss_status gptoss_st_write(const char *path, const gptoss_st_write_tensor *tensors,
+                              size_t n_tensors, gptoss_st_fill_fn fill,
+                              gptoss_st_written_fn written, void *user, gptoss_error *error) {
     json_t *header = json_object();
     json_object_set_new(header, "__metadata__", json_pack("{s:s}", "format", "pt"));
     uint64_t offset = 0;
@@ -31,9 +31,10 @@ gptoss_status gptoss_st_write(const char *path, const gptoss_st_write_tensor *te
             json_array_append_new(shape, json_integer(tensors[i].shape[d]));
         }
         sizes[i] = bytes;
-        json_object_set_new(header, tensors[i].name,
-                            json_pack("{s:s,s:o,s:[I,I]}", "dtype", gptoss_dtype_name(tensors[i].dtype), "shape",
-                                      shape, "data_offsets", (json_int_t)offset, (json_int_t)(offset + bytes)));
+        json_object_set_new(
+            header, tensors[i].name,
+            json_pack("{s:s,s:o,s:[I,I]}", "dtype", gptoss_dtype_name(tensors[i].dtype), "shape",
+                      shape, "data_offsets", (json_int_t)offset, (json_int_t)(offset + bytes)));
         offset += bytes;
     }
     char *text = json_dumps(header, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -50,13 +51,18 @@ gptoss_status gptoss_st_write(const char *path, const gptoss_st_write_tensor *te
     FILE *f = fopen(tmp_path, "wb");
     uint8_t *chunk = malloc(CHUNK_BYTES);
     gptoss_status st = GPTOSS_OK;
-    if (!f) st = gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot create: %s", tmp_path, strerror(errno));
-    else if (!chunk) st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    if (!f)
+        st = gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot create: %s", tmp_path,
+                              strerror(errno));
+    else if (!chunk)
+        st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == GPTOSS_OK) {
         uint8_t len_bytes[8];
-        for (int i = 0; i < 8; i++) len_bytes[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+        for (int i = 0; i < 8; i++)
+            len_bytes[i] = (uint8_t)((uint64_t)padded >> (8 * i));
         bool ok = fwrite(len_bytes, 1, 8, f) == 8 && fwrite(text, 1, text_len, f) == text_len;
-        for (size_t i = text_len; ok && i < padded; i++) ok = fputc(' ', f) != EOF;
+        for (size_t i = text_len; ok && i < padded; i++)
+            ok = fputc(' ', f) != EOF;
         uint64_t total = 8 + padded;
         for (size_t i = 0; ok && i < n_tensors; i++) {
             for (uint64_t pos = 0; ok && pos < sizes[i]; pos += CHUNK_BYTES) {
@@ -67,10 +73,13 @@ gptoss_status gptoss_st_write(const char *path, const gptoss_st_write_tensor *te
                 if (written) written(user, total);
             }
         }
-        if (!ok) st = gptoss_set_error(error, GPTOSS_ERR_IO, "%s: write failed: %s", tmp_path, strerror(errno));
+        if (!ok)
+            st = gptoss_set_error(error, GPTOSS_ERR_IO, "%s: write failed: %s", tmp_path,
+                                  strerror(errno));
     }
     if (f && fclose(f) != 0 && st == GPTOSS_OK)
-        st = gptoss_set_error(error, GPTOSS_ERR_IO, "%s: close failed: %s", tmp_path, strerror(errno));
+        st = gptoss_set_error(error, GPTOSS_ERR_IO, "%s: close failed: %s", tmp_path,
+                              strerror(errno));
     if (st == GPTOSS_OK && rename(tmp_path, path) != 0)
         st = gptoss_set_error(error, GPTOSS_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
     if (st != GPTOSS_OK) remove(tmp_path);

@@ -41,8 +41,8 @@ gptoss_dtype gptoss_dtype_from_name(const char *name);
 #define GPTOSS_MAX_DIMS 8
 
 typedef struct gptoss_tensor {
-    const char *name;               /* full checkpoint name; owned by the binder */
-    const void *data;               /* little-endian, C-order, possibly unaligned */
+    const char *name; /* full checkpoint name; owned by the binder */
+    const void *data; /* little-endian, C-order, possibly unaligned */
     gptoss_dtype dtype;
     int32_t n_dims;
     int64_t shape[GPTOSS_MAX_DIMS];

@@ -62,36 +62,41 @@ static gptoss_status open_sharded(hf_shards *s, const char *index_path, gptoss_e
     json_error_t jerr;
     json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", index_path,
+        return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                "%s: not valid JSON: %s (line %d, column %d)", index_path,
                                 jerr.text, jerr.line, jerr.column);
     gptoss_status st = GPTOSS_OK;
     json_t *map = json_object_get(root, "weight_map");
     if (!json_is_object(map) || json_object_size(map) == 0) {
-        st = gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: \"weight_map\" is missing, empty or not an object",
-                              index_path);
+        st = gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                              "%s: \"weight_map\" is missing, empty or not an object", index_path);
         goto done;
     }
     const char *name;
     json_t *value;
     json_object_foreach(map, name, value) {
         const char *shard = json_string_value(value);
-        if (!shard || !*shard || strchr(shard, '/') || strcmp(shard, "..") == 0 || strlen(shard) > 255) {
-            st = gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: weight_map[\"%s\"] is not a plain file name",
-                                  index_path, name);
+        if (!shard || !*shard || strchr(shard, '/') || strcmp(shard, "..") == 0 ||
+            strlen(shard) > 255) {
+            st = gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                  "%s: weight_map[\"%s\"] is not a plain file name", index_path,
+                                  name);
             goto done;
         }
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", s->dir, shard);
         if (!find_shard(s, path)) {
             if (!file_exists(path)) {
-                st = gptoss_set_error(error, GPTOSS_ERR_IO, "%s: shard %s (holding %s) does not exist", index_path,
-                                      shard, name);
+                st = gptoss_set_error(error, GPTOSS_ERR_IO,
+                                      "%s: shard %s (holding %s) does not exist", index_path, shard,
+                                      name);
                 goto done;
             }
             if ((st = add_shard(s, path, error)) != GPTOSS_OK) goto done;
         }
         if (!gptoss_st_find(find_shard(s, path), name)) {
-            st = gptoss_set_error(error, GPTOSS_ERR_MODEL, "%s: weight_map puts %s in %s, but that shard has no such tensor",
+            st = gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                  "%s: weight_map puts %s in %s, but that shard has no such tensor",
                                   index_path, name, shard);
             goto done;
         }
@@ -104,7 +109,8 @@ static gptoss_status open_sharded(hf_shards *s, const char *index_path, gptoss_e
             const char *base = strrchr(s->files[i]->path, '/');
             base = base ? base + 1 : s->files[i]->path;
             if (!listed || strcmp(json_string_value(listed), base) != 0) {
-                st = gptoss_set_error(error, GPTOSS_ERR_MODEL, "%s: tensor %s is not in the weight_map of %s",
+                st = gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                      "%s: tensor %s is not in the weight_map of %s",
                                       s->files[i]->path, tname, index_path);
                 goto done;
             }
@@ -118,7 +124,8 @@ done:
 /* Hands every tensor of every shard to the model as a view. */
 static gptoss_status bind_shards(const hf_shards *s, gptoss_error *error) {
     size_t n = 0;
-    for (size_t i = 0; i < s->n; i++) n += s->files[i]->n_tensors;
+    for (size_t i = 0; i < s->n; i++)
+        n += s->files[i]->n_tensors;
     gptoss_tensor *views = calloc(n ? n : 1, sizeof *views);
     const char **origins = calloc(n ? n : 1, sizeof *origins);
     if (!views || !origins) {
@@ -146,12 +153,15 @@ static gptoss_status bind_shards(const hf_shards *s, gptoss_error *error) {
 
 gptoss_status gptoss_model_load(const char *dir, gptoss_model **out, gptoss_error *error) {
     *out = NULL;
-    if (!dir || !*dir) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "no model folder given");
+    if (!dir || !*dir)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "no model folder given");
     struct stat sb;
     if (stat(dir, &sb) != 0)
         return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: %s", dir, strerror(errno));
     if (!S_ISDIR(sb.st_mode))
-        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: not a folder (give the model folder holding config.json)", dir);
+        return gptoss_set_error(error, GPTOSS_ERR_IO,
+                                "%s: not a folder (give the model folder holding config.json)",
+                                dir);
     gptoss_config config;
     gptoss_status st = gptoss_config_load(dir, &config, error);
     if (st != GPTOSS_OK) return st;
@@ -159,8 +169,9 @@ gptoss_status gptoss_model_load(const char *dir, gptoss_model **out, gptoss_erro
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if (!file_exists(path))
-        return gptoss_set_error(error, GPTOSS_ERR_IO,
-                                "%s: tokenizer.json is missing (a gpt-oss folder ships it beside config.json)", dir);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_IO,
+            "%s: tokenizer.json is missing (a gpt-oss folder ships it beside config.json)", dir);
 
     hf_shards shards = {.dir = dir};
     if ((st = gptoss_model_create(dir, &config, &shards.model, error)) != GPTOSS_OK) return st;
@@ -169,11 +180,13 @@ gptoss_status gptoss_model_load(const char *dir, gptoss_model **out, gptoss_erro
         st = open_sharded(&shards, path, error);
     } else {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        if (file_exists(path)) st = add_shard(&shards, path, error);
+        if (file_exists(path))
+            st = add_shard(&shards, path, error);
         else
-            st = gptoss_set_error(error, GPTOSS_ERR_IO,
-                                  "%s: no weights: neither model.safetensors.index.json nor model.safetensors exists",
-                                  dir);
+            st = gptoss_set_error(
+                error, GPTOSS_ERR_IO,
+                "%s: no weights: neither model.safetensors.index.json nor model.safetensors exists",
+                dir);
     }
     if (st == GPTOSS_OK) {
         st = bind_shards(&shards, error);

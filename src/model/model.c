@@ -17,17 +17,17 @@
 #include <string.h>
 
 typedef struct model_storage {
-    void *handle;                /* opaque to the model */
+    void *handle; /* opaque to the model */
     gptoss_storage_close_fn close;
 } model_storage;
 
 struct gptoss_model {
-    char *dir;                /* folder the model came from */
-    gptoss_config config;     /* validated */
-    gptoss_weights weights;   /* views into the storage */
-    model_storage *storage;   /* [n_storage] what the views point into; closed on free */
+    char *dir;              /* folder the model came from */
+    gptoss_config config;   /* validated */
+    gptoss_weights weights; /* views into the storage */
+    model_storage *storage; /* [n_storage] what the views point into; closed on free */
     size_t n_storage;
-    char **tensor_names;      /* [n_bound] names the views point at (owned) */
+    char **tensor_names; /* [n_bound] names the views point at (owned) */
     size_t n_bound;
 };
 
@@ -94,8 +94,10 @@ static indexed_tensor *find_indexed(indexed_tensor *index, size_t n, const char 
         size_t mid = (lo + hi) / 2;
         int c = strcmp(index[mid].tensor->name, name);
         if (c == 0) return &index[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return NULL;
 }
@@ -116,8 +118,9 @@ typedef struct expected_tensor {
     gptoss_tensor *slot;
 } expected_tensor;
 
-static void expect(expected_tensor *e, size_t *n, gptoss_tensor *slot, tensor_kind kind, const char *name,
-                   int32_t n_dims, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+static void expect(expected_tensor *e, size_t *n, gptoss_tensor *slot, tensor_kind kind,
+                   const char *name, int32_t n_dims, int64_t d0, int64_t d1, int64_t d2,
+                   int64_t d3) {
     expected_tensor *t = &e[(*n)++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->kind = kind;
@@ -133,7 +136,8 @@ static size_t build_expected(const gptoss_config *c, gptoss_weights *w, expected
     size_t n = 0;
     int64_t H = c->hidden_size, I = c->intermediate_size, E = c->n_experts;
     int64_t q = gptoss_config_q_dim(c), kv = gptoss_config_kv_dim(c);
-    expect(e, &n, &w->embedding, KIND_MATRIX, "model.embed_tokens.weight", 2, c->vocab_size, H, 0, 0);
+    expect(e, &n, &w->embedding, KIND_MATRIX, "model.embed_tokens.weight", 2, c->vocab_size, H, 0,
+           0);
     expect(e, &n, &w->final_norm, KIND_VECTOR, "model.norm.weight", 1, H, 0, 0, 0);
     expect(e, &n, &w->lm_head, KIND_MATRIX, "lm_head.weight", 2, c->vocab_size, H, 0, 0);
     for (int32_t l = 0; l < c->n_layers; l++) {
@@ -141,10 +145,10 @@ static size_t build_expected(const gptoss_config *c, gptoss_weights *w, expected
         char p[64];
         char name[160];
         snprintf(p, sizeof p, "model.layers.%d.", l);
-#define EXPECT(slot, kind, suffix, nd, a, b, cc, d)                                                               \
-    do {                                                                                                        \
-        snprintf(name, sizeof name, "%s%s", p, suffix);                                                         \
-        expect(e, &n, &lw->slot, kind, name, nd, a, b, cc, d);                                                  \
+#define EXPECT(slot, kind, suffix, nd, a, b, cc, d)                                                \
+    do {                                                                                           \
+        snprintf(name, sizeof name, "%s%s", p, suffix);                                            \
+        expect(e, &n, &lw->slot, kind, name, nd, a, b, cc, d);                                     \
     } while (0)
         EXPECT(attn_norm, KIND_VECTOR, "input_layernorm.weight", 1, H, 0, 0, 0);
         EXPECT(q_weight, KIND_MATRIX, "self_attn.q_proj.weight", 2, q, H, 0, 0);
@@ -173,7 +177,8 @@ static size_t build_expected(const gptoss_config *c, gptoss_weights *w, expected
 static void format_shape(char *buf, size_t size, int32_t n_dims, const int64_t *shape) {
     size_t used = (size_t)snprintf(buf, size, "[");
     for (int32_t d = 0; d < n_dims && used < size; d++)
-        used += (size_t)snprintf(buf + used, size - used, "%s%lld", d ? "," : "", (long long)shape[d]);
+        used +=
+            (size_t)snprintf(buf + used, size - used, "%s%lld", d ? "," : "", (long long)shape[d]);
     if (used < size) snprintf(buf + used, size - used, "]");
 }
 
@@ -189,7 +194,8 @@ static void list_append(char *buf, size_t size, size_t *count, const char *name)
     (*count)++;
 }
 
-static gptoss_status bind_tensors(gptoss_model *m, indexed_tensor *index, size_t n_index, gptoss_error *error) {
+static gptoss_status bind_tensors(gptoss_model *m, indexed_tensor *index, size_t n_index,
+                                  gptoss_error *error) {
     const gptoss_config *c = &m->config;
     size_t n_expected_max = (size_t)gptoss_weights_expected_count(c);
     expected_tensor *expected = calloc(n_expected_max, sizeof *expected);
@@ -215,22 +221,27 @@ static gptoss_status bind_tensors(gptoss_model *m, indexed_tensor *index, size_t
         found->used = true;
         const gptoss_tensor *t = found->tensor;
         if (st != GPTOSS_OK) continue; /* keep collecting missing names */
-        bool dtype_ok = e->kind == KIND_U8       ? t->dtype == GPTOSS_DTYPE_U8
-                        : e->kind == KIND_MATRIX ? t->dtype == GPTOSS_DTYPE_BF16
-                                                 : (t->dtype == GPTOSS_DTYPE_BF16 || t->dtype == GPTOSS_DTYPE_F32);
+        bool dtype_ok = e->kind == KIND_U8 ? t->dtype == GPTOSS_DTYPE_U8
+                        : e->kind == KIND_MATRIX
+                            ? t->dtype == GPTOSS_DTYPE_BF16
+                            : (t->dtype == GPTOSS_DTYPE_BF16 || t->dtype == GPTOSS_DTYPE_F32);
         if (!dtype_ok) {
-            st = gptoss_set_error(error, GPTOSS_ERR_MODEL, "tensor %s: dtype %s, expected %s", e->name,
-                                  gptoss_dtype_name(t->dtype),
-                                  e->kind == KIND_U8 ? "U8" : e->kind == KIND_MATRIX ? "BF16" : "BF16 or F32");
+            st = gptoss_set_error(error, GPTOSS_ERR_MODEL, "tensor %s: dtype %s, expected %s",
+                                  e->name, gptoss_dtype_name(t->dtype),
+                                  e->kind == KIND_U8       ? "U8"
+                                  : e->kind == KIND_MATRIX ? "BF16"
+                                                           : "BF16 or F32");
             continue;
         }
         bool shape_ok = t->n_dims == e->n_dims;
-        for (int32_t d = 0; shape_ok && d < e->n_dims; d++) shape_ok = t->shape[d] == e->shape[d];
+        for (int32_t d = 0; shape_ok && d < e->n_dims; d++)
+            shape_ok = t->shape[d] == e->shape[d];
         if (!shape_ok) {
             char want[96], have[96];
             format_shape(want, sizeof want, e->n_dims, e->shape);
             format_shape(have, sizeof have, t->n_dims, t->shape);
-            st = gptoss_set_error(error, GPTOSS_ERR_MODEL, "tensor %s: expected shape %s from config.json, file has %s",
+            st = gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                  "tensor %s: expected shape %s from config.json, file has %s",
                                   e->name, want, have);
             continue;
         }
@@ -244,23 +255,25 @@ static gptoss_status bind_tensors(gptoss_model *m, indexed_tensor *index, size_t
         slot->n_bytes = t->n_bytes;
     }
     for (size_t i = 0; i < n_index; i++)
-        if (!index[i].used) list_append(unexpected, sizeof unexpected, &n_unexpected, index[i].tensor->name);
+        if (!index[i].used)
+            list_append(unexpected, sizeof unexpected, &n_unexpected, index[i].tensor->name);
     free(expected);
     if (n_missing || n_unexpected) {
         char msg[1100] = "";
         if (n_missing) snprintf(msg, sizeof msg, "%zu tensor(s) missing: %s", n_missing, missing);
         if (n_unexpected) {
             size_t used = strlen(msg);
-            snprintf(msg + used, sizeof msg - used, "%s%zu unexpected tensor(s): %s", n_missing ? "; " : "",
-                     n_unexpected, unexpected);
+            snprintf(msg + used, sizeof msg - used, "%s%zu unexpected tensor(s): %s",
+                     n_missing ? "; " : "", n_unexpected, unexpected);
         }
-        return gptoss_set_error(error, GPTOSS_ERR_MODEL, "checkpoint does not match config.json: %s", msg);
+        return gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                "checkpoint does not match config.json: %s", msg);
     }
     return st;
 }
 
-gptoss_status gptoss_model_bind(gptoss_model *m, const gptoss_tensor *tensors, const char *const *origins,
-                                size_t n_tensors, gptoss_error *error) {
+gptoss_status gptoss_model_bind(gptoss_model *m, const gptoss_tensor *tensors,
+                                const char *const *origins, size_t n_tensors, gptoss_error *error) {
     indexed_tensor *index = calloc(n_tensors ? n_tensors : 1, sizeof *index);
     if (!index) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     for (size_t i = 0; i < n_tensors; i++) {
@@ -271,8 +284,8 @@ gptoss_status gptoss_model_bind(gptoss_model *m, const gptoss_tensor *tensors, c
     gptoss_status st = GPTOSS_OK;
     for (size_t i = 1; i < n_tensors; i++)
         if (strcmp(index[i - 1].tensor->name, index[i].tensor->name) == 0) {
-            st = gptoss_set_error(error, GPTOSS_ERR_MODEL, "tensor %s appears in both %s and %s", index[i].tensor->name,
-                                  index[i - 1].origin, index[i].origin);
+            st = gptoss_set_error(error, GPTOSS_ERR_MODEL, "tensor %s appears in both %s and %s",
+                                  index[i].tensor->name, index[i - 1].origin, index[i].origin);
             break;
         }
     if (st == GPTOSS_OK) st = bind_tensors(m, index, n_tensors, error);
@@ -285,7 +298,8 @@ void gptoss_model_free(gptoss_model *m) {
     for (size_t i = m->n_storage; i-- > 0;)
         if (m->storage[i].close) m->storage[i].close(m->storage[i].handle);
     free(m->storage);
-    for (size_t i = 0; i < m->n_bound; i++) free(m->tensor_names[i]);
+    for (size_t i = 0; i < m->n_bound; i++)
+        free(m->tensor_names[i]);
     free(m->tensor_names);
     free(m->weights.layers);
     free(m->dir);

@@ -25,14 +25,14 @@ gptoss_status gptoss_model_create(const char *dir, const gptoss_config *config, 
 
 /* The model takes ownership of handle: close(handle) runs on gptoss_model_free, or at once if
  * this call fails. close may be NULL. */
-gptoss_status gptoss_model_add_storage(gptoss_model *model, void *handle, gptoss_storage_close_fn close,
-                                       gptoss_error *error);
+gptoss_status gptoss_model_add_storage(gptoss_model *model, void *handle,
+                                       gptoss_storage_close_fn close, gptoss_error *error);
 
 /* Binds tensors[0..n_tensors) to the layer slots by name, checking dtype and shape against the
  * config. The views' data must live in storage the model owns; names and the views array
  * itself are copied or no longer needed after the call. origins[i] (may be NULL) names where
  * tensor i came from, for the duplicate-name message. */
-gptoss_status gptoss_model_bind(gptoss_model *model, const gptoss_tensor *tensors, const char *const *origins,
-                                size_t n_tensors, gptoss_error *error);
+gptoss_status gptoss_model_bind(gptoss_model *model, const gptoss_tensor *tensors,
+                                const char *const *origins, size_t n_tensors, gptoss_error *error);
 
 #endif

@@ -11,7 +11,8 @@
 
 static uint64_t hash_name(const char *name) {
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a, then mixed */
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
     return gptoss_init_mix(h);
 }
 
@@ -24,9 +25,11 @@ static int32_t scale_center_for(int64_t in) {
     for (int32_t k = -40; k <= 10; k++) {
         double p = 1.0;
         if (k >= 0)
-            for (int32_t i = 0; i < 2 * k; i++) p *= 2.0;
+            for (int32_t i = 0; i < 2 * k; i++)
+                p *= 2.0;
         else
-            for (int32_t i = 0; i < -2 * k; i++) p *= 0.5;
+            for (int32_t i = 0; i < -2 * k; i++)
+                p *= 0.5;
         /* distance in log2 space between p and target_sq, compared via ratios */
         double ratio = p > target_sq ? p / target_sq : target_sq / p;
         if (ratio < best_err) {
@@ -40,15 +43,18 @@ static int32_t scale_center_for(int64_t in) {
 static float inv_sqrt(int64_t n) {
     /* Newton iterations for 1/sqrt(n) in double: exact enough and libm-free. */
     double x = 1.0, v = (double)n;
-    while (x * x * v > 4.0) x *= 0.5;
-    while (x * x * v < 0.25) x *= 2.0;
-    for (int i = 0; i < 60; i++) x = x * (1.5 - 0.5 * v * x * x);
+    while (x * x * v > 4.0)
+        x *= 0.5;
+    while (x * x * v < 0.25)
+        x *= 2.0;
+    for (int i = 0; i < 60; i++)
+        x = x * (1.5 - 0.5 * v * x * x);
     return (float)x;
 }
 
-static void add(gptoss_init_tensor *list, size_t *n, const char *name, gptoss_dtype dtype, int32_t n_dims,
-                int64_t d0, int64_t d1, int64_t d2, int64_t d3, gptoss_init_kind kind, float mean, float std,
-                int32_t scale_center) {
+static void add(gptoss_init_tensor *list, size_t *n, const char *name, gptoss_dtype dtype,
+                int32_t n_dims, int64_t d0, int64_t d1, int64_t d2, int64_t d3,
+                gptoss_init_kind kind, float mean, float std, int32_t scale_center) {
     gptoss_init_tensor *t = &list[(*n)++];
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
@@ -74,39 +80,58 @@ gptoss_status gptoss_init_tensors(const gptoss_config *c, gptoss_init_tensor **o
     int64_t H = c->hidden_size, I = c->intermediate_size, E = c->n_experts, V = c->vocab_size;
     int64_t q = gptoss_config_q_dim(c), kv = gptoss_config_kv_dim(c);
     const float bias_std = 0.02f, norm_std = 0.05f;
-    add(list, &n, "model.embed_tokens.weight", GPTOSS_DTYPE_BF16, 2, V, H, 0, 0, GPTOSS_INIT_NORMAL, 0, 1.0f, 0);
+    add(list, &n, "model.embed_tokens.weight", GPTOSS_DTYPE_BF16, 2, V, H, 0, 0, GPTOSS_INIT_NORMAL,
+        0, 1.0f, 0);
     for (int32_t l = 0; l < c->n_layers; l++) {
         char name[128];
-#define T(suffix, dtype, nd, a, b, cc, d, kind, mean, std, center)                                              \
-    do {                                                                                                        \
-        snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);                                           \
-        add(list, &n, name, dtype, nd, a, b, cc, d, kind, mean, std, center);                                   \
+#define T(suffix, dtype, nd, a, b, cc, d, kind, mean, std, center)                                 \
+    do {                                                                                           \
+        snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);                              \
+        add(list, &n, name, dtype, nd, a, b, cc, d, kind, mean, std, center);                      \
     } while (0)
-        T("input_layernorm.weight", GPTOSS_DTYPE_BF16, 1, H, 0, 0, 0, GPTOSS_INIT_NORMAL, 1.0f, norm_std, 0);
-        T("self_attn.q_proj.weight", GPTOSS_DTYPE_BF16, 2, q, H, 0, 0, GPTOSS_INIT_NORMAL, 0, inv_sqrt(H), 0);
-        T("self_attn.q_proj.bias", GPTOSS_DTYPE_BF16, 1, q, 0, 0, 0, GPTOSS_INIT_NORMAL, 0, bias_std, 0);
-        T("self_attn.k_proj.weight", GPTOSS_DTYPE_BF16, 2, kv, H, 0, 0, GPTOSS_INIT_NORMAL, 0, inv_sqrt(H), 0);
-        T("self_attn.k_proj.bias", GPTOSS_DTYPE_BF16, 1, kv, 0, 0, 0, GPTOSS_INIT_NORMAL, 0, bias_std, 0);
-        T("self_attn.v_proj.weight", GPTOSS_DTYPE_BF16, 2, kv, H, 0, 0, GPTOSS_INIT_NORMAL, 0, inv_sqrt(H), 0);
-        T("self_attn.v_proj.bias", GPTOSS_DTYPE_BF16, 1, kv, 0, 0, 0, GPTOSS_INIT_NORMAL, 0, bias_std, 0);
-        T("self_attn.o_proj.weight", GPTOSS_DTYPE_BF16, 2, H, q, 0, 0, GPTOSS_INIT_NORMAL, 0, inv_sqrt(q), 0);
-        T("self_attn.o_proj.bias", GPTOSS_DTYPE_BF16, 1, H, 0, 0, 0, GPTOSS_INIT_NORMAL, 0, bias_std, 0);
-        T("self_attn.sinks", GPTOSS_DTYPE_BF16, 1, c->n_heads, 0, 0, 0, GPTOSS_INIT_NORMAL, 0, 1.0f, 0);
-        T("post_attention_layernorm.weight", GPTOSS_DTYPE_BF16, 1, H, 0, 0, 0, GPTOSS_INIT_NORMAL, 1.0f, norm_std, 0);
-        T("mlp.router.weight", GPTOSS_DTYPE_BF16, 2, E, H, 0, 0, GPTOSS_INIT_NORMAL, 0, inv_sqrt(H), 0);
+        T("input_layernorm.weight", GPTOSS_DTYPE_BF16, 1, H, 0, 0, 0, GPTOSS_INIT_NORMAL, 1.0f,
+          norm_std, 0);
+        T("self_attn.q_proj.weight", GPTOSS_DTYPE_BF16, 2, q, H, 0, 0, GPTOSS_INIT_NORMAL, 0,
+          inv_sqrt(H), 0);
+        T("self_attn.q_proj.bias", GPTOSS_DTYPE_BF16, 1, q, 0, 0, 0, GPTOSS_INIT_NORMAL, 0,
+          bias_std, 0);
+        T("self_attn.k_proj.weight", GPTOSS_DTYPE_BF16, 2, kv, H, 0, 0, GPTOSS_INIT_NORMAL, 0,
+          inv_sqrt(H), 0);
+        T("self_attn.k_proj.bias", GPTOSS_DTYPE_BF16, 1, kv, 0, 0, 0, GPTOSS_INIT_NORMAL, 0,
+          bias_std, 0);
+        T("self_attn.v_proj.weight", GPTOSS_DTYPE_BF16, 2, kv, H, 0, 0, GPTOSS_INIT_NORMAL, 0,
+          inv_sqrt(H), 0);
+        T("self_attn.v_proj.bias", GPTOSS_DTYPE_BF16, 1, kv, 0, 0, 0, GPTOSS_INIT_NORMAL, 0,
+          bias_std, 0);
+        T("self_attn.o_proj.weight", GPTOSS_DTYPE_BF16, 2, H, q, 0, 0, GPTOSS_INIT_NORMAL, 0,
+          inv_sqrt(q), 0);
+        T("self_attn.o_proj.bias", GPTOSS_DTYPE_BF16, 1, H, 0, 0, 0, GPTOSS_INIT_NORMAL, 0,
+          bias_std, 0);
+        T("self_attn.sinks", GPTOSS_DTYPE_BF16, 1, c->n_heads, 0, 0, 0, GPTOSS_INIT_NORMAL, 0, 1.0f,
+          0);
+        T("post_attention_layernorm.weight", GPTOSS_DTYPE_BF16, 1, H, 0, 0, 0, GPTOSS_INIT_NORMAL,
+          1.0f, norm_std, 0);
+        T("mlp.router.weight", GPTOSS_DTYPE_BF16, 2, E, H, 0, 0, GPTOSS_INIT_NORMAL, 0, inv_sqrt(H),
+          0);
         T("mlp.router.bias", GPTOSS_DTYPE_BF16, 1, E, 0, 0, 0, GPTOSS_INIT_NORMAL, 0, bias_std, 0);
-        T("mlp.experts.gate_up_proj_blocks", GPTOSS_DTYPE_U8, 4, E, 2 * I, H / 32, 16, GPTOSS_INIT_MXFP4_CODES, 0, 0, 0);
-        T("mlp.experts.gate_up_proj_scales", GPTOSS_DTYPE_U8, 3, E, 2 * I, H / 32, 0, GPTOSS_INIT_MXFP4_SCALES, 0, 0,
-          scale_center_for(H));
-        T("mlp.experts.gate_up_proj_bias", GPTOSS_DTYPE_BF16, 2, E, 2 * I, 0, 0, GPTOSS_INIT_NORMAL, 0, bias_std, 0);
-        T("mlp.experts.down_proj_blocks", GPTOSS_DTYPE_U8, 4, E, H, I / 32, 16, GPTOSS_INIT_MXFP4_CODES, 0, 0, 0);
-        T("mlp.experts.down_proj_scales", GPTOSS_DTYPE_U8, 3, E, H, I / 32, 0, GPTOSS_INIT_MXFP4_SCALES, 0, 0,
-          scale_center_for(I));
-        T("mlp.experts.down_proj_bias", GPTOSS_DTYPE_BF16, 2, E, H, 0, 0, GPTOSS_INIT_NORMAL, 0, bias_std, 0);
+        T("mlp.experts.gate_up_proj_blocks", GPTOSS_DTYPE_U8, 4, E, 2 * I, H / 32, 16,
+          GPTOSS_INIT_MXFP4_CODES, 0, 0, 0);
+        T("mlp.experts.gate_up_proj_scales", GPTOSS_DTYPE_U8, 3, E, 2 * I, H / 32, 0,
+          GPTOSS_INIT_MXFP4_SCALES, 0, 0, scale_center_for(H));
+        T("mlp.experts.gate_up_proj_bias", GPTOSS_DTYPE_BF16, 2, E, 2 * I, 0, 0, GPTOSS_INIT_NORMAL,
+          0, bias_std, 0);
+        T("mlp.experts.down_proj_blocks", GPTOSS_DTYPE_U8, 4, E, H, I / 32, 16,
+          GPTOSS_INIT_MXFP4_CODES, 0, 0, 0);
+        T("mlp.experts.down_proj_scales", GPTOSS_DTYPE_U8, 3, E, H, I / 32, 0,
+          GPTOSS_INIT_MXFP4_SCALES, 0, 0, scale_center_for(I));
+        T("mlp.experts.down_proj_bias", GPTOSS_DTYPE_BF16, 2, E, H, 0, 0, GPTOSS_INIT_NORMAL, 0,
+          bias_std, 0);
 #undef T
     }
-    add(list, &n, "model.norm.weight", GPTOSS_DTYPE_BF16, 1, H, 0, 0, 0, GPTOSS_INIT_NORMAL, 1.0f, norm_std, 0);
-    add(list, &n, "lm_head.weight", GPTOSS_DTYPE_BF16, 2, V, H, 0, 0, GPTOSS_INIT_NORMAL, 0, inv_sqrt(H), 0);
+    add(list, &n, "model.norm.weight", GPTOSS_DTYPE_BF16, 1, H, 0, 0, 0, GPTOSS_INIT_NORMAL, 1.0f,
+        norm_std, 0);
+    add(list, &n, "lm_head.weight", GPTOSS_DTYPE_BF16, 2, V, H, 0, 0, GPTOSS_INIT_NORMAL, 0,
+        inv_sqrt(H), 0);
     *out = list;
     *n_out = n;
     return GPTOSS_OK;
@@ -114,19 +139,22 @@ gptoss_status gptoss_init_tensors(const gptoss_config *c, gptoss_init_tensor **o
 
 uint64_t gptoss_init_tensor_bytes(const gptoss_init_tensor *t) {
     uint64_t n = gptoss_dtype_size(t->dtype);
-    for (int32_t d = 0; d < t->n_dims; d++) n *= (uint64_t)t->shape[d];
+    for (int32_t d = 0; d < t->n_dims; d++)
+        n *= (uint64_t)t->shape[d];
     return n;
 }
 
 /* Element i of the tensor's stream as four 16-bit uniforms -> one approximate normal. */
 static float normal_at(uint64_t seed, uint64_t stream, uint64_t i) {
     uint64_t h = gptoss_init_mix(seed ^ gptoss_init_mix(stream + i));
-    float u = (float)(h & 0xffff) + (float)((h >> 16) & 0xffff) + (float)((h >> 32) & 0xffff) + (float)(h >> 48);
+    float u = (float)(h & 0xffff) + (float)((h >> 16) & 0xffff) + (float)((h >> 32) & 0xffff) +
+              (float)(h >> 48);
     /* sum of four U[0,65536) has mean 131070 and std 65536/sqrt(3); standardize exactly */
     return (u - 131070.0f) * (1.7320508f / 65536.0f);
 }
 
-void gptoss_init_fill(const gptoss_init_tensor *t, uint64_t seed, uint64_t offset, uint8_t *out, size_t len) {
+void gptoss_init_fill(const gptoss_init_tensor *t, uint64_t seed, uint64_t offset, uint8_t *out,
+                      size_t len) {
     switch (t->kind) {
     case GPTOSS_INIT_NORMAL:
         for (size_t b = 0; b + 1 < len; b += 2) {
@@ -142,7 +170,8 @@ void gptoss_init_fill(const gptoss_init_tensor *t, uint64_t seed, uint64_t offse
             uint64_t word = (offset + b) / 8;
             uint64_t h = gptoss_init_mix(seed ^ gptoss_init_mix(t->stream + word));
             size_t start = (size_t)((offset + b) % 8);
-            for (size_t k = start; k < 8 && b < len; k++, b++) out[b] = (uint8_t)(h >> (8 * k));
+            for (size_t k = start; k < 8 && b < len; k++, b++)
+                out[b] = (uint8_t)(h >> (8 * k));
         }
         break;
     case GPTOSS_INIT_MXFP4_SCALES:

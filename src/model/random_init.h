@@ -14,8 +14,9 @@
  *   norm gains                1 + N(0, 0.05)
  *   sinks                     N(0, 1)
  *   MXFP4 codes               uniform over the 16 E2M1 codes (element std 2.93 x scale)
- *   MXFP4 scale bytes         s0 + {-1, 0, +1} uniformly, s0 = 127 + round(log2(1 / (2.93 sqrt(in))))
- * "N" is an Irwin-Hall approximation: (u1 + u2 + u3 + u4 - 2) * sqrt(3), u uniform on [0, 1).
+ *   MXFP4 scale bytes         s0 + {-1, 0, +1} uniformly, s0 = 127 + round(log2(1 / (2.93
+ * sqrt(in)))) "N" is an Irwin-Hall approximation: (u1 + u2 + u3 + u4 - 2) * sqrt(3), u uniform on
+ * [0, 1).
  */
 #ifndef GPTOSS_MODEL_RANDOM_INIT_H
 #define GPTOSS_MODEL_RANDOM_INIT_H
@@ -33,15 +34,15 @@ typedef enum gptoss_init_kind {
 } gptoss_init_kind;
 
 typedef struct gptoss_init_tensor {
-    char name[128];           /* checkpoint name */
-    gptoss_dtype dtype;       /* BF16 or U8 */
+    char name[128];     /* checkpoint name */
+    gptoss_dtype dtype; /* BF16 or U8 */
     int32_t n_dims;
     int64_t shape[4];
     gptoss_init_kind kind;
-    float mean;               /* NORMAL */
-    float std;                /* NORMAL */
-    int32_t scale_center;     /* MXFP4_SCALES */
-    uint64_t stream;          /* hash of the name: the tensor's RNG stream */
+    float mean;           /* NORMAL */
+    float std;            /* NORMAL */
+    int32_t scale_center; /* MXFP4_SCALES */
+    uint64_t stream;      /* hash of the name: the tensor's RNG stream */
 } gptoss_init_tensor;
 
 /* All tensors of a model in checkpoint order (19 per layer + 3). *out is malloc'd. */
@@ -52,7 +53,8 @@ gptoss_status gptoss_init_tensors(const gptoss_config *config, gptoss_init_tenso
 uint64_t gptoss_init_tensor_bytes(const gptoss_init_tensor *t);
 
 /* Fills bytes [offset, offset + len) of tensor t (offset and len even for BF16). */
-void gptoss_init_fill(const gptoss_init_tensor *t, uint64_t seed, uint64_t offset, uint8_t *out, size_t len);
+void gptoss_init_fill(const gptoss_init_tensor *t, uint64_t seed, uint64_t offset, uint8_t *out,
+                      size_t len);
 
 /* The hash the generator is built on (splitmix64 finalizer); exposed so other backends can
  * reproduce the same values. */

@@ -23,8 +23,8 @@
 typedef struct fill_context {
     const gptoss_init_tensor *tensors; /* the shard's tensors */
     uint64_t seed;
-    uint64_t done_before;              /* bytes written in earlier shards */
-    uint64_t total;                    /* bytes of all shards */
+    uint64_t done_before; /* bytes written in earlier shards */
+    uint64_t total;       /* bytes of all shards */
     const gptoss_checkpoint_options *options;
 } fill_context;
 
@@ -49,19 +49,25 @@ static void written(void *user, uint64_t bytes) {
                                (double)(ctx->done_before + bytes) / (double)ctx->total);
 }
 
-static gptoss_status write_text(const char *dir, const char *name, const char *text, gptoss_error *error) {
+static gptoss_status write_text(const char *dir, const char *name, const char *text,
+                                gptoss_error *error) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "wb");
-    if (!f) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    if (!f)
+        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot create: %s", path,
+                                strerror(errno));
     size_t len = strlen(text);
     bool ok = fwrite(text, 1, len, f) == len && fputc('\n', f) != EOF;
     if (fclose(f) != 0) ok = false;
-    if (!ok) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    if (!ok)
+        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: write failed: %s", path,
+                                strerror(errno));
     return GPTOSS_OK;
 }
 
-static gptoss_status write_json(const char *dir, const char *name, json_t *value, gptoss_error *error) {
+static gptoss_status write_json(const char *dir, const char *name, json_t *value,
+                                gptoss_error *error) {
     char *text = json_dumps(value, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     if (!text) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     gptoss_status st = write_text(dir, name, text, error);
@@ -71,7 +77,8 @@ static gptoss_status write_json(const char *dir, const char *name, json_t *value
 
 static gptoss_status copy_file(const char *from, const char *to, gptoss_error *error) {
     FILE *in = fopen(from, "rb");
-    if (!in) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot open: %s", from, strerror(errno));
+    if (!in)
+        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot open: %s", from, strerror(errno));
     FILE *out = fopen(to, "wb");
     if (!out) {
         fclose(in);
@@ -80,7 +87,8 @@ static gptoss_status copy_file(const char *from, const char *to, gptoss_error *e
     char buf[1 << 16];
     size_t n;
     bool ok = true;
-    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        ok = fwrite(buf, 1, n, out) == n;
     if (ferror(in)) ok = false;
     fclose(in);
     if (fclose(out) != 0) ok = false;
@@ -92,7 +100,8 @@ static int compare_names(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static gptoss_status write_generation_config(const gptoss_config *c, const char *dir, gptoss_error *error) {
+static gptoss_status write_generation_config(const gptoss_config *c, const char *dir,
+                                             gptoss_error *error) {
     json_t *g = json_object();
     if (c->vocab_size > GPTOSS_TOKEN_STARTOFTEXT)
         json_object_set_new(g, "bos_token_id", json_integer(GPTOSS_TOKEN_STARTOFTEXT));
@@ -119,16 +128,19 @@ static gptoss_status make_dir(const char *dir, gptoss_error *error) {
         if (*p != '/') continue;
         *p = '\0';
         if (mkdir(path, 0755) != 0 && errno != EEXIST)
-            return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot create folder: %s", path, strerror(errno));
+            return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot create folder: %s", path,
+                                    strerror(errno));
         *p = '/';
     }
     if (mkdir(path, 0755) != 0 && errno != EEXIST)
-        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot create folder: %s", path, strerror(errno));
+        return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: cannot create folder: %s", path,
+                                strerror(errno));
     return GPTOSS_OK;
 }
 
 gptoss_status gptoss_checkpoint_write_random(const gptoss_config *c, const char *dir,
-                                             const gptoss_checkpoint_options *options, gptoss_error *error) {
+                                             const gptoss_checkpoint_options *options,
+                                             gptoss_error *error) {
     gptoss_status st = gptoss_config_validate(c, error);
     if (st != GPTOSS_OK) return st;
     if ((st = make_dir(dir, error)) != GPTOSS_OK) return st;
@@ -137,7 +149,8 @@ gptoss_status gptoss_checkpoint_write_random(const gptoss_config *c, const char 
     size_t n = 0;
     if ((st = gptoss_init_tensors(c, &tensors, &n, error)) != GPTOSS_OK) return st;
     uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) total += gptoss_init_tensor_bytes(&tensors[i]);
+    for (size_t i = 0; i < n; i++)
+        total += gptoss_init_tensor_bytes(&tensors[i]);
 
     /* Sharding in checkpoint order. With an explicit limit: greedy packing under it. By
      * default, the published layout: n = max(3, ceil(total / 4.6 GB)) shards (3 for 20b, 15
@@ -156,7 +169,8 @@ gptoss_status gptoss_checkpoint_write_random(const gptoss_config *c, const char 
     uint64_t in_shard = 0, offset = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t bytes = gptoss_init_tensor_bytes(&tensors[i]);
-        if (options->single_file) shard_of[i] = 0;
+        if (options->single_file)
+            shard_of[i] = 0;
         else if (options->max_shard_bytes) {
             if (in_shard > 0 && in_shard + bytes > options->max_shard_bytes) {
                 n_shards++;
@@ -166,7 +180,8 @@ gptoss_status gptoss_checkpoint_write_random(const gptoss_config *c, const char 
             in_shard += bytes;
         } else {
             shard_of[i] = (size_t)((double)offset / (double)total * (double)n_target);
-            if (i > 0 && shard_of[i] > shard_of[i - 1]) shard_of[i] = shard_of[i - 1] + 1; /* compact */
+            if (i > 0 && shard_of[i] > shard_of[i - 1])
+                shard_of[i] = shard_of[i - 1] + 1; /* compact */
         }
         offset += bytes;
         views[i].name = tensors[i].name;
@@ -179,10 +194,13 @@ gptoss_status gptoss_checkpoint_write_random(const gptoss_config *c, const char 
     uint64_t done_before = 0;
     for (size_t s = 0, first = 0; s < n_shards; s++) {
         size_t last = first;
-        while (last < n && shard_of[last] == s) last++;
+        while (last < n && shard_of[last] == s)
+            last++;
         char file[128], path[4096];
-        if (options->single_file) snprintf(file, sizeof file, "model.safetensors");
-        else snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", s, n_shards - 1);
+        if (options->single_file)
+            snprintf(file, sizeof file, "model.safetensors");
+        else
+            snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", s, n_shards - 1);
         snprintf(path, sizeof path, "%s/%s", dir, file);
         fill_context ctx = {&tensors[first], options->seed, done_before, total, options};
         st = gptoss_st_write(path, &views[first], last - first, fill, written, &ctx, error);
@@ -196,8 +214,10 @@ gptoss_status gptoss_checkpoint_write_random(const gptoss_config *c, const char 
     if (!options->single_file) {
         qsort(names, n, sizeof *names, compare_names);
         json_t *sorted = json_object();
-        for (size_t i = 0; i < n; i++) json_object_set(sorted, names[i], json_object_get(weight_map, names[i]));
-        json_t *index = json_pack("{s:{s:I},s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", sorted);
+        for (size_t i = 0; i < n; i++)
+            json_object_set(sorted, names[i], json_object_get(weight_map, names[i]));
+        json_t *index = json_pack("{s:{s:I},s:o}", "metadata", "total_size", (json_int_t)total,
+                                  "weight_map", sorted);
         st = write_json(dir, "model.safetensors.index.json", index, error);
         json_decref(index);
         if (st != GPTOSS_OK) goto done;
@@ -220,8 +240,8 @@ gptoss_status gptoss_checkpoint_write_random(const gptoss_config *c, const char 
             snprintf(to, sizeof to, "%s/%s", dir, files[i]);
             if ((st = copy_file(from, to, error)) != GPTOSS_OK) goto done;
         }
-        json_t *special = json_pack("{s:s,s:s,s:s}", "bos_token", "<|startoftext|>", "eos_token", "<|return|>",
-                                    "pad_token", "<|endoftext|>");
+        json_t *special = json_pack("{s:s,s:s,s:s}", "bos_token", "<|startoftext|>", "eos_token",
+                                    "<|return|>", "pad_token", "<|endoftext|>");
         st = write_json(dir, "special_tokens_map.json", special, error);
         json_decref(special);
     }

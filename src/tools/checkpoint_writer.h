@@ -13,16 +13,18 @@
 #include <stdint.h>
 
 typedef struct gptoss_checkpoint_options {
-    uint64_t seed;               /* same seed, same bytes */
-    uint64_t max_shard_bytes;    /* 0 = the published layout: 3 shards for 20b, 15 for 120b */
-    bool single_file;            /* write model.safetensors without an index */
-    const char *tokenizer_dir;   /* folder holding tokenizer.json (+ tokenizer_config.json); NULL = none */
+    uint64_t seed;            /* same seed, same bytes */
+    uint64_t max_shard_bytes; /* 0 = the published layout: 3 shards for 20b, 15 for 120b */
+    bool single_file;         /* write model.safetensors without an index */
+    const char
+        *tokenizer_dir; /* folder holding tokenizer.json (+ tokenizer_config.json); NULL = none */
     gptoss_progress_fn progress; /* optional */
     void *progress_user;
 } gptoss_checkpoint_options;
 
 /* Writes the checkpoint into dir (created if needed; existing model files are replaced). */
 gptoss_status gptoss_checkpoint_write_random(const gptoss_config *config, const char *dir,
-                                             const gptoss_checkpoint_options *options, gptoss_error *error);
+                                             const gptoss_checkpoint_options *options,
+                                             gptoss_error *error);
 
 #endif

@@ -12,4 +12,6 @@ double gptoss_now_seconds(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-double gptoss_now_ms(void) { return gptoss_now_seconds() * 1e3; }
+double gptoss_now_ms(void) {
+    return gptoss_now_seconds() * 1e3;
+}

@@ -9,15 +9,24 @@
 
 const char *gptoss_status_name(gptoss_status status) {
     switch (status) {
-    case GPTOSS_OK: return "ok";
-    case GPTOSS_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case GPTOSS_ERR_IO: return "i/o error";
-    case GPTOSS_ERR_FORMAT: return "format error";
-    case GPTOSS_ERR_MODEL: return "invalid model";
-    case GPTOSS_ERR_UNSUPPORTED: return "unsupported";
-    case GPTOSS_ERR_OUT_OF_MEMORY: return "out of memory";
-    case GPTOSS_ERR_BACKEND: return "backend error";
-    case GPTOSS_ERR_CAPACITY: return "capacity exhausted";
+    case GPTOSS_OK:
+        return "ok";
+    case GPTOSS_ERR_INVALID_ARGUMENT:
+        return "invalid argument";
+    case GPTOSS_ERR_IO:
+        return "i/o error";
+    case GPTOSS_ERR_FORMAT:
+        return "format error";
+    case GPTOSS_ERR_MODEL:
+        return "invalid model";
+    case GPTOSS_ERR_UNSUPPORTED:
+        return "unsupported";
+    case GPTOSS_ERR_OUT_OF_MEMORY:
+        return "out of memory";
+    case GPTOSS_ERR_BACKEND:
+        return "backend error";
+    case GPTOSS_ERR_CAPACITY:
+        return "capacity exhausted";
     }
     return "unknown status";
 }

@@ -1,5 +1,6 @@
 /*
- * json_scan.h - a small, strict, allocation-light JSON pull scanner (tokenizer.json and other large JSON files).
+ * json_scan.h - a small, strict, allocation-light JSON pull scanner (tokenizer.json and other large
+ * JSON files).
  *
  * Why not jansson: building a DOM of the 27 MB tokenizer.json (200k vocab keys, 446k merge
  * pairs) costs far more than the tokenizer needs; this scanner walks the text once, decodes

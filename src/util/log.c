@@ -48,9 +48,13 @@ gptoss_log_level gptoss_log_get_level(void) {
     return (gptoss_log_level)current_level;
 }
 
-bool gptoss_log_enabled(gptoss_log_level level) { return (int)level <= (int)gptoss_log_get_level(); }
+bool gptoss_log_enabled(gptoss_log_level level) {
+    return (int)level <= (int)gptoss_log_get_level();
+}
 
-void gptoss_log_set_file(void *file) { log_file = (FILE *)file; }
+void gptoss_log_set_file(void *file) {
+    log_file = (FILE *)file;
+}
 
 void gptoss_log(gptoss_log_level level, const char *what, const char *fmt, ...) {
     if (!gptoss_log_enabled(level)) return;
@@ -59,10 +63,10 @@ void gptoss_log(gptoss_log_level level, const char *what, const char *fmt, ...) 
     gettimeofday(&tv, NULL);
     struct tm tm;
     gmtime_r(&tv.tv_sec, &tm);
-    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ %s %s: ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     (int)(tv.tv_usec / 1000), level_tags[level < 0 || level > 3 ? 0 : level],
-                     what ? what : "gptoss");
+    int n = snprintf(
+        line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ %s %s: ", tm.tm_year + 1900,
+        tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(tv.tv_usec / 1000),
+        level_tags[level < 0 || level > 3 ? 0 : level], what ? what : "gptoss");
     if (n < 0) return;
     if ((size_t)n >= sizeof line - 2) n = (int)sizeof line - 2;
     va_list ap;

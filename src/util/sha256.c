@@ -23,7 +23,8 @@ static inline uint32_t rotr(uint32_t x, int n) {
 static void compress(uint32_t s[8], const uint8_t *p) {
     uint32_t w[64];
     for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
+               (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
     for (int i = 16; i < 64; i++) {
         uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
         uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
@@ -31,7 +32,8 @@ static void compress(uint32_t s[8], const uint8_t *p) {
     }
     uint32_t a = s[0], b = s[1], c = s[2], d = s[3], e = s[4], f = s[5], g = s[6], h = s[7];
     for (int i = 0; i < 64; i++) {
-        uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i];
+        uint32_t t1 =
+            h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i];
         uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
         h = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
     }
@@ -55,7 +57,8 @@ void gptoss_sha256_update(gptoss_sha256 *h, const void *data, size_t len) {
         h->n_block += take, p += take, len -= take;
         if (h->n_block == 64) compress(h->state, h->block), h->n_block = 0;
     }
-    for (; len >= 64; p += 64, len -= 64) compress(h->state, p);
+    for (; len >= 64; p += 64, len -= 64)
+        compress(h->state, p);
     if (len) memcpy(h->block, p, len), h->n_block = len;
 }
 
@@ -63,8 +66,10 @@ void gptoss_sha256_final(gptoss_sha256 *h, uint8_t digest[32]) {
     uint64_t bits = h->n_bytes * 8;
     uint8_t pad = 0x80, zero = 0, len_be[8];
     gptoss_sha256_update(h, &pad, 1);
-    while (h->n_block != 56) gptoss_sha256_update(h, &zero, 1);
-    for (int i = 0; i < 8; i++) len_be[i] = (uint8_t)(bits >> (56 - 8 * i));
+    while (h->n_block != 56)
+        gptoss_sha256_update(h, &zero, 1);
+    for (int i = 0; i < 8; i++)
+        len_be[i] = (uint8_t)(bits >> (56 - 8 * i));
     gptoss_sha256_update(h, len_be, 8);
     for (int i = 0; i < 8; i++) {
         digest[4 * i] = (uint8_t)(h->state[i] >> 24);
@@ -75,7 +80,8 @@ void gptoss_sha256_final(gptoss_sha256 *h, uint8_t digest[32]) {
 }
 
 void gptoss_sha256_hex(const uint8_t digest[32], char out[65]) {
-    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", digest[i]);
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", digest[i]);
 }
 
 void gptoss_sha256_digest(const void *data, size_t len, uint8_t digest[32]) {

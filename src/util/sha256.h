@@ -11,10 +11,10 @@
 #define GPTOSS_SHA256_BYTES 32
 
 typedef struct gptoss_sha256 {
-    uint32_t state[8];   /* running hash */
-    uint64_t n_bytes;    /* message length so far */
-    uint8_t block[64];   /* pending partial block */
-    size_t n_block;      /* bytes in block */
+    uint32_t state[8]; /* running hash */
+    uint64_t n_bytes;  /* message length so far */
+    uint8_t block[64]; /* pending partial block */
+    size_t n_block;    /* bytes in block */
 } gptoss_sha256;
 
 void gptoss_sha256_init(gptoss_sha256 *h);

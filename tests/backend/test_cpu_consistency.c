@@ -60,7 +60,8 @@ static void assert_close(const float *want, const float *got, int32_t rows, cons
             max_diff = fmaxf(max_diff, fabsf(w - g));
         }
         if (max_diff > 1e-4f * max_abs)
-            fail_msg("%s: position %d differs by %.3g (max |logit| %.3g)", what, r, max_diff, max_abs);
+            fail_msg("%s: position %d differs by %.3g (max |logit| %.3g)", what, r, max_diff,
+                     max_abs);
     }
 }
 
@@ -120,7 +121,8 @@ static void test_batched_with_others(void **state) {
     assert_close(alone, batched, total, "batched token by token");
     free(batched);
     free(alone);
-    for (int32_t s = 0; s < n_seqs; s++) free((void *)seqs[s].ids);
+    for (int32_t s = 0; s < n_seqs; s++)
+        free((void *)seqs[s].ids);
 }
 
 /* A plan that names a block outside the pool, a wrong position, an out-of-vocabulary token or
@@ -134,36 +136,50 @@ static void test_bad_plans_refused(void **state) {
     assert_int_equal(gptoss_backend_create(model, &options, &backend, &err), GPTOSS_OK);
     int32_t vocab = gptoss_model_config(model)->vocab_size;
     float *logits = malloc((size_t)vocab * sizeof *logits);
-    int32_t ids[2] = {5, 6}, positions[2] = {0, 1}, starts[2] = {0, 2}, cached = 0, table[4] = {0, 1, 2, 3}, index = 1;
-    gptoss_batch_plan good = {.n_tokens = 2, .token_ids = ids, .positions = positions, .n_seqs = 1,
-                              .seq_token_start = starts, .seq_n_cached = &cached, .max_blocks_per_seq = 4,
-                              .block_tables = table, .n_logits = 1, .logit_token_index = &index};
+    int32_t ids[2] = {5, 6}, positions[2] = {0, 1}, starts[2] = {0, 2}, cached = 0,
+            table[4] = {0, 1, 2, 3}, index = 1;
+    gptoss_batch_plan good = {.n_tokens = 2,
+                              .token_ids = ids,
+                              .positions = positions,
+                              .n_seqs = 1,
+                              .seq_token_start = starts,
+                              .seq_n_cached = &cached,
+                              .max_blocks_per_seq = 4,
+                              .block_tables = table,
+                              .n_logits = 1,
+                              .logit_token_index = &index};
     gptoss_batch_plan p;
     int32_t bad_table[4] = {9, 1, 2, 3};
     p = good, p.block_tables = bad_table;
-    assert_int_equal(gptoss_backend_forward(backend, &p, logits, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(gptoss_backend_forward(backend, &p, logits, &err),
+                     GPTOSS_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err.message, "not a block"));
     int32_t bad_positions[2] = {0, 2};
     p = good, p.positions = bad_positions;
-    assert_int_equal(gptoss_backend_forward(backend, &p, logits, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(gptoss_backend_forward(backend, &p, logits, &err),
+                     GPTOSS_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err.message, "has position 2, expected 1"));
     int32_t bad_ids[2] = {5, vocab};
     p = good, p.token_ids = bad_ids;
-    assert_int_equal(gptoss_backend_forward(backend, &p, logits, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(gptoss_backend_forward(backend, &p, logits, &err),
+                     GPTOSS_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err.message, "outside the model's vocabulary"));
     int32_t bad_index = 2;
     p = good, p.logit_token_index = &bad_index;
-    assert_int_equal(gptoss_backend_forward(backend, &p, logits, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(gptoss_backend_forward(backend, &p, logits, &err),
+                     GPTOSS_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err.message, "logit_token_index"));
     int32_t too_long_cached = 63;
     p = good, p.seq_n_cached = &too_long_cached;
     int32_t far_positions[2] = {63, 64};
     p.positions = far_positions;
-    assert_int_equal(gptoss_backend_forward(backend, &p, logits, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(gptoss_backend_forward(backend, &p, logits, &err),
+                     GPTOSS_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err.message, "KV slots"));
     /* Still fine afterwards. */
     assert_int_equal(gptoss_backend_forward(backend, &good, logits, &err), GPTOSS_OK);
-    for (int32_t v = 0; v < vocab; v++) assert_true(isfinite(logits[v]));
+    for (int32_t v = 0; v < vocab; v++)
+        assert_true(isfinite(logits[v]));
     free(logits);
     gptoss_backend_free(backend);
 }
@@ -176,12 +192,14 @@ static void test_fp8_layers_refused(void **state) {
     gptoss_backend *backend = NULL;
     gptoss_error err = {0};
     options.fp8_layers = GPTOSS_FP8_QKV;
-    assert_int_equal(gptoss_backend_create(model, &options, &backend, &err), GPTOSS_ERR_UNSUPPORTED);
+    assert_int_equal(gptoss_backend_create(model, &options, &backend, &err),
+                     GPTOSS_ERR_UNSUPPORTED);
     assert_null(backend);
     assert_non_null(strstr(err.message, "CUDA backend option"));
     options.fp8_layers = GPTOSS_FP8_ALL + 1;
     options.kind = GPTOSS_BACKEND_CUDA;
-    assert_int_equal(gptoss_backend_create(model, &options, &backend, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(gptoss_backend_create(model, &options, &backend, &err),
+                     GPTOSS_ERR_INVALID_ARGUMENT);
     assert_null(backend);
     assert_non_null(strstr(err.message, "fp8_layers"));
     options.kind = GPTOSS_BACKEND_CPU;
@@ -192,7 +210,8 @@ static void test_fp8_layers_refused(void **state) {
 
 /* Reference summary written here: repeated selection of the largest (NaN as -inf, first of
  * equals wins) and a double-precision log-sum-exp skipping NaN. */
-static void reference_summary(const float *row, int32_t n, int32_t n_top, int32_t *ids, float *vals, double *lse) {
+static void reference_summary(const float *row, int32_t n, int32_t n_top, int32_t *ids, float *vals,
+                              double *lse) {
     char *taken = calloc((size_t)n, 1);
     for (int32_t j = 0; j < n_top; j++) {
         int32_t best = -1;
@@ -228,7 +247,8 @@ static void test_logits_summary(void **state) {
     for (int trial = 0; trial < 20; trial++) {
         for (int32_t v = 0; v < N; v++) {
             seed = seed * 1664525u + 1013904223u;
-            row[v] = (float)((int32_t)(seed >> 20) - 2048) / (trial % 2 ? 256.0f : 16.0f); /* ties */
+            row[v] =
+                (float)((int32_t)(seed >> 20) - 2048) / (trial % 2 ? 256.0f : 16.0f); /* ties */
         }
         row[(trial * 37) % N] = NAN;
         row[(trial * 11 + 3) % N] = -INFINITY;
@@ -239,8 +259,8 @@ static void test_logits_summary(void **state) {
         reference_summary(row, N, n_top, want_ids, want_vals, &want_lse);
         for (int32_t j = 0; j < n_top; j++) {
             if (ids[j] != want_ids[j] || vals[j] != want_vals[j])
-                fail_msg("trial %d rank %d: got %d (%g), want %d (%g)", trial, j, ids[j], (double)vals[j], want_ids[j],
-                         (double)want_vals[j]);
+                fail_msg("trial %d rank %d: got %d (%g), want %d (%g)", trial, j, ids[j],
+                         (double)vals[j], want_ids[j], (double)want_vals[j]);
         }
         assert_true(fabs(lse - want_lse) < 1e-5 * fmax(1.0, fabs(want_lse)));
     }
@@ -251,10 +271,18 @@ static void test_logits_summary(void **state) {
     assert_int_equal(gptoss_backend_create(model, &options, &backend, &err), GPTOSS_OK);
     const int32_t vocab = gptoss_model_config(model)->vocab_size, T = 6;
     int32_t *tok = random_ids(T, 77);
-    int32_t positions[6] = {0, 1, 2, 3, 4, 5}, starts[2] = {0, T}, cached = 0, table[1] = {0}, index[6] = {0, 1, 2, 3, 4, 5};
-    gptoss_batch_plan plan = {.n_tokens = T, .token_ids = tok, .positions = positions, .n_seqs = 1,
-                              .seq_token_start = starts, .seq_n_cached = &cached, .max_blocks_per_seq = 1,
-                              .block_tables = table, .n_logits = T, .logit_token_index = index};
+    int32_t positions[6] = {0, 1, 2, 3, 4, 5}, starts[2] = {0, T}, cached = 0, table[1] = {0},
+            index[6] = {0, 1, 2, 3, 4, 5};
+    gptoss_batch_plan plan = {.n_tokens = T,
+                              .token_ids = tok,
+                              .positions = positions,
+                              .n_seqs = 1,
+                              .seq_token_start = starts,
+                              .seq_n_cached = &cached,
+                              .max_blocks_per_seq = 1,
+                              .block_tables = table,
+                              .n_logits = T,
+                              .logit_token_index = index};
     float *full = malloc((size_t)T * vocab * sizeof *full);
     assert_int_equal(gptoss_backend_forward(backend, &plan, full, &err), GPTOSS_OK);
     /* Same plan again: the KV slots are rewritten with the same values, so the logits repeat. */
@@ -262,9 +290,14 @@ static void test_logits_summary(void **state) {
     float s_vals[6 * TOP], s_lse[6];
     uint8_t want_full[6] = {0, 1, 0, 0, 1, 1};
     float *rows = malloc((size_t)T * vocab * sizeof *rows);
-    for (size_t i = 0; i < (size_t)T * vocab; i++) rows[i] = 12345.0f;
-    gptoss_logits_summary out = {.n_top = TOP, .top_ids = s_ids, .top_logits = s_vals, .logsumexp = s_lse,
-                                 .full = want_full, .logits = rows};
+    for (size_t i = 0; i < (size_t)T * vocab; i++)
+        rows[i] = 12345.0f;
+    gptoss_logits_summary out = {.n_top = TOP,
+                                 .top_ids = s_ids,
+                                 .top_logits = s_vals,
+                                 .logsumexp = s_lse,
+                                 .full = want_full,
+                                 .logits = rows};
     assert_int_equal(gptoss_backend_forward_summary(backend, &plan, &out, &err), GPTOSS_OK);
     for (int32_t r = 0; r < T; r++) {
         const float *fr = full + (size_t)r * vocab;
@@ -275,14 +308,17 @@ static void test_logits_summary(void **state) {
         if (want_full[r])
             assert_memory_equal(rows + (size_t)r * vocab, fr, (size_t)vocab * sizeof *fr);
         else
-            assert_true(rows[(size_t)r * vocab] == 12345.0f && rows[(size_t)r * vocab + vocab - 1] == 12345.0f);
+            assert_true(rows[(size_t)r * vocab] == 12345.0f &&
+                        rows[(size_t)r * vocab + vocab - 1] == 12345.0f);
     }
     /* Bad summary requests are refused. */
     out.n_top = 0;
-    assert_int_equal(gptoss_backend_forward_summary(backend, &plan, &out, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(gptoss_backend_forward_summary(backend, &plan, &out, &err),
+                     GPTOSS_ERR_INVALID_ARGUMENT);
     out.n_top = TOP;
     out.logits = NULL;
-    assert_int_equal(gptoss_backend_forward_summary(backend, &plan, &out, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(gptoss_backend_forward_summary(backend, &plan, &out, &err),
+                     GPTOSS_ERR_INVALID_ARGUMENT);
     free(rows);
     free(full);
     free(tok);
@@ -291,10 +327,8 @@ static void test_logits_summary(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chunking),
-        cmocka_unit_test(test_batched_with_others),
-        cmocka_unit_test(test_bad_plans_refused),
-        cmocka_unit_test(test_fp8_layers_refused),
+        cmocka_unit_test(test_chunking),          cmocka_unit_test(test_batched_with_others),
+        cmocka_unit_test(test_bad_plans_refused), cmocka_unit_test(test_fp8_layers_refused),
         cmocka_unit_test(test_logits_summary),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

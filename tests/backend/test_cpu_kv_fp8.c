@@ -48,10 +48,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FP8_MEDIAN_FIXED 0.04   /* median row error, every expert selected */
-#define FP8_MEDIAN_ROUTED 0.15  /* median row error, top-k routing */
-#define FP8_ROW_FIXED 0.10      /* every row, every expert selected */
-#define FP8_IN_EFFECT 5e-3      /* a median below this: the cache was not quantized */
+#define FP8_MEDIAN_FIXED 0.04  /* median row error, every expert selected */
+#define FP8_MEDIAN_ROUTED 0.15 /* median row error, top-k routing */
+#define FP8_ROW_FIXED 0.10     /* every row, every expert selected */
+#define FP8_IN_EFFECT 5e-3     /* a median below this: the cache was not quantized */
 #define DECISIVE_AGREE 0.99
 #define RAW_AGREE 0.65
 #define GOLDEN_AGREE 0.70
@@ -124,7 +124,8 @@ static void check_fixture(const char *name) {
     size_t n_runs = vocab > 100000 ? n_prompts : n_prompts + 1;
     for (size_t p = 0; p < n_runs; p++) {
         /* the fixture's prompts, then one random prompt of 400 tokens */
-        json_t *prompt_ids = p < n_prompts ? json_object_get(json_array_get(prompts, p), "ids") : NULL;
+        json_t *prompt_ids =
+            p < n_prompts ? json_object_get(json_array_get(prompts, p), "ids") : NULL;
         int32_t n = prompt_ids ? (int32_t)json_array_size(prompt_ids) : 400;
         int32_t *ids = malloc((size_t)n * sizeof *ids), *golden_top = NULL;
         uint64_t h = 0x9e3779b97f4a7c15ull ^ seed;
@@ -140,7 +141,8 @@ static void check_fixture(const char *name) {
             golden_top = malloc((size_t)n * sizeof *golden_top);
             json_t *tops = json_object_get(json_array_get(prompts, p), "top_ids");
             for (int32_t i = 0; i < n; i++)
-                golden_top[i] = (int32_t)json_integer_value(json_array_get(json_array_get(tops, i), 0));
+                golden_top[i] =
+                    (int32_t)json_integer_value(json_array_get(json_array_get(tops, i), 0));
         }
         tm_sequence seq = {ids, n};
         float *ref = tm_run_all_logits_with(model, &ref_options, &seq, 1, 0);
@@ -161,8 +163,8 @@ static void check_fixture(const char *name) {
                         diff = fmaxf(diff, fabsf(a[v] - b[v]));
                     }
                     if (diff > 1e-4f * mx)
-                        fail_msg("%s: chunks of %d, row %d: max |dlogit| %.3g over 1e-4 x %.3g", name, chunks[k], r,
-                                 (double)diff, (double)mx);
+                        fail_msg("%s: chunks of %d, row %d: max |dlogit| %.3g over 1e-4 x %.3g",
+                                 name, chunks[k], r, (double)diff, (double)mx);
                 }
                 free(chunked);
             }
@@ -176,10 +178,13 @@ static void check_fixture(const char *name) {
     double raw = (double)st->agree / st->rows, golden = (double)st->golden_agree / st->golden_rows;
     bool routing_fixed = c->n_experts == c->n_experts_per_token;
     double median_bar = routing_fixed ? FP8_MEDIAN_FIXED : FP8_MEDIAN_ROUTED;
-    printf("fp8 KV vs bf16 KV, %s: %d rows, row rel L2 median %.2e (bar %.2f, >= %.0e) max %.2e (bar %s); top-1 "
-           "%.1f%% (bar %.0f%%), decisive %.1f%% of %d (bar %.0f%%), vs transformers %.1f%% (bar %.0f%%)\n",
-           name, st->rows, median, median_bar, FP8_IN_EFFECT, st->worst, routing_fixed ? "0.10" : "finite", 100 * raw,
-           100 * RAW_AGREE, 100 * decisive, st->decisive, 100 * DECISIVE_AGREE, 100 * golden, 100 * GOLDEN_AGREE);
+    printf("fp8 KV vs bf16 KV, %s: %d rows, row rel L2 median %.2e (bar %.2f, >= %.0e) max %.2e "
+           "(bar %s); top-1 "
+           "%.1f%% (bar %.0f%%), decisive %.1f%% of %d (bar %.0f%%), vs transformers %.1f%% (bar "
+           "%.0f%%)\n",
+           name, st->rows, median, median_bar, FP8_IN_EFFECT, st->worst,
+           routing_fixed ? "0.10" : "finite", 100 * raw, 100 * RAW_AGREE, 100 * decisive,
+           st->decisive, 100 * DECISIVE_AGREE, 100 * golden, 100 * GOLDEN_AGREE);
     assert_true(median < median_bar);
     assert_true(median >= FP8_IN_EFFECT);
     assert_true(isfinite(st->worst));
@@ -226,7 +231,8 @@ static void test_bad_dtype_refused(void **state) {
     gptoss_backend_options options = gptoss_backend_options_default();
     options.kv_cache_dtype = (gptoss_kv_cache_dtype)7;
     gptoss_backend *backend = NULL;
-    assert_int_equal(gptoss_backend_create(model, &options, &backend, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(gptoss_backend_create(model, &options, &backend, &err),
+                     GPTOSS_ERR_INVALID_ARGUMENT);
     assert_null(backend);
     assert_non_null(strstr(err.message, "kv_cache_dtype"));
     options.kv_cache_dtype = GPTOSS_KV_CACHE_FP8;

@@ -13,15 +13,18 @@
 
 /* Every variable of the table, so that the runner's environment cannot leak into a case. */
 static const char *const all_env[] = {
-    "GPTOSS_CUDA_GRAPHS", "GPTOSS_CUDA_PDL", "GPTOSS_CUDA_GEMV", "GPTOSS_CUDA_GEMV_KERNEL", "GPTOSS_CUDA_ATTN_TC",
-    "GPTOSS_CUDA_ATTN_DECODE", "GPTOSS_CUDA_ADC_WARPS", "GPTOSS_CUDA_NORM_ROUTER", "GPTOSS_CUDA_QKV_ROPE",
-    "GPTOSS_CUDA_ROUTER_FUSED_MAX", "GPTOSS_CUDA_MOE_PATH", "GPTOSS_CUDA_MOE_PAIR_KERNEL",
-    "GPTOSS_CUDA_MOE_PAIR_TOKENS", "GPTOSS_CUDA_MOE_INFLIGHT", "GPTOSS_CUDA_MOE_WG_MIN", "GPTOSS_CUDA_MOE_MAX_TILE",
-    "GPTOSS_CUDA_MOE_TILE_PCT", "GPTOSS_CUDA_PROFILE", "GPTOSS_STEP_TIMING", "GPTOSS_CUDA_ABLATE"};
+    "GPTOSS_CUDA_GRAPHS",           "GPTOSS_CUDA_PDL",          "GPTOSS_CUDA_GEMV",
+    "GPTOSS_CUDA_GEMV_KERNEL",      "GPTOSS_CUDA_ATTN_TC",      "GPTOSS_CUDA_ATTN_DECODE",
+    "GPTOSS_CUDA_ADC_WARPS",        "GPTOSS_CUDA_NORM_ROUTER",  "GPTOSS_CUDA_QKV_ROPE",
+    "GPTOSS_CUDA_ROUTER_FUSED_MAX", "GPTOSS_CUDA_MOE_PATH",     "GPTOSS_CUDA_MOE_PAIR_KERNEL",
+    "GPTOSS_CUDA_MOE_PAIR_TOKENS",  "GPTOSS_CUDA_MOE_INFLIGHT", "GPTOSS_CUDA_MOE_WG_MIN",
+    "GPTOSS_CUDA_MOE_MAX_TILE",     "GPTOSS_CUDA_MOE_TILE_PCT", "GPTOSS_CUDA_PROFILE",
+    "GPTOSS_STEP_TIMING",           "GPTOSS_CUDA_ABLATE"};
 
 static int clear_env(void **state) {
     (void)state;
-    for (size_t i = 0; i < sizeof all_env / sizeof all_env[0]; i++) unsetenv(all_env[i]);
+    for (size_t i = 0; i < sizeof all_env / sizeof all_env[0]; i++)
+        unsetenv(all_env[i]);
     return 0;
 }
 
@@ -51,12 +54,14 @@ static void test_string(void **state) {
     (void)state;
     gptoss_cuda_tuning t;
     gptoss_error err = {0};
-    assert_int_equal(gptoss_cuda_tuning_init(&t, " gemv=all, norm_router=0,moe_path = 1,attn_tc=off,,"
-                                                 "attn_decode=false,gemv_kernel=ld,moe_pair_kernel=fp8,"
-                                                 "adc_warps=8,router_fused_max=0,moe_inflight=1,graphs=no,"
-                                                 "moe_path=route_gemv",
-                                             &err),
-                     GPTOSS_OK);
+    assert_int_equal(
+        gptoss_cuda_tuning_init(&t,
+                                " gemv=all, norm_router=0,moe_path = 1,attn_tc=off,,"
+                                "attn_decode=false,gemv_kernel=ld,moe_pair_kernel=fp8,"
+                                "adc_warps=8,router_fused_max=0,moe_inflight=1,graphs=no,"
+                                "moe_path=route_gemv",
+                                &err),
+        GPTOSS_OK);
     assert_int_equal(t.gemv, GPTOSS_CUDA_GEMV_ALL);
     assert_false(t.norm_router);
     assert_int_equal(t.moe_path, 1); /* route_gemv, after moe_path = 1 */
@@ -81,7 +86,8 @@ static void test_environment_overrides_string(void **state) {
     setenv("GPTOSS_CUDA_MOE_PATH", "2", 1);
     setenv("GPTOSS_CUDA_GEMV", "0", 1);
     setenv("GPTOSS_STEP_TIMING", "1", 1);
-    assert_int_equal(gptoss_cuda_tuning_init(&t, "moe_path=mma_gemm,gemv=all,qkv_rope=0", &err), GPTOSS_OK);
+    assert_int_equal(gptoss_cuda_tuning_init(&t, "moe_path=mma_gemm,gemv=all,qkv_rope=0", &err),
+                     GPTOSS_OK);
     assert_int_equal(t.moe_path, 2);
     assert_int_equal(t.gemv, GPTOSS_CUDA_GEMV_OFF);
     assert_true(t.step_timing);
@@ -93,7 +99,8 @@ static void expect_error(const char *spec, const char *needle1, const char *need
     gptoss_cuda_tuning t;
     gptoss_error err = {0};
     assert_int_equal(gptoss_cuda_tuning_init(&t, spec, &err), GPTOSS_ERR_INVALID_ARGUMENT);
-    if (!strstr(err.message, needle1) || !strstr(err.message, needle2)) fail_msg("message: %s", err.message);
+    if (!strstr(err.message, needle1) || !strstr(err.message, needle2))
+        fail_msg("message: %s", err.message);
 }
 
 static void test_errors(void **state) {

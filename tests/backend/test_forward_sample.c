@@ -79,14 +79,21 @@ static void fixture_init(fixture *f) {
     f->starts[1] = T;
     const int32_t index[ROWS] = {5, 5, 5, 2, 4, 5}; /* the last row three times more */
     memcpy(f->index, index, sizeof index);
-    f->plan = (gptoss_batch_plan){.n_tokens = T, .token_ids = f->tokens, .positions = f->positions, .n_seqs = 1,
-                                  .seq_token_start = f->starts, .seq_n_cached = &f->cached, .max_blocks_per_seq = 1,
-                                  .block_tables = f->table, .n_logits = ROWS, .logit_token_index = f->index};
-    f->rows[0] = plain_row(0.0f, 0);         /* greedy */
-    f->rows[1] = plain_row(1.0f, 42);        /* temperature 1 */
-    f->rows[2] = plain_row(1.0f, 42);        /* same seed, other choice */
+    f->plan = (gptoss_batch_plan){.n_tokens = T,
+                                  .token_ids = f->tokens,
+                                  .positions = f->positions,
+                                  .n_seqs = 1,
+                                  .seq_token_start = f->starts,
+                                  .seq_n_cached = &f->cached,
+                                  .max_blocks_per_seq = 1,
+                                  .block_tables = f->table,
+                                  .n_logits = ROWS,
+                                  .logit_token_index = f->index};
+    f->rows[0] = plain_row(0.0f, 0);  /* greedy */
+    f->rows[1] = plain_row(1.0f, 42); /* temperature 1 */
+    f->rows[2] = plain_row(1.0f, 42); /* same seed, other choice */
     f->rows[2].choice = 1;
-    f->rows[3] = plain_row(0.7f, 9);         /* top_k, top_p, min_p, penalties, edits */
+    f->rows[3] = plain_row(0.7f, 9); /* top_k, top_p, min_p, penalties, edits */
     f->rows[3].top_k = 5;
     f->rows[3].top_p = 0.8f;
     f->rows[3].min_p = 0.01f;
@@ -96,13 +103,16 @@ static void fixture_init(fixture *f) {
     f->rows[3].n_edits = 4;
     f->rows[3].n_top_logprobs = 5;
     for (int32_t e = 0; e < 4; e++)
-        f->edits[e] = (gptoss_sample_edit){.token = 3 + 11 * e, .bias = (float)e - 1.5f, .output_count = e,
-                                           .seen = (uint8_t)(e % 2), .masked = e == 2};
-    f->rows[4] = plain_row(2.0f, 5);         /* allowed-token mask */
+        f->edits[e] = (gptoss_sample_edit){.token = 3 + 11 * e,
+                                           .bias = (float)e - 1.5f,
+                                           .output_count = e,
+                                           .seen = (uint8_t)(e % 2),
+                                           .masked = e == 2};
+    f->rows[4] = plain_row(2.0f, 5); /* allowed-token mask */
     f->rows[4].position = 5;
     f->rows[4].allowed_row = 0;
     f->rows[4].n_top_logprobs = 0;
-    f->rows[5] = plain_row(1.0f, 42);        /* choice 2 of the same seed */
+    f->rows[5] = plain_row(1.0f, 42); /* choice 2 of the same seed */
     f->rows[5].choice = 2;
     const size_t words = ((size_t)f->vocab + 31) / 32;
     f->mask = calloc(words, sizeof *f->mask);
@@ -110,9 +120,15 @@ static void fixture_init(fixture *f) {
         f->mask[t / 32] |= 1u << (t % 32);
     for (int32_t i = 0; i < ROWS; i++)
         f->token_ids[i] = -7;
-    f->batch = (gptoss_sample_batch){.rows = f->rows, .edits = f->edits, .n_edits = 4, .allowed_masks = f->mask,
-                                     .n_allowed_rows = 1, .token_ids = f->token_ids, .logprobs = f->logprobs,
-                                     .top_ids = f->top_ids, .top_logprobs = f->top_logprobs};
+    f->batch = (gptoss_sample_batch){.rows = f->rows,
+                                     .edits = f->edits,
+                                     .n_edits = 4,
+                                     .allowed_masks = f->mask,
+                                     .n_allowed_rows = 1,
+                                     .token_ids = f->token_ids,
+                                     .logprobs = f->logprobs,
+                                     .top_ids = f->top_ids,
+                                     .top_logprobs = f->top_logprobs};
 }
 
 static void fixture_free(fixture *f) {
@@ -137,8 +153,9 @@ static void test_equals_reference_on_forward_logits(void **state) {
     for (int32_t i = 0; i < ROWS; i++) {
         const float *row = logits + (size_t)f.index[i] * f.vocab;
         const gptoss_sample_row *r = &f.rows[i];
-        int32_t want = gptoss_sample_reference(row, f.vocab, r, r->n_edits ? f.edits + r->edit_start : NULL,
-                                               r->allowed_row >= 0 ? f.mask : NULL, s);
+        int32_t want =
+            gptoss_sample_reference(row, f.vocab, r, r->n_edits ? f.edits + r->edit_start : NULL,
+                                    r->allowed_row >= 0 ? f.mask : NULL, s);
         assert_int_equal(f.token_ids[i], want);
         if (r->n_top_logprobs >= 0) {
             int32_t ids[GPTOSS_MAX_SAMPLE_LOGPROBS];
@@ -169,8 +186,10 @@ static void expect_refused(fixture *f, const char *what) {
     gptoss_error err = {0};
     for (int32_t i = 0; i < ROWS; i++)
         f->token_ids[i] = -7;
-    assert_int_equal(gptoss_backend_forward_sample(f->backend, &f->plan, &f->batch, &err), GPTOSS_ERR_INVALID_ARGUMENT);
-    if (!strstr(err.message, what)) fail_msg("expected a message about \"%s\", got: %s", what, err.message);
+    assert_int_equal(gptoss_backend_forward_sample(f->backend, &f->plan, &f->batch, &err),
+                     GPTOSS_ERR_INVALID_ARGUMENT);
+    if (!strstr(err.message, what))
+        fail_msg("expected a message about \"%s\", got: %s", what, err.message);
     for (int32_t i = 0; i < ROWS; i++)
         assert_int_equal(f->token_ids[i], -7);
 }
@@ -180,14 +199,15 @@ static void test_bad_batches_refused(void **state) {
     fixture f;
     fixture_init(&f);
     gptoss_error err = {0};
-    assert_int_equal(gptoss_backend_forward_sample(f.backend, &f.plan, NULL, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(gptoss_backend_forward_sample(f.backend, &f.plan, NULL, &err),
+                     GPTOSS_ERR_INVALID_ARGUMENT);
     gptoss_sample_row saved;
-#define BAD_ROW(i, field, value, what)                                                                                 \
-    do {                                                                                                               \
-        saved = f.rows[i];                                                                                             \
-        f.rows[i].field = value;                                                                                       \
-        expect_refused(&f, what);                                                                                      \
-        f.rows[i] = saved;                                                                                             \
+#define BAD_ROW(i, field, value, what)                                                             \
+    do {                                                                                           \
+        saved = f.rows[i];                                                                         \
+        f.rows[i].field = value;                                                                   \
+        expect_refused(&f, what);                                                                  \
+        f.rows[i] = saved;                                                                         \
     } while (0)
     BAD_ROW(1, temperature, -1.0f, "temperature");
     BAD_ROW(1, temperature, NAN, "temperature");

@@ -64,7 +64,8 @@ static int encode_mismatches;
 static void check_encode(float x) {
     uint8_t got = gptoss_e4m3_encode(x), want = reference_encode(x);
     if (got != want && encode_mismatches++ < 10)
-        print_error("encode(%a = %.9g) = 0x%02x, reference 0x%02x\n", (double)x, (double)x, got, want);
+        print_error("encode(%a = %.9g) = 0x%02x, reference 0x%02x\n", (double)x, (double)x, got,
+                    want);
 }
 
 /* Every code decodes to its defined value: same bits for numbers (so -0 stays -0), NaN for
@@ -78,7 +79,8 @@ static void test_decode_all_codes(void **state) {
             continue;
         }
         float want = (float)table[code];
-        if (memcmp(&got, &want, 4) != 0) fail_msg("decode(0x%02x) = %a, definition %a", code, (double)got, table[code]);
+        if (memcmp(&got, &want, 4) != 0)
+            fail_msg("decode(0x%02x) = %a, definition %a", code, (double)got, table[code]);
     }
     assert_true(gptoss_e4m3_decode(0x7e) == 448.0f);
     assert_true(gptoss_e4m3_decode(0x01) == ldexpf(1.0f, -9));
@@ -112,7 +114,8 @@ static void test_encode_values_and_midpoints(void **state) {
     }
     /* the documented examples: 1.0625 -> 1, 1.1875 -> 1.25, 17 -> 16, 19 -> 20, 232 -> 224,
      * 2^-10 -> 0, 3 * 2^-10 -> 2^-8, 2^-6 - 2^-10 -> 2^-6 */
-    const float in[] = {1.0625f, 1.1875f, 17.0f, 19.0f, 232.0f, 0x1p-10f, 0x3p-10f, 0x1p-6f - 0x1p-10f};
+    const float in[] = {1.0625f, 1.1875f,  17.0f,    19.0f,
+                        232.0f,  0x1p-10f, 0x3p-10f, 0x1p-6f - 0x1p-10f};
     const float out[] = {1.0f, 1.25f, 16.0f, 20.0f, 224.0f, 0.0f, 0x1p-8f, 0x1p-6f};
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
         assert_true(gptoss_e4m3_decode(gptoss_e4m3_encode(in[i])) == out[i]);
@@ -136,7 +139,7 @@ static void test_encode_edges(void **state) {
     assert_int_equal(gptoss_e4m3_encode(0.0f), 0x00);
     assert_int_equal(gptoss_e4m3_encode(-0.0f), 0x80);
     assert_int_equal(gptoss_e4m3_encode(bits_float(1)), 0x00); /* smallest fp32 subnormal */
-    assert_int_equal(gptoss_e4m3_encode(0x1p-10f), 0x00);     /* half of 2^-9: tie to 0 */
+    assert_int_equal(gptoss_e4m3_encode(0x1p-10f), 0x00);      /* half of 2^-9: tie to 0 */
     assert_int_equal(gptoss_e4m3_encode(nextafterf(0x1p-10f, 1.0f)), 0x01);
 }
 
@@ -146,10 +149,12 @@ static void test_encode_edges(void **state) {
 static void test_encode_brute_force(void **state) {
     (void)state;
     encode_mismatches = 0;
-    for (uint32_t h = 0; h < 65536; h++) check_encode(bits_float(h << 16));
+    for (uint32_t h = 0; h < 65536; h++)
+        check_encode(bits_float(h << 16));
     for (int i = 0; i < 1000000; i++) {
         uint32_t u = next_u32();
-        float x = (i & 1) ? bits_float(u) : ldexpf((float)(u >> 8) / 16777216.0f, (int)(u % 24) - 14);
+        float x =
+            (i & 1) ? bits_float(u) : ldexpf((float)(u >> 8) / 16777216.0f, (int)(u % 24) - 14);
         if (i % 3 == 0) x = -x;
         check_encode(x);
     }
@@ -173,7 +178,8 @@ static void test_round_trip_bounds(void **state) {
         }
         memcpy(y, x, sizeof x);
         float absmax = 0;
-        for (int i = 0; i < n; i++) absmax = fmaxf(absmax, fabsf(x[i]));
+        for (int i = 0; i < n; i++)
+            absmax = fmaxf(absmax, fabsf(x[i]));
         float scale = gptoss_kv_fp8_round_trip(y, n, codes);
         assert_true(scale == absmax / 448.0f);
         for (int i = 0; i < n; i++) {
@@ -182,8 +188,8 @@ static void test_round_trip_bounds(void **state) {
             double err = fabs((double)y[i] - x[i]), r = fabs((double)x[i] / scale);
             double bound = r >= 0x1p-6 ? 0x1p-4 * fabs((double)x[i]) : 0x1p-10 * (double)scale;
             if (err > bound * (1 + 1e-5))
-                fail_msg("trial %d element %d: %a -> %a, error %.3g over %.3g", trial, i, (double)x[i], (double)y[i],
-                         err, bound);
+                fail_msg("trial %d element %d: %a -> %a, error %.3g over %.3g", trial, i,
+                         (double)x[i], (double)y[i], err, bound);
             if (fabsf(x[i]) == absmax && absmax > 0) assert_int_equal(codes[i] & 0x7f, 0x7e);
         }
     }

@@ -125,11 +125,21 @@ static void random_row(float *x, int32_t V, int kind) {
     for (int32_t j = 0; j < V; j++) {
         double u = urand() * 2 - 1;
         switch (kind) {
-        case 0: x[j] = (float)(u * 4); break;                      /* smooth */
-        case 1: x[j] = roundf((float)(u * 8)) * 0.5f; break;       /* coarse: ties everywhere */
-        case 2: x[j] = (float)(u * 60); break;                     /* peaked, tiny tails */
-        case 3: x[j] = (float)(int)(urand() * 3); break;           /* three values only */
-        default: x[j] = (float)(u * 0.01); break;                  /* nearly flat */
+        case 0:
+            x[j] = (float)(u * 4);
+            break; /* smooth */
+        case 1:
+            x[j] = roundf((float)(u * 8)) * 0.5f;
+            break; /* coarse: ties everywhere */
+        case 2:
+            x[j] = (float)(u * 60);
+            break; /* peaked, tiny tails */
+        case 3:
+            x[j] = (float)(int)(urand() * 3);
+            break; /* three values only */
+        default:
+            x[j] = (float)(u * 0.01);
+            break; /* nearly flat */
         }
     }
     if (V > 4 && kind == 1) {
@@ -198,13 +208,15 @@ static void test_reference_equals_brute_force(void **state) {
             row.position = (int64_t)(next64() % 100000);
             row.choice = (int32_t)(next64() % 4);
             int32_t want = brute_force(logits, V, &row, edits, use_mask);
-            int32_t got = gptoss_sample_reference(logits, V, &row, row.n_edits ? edits : NULL, use_mask, s);
+            int32_t got =
+                gptoss_sample_reference(logits, V, &row, row.n_edits ? edits : NULL, use_mask, s);
             assert_true(want >= 0); /* a finite maximum always leaves something to draw */
             if (got != want)
-                fail_msg("trial %d draw %d (V=%d T=%g top_k=%d top_p=%g min_p=%g edits %d mask %d): reference %d, "
+                fail_msg("trial %d draw %d (V=%d T=%g top_k=%d top_p=%g min_p=%g edits %d mask "
+                         "%d): reference %d, "
                          "brute force %d",
-                         trial, d, V, (double)row.temperature, row.top_k, (double)row.top_p, (double)row.min_p,
-                         row.n_edits, use_mask != NULL, got, want);
+                         trial, d, V, (double)row.temperature, row.top_k, (double)row.top_p,
+                         (double)row.min_p, row.n_edits, use_mask != NULL, got, want);
             assert_in_range(got, 0, V - 1);
             checked++;
             sampled += row.temperature > 0.0f;
@@ -242,8 +254,8 @@ static void test_ties_at_the_cutoffs(void **state) {
                 int32_t want = brute_force(logits, V, &row, NULL, NULL);
                 int32_t got = gptoss_sample_reference(logits, V, &row, NULL, NULL, s);
                 if (want != got)
-                    fail_msg("top_k %d top_p %g min_p %g: reference %d, brute force %d", k, (double)row.top_p,
-                             (double)row.min_p, got, want);
+                    fail_msg("top_k %d top_p %g min_p %g: reference %d, brute force %d", k,
+                             (double)row.top_p, (double)row.min_p, got, want);
                 /* with top_k < 8, only the lowest ids of the top group can be drawn */
                 if (k < 8) {
                     int32_t rank = 0;
@@ -265,8 +277,8 @@ static void check_weights(const int32_t *bits, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
         uint64_t want = gptoss_sampling_weight(gptoss_sampling_log2_weight(m[i], 0.0f, 1.0f));
         if ((uint64_t)w[i] != want || w[i] != (float)want)
-            fail_msg("x = %a (bits %08x): weight %.1f, rule %llu", (double)m[i], (unsigned)bits[i], (double)w[i],
-                     (unsigned long long)want);
+            fail_msg("x = %a (bits %08x): weight %.1f, rule %llu", (double)m[i], (unsigned)bits[i],
+                     (double)w[i], (unsigned long long)want);
     }
     free(m);
     free(w);
@@ -281,7 +293,8 @@ static void test_weights_bit_exact(void **state) {
         bits[n++] = (int32_t)(uint32_t)u;
         if (n == N) check_weights(bits, n), n = 0;
     }
-    const float ranges[4][2] = {{-34.0f, -32.0f}, {-127.0f, -125.0f}, {-0.75f, 0.0f}, {-20.6f, -19.4f}};
+    const float ranges[4][2] = {
+        {-34.0f, -32.0f}, {-127.0f, -125.0f}, {-0.75f, 0.0f}, {-20.6f, -19.4f}};
     for (int r = 0; r < 4; r++) {
         float lo = ranges[r][0], hi = ranges[r][1];
         int32_t a, b;
@@ -305,7 +318,8 @@ static void test_philox_known_answers(void **state) {
     o = gptoss_philox4x32_10(~0u, ~0u, ~0u, ~0u, ~0u, ~0u);
     uint32_t want1[4] = {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu};
     assert_memory_equal(o.v, want1, sizeof want1);
-    o = gptoss_philox4x32_10(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u);
+    o = gptoss_philox4x32_10(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u,
+                             0x299f31d0u);
     uint32_t want2[4] = {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u};
     assert_memory_equal(o.v, want2, sizeof want2);
     /* The draw's bits: counter (position lo, position hi, choice, 0), key = the seed. */
@@ -324,7 +338,8 @@ static void test_philox_known_answers(void **state) {
  * (about 1e-7 relative): under 0.05 draws in expectation, far below what the test resolves.
  * Also with top_k (expected: the softmax renormalized over the k best) and top_p.
  */
-static double chi_square(const float *logits, int32_t V, gptoss_sample_row row, const bool *keep, int32_t *dof) {
+static double chi_square(const float *logits, int32_t V, gptoss_sample_row row, const bool *keep,
+                         int32_t *dof) {
     enum { N = 200000 };
     gptoss_sample_scratch *s;
     gptoss_error err;
@@ -441,7 +456,8 @@ static void test_logprobs(void **state) {
 /* A full vocabulary: the draws still equal the brute force, and one draw costs well under a
  * millisecond in the default case (reported, not asserted: shared machines). */
 /* The fastest of 30 draws, in ms (the least disturbed by other work on the machine). */
-static double time_draws(const float *logits, int32_t V, gptoss_sample_row row, gptoss_sample_scratch *s) {
+static double time_draws(const float *logits, int32_t V, gptoss_sample_row row,
+                         gptoss_sample_scratch *s) {
     double best = INFINITY;
     for (int i = 0; i < 30; i++) {
         struct timespec t0, t1;
@@ -477,7 +493,8 @@ static void test_full_vocabulary(void **state) {
     gptoss_sample_row k50 = p9;
     k50.top_k = 50;
     const double ms_top_k = time_draws(logits, V, k50, s);
-    print_message("reference draw over 201088 logits (fastest of 30): %.3f ms (T 1), %.3f ms (top_p 0.9), %.3f ms "
+    print_message("reference draw over 201088 logits (fastest of 30): %.3f ms (T 1), %.3f ms "
+                  "(top_p 0.9), %.3f ms "
                   "(top_p 0.9, top_k 50)\n",
                   ms_default, ms_top_p, ms_top_k);
     const gptoss_sample_row *cases[3] = {&row, &p9, &k50};
@@ -485,17 +502,21 @@ static void test_full_vocabulary(void **state) {
         for (int d = 0; d < 3; d++) {
             gptoss_sample_row r = *cases[c];
             r.position = 1000 + d;
-            assert_int_equal(gptoss_sample_reference(logits, V, &r, NULL, NULL, s), brute_force(logits, V, &r, NULL, NULL));
+            assert_int_equal(gptoss_sample_reference(logits, V, &r, NULL, NULL, s),
+                             brute_force(logits, V, &r, NULL, NULL));
         }
     /* The worst case: a flat row, every token with a positive weight. */
     for (int32_t j = 0; j < V; j++)
         logits[j] = (float)(urand() * 10.0 - 5.0);
-    print_message("flat row (every weight positive, fastest of 30): %.3f ms (T 1), %.3f ms (top_p 0.9), %.3f ms "
+    print_message("flat row (every weight positive, fastest of 30): %.3f ms (T 1), %.3f ms (top_p "
+                  "0.9), %.3f ms "
                   "(top_p 0.9, top_k 50)\n",
-                  time_draws(logits, V, row, s), time_draws(logits, V, p9, s), time_draws(logits, V, k50, s));
+                  time_draws(logits, V, row, s), time_draws(logits, V, p9, s),
+                  time_draws(logits, V, k50, s));
     for (int c = 0; c < 3; c++) {
         gptoss_sample_row r = *cases[c];
-        assert_int_equal(gptoss_sample_reference(logits, V, &r, NULL, NULL, s), brute_force(logits, V, &r, NULL, NULL));
+        assert_int_equal(gptoss_sample_reference(logits, V, &r, NULL, NULL, s),
+                         brute_force(logits, V, &r, NULL, NULL));
     }
     free(logits);
     gptoss_sample_scratch_free(s);

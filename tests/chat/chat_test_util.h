@@ -35,7 +35,8 @@ static inline char *ct_read_expected(const char *relative, size_t *len) {
         if (raw[r] == '\r' && r + 1 < n && raw[r + 1] == '\n') continue;
         raw[w++] = raw[r];
     }
-    while (w > 0 && (raw[w - 1] == ' ' || raw[w - 1] == '\t' || raw[w - 1] == '\r' || raw[w - 1] == '\n'))
+    while (w > 0 &&
+           (raw[w - 1] == ' ' || raw[w - 1] == '\t' || raw[w - 1] == '\r' || raw[w - 1] == '\n'))
         w--;
     raw[w] = '\0';
     *len = w;
@@ -44,13 +45,17 @@ static inline char *ct_read_expected(const char *relative, size_t *len) {
 
 /* Prints where two byte strings first differ, with some context. */
 static inline void ct_print_first_difference(const char *name, const char *got, size_t got_len,
-                                      const char *want, size_t want_len) {
+                                             const char *want, size_t want_len) {
     size_t i = 0;
-    while (i < got_len && i < want_len && got[i] == want[i]) i++;
+    while (i < got_len && i < want_len && got[i] == want[i])
+        i++;
     size_t from = i > 40 ? i - 40 : 0;
-    fprintf(stderr, "  %s: differs at byte %zu (got %zu bytes, want %zu)\n", name, i, got_len, want_len);
-    fprintf(stderr, "    got : ...%.*s...\n", (int)((got_len - from) < 120 ? got_len - from : 120), got + from);
-    fprintf(stderr, "    want: ...%.*s...\n", (int)((want_len - from) < 120 ? want_len - from : 120), want + from);
+    fprintf(stderr, "  %s: differs at byte %zu (got %zu bytes, want %zu)\n", name, i, got_len,
+            want_len);
+    fprintf(stderr, "    got : ...%.*s...\n", (int)((got_len - from) < 120 ? got_len - from : 120),
+            got + from);
+    fprintf(stderr, "    want: ...%.*s...\n",
+            (int)((want_len - from) < 120 ? want_len - from : 120), want + from);
 }
 
 #include "tokenizer/tokenizer.h"

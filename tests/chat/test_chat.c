@@ -28,7 +28,8 @@ static int teardown(void **state) {
 static void test_prompt_ids_match_reference(void **state) {
     (void)state;
     json_t *derived = ct_load_reference_json("derived_tokens.json");
-    const json_t *no_tools = json_object_get(json_object_get(derived, "render_expected_tokens"), "test_no_tools");
+    const json_t *no_tools =
+        json_object_get(json_object_get(derived, "render_expected_tokens"), "test_no_tools");
     size_t n_ref = 0;
     int32_t *ref = ct_ids(no_tools, &n_ref);
     assert_true(n_ref > 2);
@@ -36,21 +37,26 @@ static void test_prompt_ids_match_reference(void **state) {
      * a user message "hello world" goes between the two. */
     int32_t want[200];
     size_t n_want = 0;
-    for (size_t i = 0; i + 2 < n_ref; i++) want[n_want++] = ref[i];
+    for (size_t i = 0; i + 2 < n_ref; i++)
+        want[n_want++] = ref[i];
     const int32_t user_turn[] = {200006, 1428, 200008, 24912, 2375, 200007, 200006, 173781};
-    for (size_t i = 0; i < sizeof user_turn / sizeof *user_turn; i++) want[n_want++] = user_turn[i];
+    for (size_t i = 0; i < sizeof user_turn / sizeof *user_turn; i++)
+        want[n_want++] = user_turn[i];
 
-    json_t *request = json_loads("{\"messages\":[{\"role\":\"user\",\"content\":\"hello world\"}]}", 0, NULL);
+    json_t *request =
+        json_loads("{\"messages\":[{\"role\":\"user\",\"content\":\"hello world\"}]}", 0, NULL);
     gptoss_openai_chat_options options = {.current_date = "2025-06-28"};
     gptoss_chat_prompt prompt;
     gptoss_error err = {0};
-    assert_int_equal(gptoss_chat_prompt_from_request(tokenizer, request, &options, &prompt, &err), GPTOSS_OK);
+    assert_int_equal(gptoss_chat_prompt_from_request(tokenizer, request, &options, &prompt, &err),
+                     GPTOSS_OK);
     assert_int_equal(prompt.tokens.n, n_want);
     assert_memory_equal(prompt.tokens.ids, want, n_want * sizeof *want);
     assert_true(gptoss_chat_prompt_is_stop(&prompt, 200002));
     assert_true(gptoss_chat_prompt_is_stop(&prompt, 200012));
     assert_true(gptoss_chat_prompt_is_stop(&prompt, 199999));
-    assert_false(gptoss_chat_prompt_is_stop(&prompt, 200007)); /* <|end|> ends a message, not a turn */
+    assert_false(
+        gptoss_chat_prompt_is_stop(&prompt, 200007)); /* <|end|> ends a message, not a turn */
     assert_false(gptoss_chat_prompt_is_stop(&prompt, 24912));
     gptoss_chat_prompt_free(&prompt);
     json_decref(request);
@@ -60,9 +66,10 @@ static void test_prompt_ids_match_reference(void **state) {
 
 static void test_bad_request_names_the_field(void **state) {
     (void)state;
-    json_t *request = json_loads("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
-                                 "{\"role\":\"tool\",\"tool_call_id\":\"nope\",\"content\":\"x\"}]}",
-                                 0, NULL);
+    json_t *request =
+        json_loads("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+                   "{\"role\":\"tool\",\"tool_call_id\":\"nope\",\"content\":\"x\"}]}",
+                   0, NULL);
     gptoss_chat_prompt prompt;
     gptoss_error err = {0};
     assert_int_equal(gptoss_chat_prompt_from_request(tokenizer, request, NULL, &prompt, &err),
@@ -104,8 +111,12 @@ static void take(collected *c, gptoss_chat_stream *stream, bool after_done) {
         const gptoss_chat_piece *p = &pieces[i];
         if (p->text) assert_true(valid_utf8(p->text, p->len)); /* never a broken character */
         switch (p->kind) {
-        case GPTOSS_CHAT_PIECE_REASONING: strncat(c->reasoning, p->text, p->len); break;
-        case GPTOSS_CHAT_PIECE_CONTENT: strncat(p->preamble ? c->preamble : c->content, p->text, p->len); break;
+        case GPTOSS_CHAT_PIECE_REASONING:
+            strncat(c->reasoning, p->text, p->len);
+            break;
+        case GPTOSS_CHAT_PIECE_CONTENT:
+            strncat(p->preamble ? c->preamble : c->content, p->text, p->len);
+            break;
         case GPTOSS_CHAT_PIECE_TOOL_CALL:
             assert_int_equal(p->tool_index, c->n_calls);
             snprintf(c->call_ids[c->n_calls], sizeof c->call_ids[0], "%s", p->call_id);
@@ -126,14 +137,19 @@ static void take(collected *c, gptoss_chat_stream *stream, bool after_done) {
 
 /* Streams `generated` (harmony text, special tokens recognised) plus the ids of `trailing`
  * (ordinary text pushed after it, e.g. after a stop) through a chat stream. */
-static void run_stream(const char *generated, const char *trailing, const char *prefix, collected *c) {
+static void run_stream(const char *generated, const char *trailing, const char *prefix,
+                       collected *c) {
     memset(c, 0, sizeof *c);
     gptoss_tokens ids = {0};
     gptoss_error err = {0};
-    assert_int_equal(gptoss_tokenizer_encode(tokenizer, generated, strlen(generated), true, &ids, &err), GPTOSS_OK);
+    assert_int_equal(
+        gptoss_tokenizer_encode(tokenizer, generated, strlen(generated), true, &ids, &err),
+        GPTOSS_OK);
     size_t n_generated = ids.n;
     if (trailing)
-        assert_int_equal(gptoss_tokenizer_encode(tokenizer, trailing, strlen(trailing), false, &ids, &err), GPTOSS_OK);
+        assert_int_equal(
+            gptoss_tokenizer_encode(tokenizer, trailing, strlen(trailing), false, &ids, &err),
+            GPTOSS_OK);
     gptoss_chat_stream *stream = NULL;
     assert_int_equal(gptoss_chat_stream_create(tokenizer, prefix, &stream, &err), GPTOSS_OK);
     for (size_t i = 0; i < ids.n; i++) {
@@ -185,7 +201,8 @@ static void test_preamble_and_call_id_prefix(void **state) {
     (void)state;
     collected c;
     run_stream("<|channel|>commentary<|message|>Let me check.<|end|>"
-               "<|start|>assistant to=browser.search<|channel|>analysis<|message|>{\"query\":\"x\"}<|call|>",
+               "<|start|>assistant "
+               "to=browser.search<|channel|>analysis<|message|>{\"query\":\"x\"}<|call|>",
                NULL, "call_req7_", &c);
     assert_string_equal(c.preamble, "Let me check.");
     assert_string_equal(c.content, "");

@@ -39,17 +39,21 @@ static void generated_ids(gptoss_tokens *ids, bool with_final) {
     char text[1024];
     if (with_final)
         snprintf(text, sizeof text,
-                 "<|channel|>analysis<|message|>%s<|end|><|start|>assistant<|channel|>final<|message|>%s<|return|>",
+                 "<|channel|>analysis<|message|>%s<|end|><|start|>assistant<|channel|>final<|"
+                 "message|>%s<|return|>",
                  reasoning_text, answer_text);
     else
-        snprintf(text, sizeof text,
-                 "<|channel|>analysis<|message|>%s<|end|><|start|>assistant<|channel|>commentary<|message|>%s"
-                 "<|end|><|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json"
-                 "<|message|>%s<|call|>",
-                 reasoning_text, preamble_text, args_text);
+        snprintf(
+            text, sizeof text,
+            "<|channel|>analysis<|message|>%s<|end|><|start|>assistant<|channel|>commentary<|"
+            "message|>%s"
+            "<|end|><|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json"
+            "<|message|>%s<|call|>",
+            reasoning_text, preamble_text, args_text);
     gptoss_error err = {0};
     /* Specials recognised for the markup; the texts contain none. */
-    assert_int_equal(gptoss_tokenizer_encode(tokenizer, text, strlen(text), true, ids, &err), GPTOSS_OK);
+    assert_int_equal(gptoss_tokenizer_encode(tokenizer, text, strlen(text), true, ids, &err),
+                     GPTOSS_OK);
 }
 
 typedef struct collected {
@@ -89,20 +93,22 @@ static void collect(gptoss_harmony_parser *p, collected *c) {
                 gptoss_chat_buf_puts(&c->header_words, " ");
             }
     }
-    for (int k = 0; k < 7; k++) gptoss_chat_buf_terminate(&c->by_kind[k]);
+    for (int k = 0; k < 7; k++)
+        gptoss_chat_buf_terminate(&c->by_kind[k]);
     gptoss_chat_buf_terminate(&c->tool_names);
     gptoss_chat_buf_terminate(&c->header_words);
 }
 
 static void collected_free(collected *c) {
-    for (int k = 0; k < 7; k++) gptoss_chat_buf_free(&c->by_kind[k]);
+    for (int k = 0; k < 7; k++)
+        gptoss_chat_buf_free(&c->by_kind[k]);
     gptoss_chat_buf_free(&c->tool_names);
     gptoss_chat_buf_free(&c->header_words);
 }
 
 static gptoss_harmony_parser *new_parser(bool strict) {
-    gptoss_harmony_parser_options o = {.strict = strict, .has_initial_role = true,
-                                       .initial_role = GPTOSS_ROLE_ASSISTANT};
+    gptoss_harmony_parser_options o = {
+        .strict = strict, .has_initial_role = true, .initial_role = GPTOSS_ROLE_ASSISTANT};
     gptoss_harmony_parser *p;
     gptoss_error err = {0};
     assert_int_equal(gptoss_harmony_parser_create(tokenizer, &o, &p, &err), GPTOSS_OK);
@@ -126,7 +132,8 @@ static void test_generated_tool_call_stream(void **state) {
         assert_string_equal(c.by_kind[GPTOSS_CHAT_EVENT_REASONING_DELTA].data, reasoning_text);
         assert_string_equal(c.by_kind[GPTOSS_CHAT_EVENT_COMMENTARY_DELTA].data, preamble_text);
         assert_string_equal(c.by_kind[GPTOSS_CHAT_EVENT_TOOL_CALL_ARGS_DELTA].data, args_text);
-        assert_null(c.by_kind[GPTOSS_CHAT_EVENT_ANSWER_DELTA].data && *c.by_kind[GPTOSS_CHAT_EVENT_ANSWER_DELTA].data
+        assert_null(c.by_kind[GPTOSS_CHAT_EVENT_ANSWER_DELTA].data &&
+                            *c.by_kind[GPTOSS_CHAT_EVENT_ANSWER_DELTA].data
                         ? "answer text"
                         : NULL);
         assert_string_equal(c.tool_names.data, "functions.get_time;");
@@ -161,8 +168,10 @@ static void test_truncation_everywhere(void **state) {
         collect(p, &c);
         assert_int_equal(c.n_turn_ends, 1);
         gptoss_chat_end_reason want = GPTOSS_CHAT_END_LENGTH;
-        if (cut == ids.n) want = GPTOSS_CHAT_END_RETURN;
-        else if (cut > 0 && ids.ids[cut - 1] == GPTOSS_TOKEN_END) want = GPTOSS_CHAT_END_END;
+        if (cut == ids.n)
+            want = GPTOSS_CHAT_END_RETURN;
+        else if (cut > 0 && ids.ids[cut - 1] == GPTOSS_TOKEN_END)
+            want = GPTOSS_CHAT_END_END;
         assert_int_equal(c.turn_end, want);
         /* Reasoning and answer are prefixes of the full texts, except that a character cut in
          * half ends as U+FFFD. */
@@ -171,11 +180,15 @@ static void test_truncation_everywhere(void **state) {
         for (int k = 0; k < 2; k++) {
             const gptoss_chat_buf *got = &c.by_kind[kinds[k]];
             size_t n = got->len;
-            if (n >= 3 && memcmp(got->data + n - 3, "\xEF\xBF\xBD", 3) == 0 && !strstr(full[k], "\xEF\xBF\xBD")) n -= 3;
+            if (n >= 3 && memcmp(got->data + n - 3, "\xEF\xBF\xBD", 3) == 0 &&
+                !strstr(full[k], "\xEF\xBF\xBD"))
+                n -= 3;
             if (n > strlen(full[k]) || (n && memcmp(got->data, full[k], n) != 0))
-                fail_msg("cut %zu: kind %d text \"%s\" is not a prefix of \"%s\"", cut, kinds[k], got->data, full[k]);
+                fail_msg("cut %zu: kind %d text \"%s\" is not a prefix of \"%s\"", cut, kinds[k],
+                         got->data, full[k]);
         }
-        if (cut == ids.n) assert_string_equal(c.by_kind[GPTOSS_CHAT_EVENT_ANSWER_DELTA].data, answer_text);
+        if (cut == ids.n)
+            assert_string_equal(c.by_kind[GPTOSS_CHAT_EVENT_ANSWER_DELTA].data, answer_text);
         collected_free(&c);
         gptoss_harmony_parser_free(p);
     }
@@ -192,15 +205,24 @@ static uint32_t next_random(void) {
  * word shows up in the event text or in a header field of some message. */
 static void test_garbage_streams(void **state) {
     (void)state;
-    static const int32_t specials[] = {GPTOSS_TOKEN_START, GPTOSS_TOKEN_MESSAGE, GPTOSS_TOKEN_CHANNEL,
-                                       GPTOSS_TOKEN_END, GPTOSS_TOKEN_RETURN, GPTOSS_TOKEN_CALL,
-                                       GPTOSS_TOKEN_CONSTRAIN, GPTOSS_TOKEN_ENDOFTEXT, 200014, -1};
-    static const char *const words[] = {"alpha", "final", "analysis", "commentary", "to=functions.f", "json",
-                                        "assistant", "user", "tool", "zeta", " ", "\n", "é", "😀"};
+    static const int32_t specials[] = {GPTOSS_TOKEN_START,
+                                       GPTOSS_TOKEN_MESSAGE,
+                                       GPTOSS_TOKEN_CHANNEL,
+                                       GPTOSS_TOKEN_END,
+                                       GPTOSS_TOKEN_RETURN,
+                                       GPTOSS_TOKEN_CALL,
+                                       GPTOSS_TOKEN_CONSTRAIN,
+                                       GPTOSS_TOKEN_ENDOFTEXT,
+                                       200014,
+                                       -1};
+    static const char *const words[] = {
+        "alpha", "final",     "analysis", "commentary", "to=functions.f",
+        "json",  "assistant", "user",     "tool",       "zeta",
+        " ",     "\n",        "é",        "😀"};
     for (int stream = 0; stream < 300; stream++) {
         bool has_role = stream % 2 == 0;
-        gptoss_harmony_parser_options o = {.strict = false, .has_initial_role = has_role,
-                                           .initial_role = GPTOSS_ROLE_ASSISTANT};
+        gptoss_harmony_parser_options o = {
+            .strict = false, .has_initial_role = has_role, .initial_role = GPTOSS_ROLE_ASSISTANT};
         gptoss_harmony_parser *p;
         gptoss_error err = {0};
         assert_int_equal(gptoss_harmony_parser_create(tokenizer, &o, &p, &err), GPTOSS_OK);
@@ -210,11 +232,13 @@ static void test_garbage_streams(void **state) {
         size_t n_fed = 0;
         for (size_t i = 0; i < n; i++) {
             if (next_random() % 3 == 0) {
-                assert_int_equal(gptoss_harmony_parser_push(p, specials[next_random() % 10], &err), GPTOSS_OK);
+                assert_int_equal(gptoss_harmony_parser_push(p, specials[next_random() % 10], &err),
+                                 GPTOSS_OK);
             } else {
                 const char *w = words[next_random() % 14];
                 gptoss_tokens ids = {0};
-                assert_int_equal(gptoss_tokenizer_encode(tokenizer, w, strlen(w), false, &ids, &err), GPTOSS_OK);
+                assert_int_equal(
+                    gptoss_tokenizer_encode(tokenizer, w, strlen(w), false, &ids, &err), GPTOSS_OK);
                 for (size_t k = 0; k < ids.n; k++) {
                     assert_int_equal(gptoss_harmony_parser_push(p, ids.ids[k], &err), GPTOSS_OK);
                     collect(p, &c);
@@ -229,7 +253,9 @@ static void test_garbage_streams(void **state) {
         collect(p, &c);
         assert_int_equal(c.n_turn_ends >= 1, true);
         gptoss_chat_buf all = {0};
-        for (int k = 0; k < 7; k++) gptoss_chat_buf_append(&all, c.by_kind[k].data ? c.by_kind[k].data : "", c.by_kind[k].len);
+        for (int k = 0; k < 7; k++)
+            gptoss_chat_buf_append(&all, c.by_kind[k].data ? c.by_kind[k].data : "",
+                                   c.by_kind[k].len);
         gptoss_chat_buf_puts(&all, c.tool_names.data ? c.tool_names.data : "");
         gptoss_chat_buf_puts(&all, c.header_words.data ? c.header_words.data : "");
         for (size_t i = 0; i < gptoss_harmony_parser_n_messages(p); i++) {
@@ -243,7 +269,8 @@ static void test_garbage_streams(void **state) {
             const char *w = fed[i];
             /* A role word, a recipient or a content type may be consumed by a header. */
             bool structural = !strcmp(w, "assistant") || !strcmp(w, "user") || !strcmp(w, "tool");
-            if (!structural && !strstr(all.data, w) && !strstr(all.data, w + (strncmp(w, "to=", 3) ? 0 : 3)))
+            if (!structural && !strstr(all.data, w) &&
+                !strstr(all.data, w + (strncmp(w, "to=", 3) ? 0 : 3)))
                 fail_msg("stream %d: word \"%s\" vanished; output: %s", stream, w, all.data);
         }
         gptoss_chat_buf_free(&all);

@@ -39,7 +39,8 @@ static bool same_opt(const char *got, const json_t *want) {
 static int compare_message(const char *name, size_t index, const gptoss_harmony_parsed_message *got,
                            const json_t *want) {
     const char *role = json_string_value(json_object_get(want, "role"));
-    const json_t *text = json_object_get(json_array_get(json_object_get(want, "content"), 0), "text");
+    const json_t *text =
+        json_object_get(json_array_get(json_object_get(want, "content"), 0), "text");
     int bad = 0;
     if (strcmp(gptoss_harmony_role_name(got->role), role) != 0) bad = 1;
     if (!same_opt(got->name, json_object_get(want, "name"))) bad = 1;
@@ -72,10 +73,11 @@ static int check_text(const char *name, const char *what, const char *got, size_
         fprintf(stderr, "  %s: %s: got \"%.*s\", want null\n", name, what, (int)got_len, got);
         return 1;
     }
-    if (got && got_len == json_string_length(want) && memcmp(got, json_string_value(want), got_len) == 0)
+    if (got && got_len == json_string_length(want) &&
+        memcmp(got, json_string_value(want), got_len) == 0)
         return 0;
-    fprintf(stderr, "  %s: %s: got \"%.*s\", want \"%s\"\n", name, what, (int)got_len, got ? got : "(null)",
-            json_string_value(want));
+    fprintf(stderr, "  %s: %s: got \"%.*s\", want \"%s\"\n", name, what, (int)got_len,
+            got ? got : "(null)", json_string_value(want));
     return 1;
 }
 
@@ -108,7 +110,8 @@ static int run_case(const char *name, const json_t *c, const int32_t *ids, size_
             const json_t *step = json_array_get(steps, i - 3);
             char what[64];
             snprintf(what, sizeof what, "step %zu last delta", i - 3);
-            failed += check_text(name, what, delta, len, json_object_get(step, "last_content_delta"));
+            failed +=
+                check_text(name, what, delta, len, json_object_get(step, "last_content_delta"));
             const char *cur = gptoss_harmony_parser_current_content(parser, &len);
             snprintf(what, sizeof what, "step %zu current content", i - 3);
             failed += check_text(name, what, cur, len, json_object_get(step, "current_content"));
@@ -122,8 +125,10 @@ static int run_case(const char *name, const json_t *c, const int32_t *ids, size_
         if (!st) {
             fprintf(stderr, "  %s: expected an error, parsed fine\n", name);
             failed++;
-        } else if (json_is_string(want_error) && !strstr(err.message, json_string_value(want_error))) {
-            fprintf(stderr, "  %s: error \"%s\" lacks \"%s\"\n", name, err.message, json_string_value(want_error));
+        } else if (json_is_string(want_error) &&
+                   !strstr(err.message, json_string_value(want_error))) {
+            fprintf(stderr, "  %s: error \"%s\" lacks \"%s\"\n", name, err.message,
+                    json_string_value(want_error));
             failed++;
         }
     } else if (st) {
@@ -135,7 +140,8 @@ static int run_case(const char *name, const json_t *c, const int32_t *ids, size_
     if (want_messages) {
         size_t got_n = gptoss_harmony_parser_n_messages(parser);
         if (got_n != json_array_size(want_messages)) {
-            fprintf(stderr, "  %s: %zu messages, want %zu\n", name, got_n, json_array_size(want_messages));
+            fprintf(stderr, "  %s: %zu messages, want %zu\n", name, got_n,
+                    json_array_size(want_messages));
             failed++;
         } else {
             for (size_t i = 0; i < got_n; i++)
@@ -145,14 +151,15 @@ static int run_case(const char *name, const json_t *c, const int32_t *ids, size_
     }
     const json_t *count = json_object_get(c, "expected_message_count");
     if (count && gptoss_harmony_parser_n_messages(parser) != (size_t)json_integer_value(count)) {
-        fprintf(stderr, "  %s: %zu messages, want %lld\n", name, gptoss_harmony_parser_n_messages(parser),
-                json_integer_value(count));
+        fprintf(stderr, "  %s: %zu messages, want %lld\n", name,
+                gptoss_harmony_parser_n_messages(parser), json_integer_value(count));
         failed++;
     }
     const char *key;
     const json_t *want;
     json_object_foreach(json_object_get(c, "expected_messages_by_index"), key, want) {
-        const gptoss_harmony_parsed_message *m = gptoss_harmony_parser_message(parser, (size_t)atoi(key));
+        const gptoss_harmony_parsed_message *m =
+            gptoss_harmony_parser_message(parser, (size_t)atoi(key));
         if (!m) {
             fprintf(stderr, "  %s: no message %s\n", name, key);
             failed++;
@@ -162,26 +169,32 @@ static int run_case(const char *name, const json_t *c, const int32_t *ids, size_
     }
     gptoss_chat_buf_terminate(&joined);
     const json_t *joined_want = json_object_get(c, "expected_joined_content_deltas");
-    if (joined_want) failed += check_text(name, "joined deltas", joined.data, joined.len, joined_want);
+    if (joined_want)
+        failed += check_text(name, "joined deltas", joined.data, joined.len, joined_want);
     const json_t *after = json_object_get(c, "expected_after_input");
     if (after) {
         size_t len;
         const char *cur = gptoss_harmony_parser_current_content(parser, &len);
-        failed += check_text(name, "current content", cur, len, json_object_get(after, "current_content"));
+        failed += check_text(name, "current content", cur, len,
+                             json_object_get(after, "current_content"));
         failed += check_text(name, "joined deltas", joined.data, joined.len,
                              json_object_get(after, "joined_content_deltas"));
     }
     const json_t *then = json_object_get(c, "then");
     if (then) {
         gptoss_tokens more = {0};
-        const char *text = json_string_value(json_object_get(then, "feed_text_ordinary_first_token"));
-        assert_int_equal(gptoss_tokenizer_encode(tokenizer, text, strlen(text), false, &more, &err), GPTOSS_OK);
+        const char *text =
+            json_string_value(json_object_get(then, "feed_text_ordinary_first_token"));
+        assert_int_equal(gptoss_tokenizer_encode(tokenizer, text, strlen(text), false, &more, &err),
+                         GPTOSS_OK);
         assert_int_equal(gptoss_harmony_parser_push(parser, more.ids[0], &err), GPTOSS_OK);
         size_t len;
         const char *delta = gptoss_harmony_parser_last_delta(parser, &len);
-        failed += check_text(name, "then: last delta", delta, len, json_object_get(then, "last_content_delta"));
+        failed += check_text(name, "then: last delta", delta, len,
+                             json_object_get(then, "last_content_delta"));
         const char *cur = gptoss_harmony_parser_current_content(parser, &len);
-        failed += check_text(name, "then: current content", cur, len, json_object_get(then, "current_content"));
+        failed += check_text(name, "then: current content", cur, len,
+                             json_object_get(then, "current_content"));
         gptoss_tokens_free(&more);
     }
     const json_t *after_eos = json_object_get(c, "expected_after_eos");
@@ -295,16 +308,20 @@ static void test_render_tokens(void **state) {
         gptoss_harmony_conversation_init(&conversation);
         gptoss_error err = {0};
         assert_int_equal(gptoss_harmony_conversation_from_json(json_object_get(c, "conversation"),
-                                                               &conversation, &err), GPTOSS_OK);
+                                                               &conversation, &err),
+                         GPTOSS_OK);
         gptoss_tokens got = {0};
-        assert_int_equal(gptoss_harmony_render_tokens(&conversation, &o, tokenizer, &got, &err), GPTOSS_OK);
+        assert_int_equal(gptoss_harmony_render_tokens(&conversation, &o, tokenizer, &got, &err),
+                         GPTOSS_OK);
         size_t n;
         int32_t *want = ct_ids(json_object_get(expected, name), &n);
         n_run++;
         size_t k = 0;
-        while (k < n && k < got.n && got.ids[k] == want[k]) k++;
+        while (k < n && k < got.n && got.ids[k] == want[k])
+            k++;
         if (n == 0 || got.n != n || k != n) {
-            fprintf(stderr, "  %s: token ids differ at %zu (got %zu ids, want %zu)\n", name, k, got.n, n);
+            fprintf(stderr, "  %s: token ids differ at %zu (got %zu ids, want %zu)\n", name, k,
+                    got.n, n);
             n_failed++;
         }
         free(want);

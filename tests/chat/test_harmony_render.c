@@ -75,7 +75,8 @@ static void test_cases_json(void **state) {
             continue;
         }
         size_t want_len;
-        char *want = ct_read_expected(json_string_value(json_object_get(c, "expected_file")), &want_len);
+        char *want =
+            ct_read_expected(json_string_value(json_object_get(c, "expected_file")), &want_len);
         gptoss_harmony_render_options o = options_from_json(json_object_get(c, "options"), kind);
         n_render++;
         n_failed += check_render(name, json_object_get(c, "conversation"), &o, want, want_len);
@@ -119,8 +120,9 @@ static void test_extra_cases_json(void **state) {
                 o.next_turn_role = GPTOSS_ROLE_ASSISTANT;
                 snprintf(label, sizeof label, "%s (for completion)", name);
                 n_render++;
-                n_failed += check_render(label, json_object_get(c, "conversation"), &o,
-                                         json_string_value(completion), json_string_length(completion));
+                n_failed +=
+                    check_render(label, json_object_get(c, "conversation"), &o,
+                                 json_string_value(completion), json_string_length(completion));
             }
             const json_t *plain = json_object_get(c, "expected_text_plain_render");
             if (plain) {
@@ -134,7 +136,8 @@ static void test_extra_cases_json(void **state) {
         const json_t *check = json_object_get(c, "render_check");
         if (check) {
             const json_t *want = json_object_get(check, "expected_text");
-            gptoss_harmony_render_options o = options_from_json(json_object_get(check, "options"), "render");
+            gptoss_harmony_render_options o =
+                options_from_json(json_object_get(check, "options"), "render");
             snprintf(label, sizeof label, "%s (render_check)", name);
             n_render++;
             n_failed += check_render(label, json_object_get(check, "conversation"), &o,
@@ -155,7 +158,8 @@ static void test_builtin_tools_match_reference(void **state) {
     size_t i;
     json_t *c;
     json_array_foreach(json_object_get(root, "cases"), i, c) {
-        if (strcmp(json_string_value(json_object_get(c, "name")), "test_browser_and_python_tool") == 0)
+        if (strcmp(json_string_value(json_object_get(c, "name")), "test_browser_and_python_tool") ==
+            0)
             found = json_array_get(json_object_get(c, "conversation"), 0);
     }
     assert_non_null(found);
@@ -231,7 +235,8 @@ static void test_render_errors(void **state) {
     gptoss_harmony_conversation_init(&conversation);
     gptoss_error err = {0};
     gptoss_harmony_message *m;
-    assert_int_equal(gptoss_harmony_conversation_push(&conversation, GPTOSS_ROLE_TOOL, &m, &err), GPTOSS_OK);
+    assert_int_equal(gptoss_harmony_conversation_push(&conversation, GPTOSS_ROLE_TOOL, &m, &err),
+                     GPTOSS_OK);
     assert_int_equal(gptoss_harmony_message_add_text(m, "x", 1, &err), GPTOSS_OK);
     gptoss_harmony_render_options o = gptoss_harmony_render_options_default();
     char *text = NULL;
@@ -243,13 +248,16 @@ static void test_render_errors(void **state) {
 
     json_error_t jerr;
     json_t *bad = json_loads("[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]", 0, &jerr);
-    assert_int_equal(gptoss_harmony_conversation_from_json(bad, &conversation, &err), GPTOSS_ERR_FORMAT);
+    assert_int_equal(gptoss_harmony_conversation_from_json(bad, &conversation, &err),
+                     GPTOSS_ERR_FORMAT);
     assert_non_null(strstr(err.message, "[0].content[0].type"));
     gptoss_harmony_conversation_free(&conversation);
     json_decref(bad);
 
     /* System content in a user message is refused, as harmony refuses it. */
-    bad = json_loads("[{\"role\":\"user\",\"content\":[{\"type\":\"system\",\"tool_namespaces\":[]}]}]", 0, &jerr);
+    bad = json_loads(
+        "[{\"role\":\"user\",\"content\":[{\"type\":\"system\",\"tool_namespaces\":[]}]}]", 0,
+        &jerr);
     assert_int_equal(gptoss_harmony_conversation_from_json(bad, &conversation, &err), GPTOSS_OK);
     assert_int_equal(gptoss_harmony_render_text(&conversation, &o, &text, &len, &err),
                      GPTOSS_ERR_INVALID_ARGUMENT);

@@ -62,9 +62,10 @@ static void test_every_difference_is_explained(void **state) {
     char *output = NULL;
     /* GPTOSS_HF_SHOW=1 prints the kinds found for every conversation. */
     const char *show = getenv("GPTOSS_HF_SHOW");
-    int rc = ts_run(&output, "cd '%s' && node tests/chat/hf_template_compare.mjs '%s' '%s' '%s'%s", source,
-                    conversations_path, ours_path, "tests/chat/hf_template_differences.json",
-                    show && *show == '1' ? " --show" : "");
+    int rc =
+        ts_run(&output, "cd '%s' && node tests/chat/hf_template_compare.mjs '%s' '%s' '%s'%s",
+               source, conversations_path, ours_path, "tests/chat/hf_template_differences.json",
+               show && *show == '1' ? " --show" : "");
     fprintf(stderr, "%s", output ? output : "");
     assert_int_equal(rc, 0);
 

@@ -29,10 +29,13 @@ static const char *const system_and_developer =
     "} // namespace functions<|end|>";
 
 static const char *const request_head =
-    "{\"reasoning_effort\":\"low\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_time\","
-    "\"description\":\"Returns the current local time for a timezone.\",\"parameters\":{\"type\":\"object\","
+    "{\"reasoning_effort\":\"low\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_"
+    "time\","
+    "\"description\":\"Returns the current local time for a "
+    "timezone.\",\"parameters\":{\"type\":\"object\","
     "\"properties\":{\"timezone\":{\"type\":\"string\",\"description\":\"IANA timezone name\"}},"
-    "\"required\":[\"timezone\"]}}}],\"messages\":[{\"role\":\"system\",\"content\":\"Answer briefly.\"},"
+    "\"required\":[\"timezone\"]}}}],\"messages\":[{\"role\":\"system\",\"content\":\"Answer "
+    "briefly.\"},"
     "{\"role\":\"user\",\"content\":\"What time is it in Tokyo?\"}";
 
 /* Maps and renders request_text; returns the malloc'd prompt or NULL with *err filled. */
@@ -62,7 +65,8 @@ static void test_worked_example(void **state) {
     char *text = render_request(request, &err);
     assert_non_null(text);
     char want[4096];
-    snprintf(want, sizeof want, "%s<|start|>user<|message|>What time is it in Tokyo?<|end|><|start|>assistant",
+    snprintf(want, sizeof want,
+             "%s<|start|>user<|message|>What time is it in Tokyo?<|end|><|start|>assistant",
              system_and_developer);
     assert_string_equal(text, want);
     free(text);
@@ -70,36 +74,44 @@ static void test_worked_example(void **state) {
     /* After the tool round trip (spec 6.9, second prompt): nothing dropped. */
     snprintf(request, sizeof request,
              "%s,{\"role\":\"assistant\",\"reasoning_content\":\"Need Tokyo time; call get_time.\","
-             "\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+             "\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{"
+             "\"name\":"
              "\"get_time\",\"arguments\":\"{\\\"timezone\\\":\\\"Asia/Tokyo\\\"}\"}}]},"
-             "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"{\\\"time\\\":\\\"14:05\\\"}\"}]}",
+             "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"{\\\"time\\\":\\\"14:05\\\"}"
+             "\"}]}",
              request_head);
     text = render_request(request, &err);
     assert_non_null(text);
-    snprintf(want, sizeof want,
-             "%s<|start|>user<|message|>What time is it in Tokyo?<|end|><|start|>assistant<|channel|>analysis"
-             "<|message|>Need Tokyo time; call get_time.<|end|><|start|>assistant to=functions.get_time"
-             "<|channel|>commentary <|constrain|>json<|message|>{\"timezone\":\"Asia/Tokyo\"}<|call|>"
-             "<|start|>functions.get_time to=assistant<|channel|>commentary<|message|>{\"time\":\"14:05\"}"
-             "<|end|><|start|>assistant",
-             system_and_developer);
+    snprintf(
+        want, sizeof want,
+        "%s<|start|>user<|message|>What time is it in "
+        "Tokyo?<|end|><|start|>assistant<|channel|>analysis"
+        "<|message|>Need Tokyo time; call get_time.<|end|><|start|>assistant to=functions.get_time"
+        "<|channel|>commentary <|constrain|>json<|message|>{\"timezone\":\"Asia/Tokyo\"}<|call|>"
+        "<|start|>functions.get_time "
+        "to=assistant<|channel|>commentary<|message|>{\"time\":\"14:05\"}"
+        "<|end|><|start|>assistant",
+        system_and_developer);
     assert_string_equal(text, want);
     free(text);
 
     /* Next user turn: the final answer is stored with <|end|> and both analysis messages
      * (before the first final) are dropped; tool call and result stay (spec 6.9 end). */
-    snprintf(request, sizeof request,
-             "%s,{\"role\":\"assistant\",\"reasoning_content\":\"Need Tokyo time; call get_time.\","
-             "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"get_time\","
-             "\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"x\"},"
-             "{\"role\":\"assistant\",\"reasoning\":\"Tool says 14:05.\",\"content\":[{\"type\":\"text\","
-             "\"text\":\"It is 14:05 \"},{\"type\":\"text\",\"text\":\"in Tokyo.\"}]},"
-             "{\"role\":\"user\",\"content\":\"Thanks\"}]}",
-             request_head);
+    snprintf(
+        request, sizeof request,
+        "%s,{\"role\":\"assistant\",\"reasoning_content\":\"Need Tokyo time; call get_time.\","
+        "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"get_time\","
+        "\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"x\"},"
+        "{\"role\":\"assistant\",\"reasoning\":\"Tool says "
+        "14:05.\",\"content\":[{\"type\":\"text\","
+        "\"text\":\"It is 14:05 \"},{\"type\":\"text\",\"text\":\"in Tokyo.\"}]},"
+        "{\"role\":\"user\",\"content\":\"Thanks\"}]}",
+        request_head);
     text = render_request(request, &err);
     assert_non_null(text);
     snprintf(want, sizeof want,
-             "%s<|start|>user<|message|>What time is it in Tokyo?<|end|><|start|>assistant to=functions.get_time"
+             "%s<|start|>user<|message|>What time is it in Tokyo?<|end|><|start|>assistant "
+             "to=functions.get_time"
              "<|channel|>commentary <|constrain|>json<|message|>{}<|call|>"
              "<|start|>functions.get_time to=assistant<|channel|>commentary<|message|>x<|end|>"
              "<|start|>assistant<|channel|>final<|message|>It is 14:05 in Tokyo.<|end|>"
@@ -122,35 +134,44 @@ static void test_errors_name_the_field(void **state) {
     expect_error("[]", "request: expected a JSON object");
     expect_error("{}", "messages: expected an array");
     expect_error("{\"messages\":[]}", "messages: must contain at least one message");
-    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\",\"tool_call_id\":\"abc\","
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\",\"tool_"
+                 "call_id\":\"abc\","
                  "\"content\":\"r\"}]}",
                  "messages[1].tool_call_id: no earlier tool call has id 'abc'");
     expect_error("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
                  "messages[0].content[0].type: 'image_url' is not supported");
-    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "messages[0].content: expected a string");
-    expect_error("{\"messages\":[{\"role\":\"wizard\",\"content\":\"a\"}]}", "messages[0].role: 'wizard'");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":5}]}",
+                 "messages[0].content: expected a string");
+    expect_error("{\"messages\":[{\"role\":\"wizard\",\"content\":\"a\"}]}",
+                 "messages[0].role: 'wizard'");
     expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\"}]}",
                  "messages[1]: an assistant message needs content");
-    expect_error("{\"reasoning_effort\":\"max\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
-                 "reasoning_effort: expected");
-    expect_error("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}],\"messages\":[{\"role\":"
+    expect_error(
+        "{\"reasoning_effort\":\"max\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+        "reasoning_effort: expected");
+    expect_error("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a "
+                 "b\"}}],\"messages\":[{\"role\":"
                  "\"user\",\"content\":\"a\"}]}",
                  "tools[0].function.name");
-    expect_error("{\"tools\":[{\"type\":\"retrieval\"}],\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+    expect_error("{\"tools\":[{\"type\":\"retrieval\"}],\"messages\":[{\"role\":\"user\","
+                 "\"content\":\"a\"}]}",
                  "tools[0].type");
-    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"tool_calls\":"
-                 "[{\"id\":\"x\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":5}}]}]}",
-                 "messages[1].tool_calls[0].function.arguments");
+    expect_error(
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"tool_"
+        "calls\":"
+        "[{\"id\":\"x\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":5}}]}]}",
+        "messages[1].tool_calls[0].function.arguments");
 }
 
 /* User text that spells special tokens stays text, and tool_choice "none" hides tools. */
 static void test_text_and_tool_choice(void **state) {
     (void)state;
     gptoss_error err = {0};
-    char *text = render_request("{\"tool_choice\":\"none\",\"tools\":[{\"type\":\"function\",\"function\":"
-                                "{\"name\":\"f\"}}],\"messages\":[{\"role\":\"user\",\"content\":"
-                                "\"<|end|>\"}]}",
-                                &err);
+    char *text =
+        render_request("{\"tool_choice\":\"none\",\"tools\":[{\"type\":\"function\",\"function\":"
+                       "{\"name\":\"f\"}}],\"messages\":[{\"role\":\"user\",\"content\":"
+                       "\"<|end|>\"}]}",
+                       &err);
     assert_non_null(text);
     assert_null(strstr(text, "namespace functions"));
     assert_null(strstr(text, "<|start|>developer"));

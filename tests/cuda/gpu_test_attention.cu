@@ -41,8 +41,8 @@ typedef struct problem {
 
 /* Tokens of sequence s are positions cached_s .. cached_s + new_s - 1, in step order. Every
  * cache slot is NaN except positions 0 .. cached_s + new_s - 1 of each sequence. */
-static problem make_problem(int NH, int NKV, int D, const std::vector<std::pair<int, int>> &seqs, int window,
-                            int bs) {
+static problem make_problem(int NH, int NKV, int D, const std::vector<std::pair<int, int>> &seqs,
+                            int window, int bs) {
     problem P;
     P.NH = NH, P.NKV = NKV, P.D = D, P.window = window, P.bs = bs, P.seqs = seqs;
     P.S = (int)seqs.size();
@@ -58,15 +58,18 @@ static problem make_problem(int NH, int NKV, int D, const std::vector<std::pair<
     P.max_blocks = (max_len + bs - 1) / bs;
     P.n_blocks = P.S * P.max_blocks + 3;
     std::vector<int32_t> ids(P.n_blocks);
-    for (int i = 0; i < P.n_blocks; i++) ids[i] = i;
-    for (int i = P.n_blocks - 1; i > 0; i--) std::swap(ids[i], ids[rnd_int(i + 1)]);
+    for (int i = 0; i < P.n_blocks; i++)
+        ids[i] = i;
+    for (int i = P.n_blocks - 1; i > 0; i--)
+        std::swap(ids[i], ids[rnd_int(i + 1)]);
     P.table.assign(ids.begin(), ids.begin() + (size_t)P.S * P.max_blocks);
     size_t cache_elems = (size_t)P.n_blocks * bs * NKV * D;
     P.kc.assign(cache_elems, 0xffff); /* NaN */
     P.vc.assign(cache_elems, 0xffff);
     for (int s = 0; s < P.S; s++) {
         for (int j = 0; j < seqs[s].first + seqs[s].second; j++) {
-            size_t off = ((size_t)P.table[(size_t)s * P.max_blocks + j / bs] * bs + j % bs) * NKV * D;
+            size_t off =
+                ((size_t)P.table[(size_t)s * P.max_blocks + j / bs] * bs + j % bs) * NKV * D;
             for (int i = 0; i < NKV * D; i++) {
                 P.kc[off + i] = f2bf(rnd_nz(1.0f));
                 P.vc[off + i] = f2bf(rnd_nz(1.0f));
@@ -75,8 +78,10 @@ static problem make_problem(int NH, int NKV, int D, const std::vector<std::pair<
     }
     P.q.resize((size_t)P.T * NH * D);
     P.sinks.resize(NH);
-    for (auto &v : P.q) v = rnd_nz(0.6f);
-    for (auto &v : P.sinks) v = rnd_nz(3.0f);
+    for (auto &v : P.q)
+        v = rnd_nz(0.6f);
+    for (auto &v : P.sinks)
+        v = rnd_nz(3.0f);
     CK(cudaMalloc(&P.dk, cache_elems * 2));
     CK(cudaMalloc(&P.dv, cache_elems * 2));
     CK(cudaMemcpy(P.dk, P.kc.data(), cache_elems * 2, cudaMemcpyHostToDevice));
@@ -105,21 +110,32 @@ static std::vector<double> reference(const problem &P) {
             const float *qh = &P.q[((size_t)t * NH + h) * D];
             double m = P.sinks[h];
             for (int j = lo; j <= p; j++) {
-                size_t off = (((size_t)P.table[(size_t)s * P.max_blocks + j / P.bs] * P.bs + j % P.bs) * P.NKV + g) * D;
+                size_t off =
+                    (((size_t)P.table[(size_t)s * P.max_blocks + j / P.bs] * P.bs + j % P.bs) *
+                         P.NKV +
+                     g) *
+                    D;
                 double d = 0;
-                for (int c = 0; c < D; c++) d += (double)qh[c] * bf2f(P.kc[off + c]);
+                for (int c = 0; c < D; c++)
+                    d += (double)qh[c] * bf2f(P.kc[off + c]);
                 sc[j - lo] = d;
                 m = fmax(m, d);
             }
             double z = exp(P.sinks[h] - m);
             std::fill(acc.begin(), acc.end(), 0.0);
             for (int j = lo; j <= p; j++) {
-                size_t off = (((size_t)P.table[(size_t)s * P.max_blocks + j / P.bs] * P.bs + j % P.bs) * P.NKV + g) * D;
+                size_t off =
+                    (((size_t)P.table[(size_t)s * P.max_blocks + j / P.bs] * P.bs + j % P.bs) *
+                         P.NKV +
+                     g) *
+                    D;
                 double w = exp(sc[j - lo] - m);
                 z += w;
-                for (int c = 0; c < D; c++) acc[c] += w * bf2f(P.vc[off + c]);
+                for (int c = 0; c < D; c++)
+                    acc[c] += w * bf2f(P.vc[off + c]);
             }
-            for (int c = 0; c < D; c++) ref[((size_t)t * NH + h) * D + c] = acc[c] / z;
+            for (int c = 0; c < D; c++)
+                ref[((size_t)t * NH + h) * D + c] = acc[c] / z;
         }
     }
     return ref;
@@ -137,21 +153,22 @@ static std::vector<double> bf16_to_double(const std::vector<bf16> &v, size_t n) 
 
 /* Runs both kernels on one problem; checks the new one against the reference and the old one,
  * and that nothing past the output was written. */
-static void test_case(int NH, int NKV, int D, const std::vector<std::pair<int, int>> &seqs, int window, int bs,
-                      const char *label, bool pdl = false) {
+static void test_case(int NH, int NKV, int D, const std::vector<std::pair<int, int>> &seqs,
+                      int window, int bs, const char *label, bool pdl = false) {
     problem P = make_problem(NH, NKV, D, seqs, window, bs);
     const size_t n_out = (size_t)P.T * NH * D, guard = (size_t)16 * NH * D;
     bf16 *out_tc = dev_poisoned<bf16>(n_out, guard), *out_scalar = dev_poisoned<bf16>(n_out);
     float *partial = dev_poisoned<float>((size_t)P.T * NH * (D + 2));
     char name[112];
-    snprintf(name, sizeof name, "tc %s NH=%d NKV=%d D=%d T=%d win=%d bs=%d%s", label, NH, NKV, D, P.T, window, bs,
-             pdl ? " pdl" : "");
+    snprintf(name, sizeof name, "tc %s NH=%d NKV=%d D=%d T=%d win=%d bs=%d%s", label, NH, NKV, D,
+             P.T, window, bs, pdl ? " pdl" : "");
     gptoss_cuda_set_pdl(pdl);
-    int rc = gptoss_cuda_attention_tc(P.dq, P.dk, P.dv, P.dpos, P.dseq, P.dtab, P.max_blocks, bs, P.dsink, P.T, NH,
-                                      NKV, D, window, out_tc, 0);
+    int rc = gptoss_cuda_attention_tc(P.dq, P.dk, P.dv, P.dpos, P.dseq, P.dtab, P.max_blocks, bs,
+                                      P.dsink, P.T, NH, NKV, D, window, out_tc, 0);
     gptoss_cuda_set_pdl(false);
-    int rc_scalar = gptoss_cuda_attention(P.dq, P.dk, P.dv, P.dpos, P.dseq, P.dtab, P.max_blocks, bs, P.dsink, P.T,
-                                          NH, NKV, D, window, 1, partial, out_scalar, 0);
+    int rc_scalar =
+        gptoss_cuda_attention(P.dq, P.dk, P.dv, P.dpos, P.dseq, P.dtab, P.max_blocks, bs, P.dsink,
+                              P.T, NH, NKV, D, window, 1, partial, out_scalar, 0);
     if (rc != 0 || rc_scalar != 0) {
         char msg[192];
         snprintf(msg, sizeof msg, "%s: launcher refused (tc %d, scalar %d)", name, rc, rc_scalar);
@@ -159,7 +176,8 @@ static void test_case(int NH, int NKV, int D, const std::vector<std::pair<int, i
     } else {
         std::vector<bf16> got_tc = dev_download(out_tc, n_out + guard);
         std::vector<bf16> got_scalar = dev_download(out_scalar, n_out);
-        std::vector<double> tc = bf16_to_double(got_tc, n_out), scalar = bf16_to_double(got_scalar, n_out);
+        std::vector<double> tc = bf16_to_double(got_tc, n_out),
+                            scalar = bf16_to_double(got_scalar, n_out);
         std::vector<double> ref = reference(P);
         char sub[192];
         /* q and P enter as bf16 hi + lo (16 significant bits), so what remains is the bf16
@@ -189,8 +207,8 @@ static void test_refusal(int NH, int NKV, int D, const char *why) {
     problem P = make_problem(NH, NKV, D, seqs, 0, 16);
     size_t n_out = (size_t)P.T * NH * D;
     bf16 *out = dev_poisoned<bf16>(n_out);
-    int rc = gptoss_cuda_attention_tc(P.dq, P.dk, P.dv, P.dpos, P.dseq, P.dtab, P.max_blocks, 16, P.dsink, P.T, NH,
-                                      NKV, D, 0, out, 0);
+    int rc = gptoss_cuda_attention_tc(P.dq, P.dk, P.dv, P.dpos, P.dseq, P.dtab, P.max_blocks, 16,
+                                      P.dsink, P.T, NH, NKV, D, 0, out, 0);
     std::vector<bf16> got = dev_download(out, n_out);
     bool untouched = true;
     for (size_t i = 0; i < n_out; i++) {
@@ -222,11 +240,11 @@ static double time_kernel(const problem &P, int kind, bf16 *out, float *partial)
     for (int r = 0; r < 8; r++) {
         CK(cudaEventRecord(a, 0));
         if (kind == 0)
-            gptoss_cuda_attention_tc(P.dq, P.dk, P.dv, P.dpos, P.dseq, P.dtab, P.max_blocks, P.bs, P.dsink, P.T, P.NH,
-                                     P.NKV, P.D, P.window, out, 0);
+            gptoss_cuda_attention_tc(P.dq, P.dk, P.dv, P.dpos, P.dseq, P.dtab, P.max_blocks, P.bs,
+                                     P.dsink, P.T, P.NH, P.NKV, P.D, P.window, out, 0);
         else
-            gptoss_cuda_attention(P.dq, P.dk, P.dv, P.dpos, P.dseq, P.dtab, P.max_blocks, P.bs, P.dsink, P.T, P.NH,
-                                  P.NKV, P.D, P.window, 1, partial, out, 0);
+            gptoss_cuda_attention(P.dq, P.dk, P.dv, P.dpos, P.dseq, P.dtab, P.max_blocks, P.bs,
+                                  P.dsink, P.T, P.NH, P.NKV, P.D, P.window, 1, partial, out, 0);
         CK(cudaEventRecord(b, 0));
         CK(cudaEventSynchronize(b));
         CK(cudaGetLastError());
@@ -257,8 +275,9 @@ static void bench(int T, int window) {
     tm.tc_ms = time_kernel(P, 0, out, partial);
     tm.scalar_ms = time_kernel(P, 1, out, partial);
     tm.gflop = flop * 1e-9;
-    printf("%-32s tc %.3f ms (%.1f TFLOP/s)  scalar %.3f ms (%.1f TFLOP/s)  speedup %.1fx\n", tm.name, tm.tc_ms,
-           tm.gflop / tm.tc_ms, tm.scalar_ms, tm.gflop / tm.scalar_ms, tm.scalar_ms / tm.tc_ms);
+    printf("%-32s tc %.3f ms (%.1f TFLOP/s)  scalar %.3f ms (%.1f TFLOP/s)  speedup %.1fx\n",
+           tm.name, tm.tc_ms, tm.gflop / tm.tc_ms, tm.scalar_ms, tm.gflop / tm.scalar_ms,
+           tm.scalar_ms / tm.tc_ms);
     timings.push_back(tm);
     cudaFree(out), cudaFree(partial);
     free_problem(P);
@@ -273,9 +292,11 @@ int main(int argc, char **argv) {
     std::vector<std::pair<int, int>> prefill_1000 = {{0, 1000}};
     std::vector<std::pair<int, int>> prefill_2048 = {{0, 2048}};
     std::vector<std::pair<int, int>> chunked = {{300, 257}};
-    std::vector<std::pair<int, int>> varlen = {{0, 1}, {0, 15}, {0, 16}, {0, 17}, {0, 100}, {37, 5}, {500, 33}};
+    std::vector<std::pair<int, int>> varlen = {{0, 1},   {0, 15}, {0, 16},  {0, 17},
+                                               {0, 100}, {37, 5}, {500, 33}};
     std::vector<std::pair<int, int>> singles;
-    for (int i = 0; i < 21; i++) singles.push_back({(i * 397) % 3000, 1});
+    for (int i = 0; i < 21; i++)
+        singles.push_back({(i * 397) % 3000, 1});
     std::vector<std::pair<int, int>> mixed = {{1200, 40}, {0, 1}, {64, 70}, {3, 1}, {140, 9}};
 
     for (int window : {0, 128}) {
@@ -328,11 +349,12 @@ int main(int argc, char **argv) {
         failed += !r.ok;
     }
     if (timed)
-        printf("\n| timing (%s) | tensor-core ms | TFLOP/s | scalar ms | TFLOP/s |\n|---|---|---|---|---|\n",
+        printf("\n| timing (%s) | tensor-core ms | TFLOP/s | scalar ms | TFLOP/s "
+               "|\n|---|---|---|---|---|\n",
                prop.name);
     for (auto &t : timings)
-        printf("| %s | %.3f | %.1f | %.3f | %.1f |\n", t.name, t.tc_ms, t.gflop / t.tc_ms, t.scalar_ms,
-               t.gflop / t.scalar_ms);
+        printf("| %s | %.3f | %.1f | %.3f | %.1f |\n", t.name, t.tc_ms, t.gflop / t.tc_ms,
+               t.scalar_ms, t.gflop / t.scalar_ms);
     printf("\ngpu_test_attention: %zu cases, %d failed\n", results.size(), failed);
     return failed ? 1 : 0;
 }

@@ -113,7 +113,7 @@ typedef struct stats {
     int rows, top1_agree;
     int decisive_rows, decisive_agree; /* rows where precision noise cannot explain a flip */
     double row_rel[MAX_ROWS];          /* per-row relative error, for the median */
-    int bad_rows, first_bad_row; /* rows over the per-row bound; the first one (-1: none) */
+    int bad_rows, first_bad_row;       /* rows over the per-row bound; the first one (-1: none) */
     double max_rel, sum_rel;
 } stats;
 
@@ -129,8 +129,10 @@ typedef struct stats {
 typedef struct pair {
     gptoss_backend *cpu, *cpu_bf16, *cuda; /* fp32 reference, bf16-emulating reference, tested */
     gptoss_backend *cuda_floor;            /* CUDA with GEMMs in another summation order */
-    gptoss_backend *cuda_fp8, *cuda_fp8_lm; /* CUDA with QKV, O, lm_head in FP8; with lm_head only */
-    gptoss_backend *cpu_kv8, *cuda_kv8, *cuda_kv8_floor; /* FP8 KV pages: bf16-emulating CPU, CUDA, CUDA floor */
+    gptoss_backend *cuda_fp8,
+        *cuda_fp8_lm; /* CUDA with QKV, O, lm_head in FP8; with lm_head only */
+    gptoss_backend *cpu_kv8, *cuda_kv8,
+        *cuda_kv8_floor; /* FP8 KV pages: bf16-emulating CPU, CUDA, CUDA floor */
     int32_t vocab;
     float *lc, *lb, *lg, *lf; /* logits buffers: cpu, cpu_bf16, cuda, cuda_floor */
     float *l8, *l8lm;         /* ... cuda_fp8, cuda_fp8_lm */
@@ -153,7 +155,8 @@ static int32_t rnd_token(int32_t vocab) {
     return (int32_t)(rng % (uint64_t)vocab);
 }
 
-static void compare_rows(stats *st, const float *ref, const float *got, int32_t vocab, int32_t n_rows, double row_bound) {
+static void compare_rows(stats *st, const float *ref, const float *got, int32_t vocab,
+                         int32_t n_rows, double row_bound) {
     for (int32_t r = 0; r < n_rows; r++) {
         const float *a = ref + (size_t)r * vocab, *b = got + (size_t)r * vocab;
         double num = 0, den = 0;
@@ -189,9 +192,11 @@ static void compare_rows(stats *st, const float *ref, const float *got, int32_t 
  * same call returned: ids and values exact, log-sum-exp within 1e-5 relative. */
 static int summary_rows, summary_bad, summary_failed;
 static void check_summaries(pair *p, const gptoss_batch_plan *plan) {
-    const int32_t NL = plan->n_logits, V = p->vocab, n = V < GPTOSS_MAX_SUMMARY_TOP ? V : GPTOSS_MAX_SUMMARY_TOP;
+    const int32_t NL = plan->n_logits, V = p->vocab,
+                  n = V < GPTOSS_MAX_SUMMARY_TOP ? V : GPTOSS_MAX_SUMMARY_TOP;
     if (NL == 0) return;
-    float *rows = malloc((size_t)NL * V * sizeof(float)), *top = malloc((size_t)NL * n * sizeof(float));
+    float *rows = malloc((size_t)NL * V * sizeof(float)),
+          *top = malloc((size_t)NL * n * sizeof(float));
     float *lse = malloc((size_t)NL * sizeof(float)), ref_top[GPTOSS_MAX_SUMMARY_TOP], ref_lse;
     int32_t *ids = malloc((size_t)NL * n * sizeof(int32_t)), ref_ids[GPTOSS_MAX_SUMMARY_TOP];
     uint8_t *full = malloc((size_t)NL);
@@ -201,7 +206,11 @@ static void check_summaries(pair *p, const gptoss_batch_plan *plan) {
     }
     memset(full, 1, (size_t)NL);
     memset(ids, 0xff, (size_t)NL * n * sizeof(int32_t));
-    gptoss_logits_summary out = {.n_top = n, .top_ids = ids, .top_logits = top, .logsumexp = lse, .full = full,
+    gptoss_logits_summary out = {.n_top = n,
+                                 .top_ids = ids,
+                                 .top_logits = top,
+                                 .logsumexp = lse,
+                                 .full = full,
                                  .logits = rows};
     gptoss_error err = {0};
     if (gptoss_backend_forward_summary(p->cuda, plan, &out, &err) != GPTOSS_OK) {
@@ -212,7 +221,8 @@ static void check_summaries(pair *p, const gptoss_batch_plan *plan) {
             gptoss_logits_summarize_row(rows + (size_t)r * V, V, n, ref_ids, ref_top, &ref_lse);
             bool ok = fabs((double)lse[r] - ref_lse) <= 1e-5 * fmax(1.0, fabs(ref_lse));
             for (int32_t j = 0; j < n; j++)
-                ok = ok && ids[(size_t)r * n + j] == ref_ids[j] && top[(size_t)r * n + j] == ref_top[j];
+                ok = ok && ids[(size_t)r * n + j] == ref_ids[j] &&
+                     top[(size_t)r * n + j] == ref_top[j];
             summary_rows++;
             summary_bad += !ok;
         }
@@ -246,8 +256,8 @@ static void run_both(pair *p, const gptoss_batch_plan *plan) {
     if (!s2) s2 = gptoss_backend_forward(p->cuda_kv8_floor, plan, p->lkf, &e2);
     if (!s3) s3 = gptoss_backend_forward(p->cpu_kv8, plan, p->lkc, &e3);
     if (s1 || s2 || s3) {
-        fprintf(stderr, "forward failed: cpu: %s / cpu bf16: %s / cuda: %s\n", s1 ? e1.message : "ok",
-                s3 ? e3.message : "ok", s2 ? e2.message : "ok");
+        fprintf(stderr, "forward failed: cpu: %s / cpu bf16: %s / cuda: %s\n",
+                s1 ? e1.message : "ok", s3 ? e3.message : "ok", s2 ? e2.message : "ok");
         p->failed_calls++;
         return;
     }
@@ -274,13 +284,15 @@ typedef struct seq {
 
 /* One step: seq i brings counts[i] new tokens; logits for every new token. Sliding pages
  * whose every slot is out of the window of all new tokens are marked -1 when mark_stale. */
-static void step(pair *p, seq *seqs, int32_t n_seqs, const int32_t *counts, int32_t block_size, int32_t window,
-                 bool separate_sliding, bool mark_stale) {
+static void step(pair *p, seq *seqs, int32_t n_seqs, const int32_t *counts, int32_t block_size,
+                 int32_t window, bool separate_sliding, bool mark_stale) {
     int32_t total = 0;
-    for (int32_t i = 0; i < n_seqs; i++) total += counts[i];
+    for (int32_t i = 0; i < n_seqs; i++)
+        total += counts[i];
     int32_t *ids = malloc(total * 4), *pos = malloc(total * 4), *start = malloc((n_seqs + 1) * 4);
     int32_t *cached = malloc(n_seqs * 4), *logit = malloc(total * 4);
-    int32_t *full = malloc((size_t)n_seqs * MAX_BLOCKS * 4), *slide = malloc((size_t)n_seqs * MAX_BLOCKS * 4);
+    int32_t *full = malloc((size_t)n_seqs * MAX_BLOCKS * 4),
+            *slide = malloc((size_t)n_seqs * MAX_BLOCKS * 4);
     int32_t t = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
         start[i] = t;
@@ -299,12 +311,20 @@ static void step(pair *p, seq *seqs, int32_t n_seqs, const int32_t *counts, int3
         }
     }
     start[n_seqs] = t;
-    gptoss_batch_plan plan = {
-        .n_tokens = total, .token_ids = ids, .positions = pos, .n_seqs = n_seqs, .seq_token_start = start,
-        .seq_n_cached = cached, .max_blocks_per_seq = MAX_BLOCKS, .block_tables = full,
-        .sliding_block_tables = separate_sliding ? slide : NULL, .n_logits = total, .logit_token_index = logit};
+    gptoss_batch_plan plan = {.n_tokens = total,
+                              .token_ids = ids,
+                              .positions = pos,
+                              .n_seqs = n_seqs,
+                              .seq_token_start = start,
+                              .seq_n_cached = cached,
+                              .max_blocks_per_seq = MAX_BLOCKS,
+                              .block_tables = full,
+                              .sliding_block_tables = separate_sliding ? slide : NULL,
+                              .n_logits = total,
+                              .logit_token_index = logit};
     run_both(p, &plan);
-    for (int32_t i = 0; i < n_seqs; i++) seqs[i].n_cached += counts[i];
+    for (int32_t i = 0; i < n_seqs; i++)
+        seqs[i].n_cached += counts[i];
     free(ids), free(pos), free(start), free(cached), free(logit), free(full), free(slide);
 }
 
@@ -312,7 +332,8 @@ static void step(pair *p, seq *seqs, int32_t n_seqs, const int32_t *counts, int3
 static void assign_pages(seq *seqs, int32_t n_seqs, bool shuffle) {
     int32_t n = n_seqs * MAX_BLOCKS;
     int32_t *ids = malloc(n * 4), *sids = malloc(n * 4);
-    for (int32_t i = 0; i < n; i++) ids[i] = sids[i] = i;
+    for (int32_t i = 0; i < n; i++)
+        ids[i] = sids[i] = i;
     if (shuffle)
         for (int32_t i = n - 1; i > 0; i--) {
             int32_t j = rnd_token(i + 1), k = rnd_token(i + 1), x = ids[i];
@@ -335,33 +356,36 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 typedef struct scenario_result {
-    double median, decisive;  /* loose: vs the fp32 CPU */
-    double strict_median;     /* strict: vs the bf16-emulating CPU */
+    double median, decisive;          /* loose: vs the fp32 CPU */
+    double strict_median;             /* strict: vs the bf16-emulating CPU */
     double floor_median, floor_agree; /* the noise floor: CUDA vs CUDA, other summation order */
     double top1_bar, median_bar;      /* the strict bars this scenario was held to */
     const char *name;
     stats st, strict, noise;
     bool ok_strict, ok_loose;
     /* FP8 KV pages: CUDA vs the emulating CPU, with its own floor and bars */
-    double kv8_median, kv8_agree, kv8_decisive, kv8_floor_median, kv8_floor_agree, kv8_top1_bar, kv8_median_bar;
+    double kv8_median, kv8_agree, kv8_decisive, kv8_floor_median, kv8_floor_agree, kv8_top1_bar,
+        kv8_median_bar;
     int kv8_bad_rows, kv8_bad_allowed;
     bool ok_kv8;
 } scenario_result;
 
 /* The strict bars of one comparison from its noise floor (see the header): the top-1 bar, the
  * median bar, and how many rows over STRICT_ROW are allowed. */
-static void strict_bars(const stats *noise, double floor_median, int rows, bool routing_fixed, bool kv8,
-                        double *top1_bar, double *median_bar, int *bad_allowed) {
+static void strict_bars(const stats *noise, double floor_median, int rows, bool routing_fixed,
+                        bool kv8, double *top1_bar, double *median_bar, int *bad_allowed) {
     bool order_noise = floor_median >= ORDER_NOISE;
     *top1_bar = order_noise ? 0.96 : 0.99;
     if (noise->rows > 0 && (order_noise || noise->top1_agree < noise->rows)) {
-        double floor_rule = 1.0 - ((kv8 ? 3.0 : 2.0) * (noise->rows - noise->top1_agree) + 1.0) / noise->rows;
+        double floor_rule =
+            1.0 - ((kv8 ? 3.0 : 2.0) * (noise->rows - noise->top1_agree) + 1.0) / noise->rows;
         if (floor_rule < *top1_bar) *top1_bar = floor_rule;
     }
     *median_bar = 2 * floor_median > STRICT_MEDIAN ? 2 * floor_median : STRICT_MEDIAN;
     /* bf16 pages with routing fixed: no row over (a bf16 flip moves a row by ~1e-3 at most);
      * FP8 pages: a code flip can, so twice what the floor shows, three times with routing */
-    *bad_allowed = routing_fixed ? (kv8 ? 2 * noise->bad_rows : 0) : (kv8 ? 3 : 2) * noise->bad_rows + rows / 20;
+    *bad_allowed = routing_fixed ? (kv8 ? 2 * noise->bad_rows : 0)
+                                 : (kv8 ? 3 : 2) * noise->bad_rows + rows / 20;
 }
 
 static double median_of(stats *st) {
@@ -380,7 +404,8 @@ static double median_of(stats *st) {
 static int shared_pages_check(const gptoss_model *model, const gptoss_config *c, const char *label,
                               int32_t block_size) {
     int32_t n_sliding = 0;
-    for (int32_t l = 0; l < c->n_layers; l++) n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
+    for (int32_t l = 0; l < c->n_layers; l++)
+        n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
     const bool can_share = n_sliding > 0 && 2 * n_sliding == c->n_layers;
     enum { NS = 3, BPS = 64 };
     const int32_t n_pages = 3 * MAX_BLOCKS;
@@ -414,15 +439,18 @@ static int shared_pages_check(const gptoss_model *model, const gptoss_config *c,
             int32_t n_cached[NS] = {0, 0, 0};
             int32_t full[NS * BPS], slide[NS * BPS];
             for (int32_t i = 0; i < NS * BPS; i++) {
-                full[i] = i;                                  /* 0 .. 191 */
-                slide[i] = overlap ? i : n_pages - 1 - i;     /* disjoint, or the same pages */
+                full[i] = i;                              /* 0 .. 191 */
+                slide[i] = overlap ? i : n_pages - 1 - i; /* disjoint, or the same pages */
             }
             const int32_t first[NS] = {50, 13, 40};
             for (int st = 0; st <= 30 && ran; st++) {
                 int32_t counts[NS], total = 0, start[NS + 1];
-                for (int i = 0; i < NS; i++) total += counts[i] = st == 0 ? first[i] : 1;
-                int32_t *ids = malloc(total * 4), *pos = malloc(total * 4), *logit = malloc(total * 4);
-                float *la = malloc((size_t)total * c->vocab_size * 4), *lb = malloc((size_t)total * c->vocab_size * 4);
+                for (int i = 0; i < NS; i++)
+                    total += counts[i] = st == 0 ? first[i] : 1;
+                int32_t *ids = malloc(total * 4), *pos = malloc(total * 4),
+                        *logit = malloc(total * 4);
+                float *la = malloc((size_t)total * c->vocab_size * 4),
+                      *lb = malloc((size_t)total * c->vocab_size * 4);
                 int32_t t = 0;
                 for (int i = 0; i < NS; i++) {
                     start[i] = t;
@@ -433,28 +461,40 @@ static int shared_pages_check(const gptoss_model *model, const gptoss_config *c,
                     }
                 }
                 start[NS] = t;
-                gptoss_batch_plan plan = {.n_tokens = total, .token_ids = ids, .positions = pos, .n_seqs = NS,
-                                          .seq_token_start = start, .seq_n_cached = n_cached,
-                                          .max_blocks_per_seq = BPS, .block_tables = full,
-                                          .sliding_block_tables = slide, .n_logits = total,
+                gptoss_batch_plan plan = {.n_tokens = total,
+                                          .token_ids = ids,
+                                          .positions = pos,
+                                          .n_seqs = NS,
+                                          .seq_token_start = start,
+                                          .seq_n_cached = n_cached,
+                                          .max_blocks_per_seq = BPS,
+                                          .block_tables = full,
+                                          .sliding_block_tables = slide,
+                                          .n_logits = total,
                                           .logit_token_index = logit};
-                ran = !gptoss_backend_forward(sep, &plan, la, &err) && !gptoss_backend_forward(shr, &plan, lb, &err);
+                ran = !gptoss_backend_forward(sep, &plan, la, &err) &&
+                      !gptoss_backend_forward(shr, &plan, lb, &err);
                 for (size_t k = 0; ran && k < (size_t)total * c->vocab_size; k++) {
                     double d = fabs((double)la[k] - (double)lb[k]);
                     if (!(d <= 1e300)) d = INFINITY; /* NaN counts as a difference */
-                    if (overlap) control_diff = fmax(control_diff, d);
-                    else max_diff = fmax(max_diff, d);
+                    if (overlap)
+                        control_diff = fmax(control_diff, d);
+                    else
+                        max_diff = fmax(max_diff, d);
                 }
-                for (int i = 0; i < NS; i++) n_cached[i] += counts[i];
+                for (int i = 0; i < NS; i++)
+                    n_cached[i] += counts[i];
                 free(ids), free(pos), free(logit), free(la), free(lb);
             }
         }
         if (!ran) fprintf(stderr, "shared pages: forward failed: %s\n", err.message);
         bool ok = ran && flag_ok && (!can_share || (max_diff == 0 && control_diff > 0));
         failed += !ok;
-        printf("%s: shared pages, %s KV (%s): max |diff| %.3g vs separate pools (bar 0), with overlapping ids "
+        printf("%s: shared pages, %s KV (%s): max |diff| %.3g vs separate pools (bar 0), with "
+               "overlapping ids "
                "%.3g (bar > 0) %s\n",
-               label, dt ? "FP8" : "bf16", can_share ? "sliding layers alias the full layers" : "not shareable (declined)",
+               label, dt ? "FP8" : "bf16",
+               can_share ? "sliding layers alias the full layers" : "not shareable (declined)",
                max_diff, control_diff, ok ? "ok" : "FAIL");
         gptoss_backend_free(shr);
         gptoss_backend_free(sep);
@@ -477,11 +517,14 @@ int main(int argc, char **argv) {
     const gptoss_config *c = gptoss_model_config(model);
     const int32_t block_size = 16;
     int32_t window = c->sliding_window > 0 ? c->sliding_window : 1 << 30;
-    const char *names[N_SCENARIOS] = {"prefill 200", "prefill 20 + decode 60", "chunked prefill 150 by 37",
-                                      "batch of 3 (50/13/1 then 40 decode steps)",
-                                      "paged, shuffled, separate sliding pages, 300 + 30 decode",
-                                      "batch of 3 in steps of 12 tokens, then of 5",
-                                      "decodes beside prefill chunks of 90 and 70 (steps over 64 tokens)"};
+    const char *names[N_SCENARIOS] = {
+        "prefill 200",
+        "prefill 20 + decode 60",
+        "chunked prefill 150 by 37",
+        "batch of 3 (50/13/1 then 40 decode steps)",
+        "paged, shuffled, separate sliding pages, 300 + 30 decode",
+        "batch of 3 in steps of 12 tokens, then of 5",
+        "decodes beside prefill chunks of 90 and 70 (steps over 64 tokens)"};
     scenario_result res[N_SCENARIOS];
     int failures = 0;
     static stats fp8, fp8_lm, kv8; /* pooled over the scenarios */
@@ -571,7 +614,8 @@ int main(int argc, char **argv) {
         case 1: {
             int32_t n = 20;
             step(&p, seqs, 1, &n, block_size, window, false, false);
-            for (int i = 0; i < 60; i++) step(&p, seqs, 1, &one, block_size, window, false, false);
+            for (int i = 0; i < 60; i++)
+                step(&p, seqs, 1, &one, block_size, window, false, false);
             break;
         }
         case 2: {
@@ -584,7 +628,8 @@ int main(int argc, char **argv) {
         case 3: {
             int32_t first[3] = {50, 13, 1}, dec[3] = {1, 1, 1};
             step(&p, seqs, 3, first, block_size, window, false, false);
-            for (int i = 0; i < 40; i++) step(&p, seqs, 3, dec, block_size, window, false, false);
+            for (int i = 0; i < 40; i++)
+                step(&p, seqs, 3, dec, block_size, window, false, false);
             break;
         }
         case 4: {
@@ -592,22 +637,27 @@ int main(int argc, char **argv) {
                 int32_t n = 300 - done < 64 ? 300 - done : 64;
                 step(&p, seqs, 1, &n, block_size, window, true, true);
             }
-            for (int i = 0; i < 30; i++) step(&p, seqs, 1, &one, block_size, window, true, true);
+            for (int i = 0; i < 30; i++)
+                step(&p, seqs, 1, &one, block_size, window, true, true);
             break;
         }
         case 5: { /* steps of 5..16 tokens: the FP8 GEMV in several passes */
             int32_t fours[3] = {4, 4, 4}, mixed[3] = {2, 2, 1};
-            for (int i = 0; i < 12; i++) step(&p, seqs, 3, fours, block_size, window, false, false);
-            for (int i = 0; i < 10; i++) step(&p, seqs, 3, mixed, block_size, window, false, false);
+            for (int i = 0; i < 12; i++)
+                step(&p, seqs, 3, fours, block_size, window, false, false);
+            for (int i = 0; i < 10; i++)
+                step(&p, seqs, 3, mixed, block_size, window, false, false);
             break;
         }
         case 6: { /* the CUDA backend reorders such steps: short runs first, the long run on
                    * tensor cores, logit rows mapped back */
-            int32_t first[3] = {20, 10, 30}, chunk[3] = {1, 90, 1}, chunk2[3] = {1, 70, 1}, dec[3] = {1, 1, 1};
+            int32_t first[3] = {20, 10, 30}, chunk[3] = {1, 90, 1}, chunk2[3] = {1, 70, 1},
+                    dec[3] = {1, 1, 1};
             step(&p, seqs, 3, first, block_size, window, false, false);
             step(&p, seqs, 3, chunk, block_size, window, false, false);
             step(&p, seqs, 3, chunk2, block_size, window, false, false);
-            for (int i = 0; i < 10; i++) step(&p, seqs, 3, dec, block_size, window, false, false);
+            for (int i = 0; i < 10; i++)
+                step(&p, seqs, 3, dec, block_size, window, false, false);
             break;
         }
         }
@@ -627,8 +677,8 @@ int main(int argc, char **argv) {
         /* ... and where the floor itself disagrees on n rows, up to 2n + 1 disagreements are
          * still summation order (same rule as the routing-flip rows) */
         int strict_bad_allowed;
-        strict_bars(&p.noise, R->floor_median, p.strict.rows, routing_fixed, false, &R->top1_bar, &R->median_bar,
-                    &strict_bad_allowed);
+        strict_bars(&p.noise, R->floor_median, p.strict.rows, routing_fixed, false, &R->top1_bar,
+                    &R->median_bar, &strict_bad_allowed);
         R->ok_strict = p.failed_calls == 0 && p.strict.rows > 0 && strict_agree >= R->top1_bar &&
                        R->strict_median < R->median_bar && p.strict.bad_rows <= strict_bad_allowed;
         R->ok_loose = p.failed_calls == 0 && p.st.rows > 0 && R->decisive >= 0.99 &&
@@ -637,36 +687,44 @@ int main(int argc, char **argv) {
         R->strict = p.strict;
         R->noise = p.noise;
         failures += !R->ok_strict + !R->ok_loose;
-        printf("%s: %-58s rows %4d | strict (bf16-emulating CPU): top1 %6.2f%% (bar %.2f%%) rel max %.2e median "
-               "%.2e (bar %.2e), rows over %.0e: %d (first %d) %s | floor (CUDA, other GEMM order): top1 %6.2f%% "
-               "median %.2e rows over %d | loose (fp32 CPU): top1 %6.2f%% (decisive %6.2f%%) rel max %.2e median "
+        printf("%s: %-58s rows %4d | strict (bf16-emulating CPU): top1 %6.2f%% (bar %.2f%%) rel "
+               "max %.2e median "
+               "%.2e (bar %.2e), rows over %.0e: %d (first %d) %s | floor (CUDA, other GEMM "
+               "order): top1 %6.2f%% "
+               "median %.2e rows over %d | loose (fp32 CPU): top1 %6.2f%% (decisive %6.2f%%) rel "
+               "max %.2e median "
                "%.2e %s => %s\n",
-               label, names[sc], p.st.rows, 100 * strict_agree, 100 * R->top1_bar, p.strict.max_rel, R->strict_median,
-               R->median_bar, STRICT_ROW, p.strict.bad_rows, p.strict.first_bad_row, R->ok_strict ? "ok" : "FAIL",
-               100 * floor_agree, R->floor_median, p.noise.bad_rows, 100 * agree,
-               100 * R->decisive, p.st.max_rel, R->median, R->ok_loose ? "ok" : "FAIL",
-               R->ok_strict && R->ok_loose ? "ok" : "FAIL");
+               label, names[sc], p.st.rows, 100 * strict_agree, 100 * R->top1_bar, p.strict.max_rel,
+               R->strict_median, R->median_bar, STRICT_ROW, p.strict.bad_rows,
+               p.strict.first_bad_row, R->ok_strict ? "ok" : "FAIL", 100 * floor_agree,
+               R->floor_median, p.noise.bad_rows, 100 * agree, 100 * R->decisive, p.st.max_rel,
+               R->median, R->ok_loose ? "ok" : "FAIL", R->ok_strict && R->ok_loose ? "ok" : "FAIL");
         /* FP8 KV pages: CUDA against the CPU emulating them, bars from their own floor */
         R->kv8_median = median_of(&p.kv8_strict);
         R->kv8_agree = p.kv8_strict.rows ? (double)p.kv8_strict.top1_agree / p.kv8_strict.rows : 0;
-        R->kv8_decisive =
-            p.kv8_strict.decisive_rows ? (double)p.kv8_strict.decisive_agree / p.kv8_strict.decisive_rows : 0;
+        R->kv8_decisive = p.kv8_strict.decisive_rows
+                              ? (double)p.kv8_strict.decisive_agree / p.kv8_strict.decisive_rows
+                              : 0;
         R->kv8_floor_median = median_of(&p.kv8_noise);
-        R->kv8_floor_agree = p.kv8_noise.rows ? (double)p.kv8_noise.top1_agree / p.kv8_noise.rows : 0;
-        strict_bars(&p.kv8_noise, R->kv8_floor_median, p.kv8_strict.rows, routing_fixed, true, &R->kv8_top1_bar,
-                    &R->kv8_median_bar, &R->kv8_bad_allowed);
+        R->kv8_floor_agree =
+            p.kv8_noise.rows ? (double)p.kv8_noise.top1_agree / p.kv8_noise.rows : 0;
+        strict_bars(&p.kv8_noise, R->kv8_floor_median, p.kv8_strict.rows, routing_fixed, true,
+                    &R->kv8_top1_bar, &R->kv8_median_bar, &R->kv8_bad_allowed);
         R->kv8_bad_rows = p.kv8_strict.bad_rows;
-        R->ok_kv8 = p.failed_calls == 0 && p.kv8_strict.rows > 0 && R->kv8_agree >= R->kv8_top1_bar &&
-                    R->kv8_decisive >= 0.99 && R->kv8_median < R->kv8_median_bar &&
-                    R->kv8_bad_rows <= R->kv8_bad_allowed;
+        R->ok_kv8 = p.failed_calls == 0 && p.kv8_strict.rows > 0 &&
+                    R->kv8_agree >= R->kv8_top1_bar && R->kv8_decisive >= 0.99 &&
+                    R->kv8_median < R->kv8_median_bar && R->kv8_bad_rows <= R->kv8_bad_allowed;
         failures += !R->ok_kv8;
-        printf("%s: %-58s rows %4d | FP8 KV pages, strict (CPU emulating bf16 and FP8 pages): top1 %6.2f%% (bar "
-               "%.2f%%, decisive %6.2f%%) rel max %.2e median %.2e (bar %.2e), rows over %.0e: %d (first %d, allowed "
-               "%d) | floor (FP8 pages, other GEMM order): top1 %6.2f%% median %.2e rows over %d => %s\n",
-               label, names[sc], p.kv8_strict.rows, 100 * R->kv8_agree, 100 * R->kv8_top1_bar, 100 * R->kv8_decisive,
-               p.kv8_strict.max_rel,
-               R->kv8_median, R->kv8_median_bar, STRICT_ROW, R->kv8_bad_rows, p.kv8_strict.first_bad_row,
-               R->kv8_bad_allowed, 100 * R->kv8_floor_agree, R->kv8_floor_median, p.kv8_noise.bad_rows,
+        printf("%s: %-58s rows %4d | FP8 KV pages, strict (CPU emulating bf16 and FP8 pages): top1 "
+               "%6.2f%% (bar "
+               "%.2f%%, decisive %6.2f%%) rel max %.2e median %.2e (bar %.2e), rows over %.0e: %d "
+               "(first %d, allowed "
+               "%d) | floor (FP8 pages, other GEMM order): top1 %6.2f%% median %.2e rows over %d "
+               "=> %s\n",
+               label, names[sc], p.kv8_strict.rows, 100 * R->kv8_agree, 100 * R->kv8_top1_bar,
+               100 * R->kv8_decisive, p.kv8_strict.max_rel, R->kv8_median, R->kv8_median_bar,
+               STRICT_ROW, R->kv8_bad_rows, p.kv8_strict.first_bad_row, R->kv8_bad_allowed,
+               100 * R->kv8_floor_agree, R->kv8_floor_median, p.kv8_noise.bad_rows,
                R->ok_kv8 ? "ok" : "FAIL");
         gptoss_backend_free(p.cpu_kv8);
         gptoss_backend_free(p.cuda_kv8);
@@ -692,71 +750,87 @@ int main(int argc, char **argv) {
     bool routing_fixed = c->n_experts == c->n_experts_per_token;
     double fp8_median = median_of(&fp8), fp8_lm_median = median_of(&fp8_lm);
     double fp8_decisive = fp8.decisive_rows ? (double)fp8.decisive_agree / fp8.decisive_rows : 0;
-    double fp8_lm_decisive = fp8_lm.decisive_rows ? (double)fp8_lm.decisive_agree / fp8_lm.decisive_rows : 0;
+    double fp8_lm_decisive =
+        fp8_lm.decisive_rows ? (double)fp8_lm.decisive_agree / fp8_lm.decisive_rows : 0;
     double fp8_median_bar = routing_fixed ? 0.10 : 0.25;
     bool fp8_ok = fp8_failed_calls == 0 && fp8.rows > 0 && fp8.bad_rows == 0 /* non-finite */ &&
                   fp8_decisive >= 0.99 && fp8_median < fp8_median_bar &&
-                  fp8_median >= FP8_IN_EFFECT && fp8_lm.rows > 0 && fp8_lm.bad_rows == 0 && fp8_lm_decisive >= 0.99 &&
-                  fp8_lm_median >= FP8_IN_EFFECT;
+                  fp8_median >= FP8_IN_EFFECT && fp8_lm.rows > 0 && fp8_lm.bad_rows == 0 &&
+                  fp8_lm_decisive >= 0.99 && fp8_lm_median >= FP8_IN_EFFECT;
     failures += !fp8_ok;
-    printf("%s: %-58s rows %4d | qkv,o,lm_head: top1 %6.2f%% (decisive %6.2f%%, bar 99%%) rel median %.2e (bar %.2f, "
-           ">= %.2f) max %.2e | lm_head only: top1 %6.2f%% (decisive %6.2f%%) rel median %.2e max %.2e (bar every "
+    printf("%s: %-58s rows %4d | qkv,o,lm_head: top1 %6.2f%% (decisive %6.2f%%, bar 99%%) rel "
+           "median %.2e (bar %.2f, "
+           ">= %.2f) max %.2e | lm_head only: top1 %6.2f%% (decisive %6.2f%%) rel median %.2e max "
+           "%.2e (bar every "
            "row < %.4f), rows over: %d (first %d) => %s\n",
            label, "FP8 dense layers vs bf16 CUDA, all scenarios", fp8.rows,
-           100.0 * fp8.top1_agree / (fp8.rows ? fp8.rows : 1), 100 * fp8_decisive, fp8_median, fp8_median_bar,
-           FP8_IN_EFFECT, fp8.max_rel, 100.0 * fp8_lm.top1_agree / (fp8_lm.rows ? fp8_lm.rows : 1),
-           100 * fp8_lm_decisive, fp8_lm_median, fp8_lm.max_rel, FP8_WEIGHT_BOUND, fp8_lm.bad_rows,
-           fp8_lm.first_bad_row, fp8_ok ? "ok" : "FAIL");
+           100.0 * fp8.top1_agree / (fp8.rows ? fp8.rows : 1), 100 * fp8_decisive, fp8_median,
+           fp8_median_bar, FP8_IN_EFFECT, fp8.max_rel,
+           100.0 * fp8_lm.top1_agree / (fp8_lm.rows ? fp8_lm.rows : 1), 100 * fp8_lm_decisive,
+           fp8_lm_median, fp8_lm.max_rel, FP8_WEIGHT_BOUND, fp8_lm.bad_rows, fp8_lm.first_bad_row,
+           fp8_ok ? "ok" : "FAIL");
     /* FP8 KV pages against bf16 pages on CUDA: what the format costs (bars: see the header) */
     double kv8_median = median_of(&kv8);
     double kv8_decisive = kv8.decisive_rows ? (double)kv8.decisive_agree / kv8.decisive_rows : 0;
     double kv8_median_bar = routing_fixed ? KV8_MEDIAN_FIXED : KV8_MEDIAN_ROUTED;
     bool kv8_ok = fp8_failed_calls == 0 && kv8.rows > 0 && kv8.bad_rows == 0 /* non-finite */ &&
-                  kv8_decisive >= 0.99 && kv8_median < kv8_median_bar && kv8_median >= KV8_IN_EFFECT;
+                  kv8_decisive >= 0.99 && kv8_median < kv8_median_bar &&
+                  kv8_median >= KV8_IN_EFFECT;
     failures += !kv8_ok;
-    printf("%s: %-58s rows %4d | top1 %6.2f%% (decisive %6.2f%%, bar 99%%) rel median %.2e (bar %.2f, >= %.0e) max "
+    printf("%s: %-58s rows %4d | top1 %6.2f%% (decisive %6.2f%%, bar 99%%) rel median %.2e (bar "
+           "%.2f, >= %.0e) max "
            "%.2e => %s\n",
            label, "FP8 KV pages vs bf16 pages (CUDA), all scenarios", kv8.rows,
-           100.0 * kv8.top1_agree / (kv8.rows ? kv8.rows : 1), 100 * kv8_decisive, kv8_median, kv8_median_bar,
-           KV8_IN_EFFECT, kv8.max_rel, kv8_ok ? "ok" : "FAIL");
-    printf("\n| model | scenario | rows | strict top-1 (bar) | strict median (bar) | floor top-1 / median | "
+           100.0 * kv8.top1_agree / (kv8.rows ? kv8.rows : 1), 100 * kv8_decisive, kv8_median,
+           kv8_median_bar, KV8_IN_EFFECT, kv8.max_rel, kv8_ok ? "ok" : "FAIL");
+    printf("\n| model | scenario | rows | strict top-1 (bar) | strict median (bar) | floor top-1 / "
+           "median | "
            "fp32-CPU top-1 (decisive) | fp32-CPU median | result |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---:|---|\n");
     for (int sc = 0; sc < N_SCENARIOS; sc++) {
         const scenario_result *R = &res[sc];
         int rows = R->st.rows ? R->st.rows : 1;
-        printf("| %s | %s | %d | %.2f%% (%.1f%%) | %.2e (%.1e) | %.2f%% / %.2e | %.2f%% (%.2f%%) | %.2e | %s |\n", label,
-               R->name, R->st.rows, 100.0 * R->strict.top1_agree / rows, 100 * R->top1_bar, R->strict_median,
-               R->median_bar, 100 * R->floor_agree, R->floor_median, 100.0 * R->st.top1_agree / rows,
-               100 * R->decisive, R->median,
-               R->ok_strict && R->ok_loose ? "ok" : !R->ok_strict ? "FAIL strict" : "FAIL loose");
+        printf("| %s | %s | %d | %.2f%% (%.1f%%) | %.2e (%.1e) | %.2f%% / %.2e | %.2f%% (%.2f%%) | "
+               "%.2e | %s |\n",
+               label, R->name, R->st.rows, 100.0 * R->strict.top1_agree / rows, 100 * R->top1_bar,
+               R->strict_median, R->median_bar, 100 * R->floor_agree, R->floor_median,
+               100.0 * R->st.top1_agree / rows, 100 * R->decisive, R->median,
+               R->ok_strict && R->ok_loose ? "ok"
+               : !R->ok_strict             ? "FAIL strict"
+                                           : "FAIL loose");
     }
-    printf("\n| model | FP8 layers vs bf16 CUDA | rows | top-1 (decisive) | median rel (bar) | max rel | result |\n");
+    printf("\n| model | FP8 layers vs bf16 CUDA | rows | top-1 (decisive) | median rel (bar) | max "
+           "rel | result |\n");
     printf("|---|---|---:|---:|---:|---:|---|\n");
-    printf("| %s | FP8 qkv,o,lm_head | %d | %.2f%% (%.2f%%) | %.2e (%.2f) | %.2e | %s |\n", label, fp8.rows,
-           100.0 * fp8.top1_agree / (fp8.rows ? fp8.rows : 1), 100 * fp8_decisive, fp8_median, fp8_median_bar,
-           fp8.max_rel, fp8_ok ? "ok" : "FAIL");
-    printf("| %s | FP8 lm_head | %d | %.2f%% (%.2f%%) | %.2e (max < %.4f) | %.2e | %s |\n", label, fp8_lm.rows,
-           100.0 * fp8_lm.top1_agree / (fp8_lm.rows ? fp8_lm.rows : 1), 100 * fp8_lm_decisive, fp8_lm_median,
-           FP8_WEIGHT_BOUND, fp8_lm.max_rel, fp8_ok ? "ok" : "FAIL");
-    printf("\n| model | FP8 KV pages: scenario | rows | strict top-1 (bar) | strict median (bar) | rows over 3e-2 "
+    printf("| %s | FP8 qkv,o,lm_head | %d | %.2f%% (%.2f%%) | %.2e (%.2f) | %.2e | %s |\n", label,
+           fp8.rows, 100.0 * fp8.top1_agree / (fp8.rows ? fp8.rows : 1), 100 * fp8_decisive,
+           fp8_median, fp8_median_bar, fp8.max_rel, fp8_ok ? "ok" : "FAIL");
+    printf("| %s | FP8 lm_head | %d | %.2f%% (%.2f%%) | %.2e (max < %.4f) | %.2e | %s |\n", label,
+           fp8_lm.rows, 100.0 * fp8_lm.top1_agree / (fp8_lm.rows ? fp8_lm.rows : 1),
+           100 * fp8_lm_decisive, fp8_lm_median, FP8_WEIGHT_BOUND, fp8_lm.max_rel,
+           fp8_ok ? "ok" : "FAIL");
+    printf("\n| model | FP8 KV pages: scenario | rows | strict top-1 (bar) | strict median (bar) | "
+           "rows over 3e-2 "
            "(allowed) | floor top-1 / median | result |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---|\n");
     for (int sc = 0; sc < N_SCENARIOS; sc++) {
         const scenario_result *R = &res[sc];
-        printf("| %s | KV8 %s | %d | %.2f%% (%.1f%%) | %.2e (%.1e) | %d (%d) | %.2f%% / %.2e | %s |\n", label, R->name,
-               R->st.rows, 100 * R->kv8_agree, 100 * R->kv8_top1_bar, R->kv8_median, R->kv8_median_bar,
-               R->kv8_bad_rows, R->kv8_bad_allowed, 100 * R->kv8_floor_agree, R->kv8_floor_median,
-               R->ok_kv8 ? "ok" : "FAIL");
+        printf(
+            "| %s | KV8 %s | %d | %.2f%% (%.1f%%) | %.2e (%.1e) | %d (%d) | %.2f%% / %.2e | %s |\n",
+            label, R->name, R->st.rows, 100 * R->kv8_agree, 100 * R->kv8_top1_bar, R->kv8_median,
+            R->kv8_median_bar, R->kv8_bad_rows, R->kv8_bad_allowed, 100 * R->kv8_floor_agree,
+            R->kv8_floor_median, R->ok_kv8 ? "ok" : "FAIL");
     }
-    printf("| %s | KV8 vs bf16 pages (CUDA), all scenarios | %d | decisive %.2f%% (99%%) | %.2e (%.2f, >= %.0e) | - | "
+    printf("| %s | KV8 vs bf16 pages (CUDA), all scenarios | %d | decisive %.2f%% (99%%) | %.2e "
+           "(%.2f, >= %.0e) | - | "
            "- | %s |\n",
-           label, kv8.rows, 100 * kv8_decisive, kv8_median, kv8_median_bar, KV8_IN_EFFECT, kv8_ok ? "ok" : "FAIL");
+           label, kv8.rows, 100 * kv8_decisive, kv8_median, kv8_median_bar, KV8_IN_EFFECT,
+           kv8_ok ? "ok" : "FAIL");
     bool summaries_ok = summary_failed == 0 && summary_rows > 0 && summary_bad == 0;
     failures += !summaries_ok;
     printf("%s: %-58s rows %4d | wrong rows %d, failed calls %d => %s\n", label,
-           "GPU logits summaries vs the host's of the same rows", summary_rows, summary_bad, summary_failed,
-           summaries_ok ? "ok" : "FAIL");
+           "GPU logits summaries vs the host's of the same rows", summary_rows, summary_bad,
+           summary_failed, summaries_ok ? "ok" : "FAIL");
     failures += shared_pages_check(model, c, label, block_size);
     gptoss_model_free(model);
     return failures ? 1 : 0;

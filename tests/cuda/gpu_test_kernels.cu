@@ -8,10 +8,9 @@
  * storage precision of each output and are stated next to each check. Prints one line per
  * case and a summary table last; exits 1 on any failure.
  *
- *   gpu_test_kernels [SECTION,...]   sections: norm rope attention kvfp8 router gemv fp8 moe pair wgmma summary
- *                                    (wgmma: only the MoE cases of path 6, also part of moe)
- *                                    (default: all; a subset re-checks one kernel family in
- *                                    less time)
+ *   gpu_test_kernels [SECTION,...]   sections: norm rope attention kvfp8 router gemv fp8 moe pair
+ * wgmma summary (wgmma: only the MoE cases of path 6, also part of moe) (default: all; a subset
+ * re-checks one kernel family in less time)
  */
 #include "backend/cuda/kernels/attention_tc.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -32,23 +31,31 @@
 static void test_rmsnorm(int T, int H, int mode) {
     const int K = 4;
     std::vector<float> x(T * H), add(T * H), bias(H), y((size_t)T * K * H), w(T * K), gain(H);
-    for (auto &v : x) v = rnd_nz(2.0f);
-    for (auto &v : add) v = rnd_nz(1.0f);
-    for (auto &v : bias) v = rnd_nz(0.1f);
-    for (auto &v : y) v = rnd_nz(1.0f);
-    for (auto &v : w) v = rnd_nz(1.0f);
-    for (auto &v : gain) v = 1.0f + rnd_nz(0.1f);
+    for (auto &v : x)
+        v = rnd_nz(2.0f);
+    for (auto &v : add)
+        v = rnd_nz(1.0f);
+    for (auto &v : bias)
+        v = rnd_nz(0.1f);
+    for (auto &v : y)
+        v = rnd_nz(1.0f);
+    for (auto &v : w)
+        v = rnd_nz(1.0f);
+    for (auto &v : gain)
+        v = 1.0f + rnd_nz(0.1f);
     /* mode 0: plain, 1: + add + bias, 2: + weighted expert rows, 3: mode 2 through a row map */
     int n_rows = mode == 3 ? (T + 1) / 2 : T;
     std::vector<int32_t> map(n_rows);
-    for (int i = 0; i < n_rows; i++) map[i] = (mode == 3) ? (T - 1 - 2 * i) : i;
-    float *dx = dev_upload(x), *dadd = dev_upload(add), *dbias = dev_upload(bias), *dy = dev_upload(y),
-          *dw = dev_upload(w), *dg = dev_upload(gain);
+    for (int i = 0; i < n_rows; i++)
+        map[i] = (mode == 3) ? (T - 1 - 2 * i) : i;
+    float *dx = dev_upload(x), *dadd = dev_upload(add), *dbias = dev_upload(bias),
+          *dy = dev_upload(y), *dw = dev_upload(w), *dg = dev_upload(gain);
     int32_t *dmap = dev_upload(map);
     bf16 *dout = dev_poisoned<bf16>((size_t)n_rows * H);
     float *dout32 = dev_poisoned<float>((size_t)n_rows * H);
-    gptoss_cuda_residual_rmsnorm(dx, mode == 1 ? dadd : NULL, mode == 1 ? dbias : NULL, mode >= 2 ? dy : NULL,
-                                 mode >= 2 ? dw : NULL, K, dg, 1e-5f, mode == 3 ? dmap : NULL, n_rows, H, dout, dout32, 0);
+    gptoss_cuda_residual_rmsnorm(dx, mode == 1 ? dadd : NULL, mode == 1 ? dbias : NULL,
+                                 mode >= 2 ? dy : NULL, mode >= 2 ? dw : NULL, K, dg, 1e-5f,
+                                 mode == 3 ? dmap : NULL, n_rows, H, dout, dout32, 0);
     std::vector<bf16> out = dev_download(dout, (size_t)n_rows * H);
     std::vector<float> out32 = dev_download(dout32, (size_t)n_rows * H);
     std::vector<double> got32;
@@ -62,7 +69,8 @@ static void test_rmsnorm(int T, int H, int mode) {
             double a = x[(size_t)r * H + j];
             if (mode == 1) a += add[(size_t)r * H + j] + bias[j];
             if (mode >= 2)
-                for (int k = 0; k < K; k++) a += (double)w[r * K + k] * y[((size_t)r * K + k) * H + j];
+                for (int k = 0; k < K; k++)
+                    a += (double)w[r * K + k] * y[((size_t)r * K + k) * H + j];
             v[j] = a;
             ss += a * a;
             gotx.push_back(xo[(size_t)r * H + j]);
@@ -86,7 +94,8 @@ static void test_rmsnorm(int T, int H, int mode) {
         snprintf(name, sizeof name, "rmsnorm mode=%d T=%d H=%d: residual (f32)", mode, T, H);
         check(name, gotx, refx, 1e-6);
     }
-    cudaFree(dx), cudaFree(dadd), cudaFree(dbias), cudaFree(dy), cudaFree(dw), cudaFree(dg), cudaFree(dmap), cudaFree(dout), cudaFree(dout32);
+    cudaFree(dx), cudaFree(dadd), cudaFree(dbias), cudaFree(dy), cudaFree(dw), cudaFree(dg),
+        cudaFree(dmap), cudaFree(dout), cudaFree(dout32);
 }
 
 /* ---- paged KV helpers ------------------------------------------------------------------- */
@@ -103,10 +112,13 @@ static paged make_pages(int n_seqs, int max_len, int block_size) {
     p.max_blocks = (max_len + block_size - 1) / block_size;
     p.n_blocks = n_seqs * p.max_blocks + 3;
     std::vector<int32_t> ids(p.n_blocks);
-    for (int i = 0; i < p.n_blocks; i++) ids[i] = i;
-    for (int i = p.n_blocks - 1; i > 0; i--) std::swap(ids[i], ids[rnd_int(i + 1)]);
+    for (int i = 0; i < p.n_blocks; i++)
+        ids[i] = i;
+    for (int i = p.n_blocks - 1; i > 0; i--)
+        std::swap(ids[i], ids[rnd_int(i + 1)]);
     p.table.resize((size_t)n_seqs * p.max_blocks);
-    for (size_t i = 0; i < p.table.size(); i++) p.table[i] = ids[i];
+    for (size_t i = 0; i < p.table.size(); i++)
+        p.table[i] = ids[i];
     return p;
 }
 
@@ -146,14 +158,17 @@ static void test_rope_kv(int NH, int NKV, int D) {
     std::vector<float> qkv((size_t)T * W), bias(W), inv;
     float conc;
     yarn_inv_freq(D, inv, conc);
-    for (auto &v : qkv) v = rnd_nz(1.0f);
-    for (auto &v : bias) v = rnd_nz(0.1f);
+    for (auto &v : qkv)
+        v = rnd_nz(1.0f);
+    for (auto &v : bias)
+        v = rnd_nz(0.1f);
     float *dqkv = dev_upload(qkv), *dbias = dev_upload(bias), *dinv = dev_upload(inv);
     int32_t *dpos = dev_upload(pos), *dseq = dev_upload(seq), *dtab = dev_upload(pg.table);
     size_t cache_elems = (size_t)pg.n_blocks * bs * NKV * D;
     bf16 *kc = dev_poisoned<bf16>(cache_elems), *vc = dev_poisoned<bf16>(cache_elems);
     float *dq = dev_poisoned<float>((size_t)T * NH * D);
-    gptoss_cuda_rope_kv_write(dqkv, dbias, dpos, dseq, dinv, conc, T, NH, NKV, D, dtab, pg.max_blocks, bs, dq, kc, vc, 0);
+    gptoss_cuda_rope_kv_write(dqkv, dbias, dpos, dseq, dinv, conc, T, NH, NKV, D, dtab,
+                              pg.max_blocks, bs, dq, kc, vc, 0);
     std::vector<float> q = dev_download(dq, (size_t)T * NH * D);
     std::vector<bf16> kh = dev_download(kc, cache_elems), vh = dev_download(vc, cache_elems);
     std::vector<double> gq, rq, gk, rk, gv, rv;
@@ -202,8 +217,8 @@ static void test_rope_kv(int NH, int NKV, int D) {
 /* ---- attention ------------------------------------------------------------------------- */
 
 /* seqs: (n_cached, n_new) pairs; window 0 = full; splits forced (1 = single pass). */
-static void test_attention(int NH, int NKV, int D, std::vector<std::pair<int, int>> seqs, int window, int splits,
-                           const char *label) {
+static void test_attention(int NH, int NKV, int D, std::vector<std::pair<int, int>> seqs,
+                           int window, int splits, const char *label) {
     const int bs = 16;
     int S = (int)seqs.size(), max_len = 0, T = 0;
     std::vector<int32_t> pos, seq;
@@ -218,11 +233,15 @@ static void test_attention(int NH, int NKV, int D, std::vector<std::pair<int, in
     paged pg = make_pages(S, max_len, bs);
     size_t cache_elems = (size_t)pg.n_blocks * bs * NKV * D;
     std::vector<uint16_t> kc(cache_elems), vc(cache_elems);
-    for (auto &v : kc) v = f2bf(rnd_nz(1.0f));
-    for (auto &v : vc) v = f2bf(rnd_nz(1.0f));
+    for (auto &v : kc)
+        v = f2bf(rnd_nz(1.0f));
+    for (auto &v : vc)
+        v = f2bf(rnd_nz(1.0f));
     std::vector<float> q((size_t)T * NH * D), sinks(NH);
-    for (auto &v : q) v = rnd_nz(0.6f);
-    for (auto &v : sinks) v = rnd_nz(3.0f);
+    for (auto &v : q)
+        v = rnd_nz(0.6f);
+    for (auto &v : sinks)
+        v = rnd_nz(3.0f);
     bf16 *dk = NULL, *dv = NULL;
     CK(cudaMalloc(&dk, cache_elems * 2));
     CK(cudaMalloc(&dv, cache_elems * 2));
@@ -231,9 +250,10 @@ static void test_attention(int NH, int NKV, int D, std::vector<std::pair<int, in
     float *dq = dev_upload(q), *dsink = dev_upload(sinks);
     int32_t *dpos = dev_upload(pos), *dseq = dev_upload(seq), *dtab = dev_upload(pg.table);
     float *partial = dev_poisoned<float>((size_t)T * NH * splits * (D + 2));
-    bf16 *dout = dev_poisoned<bf16>((size_t)T * NH * D), *dout_dec = dev_poisoned<bf16>((size_t)T * NH * D);
-    int rc = gptoss_cuda_attention(dq, dk, dv, dpos, dseq, dtab, pg.max_blocks, bs, dsink, T, NH, NKV, D, window,
-                                   splits, partial, dout, 0);
+    bf16 *dout = dev_poisoned<bf16>((size_t)T * NH * D),
+         *dout_dec = dev_poisoned<bf16>((size_t)T * NH * D);
+    int rc = gptoss_cuda_attention(dq, dk, dv, dpos, dseq, dtab, pg.max_blocks, bs, dsink, T, NH,
+                                   NKV, D, window, splits, partial, dout, 0);
     if (rc != 0) {
         fprintf(stderr, "attention launcher refused the shape\n");
         exit(1);
@@ -241,9 +261,10 @@ static void test_attention(int NH, int NKV, int D, std::vector<std::pair<int, in
     std::vector<bf16> out = dev_download(dout, (size_t)T * NH * D);
     /* the tensor-core decode kernel on the same cut (it refuses groups over 16) */
     const bool dec = NH / NKV <= 16;
-    int rc_dec = dec ? gptoss_cuda_attention_decode(dq, dk, dv, dpos, dseq, dtab, pg.max_blocks, bs, dsink, T, NH, NKV,
-                                                    D, window, splits, partial, dout_dec, 0)
-                     : 0;
+    int rc_dec =
+        dec ? gptoss_cuda_attention_decode(dq, dk, dv, dpos, dseq, dtab, pg.max_blocks, bs, dsink,
+                                           T, NH, NKV, D, window, splits, partial, dout_dec, 0)
+            : 0;
     std::vector<bf16> out_dec = dev_download(dout_dec, (size_t)T * NH * D);
     std::vector<double> got, got_dec, ref;
     for (int t = 0; t < T; t++) {
@@ -257,12 +278,14 @@ static void test_attention(int NH, int NKV, int D, std::vector<std::pair<int, in
                 int blk = pg.table[(size_t)s * pg.max_blocks + j / bs];
                 size_t off = (((size_t)blk * bs + j % bs) * NKV + g) * D;
                 double d = 0;
-                for (int c = 0; c < D; c++) d += (double)q[((size_t)t * NH + h) * D + c] * bf2f(kc[off + c]);
+                for (int c = 0; c < D; c++)
+                    d += (double)q[((size_t)t * NH + h) * D + c] * bf2f(kc[off + c]);
                 sc.push_back(d); /* q arrives pre-scaled */
                 m = fmax(m, d);
             }
             double z = exp(sinks[h] - m);
-            for (double v : sc) z += exp(v - m);
+            for (double v : sc)
+                z += exp(v - m);
             for (int c = 0; c < D; c++) {
                 double o = 0;
                 for (int j = lo; j <= p; j++) {
@@ -280,22 +303,25 @@ static void test_attention(int NH, int NKV, int D, std::vector<std::pair<int, in
         }
     }
     char name[128];
-    snprintf(name, sizeof name, "attention %s NH=%d NKV=%d D=%d T=%d win=%d splits=%d", label, NH, NKV, D, T, window,
-             splits);
+    snprintf(name, sizeof name, "attention %s NH=%d NKV=%d D=%d T=%d win=%d splits=%d", label, NH,
+             NKV, D, T, window, splits);
     check(name, got, ref, 6e-3); /* bf16 output (2^-9) plus fast exp */
     if (dec) {
         if (rc_dec != 0) got_dec[0] = NAN; /* refused: fails */
-        snprintf(name, sizeof name, "attention decode-tc %s NH=%d NKV=%d D=%d T=%d win=%d splits=%d", label, NH, NKV,
+        snprintf(name, sizeof name,
+                 "attention decode-tc %s NH=%d NKV=%d D=%d T=%d win=%d splits=%d", label, NH, NKV,
                  D, T, window, splits);
         check(name, got_dec, ref, 2.5e-3); /* the bf16 output rounding */
         /* as exact as the scalar kernel: the two differ only where an output sits at a bf16
          * rounding boundary (q and P with 16 bits instead of 24 flipped a few percent of the
          * outputs, about 8e-4 here, and the forward tests' strict bars failed) */
-        snprintf(name, sizeof name, "attention decode-tc %s NH=%d NKV=%d D=%d T=%d win=%d vs scalar", label, NH, NKV,
+        snprintf(name, sizeof name,
+                 "attention decode-tc %s NH=%d NKV=%d D=%d T=%d win=%d vs scalar", label, NH, NKV,
                  D, T, window);
         check(name, got_dec, got, 4e-4);
     }
-    cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dsink), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab);
+    cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dsink), cudaFree(dpos), cudaFree(dseq),
+        cudaFree(dtab);
     cudaFree(partial), cudaFree(dout), cudaFree(dout_dec);
 }
 
@@ -307,8 +333,8 @@ static __global__ void e4m3_pairs_kernel(float2 *out) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < 65536) out[i] = gptoss_e4m3x2_decode((uint16_t)i);
 }
-static __global__ void e4m3_encode_kernel(const float *x, const float *scale, int n, uint8_t *encoded,
-                                          uint8_t *hardware, uint8_t *quantized) {
+static __global__ void e4m3_encode_kernel(const float *x, const float *scale, int n,
+                                          uint8_t *encoded, uint8_t *hardware, uint8_t *quantized) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     encoded[i] = gptoss_e4m3_encode(x[i]);
@@ -316,7 +342,9 @@ static __global__ void e4m3_encode_kernel(const float *x, const float *scale, in
     quantized[i] = gptoss_kv_fp8_quantize(x[i], scale[i]);
 }
 
-static bool same_float(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, 4) == 0; }
+static bool same_float(float a, float b) {
+    return (isnan(a) && isnan(b)) || memcmp(&a, &b, 4) == 0;
+}
 
 /* The CPU backend's emulation and the kernels must produce the same codes: the device
  * encode and quantize (IEEE division) against the host's, bit for bit; the hardware
@@ -333,11 +361,13 @@ static void test_e4m3_device(void) {
         bad_decode += !same_float(pairs[i].x, gptoss_e4m3_decode((uint8_t)(i & 255))) ||
                       !same_float(pairs[i].y, gptoss_e4m3_decode((uint8_t)(i >> 8)));
     char name[160];
-    snprintf(name, sizeof name, "kvfp8 hardware pair decode = kv_fp8.h decode (65536 pairs): %ld differ", bad_decode);
+    snprintf(name, sizeof name,
+             "kvfp8 hardware pair decode = kv_fp8.h decode (65536 pairs): %ld differ", bad_decode);
     check_true(name, bad_decode == 0);
 
     std::vector<float> x, scale;
-    for (uint32_t h = 0; h < 65536; h++) x.push_back(bf2f((uint16_t)h));
+    for (uint32_t h = 0; h < 65536; h++)
+        x.push_back(bf2f((uint16_t)h));
     for (int c = 0; c < 0x7e; c++) {
         float v = gptoss_e4m3_decode((uint8_t)c), w = gptoss_e4m3_decode((uint8_t)(c + 1));
         float mid = (float)(((double)v + w) / 2);
@@ -356,14 +386,17 @@ static void test_e4m3_device(void) {
     }
     for (size_t i = 0; i < x.size(); i++) {
         int kind = rnd_int(8); /* mostly scales of a vector around x, some arbitrary, some 0 */
-        scale.push_back(kind == 0 ? 0.0f : kind == 1 ? ldexpf(1.0f + (float)rnd_unit(), rnd_int(60) - 30)
-                                                     : fabsf(x[i]) / 448.0f * (1.0f + (float)rnd_unit()));
+        scale.push_back(kind == 0   ? 0.0f
+                        : kind == 1 ? ldexpf(1.0f + (float)rnd_unit(), rnd_int(60) - 30)
+                                    : fabsf(x[i]) / 448.0f * (1.0f + (float)rnd_unit()));
     }
     int n = (int)x.size();
     float *dx = dev_upload(x), *ds = dev_upload(scale);
-    uint8_t *denc = dev_poisoned<uint8_t>(n), *dhw = dev_poisoned<uint8_t>(n), *dq = dev_poisoned<uint8_t>(n);
+    uint8_t *denc = dev_poisoned<uint8_t>(n), *dhw = dev_poisoned<uint8_t>(n),
+            *dq = dev_poisoned<uint8_t>(n);
     e4m3_encode_kernel<<<(n + 255) / 256, 256>>>(dx, ds, n, denc, dhw, dq);
-    std::vector<uint8_t> enc = dev_download(denc, n), hw = dev_download(dhw, n), quant = dev_download(dq, n);
+    std::vector<uint8_t> enc = dev_download(denc, n), hw = dev_download(dhw, n),
+                         quant = dev_download(dq, n);
     long bad_enc = 0, bad_hw = 0, bad_quant = 0, first = -1, first_quant = -1;
     for (int i = 0; i < n; i++) {
         uint8_t want = gptoss_e4m3_encode(x[i]);
@@ -372,14 +405,18 @@ static void test_e4m3_device(void) {
         bad_hw += isnan(x[i]) ? (hw[i] & 0x7f) != 0x7f : hw[i] != want;
         if (quant[i] != gptoss_kv_fp8_quantize(x[i], scale[i]) && bad_quant++ == 0) first_quant = i;
     }
-    snprintf(name, sizeof name, "kvfp8 device encode = host encode (%d floats): %ld differ (first %a)", n, bad_enc,
+    snprintf(name, sizeof name,
+             "kvfp8 device encode = host encode (%d floats): %ld differ (first %a)", n, bad_enc,
              first >= 0 ? (double)x[first] : 0.0);
     check_true(name, bad_enc == 0);
-    snprintf(name, sizeof name, "kvfp8 hardware cvt.rn.satfinite e4m3 = kv_fp8.h encode: %ld differ", bad_hw);
+    snprintf(name, sizeof name,
+             "kvfp8 hardware cvt.rn.satfinite e4m3 = kv_fp8.h encode: %ld differ", bad_hw);
     check_true(name, bad_hw == 0);
-    snprintf(name, sizeof name, "kvfp8 device quantize(x, scale) = host's: %ld differ (first %a / %a: 0x%02x, 0x%02x)",
+    snprintf(name, sizeof name,
+             "kvfp8 device quantize(x, scale) = host's: %ld differ (first %a / %a: 0x%02x, 0x%02x)",
              bad_quant, first_quant >= 0 ? (double)x[first_quant] : 0.0,
-             first_quant >= 0 ? (double)scale[first_quant] : 0.0, first_quant >= 0 ? quant[first_quant] : 0,
+             first_quant >= 0 ? (double)scale[first_quant] : 0.0,
+             first_quant >= 0 ? quant[first_quant] : 0,
              first_quant >= 0 ? gptoss_kv_fp8_quantize(x[first_quant], scale[first_quant]) : 0);
     check_true(name, bad_quant == 0);
     cudaFree(dpairs), cudaFree(dx), cudaFree(ds), cudaFree(denc), cudaFree(dhw), cudaFree(dq);
@@ -393,12 +430,15 @@ static void test_qkv_rope_one(int NH, int NKV, int D, int H, int pos) {
     const int bs = 16, W = (NH + 2 * NKV) * D;
     paged pg = make_pages(2, pos + 40, bs);
     std::vector<uint16_t> wt((size_t)W * H), x(H);
-    for (auto &v : wt) v = f2bf(rnd_nz(0.05f));
-    for (auto &v : x) v = f2bf(rnd_nz(2.0f));
+    for (auto &v : wt)
+        v = f2bf(rnd_nz(0.05f));
+    for (auto &v : x)
+        v = f2bf(rnd_nz(2.0f));
     std::vector<float> bias(W), inv;
     float conc;
     yarn_inv_freq(D, inv, conc);
-    for (auto &v : bias) v = rnd_nz(0.1f);
+    for (auto &v : bias)
+        v = rnd_nz(0.1f);
     std::vector<int32_t> posv = {pos}, seqv = {1};
     bf16 *dw, *dx;
     CK(cudaMalloc(&dw, wt.size() * 2));
@@ -416,16 +456,18 @@ static void test_qkv_rope_one(int NH, int NKV, int D, int H, int pos) {
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     int rc1 = gptoss_cuda_gemv_bf16(dw, dx, dqkv, 1, W, H, sms, 0);
-    gptoss_cuda_rope_kv_write(dqkv, dbias, dpos, dseq, dinv, conc, 1, NH, NKV, D, dtab, pg.max_blocks, bs, dq1, kc1,
-                              vc1, 0);
-    int rc2 = gptoss_cuda_qkv_rope_one(dw, dx, dbias, dpos, dseq, dinv, conc, NH, NKV, D, H, dtab, pg.max_blocks, bs,
-                                       dq2, kc2, vc2, 0);
-    std::vector<float> q1 = dev_download(dq1, (size_t)NH * D), q2 = dev_download(dq2, (size_t)NH * D);
+    gptoss_cuda_rope_kv_write(dqkv, dbias, dpos, dseq, dinv, conc, 1, NH, NKV, D, dtab,
+                              pg.max_blocks, bs, dq1, kc1, vc1, 0);
+    int rc2 = gptoss_cuda_qkv_rope_one(dw, dx, dbias, dpos, dseq, dinv, conc, NH, NKV, D, H, dtab,
+                                       pg.max_blocks, bs, dq2, kc2, vc2, 0);
+    std::vector<float> q1 = dev_download(dq1, (size_t)NH * D),
+                       q2 = dev_download(dq2, (size_t)NH * D);
     std::vector<bf16> k1 = dev_download(kc1, cache_elems), k2 = dev_download(kc2, cache_elems);
     std::vector<bf16> v1 = dev_download(vc1, cache_elems), v2 = dev_download(vc2, cache_elems);
     char name[112];
-    snprintf(name, sizeof name, "qkv+rope one token NH=%d NKV=%d D=%d H=%d p=%d: = GEMV + RoPE kernel, bit for bit", NH,
-             NKV, D, H, pos);
+    snprintf(name, sizeof name,
+             "qkv+rope one token NH=%d NKV=%d D=%d H=%d p=%d: = GEMV + RoPE kernel, bit for bit",
+             NH, NKV, D, H, pos);
     check_true(name, rc1 == 0 && rc2 == 0 && memcmp(q1.data(), q2.data(), q1.size() * 4) == 0 &&
                          memcmp(k1.data(), k2.data(), cache_elems * 2) == 0 &&
                          memcmp(v1.data(), v2.data(), cache_elems * 2) == 0);
@@ -433,7 +475,8 @@ static void test_qkv_rope_one(int NH, int NKV, int D, int H, int pos) {
     std::vector<double> row(W);
     for (int r = 0; r < W; r++) {
         double a = 0;
-        for (int i = 0; i < H; i++) a += (double)bf2f(wt[(size_t)r * H + i]) * bf2f(x[i]);
+        for (int i = 0; i < H; i++)
+            a += (double)bf2f(wt[(size_t)r * H + i]) * bf2f(x[i]);
         row[r] = a + bias[r];
     }
     std::vector<double> got, ref;
@@ -459,10 +502,13 @@ static void test_qkv_rope_one(int NH, int NKV, int D, int H, int pos) {
                 got.push_back(bf2f(h1)), got.push_back(bf2f(h2));
             }
         }
-    snprintf(name, sizeof name, "qkv+rope one token NH=%d NKV=%d D=%d H=%d p=%d: q, K, V", NH, NKV, D, H, pos);
+    snprintf(name, sizeof name, "qkv+rope one token NH=%d NKV=%d D=%d H=%d p=%d: q, K, V", NH, NKV,
+             D, H, pos);
     check(name, got, ref, 4e-3); /* K and V are bf16 */
-    cudaFree(dw), cudaFree(dx), cudaFree(dbias), cudaFree(dinv), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab);
-    cudaFree(kc1), cudaFree(vc1), cudaFree(kc2), cudaFree(vc2), cudaFree(dq1), cudaFree(dq2), cudaFree(dqkv);
+    cudaFree(dw), cudaFree(dx), cudaFree(dbias), cudaFree(dinv), cudaFree(dpos), cudaFree(dseq),
+        cudaFree(dtab);
+    cudaFree(kc1), cudaFree(vc1), cudaFree(kc2), cudaFree(vc2), cudaFree(dq1), cudaFree(dq2),
+        cudaFree(dqkv);
 }
 
 /* bias + RoPE + FP8 KV write against a double reference (as test_rope_kv) run through the
@@ -478,23 +524,27 @@ static void test_rope_kv_fp8(int NH, int NKV, int D) {
     int T = 43, S = 3;
     std::vector<int32_t> pos, seq;
     for (int s = 0; s < S; s++)
-        for (int i = 0; i < lens[s]; i++) pos.push_back(cached[s] + i), seq.push_back(s);
+        for (int i = 0; i < lens[s]; i++)
+            pos.push_back(cached[s] + i), seq.push_back(s);
     paged pg = make_pages(S, 20000 + 40, bs);
     int W = (NH + 2 * NKV) * D;
     std::vector<float> qkv((size_t)T * W), bias(W), inv;
     float conc;
     yarn_inv_freq(D, inv, conc);
-    for (auto &v : qkv) v = rnd_nz(1.0f);
-    for (auto &v : bias) v = rnd_nz(0.1f);
-    for (int i = NH * D; i < W; i++) qkv[i] = -bias[i]; /* token 0: zero K and V */
+    for (auto &v : qkv)
+        v = rnd_nz(1.0f);
+    for (auto &v : bias)
+        v = rnd_nz(0.1f);
+    for (int i = NH * D; i < W; i++)
+        qkv[i] = -bias[i]; /* token 0: zero K and V */
     float *dqkv = dev_upload(qkv), *dbias = dev_upload(bias), *dinv = dev_upload(inv);
     int32_t *dpos = dev_upload(pos), *dseq = dev_upload(seq), *dtab = dev_upload(pg.table);
     size_t slots = (size_t)pg.n_blocks * bs * NKV;
     uint8_t *kc = dev_poisoned<uint8_t>(slots * D), *vc = dev_poisoned<uint8_t>(slots * D);
     float *ks = dev_poisoned<float>(slots), *vs = dev_poisoned<float>(slots);
     float *dq = dev_poisoned<float>((size_t)T * NH * D);
-    gptoss_cuda_rope_kv_write_fp8(dqkv, dbias, dpos, dseq, dinv, conc, T, NH, NKV, D, dtab, pg.max_blocks, bs, dq, kc,
-                                  vc, ks, vs, 0);
+    gptoss_cuda_rope_kv_write_fp8(dqkv, dbias, dpos, dseq, dinv, conc, T, NH, NKV, D, dtab,
+                                  pg.max_blocks, bs, dq, kc, vc, ks, vs, 0);
     std::vector<uint8_t> kh = dev_download(kc, slots * D), vh = dev_download(vc, slots * D);
     std::vector<float> ksh = dev_download(ks, slots), vsh = dev_download(vs, slots);
     std::vector<float> q = dev_download(dq, (size_t)T * NH * D);
@@ -520,33 +570,44 @@ static void test_rope_kv_fp8(int NH, int NKV, int D) {
                 continue;
             }
             int g = head - NH, vb = (NH + NKV + g) * D;
-            for (int j = 0; j < D; j++) v[j] = (double)row[vb + j] + bias[vb + j];
-            size_t slot = ((size_t)pg.table[(size_t)seq[t] * pg.max_blocks + pos[t] / bs] * bs + pos[t] % bs) * NKV + g;
+            for (int j = 0; j < D; j++)
+                v[j] = (double)row[vb + j] + bias[vb + j];
+            size_t slot = ((size_t)pg.table[(size_t)seq[t] * pg.max_blocks + pos[t] / bs] * bs +
+                           pos[t] % bs) *
+                              NKV +
+                          g;
             for (int kv = 0; kv < 2; kv++) {
                 const std::vector<double> &ref = kv ? v : k;
                 const uint8_t *codes = (kv ? vh.data() : kh.data()) + slot * D;
                 float sc = kv ? vsh[slot] : ksh[slot];
                 double absmax = 0;
-                for (double e : ref) absmax = fmax(absmax, fabs(e));
+                for (double e : ref)
+                    absmax = fmax(absmax, fabs(e));
                 if (t == 0) {
                     zero_ok = zero_ok && sc == 0.0f;
-                    for (int j = 0; j < D; j++) zero_ok = zero_ok && (codes[j] & 0x7f) == 0;
+                    for (int j = 0; j < D; j++)
+                        zero_ok = zero_ok && (codes[j] & 0x7f) == 0;
                     continue;
                 }
                 gscale.push_back(sc), rscale.push_back(absmax / 448.0);
                 for (int j = 0; j < D; j++) {
                     uint8_t want = gptoss_kv_fp8_quantize((float)ref[j], sc);
                     if (codes[j] != want) {
-                        double r = ref[j] / sc, a = gptoss_e4m3_decode(codes[j]), b = gptoss_e4m3_decode(want);
-                        bool adjacent =
-                            (codes[j] & 0x80) == (want & 0x80) && abs((codes[j] & 0x7f) - (want & 0x7f)) == 1;
+                        double r = ref[j] / sc, a = gptoss_e4m3_decode(codes[j]),
+                               b = gptoss_e4m3_decode(want);
+                        bool adjacent = (codes[j] & 0x80) == (want & 0x80) &&
+                                        abs((codes[j] & 0x7f) - (want & 0x7f)) == 1;
                         /* the kernel's fp32 RoPE is within about 3e-7 of the largest input of the
                          * vector, 1e-4 in units of the scale (absmax / 448): 10x that, absolute */
-                        if (adjacent && fabs(r - (a + b) / 2) <= 1e-4 * fabs(r) + 1e-3) near_ties++;
-                        else unexplained++;
+                        if (adjacent && fabs(r - (a + b) / 2) <= 1e-4 * fabs(r) + 1e-3)
+                            near_ties++;
+                        else
+                            unexplained++;
                     }
-                    double got = (double)gptoss_e4m3_decode(codes[j]) * sc, err = fabs(got - ref[j]);
-                    double bound = fabs(ref[j]) >= 0x1p-6 * sc ? 0x1p-4 * fabs(ref[j]) : 0x1p-10 * sc;
+                    double got = (double)gptoss_e4m3_decode(codes[j]) * sc,
+                           err = fabs(got - ref[j]);
+                    double bound =
+                        fabs(ref[j]) >= 0x1p-6 * sc ? 0x1p-4 * fabs(ref[j]) : 0x1p-10 * sc;
                     over_bound += err > bound * 1.001 + 1e-5 * absmax;
                     gval.push_back(got), rval.push_back(ref[j]);
                 }
@@ -556,18 +617,22 @@ static void test_rope_kv_fp8(int NH, int NKV, int D) {
     char name[192];
     snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: q (f32)", NH, NKV, D);
     check(name, gq, rq, 2e-5);
-    snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: scales = absmax / 448", NH, NKV, D);
+    snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: scales = absmax / 448", NH, NKV,
+             D);
     check(name, gscale, rscale, 2e-5); /* fp32 RoPE against double: as q */
-    snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: codes = host codes (%ld near-ties, %ld not)", NH, NKV,
-             D, near_ties, unexplained);
+    snprintf(name, sizeof name,
+             "kvfp8 rope+kv NH=%d NKV=%d D=%d: codes = host codes (%ld near-ties, %ld not)", NH,
+             NKV, D, near_ties, unexplained);
     check_true(name, unexplained == 0 && near_ties * 100 < (long)gval.size());
-    snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: values within e4m3's bound (%ld over)", NH, NKV, D,
+    snprintf(name, sizeof name,
+             "kvfp8 rope+kv NH=%d NKV=%d D=%d: values within e4m3's bound (%ld over)", NH, NKV, D,
              over_bound);
     check_true(name, over_bound == 0);
     snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: k, v values (e4m3)", NH, NKV, D);
     check(name, gval, rval, 0.04); /* 3 mantissa bits: at most 2^-4 / sqrt(3) = 3.6% RMS */
-    snprintf(name, sizeof name, "kvfp8 rope+kv NH=%d NKV=%d D=%d: zero K and V vectors -> scale 0, codes 0", NH,
-             NKV, D);
+    snprintf(name, sizeof name,
+             "kvfp8 rope+kv NH=%d NKV=%d D=%d: zero K and V vectors -> scale 0, codes 0", NH, NKV,
+             D);
     check_true(name, zero_ok);
     cudaFree(dqkv), cudaFree(dbias), cudaFree(dinv), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab);
     cudaFree(kc), cudaFree(vc), cudaFree(ks), cudaFree(vs), cudaFree(dq);
@@ -576,13 +641,14 @@ static void test_rope_kv_fp8(int NH, int NKV, int D) {
 /* An FP8 paged cache for attention tests: K and V head vectors of random values quantized on
  * the host (kv_fp8.h); every slot no token may read holds NaN codes and NaN scales. */
 typedef struct fp8_cache {
-    std::vector<uint8_t> k, v;      /* [n_blocks, bs, NKV, D] codes */
-    std::vector<float> ks, vs;      /* [n_blocks, bs, NKV] scales */
+    std::vector<uint8_t> k, v; /* [n_blocks, bs, NKV, D] codes */
+    std::vector<float> ks, vs; /* [n_blocks, bs, NKV] scales */
     uint8_t *dk, *dv;
     float *dks, *dvs;
 } fp8_cache;
 
-static fp8_cache make_fp8_cache(const paged &pg, const std::vector<std::pair<int, int>> &seqs, int NKV, int D) {
+static fp8_cache make_fp8_cache(const paged &pg, const std::vector<std::pair<int, int>> &seqs,
+                                int NKV, int D) {
     fp8_cache c;
     size_t slots = (size_t)pg.n_blocks * pg.block_size * NKV;
     c.k.assign(slots * D, 0x7f), c.v.assign(slots * D, 0x7f);
@@ -591,54 +657,70 @@ static fp8_cache make_fp8_cache(const paged &pg, const std::vector<std::pair<int
     for (size_t s = 0; s < seqs.size(); s++)
         for (int j = 0; j < seqs[s].first + seqs[s].second; j++)
             for (int g = 0; g < NKV; g++) {
-                size_t slot = ((size_t)pg.table[s * pg.max_blocks + j / pg.block_size] * pg.block_size +
-                               j % pg.block_size) * NKV + g;
+                size_t slot =
+                    ((size_t)pg.table[s * pg.max_blocks + j / pg.block_size] * pg.block_size +
+                     j % pg.block_size) *
+                        NKV +
+                    g;
                 for (int kv = 0; kv < 2; kv++) {
                     float mag = ldexpf(1.0f, rnd_int(7) - 3); /* vectors of different sizes */
-                    for (auto &e : x) e = rnd_nz(mag);
-                    float sc = gptoss_kv_fp8_round_trip(x.data(), D, (kv ? c.v.data() : c.k.data()) + slot * D);
+                    for (auto &e : x)
+                        e = rnd_nz(mag);
+                    float sc = gptoss_kv_fp8_round_trip(x.data(), D,
+                                                        (kv ? c.v.data() : c.k.data()) + slot * D);
                     (kv ? c.vs : c.ks)[slot] = sc;
                 }
             }
-    c.dk = dev_upload(c.k), c.dv = dev_upload(c.v), c.dks = dev_upload(c.ks), c.dvs = dev_upload(c.vs);
+    c.dk = dev_upload(c.k), c.dv = dev_upload(c.v), c.dks = dev_upload(c.ks),
+    c.dvs = dev_upload(c.vs);
     return c;
 }
 
-static void free_fp8_cache(fp8_cache &c) { cudaFree(c.dk), cudaFree(c.dv), cudaFree(c.dks), cudaFree(c.dvs); }
+static void free_fp8_cache(fp8_cache &c) {
+    cudaFree(c.dk), cudaFree(c.dv), cudaFree(c.dks), cudaFree(c.dvs);
+}
 
 /* Attention over an FP8 cache: the split-K kernel (splits as given) and, when tc, the
  * tensor-core kernel, against a double reference over the dequantized cache
  * (decode(code) * scale), and the tensor-core result against the split-K one. */
-static void test_attention_fp8(int NH, int NKV, int D, std::vector<std::pair<int, int>> seqs, int window, int splits,
-                               bool tc, const char *label) {
+static void test_attention_fp8(int NH, int NKV, int D, std::vector<std::pair<int, int>> seqs,
+                               int window, int splits, bool tc, const char *label) {
     const int bs = 16;
     int S = (int)seqs.size(), max_len = 1;
     std::vector<int32_t> pos, seq;
     for (int s = 0; s < S; s++) {
-        for (int i = 0; i < seqs[s].second; i++) pos.push_back(seqs[s].first + i), seq.push_back(s);
+        for (int i = 0; i < seqs[s].second; i++)
+            pos.push_back(seqs[s].first + i), seq.push_back(s);
         max_len = std::max(max_len, seqs[s].first + seqs[s].second);
     }
     int T = (int)pos.size();
     paged pg = make_pages(S, max_len, bs);
     fp8_cache c = make_fp8_cache(pg, seqs, NKV, D);
     std::vector<float> q((size_t)T * NH * D), sinks(NH);
-    for (auto &v : q) v = rnd_nz(0.6f);
-    for (auto &v : sinks) v = rnd_nz(3.0f);
+    for (auto &v : q)
+        v = rnd_nz(0.6f);
+    for (auto &v : sinks)
+        v = rnd_nz(3.0f);
     float *dq = dev_upload(q), *dsink = dev_upload(sinks);
     int32_t *dpos = dev_upload(pos), *dseq = dev_upload(seq), *dtab = dev_upload(pg.table);
     float *partial = dev_poisoned<float>((size_t)T * NH * splits * (D + 2));
-    bf16 *dout = dev_poisoned<bf16>((size_t)T * NH * D), *dout_tc = dev_poisoned<bf16>((size_t)T * NH * D);
+    bf16 *dout = dev_poisoned<bf16>((size_t)T * NH * D),
+         *dout_tc = dev_poisoned<bf16>((size_t)T * NH * D);
     bf16 *dout_dec = dev_poisoned<bf16>((size_t)T * NH * D);
-    int rc = gptoss_cuda_attention_fp8(dq, c.dk, c.dv, c.dks, c.dvs, dpos, dseq, dtab, pg.max_blocks, bs, dsink, T, NH,
-                                       NKV, D, window, splits, partial, dout, 0);
+    int rc =
+        gptoss_cuda_attention_fp8(dq, c.dk, c.dv, c.dks, c.dvs, dpos, dseq, dtab, pg.max_blocks, bs,
+                                  dsink, T, NH, NKV, D, window, splits, partial, dout, 0);
     const bool dec = NH / NKV <= 16;
-    int rc_dec = dec ? gptoss_cuda_attention_decode_fp8(dq, c.dk, c.dv, c.dks, c.dvs, dpos, dseq, dtab, pg.max_blocks,
-                                                        bs, dsink, T, NH, NKV, D, window, splits, partial, dout_dec, 0)
+    int rc_dec = dec ? gptoss_cuda_attention_decode_fp8(dq, c.dk, c.dv, c.dks, c.dvs, dpos, dseq,
+                                                        dtab, pg.max_blocks, bs, dsink, T, NH, NKV,
+                                                        D, window, splits, partial, dout_dec, 0)
                      : 0;
-    int rc_tc = tc ? gptoss_cuda_attention_tc_fp8(dq, c.dk, c.dv, c.dks, c.dvs, dpos, dseq, dtab, pg.max_blocks, bs,
-                                                  dsink, T, NH, NKV, D, window, dout_tc, 0)
+    int rc_tc = tc ? gptoss_cuda_attention_tc_fp8(dq, c.dk, c.dv, c.dks, c.dvs, dpos, dseq, dtab,
+                                                  pg.max_blocks, bs, dsink, T, NH, NKV, D, window,
+                                                  dout_tc, 0)
                    : 0;
-    std::vector<bf16> out = dev_download(dout, (size_t)T * NH * D), out_tc = dev_download(dout_tc, (size_t)T * NH * D);
+    std::vector<bf16> out = dev_download(dout, (size_t)T * NH * D),
+                      out_tc = dev_download(dout_tc, (size_t)T * NH * D);
     std::vector<bf16> out_dec = dev_download(dout_dec, (size_t)T * NH * D);
     std::vector<double> got, got_tc, got_dec, ref;
     for (int t = 0; t < T; t++) {
@@ -648,53 +730,65 @@ static void test_attention_fp8(int NH, int NKV, int D, std::vector<std::pair<int
             std::vector<double> sc;
             double m = sinks[h];
             for (int j = lo; j <= p; j++) {
-                size_t slot = ((size_t)pg.table[(size_t)s * pg.max_blocks + j / bs] * bs + j % bs) * NKV + g;
+                size_t slot =
+                    ((size_t)pg.table[(size_t)s * pg.max_blocks + j / bs] * bs + j % bs) * NKV + g;
                 double d = 0;
                 for (int e = 0; e < D; e++)
-                    d += (double)q[((size_t)t * NH + h) * D + e] * gptoss_e4m3_decode(c.k[slot * D + e]) * c.ks[slot];
+                    d += (double)q[((size_t)t * NH + h) * D + e] *
+                         gptoss_e4m3_decode(c.k[slot * D + e]) * c.ks[slot];
                 sc.push_back(d);
                 m = fmax(m, d);
             }
             double z = exp(sinks[h] - m);
-            for (double v : sc) z += exp(v - m);
+            for (double v : sc)
+                z += exp(v - m);
             for (int e = 0; e < D; e++) {
                 double o = 0;
                 for (int j = lo; j <= p; j++) {
-                    size_t slot = ((size_t)pg.table[(size_t)s * pg.max_blocks + j / bs] * bs + j % bs) * NKV + g;
-                    o += exp(sc[j - lo] - m) / z * gptoss_e4m3_decode(c.v[slot * D + e]) * c.vs[slot];
+                    size_t slot =
+                        ((size_t)pg.table[(size_t)s * pg.max_blocks + j / bs] * bs + j % bs) * NKV +
+                        g;
+                    o += exp(sc[j - lo] - m) / z * gptoss_e4m3_decode(c.v[slot * D + e]) *
+                         c.vs[slot];
                 }
                 size_t i = ((size_t)t * NH + h) * D + e;
                 uint16_t hb, ht, hd;
                 memcpy(&hb, &out[i], 2), memcpy(&ht, &out_tc[i], 2), memcpy(&hd, &out_dec[i], 2);
-                ref.push_back(o), got.push_back(bf2f(hb)), got_tc.push_back(bf2f(ht)), got_dec.push_back(bf2f(hd));
+                ref.push_back(o), got.push_back(bf2f(hb)), got_tc.push_back(bf2f(ht)),
+                    got_dec.push_back(bf2f(hd));
             }
         }
     }
     char name[160];
-    snprintf(name, sizeof name, "kvfp8 attention %s NH=%d NKV=%d D=%d T=%d win=%d splits=%d", label, NH, NKV, D, T,
-             window, splits);
-    if (rc != 0) got[0] = NAN; /* refused: fails */
+    snprintf(name, sizeof name, "kvfp8 attention %s NH=%d NKV=%d D=%d T=%d win=%d splits=%d", label,
+             NH, NKV, D, T, window, splits);
+    if (rc != 0) got[0] = NAN;   /* refused: fails */
     check(name, got, ref, 6e-3); /* as the bf16 pages: bf16 output (2^-9) plus fast exp */
     if (tc) {
         if (rc_tc != 0) got_tc[0] = NAN;
-        snprintf(name, sizeof name, "kvfp8 attention tc %s NH=%d NKV=%d D=%d T=%d win=%d vs double", label, NH, NKV, D,
-                 T, window);
-        check(name, got_tc, ref, 2.5e-3); /* q and P * scale as 16-bit pairs: the bf16 output rounding */
-        snprintf(name, sizeof name, "kvfp8 attention tc %s NH=%d NKV=%d D=%d T=%d win=%d vs split-K", label, NH, NKV,
+        snprintf(name, sizeof name, "kvfp8 attention tc %s NH=%d NKV=%d D=%d T=%d win=%d vs double",
+                 label, NH, NKV, D, T, window);
+        check(name, got_tc, ref,
+              2.5e-3); /* q and P * scale as 16-bit pairs: the bf16 output rounding */
+        snprintf(name, sizeof name,
+                 "kvfp8 attention tc %s NH=%d NKV=%d D=%d T=%d win=%d vs split-K", label, NH, NKV,
                  D, T, window);
         check(name, got_tc, got, 2.5e-3);
     }
     if (dec) {
         if (rc_dec != 0) got_dec[0] = NAN;
-        snprintf(name, sizeof name, "kvfp8 attention decode-tc %s NH=%d NKV=%d D=%d T=%d win=%d splits=%d vs double",
+        snprintf(name, sizeof name,
+                 "kvfp8 attention decode-tc %s NH=%d NKV=%d D=%d T=%d win=%d splits=%d vs double",
                  label, NH, NKV, D, T, window, splits);
         check(name, got_dec, ref, 2.5e-3);
-        snprintf(name, sizeof name, "kvfp8 attention decode-tc %s NH=%d NKV=%d D=%d T=%d win=%d vs split-K", label,
-                 NH, NKV, D, T, window);
+        snprintf(name, sizeof name,
+                 "kvfp8 attention decode-tc %s NH=%d NKV=%d D=%d T=%d win=%d vs split-K", label, NH,
+                 NKV, D, T, window);
         check(name, got_dec, got, 4e-4);
     }
     free_fp8_cache(c);
-    cudaFree(dq), cudaFree(dsink), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab), cudaFree(partial), cudaFree(dout);
+    cudaFree(dq), cudaFree(dsink), cudaFree(dpos), cudaFree(dseq), cudaFree(dtab),
+        cudaFree(partial), cudaFree(dout);
     cudaFree(dout_tc), cudaFree(dout_dec);
 }
 
@@ -708,7 +802,8 @@ static void time_attention_fp8(int depth, int prefill) {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     int max_len = std::max(depth + 1, prefill), n_blocks = (max_len + bs - 1) / bs;
     std::vector<int32_t> table(n_blocks);
-    for (int i = 0; i < n_blocks; i++) table[i] = i;
+    for (int i = 0; i < n_blocks; i++)
+        table[i] = i;
     size_t slots = (size_t)n_blocks * bs * NKV;
     bf16 *kb, *vb, *out;
     uint8_t *k8, *v8;
@@ -733,9 +828,10 @@ static void time_attention_fp8(int depth, int prefill) {
     int splits = gptoss_cuda_attention_splits(1, NKV, depth + 1, sms);
     CK(cudaMalloc(&partial, (size_t)NH * splits * (D + 2) * 4));
     std::vector<int32_t> pos1 = {depth}, seq1 = {0}, posp(prefill), seqp(prefill, 0);
-    for (int i = 0; i < prefill; i++) posp[i] = i;
-    int32_t *dtab = dev_upload(table), *dpos1 = dev_upload(pos1), *dseq1 = dev_upload(seq1), *dposp = dev_upload(posp),
-            *dseqp = dev_upload(seqp);
+    for (int i = 0; i < prefill; i++)
+        posp[i] = i;
+    int32_t *dtab = dev_upload(table), *dpos1 = dev_upload(pos1), *dseq1 = dev_upload(seq1),
+            *dposp = dev_upload(posp), *dseqp = dev_upload(seqp);
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -745,17 +841,17 @@ static void time_attention_fp8(int depth, int prefill) {
         for (int r = -3; r < reps; r++) {
             if (r == 0) CK(cudaEventRecord(e0));
             if (kind == 0)
-                gptoss_cuda_attention(q, kb, vb, dpos1, dseq1, dtab, n_blocks, bs, sinks, 1, NH, NKV, D, 0, splits,
-                                      partial, out, 0);
+                gptoss_cuda_attention(q, kb, vb, dpos1, dseq1, dtab, n_blocks, bs, sinks, 1, NH,
+                                      NKV, D, 0, splits, partial, out, 0);
             else if (kind == 1)
-                gptoss_cuda_attention_fp8(q, k8, v8, ks, vs, dpos1, dseq1, dtab, n_blocks, bs, sinks, 1, NH, NKV, D, 0,
-                                          splits, partial, out, 0);
+                gptoss_cuda_attention_fp8(q, k8, v8, ks, vs, dpos1, dseq1, dtab, n_blocks, bs,
+                                          sinks, 1, NH, NKV, D, 0, splits, partial, out, 0);
             else if (kind == 2)
-                gptoss_cuda_attention_tc(q, kb, vb, dposp, dseqp, dtab, n_blocks, bs, sinks, prefill, NH, NKV, D, 0,
-                                         out, 0);
+                gptoss_cuda_attention_tc(q, kb, vb, dposp, dseqp, dtab, n_blocks, bs, sinks,
+                                         prefill, NH, NKV, D, 0, out, 0);
             else
-                gptoss_cuda_attention_tc_fp8(q, k8, v8, ks, vs, dposp, dseqp, dtab, n_blocks, bs, sinks, prefill, NH,
-                                             NKV, D, 0, out, 0);
+                gptoss_cuda_attention_tc_fp8(q, k8, v8, ks, vs, dposp, dseqp, dtab, n_blocks, bs,
+                                             sinks, prefill, NH, NKV, D, 0, out, 0);
         }
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
@@ -764,23 +860,30 @@ static void time_attention_fp8(int depth, int prefill) {
         us[kind] = 1e3 * ms / reps;
     }
     CK(cudaGetLastError());
-    printf("timing: attention 20b shape, decode at depth %d (%d splits): bf16 pages %.1f us, fp8 pages %.1f us; "
+    printf("timing: attention 20b shape, decode at depth %d (%d splits): bf16 pages %.1f us, fp8 "
+           "pages %.1f us; "
            "prefill %d tokens (tensor cores): bf16 %.1f us, fp8 %.1f us\n",
            depth, splits, us[0], us[1], prefill, us[2], us[3]);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
-    cudaFree(kb), cudaFree(vb), cudaFree(k8), cudaFree(v8), cudaFree(ks), cudaFree(vs), cudaFree(q), cudaFree(sinks);
-    cudaFree(out), cudaFree(partial), cudaFree(dtab), cudaFree(dpos1), cudaFree(dseq1), cudaFree(dposp);
+    cudaFree(kb), cudaFree(vb), cudaFree(k8), cudaFree(v8), cudaFree(ks), cudaFree(vs), cudaFree(q),
+        cudaFree(sinks);
+    cudaFree(out), cudaFree(partial), cudaFree(dtab), cudaFree(dpos1), cudaFree(dseq1),
+        cudaFree(dposp);
     cudaFree(dseqp);
 }
 
 /* Random fill of n bytes (a hash of the index); e4m3: codes with the NaN pattern cleared. */
 static __global__ void fill_random_kernel(uint8_t *p, size_t n, uint32_t seed, bool e4m3) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         uint32_t h = (uint32_t)i * 2654435761u ^ seed;
         h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
         uint8_t b = (uint8_t)h;
-        if (e4m3) b &= 0xf7; /* exponent field below 15: never NaN */
-        else if (i & 1) b = (uint8_t)(0x3c | (b & 0x80)) ^ (uint8_t)((h >> 8) & 3); /* bf16 high byte: |x| ~ 2^-7 .. 2^-4 */
+        if (e4m3)
+            b &= 0xf7; /* exponent field below 15: never NaN */
+        else if (i & 1)
+            b = (uint8_t)(0x3c | (b & 0x80)) ^
+                (uint8_t)((h >> 8) & 3); /* bf16 high byte: |x| ~ 2^-7 .. 2^-4 */
         p[i] = b;
     }
 }
@@ -800,8 +903,10 @@ static void time_attention_decode(int B, int depth) {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const int nb = (depth + 1 + bs - 1) / bs, n_blocks = B * nb;
     std::vector<int32_t> table((size_t)n_blocks), pos(B, depth), seq(B);
-    for (int i = 0; i < n_blocks; i++) table[i] = i;
-    for (int b = 0; b < B; b++) seq[b] = b;
+    for (int i = 0; i < n_blocks; i++)
+        table[i] = i;
+    for (int b = 0; b < B; b++)
+        seq[b] = b;
     const size_t slots = (size_t)n_blocks * bs * NKV;
     bf16 *kb, *vb, *out;
     uint8_t *k8, *v8;
@@ -815,9 +920,12 @@ static void time_attention_decode(int B, int depth) {
     fill_random(k8, slots * D, 3, true);
     fill_random(v8, slots * D, 4, true);
     std::vector<float> scales(slots), qh((size_t)B * NH * D), sinks(NH);
-    for (auto &v : scales) v = 0.01f * (1.0f + rnd_nz(0.5f));
-    for (auto &v : qh) v = rnd_nz(0.6f);
-    for (auto &v : sinks) v = rnd_nz(3.0f);
+    for (auto &v : scales)
+        v = 0.01f * (1.0f + rnd_nz(0.5f));
+    for (auto &v : qh)
+        v = rnd_nz(0.6f);
+    for (auto &v : sinks)
+        v = rnd_nz(3.0f);
     ks = dev_upload(scales), vs = dev_upload(scales), q = dev_upload(qh);
     float *dsink = dev_upload(sinks);
     CK(cudaMalloc(&out, (size_t)B * NH * D * 2));
@@ -835,17 +943,18 @@ static void time_attention_decode(int B, int depth) {
             CK(cudaEventRecord(e0));
             int rc = 0;
             if (kind == 0)
-                rc = gptoss_cuda_attention(q, kb, vb, dpos, dseq, dtab, nb, bs, dsink, B, NH, NKV, D, 0, splits,
-                                           partial, out, 0);
+                rc = gptoss_cuda_attention(q, kb, vb, dpos, dseq, dtab, nb, bs, dsink, B, NH, NKV,
+                                           D, 0, splits, partial, out, 0);
             else if (kind == 1)
-                rc = gptoss_cuda_attention_decode(q, kb, vb, dpos, dseq, dtab, nb, bs, dsink, B, NH, NKV, D, 0, splits,
-                                                  partial, out, 0);
+                rc = gptoss_cuda_attention_decode(q, kb, vb, dpos, dseq, dtab, nb, bs, dsink, B, NH,
+                                                  NKV, D, 0, splits, partial, out, 0);
             else if (kind == 2)
-                rc = gptoss_cuda_attention_fp8(q, k8, v8, ks, vs, dpos, dseq, dtab, nb, bs, dsink, B, NH, NKV, D, 0,
-                                               splits, partial, out, 0);
+                rc = gptoss_cuda_attention_fp8(q, k8, v8, ks, vs, dpos, dseq, dtab, nb, bs, dsink,
+                                               B, NH, NKV, D, 0, splits, partial, out, 0);
             else
-                rc = gptoss_cuda_attention_decode_fp8(q, k8, v8, ks, vs, dpos, dseq, dtab, nb, bs, dsink, B, NH, NKV, D,
-                                                      0, splits, partial, out, 0);
+                rc = gptoss_cuda_attention_decode_fp8(q, k8, v8, ks, vs, dpos, dseq, dtab, nb, bs,
+                                                      dsink, B, NH, NKV, D, 0, splits, partial, out,
+                                                      0);
             CK(cudaEventRecord(e1));
             CK(cudaEventSynchronize(e1));
             if (rc != 0) {
@@ -861,13 +970,18 @@ static void time_attention_decode(int B, int depth) {
     }
     CK(cudaGetLastError());
     const double bytes = (double)B * (depth + 1) * NKV * D * 2;
-    printf("timing: decode attention 20b shape, %d tokens at depth %d (%d splits), median of %d: bf16 pages scalar "
-           "%.1f us, tensor cores %.1f us (%.0f GB/s); fp8 pages scalar %.1f us, tensor cores %.1f us (%.0f GB/s)\n",
-           B, depth, splits, reps, us[0], us[1], 2 * bytes / us[1] * 1e-3, us[2], us[3], bytes / us[3] * 1e-3);
-    if (B == 1) { /* the split count for one token: the decode kernel (bf16) over 1..64 splits, and the merge alone */
+    printf("timing: decode attention 20b shape, %d tokens at depth %d (%d splits), median of %d: "
+           "bf16 pages scalar "
+           "%.1f us, tensor cores %.1f us (%.0f GB/s); fp8 pages scalar %.1f us, tensor cores %.1f "
+           "us (%.0f GB/s)\n",
+           B, depth, splits, reps, us[0], us[1], 2 * bytes / us[1] * 1e-3, us[2], us[3],
+           bytes / us[3] * 1e-3);
+    if (B == 1) { /* the split count for one token: the decode kernel (bf16) over 1..64 splits, and
+                     the merge alone */
         CK(cudaFree(partial));
         CK(cudaMalloc(&partial, (size_t)NH * 64 * (D + 2) * 4));
-        printf("timing: decode attention 20b shape, 1 token at depth %d, tensor cores by splits:", depth);
+        printf("timing: decode attention 20b shape, 1 token at depth %d, tensor cores by splits:",
+               depth);
         for (int sp = 1; sp <= 64; sp *= 2) {
             for (int merge_only = 0; merge_only < 2; merge_only++) {
                 if (merge_only && sp == 1) continue;
@@ -877,8 +991,8 @@ static void time_attention_decode(int B, int depth) {
                     if (merge_only)
                         gptoss_cuda_attention_merge(partial, dsink, 1, NH, D, sp, out, 0);
                     else
-                        gptoss_cuda_attention_decode(q, kb, vb, dpos, dseq, dtab, nb, bs, dsink, 1, NH, NKV, D, 0, sp,
-                                                     partial, out, 0);
+                        gptoss_cuda_attention_decode(q, kb, vb, dpos, dseq, dtab, nb, bs, dsink, 1,
+                                                     NH, NKV, D, 0, sp, partial, out, 0);
                     CK(cudaEventRecord(e1));
                     CK(cudaEventSynchronize(e1));
                     float ms = 0;
@@ -886,14 +1000,17 @@ static void time_attention_decode(int B, int depth) {
                     if (r >= 0) times.push_back(ms);
                 }
                 std::sort(times.begin(), times.end());
-                if (merge_only) printf(" (merge %.1f)", 1e3 * times[times.size() / 2]);
-                else printf(" %d: %.1f us", sp, 1e3 * times[times.size() / 2]);
+                if (merge_only)
+                    printf(" (merge %.1f)", 1e3 * times[times.size() / 2]);
+                else
+                    printf(" %d: %.1f us", sp, 1e3 * times[times.size() / 2]);
             }
         }
         printf("\n");
     }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
-    cudaFree(kb), cudaFree(vb), cudaFree(k8), cudaFree(v8), cudaFree(ks), cudaFree(vs), cudaFree(q), cudaFree(dsink);
+    cudaFree(kb), cudaFree(vb), cudaFree(k8), cudaFree(v8), cudaFree(ks), cudaFree(vs), cudaFree(q),
+        cudaFree(dsink);
     cudaFree(out), cudaFree(partial), cudaFree(dtab), cudaFree(dpos), cudaFree(dseq);
 }
 
@@ -901,14 +1018,16 @@ static void time_attention_decode(int B, int depth) {
 
 /* Router reference for one token: top-k of logits (+ bias) by value, ties to the lower index,
  * softmax over the k. Appends reference and kernel weights; returns wrong expert indices. */
-static int ref_topk(const float *logits, const float *bias, int E, int K, const int32_t *idx, const float *wts,
-                    std::vector<double> &ref, std::vector<double> &got) {
+static int ref_topk(const float *logits, const float *bias, int E, int K, const int32_t *idx,
+                    const float *wts, std::vector<double> &ref, std::vector<double> &got) {
     std::vector<std::pair<double, int>> v(E);
-    for (int e = 0; e < E; e++) v[e] = {-((double)logits[e] + (bias ? bias[e] : 0.0)), e};
+    for (int e = 0; e < E; e++)
+        v[e] = {-((double)logits[e] + (bias ? bias[e] : 0.0)), e};
     std::sort(v.begin(), v.end());
     double mx = -v[0].first, z = 0;
     int mismatched = 0;
-    for (int k = 0; k < K; k++) z += exp(-v[k].first - mx);
+    for (int k = 0; k < K; k++)
+        z += exp(-v[k].first - mx);
     for (int k = 0; k < K; k++) {
         if (idx[k] != v[k].second) mismatched++;
         ref.push_back(exp(-v[k].first - mx) / z);
@@ -919,8 +1038,10 @@ static int ref_topk(const float *logits, const float *bias, int E, int K, const 
 
 static void test_router(int T, int E, int K) {
     std::vector<float> logits((size_t)T * E), bias(E);
-    for (auto &v : logits) v = rnd_nz(2.0f);
-    for (auto &v : bias) v = rnd_nz(0.5f);
+    for (auto &v : logits)
+        v = rnd_nz(2.0f);
+    for (auto &v : bias)
+        v = rnd_nz(0.5f);
     float *dl = dev_upload(logits), *db = dev_upload(bias);
     int32_t *di = dev_poisoned<int32_t>((size_t)T * K);
     float *dw = dev_poisoned<float>((size_t)T * K);
@@ -930,11 +1051,12 @@ static void test_router(int T, int E, int K) {
     std::vector<double> got, ref;
     int mismatched = 0;
     for (int t = 0; t < T; t++) {
-        mismatched += ref_topk(&logits[(size_t)t * E], bias.data(), E, K, &idx[(size_t)t * K], &wts[(size_t)t * K], ref,
-                               got);
+        mismatched += ref_topk(&logits[(size_t)t * E], bias.data(), E, K, &idx[(size_t)t * K],
+                               &wts[(size_t)t * K], ref, got);
     }
     char name[96];
-    snprintf(name, sizeof name, "router top-%d T=%d E=%d: %d index mismatches", K, T, E, mismatched);
+    snprintf(name, sizeof name, "router top-%d T=%d E=%d: %d index mismatches", K, T, E,
+             mismatched);
     if (mismatched) got[0] = NAN; /* any wrong expert fails the case */
     check(name, got, ref, 1e-5);
     cudaFree(dl), cudaFree(db), cudaFree(di), cudaFree(dw);
@@ -943,9 +1065,12 @@ static void test_router(int T, int E, int K) {
 static void test_router_logits(int T, int E, int H) {
     std::vector<float> t((size_t)T * H), bias(E);
     std::vector<uint16_t> w((size_t)E * H);
-    for (auto &v : t) v = rnd_nz(1.0f);
-    for (auto &v : bias) v = rnd_nz(0.1f);
-    for (auto &v : w) v = f2bf(rnd_nz(0.05f));
+    for (auto &v : t)
+        v = rnd_nz(1.0f);
+    for (auto &v : bias)
+        v = rnd_nz(0.1f);
+    for (auto &v : w)
+        v = f2bf(rnd_nz(0.05f));
     float *dt = dev_upload(t), *db = dev_upload(bias);
     bf16 *dw;
     CK(cudaMalloc(&dw, w.size() * 2));
@@ -958,7 +1083,8 @@ static void test_router_logits(int T, int E, int H) {
     for (int i = 0; i < T; i++)
         for (int e = 0; e < E; e++) {
             double a = bias[e];
-            for (int j = 0; j < H; j++) a += (double)t[(size_t)i * H + j] * bf2f(w[(size_t)e * H + j]);
+            for (int j = 0; j < H; j++)
+                a += (double)t[(size_t)i * H + j] * bf2f(w[(size_t)e * H + j]);
             ref.push_back(a);
         }
     char name[96];
@@ -973,27 +1099,39 @@ static const double kFp4[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5
 
 /* pattern: 0 random distinct experts, 1 every token's first slot is expert 0 (one expert
  * gets all tokens), 2 only experts {1, 3, 4, 6, 7} are used (others empty). */
-static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, bool wide_scales = false) {
+static void test_moe(int T, int H, int I, int E, int K, int pattern, int path,
+                     bool wide_scales = false) {
     size_t gu_rows = (size_t)E * 2 * I, dn_rows = (size_t)E * H;
-    std::vector<uint8_t> gub(gu_rows * (H / 32) * 16), gus(gu_rows * (H / 32)), dnb(dn_rows * (I / 32) * 16),
-        dns(dn_rows * (I / 32));
-    for (auto &v : gub) v = (uint8_t)rnd_u64();
-    for (auto &v : dnb) v = (uint8_t)rnd_u64();
+    std::vector<uint8_t> gub(gu_rows * (H / 32) * 16), gus(gu_rows * (H / 32)),
+        dnb(dn_rows * (I / 32) * 16), dns(dn_rows * (I / 32));
+    for (auto &v : gub)
+        v = (uint8_t)rnd_u64();
+    for (auto &v : dnb)
+        v = (uint8_t)rnd_u64();
     int s0h = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)H))));
     int s0i = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)I))));
-    for (auto &v : gus) v = (uint8_t)(wide_scales ? 110 + rnd_int(31) : s0h - 1 + rnd_int(3));
-    for (auto &v : dns) v = (uint8_t)(wide_scales ? 110 + rnd_int(31) : s0i - 1 + rnd_int(3));
+    for (auto &v : gus)
+        v = (uint8_t)(wide_scales ? 110 + rnd_int(31) : s0h - 1 + rnd_int(3));
+    for (auto &v : dns)
+        v = (uint8_t)(wide_scales ? 110 + rnd_int(31) : s0i - 1 + rnd_int(3));
     std::vector<float> gubias(gu_rows), dnbias(dn_rows);
-    for (auto &v : gubias) v = rnd_nz(0.1f);
-    for (auto &v : dnbias) v = rnd_nz(0.1f);
+    for (auto &v : gubias)
+        v = rnd_nz(0.1f);
+    for (auto &v : dnbias)
+        v = rnd_nz(0.1f);
     std::vector<uint16_t> t((size_t)T * H);
-    for (auto &v : t) v = f2bf(rnd_nz(2.0f));
+    for (auto &v : t)
+        v = f2bf(rnd_nz(2.0f));
     std::vector<int32_t> topk((size_t)T * K);
     int allowed[5] = {1, 3, 4, 6, 7};
     for (int i = 0; i < T; i++) {
         std::vector<int> pool;
-        if (pattern == 2 && E >= 8) for (int a : allowed) pool.push_back(a);
-        else for (int e = 0; e < E; e++) pool.push_back(e);
+        if (pattern == 2 && E >= 8)
+            for (int a : allowed)
+                pool.push_back(a);
+        else
+            for (int e = 0; e < E; e++)
+                pool.push_back(e);
         for (int k = 0; k < K; k++) {
             int j = k + rnd_int((int)pool.size() - k);
             std::swap(pool[k], pool[j]);
@@ -1002,10 +1140,12 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
             auto it = std::find(pool.begin(), pool.end(), 0);
             std::swap(pool[0], *it);
         }
-        for (int k = 0; k < K; k++) topk[(size_t)i * K + k] = pool[k];
+        for (int k = 0; k < K; k++)
+            topk[(size_t)i * K + k] = pool[k];
     }
     /* device */
-    uint8_t *d_gub = dev_upload(gub), *d_gus = dev_upload(gus), *d_dnb = dev_upload(dnb), *d_dns = dev_upload(dns);
+    uint8_t *d_gub = dev_upload(gub), *d_gus = dev_upload(gus), *d_dnb = dev_upload(dnb),
+            *d_dns = dev_upload(dns);
     float *d_gubias = dev_upload(gubias), *d_dnbias = dev_upload(dnbias);
     bf16 *d_t;
     CK(cudaMalloc(&d_t, t.size() * 2));
@@ -1018,20 +1158,23 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     CK(gptoss_cuda_moe_prepare(H, I));
     bf16 *d_h = dev_poisoned<bf16>((size_t)T * K * I);
     float *d_y = dev_poisoned<float>((size_t)T * K * H);
-    gptoss_cuda_moe_weights w = {d_gub, d_gus, d_gubias, d_dnb, d_dns, d_dnbias, E, H, I, 7.0f, 1.702f, false, false, false};
+    gptoss_cuda_moe_weights w = {d_gub, d_gus, d_gubias, d_dnb,  d_dns, d_dnbias, E,
+                                 H,     I,     7.0f,     1.702f, false, false,    false};
     unsigned *d_scratch = dev_poisoned<unsigned>(4);
     CK(gptoss_cuda_moe_check_mma(&w, nullptr, d_scratch, 0));
     /* path 4 is exact only for scale bytes in [104, 128]: wide scales must turn it down */
     if (w.mma_ok == wide_scales) {
         char nm[96];
-        snprintf(nm, sizeof nm, "moe mma check H=%d I=%d%s: mma_ok=%d", H, I, wide_scales ? " wide" : "", (int)w.mma_ok);
+        snprintf(nm, sizeof nm, "moe mma check H=%d I=%d%s: mma_ok=%d", H, I,
+                 wide_scales ? " wide" : "", (int)w.mma_ok);
         check_true(nm, false);
     }
     /* the pair path (3) must not need the route: leave it unbuilt (garbage) then */
     /* path 5 scales in fp32: any byte up to 240 is fine, so wide scales must not turn it down */
     if (!w.pair_mma_ok) {
         char nm[96];
-        snprintf(nm, sizeof nm, "moe pair-mma check H=%d I=%d%s: pair_mma_ok=0", H, I, wide_scales ? " wide" : "");
+        snprintf(nm, sizeof nm, "moe pair-mma check H=%d I=%d%s: pair_mma_ok=0", H, I,
+                 wide_scales ? " wide" : "");
         check_true(nm, false);
     }
     /* path 6 runs on every sm_90 device for widths that are multiples of 64 */
@@ -1040,20 +1183,22 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
         CK(cudaGetDeviceProperties(&prop, 0));
         if ((prop.major == 9 && prop.minor == 0) != w.wg_ok) {
             char nm[96];
-            snprintf(nm, sizeof nm, "moe wgmma check H=%d I=%d: wg_ok=%d on sm_%d%d", H, I, (int)w.wg_ok, prop.major,
-                     prop.minor);
+            snprintf(nm, sizeof nm, "moe wgmma check H=%d I=%d: wg_ok=%d on sm_%d%d", H, I,
+                     (int)w.wg_ok, prop.major, prop.minor);
             check_true(nm, false);
         }
     }
     int used_path = gptoss_cuda_moe_choose_path(path, T, K, &w);
-    if (path == 0 && T == 1 && used_path != 5) check_true("moe: one token must choose path 5", false);
+    if (path == 0 && T == 1 && used_path != 5)
+        check_true("moe: one token must choose path 5", false);
     /* several tokens: path 5 while the pairs are at most 7/8 of the experts, never above */
     if (path == 0 && T > 1 && w.pair_mma_ok && (used_path == 5) != (8 * T * K <= 7 * E)) {
         char nm[96];
         snprintf(nm, sizeof nm, "moe: T=%d K=%d E=%d chose path %d", T, K, E, used_path);
         check_true(nm, false);
     }
-    if (used_path != 3 && used_path != 5) gptoss_cuda_moe_route(d_topk, T, K, E, used_path, &route, 0);
+    if (used_path != 3 && used_path != 5)
+        gptoss_cuda_moe_route(d_topk, T, K, E, used_path, &route, 0);
     gptoss_cuda_moe(&w, d_t, T, K, d_topk, &route, d_h, d_y, path, 0);
     std::vector<float> y = dev_download(d_y, (size_t)T * K * H);
     /* reference: double math from the spec; h rounded to bf16 as the backend stores it.
@@ -1061,7 +1206,8 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
      * every pair routed to it. */
     std::vector<double> ref((size_t)T * K * H);
     std::vector<std::vector<int>> pairs_of(E);
-    for (int pr = 0; pr < T * K; pr++) pairs_of[topk[pr]].push_back(pr);
+    for (int pr = 0; pr < T * K; pr++)
+        pairs_of[topk[pr]].push_back(pr);
     std::vector<float> wgu((size_t)2 * I * H), wdn((size_t)H * I);
     for (int e = 0; e < E; e++) {
         if (pairs_of[e].empty()) continue;
@@ -1071,7 +1217,8 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
             for (int j = 0; j < H; j++) {
                 uint8_t byte = gub[row * (H / 32) * 16 + (j / 32) * 16 + (j % 32) / 2];
                 int code = (j % 2) ? byte >> 4 : byte & 15;
-                wgu[(size_t)r * H + j] = (float)(kFp4[code] * ldexp(1.0, gus[row * (H / 32) + j / 32] - 127));
+                wgu[(size_t)r * H + j] =
+                    (float)(kFp4[code] * ldexp(1.0, gus[row * (H / 32) + j / 32] - 127));
             }
         }
 #pragma omp parallel for
@@ -1080,7 +1227,8 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
             for (int i = 0; i < I; i++) {
                 uint8_t byte = dnb[row * (I / 32) * 16 + (i / 32) * 16 + (i % 32) / 2];
                 int code = (i % 2) ? byte >> 4 : byte & 15;
-                wdn[(size_t)n * I + i] = (float)(kFp4[code] * ldexp(1.0, dns[row * (I / 32) + i / 32] - 127));
+                wdn[(size_t)n * I + i] =
+                    (float)(kFp4[code] * ldexp(1.0, dns[row * (I / 32) + i / 32] - 127));
             }
         }
         const std::vector<int> &prs = pairs_of[e];
@@ -1088,13 +1236,15 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
         for (size_t pi = 0; pi < prs.size(); pi++) {
             int pr = prs[pi], tok = pr / K;
             std::vector<double> x(H), h(I);
-            for (int j = 0; j < H; j++) x[j] = bf2f(t[(size_t)tok * H + j]);
+            for (int j = 0; j < H; j++)
+                x[j] = bf2f(t[(size_t)tok * H + j]);
             for (int i = 0; i < I; i++) {
                 double u[2];
                 for (int r = 0; r < 2; r++) {
                     const float *wr = &wgu[(size_t)(2 * i + r) * H];
                     double acc = 0;
-                    for (int j = 0; j < H; j++) acc += (double)wr[j] * x[j];
+                    for (int j = 0; j < H; j++)
+                        acc += (double)wr[j] * x[j];
                     u[r] = acc + gubias[(size_t)e * 2 * I + 2 * i + r];
                 }
                 double a = fmin(u[0], 7.0), c = fmin(fmax(u[1], -7.0), 7.0);
@@ -1103,7 +1253,8 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
             for (int n = 0; n < H; n++) {
                 const float *wr = &wdn[(size_t)n * I];
                 double acc = 0;
-                for (int i = 0; i < I; i++) acc += (double)wr[i] * h[i];
+                for (int i = 0; i < I; i++)
+                    acc += (double)wr[i] * h[i];
                 ref[(size_t)pr * H + n] = acc + dnbias[(size_t)e * H + n];
             }
         }
@@ -1111,19 +1262,30 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path, b
     std::vector<double> got(y.begin(), y.end());
     char name[96];
     snprintf(name, sizeof name, "moe %s T=%d H=%d I=%d E=%d pattern=%d%s",
-             used_path == 6 ? "wgmma" : used_path == 5 ? (gptoss_cuda_moe_pair_kernel() == 3 ? "pair-fp8" : gptoss_cuda_moe_pair_kernel() == 2 ? "pair-tma" : "pair-wide") : used_path == 4 ? "mma" : used_path == 3 ? "pair-gemv" : used_path == 1 ? "gemv" : "gemm", T, H, I, E,
-             pattern, wide_scales ? " scales 110..140" : "");
+             used_path == 6   ? "wgmma"
+             : used_path == 5 ? (gptoss_cuda_moe_pair_kernel() == 3   ? "pair-fp8"
+                                 : gptoss_cuda_moe_pair_kernel() == 2 ? "pair-tma"
+                                                                      : "pair-wide")
+             : used_path == 4 ? "mma"
+             : used_path == 3 ? "pair-gemv"
+             : used_path == 1 ? "gemv"
+                              : "gemm",
+             T, H, I, E, pattern, wide_scales ? " scales 110..140" : "");
     check(name, got, ref, 2e-3); /* fp32 accumulation; h is bf16 on both sides, rare 1-ulp flips */
-    cudaFree(d_gub), cudaFree(d_gus), cudaFree(d_dnb), cudaFree(d_dns), cudaFree(d_gubias), cudaFree(d_dnbias);
-    cudaFree(d_t), cudaFree(d_topk), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y), cudaFree(d_scratch);
+    cudaFree(d_gub), cudaFree(d_gus), cudaFree(d_dnb), cudaFree(d_dns), cudaFree(d_gubias),
+        cudaFree(d_dnbias);
+    cudaFree(d_t), cudaFree(d_topk), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y),
+        cudaFree(d_scratch);
 }
 
 /* ---- dense bf16 GEMV (decode projections) ------------------------------------------------- */
 
 static void test_gemv(int M, int N, int K) {
     std::vector<uint16_t> w((size_t)N * K), x((size_t)M * K);
-    for (auto &v : w) v = f2bf(rnd_nz(0.05f));
-    for (auto &v : x) v = f2bf(rnd_nz(2.0f));
+    for (auto &v : w)
+        v = f2bf(rnd_nz(0.05f));
+    for (auto &v : x)
+        v = f2bf(rnd_nz(2.0f));
     bf16 *dw, *dx;
     CK(cudaMalloc(&dw, w.size() * 2));
     CK(cudaMalloc(&dx, x.size() * 2));
@@ -1139,15 +1301,17 @@ static void test_gemv(int M, int N, int K) {
     for (int i = 0; i < M; i++)
         for (int n = 0; n < N; n++) {
             double a = 0;
-            for (int k = 0; k < K; k++) a += (double)bf2f(x[(size_t)i * K + k]) * bf2f(w[(size_t)n * K + k]);
+            for (int k = 0; k < K; k++)
+                a += (double)bf2f(x[(size_t)i * K + k]) * bf2f(w[(size_t)n * K + k]);
             ref[(size_t)i * N + n] = a;
         }
     char name[96];
     const bool tma = gptoss_cuda_gemv_kernel(M, N, K) == 2;
-    snprintf(name, sizeof name, "gemv bf16 (%s) M=%d N=%d K=%d%s", tma ? "tma" : "ld", M, N, K, rc ? " (refused)" : "");
-    if (rc) got[0] = NAN; /* every shape here is one the GEMV must take */
+    snprintf(name, sizeof name, "gemv bf16 (%s) M=%d N=%d K=%d%s", tma ? "tma" : "ld", M, N, K,
+             rc ? " (refused)" : "");
+    if (rc) got[0] = NAN;        /* every shape here is one the GEMV must take */
     check(name, got, ref, 1e-5); /* fp32 accumulation of exact bf16 products */
-    if (tma) { /* the bulk-copy kernel sums in the load kernel's order */
+    if (tma) {                   /* the bulk-copy kernel sums in the load kernel's order */
         float *dy1 = dev_poisoned<float>((size_t)M * N);
         gptoss_cuda_gemv_set_kernel(1);
         rc = gptoss_cuda_gemv_bf16(dw, dx, dy1, M, N, K, sms, 0);
@@ -1179,8 +1343,10 @@ static int e4m3_encode(float v) {
     int lo = 0, hi = 126; /* largest code whose value is <= a */
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (e4m3_value(mid) <= a) lo = mid;
-        else hi = mid - 1;
+        if (e4m3_value(mid) <= a)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     double below = a - e4m3_value(lo), above = e4m3_value(lo + 1) - a; /* exact in double */
     if (above < below || (above == below && (lo & 1))) lo++;
@@ -1196,21 +1362,36 @@ static void test_quantize_e4m3(int N, int K, int pattern) {
     std::vector<uint16_t> w((size_t)N * K);
     for (int r = 0; r < N; r++) {
         float mag = ldexpf(1.0f, rnd_int(51) - 30);
-        for (int j = 0; j < K; j++) w[(size_t)r * K + j] = f2bf(rnd_nz(mag));
+        for (int j = 0; j < K; j++)
+            w[(size_t)r * K + j] = f2bf(rnd_nz(mag));
     }
     if (pattern == 1 && N >= 4 && K >= 16) {
-        for (int j = 0; j < K; j++) w[j] = f2bf(0.0f);
+        for (int j = 0; j < K; j++)
+            w[j] = f2bf(0.0f);
         /* row 1: 448, then ties (1.0625 between 1 and 1.125 -> 1; 1.1875 -> 1.25; 2^-10 between
          * 0 and 2^-9 -> 0; 3 * 2^-10 between 2^-9 and 2^-8 -> 2^-8; 2^-6 - 2^-10 between the
          * largest subnormal and 2^-6 -> 2^-6), a value past 448 cannot occur (it is the max) */
-        const float special[] = {448.0f,         1.0625f,        -1.1875f,
-                                 ldexpf(1, -10), -3 * ldexpf(1, -10), ldexpf(1, -6) - ldexpf(1, -10),
-                                 ldexpf(1, -12), -ldexpf(1, -9), 232.0f /* 224 | 240: -> 224 */,
-                                 -240.0f,        0.0f,           -0.0f,
-                                 17.0f /* -> 16 */, 19.0f /* -> 20 */, 3.0f, 1.0f};
-        for (int j = 0; j < K; j++) w[(size_t)K + j] = f2bf(j < 16 ? special[j] : rnd_nz(448.0f));
+        const float special[] = {448.0f,
+                                 1.0625f,
+                                 -1.1875f,
+                                 ldexpf(1, -10),
+                                 -3 * ldexpf(1, -10),
+                                 ldexpf(1, -6) - ldexpf(1, -10),
+                                 ldexpf(1, -12),
+                                 -ldexpf(1, -9),
+                                 232.0f /* 224 | 240: -> 224 */,
+                                 -240.0f,
+                                 0.0f,
+                                 -0.0f,
+                                 17.0f /* -> 16 */,
+                                 19.0f /* -> 20 */,
+                                 3.0f,
+                                 1.0f};
+        for (int j = 0; j < K; j++)
+            w[(size_t)K + j] = f2bf(j < 16 ? special[j] : rnd_nz(448.0f));
         for (int r = 2; r < 4; r++) /* wide range: the small ones land on e4m3 subnormals or 0 */
-            for (int j = 0; j < K; j++) w[(size_t)r * K + j] = f2bf(ldexpf(rnd_nz(1.0f), -rnd_int(25)));
+            for (int j = 0; j < K; j++)
+                w[(size_t)r * K + j] = f2bf(ldexpf(rnd_nz(1.0f), -rnd_int(25)));
     }
     bf16 *dw;
     CK(cudaMalloc(&dw, w.size() * 2));
@@ -1224,7 +1405,8 @@ static void test_quantize_e4m3(int N, int K, int pattern) {
     std::vector<double> deq((size_t)N * K), orig((size_t)N * K);
     for (int r = 0; r < N; r++) {
         float amax = 0.0f;
-        for (int j = 0; j < K; j++) amax = fmaxf(amax, fabsf(bf2f(w[(size_t)r * K + j])));
+        for (int j = 0; j < K; j++)
+            amax = fmaxf(amax, fabsf(bf2f(w[(size_t)r * K + j])));
         float scale = amax / 448.0f;
         uint32_t a, b;
         memcpy(&a, &scale, 4), memcpy(&b, &sc[r], 4);
@@ -1240,44 +1422,52 @@ static void test_quantize_e4m3(int N, int K, int pattern) {
         }
     }
     char name[160];
-    snprintf(name, sizeof name, "quantize e4m3 N=%d K=%d pattern %d: %ld codes, %ld scales differ (first code %ld)",
-             N, K, pattern, bad_codes, bad_scales, first_bad);
+    snprintf(name, sizeof name,
+             "quantize e4m3 N=%d K=%d pattern %d: %ld codes, %ld scales differ (first code %ld)", N,
+             K, pattern, bad_codes, bad_scales, first_bad);
     check_true(name, bad_codes == 0 && bad_scales == 0);
     /* what the format costs: every weight within 2^-4 of itself (half a step of 3 mantissa
      * bits) where it is in e4m3's normal range, which holds the bulk of each row's norm */
-    snprintf(name, sizeof name, "quantize e4m3 N=%d K=%d pattern %d: dequantized vs bf16 weights", N, K, pattern);
+    snprintf(name, sizeof name, "quantize e4m3 N=%d K=%d pattern %d: dequantized vs bf16 weights",
+             N, K, pattern);
     check(name, deq, orig, 0.0625);
     cudaFree(dw), cudaFree(dq), cudaFree(ds);
 }
 
 /* Random e4m3 codes (every finite code, both signs, subnormals; never the NaN codes), random
  * row scales, bf16 inputs. */
-static void make_e4m3_case(int N, int K, int M, std::vector<uint8_t> &codes, std::vector<float> &scale,
-                           std::vector<uint16_t> &x) {
+static void make_e4m3_case(int N, int K, int M, std::vector<uint8_t> &codes,
+                           std::vector<float> &scale, std::vector<uint16_t> &x) {
     codes.resize((size_t)N * K);
     for (auto &c : codes) {
         c = (uint8_t)(rnd_u64() >> 24);
         if ((c & 0x7f) == 0x7f) c ^= 1;
     }
     scale.resize(N);
-    for (auto &v : scale) v = ldexpf(1.0f + (float)rnd_unit(), -4 - rnd_int(12));
+    for (auto &v : scale)
+        v = ldexpf(1.0f + (float)rnd_unit(), -4 - rnd_int(12));
     x.resize((size_t)M * K);
-    for (auto &v : x) v = f2bf(rnd_nz(2.0f));
+    for (auto &v : x)
+        v = f2bf(rnd_nz(2.0f));
 }
 
 /* y[m, n] = scale[n] * sum_k x[m, k] * value(codes[n, k]), in double. */
-static std::vector<double> ref_e4m3_product(const std::vector<uint8_t> &codes, const std::vector<float> &scale,
+static std::vector<double> ref_e4m3_product(const std::vector<uint8_t> &codes,
+                                            const std::vector<float> &scale,
                                             const std::vector<uint16_t> &x, int M, int N, int K) {
     double table[256];
-    for (int c = 0; c < 256; c++) table[c] = e4m3_value(c);
+    for (int c = 0; c < 256; c++)
+        table[c] = e4m3_value(c);
     std::vector<double> xd((size_t)M * K), ref((size_t)M * N);
-    for (size_t i = 0; i < xd.size(); i++) xd[i] = bf2f(x[i]);
+    for (size_t i = 0; i < xd.size(); i++)
+        xd[i] = bf2f(x[i]);
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const uint8_t *row = &codes[(size_t)n * K];
         for (int i = 0; i < M; i++) {
             double a = 0;
-            for (int k = 0; k < K; k++) a += xd[(size_t)i * K + k] * table[row[k]];
+            for (int k = 0; k < K; k++)
+                a += xd[(size_t)i * K + k] * table[row[k]];
             ref[(size_t)i * N + n] = a * scale[n];
         }
     }
@@ -1300,7 +1490,8 @@ static void test_gemv_e4m3(int N, int K, std::vector<int> ms, bool want_refused 
     int dev = 0, sms = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    std::vector<double> full = want_refused ? std::vector<double>() : ref_e4m3_product(codes, scale, x, max_m, N, K);
+    std::vector<double> full =
+        want_refused ? std::vector<double>() : ref_e4m3_product(codes, scale, x, max_m, N, K);
     for (int M : ms) {
         float *dy = dev_poisoned<float>((size_t)M * N);
         int rc = gptoss_cuda_gemv_e4m3(dq, ds, dx, dy, M, N, K, sms, 0);
@@ -1308,14 +1499,19 @@ static void test_gemv_e4m3(int N, int K, std::vector<int> ms, bool want_refused 
         char name[128];
         if (want_refused) {
             bool untouched = true; /* still the poison: nothing was enqueued */
-            for (float v : y) untouched = untouched && isnan(v);
-            snprintf(name, sizeof name, "gemv e4m3 M=%d N=%d K=%d: refused (rc %d), output untouched", M, N, K, rc);
+            for (float v : y)
+                untouched = untouched && isnan(v);
+            snprintf(name, sizeof name,
+                     "gemv e4m3 M=%d N=%d K=%d: refused (rc %d), output untouched", M, N, K, rc);
             check_true(name, rc != 0 && untouched);
         } else {
-            std::vector<double> got(y.begin(), y.end()), ref(full.begin(), full.begin() + (size_t)M * N);
-            snprintf(name, sizeof name, "gemv e4m3 M=%d N=%d K=%d%s", M, N, K, rc ? " (refused)" : "");
+            std::vector<double> got(y.begin(), y.end()),
+                ref(full.begin(), full.begin() + (size_t)M * N);
+            snprintf(name, sizeof name, "gemv e4m3 M=%d N=%d K=%d%s", M, N, K,
+                     rc ? " (refused)" : "");
             if (rc) got[0] = NAN; /* every shape here is one the GEMV must take */
-            check(name, got, ref, 1e-5); /* exact products (bf16 x e4m3 fit fp32), fp32 sums, one scale */
+            check(name, got, ref,
+                  1e-5); /* exact products (bf16 x e4m3 fit fp32), fp32 sums, one scale */
         }
         cudaFree(dy);
     }
@@ -1337,12 +1533,13 @@ static void test_gemm_e4m3(cublasHandle_t cublas, int M, int N, int K, int block
     size_t scratch_elems = (size_t)block_rows * K + K / 2; /* not a whole number of rows */
     CK(cudaMalloc(&scratch, scratch_elems * 2));
     float *dy = dev_poisoned<float>((size_t)M * N);
-    cublasStatus_t st = gptoss_cuda_gemm_e4m3(cublas, dq, ds, dx, dy, M, N, K, scratch, scratch_elems, 0);
+    cublasStatus_t st =
+        gptoss_cuda_gemm_e4m3(cublas, dq, ds, dx, dy, M, N, K, scratch, scratch_elems, 0);
     std::vector<float> y = dev_download(dy, (size_t)M * N);
     std::vector<double> got(y.begin(), y.end()), ref = ref_e4m3_product(codes, scale, x, M, N, K);
     char name[128];
-    snprintf(name, sizeof name, "gemm e4m3 (bf16 blocks of %d rows + cuBLAS) M=%d N=%d K=%d%s", block_rows, M, N, K,
-             st != CUBLAS_STATUS_SUCCESS ? " (failed)" : "");
+    snprintf(name, sizeof name, "gemm e4m3 (bf16 blocks of %d rows + cuBLAS) M=%d N=%d K=%d%s",
+             block_rows, M, N, K, st != CUBLAS_STATUS_SUCCESS ? " (failed)" : "");
     if (st != CUBLAS_STATUS_SUCCESS) got[0] = NAN;
     /* exact products (e4m3 values are bf16 values), fp32 accumulation in cuBLAS's order on the
      * tensor cores, one scale */
@@ -1380,8 +1577,10 @@ static void time_dense_gemv(int N, int K) {
     for (int kind = 0; kind < 2; kind++) {
         for (int r = -5; r < reps; r++) {
             if (r == 0) CK(cudaEventRecord(e0));
-            if (kind == 0) gptoss_cuda_gemv_e4m3(dq, ds, dx, dy, 1, N, K, sms, 0);
-            else gptoss_cuda_gemv_bf16(dw, dx, dy, 1, N, K, sms, 0);
+            if (kind == 0)
+                gptoss_cuda_gemv_e4m3(dq, ds, dx, dy, 1, N, K, sms, 0);
+            else
+                gptoss_cuda_gemv_bf16(dw, dx, dy, 1, N, K, sms, 0);
         }
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
@@ -1389,8 +1588,9 @@ static void time_dense_gemv(int N, int K) {
     }
     CK(cudaGetLastError());
     double us8 = 1e3 * ms[0] / reps, us16 = 1e3 * ms[1] / reps;
-    printf("timing: decode GEMV N=%d K=%d M=1: e4m3 %.1f us (%.0f GB/s of weights), bf16 %.1f us (%.0f GB/s)\n", N, K,
-           us8, (double)N * (K + 4) / (us8 * 1e3), us16, (double)N * K * 2 / (us16 * 1e3));
+    printf("timing: decode GEMV N=%d K=%d M=1: e4m3 %.1f us (%.0f GB/s of weights), bf16 %.1f us "
+           "(%.0f GB/s)\n",
+           N, K, us8, (double)N * (K + 4) / (us8 * 1e3), us16, (double)N * K * 2 / (us16 * 1e3));
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     cudaFree(dq), cudaFree(dw), cudaFree(ds), cudaFree(dx), cudaFree(dy);
 }
@@ -1406,9 +1606,12 @@ static void test_router_fused(int T, int E, int H, int K) {
     for (int rep = 0; rep < 2; rep++) {
         std::vector<float> t((size_t)T * H), bias(E);
         std::vector<uint16_t> w((size_t)E * H);
-        for (auto &v : t) v = rnd_nz(1.0f);
-        for (auto &v : bias) v = rnd_nz(0.1f);
-        for (auto &v : w) v = f2bf(rnd_nz(0.05f));
+        for (auto &v : t)
+            v = rnd_nz(1.0f);
+        for (auto &v : bias)
+            v = rnd_nz(0.1f);
+        for (auto &v : w)
+            v = f2bf(rnd_nz(0.05f));
         float *dt = dev_upload(t), *db = dev_upload(bias);
         bf16 *dw;
         CK(cudaMalloc(&dw, w.size() * 2));
@@ -1416,7 +1619,8 @@ static void test_router_fused(int T, int E, int H, int K) {
         float *dl = dev_poisoned<float>((size_t)T * E), *dwt = dev_poisoned<float>((size_t)T * K);
         int32_t *di = dev_poisoned<int32_t>((size_t)T * K);
         gptoss_cuda_router(dt, dw, db, T, E, H, K, dl, counter, di, dwt, 0);
-        std::vector<float> l = dev_download(dl, (size_t)T * E), wts = dev_download(dwt, (size_t)T * K);
+        std::vector<float> l = dev_download(dl, (size_t)T * E),
+                           wts = dev_download(dwt, (size_t)T * K);
         std::vector<int32_t> idx = dev_download(di, (size_t)T * K);
         std::vector<unsigned> cnt = dev_download(counter, 1);
         std::vector<double> got, ref;
@@ -1424,15 +1628,18 @@ static void test_router_fused(int T, int E, int H, int K) {
         for (int i = 0; i < T; i++) {
             for (int e = 0; e < E; e++) {
                 double a = bias[e];
-                for (int j = 0; j < H; j++) a += (double)t[(size_t)i * H + j] * bf2f(w[(size_t)e * H + j]);
+                for (int j = 0; j < H; j++)
+                    a += (double)t[(size_t)i * H + j] * bf2f(w[(size_t)e * H + j]);
                 ref.push_back(a);
                 got.push_back(l[(size_t)i * E + e]);
             }
-            mismatched += ref_topk(&l[(size_t)i * E], nullptr, E, K, &idx[(size_t)i * K], &wts[(size_t)i * K], ref, got);
+            mismatched += ref_topk(&l[(size_t)i * E], nullptr, E, K, &idx[(size_t)i * K],
+                                   &wts[(size_t)i * K], ref, got);
         }
         char name[96];
-        snprintf(name, sizeof name, "router fused T=%d E=%d H=%d top-%d run %d: %d mismatches, counter %u", T, E, H,
-                 K, rep, mismatched, cnt[0]);
+        snprintf(name, sizeof name,
+                 "router fused T=%d E=%d H=%d top-%d run %d: %d mismatches, counter %u", T, E, H, K,
+                 rep, mismatched, cnt[0]);
         if (mismatched || cnt[0] != 0) got[0] = NAN;
         check(name, got, ref, 1e-5);
         cudaFree(dt), cudaFree(db), cudaFree(dw), cudaFree(dl), cudaFree(dwt), cudaFree(di);
@@ -1452,27 +1659,36 @@ static void test_norm_router(int E, int H, int K) {
     for (int rep = 0; rep < 2; rep++) {
         std::vector<float> x(H), add(H), abias(H), gain(H), rbias(E);
         std::vector<uint16_t> w((size_t)E * H);
-        for (auto &v : x) v = rnd_nz(2.0f);
-        for (auto &v : add) v = rnd_nz(1.0f);
-        for (auto &v : abias) v = rnd_nz(0.1f);
-        for (auto &v : gain) v = 1.0f + rnd_nz(0.1f);
-        for (auto &v : rbias) v = rnd_nz(0.1f);
-        for (auto &v : w) v = f2bf(rnd_nz(0.05f));
-        float *dx = dev_upload(x), *dadd = dev_upload(add), *dab = dev_upload(abias), *dg = dev_upload(gain),
-              *drb = dev_upload(rbias);
+        for (auto &v : x)
+            v = rnd_nz(2.0f);
+        for (auto &v : add)
+            v = rnd_nz(1.0f);
+        for (auto &v : abias)
+            v = rnd_nz(0.1f);
+        for (auto &v : gain)
+            v = 1.0f + rnd_nz(0.1f);
+        for (auto &v : rbias)
+            v = rnd_nz(0.1f);
+        for (auto &v : w)
+            v = f2bf(rnd_nz(0.05f));
+        float *dx = dev_upload(x), *dadd = dev_upload(add), *dab = dev_upload(abias),
+              *dg = dev_upload(gain), *drb = dev_upload(rbias);
         bf16 *dw;
         CK(cudaMalloc(&dw, w.size() * 2));
         CK(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
         bf16 *dout = dev_poisoned<bf16>(H);
         float *dl = dev_poisoned<float>(E), *dwt = dev_poisoned<float>(K);
         int32_t *di = dev_poisoned<int32_t>(K);
-        int rc = gptoss_cuda_norm_router_one(dx, dadd, dab, dg, 1e-5f, H, dout, dw, drb, E, K, dl, counter, di, dwt, 0);
+        int rc = gptoss_cuda_norm_router_one(dx, dadd, dab, dg, 1e-5f, H, dout, dw, drb, E, K, dl,
+                                             counter, di, dwt, 0);
         CK(cudaGetLastError());
-        std::vector<float> xo = dev_download(dx, H), l = dev_download(dl, E), wts = dev_download(dwt, K);
+        std::vector<float> xo = dev_download(dx, H), l = dev_download(dl, E),
+                           wts = dev_download(dwt, K);
         std::vector<bf16> out = dev_download(dout, H);
         std::vector<int32_t> idx = dev_download(di, K);
         std::vector<unsigned> cnt = dev_download(counter, 1);
-        std::vector<double> v(H), gx(xo.begin(), xo.end()), gn, rn, gl(l.begin(), l.end()), rl, gw, rw;
+        std::vector<double> v(H), gx(xo.begin(), xo.end()), gn, rn, gl(l.begin(), l.end()), rl, gw,
+            rw;
         double ss = 0;
         for (int j = 0; j < H; j++) {
             v[j] = (double)x[j] + add[j] + abias[j];
@@ -1487,7 +1703,8 @@ static void test_norm_router(int E, int H, int K) {
         }
         for (int e = 0; e < E; e++) {
             double a = rbias[e];
-            for (int j = 0; j < H; j++) a += rn[j] * bf2f(w[(size_t)e * H + j]);
+            for (int j = 0; j < H; j++)
+                a += rn[j] * bf2f(w[(size_t)e * H + j]);
             rl.push_back(a);
         }
         int mismatched = ref_topk(l.data(), nullptr, E, K, idx.data(), wts.data(), rw, gw);
@@ -1495,15 +1712,18 @@ static void test_norm_router(int E, int H, int K) {
         snprintf(name, sizeof name, "norm+router E=%d H=%d top-%d run %d: residual", E, H, K, rep);
         if (rc) gx[0] = NAN; /* a shape it takes must not be refused */
         check(name, gx, v, 1e-6);
-        snprintf(name, sizeof name, "norm+router E=%d H=%d top-%d run %d: normalized (bf16)", E, H, K, rep);
+        snprintf(name, sizeof name, "norm+router E=%d H=%d top-%d run %d: normalized (bf16)", E, H,
+                 K, rep);
         check(name, gn, rn, 4e-3);
         snprintf(name, sizeof name, "norm+router E=%d H=%d top-%d run %d: logits", E, H, K, rep);
         check(name, gl, rl, 1e-5);
-        snprintf(name, sizeof name, "norm+router E=%d H=%d top-%d run %d: %d mismatches, counter %u", E, H, K, rep,
+        snprintf(name, sizeof name,
+                 "norm+router E=%d H=%d top-%d run %d: %d mismatches, counter %u", E, H, K, rep,
                  mismatched, cnt[0]);
         if (mismatched || cnt[0] != 0) gw[0] = NAN;
         check(name, gw, rw, 1e-5);
-        cudaFree(dx), cudaFree(dadd), cudaFree(dab), cudaFree(dg), cudaFree(drb), cudaFree(dw), cudaFree(dout);
+        cudaFree(dx), cudaFree(dadd), cudaFree(dab), cudaFree(dg), cudaFree(drb), cudaFree(dw),
+            cudaFree(dout);
         cudaFree(dl), cudaFree(dwt), cudaFree(di);
     }
     cudaFree(counter);
@@ -1511,22 +1731,25 @@ static void test_norm_router(int E, int H, int K) {
 
 /* Shapes the fused kernel must refuse, leaving every output untouched. */
 static void test_norm_router_refused(int E, int H, int K, bool no_bias) {
-    float *dx = dev_poisoned<float>(H + 8), *dl = dev_poisoned<float>(E), *dwt = dev_poisoned<float>(K);
+    float *dx = dev_poisoned<float>(H + 8), *dl = dev_poisoned<float>(E),
+          *dwt = dev_poisoned<float>(K);
     bf16 *dout = dev_poisoned<bf16>(H + 8), *dw = dev_poisoned<bf16>((size_t)E * (H + 8));
     int32_t *di = dev_poisoned<int32_t>(K);
     unsigned *counter;
     CK(cudaMalloc(&counter, sizeof(unsigned)));
     CK(cudaMemset(counter, 0, sizeof(unsigned)));
     std::vector<float> before = dev_download(dx, H);
-    int rc = gptoss_cuda_norm_router_one(dx, dx, no_bias ? nullptr : dx, dx, 1e-5f, H, dout, dw, dl, E, K, dl, counter,
-                                         di, dwt, 0);
+    int rc = gptoss_cuda_norm_router_one(dx, dx, no_bias ? nullptr : dx, dx, 1e-5f, H, dout, dw, dl,
+                                         E, K, dl, counter, di, dwt, 0);
     CK(cudaDeviceSynchronize());
     std::vector<float> after = dev_download(dx, H);
     char name[128];
     snprintf(name, sizeof name, "norm+router E=%d H=%d top-%d%s refused, nothing written", E, H, K,
              no_bias ? " (no bias)" : "");
-    check_true(name, rc != 0 && memcmp(before.data(), after.data(), before.size() * sizeof(float)) == 0);
-    cudaFree(dx), cudaFree(dl), cudaFree(dwt), cudaFree(dout), cudaFree(dw), cudaFree(di), cudaFree(counter);
+    check_true(name,
+               rc != 0 && memcmp(before.data(), after.data(), before.size() * sizeof(float)) == 0);
+    cudaFree(dx), cudaFree(dl), cudaFree(dwt), cudaFree(dout), cudaFree(dw), cudaFree(di),
+        cudaFree(counter);
 }
 
 /* ---- logits summary (top-n, log-sum-exp) ------------------------------------------------ */
@@ -1534,7 +1757,8 @@ static void test_norm_router_refused(int E, int H, int K, bool no_bias) {
 /* Prints the time of one summary call (median of 101, random logits; not a check). */
 static void time_logits_summary(int rows, int V, int n_top) {
     std::vector<float> x((size_t)rows * V);
-    for (auto &v : x) v = rnd_nz(8.0f);
+    for (auto &v : x)
+        v = rnd_nz(8.0f);
     float *d_x, *d_out;
     void *d_scratch;
     CK(cudaMalloc(&d_x, x.size() * 4));
@@ -1547,8 +1771,9 @@ static void time_logits_summary(int rows, int V, int n_top) {
     std::vector<float> ms;
     for (int rep = 0; rep < 102; rep++) {
         CK(cudaEventRecord(e0, 0));
-        gptoss_cuda_logits_summary(d_x, rows, V, n_top, d_scratch, (int32_t *)d_out, d_out + (size_t)rows * n_top,
-                                   d_out + (size_t)rows * 2 * n_top, 0);
+        gptoss_cuda_logits_summary(d_x, rows, V, n_top, d_scratch, (int32_t *)d_out,
+                                   d_out + (size_t)rows * n_top, d_out + (size_t)rows * 2 * n_top,
+                                   0);
         CK(cudaEventRecord(e1, 0));
         CK(cudaEventSynchronize(e1));
         float t = 0;
@@ -1556,8 +1781,8 @@ static void time_logits_summary(int rows, int V, int n_top) {
         if (rep > 0) ms.push_back(t);
     }
     std::sort(ms.begin(), ms.end());
-    printf("logits summary %dx%d top %d: %.1f us per call (median of %zu)\n", rows, V, n_top, ms[ms.size() / 2] * 1e3,
-           ms.size());
+    printf("logits summary %dx%d top %d: %.1f us per call (median of %zu)\n", rows, V, n_top,
+           ms[ms.size() / 2] * 1e3, ms.size());
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     cudaFree(d_x), cudaFree(d_out), cudaFree(d_scratch);
 }
@@ -1600,7 +1825,8 @@ static void test_logits_summary(int rows, int V, int n_top, int mode) {
     CK(cudaMalloc(&d_scratch, scratch_bytes));
     CK(cudaMemset(d_scratch, 0xff, scratch_bytes)); /* garbage: no initial contents needed */
     for (int rep = 0; rep < 2; rep++) /* twice: a second run over the first one's scratch */
-        if (gptoss_cuda_logits_summary(d_x, rows, V, n_top, d_scratch, d_ids, d_vals, d_lse, 0) != 0) {
+        if (gptoss_cuda_logits_summary(d_x, rows, V, n_top, d_scratch, d_ids, d_vals, d_lse, 0) !=
+            0) {
             printf("logits summary: launcher refused %dx%d top %d\n", rows, V, n_top);
             exit(1);
         }
@@ -1616,12 +1842,14 @@ static void test_logits_summary(int rows, int V, int n_top, int mode) {
     for (int r = 0; r < rows; r++) {
         const float *row = x.data() + (size_t)r * V;
         std::vector<int> order(V);
-        for (int i = 0; i < V; i++) order[i] = i;
+        for (int i = 0; i < V; i++)
+            order[i] = i;
         auto val = [&](int i) { return isnan(row[i]) ? -INFINITY : (double)row[i]; };
         std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return val(a) > val(b); });
         for (int j = 0; j < n_top; j++) {
             int32_t gi = ids[(size_t)r * n_top + j];
-            if (gi != order[j] || (double)vals[(size_t)r * n_top + j] != val(order[j])) mismatches++;
+            if (gi != order[j] || (double)vals[(size_t)r * n_top + j] != val(order[j]))
+                mismatches++;
         }
         double m = -INFINITY, sum = 0;
         for (int i = 0; i < V; i++)
@@ -1632,8 +1860,8 @@ static void test_logits_summary(int rows, int V, int n_top, int mode) {
         out_lse.push_back(lse[r]);
     }
     char name[96];
-    snprintf(name, sizeof name, "logits summary %dx%d top %d mode %d (%d wrong ids)", rows, V, n_top, mode,
-             mismatches);
+    snprintf(name, sizeof name, "logits summary %dx%d top %d mode %d (%d wrong ids)", rows, V,
+             n_top, mode, mismatches);
     std::vector<double> out_m = out_lse, ref_m = ref_lse;
     if (mismatches) out_m[0] = NAN; /* any wrong id or value fails the case */
     check(name, out_m, ref_m, 1e-5);
@@ -1643,8 +1871,8 @@ static void test_logits_summary(int rows, int V, int n_top, int mode) {
     cudaFree(d_lse);
 }
 
-static const char *const kSections[] = {"norm",  "rope", "attention", "kvfp8", "router", "gemv",
-                                        "fp8",   "moe",  "pair",      "wgmma", "summary"};
+static const char *const kSections[] = {"norm", "rope", "attention", "kvfp8", "router", "gemv",
+                                        "fp8",  "moe",  "pair",      "wgmma", "summary"};
 static const char *g_sections = NULL; /* comma-separated list from the command line, NULL = all */
 
 static bool want(const char *section) {
@@ -1662,7 +1890,8 @@ static bool want(const char *section) {
 int main(int argc, char **argv) {
     if (argc > 2 || (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))) {
         fprintf(stderr, "usage: gpu_test_kernels [SECTION,...]\nsections:");
-        for (const char *sec : kSections) fprintf(stderr, " %s", sec);
+        for (const char *sec : kSections)
+            fprintf(stderr, " %s", sec);
         fprintf(stderr, "\n");
         return 2;
     }
@@ -1673,9 +1902,11 @@ int main(int argc, char **argv) {
             const char *end = strchr(p, ',');
             size_t len = end ? (size_t)(end - p) : strlen(p);
             bool known = false;
-            for (const char *sec : kSections) known = known || (strlen(sec) == len && strncmp(p, sec, len) == 0);
+            for (const char *sec : kSections)
+                known = known || (strlen(sec) == len && strncmp(p, sec, len) == 0);
             if (!known) {
-                fprintf(stderr, "gpu_test_kernels: unknown section '%.*s' (see --help)\n", (int)len, p);
+                fprintf(stderr, "gpu_test_kernels: unknown section '%.*s' (see --help)\n", (int)len,
+                        p);
                 return 2;
             }
             p += len + (end ? 1 : 0);
@@ -1697,7 +1928,7 @@ int main(int argc, char **argv) {
         test_qkv_rope_one(64, 8, 64, 2880, 0);     /* the gpt-oss shape (2560 pairs, 320 blocks) */
         test_qkv_rope_one(64, 8, 64, 2880, 20005); /* deep: a far page, large angles */
         test_qkv_rope_one(8, 2, 32, 256, 130);
-        test_qkv_rope_one(6, 3, 16, 72, 7);        /* 120 pairs: a partial last block; 9 chunks per row */
+        test_qkv_rope_one(6, 3, 16, 72, 7); /* 120 pairs: a partial last block; 9 chunks per row */
         test_rope_kv(4, 4, 128);
         test_rope_kv(4, 1, 16);
     }
@@ -1749,7 +1980,8 @@ int main(int argc, char **argv) {
         std::vector<std::pair<int, int>> prefill = {{0, 300}};
         std::vector<std::pair<int, int>> chunk = {{200, 77}};
         std::vector<std::pair<int, int>> mixed = {{0, 40}, {150, 1}, {64, 33}, {3, 1}};
-        std::vector<std::pair<int, int>> varlen = {{0, 1}, {0, 15}, {0, 16}, {0, 17}, {0, 100}, {37, 5}, {500, 33}};
+        std::vector<std::pair<int, int>> varlen = {{0, 1},   {0, 15}, {0, 16},  {0, 17},
+                                                   {0, 100}, {37, 5}, {500, 33}};
         for (int window : {0, 128}) {
             test_attention_fp8(64, 8, 64, decode_deep, window, 1, false, "decode-deep");
             test_attention_fp8(64, 8, 64, decode_deep, window, 16, false, "decode-deep");
@@ -1790,19 +2022,21 @@ int main(int argc, char **argv) {
         test_router(6, 40, 32);
         test_router_fused(1, 32, 2880, 4);
         test_router_fused(1, 128, 2880, 4);
-        test_router_fused(1, 6, 160, 2);   /* one token: a block with a warp past the last expert */
+        test_router_fused(1, 6, 160, 2); /* one token: a block with a warp past the last expert */
         test_router_fused(1, 128, 4096, 4); /* one token, widest row: 16 chunks per lane */
         test_router_fused(7, 128, 2880, 4);
         test_router_fused(301, 16, 512, 2);
         test_norm_router(32, 2880, 4);
         test_norm_router(128, 2880, 4);
-        test_norm_router(6, 160, 2);   /* a block with warps past the last expert, threads past the row */
-        test_norm_router(128, 4096, 4); /* the widest row: 4 float4 per thread, 16 chunks per lane */
-        test_norm_router(8, 64, 8);     /* k = E */
+        test_norm_router(6, 160,
+                         2); /* a block with warps past the last expert, threads past the row */
+        test_norm_router(128, 4096,
+                         4);        /* the widest row: 4 float4 per thread, 16 chunks per lane */
+        test_norm_router(8, 64, 8); /* k = E */
         test_norm_router_refused(32, 4104, 4, false); /* over 4096 */
         test_norm_router_refused(32, 100, 4, false);  /* not a multiple of 8 */
         test_norm_router_refused(32, 2880, 4, true);
-        test_norm_router_refused(4, 64, 5, false);    /* k > E */
+        test_norm_router_refused(4, 64, 5, false); /* k > E */
     }
 
     if (want("gemv")) {
@@ -1815,18 +2049,22 @@ int main(int argc, char **argv) {
          * H200 (132 SMs) the 20b/120b O projection, not QKV */
         const bool sm90 = prop.major >= 9;
         char nm[128];
-        snprintf(nm, sizeof nm, "gemv kernel by default on sm_%d%d: O %s, QKV %s", prop.major, prop.minor,
-                 gptoss_cuda_gemv_kernel(1, 2880, 4096) == 2 ? "tma" : "ld",
+        snprintf(nm, sizeof nm, "gemv kernel by default on sm_%d%d: O %s, QKV %s", prop.major,
+                 prop.minor, gptoss_cuda_gemv_kernel(1, 2880, 4096) == 2 ? "tma" : "ld",
                  gptoss_cuda_gemv_kernel(1, 5120, 2880) == 2 ? "tma" : "ld");
         check_true(nm, gptoss_cuda_gemv_kernel(1, 2880, 4096) == (sm90 ? 2 : 1) &&
                            (prop.major != 9 || gptoss_cuda_gemv_kernel(1, 5120, 2880) == 1));
         for (int kernel : {2, 1}) {
             gptoss_cuda_gemv_set_kernel(kernel);
-            if (gptoss_cuda_gemv_kernel(1, 1, 8) != kernel) continue; /* no bulk-copy kernel on this GPU */
-            for (int M = 1; M <= 4; M++) test_gemv(M, 5120, 2880);
+            if (gptoss_cuda_gemv_kernel(1, 1, 8) != kernel)
+                continue; /* no bulk-copy kernel on this GPU */
+            for (int M = 1; M <= 4; M++)
+                test_gemv(M, 5120, 2880);
             test_gemv(1, 2880, 4096);
             test_gemv(3, 2880, 4096);
-            test_gemv(4, 4100, 4096); /* widest rows, 4 tokens: 96 KB of shared memory; a partial last block */
+            test_gemv(
+                4, 4100,
+                4096); /* widest rows, 4 tokens: 96 KB of shared memory; a partial last block */
             test_gemv(2, 37, 64);
             test_gemv(1, 1, 8);
         }
@@ -1873,15 +2111,19 @@ int main(int argc, char **argv) {
 
     if (want("moe")) {
         /* MoE: real widths at decode-sized batches, small widths at prefill sizes (host cost) */
-        for (int T : {1, 2, 5, 8, 16}) test_moe(T, 2880, 2880, 32, 4, 0, 1);
+        for (int T : {1, 2, 5, 8, 16})
+            test_moe(T, 2880, 2880, 32, 4, 0, 1);
         test_moe(13, 2880, 2880, 32, 4, 1, 1);
         test_moe(40, 2880, 2880, 32, 4, 0, 1); /* more than 8 tokens for one expert: chunked GEMV */
         test_moe(3, 2880, 2880, 128, 4, 0, 2);
         test_moe(33, 2880, 2880, 32, 4, 0, 2);
         test_moe(100, 2880, 2880, 32, 4, 1, 2);
-        for (int T : {1, 7, 64, 65, 100, 333, 1000, 4096}) test_moe(T, 256, 192, 16, 4, T % 3, 2);
-        for (int T : {1, 6, 20}) test_moe(T, 160, 96, 8, 2, 2, 1);
-        for (int T : {3, 129, 500}) test_moe(T, 160, 96, 8, 2, 2, 2);
+        for (int T : {1, 7, 64, 65, 100, 333, 1000, 4096})
+            test_moe(T, 256, 192, 16, 4, T % 3, 2);
+        for (int T : {1, 6, 20})
+            test_moe(T, 160, 96, 8, 2, 2, 1);
+        for (int T : {3, 129, 500})
+            test_moe(T, 160, 96, 8, 2, 2, 2);
         test_moe(4096, 64, 64, 4, 4, 1, 2);
         test_moe(5, 256, 192, 16, 4, 0, 1, true);
         test_moe(300, 256, 192, 16, 4, 0, 2, true);
@@ -1900,13 +2142,18 @@ int main(int argc, char **argv) {
         test_moe(5, 256, 192, 16, 4, 0, 3);  /* 20 pairs: forced path 3 falls back */
         /* mma path: tile heights 8..128 (rows per expert), partial K blocks (H = 160: 5 groups,
          * I = 96: 3), partial row blocks (96 units, 160 rows), skewed and sparse expert loads */
-        for (int T : {1, 2, 3, 8, 16, 33, 111, 300, 1000}) test_moe(T, 2880, 2880, 32, 4, T % 3, 4);
-        for (int T : {1, 5, 87, 500, 2048}) test_moe(T, 2880, 2880, 128, 4, T % 2, 4);
-        for (int T : {1, 7, 64, 65, 100, 333, 1000, 4096}) test_moe(T, 256, 192, 16, 4, T % 3, 4);
-        for (int T : {1, 3, 129, 500}) test_moe(T, 160, 96, 8, 2, 2, 4);
+        for (int T : {1, 2, 3, 8, 16, 33, 111, 300, 1000})
+            test_moe(T, 2880, 2880, 32, 4, T % 3, 4);
+        for (int T : {1, 5, 87, 500, 2048})
+            test_moe(T, 2880, 2880, 128, 4, T % 2, 4);
+        for (int T : {1, 7, 64, 65, 100, 333, 1000, 4096})
+            test_moe(T, 256, 192, 16, 4, T % 3, 4);
+        for (int T : {1, 3, 129, 500})
+            test_moe(T, 160, 96, 8, 2, 2, 4);
         test_moe(4096, 64, 64, 4, 4, 1, 4);
         test_moe(1, 4096, 4096, 8, 4, 0, 4);
-        test_moe(300, 256, 192, 16, 4, 0, 4, true); /* scales past 2^1: path 4 declines, another runs */
+        test_moe(300, 256, 192, 16, 4, 0, 4,
+                 true); /* scales past 2^1: path 4 declines, another runs */
     }
 
     if (want("moe") || want("pair")) {
@@ -1922,21 +2169,24 @@ int main(int argc, char **argv) {
         check_true(nm, gptoss_cuda_moe_pair_kernel() == (prop.major >= 9 ? 2 : 1));
         for (int kernel : {3, 2, 1}) {
             gptoss_cuda_moe_set_pair_kernel(kernel);
-            if (gptoss_cuda_moe_pair_kernel() != kernel) continue; /* not on this GPU (FP8: sm_90a; TMA: sm_90+) */
-            test_moe(1, 2880, 2880, 128, 4, 0, 5); /* 90 groups: TMA 6 K slices of 4,4,4,4,4,3 windows; wide 4 of 6,6,6,5 */
+            if (gptoss_cuda_moe_pair_kernel() != kernel)
+                continue; /* not on this GPU (FP8: sm_90a; TMA: sm_90+) */
+            test_moe(1, 2880, 2880, 128, 4, 0,
+                     5); /* 90 groups: TMA 6 K slices of 4,4,4,4,4,3 windows; wide 4 of 6,6,6,5 */
             test_moe(2, 2880, 2880, 32, 4, 1, 5); /* 8 pairs, expert 0 in both tokens */
-            test_moe(3, 160, 96, 8, 2, 2, 5);     /* 3 groups: one window, the other slices stay empty */
+            test_moe(3, 160, 96, 8, 2, 2,
+                     5); /* 3 groups: one window, the other slices stay empty */
             test_moe(1, 256, 192, 16, 4, 0, 5, true); /* scales 110..140: exact in fp32 */
-            test_moe(1, 4096, 4096, 8, 4, 0, 5);  /* widest rows: 43 KB of shared memory per block */
-            test_moe(2, 64, 64, 4, 4, 2, 5);      /* 2 groups: half a window */
-            test_moe(1, 1056, 800, 16, 4, 1, 5);  /* 33 and 25 groups: partial last windows */
+            test_moe(1, 4096, 4096, 8, 4, 0, 5); /* widest rows: 43 KB of shared memory per block */
+            test_moe(2, 64, 64, 4, 4, 2, 5);     /* 2 groups: half a window */
+            test_moe(1, 1056, 800, 16, 4, 1, 5); /* 33 and 25 groups: partial last windows */
             test_moe(1, 2880, 2880, 32, 8, 0, 5); /* top-8: 8 pairs, the most path 5 takes */
             /* several tokens (the default up to 7/8 as many pairs as experts) */
-            test_moe(28, 2880, 2880, 128, 4, 0, 5);  /* 112 pairs: 120b's largest default step */
-            test_moe(16, 2880, 2880, 128, 4, 1, 5);  /* expert 0 in every token */
-            test_moe(6, 2880, 2880, 32, 4, 2, 5);    /* 24 pairs on 5 experts */
-            test_moe(5, 256, 192, 16, 4, 0, 5);      /* 20 pairs */
-            test_moe(65, 256, 192, 16, 4, 0, 5);     /* 260 pairs: forced path 5 falls back */
+            test_moe(28, 2880, 2880, 128, 4, 0, 5); /* 112 pairs: 120b's largest default step */
+            test_moe(16, 2880, 2880, 128, 4, 1, 5); /* expert 0 in every token */
+            test_moe(6, 2880, 2880, 32, 4, 2, 5);   /* 24 pairs on 5 experts */
+            test_moe(5, 256, 192, 16, 4, 0, 5);     /* 20 pairs */
+            test_moe(65, 256, 192, 16, 4, 0, 5);    /* 260 pairs: forced path 5 falls back */
         }
         gptoss_cuda_moe_set_pair_kernel(0);
     }
@@ -1947,9 +2197,12 @@ int main(int argc, char **argv) {
          * stage (H = 256: 4 atoms in stages of 3), a partial row block (256 down rows in blocks
          * of 192), skewed and sparse loads, one expert with every token, experts with none;
          * widths that are not multiples of 64 (160) and wide scales fall back */
-        for (int T : {1, 16, 100, 1000}) test_moe(T, 2880, 2880, 32, 4, T % 3, 6);
-        for (int T : {33, 500, 2048}) test_moe(T, 2880, 2880, 128, 4, T % 2, 6);
-        for (int T : {1, 7, 64, 65, 100, 333, 1000, 4096}) test_moe(T, 256, 192, 16, 4, T % 3, 6);
+        for (int T : {1, 16, 100, 1000})
+            test_moe(T, 2880, 2880, 32, 4, T % 3, 6);
+        for (int T : {33, 500, 2048})
+            test_moe(T, 2880, 2880, 128, 4, T % 2, 6);
+        for (int T : {1, 7, 64, 65, 100, 333, 1000, 4096})
+            test_moe(T, 256, 192, 16, 4, T % 3, 6);
         test_moe(4096, 64, 64, 4, 4, 1, 6);
         test_moe(200, 4096, 4096, 8, 4, 0, 6); /* widest rows: the largest shared-memory request */
         test_moe(500, 160, 96, 8, 2, 2, 6);    /* not multiples of 64: path 4 runs */
@@ -1971,7 +2224,8 @@ int main(int argc, char **argv) {
         test_logits_summary(2, 201088, 64, 4);
         test_logits_summary(2, 201088, 64, 5);
         test_logits_summary(3, 201088, 64, 6);
-        test_logits_summary(2, 4096 * 2 + 300, 64, 4); /* fewer groups than n_top: every logit a candidate */
+        test_logits_summary(2, 4096 * 2 + 300, 64,
+                            4); /* fewer groups than n_top: every logit a candidate */
         time_logits_summary(1, 201088, 64);
         time_logits_summary(64, 201088, 64);
     }

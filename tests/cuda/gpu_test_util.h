@@ -16,14 +16,14 @@
 
 #include <vector>
 
-#define CK(call)                                                                                 \
-    do {                                                                                         \
-        cudaError_t e_ = (call);                                                                 \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, \
-                    cudaGetErrorString(e_));                                                     \
-            exit(2);                                                                             \
-        }                                                                                        \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__,        \
+                    __LINE__, cudaGetErrorString(e_));                                             \
+            exit(2);                                                                               \
+        }                                                                                          \
     } while (0)
 
 #ifndef GPU_TEST_SEED
@@ -37,13 +37,17 @@ static inline uint64_t rnd_u64(void) {
     rng_state ^= rng_state << 17;
     return rng_state;
 }
-static inline double rnd_unit(void) { return (double)(rnd_u64() >> 11) * (1.0 / 9007199254740992.0); }
+static inline double rnd_unit(void) {
+    return (double)(rnd_u64() >> 11) * (1.0 / 9007199254740992.0);
+}
 /* uniform in +-[0.05, 1] * scale: never zero */
 static inline float rnd_nz(float scale) {
     double u = 0.05 + 0.95 * rnd_unit();
     return (float)((rnd_u64() & 1) ? u : -u) * scale;
 }
-static inline int rnd_int(int n) { return (int)(rnd_u64() % (uint64_t)n); }
+static inline int rnd_int(int n) {
+    return (int)(rnd_u64() % (uint64_t)n);
+}
 
 static inline uint16_t f2bf(float f) {
     uint32_t u;
@@ -57,7 +61,9 @@ static inline float bf2f(uint16_t h) {
     memcpy(&f, &u, 4);
     return f;
 }
-static inline double bfround(double x) { return bf2f(f2bf((float)x)); }
+static inline double bfround(double x) {
+    return bf2f(f2bf((float)x));
+}
 
 template <typename T> static T *dev_upload(const std::vector<T> &v) {
     T *d = NULL;
@@ -85,7 +91,8 @@ static inline cudaDeviceProp open_device(void) {
     CK(cudaSetDevice(0));
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount);
     return prop;
 }
 
@@ -101,8 +108,8 @@ typedef struct result {
 static std::vector<result> results;
 
 /* Compares out against ref: relative L2 error under tol, and every element finite. */
-static inline bool check(const char *name, const std::vector<double> &out, const std::vector<double> &ref,
-                         double tol) {
+static inline bool check(const char *name, const std::vector<double> &out,
+                         const std::vector<double> &ref, double tol) {
     double num = 0, den = 0, mx = 0;
     bool finite = true;
     for (size_t i = 0; i < ref.size(); i++) {
@@ -119,7 +126,8 @@ static inline bool check(const char *name, const std::vector<double> &out, const
     r.tol = tol;
     r.ok = finite && r.rel_l2 <= tol && ref.size() > 0;
     if (!finite) r.rel_l2 = NAN;
-    printf("%-64s rel_l2 %.2e  max_abs %.2e  tol %.0e  %s\n", r.name, r.rel_l2, r.max_abs, tol, r.ok ? "ok" : "FAIL");
+    printf("%-64s rel_l2 %.2e  max_abs %.2e  tol %.0e  %s\n", r.name, r.rel_l2, r.max_abs, tol,
+           r.ok ? "ok" : "FAIL");
     results.push_back(r);
     return r.ok;
 }

@@ -39,8 +39,8 @@ static int setup(void **state) {
     (void)state;
     model_dir = ts_mkdtemp();
     char *out = NULL;
-    int rc = ts_run(&out, "'%s' make-model --config '%s/tests/support/micro_vocab.json' -o '%s'", ts_env("GPTOSS_BIN"),
-                    ts_env("GPTOSS_SOURCE_DIR"), model_dir);
+    int rc = ts_run(&out, "'%s' make-model --config '%s/tests/support/micro_vocab.json' -o '%s'",
+                    ts_env("GPTOSS_BIN"), ts_env("GPTOSS_SOURCE_DIR"), model_dir);
     if (rc != 0) {
         fprintf(stderr, "make-model failed: %s\n", out ? out : "");
         free(out);

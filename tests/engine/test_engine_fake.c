@@ -713,8 +713,8 @@ static void test_backend_error(void **state) {
  * reference logits, each draw's edits by brute force from the history (logit_bias, stop
  * tokens masked before min_tokens, penalties), the row's Philox counter (seed, absolute
  * position of the drawn token, choice), and the host reference sampler. */
-static int32_t reference_sampled(const job *j, int32_t choice, int32_t max_new, const int32_t *eos, int32_t n_eos,
-                                 int32_t window, int32_t *out) {
+static int32_t reference_sampled(const job *j, int32_t choice, int32_t max_new, const int32_t *eos,
+                                 int32_t n_eos, int32_t window, int32_t *out) {
     const gptoss_sampling_params *p = &j->params;
     gptoss_sample_scratch *s;
     gptoss_error err;
@@ -744,7 +744,8 @@ static int32_t reference_sampled(const job *j, int32_t choice, int32_t max_new, 
             for (int32_t i = 0; i < j->n_prompt; i++)
                 seen |= ctx[i] == t;
             if (p->repetition_penalty != 1.0f && seen) e.seen = 1, any = true;
-            if ((p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) && e.output_count > 0) any = true;
+            if ((p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) && e.output_count > 0)
+                any = true;
             if (!(p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f)) e.output_count = 0;
             if (any) edits[n_edits++] = e;
         }
@@ -817,7 +818,8 @@ static void test_seeded_request_any_batch(void **state) {
 
     for (int pass = 0; pass < 3; pass++) {
         /* 0: alone; 1: in a batch; 2: in a batch with preemptions */
-        fake_backend *f = pass < 2 ? fake_create(VOCAB, 8, 512, 0, 16) : fake_create(VOCAB, 4, 44, 12, 16);
+        fake_backend *f =
+            pass < 2 ? fake_create(VOCAB, 8, 512, 0, 16) : fake_create(VOCAB, 4, 44, 12, 16);
         gptoss_engine_options o = fake_options(f);
         o.eos_token_ids[0] = eos[0];
         o.n_eos_token_ids = 1;
@@ -856,9 +858,10 @@ static void test_seeded_request_any_batch(void **state) {
             jobs[3] = tmp;
         }
         for (int c = 0; c < 2; c++) {
-            if (jobs[0].n_out[c] != n_want[c] || memcmp(jobs[0].out[c], want[c], (size_t)n_want[c] * 4) != 0)
-                fail_msg("pass %d choice %d: %d tokens, reference %d (first %d vs %d)", pass, c, jobs[0].n_out[c],
-                         n_want[c], jobs[0].out[c][0], want[c][0]);
+            if (jobs[0].n_out[c] != n_want[c] ||
+                memcmp(jobs[0].out[c], want[c], (size_t)n_want[c] * 4) != 0)
+                fail_msg("pass %d choice %d: %d tokens, reference %d (first %d vs %d)", pass, c,
+                         jobs[0].n_out[c], n_want[c], jobs[0].out[c][0], want[c][0]);
         }
         if (pass == 2) assert_true(st.preemptions > 0);
         assert_int_equal(f->bad_reads, 0);
@@ -873,13 +876,14 @@ typedef struct allow_state {
     int32_t refuse_after; /* generated tokens after which the callback refuses (-1: never) */
 } allow_state;
 
-static bool allow_multiples_of_3(void *user, int32_t choice, const int32_t *generated, int32_t n_generated,
-                                 uint32_t *mask, int32_t vocab) {
+static bool allow_multiples_of_3(void *user, int32_t choice, const int32_t *generated,
+                                 int32_t n_generated, uint32_t *mask, int32_t vocab) {
     allow_state *a = user;
     atomic_fetch_add(&a->calls, 1);
     (void)generated;
     if (a->refuse_after >= 0 && n_generated >= a->refuse_after) return false;
-    for (int32_t t = choice % 3; t < vocab; t += 3) /* choice 0: 0, 3, 6, ...; choice 1: 1, 4, ... */
+    for (int32_t t = choice % 3; t < vocab;
+         t += 3) /* choice 0: 0, 3, 6, ...; choice 1: 1, 4, ... */
         mask[t / 32] |= 1u << (t % 32);
     return true;
 }

@@ -206,12 +206,15 @@ static void test_shared_pages(void **state) {
     gptoss_kv_manager *kv = make_shared(4, true);
     assert_int_equal(gptoss_kv_total(kv, GPTOSS_KV_POOL_FULL), 4);
     assert_int_equal(gptoss_kv_total(kv, GPTOSS_KV_POOL_SLIDING), 4);
-    int32_t f0 = gptoss_kv_alloc(kv, GPTOSS_KV_POOL_FULL), s0 = gptoss_kv_alloc(kv, GPTOSS_KV_POOL_SLIDING);
-    int32_t f1 = gptoss_kv_alloc(kv, GPTOSS_KV_POOL_FULL), s1 = gptoss_kv_alloc(kv, GPTOSS_KV_POOL_SLIDING);
+    int32_t f0 = gptoss_kv_alloc(kv, GPTOSS_KV_POOL_FULL),
+            s0 = gptoss_kv_alloc(kv, GPTOSS_KV_POOL_SLIDING);
+    int32_t f1 = gptoss_kv_alloc(kv, GPTOSS_KV_POOL_FULL),
+            s1 = gptoss_kv_alloc(kv, GPTOSS_KV_POOL_SLIDING);
     int32_t ids[4] = {f0, s0, f1, s1};
     for (int i = 0; i < 4; i++) {
         assert_in_range(ids[i], 0, 3);
-        for (int j = 0; j < i; j++) assert_int_not_equal(ids[i], ids[j]);
+        for (int j = 0; j < i; j++)
+            assert_int_not_equal(ids[i], ids[j]);
     }
     assert_int_equal(gptoss_kv_alloc(kv, GPTOSS_KV_POOL_FULL), -1);
     assert_int_equal(gptoss_kv_alloc(kv, GPTOSS_KV_POOL_SLIDING), -1);
@@ -258,7 +261,8 @@ static void test_shared_pages(void **state) {
     kv = make_shared(N, true);
     int owner[N]; /* -1 free or unknown-idle, 0 full, 1 sliding: referenced pages only */
     int refs[N];
-    for (int i = 0; i < N; i++) owner[i] = -1, refs[i] = 0;
+    for (int i = 0; i < N; i++)
+        owner[i] = -1, refs[i] = 0;
     uint64_t x = 99;
     for (int op = 0; op < OPS; op++) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -271,7 +275,8 @@ static void test_shared_pages(void **state) {
             }
             assert_int_equal(refs[b], 0); /* never a page the other pool (or this one) holds */
             owner[b] = pool, refs[b] = 1;
-            if (((r >> 4) & 3) == 0) { /* name it in the cache (as a full page, or sliding of a full one) */
+            if (((r >> 4) & 3) ==
+                0) { /* name it in the cache (as a full page, or sliding of a full one) */
                 int32_t t4[BS] = {op, op >> 8, 1, 2};
                 digest_of(zero, salt_a, t4, d);
                 if (pool == 0) gptoss_kv_register(kv, d, 0, salt_a, t4, b, -1);

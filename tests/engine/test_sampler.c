@@ -20,8 +20,9 @@ static uint32_t next32(void) {
 }
 
 /* Brute force: the edit of token t from the whole history, or false when t needs none. */
-static bool expected_edit(const gptoss_sampling_params *p, const int32_t *prompt, int n_prompt, const int32_t *out,
-                          int n_out, const int32_t *masked, int n_masked, int32_t t, gptoss_sample_edit *e) {
+static bool expected_edit(const gptoss_sampling_params *p, const int32_t *prompt, int n_prompt,
+                          const int32_t *out, int n_out, const int32_t *masked, int n_masked,
+                          int32_t t, gptoss_sample_edit *e) {
     memset(e, 0, sizeof *e);
     e->token = t;
     bool any = false;
@@ -29,7 +30,8 @@ static bool expected_edit(const gptoss_sampling_params *p, const int32_t *prompt
         if (p->logit_bias_tokens[i] == t) e->bias = p->logit_bias_values[i], any = true;
     for (int i = 0; i < n_masked; i++)
         if (masked[i] == t) e->masked = 1, any = true;
-    const bool penalties = p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+    const bool penalties = p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+                           p->presence_penalty != 0.0f;
     if (!penalties) return any;
     int count = 0;
     bool in_prompt = false;
@@ -77,8 +79,11 @@ static void test_edits_match_brute_force(void **state) {
             int32_t n = gptoss_sampler_edits(&p, masked, n_masked, need ? &counts : NULL, got);
             int32_t k = 0;
             for (int32_t t = 0; t < V; t++) {
-                if (!expected_edit(&p, prompt, n_prompt, out, need ? n_out : 0, masked, n_masked, t, &want)) continue;
-                if (k >= n) fail_msg("trial %d after %d tokens: no edit for token %d", trial, n_out, t);
+                if (!expected_edit(&p, prompt, n_prompt, out, need ? n_out : 0, masked, n_masked, t,
+                                   &want))
+                    continue;
+                if (k >= n)
+                    fail_msg("trial %d after %d tokens: no edit for token %d", trial, n_out, t);
                 assert_int_equal(got[k].token, t);
                 assert_true(got[k].bias == want.bias);
                 assert_int_equal(got[k].masked, want.masked);

@@ -356,8 +356,10 @@ static void test_admission_headroom(void **state) {
             finish_step(&r);
         }
         assert_int_equal(a->n_preemptions, 0);
-        if (headroom) assert_int_equal(b->n_preemptions, 0);
-        else assert_true(b->n_preemptions >= 1); /* and readmitted into the pages A frees up */
+        if (headroom)
+            assert_int_equal(b->n_preemptions, 0);
+        else
+            assert_true(b->n_preemptions >= 1); /* and readmitted into the pages A frees up */
         gptoss_scheduler_finish(r.sched, a);
         gptoss_seq_free(a);
         schedule(&r); /* nothing else runs: B starts whatever the headroom */

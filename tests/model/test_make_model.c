@@ -19,24 +19,37 @@ static void test_same_seed_same_bytes(void **state) {
     const char *bin = ts_env("GPTOSS_BIN");
     char *a = ts_mkdtemp(), *b = ts_mkdtemp(), *c = ts_mkdtemp();
     char config[4096];
-    snprintf(config, sizeof config, "%s/tests/golden/configs/moe.json", ts_env("GPTOSS_SOURCE_DIR"));
-    assert_int_equal(ts_run(&out, "'%s' make-model --config '%s' -o '%s' --seed 7", bin, config, a), 0);
+    snprintf(config, sizeof config, "%s/tests/golden/configs/moe.json",
+             ts_env("GPTOSS_SOURCE_DIR"));
+    assert_int_equal(ts_run(&out, "'%s' make-model --config '%s' -o '%s' --seed 7", bin, config, a),
+                     0);
     free(out);
-    assert_int_equal(ts_run(&out, "OMP_NUM_THREADS=1 '%s' make-model --config '%s' -o '%s' --seed 7", bin, config, b), 0);
+    assert_int_equal(ts_run(&out,
+                            "OMP_NUM_THREADS=1 '%s' make-model --config '%s' -o '%s' --seed 7", bin,
+                            config, b),
+                     0);
     free(out);
-    assert_int_equal(ts_run(&out, "'%s' make-model --config '%s' -o '%s' --seed 8", bin, config, c), 0);
+    assert_int_equal(ts_run(&out, "'%s' make-model --config '%s' -o '%s' --seed 8", bin, config, c),
+                     0);
     free(out);
     /* Every file, byte for byte (different thread counts too). */
     int rc = ts_run(&out, "diff -r '%s' '%s'", a, b);
     if (rc != 0) fail_msg("same seed, different bytes: %s", out);
     free(out);
-    rc = ts_run(&out, "cmp -s '%s/model-00000-of-00002.safetensors' '%s/model-00000-of-00002.safetensors'", a, c);
+    rc = ts_run(
+        &out, "cmp -s '%s/model-00000-of-00002.safetensors' '%s/model-00000-of-00002.safetensors'",
+        a, c);
     free(out);
     assert_int_not_equal(rc, 0);
     /* The published layout: index, shards named with the last index, configs, tokenizer. */
-    const char *files[] = {"config.json", "generation_config.json", "model.safetensors.index.json",
-                           "model-00000-of-00002.safetensors", "model-00001-of-00002.safetensors",
-                           "model-00002-of-00002.safetensors", "tokenizer.json", "tokenizer_config.json",
+    const char *files[] = {"config.json",
+                           "generation_config.json",
+                           "model.safetensors.index.json",
+                           "model-00000-of-00002.safetensors",
+                           "model-00001-of-00002.safetensors",
+                           "model-00002-of-00002.safetensors",
+                           "tokenizer.json",
+                           "tokenizer_config.json",
                            "special_tokens_map.json"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char *p = ts_path(a, files[i]);
@@ -55,7 +68,8 @@ static void test_same_seed_same_bytes(void **state) {
 static void test_distributions(void **state) {
     (void)state;
     char config[4096];
-    snprintf(config, sizeof config, "%s/tests/golden/configs/moe.json", ts_env("GPTOSS_SOURCE_DIR"));
+    snprintf(config, sizeof config, "%s/tests/golden/configs/moe.json",
+             ts_env("GPTOSS_SOURCE_DIR"));
     char *dir = tm_make_model(NULL, config, 3);
     gptoss_model *model = NULL;
     gptoss_error err = {0};
@@ -80,7 +94,8 @@ static void test_distributions(void **state) {
     assert_true(fabs(mean) < 0.1 * want);
     assert_true(fabs(std - want) < 0.05 * want);
     /* MXFP4: all 16 codes appear about equally often; element std near 1/sqrt(in). */
-    static const float e2m1[16] = {0, .5f, 1, 1.5f, 2, 3, 4, 6, -0.f, -.5f, -1, -1.5f, -2, -3, -4, -6};
+    static const float e2m1[16] = {0,    .5f,  1,  1.5f,  2,  3,  4,  6,
+                                   -0.f, -.5f, -1, -1.5f, -2, -3, -4, -6};
     const uint8_t *blocks = l->gate_up_blocks.data, *scales = l->gate_up_scales.data;
     size_t count[16] = {0};
     sq = 0;
@@ -95,7 +110,8 @@ static void test_distributions(void **state) {
             n_values += 2;
         }
     }
-    for (int k = 0; k < 16; k++) assert_true(fabs((double)count[k] / n_values - 1.0 / 16) < 0.01);
+    for (int k = 0; k < 16; k++)
+        assert_true(fabs((double)count[k] / n_values - 1.0 / 16) < 0.01);
     std = sqrt(sq / n_values);
     printf("gate_up: std %.4f (want about %.4f)\n", std, want);
     assert_true(std > 0.5 * want && std < 2.0 * want);

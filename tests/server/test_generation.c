@@ -44,7 +44,8 @@ static int teardown(void **state) {
 static gptoss_tokens encode(const char *text, bool special) {
     gptoss_tokens t = {0};
     gptoss_error err = {0};
-    assert_int_equal(gptoss_tokenizer_encode(tok, text, strlen(text), special, &t, &err), GPTOSS_OK);
+    assert_int_equal(gptoss_tokenizer_encode(tok, text, strlen(text), special, &t, &err),
+                     GPTOSS_OK);
     return t;
 }
 
@@ -61,7 +62,8 @@ static api_call *make_call(const api_encoder *enc, const char *fields, bool logp
     json_decref(req);
     api_call *c = NULL;
     gptoss_error err = {0};
-    assert_int_equal(api_call_create(enc, "tiny", tok, &p, 7, 0xabc, 42, NULL, &c, &err), GPTOSS_OK);
+    assert_int_equal(api_call_create(enc, "tiny", tok, &p, 7, 0xabc, 42, NULL, &c, &err),
+                     GPTOSS_OK);
     return c;
 }
 
@@ -120,7 +122,8 @@ static char *join_field(const json_t *chunks, bool chat, const char *field) {
 }
 
 static const char *finish_of(const json_t *chunk) {
-    json_t *f = json_object_get(json_array_get(json_object_get(chunk, "choices"), 0), "finish_reason");
+    json_t *f =
+        json_object_get(json_array_get(json_object_get(chunk, "choices"), 0), "finish_reason");
     return json_is_string(f) ? json_string_value(f) : NULL;
 }
 
@@ -150,7 +153,8 @@ static void test_stop_string_holdback_across_tokens(void **state) {
         /* What was sent is always a prefix of the answer before the stop string. */
         assert_true(n_streamed <= want_len);
         assert_memory_equal(streamed, text, n_streamed);
-        if (json_array_size(chunks) && finish_of(json_array_get(chunks, json_array_size(chunks) - 1)))
+        if (json_array_size(chunks) &&
+            finish_of(json_array_get(chunks, json_array_size(chunks) - 1)))
             fail_msg("finished before the engine said so");
         json_decref(chunks);
     }
@@ -199,7 +203,8 @@ static const char *tool_turn =
     "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
     "<|message|>{\"city\": \"Paris\", \"unit\": \"celsius\"}<|call|>";
 
-static void push_all(api_call *c, const gptoss_tokens *t, gptoss_finish_reason last, int32_t stop_id) {
+static void push_all(api_call *c, const gptoss_tokens *t, gptoss_finish_reason last,
+                     int32_t stop_id) {
     for (size_t i = 0; i < t->n; i++) {
         gptoss_engine_event ev = token_event(0, t->ids[i], -1);
         if (i + 1 == t->n) ev.finish = last, ev.stop_token_id = stop_id;
@@ -210,14 +215,17 @@ static void push_all(api_call *c, const gptoss_tokens *t, gptoss_finish_reason l
 static void test_chat_tool_call_deltas(void **state) {
     (void)state;
     gptoss_tokens t = encode(tool_turn, true);
-    api_call *c = make_call(&api_chat_encoder, "{\"stream\": true, \"stream_options\": {\"include_usage\": true}}", false, 0);
+    api_call *c =
+        make_call(&api_chat_encoder,
+                  "{\"stream\": true, \"stream_options\": {\"include_usage\": true}}", false, 0);
     push_all(c, &t, GPTOSS_FINISH_STOP, t.ids[t.n - 1]);
     c->encoder->stream_end(c, c->state);
     json_t *chunks = take_chunks(c);
     size_t n = json_array_size(chunks);
     assert_true(n >= 5);
     /* role first, [DONE] last, usage before it */
-    json_t *d0 = json_object_get(json_array_get(json_object_get(json_array_get(chunks, 0), "choices"), 0), "delta");
+    json_t *d0 = json_object_get(
+        json_array_get(json_object_get(json_array_get(chunks, 0), "choices"), 0), "delta");
     assert_string_equal(json_string_value(json_object_get(d0, "role")), "assistant");
     assert_string_equal(json_string_value(json_array_get(chunks, n - 1)), "[DONE]");
     json_t *usage = json_object_get(json_array_get(chunks, n - 2), "usage");
@@ -231,7 +239,9 @@ static void test_chat_tool_call_deltas(void **state) {
     json_t *ch;
     char args[256] = "";
     json_array_foreach(chunks, i, ch) {
-        json_t *tc = json_object_get(json_object_get(json_array_get(json_object_get(ch, "choices"), 0), "delta"), "tool_calls");
+        json_t *tc = json_object_get(
+            json_object_get(json_array_get(json_object_get(ch, "choices"), 0), "delta"),
+            "tool_calls");
         size_t k;
         json_t *d;
         json_array_foreach(tc, k, d) {
@@ -251,10 +261,13 @@ static void test_chat_tool_call_deltas(void **state) {
     assert_string_equal(args, "{\"city\": \"Paris\", \"unit\": \"celsius\"}");
     /* usage: every generated token; reasoning = the tokens of the analysis text */
     gptoss_tokens analysis = encode("Need the weather in Paris.", false);
-    assert_int_equal(json_integer_value(json_object_get(usage, "completion_tokens")), (json_int_t)t.n);
+    assert_int_equal(json_integer_value(json_object_get(usage, "completion_tokens")),
+                     (json_int_t)t.n);
     assert_int_equal(json_integer_value(json_object_get(usage, "prompt_tokens")), 7);
-    assert_int_equal(json_integer_value(json_object_get(usage, "total_tokens")), (json_int_t)t.n + 7);
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(usage, "completion_tokens_details"), "reasoning_tokens")),
+    assert_int_equal(json_integer_value(json_object_get(usage, "total_tokens")),
+                     (json_int_t)t.n + 7);
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(usage, "completion_tokens_details"), "reasoning_tokens")),
                      (json_int_t)analysis.n);
     gptoss_tokens_free(&analysis);
     json_decref(chunks);
@@ -269,15 +282,20 @@ static void test_chat_tool_call_message(void **state) {
     push_all(c, &t, GPTOSS_FINISH_STOP, t.ids[t.n - 1]);
     json_t *r = c->encoder->response(c, c->state);
     assert_string_equal(json_string_value(json_object_get(r, "object")), "chat.completion");
-    assert_string_equal(json_string_value(json_object_get(r, "id")), "chatcmpl-0000000000000abc0000002a");
+    assert_string_equal(json_string_value(json_object_get(r, "id")),
+                        "chatcmpl-0000000000000abc0000002a");
     json_t *c0 = json_array_get(json_object_get(r, "choices"), 0);
     json_t *msg = json_object_get(c0, "message");
     assert_true(json_is_null(json_object_get(msg, "content")));
-    assert_string_equal(json_string_value(json_object_get(msg, "reasoning_content")), "Need the weather in Paris.");
+    assert_string_equal(json_string_value(json_object_get(msg, "reasoning_content")),
+                        "Need the weather in Paris.");
     json_t *call = json_array_get(json_object_get(msg, "tool_calls"), 0);
-    assert_string_equal(json_string_value(json_object_get(json_object_get(call, "function"), "name")), "get_weather");
-    assert_string_equal(json_string_value(json_object_get(json_object_get(call, "function"), "arguments")),
-                        "{\"city\": \"Paris\", \"unit\": \"celsius\"}");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(call, "function"), "name")),
+        "get_weather");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(call, "function"), "arguments")),
+        "{\"city\": \"Paris\", \"unit\": \"celsius\"}");
     assert_string_equal(json_string_value(json_object_get(c0, "finish_reason")), "tool_calls");
     json_decref(r);
     gptoss_tokens_free(&t);
@@ -286,7 +304,8 @@ static void test_chat_tool_call_message(void **state) {
 
 /* ---- logprobs ------------------------------------------------------------------------------ */
 
-static gptoss_engine_event logprob_event(int32_t id, float lp, int32_t alt1, float lp1, int32_t alt2, float lp2) {
+static gptoss_engine_event logprob_event(int32_t id, float lp, int32_t alt1, float lp1,
+                                         int32_t alt2, float lp2) {
     gptoss_engine_event ev = token_event(0, id, lp);
     ev.n_top_logprobs = 2;
     ev.top_logprobs[0] = (gptoss_token_logprob){alt1, lp1};
@@ -310,17 +329,17 @@ static void test_logprobs_completions_layout(void **state) {
     assert_int_equal(t.n, 2);
     api_call *c = make_call(&api_completions_encoder, "{}", true, 2);
     gptoss_engine_event e1 = logprob_event(t.ids[0], -0.5f, t.ids[0], -0.5f, t.ids[1], -2.0f);
-    gptoss_engine_event e2 = logprob_event(t.ids[1], -INFINITY, t.ids[0], -1.0f, t.ids[1], -INFINITY);
+    gptoss_engine_event e2 =
+        logprob_event(t.ids[1], -INFINITY, t.ids[0], -1.0f, t.ids[1], -INFINITY);
     e2.finish = GPTOSS_FINISH_LENGTH;
     generation_push(c->gen, &e1);
     generation_push(c->gen, &e2);
     json_t *r = c->encoder->response(c, c->state);
     json_t *lp = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "logprobs");
-    json_t *want = json_pack("{s:[s,s], s:[f,f], s:[{s:f,s:f},{s:f,s:f}], s:[i,i]}",
-                             "tokens", bytes_of(t.ids[0]), bytes_of(t.ids[1]),
-                             "token_logprobs", -0.5, -9999.0,
-                             "top_logprobs", bytes_of(t.ids[0]), -0.5, bytes_of(t.ids[1]), -2.0,
-                             bytes_of(t.ids[0]), -1.0, bytes_of(t.ids[1]), -9999.0,
+    json_t *want = json_pack("{s:[s,s], s:[f,f], s:[{s:f,s:f},{s:f,s:f}], s:[i,i]}", "tokens",
+                             bytes_of(t.ids[0]), bytes_of(t.ids[1]), "token_logprobs", -0.5,
+                             -9999.0, "top_logprobs", bytes_of(t.ids[0]), -0.5, bytes_of(t.ids[1]),
+                             -2.0, bytes_of(t.ids[0]), -1.0, bytes_of(t.ids[1]), -9999.0,
                              "text_offset", 0, (int)strlen(bytes_of(t.ids[0])));
     if (!json_equal(lp, want)) {
         char *got = json_dumps(lp, 0), *w = json_dumps(want, 0);
@@ -337,7 +356,8 @@ static void test_logprobs_chat_layout(void **state) {
     gptoss_tokens t = encode("<|channel|>final<|message|>Hi", true);
     api_call *c = make_call(&api_chat_encoder, "{\"stream\": true}", true, 2);
     for (size_t i = 0; i < t.n; i++) {
-        gptoss_engine_event ev = logprob_event(t.ids[i], -0.25f * (float)(i + 1), t.ids[i], -0.25f * (float)(i + 1), 7, -3.0f);
+        gptoss_engine_event ev = logprob_event(t.ids[i], -0.25f * (float)(i + 1), t.ids[i],
+                                               -0.25f * (float)(i + 1), 7, -3.0f);
         generation_push(c->gen, &ev);
     }
     json_t *chunks = take_chunks(c);
@@ -345,20 +365,26 @@ static void test_logprobs_chat_layout(void **state) {
     size_t seen = 0, i;
     json_t *ch;
     json_array_foreach(chunks, i, ch) {
-        json_t *content = json_object_get(json_object_get(json_array_get(json_object_get(ch, "choices"), 0), "logprobs"), "content");
+        json_t *content = json_object_get(
+            json_object_get(json_array_get(json_object_get(ch, "choices"), 0), "logprobs"),
+            "content");
         size_t k;
         json_t *e;
         json_array_foreach(content, k, e) {
             int32_t id = t.ids[seen];
             assert_string_equal(json_string_value(json_object_get(e, "token")), bytes_of(id));
-            assert_true(fabs(json_real_value(json_object_get(e, "logprob")) - (-0.25 * (double)(seen + 1))) < 1e-6);
+            assert_true(fabs(json_real_value(json_object_get(e, "logprob")) -
+                             (-0.25 * (double)(seen + 1))) < 1e-6);
             json_t *bytes = json_object_get(e, "bytes");
             assert_int_equal(json_array_size(bytes), strlen(bytes_of(id)));
-            assert_int_equal(json_integer_value(json_array_get(bytes, 0)), (unsigned char)bytes_of(id)[0]);
+            assert_int_equal(json_integer_value(json_array_get(bytes, 0)),
+                             (unsigned char)bytes_of(id)[0]);
             json_t *top = json_object_get(e, "top_logprobs");
             assert_int_equal(json_array_size(top), 2);
-            assert_string_equal(json_string_value(json_object_get(json_array_get(top, 1), "token")), bytes_of(7));
-            assert_true(json_real_value(json_object_get(json_array_get(top, 1), "logprob")) == -3.0);
+            assert_string_equal(json_string_value(json_object_get(json_array_get(top, 1), "token")),
+                                bytes_of(7));
+            assert_true(json_real_value(json_object_get(json_array_get(top, 1), "logprob")) ==
+                        -3.0);
             seen++;
         }
     }
@@ -394,13 +420,20 @@ static void test_n_choices(void **state) {
     assert_int_equal(json_array_size(choices), 2);
     json_t *c0 = json_array_get(choices, 0), *c1 = json_array_get(choices, 1);
     assert_int_equal(json_integer_value(json_object_get(c1, "index")), 1);
-    assert_string_equal(json_string_value(json_object_get(json_object_get(c0, "message"), "content")), "First answer");
-    assert_string_equal(json_string_value(json_object_get(json_object_get(c1, "message"), "content")), "Second one");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(c0, "message"), "content")),
+        "First answer");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(c1, "message"), "content")),
+        "Second one");
     assert_string_equal(json_string_value(json_object_get(c0, "finish_reason")), "length");
     assert_string_equal(json_string_value(json_object_get(c1, "finish_reason")), "stop");
     json_t *u = json_object_get(r, "usage");
-    assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), (json_int_t)(a.n + b.n));
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(u, "completion_tokens_details"), "reasoning_tokens")), 0);
+    assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")),
+                     (json_int_t)(a.n + b.n));
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(u, "completion_tokens_details"), "reasoning_tokens")),
+                     0);
     json_decref(r);
     gptoss_tokens_free(&a);
     gptoss_tokens_free(&b);
@@ -419,12 +452,14 @@ static void expect_field_error(const char *fields, const char *param, const char
     json_decref(req);
     if (ok) fail_msg("accepted %s", fields);
     assert_string_equal(fe.param, param);
-    if (!strstr(fe.message, needle)) fail_msg("%s: message \"%s\" lacks \"%s\"", fields, fe.message, needle);
+    if (!strstr(fe.message, needle))
+        fail_msg("%s: message \"%s\" lacks \"%s\"", fields, fe.message, needle);
 }
 
 static void test_logit_bias(void **state) {
     (void)state;
-    json_t *req = json_loads("{\"logit_bias\": {\"7\": 5, \"200000\": -100, \"12\": 0.5}}", 0, NULL);
+    json_t *req =
+        json_loads("{\"logit_bias\": {\"7\": 5, \"200000\": -100, \"12\": 0.5}}", 0, NULL);
     request_params p;
     field_error fe = {0};
     assert_true(request_params_parse(req, vocab, 8, &p, &fe));
@@ -433,7 +468,8 @@ static void test_logit_bias(void **state) {
     for (int32_t i = 0; i < 3; i++) {
         int32_t id = p.sampling.logit_bias_tokens[i];
         float v = p.sampling.logit_bias_values[i];
-        assert_true((id == 7 && v == 5.0f) || (id == 200000 && v == -100.0f) || (id == 12 && v == 0.5f));
+        assert_true((id == 7 && v == 5.0f) || (id == 200000 && v == -100.0f) ||
+                    (id == 12 && v == 0.5f));
         sum += (float)id;
     }
     assert_true(sum == 200019.0f);
@@ -446,11 +482,13 @@ static void test_logit_bias(void **state) {
     expect_field_error("{\"logit_bias\": {\"1.5\": 1}}", "logit_bias", "not a token id");
     expect_field_error("{\"logit_bias\": {\" 1\": 1}}", "logit_bias", "not a token id");
     expect_field_error("{\"logit_bias\": {\"\": 1}}", "logit_bias", "not a token id");
-    expect_field_error("{\"logit_bias\": {\"99999999999999999999\": 1}}", "logit_bias", "not a token id");
+    expect_field_error("{\"logit_bias\": {\"99999999999999999999\": 1}}", "logit_bias",
+                       "not a token id");
     char big[64];
     snprintf(big, sizeof big, "{\"logit_bias\": {\"%d\": 1}}", vocab);
     expect_field_error(big, "logit_bias", "out of range");
-    expect_field_error("{\"logit_bias\": {\"5\": 100.5}}", "logit_bias", "out of range [-100, 100]");
+    expect_field_error("{\"logit_bias\": {\"5\": 100.5}}", "logit_bias",
+                       "out of range [-100, 100]");
     expect_field_error("{\"logit_bias\": {\"5\": -101}}", "logit_bias", "out of range [-100, 100]");
     expect_field_error("{\"logit_bias\": {\"5\": \"1\"}}", "logit_bias", "expected a number");
     expect_field_error("{\"logit_bias\": {\"7\": 1, \"07\": 2}}", "logit_bias", "given twice");

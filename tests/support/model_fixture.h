@@ -32,8 +32,9 @@ typedef struct tm_sequence {
  * `chunk` (0 = all at once) with all sequences batched together in every step, and returns
  * the logits of every position of every sequence, concatenated in sequence order:
  * [sum n, vocab] (malloc'd). kv_block_size is the page size to use. */
-float *tm_run_all_logits(const gptoss_model *model, gptoss_backend_kind kind, const tm_sequence *seqs,
-                         int32_t n_seqs, int32_t chunk, int32_t kv_block_size);
+float *tm_run_all_logits(const gptoss_model *model, gptoss_backend_kind kind,
+                         const tm_sequence *seqs, int32_t n_seqs, int32_t chunk,
+                         int32_t kv_block_size);
 
 /* The same with the backend's other options taken from `options` (kind, kv_block_size,
  * kv_cache_dtype, ...); only n_kv_blocks is set here, to what the sequences need. */

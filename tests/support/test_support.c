@@ -51,8 +51,10 @@ int ts_run(char **output, const char *fmt, ...) {
     }
     buf[len] = '\0';
     int status = pclose(p);
-    if (output) *output = buf;
-    else free(buf);
+    if (output)
+        *output = buf;
+    else
+        free(buf);
     if (WIFEXITED(status)) return WEXITSTATUS(status);
     return -1;
 }

@@ -44,34 +44,34 @@ typedef struct cpu_layer {
 
 /* Scratch for one forward, sized for n_tokens (grow-only). */
 typedef struct cpu_scratch {
-    int32_t capacity;   /* tokens the buffers hold */
-    float *x;           /* [n, H] residual stream */
-    float *t;           /* [n, H] normalized input of the current block */
-    float *q;           /* [n, NH*D] */
-    float *k;           /* [n, NKV*D] */
-    float *v;           /* [n, NKV*D] */
-    float *attn;        /* [n, NH*D] attention output, heads concatenated */
-    float *proj;        /* [n, H] o_proj output */
-    float *router;      /* [n, E] router logits */
-    int32_t *expert;    /* [n, K] selected experts, best first */
-    float *weight;      /* [n, K] softmax over the selected logits */
-    float *expert_out;  /* [n, K, H] each selected expert's output (bias included) */
-    float *act;         /* [n, K, I] SwiGLU outputs */
-    int32_t *seq_of;    /* [n] sequence of each token */
+    int32_t capacity;  /* tokens the buffers hold */
+    float *x;          /* [n, H] residual stream */
+    float *t;          /* [n, H] normalized input of the current block */
+    float *q;          /* [n, NH*D] */
+    float *k;          /* [n, NKV*D] */
+    float *v;          /* [n, NKV*D] */
+    float *attn;       /* [n, NH*D] attention output, heads concatenated */
+    float *proj;       /* [n, H] o_proj output */
+    float *router;     /* [n, E] router logits */
+    int32_t *expert;   /* [n, K] selected experts, best first */
+    float *weight;     /* [n, K] softmax over the selected logits */
+    float *expert_out; /* [n, K, H] each selected expert's output (bias included) */
+    float *act;        /* [n, K, I] SwiGLU outputs */
+    int32_t *seq_of;   /* [n] sequence of each token */
 } cpu_scratch;
 
 typedef struct cpu_state {
     const gptoss_config *config;
     const gptoss_weights *weights;
-    cpu_layer *layers;       /* [n_layers] */
-    float *final_norm;       /* [H] */
-    float *inv_freq;         /* [D/2] YaRN inverse frequencies */
-    float concentration;     /* YaRN attention scaling on cos and sin */
-    float mxfp4_scale[256];  /* 2^(s-127) for every E8M0 byte (255 = NaN) */
-    bool layer_stats;        /* print residual statistics per layer (diagnostics) */
-    bool emulate_bf16;       /* round activations to bf16 where the CUDA backend does (tests) */
-    bool kv_fp8;             /* K and V go through e4m3 + scale before they are stored */
-    int32_t block_size;      /* tokens per KV page */
+    cpu_layer *layers;      /* [n_layers] */
+    float *final_norm;      /* [H] */
+    float *inv_freq;        /* [D/2] YaRN inverse frequencies */
+    float concentration;    /* YaRN attention scaling on cos and sin */
+    float mxfp4_scale[256]; /* 2^(s-127) for every E8M0 byte (255 = NaN) */
+    bool layer_stats;       /* print residual statistics per layer (diagnostics) */
+    bool emulate_bf16;      /* round activations to bf16 where the CUDA backend does (tests) */
+    bool kv_fp8;            /* K and V go through e4m3 + scale before they are stored */
+    int32_t block_size;     /* tokens per KV page */
     int32_t n_full_layers, n_sliding_layers;
     int32_t n_blocks, n_sliding_blocks;
     float *full_k, *full_v;       /* [n_blocks, n_full_layers, block_size, NKV*D] */
@@ -83,13 +83,16 @@ typedef struct cpu_state {
 
 static float *widen(const gptoss_tensor *t) {
     size_t n = 1;
-    for (int32_t d = 0; d < t->n_dims; d++) n *= (size_t)t->shape[d];
+    for (int32_t d = 0; d < t->n_dims; d++)
+        n *= (size_t)t->shape[d];
     float *out = malloc(n * sizeof *out);
     if (!out) return NULL;
     const uint8_t *p = t->data;
     for (size_t i = 0; i < n; i++) {
-        if (t->dtype == GPTOSS_DTYPE_F32) memcpy(&out[i], p + 4 * i, 4);
-        else out[i] = gptoss_bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+        if (t->dtype == GPTOSS_DTYPE_F32)
+            memcpy(&out[i], p + 4 * i, 4);
+        else
+            out[i] = gptoss_bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
     }
     return out;
 }
@@ -142,15 +145,18 @@ static float dot(const float *a, const float *b, int32_t n) {
     float acc[8] = {0};
     int32_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int32_t j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+        for (int32_t j = 0; j < 8; j++)
+            acc[j] += a[i + j] * b[i + j];
     float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < n; i++) sum += a[i] * b[i];
+    for (; i < n; i++)
+        sum += a[i] * b[i];
     return sum;
 }
 
 /* out[n, rows] = x[n, cols] . W[rows, cols]^T (+ bias). W is bf16 [rows, cols]. Parallel over
  * rows; each row is widened once and reused for every token. */
-static void matmul_bf16(float *out, const float *x, int32_t n, const gptoss_tensor *w, const float *bias) {
+static void matmul_bf16(float *out, const float *x, int32_t n, const gptoss_tensor *w,
+                        const float *bias) {
     int32_t rows = (int32_t)w->shape[0], cols = (int32_t)w->shape[1];
     const uint8_t *base = w->data;
 #pragma omp parallel
@@ -161,7 +167,8 @@ static void matmul_bf16(float *out, const float *x, int32_t n, const gptoss_tens
             const uint8_t *src = base + (size_t)r * cols * 2;
             widen_bf16_row(row, src, cols);
             float b = bias ? bias[r] : 0.0f;
-            for (int32_t t = 0; t < n; t++) out[(size_t)t * rows + r] = dot(x + (size_t)t * cols, row, cols) + b;
+            for (int32_t t = 0; t < n; t++)
+                out[(size_t)t * rows + r] = dot(x + (size_t)t * cols, row, cols) + b;
         }
         free(row);
     }
@@ -170,14 +177,17 @@ static void matmul_bf16(float *out, const float *x, int32_t n, const gptoss_tens
 /* y = g * x / sqrt(mean(x^2) + eps), all fp32 (spec 2.2). */
 static void rmsnorm(float *y, const float *x, const float *gain, int32_t n, double eps) {
     float sum = 0.0f;
-    for (int32_t i = 0; i < n; i++) sum += x[i] * x[i];
+    for (int32_t i = 0; i < n; i++)
+        sum += x[i] * x[i];
     float inv = 1.0f / sqrtf(sum / (float)n + (float)eps);
-    for (int32_t i = 0; i < n; i++) y[i] = gain[i] * (x[i] * inv);
+    for (int32_t i = 0; i < n; i++)
+        y[i] = gain[i] * (x[i] * inv);
 }
 
 /* Half-split YaRN rotation of one head vector at position pos (spec 2.4). The angle is a
  * float product, as the references compute it. */
-static void rope(float *v, int32_t head_dim, int32_t pos, const float *inv_freq, float concentration) {
+static void rope(float *v, int32_t head_dim, int32_t pos, const float *inv_freq,
+                 float concentration) {
     int32_t half = head_dim / 2;
     for (int32_t j = 0; j < half; j++) {
         float angle = (float)pos * inv_freq[j];
@@ -188,16 +198,19 @@ static void rope(float *v, int32_t head_dim, int32_t pos, const float *inv_freq,
     }
 }
 
-/* Row r of expert e's MXFP4 matrix, dequantized: blocks [rows, cols/32, 16], scales [rows, cols/32]. */
-static void dequant_mxfp4_row(float *out, const uint8_t *blocks, const uint8_t *scales, int32_t cols,
-                              const float *scale_table) {
+/* Row r of expert e's MXFP4 matrix, dequantized: blocks [rows, cols/32, 16], scales [rows,
+ * cols/32]. */
+static void dequant_mxfp4_row(float *out, const uint8_t *blocks, const uint8_t *scales,
+                              int32_t cols, const float *scale_table) {
     int32_t groups = cols / 32;
     for (int32_t g = 0; g < groups; g++) {
         float scale = scale_table[scales[g]];
         const uint8_t *b = blocks + (size_t)g * 16;
         for (int32_t i = 0; i < 16; i++) {
-            out[32 * g + 2 * i] = gptoss_fp4_e2m1_values[b[i] & 0x0f] * scale;     /* low nibble: even lane */
-            out[32 * g + 2 * i + 1] = gptoss_fp4_e2m1_values[b[i] >> 4] * scale; /* high nibble: odd lane */
+            out[32 * g + 2 * i] =
+                gptoss_fp4_e2m1_values[b[i] & 0x0f] * scale; /* low nibble: even lane */
+            out[32 * g + 2 * i + 1] =
+                gptoss_fp4_e2m1_values[b[i] >> 4] * scale; /* high nibble: odd lane */
         }
     }
 }
@@ -205,10 +218,12 @@ static void dequant_mxfp4_row(float *out, const uint8_t *blocks, const uint8_t *
 /* ---- KV pages ------------------------------------------------------------------------------ */
 
 /* Address of the K (or V) vector of `pos` for layer slot `slot` in a pool. */
-static inline float *kv_slot(float *pool, int32_t n_group_layers, int32_t block_size, int32_t kv_dim,
-                             const int32_t *block_row, int32_t slot, int32_t pos) {
+static inline float *kv_slot(float *pool, int32_t n_group_layers, int32_t block_size,
+                             int32_t kv_dim, const int32_t *block_row, int32_t slot, int32_t pos) {
     int32_t block = block_row[pos / block_size];
-    size_t index = (((size_t)block * n_group_layers + slot) * block_size + (size_t)(pos % block_size)) * kv_dim;
+    size_t index =
+        (((size_t)block * n_group_layers + slot) * block_size + (size_t)(pos % block_size)) *
+        kv_dim;
     return pool + index;
 }
 
@@ -221,7 +236,8 @@ static void cpu_destroy(void *opaque) {
         for (int32_t l = 0; l < st->config->n_layers; l++) {
             cpu_layer *L = &st->layers[l];
             free(L->attn_norm), free(L->q_bias), free(L->k_bias), free(L->v_bias), free(L->o_bias);
-            free(L->sinks), free(L->mlp_norm), free(L->router_bias), free(L->gate_up_bias), free(L->down_bias);
+            free(L->sinks), free(L->mlp_norm), free(L->router_bias), free(L->gate_up_bias),
+                free(L->down_bias);
         }
     free(st->layers);
     free(st->final_norm);
@@ -229,7 +245,8 @@ static void cpu_destroy(void *opaque) {
     free(st->full_k), free(st->full_v), free(st->sliding_k), free(st->sliding_v);
     cpu_scratch *s = &st->s;
     free(s->x), free(s->t), free(s->q), free(s->k), free(s->v), free(s->attn), free(s->proj);
-    free(s->router), free(s->expert), free(s->weight), free(s->expert_out), free(s->act), free(s->seq_of);
+    free(s->router), free(s->expert), free(s->weight), free(s->expert_out), free(s->act),
+        free(s->seq_of);
     free(st);
 }
 
@@ -247,7 +264,8 @@ static gptoss_status cpu_create(const gptoss_model *model, gptoss_backend_option
     st->n_blocks = o->n_kv_blocks;
     st->n_sliding_blocks = o->n_sliding_kv_blocks;
     if (o->n_threads > 0) omp_set_num_threads(o->n_threads);
-    for (int s = 0; s < 256; s++) st->mxfp4_scale[s] = s == 255 ? NAN : ldexpf(1.0f, s - 127);
+    for (int s = 0; s < 256; s++)
+        st->mxfp4_scale[s] = s == 255 ? NAN : ldexpf(1.0f, s - 127);
 
     st->layers = calloc((size_t)c->n_layers, sizeof *st->layers);
     st->inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof *st->inv_freq);
@@ -266,15 +284,16 @@ static gptoss_status cpu_create(const gptoss_model *model, gptoss_backend_option
         L->router_bias = widen(&w->router_bias);
         L->gate_up_bias = widen(&w->gate_up_bias);
         L->down_bias = widen(&w->down_bias);
-        ok = L->attn_norm && L->q_bias && L->k_bias && L->v_bias && L->o_bias && L->sinks && L->mlp_norm &&
-             L->router_bias && L->gate_up_bias && L->down_bias;
+        ok = L->attn_norm && L->q_bias && L->k_bias && L->v_bias && L->o_bias && L->sinks &&
+             L->mlp_norm && L->router_bias && L->gate_up_bias && L->down_bias;
         L->group_slot = c->layer_is_sliding[l] ? st->n_sliding_layers++ : st->n_full_layers++;
     }
     if (ok) {
         gptoss_rope_yarn_inv_freq(c, st->inv_freq, &st->concentration);
         size_t kv_dim = (size_t)gptoss_config_kv_dim(c);
         size_t full = (size_t)st->n_blocks * st->n_full_layers * st->block_size * kv_dim;
-        size_t sliding = (size_t)st->n_sliding_blocks * st->n_sliding_layers * st->block_size * kv_dim;
+        size_t sliding =
+            (size_t)st->n_sliding_blocks * st->n_sliding_layers * st->block_size * kv_dim;
         /* calloc: pages never written read as zeros, so a bug reads zeros, not garbage. */
         st->full_k = calloc(full ? full : 1, sizeof(float));
         st->full_v = calloc(full ? full : 1, sizeof(float));
@@ -284,7 +303,8 @@ static gptoss_status cpu_create(const gptoss_model *model, gptoss_backend_option
     }
     if (!ok) {
         cpu_destroy(st);
-        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "cpu backend: out of memory (KV cache of %d + %d blocks)",
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                                "cpu backend: out of memory (KV cache of %d + %d blocks)",
                                 o->n_kv_blocks, o->n_sliding_kv_blocks);
     }
     *out = st;
@@ -295,14 +315,16 @@ static bool grow_scratch(cpu_state *st, int32_t n) {
     cpu_scratch *s = &st->s;
     if (n <= s->capacity) return true;
     const gptoss_config *c = st->config;
-    size_t H = (size_t)c->hidden_size, q = (size_t)gptoss_config_q_dim(c), kv = (size_t)gptoss_config_kv_dim(c);
-    size_t K = (size_t)c->n_experts_per_token, E = (size_t)c->n_experts, I = (size_t)c->intermediate_size;
+    size_t H = (size_t)c->hidden_size, q = (size_t)gptoss_config_q_dim(c),
+           kv = (size_t)gptoss_config_kv_dim(c);
+    size_t K = (size_t)c->n_experts_per_token, E = (size_t)c->n_experts,
+           I = (size_t)c->intermediate_size;
     size_t N = (size_t)n;
-#define GROW(field, count)                                                                                      \
-    do {                                                                                                        \
-        void *p = realloc(s->field, (count) * sizeof *s->field);                                                \
-        if (!p) return false;                                                                                   \
-        s->field = p;                                                                                           \
+#define GROW(field, count)                                                                         \
+    do {                                                                                           \
+        void *p = realloc(s->field, (count) * sizeof *s->field);                                   \
+        if (!p) return false;                                                                      \
+        s->field = p;                                                                              \
     } while (0)
     GROW(x, N * H);
     GROW(t, N * H);
@@ -329,10 +351,14 @@ static void attention(cpu_state *st, int32_t l, const gptoss_batch_plan *p) {
     const gptoss_config *c = st->config;
     const cpu_layer *L = &st->layers[l];
     bool sliding = c->layer_is_sliding[l];
-    int32_t D = c->head_dim, kv_dim = (int32_t)gptoss_config_kv_dim(c), q_dim = (int32_t)gptoss_config_q_dim(c);
-    int32_t group = c->n_heads / c->n_kv_heads, n_group_layers = sliding ? st->n_sliding_layers : st->n_full_layers;
-    float *pool_k = sliding ? st->sliding_k : st->full_k, *pool_v = sliding ? st->sliding_v : st->full_v;
-    const int32_t *tables = sliding && p->sliding_block_tables ? p->sliding_block_tables : p->block_tables;
+    int32_t D = c->head_dim, kv_dim = (int32_t)gptoss_config_kv_dim(c),
+            q_dim = (int32_t)gptoss_config_q_dim(c);
+    int32_t group = c->n_heads / c->n_kv_heads,
+            n_group_layers = sliding ? st->n_sliding_layers : st->n_full_layers;
+    float *pool_k = sliding ? st->sliding_k : st->full_k,
+          *pool_v = sliding ? st->sliding_v : st->full_v;
+    const int32_t *tables =
+        sliding && p->sliding_block_tables ? p->sliding_block_tables : p->block_tables;
     const float scale = 1.0f / sqrtf((float)D);
 
 #pragma omp parallel for collapse(2) schedule(dynamic, 4)
@@ -347,24 +373,32 @@ static void attention(cpu_state *st, int32_t l, const gptoss_batch_plan *p) {
              * sink's exp(S_h - m) joins the denominator at the end (it has no value vector). */
             float sink = L->sinks[h], m = sink, sum = 0.0f;
             float acc[1024];
-            for (int32_t d = 0; d < D; d++) acc[d] = 0.0f;
+            for (int32_t d = 0; d < D; d++)
+                acc[d] = 0.0f;
             for (int32_t j = first; j <= pos; j++) {
-                const float *k = kv_slot(pool_k, n_group_layers, st->block_size, kv_dim, row, L->group_slot, j) + g * D;
-                const float *v = kv_slot(pool_v, n_group_layers, st->block_size, kv_dim, row, L->group_slot, j) + g * D;
+                const float *k =
+                    kv_slot(pool_k, n_group_layers, st->block_size, kv_dim, row, L->group_slot, j) +
+                    g * D;
+                const float *v =
+                    kv_slot(pool_v, n_group_layers, st->block_size, kv_dim, row, L->group_slot, j) +
+                    g * D;
                 float score = dot(q, k, D) * scale;
                 if (score > m) {
                     float rescale = expf(m - score);
                     sum *= rescale;
-                    for (int32_t d = 0; d < D; d++) acc[d] *= rescale;
+                    for (int32_t d = 0; d < D; d++)
+                        acc[d] *= rescale;
                     m = score;
                 }
                 float w = expf(score - m);
                 sum += w;
-                for (int32_t d = 0; d < D; d++) acc[d] += w * v[d];
+                for (int32_t d = 0; d < D; d++)
+                    acc[d] += w * v[d];
             }
             sum += expf(sink - m);
             float *out = st->s.attn + (size_t)t * q_dim + (size_t)h * D;
-            for (int32_t d = 0; d < D; d++) out[d] = acc[d] / sum;
+            for (int32_t d = 0; d < D; d++)
+                out[d] = acc[d] / sum;
         }
     }
 }
@@ -375,7 +409,8 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
     const gptoss_config *c = st->config;
     const gptoss_layer_weights *w = &st->weights->layers[l];
     const cpu_layer *L = &st->layers[l];
-    int32_t H = c->hidden_size, I = c->intermediate_size, E = c->n_experts, K = c->n_experts_per_token;
+    int32_t H = c->hidden_size, I = c->intermediate_size, E = c->n_experts,
+            K = c->n_experts_per_token;
     cpu_scratch *s = &st->s;
 
     matmul_bf16(s->router, s->t, n, &w->router_weight, L->router_bias);
@@ -389,14 +424,17 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
             int32_t best = -1;
             for (int32_t e = 0; e < E; e++) {
                 bool taken = false;
-                for (int32_t j = 0; j < k; j++) taken |= sel[j] == e;
+                for (int32_t j = 0; j < k; j++)
+                    taken |= sel[j] == e;
                 if (!taken && (best < 0 || r[e] > r[best])) best = e;
             }
             sel[k] = best;
         }
         float top = r[sel[0]], total = 0.0f;
-        for (int32_t k = 0; k < K; k++) total += (wt[k] = expf(r[sel[k]] - top));
-        for (int32_t k = 0; k < K; k++) wt[k] /= total;
+        for (int32_t k = 0; k < K; k++)
+            total += (wt[k] = expf(r[sel[k]] - top));
+        for (int32_t k = 0; k < K; k++)
+            wt[k] /= total;
     }
 
     const float limit = (float)c->swiglu_limit, alpha = (float)c->swiglu_alpha;
@@ -416,25 +454,27 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
             /* Experts no token chose are skipped by every thread alike (same data, same test),
              * so the worksharing loops below stay matched. */
             bool used = false;
-            for (int32_t j = 0; j < n * K && !used; j++) used = s->expert[j] == e;
+            for (int32_t j = 0; j < n * K && !used; j++)
+                used = s->expert[j] == e;
             if (!used) continue;
-            /* gate_up rows come in pairs (2i gate, 2i+1 up): one unit i per iteration. */
+                /* gate_up rows come in pairs (2i gate, 2i+1 up): one unit i per iteration. */
 #pragma omp for schedule(static)
             for (int32_t i = 0; i < I; i++) {
                 for (int32_t half = 0; half < 2; half++) {
                     size_t r = (size_t)e * 2 * I + 2 * (size_t)i + half;
-                    dequant_mxfp4_row(row, gu_blocks + r * gu_row_bytes, gu_scales + r * gu_scale_row, H,
-                                      st->mxfp4_scale);
+                    dequant_mxfp4_row(row, gu_blocks + r * gu_row_bytes,
+                                      gu_scales + r * gu_scale_row, H, st->mxfp4_scale);
                     for (int32_t t = 0; t < n; t++)
                         for (int32_t k = 0; k < K; k++)
                             if (s->expert[(size_t)t * K + k] == e)
-                                gate_up[2 * t + half] = dot(s->t + (size_t)t * H, row, H) + L->gate_up_bias[r];
+                                gate_up[2 * t + half] =
+                                    dot(s->t + (size_t)t * H, row, H) + L->gate_up_bias[r];
                 }
                 for (int32_t t = 0; t < n; t++)
                     for (int32_t k = 0; k < K; k++) {
                         if (s->expert[(size_t)t * K + k] != e) continue;
                         float g = gate_up[2 * t], u = gate_up[2 * t + 1];
-                        g = g < limit ? g : limit;                     /* gate: upper clamp only */
+                        g = g < limit ? g : limit; /* gate: upper clamp only */
                         u = u < -limit ? -limit : u > limit ? limit : u; /* up: both sides */
                         float glu = g / (1.0f + expf(-alpha * g));
                         float a = glu * (u + 1.0f);
@@ -446,7 +486,8 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
 #pragma omp for schedule(static)
             for (int32_t h = 0; h < H; h++) {
                 size_t r = (size_t)e * H + h;
-                dequant_mxfp4_row(row, dn_blocks + r * dn_row_bytes, dn_scales + r * dn_scale_row, I, st->mxfp4_scale);
+                dequant_mxfp4_row(row, dn_blocks + r * dn_row_bytes, dn_scales + r * dn_scale_row,
+                                  I, st->mxfp4_scale);
                 for (int32_t t = 0; t < n; t++)
                     for (int32_t k = 0; k < K; k++)
                         if (s->expert[(size_t)t * K + k] == e)
@@ -461,30 +502,36 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
     for (int32_t t = 0; t < n; t++)
         for (int32_t h = 0; h < H; h++) {
             float sum = 0.0f;
-            for (int32_t k = 0; k < K; k++) sum += s->weight[(size_t)t * K + k] * s->expert_out[((size_t)t * K + k) * H + h];
+            for (int32_t k = 0; k < K; k++)
+                sum += s->weight[(size_t)t * K + k] * s->expert_out[((size_t)t * K + k) * H + h];
             s->x[(size_t)t * H + h] += sum;
         }
 }
 
 /* ---- the forward pass ------------------------------------------------------------------------ */
 
-static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float *logits, gptoss_error *error) {
+static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float *logits,
+                                 gptoss_error *error) {
     cpu_state *st = opaque;
     const gptoss_config *c = st->config;
     const gptoss_weights *w = st->weights;
     int32_t n = p->n_tokens, H = c->hidden_size, D = c->head_dim;
     int32_t q_dim = (int32_t)gptoss_config_q_dim(c), kv_dim = (int32_t)gptoss_config_kv_dim(c);
     if (c->head_dim > 1024)
-        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "cpu backend: head_dim %d > 1024", c->head_dim);
-    if (!grow_scratch(st, n)) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "cpu backend: out of memory");
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "cpu backend: head_dim %d > 1024",
+                                c->head_dim);
+    if (!grow_scratch(st, n))
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "cpu backend: out of memory");
     cpu_scratch *s = &st->s;
     for (int32_t q = 0; q < p->n_seqs; q++)
-        for (int32_t t = p->seq_token_start[q]; t < p->seq_token_start[q + 1]; t++) s->seq_of[t] = q;
+        for (int32_t t = p->seq_token_start[q]; t < p->seq_token_start[q + 1]; t++)
+            s->seq_of[t] = q;
 
     /* x = Emb[token] */
     const uint8_t *emb = w->embedding.data;
     for (int32_t t = 0; t < n; t++)
-        for (int32_t h = 0; h < H; h++) s->x[(size_t)t * H + h] = bf16_at(emb, (size_t)p->token_ids[t] * H + h);
+        for (int32_t h = 0; h < H; h++)
+            s->x[(size_t)t * H + h] = bf16_at(emb, (size_t)p->token_ids[t] * H + h);
 
     for (int32_t l = 0; l < c->n_layers; l++) {
         const gptoss_layer_weights *lw = &w->layers[l];
@@ -492,19 +539,26 @@ static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float
 
         /* Attention block: norm, QKV with biases, RoPE on q and k, K/V into the pages, attend,
          * o_proj with bias, residual add. */
-        for (int32_t t = 0; t < n; t++) rmsnorm(s->t + (size_t)t * H, s->x + (size_t)t * H, L->attn_norm, H, c->rms_norm_eps);
+        for (int32_t t = 0; t < n; t++)
+            rmsnorm(s->t + (size_t)t * H, s->x + (size_t)t * H, L->attn_norm, H, c->rms_norm_eps);
         if (st->emulate_bf16) round_bf16(s->t, (size_t)n * H); /* point 1 */
         matmul_bf16(s->q, s->t, n, &lw->q_weight, L->q_bias);
         matmul_bf16(s->k, s->t, n, &lw->k_weight, L->k_bias);
         matmul_bf16(s->v, s->t, n, &lw->v_weight, L->v_bias);
         bool sliding = c->layer_is_sliding[l];
-        float *pool_k = sliding ? st->sliding_k : st->full_k, *pool_v = sliding ? st->sliding_v : st->full_v;
+        float *pool_k = sliding ? st->sliding_k : st->full_k,
+              *pool_v = sliding ? st->sliding_v : st->full_v;
         int32_t n_group_layers = sliding ? st->n_sliding_layers : st->n_full_layers;
-        const int32_t *tables = sliding && p->sliding_block_tables ? p->sliding_block_tables : p->block_tables;
+        const int32_t *tables =
+            sliding && p->sliding_block_tables ? p->sliding_block_tables : p->block_tables;
         for (int32_t t = 0; t < n; t++) {
             int32_t pos = p->positions[t];
-            for (int32_t h = 0; h < c->n_heads; h++) rope(s->q + (size_t)t * q_dim + (size_t)h * D, D, pos, st->inv_freq, st->concentration);
-            for (int32_t g = 0; g < c->n_kv_heads; g++) rope(s->k + (size_t)t * kv_dim + (size_t)g * D, D, pos, st->inv_freq, st->concentration);
+            for (int32_t h = 0; h < c->n_heads; h++)
+                rope(s->q + (size_t)t * q_dim + (size_t)h * D, D, pos, st->inv_freq,
+                     st->concentration);
+            for (int32_t g = 0; g < c->n_kv_heads; g++)
+                rope(s->k + (size_t)t * kv_dim + (size_t)g * D, D, pos, st->inv_freq,
+                     st->concentration);
             const int32_t *row = tables + (size_t)s->seq_of[t] * p->max_blocks_per_seq;
             if (st->kv_fp8) { /* what an FP8 page gives back, one vector per KV head */
                 for (int32_t g = 0; g < c->n_kv_heads; g++) {
@@ -523,18 +577,22 @@ static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float
         attention(st, l, p);
         if (st->emulate_bf16) round_bf16(s->attn, (size_t)n * q_dim); /* point 3 */
         matmul_bf16(s->proj, s->attn, n, &lw->o_weight, L->o_bias);
-        for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->proj[i];
+        for (size_t i = 0; i < (size_t)n * H; i++)
+            s->x[i] += s->proj[i];
 
         /* MoE block: norm, router, experts, weighted sum, residual add. */
-        for (int32_t t = 0; t < n; t++) rmsnorm(s->t + (size_t)t * H, s->x + (size_t)t * H, L->mlp_norm, H, c->rms_norm_eps);
+        for (int32_t t = 0; t < n; t++)
+            rmsnorm(s->t + (size_t)t * H, s->x + (size_t)t * H, L->mlp_norm, H, c->rms_norm_eps);
         moe(st, l, n);
         if (st->layer_stats) {
-            /* Residual stream of the step's last token: finite, and neither vanishing nor exploding. */
+            /* Residual stream of the step's last token: finite, and neither vanishing nor
+             * exploding. */
             const float *x = s->x + (size_t)(n - 1) * H;
             double sq = 0, max_abs = 0;
-            for (int32_t h = 0; h < H; h++) sq += (double)x[h] * x[h], max_abs = fmax(max_abs, fabs(x[h]));
-            fprintf(stderr, "layer %3d%s: residual rms %.4g, max |x| %.4g\n", l, c->layer_is_sliding[l] ? " (sliding)" : "",
-                    sqrt(sq / H), max_abs);
+            for (int32_t h = 0; h < H; h++)
+                sq += (double)x[h] * x[h], max_abs = fmax(max_abs, fabs(x[h]));
+            fprintf(stderr, "layer %3d%s: residual rms %.4g, max |x| %.4g\n", l,
+                    c->layer_is_sliding[l] ? " (sliding)" : "", sqrt(sq / H), max_abs);
         }
     }
 

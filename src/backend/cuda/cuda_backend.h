@@ -26,54 +26,54 @@ extern "C" {
 }
 
 typedef struct cuda_layer {
-    float *attn_norm;        /* [H] */
-    float *mlp_norm;         /* [H] */
+    float *attn_norm;                    /* [H] */
+    float *mlp_norm;                     /* [H] */
     gptoss_cuda_dense_weight qkv_weight; /* [(NH + 2 NKV) D, H]: q rows, then k, then v */
-    float *qkv_bias;         /* [(NH + 2 NKV) D] */
+    float *qkv_bias;                     /* [(NH + 2 NKV) D] */
     gptoss_cuda_dense_weight o_weight;   /* [H, NH D] */
-    float *o_bias;           /* [H] */
-    float *sinks;            /* [NH] */
-    bf16 *router_weight;     /* [E, H] */
-    float *router_weight_f32; /* [E, H], the same values: SGEMM operand for large steps */
-    float *router_bias;      /* [E] */
+    float *o_bias;                       /* [H] */
+    float *sinks;                        /* [NH] */
+    bf16 *router_weight;                 /* [E, H] */
+    float *router_weight_f32;    /* [E, H], the same values: SGEMM operand for large steps */
+    float *router_bias;          /* [E] */
     gptoss_cuda_moe_weights moe; /* MXFP4 experts + f32 biases */
-    bf16 *k_cache;           /* bf16 pages [pool blocks, block_size, NKV, D]; NULL with FP8 pages */
-    bf16 *v_cache;           /* same */
-    uint8_t *k_fp8;          /* FP8 pages (kv_fp8.h): e4m3 codes [pool blocks, block_size, NKV, D], */
-    uint8_t *v_fp8;          /*   NULL with bf16 pages; one allocation each with its scales: */
-    float *k_scale;          /* [pool blocks, block_size, NKV] fp32, absmax / 448 */
+    bf16 *k_cache;  /* bf16 pages [pool blocks, block_size, NKV, D]; NULL with FP8 pages */
+    bf16 *v_cache;  /* same */
+    uint8_t *k_fp8; /* FP8 pages (kv_fp8.h): e4m3 codes [pool blocks, block_size, NKV, D], */
+    uint8_t *v_fp8; /*   NULL with bf16 pages; one allocation each with its scales: */
+    float *k_scale; /* [pool blocks, block_size, NKV] fp32, absmax / 448 */
     float *v_scale;
-    bool sliding;            /* uses the sliding window and the sliding pool */
-    bool kv_alias;           /* its pages are another layer's buffers (shared pages): not freed */
+    bool sliding;  /* uses the sliding window and the sliding pool */
+    bool kv_alias; /* its pages are another layer's buffers (shared pages): not freed */
 } cuda_layer;
 
 typedef struct cuda_workspace {
-    int32_t cap_tokens;      /* tokens per step the buffers hold */
-    int32_t cap_logits;      /* logit rows they hold */
-    int32_t cap_table;       /* ints of each block table */
-    void *base;              /* one device allocation carved below */
+    int32_t cap_tokens; /* tokens per step the buffers hold */
+    int32_t cap_logits; /* logit rows they hold */
+    int32_t cap_table;  /* ints of each block table */
+    void *base;         /* one device allocation carved below */
     size_t bytes;
-    float *x;                /* [T, H] residual stream */
-    bf16 *t;                 /* [T, H] normalized activations */
-    float *t_f32;            /* [T, H] the same before rounding (router input) */
-    float *qkv;              /* [T, QKV] */
-    float *q;                /* [T, NH, D] roped, pre-scaled */
-    bf16 *attn;              /* [T, NH D] */
-    float *proj;             /* [T, max(H, E)] o-proj and router outputs */
-    int32_t *topk_idx;       /* [T, K] */
-    float *topk_weight;      /* [T, K] */
-    void *route_mem;         /* gptoss_cuda_route storage */
-    bf16 *h;                 /* [T K, I] */
-    float *y;                /* [T K, H] */
-    float *partial;          /* split-K attention partials */
+    float *x;           /* [T, H] residual stream */
+    bf16 *t;            /* [T, H] normalized activations */
+    float *t_f32;       /* [T, H] the same before rounding (router input) */
+    float *qkv;         /* [T, QKV] */
+    float *q;           /* [T, NH, D] roped, pre-scaled */
+    bf16 *attn;         /* [T, NH D] */
+    float *proj;        /* [T, max(H, E)] o-proj and router outputs */
+    int32_t *topk_idx;  /* [T, K] */
+    float *topk_weight; /* [T, K] */
+    void *route_mem;    /* gptoss_cuda_route storage */
+    bf16 *h;            /* [T K, I] */
+    float *y;           /* [T K, H] */
+    float *partial;     /* split-K attention partials */
     size_t partial_floats;
-    bf16 *lm_in;             /* [n_logits, H] */
-    float *logits;           /* [n_logits, V] */
-    unsigned *router_done;   /* [1] blocks of the fused router done (kept at 0 between launches) */
-    int32_t *plan_dev;       /* device copy of the step's integer arrays */
-    int32_t *plan_host;      /* pinned staging for the same */
+    bf16 *lm_in;           /* [n_logits, H] */
+    float *logits;         /* [n_logits, V] */
+    unsigned *router_done; /* [1] blocks of the fused router done (kept at 0 between launches) */
+    int32_t *plan_dev;     /* device copy of the step's integer arrays */
+    int32_t *plan_host;    /* pinned staging for the same */
     size_t plan_ints;
-    int32_t *seq_start;      /* host: each sequence's first token in the device order */
+    int32_t *seq_start; /* host: each sequence's first token in the device order */
     int32_t seq_cap;
 } cuda_workspace;
 
@@ -96,42 +96,44 @@ struct gptoss_cuda_sampler; /* forward_sample's buffers (cuda_sample_ops.cu) */
 #define GPTOSS_CUDA_MAX_PROF_EVENTS 1024
 
 typedef struct gptoss_cuda_state {
-    gptoss_config config;     /* copy of the model's config */
-    gptoss_cuda_device dev;   /* the GPU: ordinal, capabilities, kernel set-up */
-    gptoss_cuda_tuning tuning; /* every knob, filled once at creation */
-    int32_t kv_block_size;    /* tokens per page */
-    int32_t n_kv_blocks;      /* pages of the full pool */
+    gptoss_config config;        /* copy of the model's config */
+    gptoss_cuda_device dev;      /* the GPU: ordinal, capabilities, kernel set-up */
+    gptoss_cuda_tuning tuning;   /* every knob, filled once at creation */
+    int32_t kv_block_size;       /* tokens per page */
+    int32_t n_kv_blocks;         /* pages of the full pool */
     int32_t n_sliding_kv_blocks; /* pages of the sliding pool */
     bool kv_shared;              /* sliding layers use the full layers' pages (one id space) */
     cudaStream_t stream;
     cublasHandle_t cublas;
-    bf16 *embedding;          /* [V, H] */
+    bf16 *embedding;                  /* [V, H] */
     gptoss_cuda_dense_weight lm_head; /* [V, H] */
-    float *final_norm;        /* [H] */
-    float *inv_freq;          /* [D/2] YaRN */
+    float *final_norm;                /* [H] */
+    float *inv_freq;                  /* [D/2] YaRN */
     float concentration;
-    cuda_layer *layers;       /* [L] */
+    cuda_layer *layers; /* [L] */
     cuda_workspace ws;
-    void *summary_dev;        /* the logits summary kernels' scratch (from 256-aligned offset 0) */
-    void *summary_host;       /* mapped pinned: [rows, n_top] ids | [rows, n_top] values | [rows] lse */
-    void *summary_mapped;     /* the device's pointer to summary_host */
-    size_t summary_bytes;     /* of summary_host */
+    void *summary_dev;    /* the logits summary kernels' scratch (from 256-aligned offset 0) */
+    void *summary_host;   /* mapped pinned: [rows, n_top] ids | [rows, n_top] values | [rows] lse */
+    void *summary_mapped; /* the device's pointer to summary_host */
+    size_t summary_bytes; /* of summary_host */
     size_t summary_dev_bytes; /* of summary_dev */
     void *summary_scratch;
-    size_t weight_bytes;      /* device bytes of weights */
-    uint32_t fp8_layers;      /* gptoss_fp8_layer bits: matrices held as e4m3 + row scales */
-    bf16 *dense_scratch;      /* fp8 layers: bf16 rows on their way to e4m3 at load, then the
-                               * prefill GEMM's decoded rows (dense_lowp.h); NULL without */
+    size_t weight_bytes; /* device bytes of weights */
+    uint32_t fp8_layers; /* gptoss_fp8_layer bits: matrices held as e4m3 + row scales */
+    bf16 *dense_scratch; /* fp8 layers: bf16 rows on their way to e4m3 at load, then the
+                          * prefill GEMM's decoded rows (dense_lowp.h); NULL without */
     size_t dense_scratch_elems;
-    size_t kv_bytes;          /* device bytes of both KV pools */
-    bool kv_fp8;              /* the pages hold e4m3 codes and scales (kv_cache_dtype FP8) */
+    size_t kv_bytes; /* device bytes of both KV pools */
+    bool kv_fp8;     /* the pages hold e4m3 codes and scales (kv_cache_dtype FP8) */
     cuda_graph_entry graphs[GPTOSS_CUDA_MAX_GRAPHS]; /* captured steps, keyed by shape */
-    int32_t graph_next;       /* round-robin slot for the next capture */
-    bool profiling;           /* record events between components (bench --profile, tuning.profile) */
-    int32_t prof_n;           /* events recorded this step */
+    int32_t graph_next;                              /* round-robin slot for the next capture */
+    bool profiling; /* record events between components (bench --profile, tuning.profile) */
+    int32_t prof_n; /* events recorded this step */
     cudaEvent_t prof_events[GPTOSS_CUDA_MAX_PROF_EVENTS];
-    int32_t prof_part[GPTOSS_CUDA_MAX_PROF_EVENTS]; /* component the time before event i is charged to */
-    double serve_prof_ms[2][8]; /* tuning.profile: [decode-only steps, steps with prefill][component] */
+    int32_t prof_part[GPTOSS_CUDA_MAX_PROF_EVENTS]; /* component the time before event i is charged
+                                                       to */
+    double serve_prof_ms[2][8]; /* tuning.profile: [decode-only steps, steps with
+                                   prefill][component] */
     double serve_prof_steps[2], serve_prof_tokens[2], serve_prof_wall_ms[2];
     /* tuning.step_timing: where a served step's wall time goes (host staging, GPU step, GPU
      * summaries, host wait), totals printed at exit; events only, graphs stay on */
@@ -169,9 +171,11 @@ size_t gptoss_cuda_weights_bytes(const gptoss_config *config, uint32_t fp8_layer
 gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *error);
 /* Copies a model's weights in (FP8 matrices quantized on the way). */
 gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weights *w,
-                                         const gptoss_backend_options *options, gptoss_error *error);
+                                         const gptoss_backend_options *options,
+                                         gptoss_error *error);
 /* Generates random weights in place (make-model's distributions). */
-gptoss_status gptoss_cuda_weights_random(gptoss_cuda_state *s, const gptoss_backend_options *options, uint64_t seed,
+gptoss_status gptoss_cuda_weights_random(gptoss_cuda_state *s,
+                                         const gptoss_backend_options *options, uint64_t seed,
                                          gptoss_error *error);
 /* What is derived from the weights once they are in place (router fp32 copy, MoE checks). */
 gptoss_status gptoss_cuda_weights_finish(gptoss_cuda_state *s, gptoss_error *error);
@@ -181,11 +185,12 @@ void gptoss_cuda_weights_free(gptoss_cuda_state *s);
 
 /* Page geometry and the memory check before anything is allocated: the pools' page counts
  * from the options (or the first page of an automatic pool), page sharing. */
-gptoss_status gptoss_cuda_kv_plan(gptoss_cuda_state *s, const gptoss_backend_options *options, size_t weight_bytes,
-                                  gptoss_error *error);
+gptoss_status gptoss_cuda_kv_plan(gptoss_cuda_state *s, const gptoss_backend_options *options,
+                                  size_t weight_bytes, gptoss_error *error);
 /* Sizes an automatic pool from what is free now, then allocates the pages (and aliases the
  * sliding layers onto the full layers' with shared pages). */
-gptoss_status gptoss_cuda_kv_alloc(gptoss_cuda_state *s, const gptoss_backend_options *options, gptoss_error *error);
+gptoss_status gptoss_cuda_kv_alloc(gptoss_cuda_state *s, const gptoss_backend_options *options,
+                                   gptoss_error *error);
 void gptoss_cuda_kv_free(gptoss_cuda_state *s);
 
 /* ---- forward.cu ---- */

@@ -35,10 +35,10 @@ extern "C" {
 extern "C" const char *const gptoss_bench_part_names[GPTOSS_BENCH_N_PARTS] = {
     "MoE", "attention", "dense GEMMs", "lm_head", "norms/rope/router", "plan upload", "gaps"};
 
-#define CUDA_TRY(call, what)                                                                   \
-    do {                                                                                       \
-        cudaError_t cuda_try_code_ = (call);                                                   \
-        if (cuda_try_code_ != cudaSuccess) return gptoss_cuda_error(error, cuda_try_code_, what); \
+#define CUDA_TRY(call, what)                                                                       \
+    do {                                                                                           \
+        cudaError_t cuda_try_code_ = (call);                                                       \
+        if (cuda_try_code_ != cudaSuccess) return gptoss_cuda_error(error, cuda_try_code_, what);  \
     } while (0)
 
 static double median(std::vector<double> v) {
@@ -88,13 +88,15 @@ typedef struct bench_seq {
 } bench_seq;
 
 static gptoss_status run_plan(gptoss_cuda_state *s, bench_seq *seq, int32_t first_pos, int32_t n,
-                              std::vector<int32_t> &ids, std::vector<int32_t> &pos, gptoss_error *error) {
+                              std::vector<int32_t> &ids, std::vector<int32_t> &pos,
+                              gptoss_error *error) {
     ids.resize(n);
     pos.resize(n);
     for (int32_t i = 0; i < n; i++) {
         pos[i] = first_pos + i;
         /* deterministic, varied token ids (the cost does not depend on them) */
-        ids[i] = (int32_t)(((uint64_t)(first_pos + i) * 2654435761u) % (uint64_t)s->config.vocab_size);
+        ids[i] =
+            (int32_t)(((uint64_t)(first_pos + i) * 2654435761u) % (uint64_t)s->config.vocab_size);
     }
     int32_t start[2] = {0, n};
     int32_t cached = first_pos;
@@ -121,10 +123,13 @@ typedef struct bench_batch {
     std::vector<int32_t> tables, ids, pos, start, cached, logit;
     int32_t max_blocks;
 } bench_batch;
-static gptoss_status run_batch_step(gptoss_cuda_state *s, bench_batch *b, int32_t B, int32_t p, gptoss_error *error) {
-    b->ids.resize(B), b->pos.resize(B), b->start.resize(B + 1), b->cached.resize(B), b->logit.resize(B);
+static gptoss_status run_batch_step(gptoss_cuda_state *s, bench_batch *b, int32_t B, int32_t p,
+                                    gptoss_error *error) {
+    b->ids.resize(B), b->pos.resize(B), b->start.resize(B + 1), b->cached.resize(B),
+        b->logit.resize(B);
     for (int32_t i = 0; i < B; i++) {
-        b->ids[i] = (int32_t)(((uint64_t)(p * 131 + i) * 2654435761u) % (uint64_t)s->config.vocab_size);
+        b->ids[i] =
+            (int32_t)(((uint64_t)(p * 131 + i) * 2654435761u) % (uint64_t)s->config.vocab_size);
         b->pos[i] = p;
         b->start[i] = i;
         b->cached[i] = p;
@@ -145,7 +150,8 @@ static gptoss_status run_batch_step(gptoss_cuda_state *s, bench_batch *b, int32_
     plan.logit_token_index = b->logit.data();
     return gptoss_cuda_forward_device(s, &plan, error);
 }
-static gptoss_status fill_depth(gptoss_cuda_state *s, bench_seq *seq, int32_t depth, gptoss_error *error) {
+static gptoss_status fill_depth(gptoss_cuda_state *s, bench_seq *seq, int32_t depth,
+                                gptoss_error *error) {
     std::vector<int32_t> ids, pos;
     for (int32_t p = 0; p < depth; p += 4096) {
         int32_t n = std::min(4096, depth - p);
@@ -166,14 +172,20 @@ static void collect_profile(gptoss_cuda_state *s, double *parts) {
 }
 
 /* Bytes a decode step reads of a dense [n, k] matrix. */
-static double dense_read_bytes(double n, double k, bool fp8) { return fp8 ? n * k + n * 4 : n * k * 2; }
+static double dense_read_bytes(double n, double k, bool fp8) {
+    return fp8 ? n * k + n * 4 : n * k * 2;
+}
 
-static double decode_floor_bytes(const gptoss_config *c, uint32_t fp8_layers, gptoss_kv_cache_dtype kv_dtype,
-                                 int32_t batch, double kv_positions_full, double kv_positions_sliding) {
-    double kv_token = (double)gptoss_kv_cache_token_bytes(c, GPTOSS_BACKEND_CUDA, kv_dtype); /* K and V, a layer */
-    double H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
+static double decode_floor_bytes(const gptoss_config *c, uint32_t fp8_layers,
+                                 gptoss_kv_cache_dtype kv_dtype, int32_t batch,
+                                 double kv_positions_full, double kv_positions_sliding) {
+    double kv_token = (double)gptoss_kv_cache_token_bytes(c, GPTOSS_BACKEND_CUDA,
+                                                          kv_dtype); /* K and V, a layer */
+    double H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, NH = c->n_heads,
+           NKV = c->n_kv_heads;
     double E = c->n_experts, K = c->n_experts_per_token, V = c->vocab_size;
-    double active = batch <= 1 ? std::min(E, K) : E * (1.0 - pow(1.0 - std::min(E, K) / E, (double)batch));
+    double active =
+        batch <= 1 ? std::min(E, K) : E * (1.0 - pow(1.0 - std::min(E, K) / E, (double)batch));
     double dense = dense_read_bytes((NH + 2 * NKV) * D, H, fp8_layers & GPTOSS_FP8_QKV) +
                    dense_read_bytes(H, NH * D, fp8_layers & GPTOSS_FP8_O) + E * H * 2.0;
     double expert = 2 * I * (H / 32) * 17 + 2 * I * 4 + H * (I / 32) * 17 + H * 4;
@@ -186,23 +198,29 @@ static double decode_floor_bytes(const gptoss_config *c, uint32_t fp8_layers, gp
     return total;
 }
 
-gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_report *report, gptoss_error *error) {
+gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_report *report,
+                                gptoss_error *error) {
     memset(report, 0, sizeof *report);
     const gptoss_config *c = rq->config;
     int32_t max_pp = 1, max_tg = 0, max_depth = 0;
-    for (int i = 0; i < rq->n_pp; i++) max_pp = std::max(max_pp, rq->pp[i]);
-    for (int i = 0; i < rq->n_tg; i++) max_tg = std::max(max_tg, rq->tg[i]);
-    for (int i = 0; i < rq->n_depth; i++) max_depth = std::max(max_depth, rq->depth[i]);
-    int32_t max_ctx = max_depth + std::max(max_pp, max_tg) + 16; /* prefill and decode both start at a depth */
+    for (int i = 0; i < rq->n_pp; i++)
+        max_pp = std::max(max_pp, rq->pp[i]);
+    for (int i = 0; i < rq->n_tg; i++)
+        max_tg = std::max(max_tg, rq->tg[i]);
+    for (int i = 0; i < rq->n_depth; i++)
+        max_depth = std::max(max_depth, rq->depth[i]);
+    int32_t max_ctx =
+        max_depth + std::max(max_pp, max_tg) + 16; /* prefill and decode both start at a depth */
     static const int32_t one = 1;
     const int32_t *batches = rq->batch && rq->n_batch > 0 ? rq->batch : &one;
     const int32_t n_batch = rq->batch && rq->n_batch > 0 ? rq->n_batch : 1;
     int32_t max_batch = 1;
-    for (int i = 0; i < n_batch; i++) max_batch = std::max(max_batch, batches[i]);
+    for (int i = 0; i < n_batch; i++)
+        max_batch = std::max(max_batch, batches[i]);
     int32_t n_cases = (rq->n_pp + rq->n_tg * n_batch) * std::max(1, rq->n_depth);
     if (n_cases > GPTOSS_BENCH_MAX_CASES)
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "bench: %d cases; at most %d", n_cases,
-                                GPTOSS_BENCH_MAX_CASES);
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "bench: %d cases; at most %d",
+                                n_cases, GPTOSS_BENCH_MAX_CASES);
 
     gptoss_backend_options opt = gptoss_backend_options_default();
     opt.kind = GPTOSS_BACKEND_CUDA;
@@ -213,7 +231,8 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     const int32_t seq_blocks = (max_ctx + 15) / 16;
     /* batched decode: sequence 0 is the one prefill cases use, b > 0 own the next ranges */
     if ((int64_t)seq_blocks * max_batch > INT32_MAX / 16)
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "bench: batch x context too large");
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "bench: batch x context too large");
     opt.n_kv_blocks = seq_blocks * max_batch;
     opt.n_sliding_kv_blocks = opt.n_kv_blocks;
     opt.progress = rq->progress;
@@ -250,11 +269,13 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     bench_seq seq;
     seq.max_blocks = seq_blocks;
     seq.table.resize(seq.max_blocks);
-    for (int32_t i = 0; i < seq.max_blocks; i++) seq.table[i] = i;
+    for (int32_t i = 0; i < seq.max_blocks; i++)
+        seq.table[i] = i;
     bench_batch batch;
     batch.max_blocks = seq_blocks;
     batch.tables.resize((size_t)max_batch * seq_blocks);
-    for (size_t i = 0; i < batch.tables.size(); i++) batch.tables[i] = (int32_t)i;
+    for (size_t i = 0; i < batch.tables.size(); i++)
+        batch.tables[i] = (int32_t)i;
 
     cudaEvent_t e0 = NULL, e1 = NULL;
     cudaEventCreate(&e0);
@@ -306,7 +327,8 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
                 cs->tokens_per_s = (double)n * B / (cs->median_ms * 1e-3);
                 if (cs->decode) {
                     double mid = depth + n / 2.0 + 1;
-                    double win = c->sliding_window > 0 ? std::min<double>(mid, c->sliding_window) : mid;
+                    double win =
+                        c->sliding_window > 0 ? std::min<double>(mid, c->sliding_window) : mid;
                     cs->floor_bytes_per_step =
                         decode_floor_bytes(c, s->fp8_layers, rq->kv_cache_dtype, B, mid, win);
                     cs->floor_ms = n * cs->floor_bytes_per_step / (bw * 1e9) * 1e3;
@@ -314,9 +336,12 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
                 if (rq->profile) {
                     /* one extra profiled step (or token) with events between components */
                     s->profiling = true;
-                    if (kind == 0) st = run_plan(s, &seq, depth, n, ids, pos, error);
-                    else if (B == 1) st = run_plan(s, &seq, depth + n / 2, 1, ids, pos, error);
-                    else st = run_batch_step(s, &batch, B, depth + n / 2, error);
+                    if (kind == 0)
+                        st = run_plan(s, &seq, depth, n, ids, pos, error);
+                    else if (B == 1)
+                        st = run_plan(s, &seq, depth + n / 2, 1, ids, pos, error);
+                    else
+                        st = run_batch_step(s, &batch, B, depth + n / 2, error);
                     if (!st) {
                         cudaError_t ce = cudaStreamSynchronize(s->stream);
                         if (ce != cudaSuccess) st = gptoss_cuda_error(error, ce, "profiled step");
@@ -326,17 +351,20 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
                     /* gaps: the unprofiled per-step time not covered by kernels */
                     double per_step = kind == 0 ? cs->median_ms : cs->median_ms / n;
                     double covered = 0;
-                    for (int p = 0; p < GPTOSS_BENCH_N_PARTS; p++) covered += cs->part_ms[p];
+                    for (int p = 0; p < GPTOSS_BENCH_N_PARTS; p++)
+                        covered += cs->part_ms[p];
                     cs->part_ms[PART_GAPS] += std::max(0.0, per_step - covered);
                 }
                 report->n_cases++;
                 done++;
-                if (rq->progress) rq->progress(rq->progress_user, "benchmarking", (double)done / n_cases);
+                if (rq->progress)
+                    rq->progress(rq->progress_user, "benchmarking", (double)done / n_cases);
             }
         }
     }
     report->weight_bytes = (double)s->weight_bytes;
-    report->workspace_bytes = (double)s->ws.bytes + (double)s->ws.plan_ints * 4 + (double)s->dense_scratch_elems * 2;
+    report->workspace_bytes =
+        (double)s->ws.bytes + (double)s->ws.plan_ints * 4 + (double)s->dense_scratch_elems * 2;
     report->kv_bytes = (double)s->kv_bytes;
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);

@@ -22,13 +22,13 @@ extern "C" {
 extern const char *const gptoss_bench_part_names[GPTOSS_BENCH_N_PARTS];
 
 typedef struct gptoss_bench_case {
-    bool decode;           /* tg (decode) or pp (prefill) */
-    int32_t n_tokens;      /* prompt length (pp) or generated tokens (tg) */
-    int32_t depth;         /* tokens already in the KV cache */
-    int32_t batch;         /* tg: sequences decoding together (one token each per step) */
-    double median_ms;      /* median over repeats of the whole case */
-    double tokens_per_s;   /* n_tokens * batch / median */
-    double floor_ms;       /* decode: bytes that must move / copy bandwidth, whole case */
+    bool decode;                 /* tg (decode) or pp (prefill) */
+    int32_t n_tokens;            /* prompt length (pp) or generated tokens (tg) */
+    int32_t depth;               /* tokens already in the KV cache */
+    int32_t batch;               /* tg: sequences decoding together (one token each per step) */
+    double median_ms;            /* median over repeats of the whole case */
+    double tokens_per_s;         /* n_tokens * batch / median */
+    double floor_ms;             /* decode: bytes that must move / copy bandwidth, whole case */
     double floor_bytes_per_step; /* decode: the bytes counted in floor_ms, per step */
     double part_ms[GPTOSS_BENCH_N_PARTS]; /* --profile: per-token (tg) or per-step (pp) split */
 } gptoss_bench_case;
@@ -38,17 +38,17 @@ typedef struct gptoss_bench_request {
     const gptoss_model *model;   /* NULL: weights generated on the GPU */
     const int32_t *pp;           /* prompt lengths */
     int32_t n_pp;
-    const int32_t *tg;           /* decode lengths */
+    const int32_t *tg; /* decode lengths */
     int32_t n_tg;
-    const int32_t *depth;        /* KV depths for decode (and prefill after d cached tokens) */
+    const int32_t *depth; /* KV depths for decode (and prefill after d cached tokens) */
     int32_t n_depth;
-    const int32_t *batch;        /* decode batch sizes (sequences per step); NULL: 1 */
+    const int32_t *batch; /* decode batch sizes (sequences per step); NULL: 1 */
     int32_t n_batch;
-    int32_t repeats;             /* timed repeats per case (after one warm-up) */
-    bool profile;                /* fill part_ms (adds events between kernels) */
-    bool use_graphs;             /* decode through CUDA graphs */
+    int32_t repeats; /* timed repeats per case (after one warm-up) */
+    bool profile;    /* fill part_ms (adds events between kernels) */
+    bool use_graphs; /* decode through CUDA graphs */
     int32_t device;
-    uint32_t fp8_layers;         /* gptoss_fp8_layer bits: dense layers held in FP8 */
+    uint32_t fp8_layers;                  /* gptoss_fp8_layer bits: dense layers held in FP8 */
     gptoss_kv_cache_dtype kv_cache_dtype; /* what the KV pages hold */
     gptoss_progress_fn progress;
     void *progress_user;
@@ -56,10 +56,10 @@ typedef struct gptoss_bench_request {
 
 typedef struct gptoss_bench_report {
     char device_name[256];
-    double copy_gb_per_s;        /* device-to-device copy, (read + write) bytes / s */
-    double weight_bytes;         /* device memory of weights */
-    double workspace_bytes;      /* step workspace at the largest case (and FP8 layers' scratch) */
-    double kv_bytes;             /* both KV pools */
+    double copy_gb_per_s;   /* device-to-device copy, (read + write) bytes / s */
+    double weight_bytes;    /* device memory of weights */
+    double workspace_bytes; /* step workspace at the largest case (and FP8 layers' scratch) */
+    double kv_bytes;        /* both KV pools */
     int32_t n_cases;
     gptoss_bench_case cases[GPTOSS_BENCH_MAX_CASES];
 } gptoss_bench_report;

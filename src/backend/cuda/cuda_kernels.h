@@ -30,32 +30,33 @@ typedef __nv_bfloat16 bf16;
  * alignment is not taken and nothing was launched (the caller then uses another kernel).
  */
 typedef struct gptoss_cuda_kernel_ctx {
-    bool pdl;                 /* programmatic dependent launch (sm_90) for launch_pdl's kernels */
+    bool pdl; /* programmatic dependent launch (sm_90) for launch_pdl's kernels */
     /* bf16 GEMV (kernels/gemv_bf16.cu) */
-    int gemv_kernel;          /* tuning: 0 by the rule, 1 ld, 2 tma */
-    bool gemv_tma_ok;         /* the bulk-copy kernel runs here (gptoss_cuda_gemv_prepare) */
+    int gemv_kernel;            /* tuning: 0 by the rule, 1 ld, 2 tma */
+    bool gemv_tma_ok;           /* the bulk-copy kernel runs here (gptoss_cuda_gemv_prepare) */
     int gemv_sms, gemv_sm_smem; /* multiprocessors, shared memory per multiprocessor */
     /* FP8 GEMV (kernels/dense_lowp.cu): blocks of gemv_e4m3_kernel<1, 2, 4> one SM holds */
     int e4_blocks_per_sm[3];
     /* decode attention (kernels/attention_tc.cu), by head_dim */
-    bool adc_prepared[129];   /* the shared-memory attribute is set */
-    bool adc_wide_ok[129];    /* the 8-warp form fits on this GPU */
-    int adc_warps;            /* tuning: 0 by the rule, 4 or 8 */
+    bool adc_prepared[129]; /* the shared-memory attribute is set */
+    bool adc_wide_ok[129];  /* the 8-warp form fits on this GPU */
+    int adc_warps;          /* tuning: 0 by the rule, 4 or 8 */
     /* MoE (kernels/moe/) */
     int32_t moe_prepared_width; /* the mma kernels' shared-memory limits cover widths up to this */
-    bool moe_wg_ok;           /* the wgmma GEMM runs here (sm_90, its shared memory granted) */
-    bool moe_pair_tma_ok;     /* the pair mma's TMA kernel runs here */
-    bool moe_pair_fp8_ok;     /* the pair mma's FP8 kernel runs here */
-    int moe_pair_kernel;      /* tuning: enum gptoss_moe_pair_kernel */
-    int moe_inflight;         /* tuning: TMA copies in flight per SM (0: no limit) */
-    bool moe_inflight_report; /* tuning: print the waits that gave up at exit */
+    bool moe_wg_ok;             /* the wgmma GEMM runs here (sm_90, its shared memory granted) */
+    bool moe_pair_tma_ok;       /* the pair mma's TMA kernel runs here */
+    bool moe_pair_fp8_ok;       /* the pair mma's FP8 kernel runs here */
+    int moe_pair_kernel;        /* tuning: enum gptoss_moe_pair_kernel */
+    int moe_inflight;           /* tuning: TMA copies in flight per SM (0: no limit) */
+    bool moe_inflight_report;   /* tuning: print the waits that gave up at exit */
     int moe_wg_min, moe_pair_tokens, moe_max_tile, moe_tile_pct; /* tuning (tuning.h) */
-    int n_sms;                /* multiprocessors (the pair GEMV's grid) */
+    int n_sms; /* multiprocessors (the pair GEMV's grid) */
 } gptoss_cuda_kernel_ctx;
 
 struct gptoss_cuda_tuning;
 /* Capabilities cleared (nothing prepared), knobs from the tuning (NULL: its defaults). */
-void gptoss_cuda_kernel_ctx_init(gptoss_cuda_kernel_ctx *kc, const struct gptoss_cuda_tuning *tuning);
+void gptoss_cuda_kernel_ctx_init(gptoss_cuda_kernel_ctx *kc,
+                                 const struct gptoss_cuda_tuning *tuning);
 /* Makes kc the calling thread's current context (NULL: the thread's default one). */
 void gptoss_cuda_kernel_ctx_bind(gptoss_cuda_kernel_ctx *kc);
 /* The calling thread's current context. */
@@ -65,7 +66,6 @@ gptoss_cuda_kernel_ctx *gptoss_cuda_kernel_ctx_current(void);
  * (kernels/ptx.cuh says what a kernel must do), in the current context; off until set. */
 void gptoss_cuda_set_pdl(bool on);
 bool gptoss_cuda_pdl_enabled(void);
-
 
 /* x[t, :] = float(embedding[token_ids[t], :]); x [n_tokens, hidden] f32. */
 void gptoss_cuda_embed(const bf16 *embedding, const int32_t *token_ids, int32_t n_tokens,
@@ -95,11 +95,11 @@ void gptoss_cuda_residual_rmsnorm(float *x, const float *add, const float *add_b
  * head_dim even, at most 128.
  */
 void gptoss_cuda_rope_kv_write(const float *qkv, const float *qkv_bias, const int32_t *positions,
-                               const int32_t *token_seq, const float *inv_freq,
-                               float concentration, int32_t n_tokens, int32_t n_heads,
-                               int32_t n_kv_heads, int32_t head_dim, const int32_t *block_tables,
-                               int32_t max_blocks, int32_t block_size, float *q_out,
-                               bf16 *k_cache, bf16 *v_cache, cudaStream_t stream);
+                               const int32_t *token_seq, const float *inv_freq, float concentration,
+                               int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                               int32_t head_dim, const int32_t *block_tables, int32_t max_blocks,
+                               int32_t block_size, float *q_out, bf16 *k_cache, bf16 *v_cache,
+                               cudaStream_t stream);
 
 /*
  * The same for an FP8 cache (backend/kv_fp8.h): each (token, KV head) vector of k and v is
@@ -109,12 +109,14 @@ void gptoss_cuda_rope_kv_write(const float *qkv, const float *qkv_bias, const in
  * the fp32 values (never rounded to bf16 first), so the CPU backend's emulation stores the
  * same values.
  */
-void gptoss_cuda_rope_kv_write_fp8(const float *qkv, const float *qkv_bias, const int32_t *positions,
-                                   const int32_t *token_seq, const float *inv_freq, float concentration,
-                                   int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                                   const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
-                                   float *q_out, uint8_t *k_cache, uint8_t *v_cache, float *k_scale,
-                                   float *v_scale, cudaStream_t stream);
+void gptoss_cuda_rope_kv_write_fp8(const float *qkv, const float *qkv_bias,
+                                   const int32_t *positions, const int32_t *token_seq,
+                                   const float *inv_freq, float concentration, int32_t n_tokens,
+                                   int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                   const int32_t *block_tables, int32_t max_blocks,
+                                   int32_t block_size, float *q_out, uint8_t *k_cache,
+                                   uint8_t *v_cache, float *k_scale, float *v_scale,
+                                   cudaStream_t stream);
 
 /* Attention over paged KV with GQA, sinks and an optional sliding window (window <= 0: full).
  * Each token attends to key positions [max(0, p - window + 1), p] of its own sequence, where
@@ -125,9 +127,9 @@ void gptoss_cuda_rope_kv_write_fp8(const float *qkv, const float *qkv_bias, cons
 int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cache,
                           const int32_t *positions, const int32_t *token_seq,
                           const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
-                          const float *sinks, int32_t n_tokens, int32_t n_heads,
-                          int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
-                          float *partial, bf16 *out, cudaStream_t stream);
+                          const float *sinks, int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                          int32_t head_dim, int32_t window, int32_t n_splits, float *partial,
+                          bf16 *out, cudaStream_t stream);
 
 /* The same over an FP8 cache (layout of gptoss_cuda_rope_kv_write_fp8): keys and values are
  * the codes' values times their scales, applied in fp32 (scores as scale * (q . codes), value
@@ -135,15 +137,17 @@ int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cac
  * fp32 rounding. */
 int gptoss_cuda_attention_fp8(const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
                               const float *k_scale, const float *v_scale, const int32_t *positions,
-                              const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
-                              int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
-                              int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
-                              float *partial, bf16 *out, cudaStream_t stream);
+                              const int32_t *token_seq, const int32_t *block_tables,
+                              int32_t max_blocks, int32_t block_size, const float *sinks,
+                              int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                              int32_t head_dim, int32_t window, int32_t n_splits, float *partial,
+                              bf16 *out, cudaStream_t stream);
 
 /* Combines split-K partials [n_tokens, n_heads, n_splits, head_dim + 2] (unnormalized output,
  * max logit, sum of exp relative to it) with the sinks into out [n_tokens, n_heads * head_dim]. */
-void gptoss_cuda_attention_merge(const float *partial, const float *sinks, int32_t n_tokens, int32_t n_heads,
-                                 int32_t head_dim, int32_t n_splits, bf16 *out, cudaStream_t stream);
+void gptoss_cuda_attention_merge(const float *partial, const float *sinks, int32_t n_tokens,
+                                 int32_t n_heads, int32_t head_dim, int32_t n_splits, bf16 *out,
+                                 cudaStream_t stream);
 
 /* Splits worth using for a step whose longest key span is max_span over n_tokens tokens. */
 int32_t gptoss_cuda_attention_splits(int32_t n_tokens, int32_t n_kv_heads, int32_t max_span,
@@ -152,24 +156,27 @@ int32_t gptoss_cuda_attention_splits(int32_t n_tokens, int32_t n_kv_heads, int32
 /* Router logits from fp32 activations: logits[t, e] = t[t, :] . weight[e, :] + bias[e].
  * t [n_tokens, hidden] f32, weight [n_experts, hidden] bf16. The prepare call raises the
  * shared-memory limit (once per hidden size). */
-void gptoss_cuda_router_logits(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
-                               int32_t n_experts, int32_t hidden, float *logits, cudaStream_t stream);
+void gptoss_cuda_router_logits(const float *t, const bf16 *weight, const float *bias,
+                               int32_t n_tokens, int32_t n_experts, int32_t hidden, float *logits,
+                               cudaStream_t stream);
 cudaError_t gptoss_cuda_router_prepare(int32_t hidden);
 
 /* Router logits and top-k in one launch: as gptoss_cuda_router_logits, then the last block to
  * finish runs gptoss_cuda_router_topk's selection (bias already added). done_counter: one
  * device word, zero before the first launch; the kernel leaves it zero again. */
 void gptoss_cuda_router(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
-                        int32_t n_experts, int32_t hidden, int32_t k_top, float *logits, unsigned *done_counter,
-                        int32_t *topk_idx, float *topk_weight, cudaStream_t stream);
+                        int32_t n_experts, int32_t hidden, int32_t k_top, float *logits,
+                        unsigned *done_counter, int32_t *topk_idx, float *topk_weight,
+                        cudaStream_t stream);
 
 /* One decode token: gptoss_cuda_residual_rmsnorm(x, add, add_bias, ..., gain, out) for one row
  * followed by gptoss_cuda_router on the normalized row (bias added), in one kernel; no fp32
  * copy of the row is written. Returns nonzero (enqueues nothing) for a shape it does not take
  * (hidden % 8 != 0 or over 4096, no add_bias, k_top outside 1..min(32, n_experts)). */
-int gptoss_cuda_norm_router_one(float *x, const float *add, const float *add_bias, const float *gain, float eps,
-                                int32_t hidden, bf16 *out, const bf16 *weight, const float *bias,
-                                int32_t n_experts, int32_t k_top, float *logits, unsigned *done_counter,
+int gptoss_cuda_norm_router_one(float *x, const float *add, const float *add_bias,
+                                const float *gain, float eps, int32_t hidden, bf16 *out,
+                                const bf16 *weight, const float *bias, int32_t n_experts,
+                                int32_t k_top, float *logits, unsigned *done_counter,
                                 int32_t *topk_idx, float *topk_weight, cudaStream_t stream);
 
 /* y[m, n] f32 = x[m, k] bf16 . w[n, k]^T bf16 for decode shapes (m <= GPTOSS_GEMV_MAX_ROWS,
@@ -184,11 +191,12 @@ int gptoss_cuda_gemv_bf16(const bf16 *w, const bf16 *x, float *y, int32_t m, int
  * gptoss_cuda_gemv_bf16 followed by gptoss_cuda_rope_kv_write would write (no fp32 QKV row is
  * written). Returns nonzero (enqueuing nothing) for a shape it does not take (odd head_dim
  * or over 128, hidden % 8 != 0 or over 4096, w or x not 16-byte aligned). */
-int gptoss_cuda_qkv_rope_one(const bf16 *w, const bf16 *x, const float *qkv_bias, const int32_t *positions,
-                             const int32_t *token_seq, const float *inv_freq, float concentration, int32_t n_heads,
-                             int32_t n_kv_heads, int32_t head_dim, int32_t hidden, const int32_t *block_tables,
-                             int32_t max_blocks, int32_t block_size, float *q_out, bf16 *k_cache, bf16 *v_cache,
-                             cudaStream_t stream);
+int gptoss_cuda_qkv_rope_one(const bf16 *w, const bf16 *x, const float *qkv_bias,
+                             const int32_t *positions, const int32_t *token_seq,
+                             const float *inv_freq, float concentration, int32_t n_heads,
+                             int32_t n_kv_heads, int32_t head_dim, int32_t hidden,
+                             const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
+                             float *q_out, bf16 *k_cache, bf16 *v_cache, cudaStream_t stream);
 /* Decides whether the GEMV's sm_90 kernel (weights staged by bulk copies) runs here and raises
  * its shared-memory limit, recorded in the current context (once per context; a device it
  * does not run on is not an error). */
@@ -201,9 +209,10 @@ cudaError_t gptoss_cuda_gemv_prepare(void);
 void gptoss_cuda_gemv_set_kernel(int kernel);
 int gptoss_cuda_gemv_kernel(int32_t m, int32_t n, int32_t k);
 
-/* Router: logits [n_tokens, n_experts] f32 (+ bias, NULL when already added), top-k by value (ties: lower index first),
- * softmax over the k selected. topk_idx/topk_weight [n_tokens, k_top]. Takes 1 <= k_top <= 32 and
- * n_experts <= 1024 (the backend refuses other configs at load), as does every fused top-k. */
+/* Router: logits [n_tokens, n_experts] f32 (+ bias, NULL when already added), top-k by value (ties:
+ * lower index first), softmax over the k selected. topk_idx/topk_weight [n_tokens, k_top]. Takes 1
+ * <= k_top <= 32 and n_experts <= 1024 (the backend refuses other configs at load), as does every
+ * fused top-k. */
 void gptoss_cuda_router_topk(const float *logits, const float *bias, int32_t n_tokens,
                              int32_t n_experts, int32_t k_top, int32_t *topk_idx,
                              float *topk_weight, cudaStream_t stream);
@@ -222,8 +231,9 @@ void gptoss_cuda_gather_rows(const bf16 *src, const int32_t *rows, int32_t n_row
  * Returns nonzero (enqueuing nothing) for n_top or vocab out of range (vocab up to
  * 1,048,576) or a misaligned scratch. */
 size_t gptoss_cuda_logits_summary_scratch(int32_t n_rows, int32_t vocab);
-int gptoss_cuda_logits_summary(const float *logits, int32_t n_rows, int32_t vocab, int32_t n_top, void *scratch,
-                               int32_t *top_ids, float *top_vals, float *lse, cudaStream_t stream);
+int gptoss_cuda_logits_summary(const float *logits, int32_t n_rows, int32_t vocab, int32_t n_top,
+                               void *scratch, int32_t *top_ids, float *top_vals, float *lse,
+                               cudaStream_t stream);
 
 /* out[i] = float(in[i]) (exact). */
 void gptoss_cuda_bf16_to_f32(const bf16 *in, size_t n, float *out, cudaStream_t stream);
@@ -233,8 +243,8 @@ void gptoss_cuda_fill_normal_bf16(bf16 *out, size_t n, uint64_t seed, float mean
                                   cudaStream_t stream);
 /* The same fill for elements [first, first + n) of a longer array (written to out[0, n)), so a
  * matrix can be generated in pieces with the values it gets in one piece. */
-void gptoss_cuda_fill_normal_bf16_at(bf16 *out, size_t n, size_t first, uint64_t seed, float mean, float stddev,
-                                     cudaStream_t stream);
+void gptoss_cuda_fill_normal_bf16_at(bf16 *out, size_t n, size_t first, uint64_t seed, float mean,
+                                     float stddev, cudaStream_t stream);
 void gptoss_cuda_fill_normal_f32(float *out, size_t n, uint64_t seed, float mean, float stddev,
                                  cudaStream_t stream);
 void gptoss_cuda_fill_uniform_u8(uint8_t *out, size_t n, uint64_t seed, int lo, int hi,

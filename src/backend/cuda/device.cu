@@ -11,9 +11,10 @@
 #include <stdio.h>
 
 gptoss_status gptoss_cuda_error(gptoss_error *error, cudaError_t code, const char *what) {
-    gptoss_status status = (code == cudaErrorMemoryAllocation) ? GPTOSS_ERR_OUT_OF_MEMORY : GPTOSS_ERR_BACKEND;
-    return gptoss_set_error(error, status, "CUDA: %s failed: %s (%s)", what, cudaGetErrorString(code),
-                            cudaGetErrorName(code));
+    gptoss_status status =
+        (code == cudaErrorMemoryAllocation) ? GPTOSS_ERR_OUT_OF_MEMORY : GPTOSS_ERR_BACKEND;
+    return gptoss_set_error(error, status, "CUDA: %s failed: %s (%s)", what,
+                            cudaGetErrorString(code), cudaGetErrorName(code));
 }
 
 gptoss_status gptoss_cuda_alloc(void **p, size_t bytes, const char *what, gptoss_error *error) {
@@ -22,16 +23,17 @@ gptoss_status gptoss_cuda_alloc(void **p, size_t bytes, const char *what, gptoss
         size_t free_b = 0, total_b = 0;
         cudaGetLastError();
         cudaMemGetInfo(&free_b, &total_b);
-        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
-                                "CUDA: cannot allocate %.1f MiB for %s (%.1f MiB free of %.1f MiB); use "
-                                "fewer KV blocks or a smaller model",
-                                bytes / 1048576.0, what, free_b / 1048576.0, total_b / 1048576.0);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_OUT_OF_MEMORY,
+            "CUDA: cannot allocate %.1f MiB for %s (%.1f MiB free of %.1f MiB); use "
+            "fewer KV blocks or a smaller model",
+            bytes / 1048576.0, what, free_b / 1048576.0, total_b / 1048576.0);
     }
     return GPTOSS_OK;
 }
 
-gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal, const gptoss_cuda_tuning *tuning,
-                                      gptoss_error *error) {
+gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal,
+                                      const gptoss_cuda_tuning *tuning, gptoss_error *error) {
     int n_dev = 0;
     cudaError_t ce = cudaGetDeviceCount(&n_dev);
     if (ce != cudaSuccess || n_dev == 0)
@@ -39,14 +41,17 @@ gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal, 
                                 ce != cudaSuccess ? cudaGetErrorString(ce) : "device count is 0");
     if (ordinal < 0 || ordinal >= n_dev)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                "CUDA: device %d does not exist (this machine has %d)", ordinal, n_dev);
+                                "CUDA: device %d does not exist (this machine has %d)", ordinal,
+                                n_dev);
     CUDA_TRY(cudaSetDevice(ordinal), "cudaSetDevice");
     cudaDeviceProp prop;
     CUDA_TRY(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
     if (prop.major < 8)
-        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
-                                "CUDA: %s is compute capability %d.%d; gptoss needs 8.0 or newer (bf16 "
-                                "tensor cores)", prop.name, prop.major, prop.minor);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_UNSUPPORTED,
+            "CUDA: %s is compute capability %d.%d; gptoss needs 8.0 or newer (bf16 "
+            "tensor cores)",
+            prop.name, prop.major, prop.minor);
     dev->ordinal = ordinal;
     snprintf(dev->name, sizeof dev->name, "%s", prop.name);
     dev->sm = 10 * prop.major + prop.minor;
@@ -61,10 +66,12 @@ gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal, 
 }
 
 gptoss_status gptoss_cuda_device_prepare(gptoss_cuda_device *dev, const gptoss_config *config,
-                                         const gptoss_cuda_tuning *tuning, bool fp8_layers, gptoss_error *error) {
+                                         const gptoss_cuda_tuning *tuning, bool fp8_layers,
+                                         gptoss_error *error) {
     gptoss_status st = gptoss_cuda_device_bind(dev, error);
     if (st) return st;
-    CUDA_TRY(gptoss_cuda_moe_prepare(config->hidden_size, config->intermediate_size), "MoE kernel setup");
+    CUDA_TRY(gptoss_cuda_moe_prepare(config->hidden_size, config->intermediate_size),
+             "MoE kernel setup");
     CUDA_TRY(gptoss_cuda_router_prepare(config->hidden_size), "router kernel setup");
     CUDA_TRY(gptoss_cuda_gemv_prepare(), "GEMV kernel setup");
     /* the decode attention kernel's shared memory, set before any graph capture; a head size

@@ -25,16 +25,16 @@ extern "C" {
 }
 
 typedef struct gptoss_cuda_device {
-    int32_t ordinal;            /* CUDA device ordinal */
-    char name[256];             /* as the driver reports it */
-    int sm;                     /* compute capability as 10 * major + minor (80, 90, ...) */
-    int32_t n_sms;              /* multiprocessors */
-    size_t smem_per_block;      /* shared memory a block may opt in to, bytes */
-    size_t smem_per_sm;         /* shared memory per multiprocessor, bytes */
-    bool has_pdl;               /* programmatic dependent launch (sm_90 or newer) */
-    bool pdl;                   /* launches use it: has_pdl and the pdl knob */
-    bool attn_decode;           /* the tensor-core decode attention kernel is set up for this
-                                 * model's head_dim (and the attn_decode knob is on) */
+    int32_t ordinal;                /* CUDA device ordinal */
+    char name[256];                 /* as the driver reports it */
+    int sm;                         /* compute capability as 10 * major + minor (80, 90, ...) */
+    int32_t n_sms;                  /* multiprocessors */
+    size_t smem_per_block;          /* shared memory a block may opt in to, bytes */
+    size_t smem_per_sm;             /* shared memory per multiprocessor, bytes */
+    bool has_pdl;                   /* programmatic dependent launch (sm_90 or newer) */
+    bool pdl;                       /* launches use it: has_pdl and the pdl knob */
+    bool attn_decode;               /* the tensor-core decode attention kernel is set up for this
+                                     * model's head_dim (and the attn_decode knob is on) */
     gptoss_cuda_kernel_ctx kernels; /* the launchers' context: capabilities found by the
                                      * *_prepare calls, variant choices from the tuning, PDL */
 } gptoss_cuda_device;
@@ -42,14 +42,15 @@ typedef struct gptoss_cuda_device {
 /* Checks that ordinal exists and is compute capability 8.0 or newer, makes it current, and
  * fills dev from its properties and the tuning (launch settings). Binds nothing: dev may be
  * copied before gptoss_cuda_device_bind. */
-gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal, const gptoss_cuda_tuning *tuning,
-                                      gptoss_error *error);
+gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal,
+                                      const gptoss_cuda_tuning *tuning, gptoss_error *error);
 
 /* Binds dev, sets the kernels' function attributes (shared-memory limits) for a model of
  * config's shape and records in dev->kernels which kernels can run; before any launch or
  * graph capture. */
 gptoss_status gptoss_cuda_device_prepare(gptoss_cuda_device *dev, const gptoss_config *config,
-                                         const gptoss_cuda_tuning *tuning, bool fp8_layers, gptoss_error *error);
+                                         const gptoss_cuda_tuning *tuning, bool fp8_layers,
+                                         gptoss_error *error);
 
 /* Makes dev the calling thread's current device, with its kernel context. */
 gptoss_status gptoss_cuda_device_bind(gptoss_cuda_device *dev, gptoss_error *error);
@@ -64,10 +65,10 @@ gptoss_status gptoss_cuda_error(gptoss_error *error, cudaError_t code, const cha
 /* cudaMalloc with an error that says how much was asked and how much is free. */
 gptoss_status gptoss_cuda_alloc(void **p, size_t bytes, const char *what, gptoss_error *error);
 
-#define CUDA_TRY(call, what)                                                                      \
-    do {                                                                                          \
-        cudaError_t cuda_try_code_ = (call);                                                      \
-        if (cuda_try_code_ != cudaSuccess) return gptoss_cuda_error(error, cuda_try_code_, what); \
+#define CUDA_TRY(call, what)                                                                       \
+    do {                                                                                           \
+        cudaError_t cuda_try_code_ = (call);                                                       \
+        if (cuda_try_code_ != cudaSuccess) return gptoss_cuda_error(error, cuda_try_code_, what);  \
     } while (0)
 
 #endif

@@ -18,25 +18,28 @@ gptoss_status gptoss_cuda_diagnostics_init(gptoss_cuda_state *s, gptoss_error *e
         for (int i = 0; i < GPTOSS_CUDA_MAX_PROF_EVENTS; i++)
             CUDA_TRY(cudaEventCreate(&s->prof_events[i]), "cudaEventCreate");
     if (s->tuning.step_timing)
-        for (int i = 0; i < 3; i++) CUDA_TRY(cudaEventCreate(&s->timing_events[i]), "cudaEventCreate");
+        for (int i = 0; i < 3; i++)
+            CUDA_TRY(cudaEventCreate(&s->timing_events[i]), "cudaEventCreate");
     return GPTOSS_OK;
 }
 
 /* Where the time of served steps went, per kind of step (a table on stderr). */
 static void print_serve_profile(const gptoss_cuda_state *s) {
-    static const char *names[8] = {"MoE", "attention", "dense GEMMs", "lm_head + summary", "norms/rope/router",
-                                   "plan upload", "gaps", "(host between steps)"};
+    static const char *names[8] = {
+        "MoE",         "attention", "dense GEMMs",         "lm_head + summary", "norms/rope/router",
+        "plan upload", "gaps",      "(host between steps)"};
     for (int k = 0; k < 2; k++) {
         if (s->serve_prof_steps[k] == 0) continue;
         double steps = s->serve_prof_steps[k], gpu = 0;
-        for (int p = 0; p < 7; p++) gpu += s->serve_prof_ms[k][p];
+        for (int p = 0; p < 7; p++)
+            gpu += s->serve_prof_ms[k][p];
         fprintf(stderr, "profile of %.0f %s steps (%.1f tokens per step), ms per step:\n", steps,
                 k == 0 ? "decode-only" : "prefill-carrying", s->serve_prof_tokens[k] / steps);
         for (int p = 0; p < 7; p++)
             fprintf(stderr, "  %-22s %8.3f  (%4.1f%%)\n", names[p], s->serve_prof_ms[k][p] / steps,
                     100.0 * s->serve_prof_ms[k][p] / gpu);
-        fprintf(stderr, "  %-22s %8.3f\n  %-22s %8.3f\n", "GPU total", gpu / steps, "wall per forward call",
-                s->serve_prof_wall_ms[k] / steps);
+        fprintf(stderr, "  %-22s %8.3f\n  %-22s %8.3f\n", "GPU total", gpu / steps,
+                "wall per forward call", s->serve_prof_wall_ms[k] / steps);
     }
 }
 
@@ -44,10 +47,11 @@ void gptoss_cuda_diagnostics_free(gptoss_cuda_state *s) {
     if (s->tuning.profile) print_serve_profile(s);
     if (s->tuning.step_timing && s->timing_steps > 0) {
         const double n = s->timing_steps, *t = s->timing_ms;
-        GPTOSS_LOG_I("cuda",
-                     "step timing, %.0f steps, us per step: host staging + launch %.1f, GPU step %.1f, GPU "
-                     "summaries + copy %.1f, host wait %.1f, whole call %.1f",
-                     n, t[0] / n * 1e3, t[1] / n * 1e3, t[2] / n * 1e3, t[3] / n * 1e3, t[4] / n * 1e3);
+        GPTOSS_LOG_I(
+            "cuda",
+            "step timing, %.0f steps, us per step: host staging + launch %.1f, GPU step %.1f, GPU "
+            "summaries + copy %.1f, host wait %.1f, whole call %.1f",
+            n, t[0] / n * 1e3, t[1] / n * 1e3, t[2] / n * 1e3, t[3] / n * 1e3, t[4] / n * 1e3);
     }
     for (int i = 0; i < GPTOSS_CUDA_MAX_PROF_EVENTS; i++)
         if (s->prof_events[i]) cudaEventDestroy(s->prof_events[i]);
@@ -56,7 +60,8 @@ void gptoss_cuda_diagnostics_free(gptoss_cuda_state *s) {
 }
 
 gptoss_status gptoss_cuda_summary_step_measured(gptoss_cuda_state *s, const gptoss_batch_plan *plan,
-                                                const gptoss_logits_summary *out, gptoss_error *error) {
+                                                const gptoss_logits_summary *out,
+                                                gptoss_error *error) {
     if (!s->tuning.profile) { /* step timing: the events gptoss_cuda_summary_step records */
         double t0 = gptoss_now_ms();
         gptoss_status st = gptoss_cuda_summary_step(s, plan, out, error);

@@ -27,7 +27,8 @@ enum {
 };
 
 #ifdef GPTOSS_DIAGNOSTICS
-#define GPTOSS_CUDA_ABLATED(s, key, bits) ((key)->n_tokens == 1 && ((s)->tuning.ablate & (bits)) != 0)
+#define GPTOSS_CUDA_ABLATED(s, key, bits)                                                          \
+    ((key)->n_tokens == 1 && ((s)->tuning.ablate & (bits)) != 0)
 #else
 #define GPTOSS_CUDA_ABLATED(s, key, bits) false
 #endif
@@ -47,6 +48,7 @@ void gptoss_cuda_diagnostics_free(gptoss_cuda_state *s);
 
 /* gptoss_cuda_summary_step, profiled or timed as the tuning asks, totals added to the state. */
 gptoss_status gptoss_cuda_summary_step_measured(gptoss_cuda_state *s, const gptoss_batch_plan *plan,
-                                                const gptoss_logits_summary *out, gptoss_error *error);
+                                                const gptoss_logits_summary *out,
+                                                gptoss_error *error);
 
 #endif

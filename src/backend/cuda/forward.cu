@@ -35,44 +35,52 @@
  * row scales, dense_lowp.h) goes through the e4m3 GEMV in passes of GPTOSS_GEMV_MAX_ROWS
  * rows up to GPTOSS_E4M3_GEMV_MAX_TOKENS rows (lm_head too: its bytes halve), and above
  * that through blocks of rows decoded to bf16 for cuBLAS. */
-static gptoss_status gemm_bf16(gptoss_cuda_state *s, gptoss_cuda_dense_weight wt, const bf16 *x, float *y,
-                               int32_t m, int32_t n, int32_t k, bool allow_gemv, gptoss_error *error) {
+static gptoss_status gemm_bf16(gptoss_cuda_state *s, gptoss_cuda_dense_weight wt, const bf16 *x,
+                               float *y, int32_t m, int32_t n, int32_t k, bool allow_gemv,
+                               gptoss_error *error) {
     if (m <= 0) return GPTOSS_OK;
-    const bool gemv = s->tuning.gemv != GPTOSS_CUDA_GEMV_OFF, gemv_all = s->tuning.gemv == GPTOSS_CUDA_GEMV_ALL;
+    const bool gemv = s->tuning.gemv != GPTOSS_CUDA_GEMV_OFF,
+               gemv_all = s->tuning.gemv == GPTOSS_CUDA_GEMV_ALL;
     if (wt.w_e4m3) {
         if ((gemv && m <= GPTOSS_E4M3_GEMV_MAX_TOKENS) || gemv_all) {
             bool ok = true;
             for (int32_t r = 0; r < m && ok; r += GPTOSS_GEMV_MAX_ROWS) {
                 int32_t rows = m - r < GPTOSS_GEMV_MAX_ROWS ? m - r : GPTOSS_GEMV_MAX_ROWS;
-                ok = gptoss_cuda_gemv_e4m3(wt.w_e4m3, wt.row_scale, x + (size_t)r * k, y + (size_t)r * n, rows, n, k,
-                                           s->dev.n_sms, s->stream) == 0;
+                ok = gptoss_cuda_gemv_e4m3(wt.w_e4m3, wt.row_scale, x + (size_t)r * k,
+                                           y + (size_t)r * n, rows, n, k, s->dev.n_sms,
+                                           s->stream) == 0;
             }
             if (ok) return GPTOSS_OK;
         }
-        return gptoss_cublas_check(gptoss_cuda_gemm_e4m3(s->cublas, wt.w_e4m3, wt.row_scale, x, y, m, n, k,
-                                                         s->dense_scratch, s->dense_scratch_elems, s->stream),
+        return gptoss_cublas_check(gptoss_cuda_gemm_e4m3(s->cublas, wt.w_e4m3, wt.row_scale, x, y,
+                                                         m, n, k, s->dense_scratch,
+                                                         s->dense_scratch_elems, s->stream),
                                    "FP8 GEMM (rows decoded to bf16)", error);
     }
     const bf16 *w = wt.w_bf16;
-    if (allow_gemv && gemv && gptoss_cuda_gemv_bf16(w, x, y, m, n, k, s->dev.n_sms, s->stream) == 0) return GPTOSS_OK;
+    if (allow_gemv && gemv && gptoss_cuda_gemv_bf16(w, x, y, m, n, k, s->dev.n_sms, s->stream) == 0)
+        return GPTOSS_OK;
     if (gemv_all) { /* diagnostics: every row block through the GEMV, no cuBLAS */
         bool ok = true;
         for (int32_t r = 0; r < m && ok; r += GPTOSS_GEMV_MAX_ROWS) {
             int32_t rows = m - r < GPTOSS_GEMV_MAX_ROWS ? m - r : GPTOSS_GEMV_MAX_ROWS;
-            ok = gptoss_cuda_gemv_bf16(w, x + (size_t)r * k, y + (size_t)r * n, rows, n, k, s->dev.n_sms, s->stream) == 0;
+            ok = gptoss_cuda_gemv_bf16(w, x + (size_t)r * k, y + (size_t)r * n, rows, n, k,
+                                       s->dev.n_sms, s->stream) == 0;
         }
         if (ok) return GPTOSS_OK;
     }
     const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t st = cublasGemmEx(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_16BF, k,
-                                     x, CUDA_R_16BF, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t st = cublasGemmEx(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w,
+                                     CUDA_R_16BF, k, x, CUDA_R_16BF, k, &zero, y, CUDA_R_32F, n,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return gptoss_cublas_check(st, "bf16 GEMM", error);
 }
 
 /* ---- workspace ------------------------------------------------------------------------ */
 
-static size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
+static size_t align_up(size_t x) {
+    return (x + 255) & ~(size_t)255;
+}
 
 gptoss_status gptoss_cuda_workspace_ensure(gptoss_cuda_state *s, int32_t n_tokens, int32_t n_logits,
                                            int32_t table_ints, gptoss_error *error) {
@@ -83,19 +91,32 @@ gptoss_status gptoss_cuda_workspace_ensure(gptoss_cuda_state *s, int32_t n_token
         int32_t NL = n_logits > w->cap_logits ? n_logits : w->cap_logits;
         if (T < 16) T = 16;
         if (NL < 1) NL = 1;
-        size_t H = c->hidden_size, I = c->intermediate_size, E = c->n_experts, K = c->n_experts_per_token;
+        size_t H = c->hidden_size, I = c->intermediate_size, E = c->n_experts,
+               K = c->n_experts_per_token;
         size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads, QKV = (NH + 2 * NKV) * D;
         size_t V = c->vocab_size;
         /* split-K partials exist only while n_tokens * n_kv_heads * splits < 4 * SMs (see
          * gptoss_cuda_attention_splits), i.e. n_tokens * n_heads * splits < 4 * SMs * group */
         size_t part = (size_t)4 * s->dev.n_sms * (NH / NKV) * (D + 2);
-        size_t sizes[16] = {
-            (size_t)T * H * 4, (size_t)T * H * 2, (size_t)T * H * 4, (size_t)T * QKV * 4, (size_t)T * NH * D * 4,
-            (size_t)T * NH * D * 2, (size_t)T * (H > E ? H : E) * 4, (size_t)T * K * 4, (size_t)T * K * 4,
-            gptoss_cuda_route_bytes((int32_t)(T * K), (int32_t)E), (size_t)T * K * I * 2, (size_t)T * K * H * 4,
-            part * 4, (size_t)NL * H * 2, (size_t)NL * V * 4, 16};
+        size_t sizes[16] = {(size_t)T * H * 4,
+                            (size_t)T * H * 2,
+                            (size_t)T * H * 4,
+                            (size_t)T * QKV * 4,
+                            (size_t)T * NH * D * 4,
+                            (size_t)T * NH * D * 2,
+                            (size_t)T * (H > E ? H : E) * 4,
+                            (size_t)T * K * 4,
+                            (size_t)T * K * 4,
+                            gptoss_cuda_route_bytes((int32_t)(T * K), (int32_t)E),
+                            (size_t)T * K * I * 2,
+                            (size_t)T * K * H * 4,
+                            part * 4,
+                            (size_t)NL * H * 2,
+                            (size_t)NL * V * 4,
+                            16};
         size_t total = 0;
-        for (int i = 0; i < 16; i++) total += align_up(sizes[i]);
+        for (int i = 0; i < 16; i++)
+            total += align_up(sizes[i]);
         if (w->base) {
             cudaStreamSynchronize(s->stream);
             cudaFree(w->base);
@@ -108,11 +129,13 @@ gptoss_status gptoss_cuda_workspace_ensure(gptoss_cuda_state *s, int32_t n_token
         }
         w->bytes = total;
         char *p = (char *)w->base;
-        void **slots[16] = {(void **)&w->x, (void **)&w->t, (void **)&w->t_f32, (void **)&w->qkv, (void **)&w->q,
-                            (void **)&w->attn, (void **)&w->proj, (void **)&w->topk_idx,
-                            (void **)&w->topk_weight, (void **)&w->route_mem, (void **)&w->h,
-                            (void **)&w->y, (void **)&w->partial, (void **)&w->lm_in, (void **)&w->logits,
-                            (void **)&w->router_done};
+        void **slots[16] = {
+            (void **)&w->x,          (void **)&w->t,        (void **)&w->t_f32,
+            (void **)&w->qkv,        (void **)&w->q,        (void **)&w->attn,
+            (void **)&w->proj,       (void **)&w->topk_idx, (void **)&w->topk_weight,
+            (void **)&w->route_mem,  (void **)&w->h,        (void **)&w->y,
+            (void **)&w->partial,    (void **)&w->lm_in,    (void **)&w->logits,
+            (void **)&w->router_done};
         for (int i = 0; i < 16; i++) {
             *slots[i] = p;
             p += align_up(sizes[i]);
@@ -132,7 +155,8 @@ gptoss_status gptoss_cuda_workspace_ensure(gptoss_cuda_state *s, int32_t n_token
             w->plan_host = NULL;
         }
         plan_ints = plan_ints * 2;
-        gptoss_status st = gptoss_cuda_alloc((void **)&w->plan_dev, plan_ints * 4, "the plan buffer", error);
+        gptoss_status st =
+            gptoss_cuda_alloc((void **)&w->plan_dev, plan_ints * 4, "the plan buffer", error);
         if (st) return st;
         CUDA_TRY(cudaMallocHost((void **)&w->plan_host, plan_ints * 4), "cudaMallocHost");
         w->plan_ints = plan_ints;
@@ -163,11 +187,13 @@ void gptoss_cuda_graphs_clear(gptoss_cuda_state *s) {
  * kernel, those before on the split-K kernel (all of them when the tensor-core kernel refuses
  * the shape; see gptoss_cuda_forward_device for the order). False when no kernel takes the
  * shape (nothing launched then). */
-static bool layer_attention_try_launch(gptoss_cuda_state *s, const cuda_layer *L, const cuda_step_key *key,
-                                       const int32_t *d_pos, const int32_t *d_seq, const int32_t *table) {
+static bool layer_attention_try_launch(gptoss_cuda_state *s, const cuda_layer *L,
+                                       const cuda_step_key *key, const int32_t *d_pos,
+                                       const int32_t *d_seq, const int32_t *table) {
     const gptoss_config *c = &s->config;
     cuda_workspace *w = &s->ws;
-    const int32_t T = key->n_tokens, NS = key->n_short, NH = c->n_heads, NKV = c->n_kv_heads, D = c->head_dim;
+    const int32_t T = key->n_tokens, NS = key->n_short, NH = c->n_heads, NKV = c->n_kv_heads,
+                  D = c->head_dim;
     const size_t q_row = (size_t)NH * D;
     const int32_t window = L->sliding ? c->sliding_window : 0;
     const int32_t splits = L->sliding ? key->splits_sliding : key->splits_full;
@@ -175,60 +201,70 @@ static bool layer_attention_try_launch(gptoss_cuda_state *s, const cuda_layer *L
     if (NS < T) {
         const float *q = w->q + NS * q_row;
         bf16 *out = w->attn + NS * q_row;
-        int rc = s->kv_fp8 ? gptoss_cuda_attention_tc_fp8(q, L->k_fp8, L->v_fp8, L->k_scale, L->v_scale, d_pos + NS,
-                                                          d_seq + NS, table, key->max_blocks, s->kv_block_size, L->sinks,
-                                                          T - NS, NH, NKV, D, window, out, s->stream)
-                           : gptoss_cuda_attention_tc(q, L->k_cache, L->v_cache, d_pos + NS, d_seq + NS, table,
-                                                      key->max_blocks, s->kv_block_size, L->sinks, T - NS, NH, NKV, D,
-                                                      window, out, s->stream);
+        int rc = s->kv_fp8
+                     ? gptoss_cuda_attention_tc_fp8(q, L->k_fp8, L->v_fp8, L->k_scale, L->v_scale,
+                                                    d_pos + NS, d_seq + NS, table, key->max_blocks,
+                                                    s->kv_block_size, L->sinks, T - NS, NH, NKV, D,
+                                                    window, out, s->stream)
+                     : gptoss_cuda_attention_tc(q, L->k_cache, L->v_cache, d_pos + NS, d_seq + NS,
+                                                table, key->max_blocks, s->kv_block_size, L->sinks,
+                                                T - NS, NH, NKV, D, window, out, s->stream);
         if (rc != 0) scalar_end = T;
     }
     if (scalar_end == 0) return true;
     if (s->dev.attn_decode) { /* tensor cores; the scalar kernel below for shapes it refuses */
-        int rc = s->kv_fp8 ? gptoss_cuda_attention_decode_fp8(w->q, L->k_fp8, L->v_fp8, L->k_scale, L->v_scale, d_pos,
-                                                              d_seq, table, key->max_blocks, s->kv_block_size, L->sinks,
-                                                              scalar_end, NH, NKV, D, window, splits, w->partial,
-                                                              w->attn, s->stream)
-                           : gptoss_cuda_attention_decode(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table,
-                                                          key->max_blocks, s->kv_block_size, L->sinks, scalar_end, NH,
-                                                          NKV, D, window, splits, w->partial, w->attn, s->stream);
+        int rc = s->kv_fp8
+                     ? gptoss_cuda_attention_decode_fp8(
+                           w->q, L->k_fp8, L->v_fp8, L->k_scale, L->v_scale, d_pos, d_seq, table,
+                           key->max_blocks, s->kv_block_size, L->sinks, scalar_end, NH, NKV, D,
+                           window, splits, w->partial, w->attn, s->stream)
+                     : gptoss_cuda_attention_decode(w->q, L->k_cache, L->v_cache, d_pos, d_seq,
+                                                    table, key->max_blocks, s->kv_block_size,
+                                                    L->sinks, scalar_end, NH, NKV, D, window,
+                                                    splits, w->partial, w->attn, s->stream);
         if (rc == 0) return true;
     }
     if (s->kv_fp8)
-        return gptoss_cuda_attention_fp8(w->q, L->k_fp8, L->v_fp8, L->k_scale, L->v_scale, d_pos, d_seq, table,
-                                         key->max_blocks, s->kv_block_size, L->sinks, scalar_end, NH, NKV, D, window,
-                                         splits, w->partial, w->attn, s->stream) == 0;
-    return gptoss_cuda_attention(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table, key->max_blocks, s->kv_block_size,
-                                 L->sinks, scalar_end, NH, NKV, D, window, splits, w->partial, w->attn, s->stream) == 0;
+        return gptoss_cuda_attention_fp8(w->q, L->k_fp8, L->v_fp8, L->k_scale, L->v_scale, d_pos,
+                                         d_seq, table, key->max_blocks, s->kv_block_size, L->sinks,
+                                         scalar_end, NH, NKV, D, window, splits, w->partial,
+                                         w->attn, s->stream) == 0;
+    return gptoss_cuda_attention(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table, key->max_blocks,
+                                 s->kv_block_size, L->sinks, scalar_end, NH, NKV, D, window, splits,
+                                 w->partial, w->attn, s->stream) == 0;
 }
 
 /* One decode token on bf16 pages: the QKV projection with RoPE and the KV write in its
  * epilogue, in one kernel. False when the step has another shape or the kernel refuses it;
  * the projection and the RoPE kernel then run apart. */
-static bool qkv_rope_fused(gptoss_cuda_state *s, const cuda_layer *L, const cuda_step_key *key, const int32_t *d_pos,
-                           const int32_t *d_seq, const int32_t *table) {
+static bool qkv_rope_fused(gptoss_cuda_state *s, const cuda_layer *L, const cuda_step_key *key,
+                           const int32_t *d_pos, const int32_t *d_seq, const int32_t *table) {
     const gptoss_config *c = &s->config;
     cuda_workspace *w = &s->ws;
-    return key->n_tokens == 1 && s->tuning.qkv_rope && s->tuning.gemv != GPTOSS_CUDA_GEMV_OFF && !s->kv_fp8 &&
-           L->qkv_weight.w_bf16 && !GPTOSS_CUDA_ABLATED(s, key, GPTOSS_CUDA_ABLATE_ROPE | GPTOSS_CUDA_ABLATE_QKV) &&
-           gptoss_cuda_qkv_rope_one(L->qkv_weight.w_bf16, w->t, L->qkv_bias, d_pos, d_seq, s->inv_freq,
-                                    s->concentration, c->n_heads, c->n_kv_heads, c->head_dim, c->hidden_size, table,
-                                    key->max_blocks, s->kv_block_size, w->q, L->k_cache, L->v_cache, s->stream) == 0;
+    return key->n_tokens == 1 && s->tuning.qkv_rope && s->tuning.gemv != GPTOSS_CUDA_GEMV_OFF &&
+           !s->kv_fp8 && L->qkv_weight.w_bf16 &&
+           !GPTOSS_CUDA_ABLATED(s, key, GPTOSS_CUDA_ABLATE_ROPE | GPTOSS_CUDA_ABLATE_QKV) &&
+           gptoss_cuda_qkv_rope_one(L->qkv_weight.w_bf16, w->t, L->qkv_bias, d_pos, d_seq,
+                                    s->inv_freq, s->concentration, c->n_heads, c->n_kv_heads,
+                                    c->head_dim, c->hidden_size, table, key->max_blocks,
+                                    s->kv_block_size, w->q, L->k_cache, L->v_cache, s->stream) == 0;
 }
 
 /* Bias + RoPE on the projected q and k, k and v into the layer's pages (bf16 or FP8). */
-static void rope_kv_write(gptoss_cuda_state *s, const cuda_layer *L, const cuda_step_key *key, const int32_t *d_pos,
-                          const int32_t *d_seq, const int32_t *table) {
+static void rope_kv_write(gptoss_cuda_state *s, const cuda_layer *L, const cuda_step_key *key,
+                          const int32_t *d_pos, const int32_t *d_seq, const int32_t *table) {
     const gptoss_config *c = &s->config;
     cuda_workspace *w = &s->ws;
     const int32_t T = key->n_tokens, NH = c->n_heads, NKV = c->n_kv_heads, D = c->head_dim;
     if (s->kv_fp8)
-        gptoss_cuda_rope_kv_write_fp8(w->qkv, L->qkv_bias, d_pos, d_seq, s->inv_freq, s->concentration, T, NH, NKV, D,
-                                      table, key->max_blocks, s->kv_block_size, w->q, L->k_fp8, L->v_fp8, L->k_scale,
+        gptoss_cuda_rope_kv_write_fp8(w->qkv, L->qkv_bias, d_pos, d_seq, s->inv_freq,
+                                      s->concentration, T, NH, NKV, D, table, key->max_blocks,
+                                      s->kv_block_size, w->q, L->k_fp8, L->v_fp8, L->k_scale,
                                       L->v_scale, s->stream);
     else
-        gptoss_cuda_rope_kv_write(w->qkv, L->qkv_bias, d_pos, d_seq, s->inv_freq, s->concentration, T, NH, NKV, D,
-                                  table, key->max_blocks, s->kv_block_size, w->q, L->k_cache, L->v_cache, s->stream);
+        gptoss_cuda_rope_kv_write(w->qkv, L->qkv_bias, d_pos, d_seq, s->inv_freq, s->concentration,
+                                  T, NH, NKV, D, table, key->max_blocks, s->kv_block_size, w->q,
+                                  L->k_cache, L->v_cache, s->stream);
 }
 
 /* One decode token: residual, norm and router in one kernel; its logits go to w->t_f32,
@@ -238,56 +274,62 @@ static bool norm_router_fused(gptoss_cuda_state *s, const cuda_layer *L, const c
     const gptoss_config *c = &s->config;
     cuda_workspace *w = &s->ws;
     const int32_t H = c->hidden_size, E = c->n_experts;
-    return key->n_tokens == 1 && s->tuning.norm_router && !GPTOSS_CUDA_ABLATED(s, key, GPTOSS_CUDA_ABLATE_ROUTER) &&
+    return key->n_tokens == 1 && s->tuning.norm_router &&
+           !GPTOSS_CUDA_ABLATED(s, key, GPTOSS_CUDA_ABLATE_ROUTER) &&
            (int64_t)w->cap_tokens * H >= E &&
-           gptoss_cuda_norm_router_one(w->x, w->proj, L->o_bias, L->mlp_norm, (float)c->rms_norm_eps, H, w->t,
-                                       L->router_weight, L->router_bias, E, c->n_experts_per_token, w->t_f32,
+           gptoss_cuda_norm_router_one(w->x, w->proj, L->o_bias, L->mlp_norm,
+                                       (float)c->rms_norm_eps, H, w->t, L->router_weight,
+                                       L->router_bias, E, c->n_experts_per_token, w->t_f32,
                                        w->router_done, w->topk_idx, w->topk_weight, s->stream) == 0;
 }
 
 /* Router logits and top-k of every token: the fused router for small steps, an SGEMM and the
  * top-k kernel for larger ones (the fused kernel selects in its last block alone: too serial
  * for big steps). */
-static gptoss_status route_tokens(gptoss_cuda_state *s, const cuda_layer *L, const cuda_step_key *key,
-                                  gptoss_error *error) {
+static gptoss_status route_tokens(gptoss_cuda_state *s, const cuda_layer *L,
+                                  const cuda_step_key *key, gptoss_error *error) {
     const gptoss_config *c = &s->config;
     cuda_workspace *w = &s->ws;
-    const int32_t T = key->n_tokens, H = c->hidden_size, E = c->n_experts, K = c->n_experts_per_token;
+    const int32_t T = key->n_tokens, H = c->hidden_size, E = c->n_experts,
+                  K = c->n_experts_per_token;
     if (T <= s->tuning.router_fused_max) {
-        gptoss_cuda_router(w->t_f32, L->router_weight, L->router_bias, T, E, H, K, w->proj, w->router_done,
-                           w->topk_idx, w->topk_weight, s->stream);
+        gptoss_cuda_router(w->t_f32, L->router_weight, L->router_bias, T, E, H, K, w->proj,
+                           w->router_done, w->topk_idx, w->topk_weight, s->stream);
         return GPTOSS_OK;
     }
     /* fp32 SGEMM (no TF32: cuBLAS's default math mode) on the fp32 copy of the router: the
      * logits kernel re-reads the matrix per 8 tokens (36 ms of a 2048-token 120b prefill);
      * bias added by the top-k kernel */
     const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t cs = cublasSgemm(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, E, T, H, &one, L->router_weight_f32, H,
-                                    w->t_f32, H, &zero, w->proj, E);
+    cublasStatus_t cs = cublasSgemm(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, E, T, H, &one,
+                                    L->router_weight_f32, H, w->t_f32, H, &zero, w->proj, E);
     if (cs != CUBLAS_STATUS_SUCCESS) return gptoss_cublas_check(cs, "router SGEMM", error);
-    gptoss_cuda_router_topk(w->proj, L->router_bias, T, E, K, w->topk_idx, w->topk_weight, s->stream);
+    gptoss_cuda_router_topk(w->proj, L->router_bias, T, E, K, w->topk_idx, w->topk_weight,
+                            s->stream);
     return GPTOSS_OK;
 }
 
 /* The experts' weighted outputs into the residual stream, then the next layer's attention
  * norm; after the last layer the final norm of only the rows that want logits, gathered. */
-static void residual_next_norm(gptoss_cuda_state *s, int l, const cuda_step_key *key, const int32_t *d_logit) {
+static void residual_next_norm(gptoss_cuda_state *s, int l, const cuda_step_key *key,
+                               const int32_t *d_logit) {
     const gptoss_config *c = &s->config;
     cuda_workspace *w = &s->ws;
     const int32_t H = c->hidden_size, K = c->n_experts_per_token;
     const float eps = (float)c->rms_norm_eps;
     if (l + 1 < c->n_layers)
-        gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K, s->layers[l + 1].attn_norm, eps, NULL,
-                                     key->n_tokens, H, w->t, NULL, s->stream);
+        gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K,
+                                     s->layers[l + 1].attn_norm, eps, NULL, key->n_tokens, H, w->t,
+                                     NULL, s->stream);
     else
-        gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K, s->final_norm, eps, d_logit,
-                                     key->n_logits, H, w->lm_in, NULL, s->stream);
+        gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K, s->final_norm, eps,
+                                     d_logit, key->n_logits, H, w->lm_in, NULL, s->stream);
 }
 
-#define TRY(call)                          \
-    do {                                   \
-        gptoss_status try_st_ = (call);    \
-        if (try_st_) return try_st_;       \
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        gptoss_status try_st_ = (call);                                                            \
+        if (try_st_) return try_st_;                                                               \
     } while (0)
 #define MARK(part) gptoss_cuda_prof_mark(s, part)
 #define ABLATED(bits) GPTOSS_CUDA_ABLATED(s, key, GPTOSS_CUDA_ABLATE_##bits)
@@ -296,7 +338,8 @@ static void residual_next_norm(gptoss_cuda_state *s, int l, const cuda_step_key 
  * plan's contents here, so the same sequence can be captured once and replayed). MARK
  * charges the time since the previous mark to a component when profiling; ABLATED is false
  * except in diagnostics builds (diagnostics.h). */
-static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key, gptoss_error *error) {
+static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key,
+                                  gptoss_error *error) {
     const gptoss_config *c = &s->config;
     cuda_workspace *w = &s->ws;
     const int32_t T = key->n_tokens, NL = key->n_logits, table_ints = key->n_seqs * key->max_blocks;
@@ -305,47 +348,58 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
     const float eps = (float)c->rms_norm_eps;
     cudaStream_t k = s->stream;
     MARK(PART_GAPS);
-    CUDA_TRY(cudaMemcpyAsync(w->plan_dev, w->plan_host, key->staged_ints * 4, cudaMemcpyHostToDevice, k), "plan upload");
+    CUDA_TRY(
+        cudaMemcpyAsync(w->plan_dev, w->plan_host, key->staged_ints * 4, cudaMemcpyHostToDevice, k),
+        "plan upload");
     MARK(PART_UPLOAD);
-    const int32_t *d_ids = w->plan_dev, *d_pos = w->plan_dev + w->cap_tokens, *d_seq = w->plan_dev + 2 * w->cap_tokens;
+    const int32_t *d_ids = w->plan_dev, *d_pos = w->plan_dev + w->cap_tokens,
+                  *d_seq = w->plan_dev + 2 * w->cap_tokens;
     const int32_t *d_logit = w->plan_dev + 3 * w->cap_tokens;
     const int32_t *d_full = d_logit + w->cap_logits, *d_slide = d_full + table_ints;
     gptoss_cuda_route route;
     gptoss_cuda_route_bind(w->route_mem, T * K, E, &route);
 
     gptoss_cuda_embed(s->embedding, d_ids, T, H, w->x, k);
-    gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, NULL, NULL, 0, s->layers[0].attn_norm, eps, NULL, T, H, w->t, NULL, k);
+    gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, NULL, NULL, 0, s->layers[0].attn_norm, eps, NULL,
+                                 T, H, w->t, NULL, k);
     MARK(PART_SMALL);
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &s->layers[l];
         const int32_t *table = L->sliding ? d_slide : d_full;
         /* attention: QKV, RoPE + KV write, attention over the pages, O */
         const bool qkv_roped = qkv_rope_fused(s, L, key, d_pos, d_seq, table);
-        if (!qkv_roped && !ABLATED(QKV)) TRY(gemm_bf16(s, L->qkv_weight, w->t, w->qkv, T, QKV, H, true, error));
+        if (!qkv_roped && !ABLATED(QKV))
+            TRY(gemm_bf16(s, L->qkv_weight, w->t, w->qkv, T, QKV, H, true, error));
         MARK(PART_DENSE);
         if (!qkv_roped && !ABLATED(ROPE)) rope_kv_write(s, L, key, d_pos, d_seq, table);
         MARK(PART_SMALL);
         if (!ABLATED(ATTENTION) && !layer_attention_try_launch(s, L, key, d_pos, d_seq, table))
-            return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "CUDA: attention shape not supported");
+            return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                    "CUDA: attention shape not supported");
         MARK(PART_ATTENTION);
-        if (!ABLATED(O)) TRY(gemm_bf16(s, L->o_weight, w->attn, w->proj, T, H, NH * D, true, error));
+        if (!ABLATED(O))
+            TRY(gemm_bf16(s, L->o_weight, w->attn, w->proj, T, H, NH * D, true, error));
         MARK(PART_DENSE);
         /* MLP: residual + norm, router, experts */
         const bool normed_routed = norm_router_fused(s, L, key);
         if (!normed_routed && !ABLATED(NORMS))
-            gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps, NULL, T, H, w->t,
-                                         w->t_f32, k);
+            gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps,
+                                         NULL, T, H, w->t, w->t_f32, k);
         if (!normed_routed && !ABLATED(ROUTER)) TRY(route_tokens(s, L, key, error));
-        const enum gptoss_moe_path moe_path = gptoss_cuda_moe_choose_path(s->tuning.moe_path, T, K, &L->moe);
-        if (moe_path != GPTOSS_MOE_PAIR_GEMV && moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
+        const enum gptoss_moe_path moe_path =
+            gptoss_cuda_moe_choose_path(s->tuning.moe_path, T, K, &L->moe);
+        if (moe_path != GPTOSS_MOE_PAIR_GEMV &&
+            moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
             gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
         MARK(PART_SMALL);
-        if (!ABLATED(MOE)) gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
+        if (!ABLATED(MOE))
+            gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
         MARK(PART_MOE);
         if (!ABLATED(NORMS)) residual_next_norm(s, l, key, d_logit);
         MARK(PART_SMALL);
     }
-    if (!ABLATED(LM_HEAD)) TRY(gemm_bf16(s, s->lm_head, w->lm_in, w->logits, NL, c->vocab_size, H, false, error));
+    if (!ABLATED(LM_HEAD))
+        TRY(gemm_bf16(s, s->lm_head, w->lm_in, w->logits, NL, c->vocab_size, H, false, error));
     MARK(PART_LM_HEAD);
     CUDA_TRY(cudaGetLastError(), "kernel launch");
     return GPTOSS_OK;
@@ -358,7 +412,8 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
 static bool key_equal(const cuda_step_key *a, const cuda_step_key *b) {
     return a->n_tokens == b->n_tokens && a->n_logits == b->n_logits && a->n_seqs == b->n_seqs &&
            a->max_blocks == b->max_blocks && a->splits_full == b->splits_full &&
-           a->splits_sliding == b->splits_sliding && a->n_short == b->n_short && a->staged_ints == b->staged_ints;
+           a->splits_sliding == b->splits_sliding && a->n_short == b->n_short &&
+           a->staged_ints == b->staged_ints;
 }
 
 /* Steps of up to this many tokens are captured as graphs when graphs are on (decode). */
@@ -377,7 +432,8 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     int32_t stride = plan->max_blocks_per_seq;
     if (T <= GRAPH_MAX_TOKENS) {
         stride = 16;
-        while (stride < plan->max_blocks_per_seq) stride *= 2;
+        while (stride < plan->max_blocks_per_seq)
+            stride *= 2;
     }
     int32_t table_ints = plan->n_seqs * stride;
     int32_t old_cap = s->ws.cap_tokens, old_logits = s->ws.cap_logits;
@@ -387,13 +443,15 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     gptoss_status st = gptoss_cuda_workspace_ensure(s, T, NL, table_ints, error);
     if (st) return st;
     cuda_workspace *w = &s->ws;
-    if (w->cap_tokens != old_cap || w->cap_logits != old_logits || w->plan_ints != old_plan) gptoss_cuda_graphs_clear(s);
+    if (w->cap_tokens != old_cap || w->cap_logits != old_logits || w->plan_ints != old_plan)
+        gptoss_cuda_graphs_clear(s);
     int32_t NH = c->n_heads, NKV = c->n_kv_heads, D = c->head_dim;
 
     /* stage the plan's integer arrays: ids | positions | token_seq | logit rows | tables */
     int32_t *hp = w->plan_host;
     int32_t *h_ids = hp, *h_pos = hp + w->cap_tokens, *h_seq = hp + 2 * w->cap_tokens;
-    int32_t *h_logit = hp + 3 * w->cap_tokens, *h_full = h_logit + w->cap_logits, *h_slide = h_full + table_ints;
+    int32_t *h_logit = hp + 3 * w->cap_tokens, *h_full = h_logit + w->cap_logits,
+            *h_slide = h_full + table_ints;
     /* Device token order. Attention runs on tensor cores for runs of at least ATTN_TC_MIN_RUN
      * tokens of one sequence and on the scalar split-K kernel for shorter runs (decode tokens:
      * a tensor-core tile of one-token sequences would compute 16 times over). A step too big
@@ -414,8 +472,10 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     const bool reorder = n_short > 0 && n_short < T;
     if (reorder && plan->n_seqs > w->seq_cap) {
         int32_t *grown = (int32_t *)realloc(w->seq_start, (size_t)plan->n_seqs * sizeof(int32_t));
-        if (!grown) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (token order of %d sequences)",
-                                            (int)plan->n_seqs);
+        if (!grown)
+            return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                                    "out of memory (token order of %d sequences)",
+                                    (int)plan->n_seqs);
         w->seq_start = grown;
         w->seq_cap = plan->n_seqs;
     }
@@ -440,23 +500,28 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
             int32_t lo = 0, hi = plan->n_seqs - 1;
             while (lo < hi) {
                 int32_t mid = (lo + hi + 1) / 2;
-                if (start[mid] <= j) lo = mid;
-                else hi = mid - 1;
+                if (start[mid] <= j)
+                    lo = mid;
+                else
+                    hi = mid - 1;
             }
             j = w->seq_start[lo] + (j - start[lo]);
         }
         h_logit[i] = j;
     }
-    const int32_t *slide_src = plan->sliding_block_tables ? plan->sliding_block_tables : plan->block_tables;
+    const int32_t *slide_src =
+        plan->sliding_block_tables ? plan->sliding_block_tables : plan->block_tables;
     if (stride == plan->max_blocks_per_seq) {
         memcpy(h_full, plan->block_tables, (size_t)table_ints * 4);
         memcpy(h_slide, slide_src, (size_t)table_ints * 4);
     } else {
         const int32_t mb = plan->max_blocks_per_seq;
         for (int32_t sq = 0; sq < plan->n_seqs; sq++) {
-            memcpy(h_full + (size_t)sq * stride, plan->block_tables + (size_t)sq * mb, (size_t)mb * 4);
+            memcpy(h_full + (size_t)sq * stride, plan->block_tables + (size_t)sq * mb,
+                   (size_t)mb * 4);
             memcpy(h_slide + (size_t)sq * stride, slide_src + (size_t)sq * mb, (size_t)mb * 4);
-            for (int32_t b = mb; b < stride; b++) h_full[(size_t)sq * stride + b] = h_slide[(size_t)sq * stride + b] = -1;
+            for (int32_t b = mb; b < stride; b++)
+                h_full[(size_t)sq * stride + b] = h_slide[(size_t)sq * stride + b] = -1;
         }
     }
 
@@ -473,13 +538,17 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     key.splits_full = gptoss_cuda_attention_splits(NS, NKV, max_pos + 1, s->dev.n_sms);
     int32_t win_span = (max_pos + 1 < c->sliding_window) ? max_pos + 1 : c->sliding_window;
     key.splits_sliding = gptoss_cuda_attention_splits(NS, NKV, win_span, s->dev.n_sms);
-    while ((size_t)T * NH * key.splits_full * (D + 2) > w->partial_floats && key.splits_full > 1) key.splits_full /= 2;
-    while ((size_t)T * NH * key.splits_sliding * (D + 2) > w->partial_floats && key.splits_sliding > 1)
+    while ((size_t)T * NH * key.splits_full * (D + 2) > w->partial_floats && key.splits_full > 1)
+        key.splits_full /= 2;
+    while ((size_t)T * NH * key.splits_sliding * (D + 2) > w->partial_floats &&
+           key.splits_sliding > 1)
         key.splits_sliding /= 2;
 
     s->prof_n = 0;
-    if (s->tuning.step_timing) CUDA_TRY(cudaEventRecord(s->timing_events[0], s->stream), "cudaEventRecord");
-    if (!s->tuning.graphs || T > GRAPH_MAX_TOKENS || s->profiling) return enqueue_step(s, &key, error);
+    if (s->tuning.step_timing)
+        CUDA_TRY(cudaEventRecord(s->timing_events[0], s->stream), "cudaEventRecord");
+    if (!s->tuning.graphs || T > GRAPH_MAX_TOKENS || s->profiling)
+        return enqueue_step(s, &key, error);
 
     for (int i = 0; i < GPTOSS_CUDA_MAX_GRAPHS; i++) {
         if (s->graphs[i].valid && key_equal(&s->graphs[i].key, &key)) {
@@ -491,7 +560,8 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     s->graph_next = (s->graph_next + 1) % GPTOSS_CUDA_MAX_GRAPHS;
     if (slot->valid) cudaGraphExecDestroy(slot->exec);
     slot->valid = false;
-    CUDA_TRY(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    CUDA_TRY(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal),
+             "cudaStreamBeginCapture");
     st = enqueue_step(s, &key, error);
     cudaGraph_t graph = NULL;
     cudaError_t ce = cudaStreamEndCapture(s->stream, &graph);

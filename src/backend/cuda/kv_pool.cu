@@ -18,22 +18,27 @@ static void page_bytes(const gptoss_cuda_state *s, gptoss_kv_cache_dtype dtype, 
     const gptoss_config *c = &s->config;
     size_t kv_token = gptoss_kv_cache_token_bytes(c, GPTOSS_BACKEND_CUDA, dtype); /* K and V */
     size_t n_sliding = 0;
-    for (int l = 0; l < c->n_layers; l++) n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
-    *full_block = ((size_t)c->n_layers - n_sliding) * s->kv_block_size * kv_token; /* one page, all layers */
+    for (int l = 0; l < c->n_layers; l++)
+        n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
+    *full_block =
+        ((size_t)c->n_layers - n_sliding) * s->kv_block_size * kv_token; /* one page, all layers */
     *sliding_block = s->kv_shared ? 0 : n_sliding * s->kv_block_size * kv_token;
 }
 
-gptoss_status gptoss_cuda_kv_plan(gptoss_cuda_state *s, const gptoss_backend_options *options, size_t weight_bytes,
-                                  gptoss_error *error) {
+gptoss_status gptoss_cuda_kv_plan(gptoss_cuda_state *s, const gptoss_backend_options *options,
+                                  size_t weight_bytes, gptoss_error *error) {
     const gptoss_config *c = &s->config;
     s->kv_fp8 = options->kv_cache_dtype == GPTOSS_KV_CACHE_FP8;
     s->kv_block_size = options->kv_block_size;
     s->n_kv_blocks = options->n_kv_blocks;
-    s->n_sliding_kv_blocks = options->n_sliding_kv_blocks > 0 ? options->n_sliding_kv_blocks : options->n_kv_blocks;
+    s->n_sliding_kv_blocks =
+        options->n_sliding_kv_blocks > 0 ? options->n_sliding_kv_blocks : options->n_kv_blocks;
     size_t n_sliding = 0;
-    for (int l = 0; l < c->n_layers; l++) n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
+    for (int l = 0; l < c->n_layers; l++)
+        n_sliding += c->layer_is_sliding[l] && c->sliding_window > 0;
     /* shared pages: the k-th sliding layer lives in the k-th full layer's buffers */
-    s->kv_shared = options->kv_shared_pages && n_sliding > 0 && 2 * n_sliding == (size_t)c->n_layers;
+    s->kv_shared =
+        options->kv_shared_pages && n_sliding > 0 && 2 * n_sliding == (size_t)c->n_layers;
     if (s->kv_shared) s->n_sliding_kv_blocks = s->n_kv_blocks;
     size_t full_block, sliding_block;
     page_bytes(s, options->kv_cache_dtype, &full_block, &sliding_block);
@@ -41,17 +46,20 @@ gptoss_status gptoss_cuda_kv_plan(gptoss_cuda_state *s, const gptoss_backend_opt
     size_t free_b = 0, total_b = 0;
     CUDA_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     size_t kv_need = auto_kv ? full_block + (size_t)s->n_sliding_kv_blocks * sliding_block
-                             : (size_t)s->n_kv_blocks * full_block + (size_t)s->n_sliding_kv_blocks * sliding_block;
+                             : (size_t)s->n_kv_blocks * full_block +
+                                   (size_t)s->n_sliding_kv_blocks * sliding_block;
     if (weight_bytes + kv_need > free_b)
-        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
-                                "CUDA: the model needs %.2f GiB of weights and %.2f GiB of KV cache but %s "
-                                "has %.2f GiB free; lower n_kv_blocks or use a larger GPU",
-                                weight_bytes / 1073741824.0, kv_need / 1073741824.0, s->dev.name,
-                                free_b / 1073741824.0);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_OUT_OF_MEMORY,
+            "CUDA: the model needs %.2f GiB of weights and %.2f GiB of KV cache but %s "
+            "has %.2f GiB free; lower n_kv_blocks or use a larger GPU",
+            weight_bytes / 1073741824.0, kv_need / 1073741824.0, s->dev.name,
+            free_b / 1073741824.0);
     return GPTOSS_OK;
 }
 
-gptoss_status gptoss_cuda_kv_alloc(gptoss_cuda_state *s, const gptoss_backend_options *options, gptoss_error *error) {
+gptoss_status gptoss_cuda_kv_alloc(gptoss_cuda_state *s, const gptoss_backend_options *options,
+                                   gptoss_error *error) {
     const gptoss_config *c = &s->config;
     const size_t D = c->head_dim, NKV = c->n_kv_heads;
     size_t full_block, sliding_block;
@@ -62,24 +70,28 @@ gptoss_status gptoss_cuda_kv_alloc(gptoss_cuda_state *s, const gptoss_backend_op
          * the fraction; keep 512 MiB for cuBLAS, graphs and the plan buffers. */
         size_t free_b = 0, total_b = 0;
         CUDA_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-        double budget = options->gpu_memory_utilization * (double)total_b - (double)(total_b - free_b) -
-                        512.0 * (1 << 20) - (double)s->n_sliding_kv_blocks * (double)sliding_block;
+        double budget = options->gpu_memory_utilization * (double)total_b -
+                        (double)(total_b - free_b) - 512.0 * (1 << 20) -
+                        (double)s->n_sliding_kv_blocks * (double)sliding_block;
         double blocks = full_block ? budget / (double)full_block : 0;
         if (blocks > (double)(1 << 24)) blocks = (double)(1 << 24);
         if (blocks < 1)
-            return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
-                                    "CUDA: no KV cache page fits in %.0f%% of %s's %.1f GiB after %.2f GiB of weights "
-                                    "and workspace; raise the memory fraction or use a larger GPU",
-                                    options->gpu_memory_utilization * 100, s->dev.name, total_b / 1073741824.0,
-                                    (s->weight_bytes + s->ws.bytes) / 1073741824.0);
+            return gptoss_set_error(
+                error, GPTOSS_ERR_OUT_OF_MEMORY,
+                "CUDA: no KV cache page fits in %.0f%% of %s's %.1f GiB after %.2f GiB of weights "
+                "and workspace; raise the memory fraction or use a larger GPU",
+                options->gpu_memory_utilization * 100, s->dev.name, total_b / 1073741824.0,
+                (s->weight_bytes + s->ws.bytes) / 1073741824.0);
         s->n_kv_blocks = (int32_t)blocks;
         if (s->kv_shared) s->n_sliding_kv_blocks = s->n_kv_blocks;
     }
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &s->layers[l];
         if (s->kv_shared && L->sliding) continue; /* aliased below */
-        size_t slots = (size_t)(L->sliding ? s->n_sliding_kv_blocks : s->n_kv_blocks) * s->kv_block_size * NKV;
-        if (s->kv_fp8) { /* codes, then (256-byte aligned) the scales, in one allocation each for K and V */
+        size_t slots =
+            (size_t)(L->sliding ? s->n_sliding_kv_blocks : s->n_kv_blocks) * s->kv_block_size * NKV;
+        if (s->kv_fp8) { /* codes, then (256-byte aligned) the scales, in one allocation each for K
+                            and V */
             size_t codes = (slots * D + 255) & ~(size_t)255, pool = codes + slots * sizeof(float);
             st = gptoss_cuda_alloc((void **)&L->k_fp8, pool, "the KV cache", error);
             if (st) return st;
@@ -102,7 +114,8 @@ gptoss_status gptoss_cuda_kv_alloc(gptoss_cuda_state *s, const gptoss_backend_op
         for (int l = 0; l < c->n_layers; l++) {
             cuda_layer *L = &s->layers[l];
             if (!L->sliding) continue;
-            while (s->layers[full].sliding) full++;
+            while (s->layers[full].sliding)
+                full++;
             const cuda_layer *F = &s->layers[full++];
             L->k_cache = F->k_cache;
             L->v_cache = F->v_cache;

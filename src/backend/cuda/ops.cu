@@ -20,29 +20,36 @@ extern "C" {
 
 gptoss_status gptoss_cublas_check(cublasStatus_t s, const char *what, gptoss_error *error) {
     if (s == CUBLAS_STATUS_SUCCESS) return GPTOSS_OK;
-    return gptoss_set_error(error, GPTOSS_ERR_BACKEND, "cuBLAS: %s failed with status %d", what, (int)s);
+    return gptoss_set_error(error, GPTOSS_ERR_BACKEND, "cuBLAS: %s failed with status %d", what,
+                            (int)s);
 }
 
 static gptoss_status check_supported(const gptoss_config *c, gptoss_error *error) {
     if (c->hidden_size % 32 || c->intermediate_size % 32)
         return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
                                 "CUDA backend: hidden_size (%d) and intermediate_size (%d) must be "
-                                "multiples of 32 (MXFP4 groups)", c->hidden_size, c->intermediate_size);
+                                "multiples of 32 (MXFP4 groups)",
+                                c->hidden_size, c->intermediate_size);
     if (c->hidden_size > 4096 || c->intermediate_size > 4096)
-        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
-                                "CUDA backend: hidden_size %d / intermediate_size %d exceed the 4096 the "
-                                "norm and GEMV kernels hold", c->hidden_size, c->intermediate_size);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_UNSUPPORTED,
+            "CUDA backend: hidden_size %d / intermediate_size %d exceed the 4096 the "
+            "norm and GEMV kernels hold",
+            c->hidden_size, c->intermediate_size);
     if (c->head_dim != 16 && c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128)
         return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
-                                "CUDA backend: head_dim %d not supported (16, 32, 64 or 128)", c->head_dim);
+                                "CUDA backend: head_dim %d not supported (16, 32, 64 or 128)",
+                                c->head_dim);
     if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > 32)
-        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
-                                "CUDA backend: %d query heads per KV head not supported (at most 32)",
-                                c->n_kv_heads > 0 ? c->n_heads / c->n_kv_heads : 0);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_UNSUPPORTED,
+            "CUDA backend: %d query heads per KV head not supported (at most 32)",
+            c->n_kv_heads > 0 ? c->n_heads / c->n_kv_heads : 0);
     if (c->n_experts > 1024 || c->n_experts_per_token > 32 || c->n_experts_per_token > c->n_experts)
-        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
-                                "CUDA backend: %d experts with top-%d not supported (at most 1024, top-32)",
-                                c->n_experts, c->n_experts_per_token);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_UNSUPPORTED,
+            "CUDA backend: %d experts with top-%d not supported (at most 1024, top-32)",
+            c->n_experts, c->n_experts_per_token);
     return GPTOSS_OK;
 }
 
@@ -82,7 +89,8 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     if (st) return st;
     if (options->max_step_tokens > 0) {
         /* the largest step's workspace first, so the KV cache below does not take its memory */
-        int32_t T = options->max_step_tokens, NL = options->max_step_logits > 0 ? options->max_step_logits : 1;
+        int32_t T = options->max_step_tokens,
+                NL = options->max_step_logits > 0 ? options->max_step_logits : 1;
         st = gptoss_cuda_workspace_ensure(s, T, NL, T * 64, error);
         if (st) return st;
     }
@@ -125,11 +133,12 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
 
 /* ---- the ops table ---------------------------------------------------------------------- */
 
-static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_options *options, void **state,
-                                 gptoss_error *error) {
+static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_options *options,
+                                 void **state, gptoss_error *error) {
     gptoss_cuda_state *s = NULL;
     gptoss_status st = state_alloc(gptoss_model_config(model), options, &s, error);
-    if (st == GPTOSS_OK) st = gptoss_cuda_weights_upload(s, gptoss_model_weights(model), options, error);
+    if (st == GPTOSS_OK)
+        st = gptoss_cuda_weights_upload(s, gptoss_model_weights(model), options, error);
     if (st == GPTOSS_OK) st = gptoss_cuda_weights_finish(s, error);
     if (st) {
         gptoss_cuda_state_free(s);
@@ -142,7 +151,8 @@ static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_optio
     return GPTOSS_OK;
 }
 
-static gptoss_status cuda_create_random(const gptoss_config *config, gptoss_backend_options *options, uint64_t seed,
+static gptoss_status cuda_create_random(const gptoss_config *config,
+                                        gptoss_backend_options *options, uint64_t seed,
                                         void **state, gptoss_error *error) {
     gptoss_cuda_state *s = NULL;
     gptoss_status st = gptoss_cuda_state_create_random(config, options, seed, &s, error);
@@ -154,24 +164,29 @@ static gptoss_status cuda_create_random(const gptoss_config *config, gptoss_back
     return GPTOSS_OK;
 }
 
-static void cuda_destroy(void *state) { gptoss_cuda_state_free((gptoss_cuda_state *)state); }
+static void cuda_destroy(void *state) {
+    gptoss_cuda_state_free((gptoss_cuda_state *)state);
+}
 
-static gptoss_status cuda_forward(void *state, const gptoss_batch_plan *plan, float *logits, gptoss_error *error) {
+static gptoss_status cuda_forward(void *state, const gptoss_batch_plan *plan, float *logits,
+                                  gptoss_error *error) {
     gptoss_cuda_state *s = (gptoss_cuda_state *)state;
     gptoss_status st = gptoss_cuda_forward_device(s, plan, error);
     if (st) return st;
     if (plan->n_logits > 0)
-        CUDA_TRY(cudaMemcpyAsync(logits, s->ws.logits, (size_t)plan->n_logits * s->config.vocab_size * sizeof(float),
+        CUDA_TRY(cudaMemcpyAsync(logits, s->ws.logits,
+                                 (size_t)plan->n_logits * s->config.vocab_size * sizeof(float),
                                  cudaMemcpyDeviceToHost, s->stream),
                  "logits download");
     CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
     return GPTOSS_OK;
 }
 
-static gptoss_status cuda_forward_summary(void *state, const gptoss_batch_plan *plan, const gptoss_logits_summary *out,
-                                          gptoss_error *error) {
+static gptoss_status cuda_forward_summary(void *state, const gptoss_batch_plan *plan,
+                                          const gptoss_logits_summary *out, gptoss_error *error) {
     gptoss_cuda_state *s = (gptoss_cuda_state *)state;
-    if (s->tuning.profile || s->tuning.step_timing) return gptoss_cuda_summary_step_measured(s, plan, out, error);
+    if (s->tuning.profile || s->tuning.step_timing)
+        return gptoss_cuda_summary_step_measured(s, plan, out, error);
     return gptoss_cuda_summary_step(s, plan, out, error);
 }
 
@@ -203,18 +218,22 @@ gptoss_status gptoss_cuda_summary_step(gptoss_cuda_state *s, const gptoss_batch_
             CUDA_TRY(cudaMemset(s->summary_dev, 0, want), "logits summaries");
             /* mapped: the select kernel writes the summaries straight into host memory, with
              * no copy-engine transfer after it on the critical path of a decode token */
-            CUDA_TRY(cudaHostAlloc(&s->summary_host, out_cap, cudaHostAllocMapped), "cudaHostAlloc");
-            CUDA_TRY(cudaHostGetDevicePointer(&s->summary_mapped, s->summary_host, 0), "cudaHostGetDevicePointer");
+            CUDA_TRY(cudaHostAlloc(&s->summary_host, out_cap, cudaHostAllocMapped),
+                     "cudaHostAlloc");
+            CUDA_TRY(cudaHostGetDevicePointer(&s->summary_mapped, s->summary_host, 0),
+                     "cudaHostGetDevicePointer");
             s->summary_bytes = out_cap;
             s->summary_dev_bytes = want;
             s->summary_scratch = s->summary_dev;
         }
         int32_t *ids = (int32_t *)s->summary_mapped;
         float *vals = (float *)(ids + (size_t)NL * n), *lse = vals + (size_t)NL * n;
-        if (gptoss_cuda_logits_summary(s->ws.logits, NL, V, n, s->summary_scratch, ids, vals, lse, s->stream) != 0)
-            return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
-                                    "CUDA: logits summaries support vocabularies up to 1048576 and n_top up to %d",
-                                    GPTOSS_MAX_SUMMARY_TOP);
+        if (gptoss_cuda_logits_summary(s->ws.logits, NL, V, n, s->summary_scratch, ids, vals, lse,
+                                       s->stream) != 0)
+            return gptoss_set_error(
+                error, GPTOSS_ERR_UNSUPPORTED,
+                "CUDA: logits summaries support vocabularies up to 1048576 and n_top up to %d",
+                GPTOSS_MAX_SUMMARY_TOP);
         CUDA_TRY(cudaGetLastError(), "logits summary");
         gptoss_cuda_prof_mark(s, PART_LM_HEAD);
         for (int32_t i = 0; out->full && i < NL;) {
@@ -223,9 +242,11 @@ gptoss_status gptoss_cuda_summary_step(gptoss_cuda_state *s, const gptoss_batch_
                 continue;
             }
             int32_t j = i;
-            while (j < NL && out->full[j]) j++;
+            while (j < NL && out->full[j])
+                j++;
             CUDA_TRY(cudaMemcpyAsync(out->logits + (size_t)i * V, s->ws.logits + (size_t)i * V,
-                                     (size_t)(j - i) * V * sizeof(float), cudaMemcpyDeviceToHost, s->stream),
+                                     (size_t)(j - i) * V * sizeof(float), cudaMemcpyDeviceToHost,
+                                     s->stream),
                      "logits download");
             i = j;
         }
@@ -247,6 +268,6 @@ gptoss_status gptoss_cuda_summary_step(gptoss_cuda_state *s, const gptoss_batch_
     return GPTOSS_OK;
 }
 
-extern "C" const gptoss_backend_ops gptoss_cuda_backend_ops = {"cuda", cuda_create, cuda_create_random, cuda_destroy,
-                                                               cuda_forward, cuda_forward_summary,
-                                                               gptoss_cuda_forward_sample};
+extern "C" const gptoss_backend_ops gptoss_cuda_backend_ops = {
+    "cuda",       cuda_create,          cuda_create_random,        cuda_destroy,
+    cuda_forward, cuda_forward_summary, gptoss_cuda_forward_sample};

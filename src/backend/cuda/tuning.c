@@ -28,18 +28,22 @@ static const knob knobs[] = {
     {"graphs", "GPTOSS_CUDA_GRAPHS", KIND_BOOL, FIELD(graphs), 0, 0, NULL},
     {"pdl", "GPTOSS_CUDA_PDL", KIND_BOOL, FIELD(pdl), 0, 0, NULL},
     {"gemv", "GPTOSS_CUDA_GEMV", KIND_NAMED, FIELD(gemv), 0, 0, "0=0 1=1 all=2"},
-    {"gemv_kernel", "GPTOSS_CUDA_GEMV_KERNEL", KIND_NAMED, FIELD(gemv_kernel), 0, 0, "auto=0 ld=1 tma=2"},
+    {"gemv_kernel", "GPTOSS_CUDA_GEMV_KERNEL", KIND_NAMED, FIELD(gemv_kernel), 0, 0,
+     "auto=0 ld=1 tma=2"},
     {"attn_tc", "GPTOSS_CUDA_ATTN_TC", KIND_BOOL, FIELD(attn_tc), 0, 0, NULL},
     {"attn_decode", "GPTOSS_CUDA_ATTN_DECODE", KIND_BOOL, FIELD(attn_decode), 0, 0, NULL},
     {"adc_warps", "GPTOSS_CUDA_ADC_WARPS", KIND_NAMED, FIELD(adc_warps), 0, 0, "0=0 4=4 8=8"},
     {"norm_router", "GPTOSS_CUDA_NORM_ROUTER", KIND_BOOL, FIELD(norm_router), 0, 0, NULL},
     {"qkv_rope", "GPTOSS_CUDA_QKV_ROPE", KIND_BOOL, FIELD(qkv_rope), 0, 0, NULL},
-    {"router_fused_max", "GPTOSS_CUDA_ROUTER_FUSED_MAX", KIND_INT, FIELD(router_fused_max), 0, 64, NULL},
+    {"router_fused_max", "GPTOSS_CUDA_ROUTER_FUSED_MAX", KIND_INT, FIELD(router_fused_max), 0, 64,
+     NULL},
     {"moe_path", "GPTOSS_CUDA_MOE_PATH", KIND_NAMED, FIELD(moe_path), 0, 0,
-     "auto=0 route_gemv=1 wmma_gemm=2 pair_gemv=3 mma_gemm=4 pair_mma=5 wgmma_gemm=6 0=0 1=1 2=2 3=3 4=4 5=5 6=6"},
+     "auto=0 route_gemv=1 wmma_gemm=2 pair_gemv=3 mma_gemm=4 pair_mma=5 wgmma_gemm=6 0=0 1=1 2=2 "
+     "3=3 4=4 5=5 6=6"},
     {"moe_pair_kernel", "GPTOSS_CUDA_MOE_PAIR_KERNEL", KIND_NAMED, FIELD(moe_pair_kernel), 0, 0,
      "auto=0 wide=1 tma=2 fp8=3"},
-    {"moe_pair_tokens", "GPTOSS_CUDA_MOE_PAIR_TOKENS", KIND_INT, FIELD(moe_pair_tokens), 0, 1 << 20, NULL},
+    {"moe_pair_tokens", "GPTOSS_CUDA_MOE_PAIR_TOKENS", KIND_INT, FIELD(moe_pair_tokens), 0, 1 << 20,
+     NULL},
     {"moe_inflight", "GPTOSS_CUDA_MOE_INFLIGHT", KIND_INT, FIELD(moe_inflight), 0, 1 << 20, NULL},
     {"moe_wg_min", "GPTOSS_CUDA_MOE_WG_MIN", KIND_INT, FIELD(moe_wg_min), 1, 1 << 20, NULL},
     {"moe_max_tile", "GPTOSS_CUDA_MOE_MAX_TILE", KIND_INT, FIELD(moe_max_tile), 8, 128, NULL},
@@ -88,32 +92,37 @@ static void describe(const knob *k, char *buf, size_t cap) {
         for (const char *p = k->names; *p && n + 1 < cap;) {
             const char *eq = strchr(p, '='), *end = strchr(p, ' ');
             if (!end) end = p + strlen(p);
-            n += (size_t)snprintf(buf + n, cap - n, "%s%.*s", n ? ", " : "one of ", (int)(eq - p), p);
+            n += (size_t)snprintf(buf + n, cap - n, "%s%.*s", n ? ", " : "one of ", (int)(eq - p),
+                                  p);
             p = *end ? end + 1 : end;
         }
     }
 }
 
-static gptoss_status bad_value(const knob *k, const char *origin, const char *value, size_t len, gptoss_error *error) {
+static gptoss_status bad_value(const knob *k, const char *origin, const char *value, size_t len,
+                               gptoss_error *error) {
     char what[256];
     describe(k, what, sizeof what);
-    return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "CUDA tuning: %s=%.*s is invalid (expected %s)", origin,
-                            (int)len, value, what);
+    return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                            "CUDA tuning: %s=%.*s is invalid (expected %s)", origin, (int)len,
+                            value, what);
 }
 
-static bool token_is(const char *s, size_t len, const char *word) { return strlen(word) == len && !memcmp(s, word, len); }
+static bool token_is(const char *s, size_t len, const char *word) {
+    return strlen(word) == len && !memcmp(s, word, len);
+}
 
 /* Sets knob k from value[0, len); origin names the key or variable in errors. */
-static gptoss_status set_knob(gptoss_cuda_tuning *t, const knob *k, const char *origin, const char *value, size_t len,
-                              gptoss_error *error) {
+static gptoss_status set_knob(gptoss_cuda_tuning *t, const knob *k, const char *origin,
+                              const char *value, size_t len, gptoss_error *error) {
     char *field = (char *)t + k->offset;
     int v = 0;
     if (k->kind == KIND_BOOL) {
-        if (token_is(value, len, "1") || token_is(value, len, "on") || token_is(value, len, "true") ||
-            token_is(value, len, "yes"))
+        if (token_is(value, len, "1") || token_is(value, len, "on") ||
+            token_is(value, len, "true") || token_is(value, len, "yes"))
             v = 1;
-        else if (token_is(value, len, "0") || token_is(value, len, "off") || token_is(value, len, "false") ||
-                 token_is(value, len, "no"))
+        else if (token_is(value, len, "0") || token_is(value, len, "off") ||
+                 token_is(value, len, "false") || token_is(value, len, "no"))
             v = 0;
         else
             return bad_value(k, origin, value, len, error);
@@ -146,32 +155,38 @@ static gptoss_status set_knob(gptoss_cuda_tuning *t, const knob *k, const char *
     if (k->offset == offsetof(gptoss_cuda_tuning, moe_inflight)) t->moe_inflight_report = v > 0;
 #ifndef GPTOSS_DIAGNOSTICS
     if (k->offset == offsetof(gptoss_cuda_tuning, ablate) && v != 0)
-        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
-                                "CUDA tuning: %s needs a diagnostics build (cmake -DGPTOSS_DIAGNOSTICS=ON); it "
-                                "leaves components out and makes the logits wrong",
-                                origin);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_UNSUPPORTED,
+            "CUDA tuning: %s needs a diagnostics build (cmake -DGPTOSS_DIAGNOSTICS=ON); it "
+            "leaves components out and makes the logits wrong",
+            origin);
 #endif
     *(int *)field = v;
     return GPTOSS_OK;
 }
 
-gptoss_status gptoss_cuda_tuning_parse(gptoss_cuda_tuning *t, const char *spec, gptoss_error *error) {
+gptoss_status gptoss_cuda_tuning_parse(gptoss_cuda_tuning *t, const char *spec,
+                                       gptoss_error *error) {
     const char *p = spec ? spec : "";
     while (*p) {
         const char *end = strchr(p, ',');
         if (!end) end = p + strlen(p);
         const char *a = p, *b = end;
-        while (a < b && (*a == ' ' || *a == '\t')) a++;
-        while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
+        while (a < b && (*a == ' ' || *a == '\t'))
+            a++;
+        while (b > a && (b[-1] == ' ' || b[-1] == '\t'))
+            b--;
         if (a < b) {
             const char *eq = memchr(a, '=', (size_t)(b - a));
             if (!eq)
                 return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                         "CUDA tuning: '%.*s' is not key=value", (int)(b - a), a);
             const char *ke = eq;
-            while (ke > a && (ke[-1] == ' ' || ke[-1] == '\t')) ke--;
+            while (ke > a && (ke[-1] == ' ' || ke[-1] == '\t'))
+                ke--;
             const char *v = eq + 1;
-            while (v < b && (*v == ' ' || *v == '\t')) v++;
+            while (v < b && (*v == ' ' || *v == '\t'))
+                v++;
             const knob *k = NULL;
             for (size_t i = 0; i < sizeof knobs / sizeof knobs[0] && !k; i++)
                 if (token_is(a, (size_t)(ke - a), knobs[i].key)) k = &knobs[i];
@@ -179,9 +194,11 @@ gptoss_status gptoss_cuda_tuning_parse(gptoss_cuda_tuning *t, const char *spec, 
                 char keys[512];
                 size_t n = 0;
                 for (size_t i = 0; i < sizeof knobs / sizeof knobs[0] && n + 1 < sizeof keys; i++)
-                    n += (size_t)snprintf(keys + n, sizeof keys - n, "%s%s", i ? ", " : "", knobs[i].key);
+                    n += (size_t)snprintf(keys + n, sizeof keys - n, "%s%s", i ? ", " : "",
+                                          knobs[i].key);
                 return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                        "CUDA tuning: unknown key '%.*s' (keys: %s)", (int)(ke - a), a, keys);
+                                        "CUDA tuning: unknown key '%.*s' (keys: %s)", (int)(ke - a),
+                                        a, keys);
             }
             gptoss_status st = set_knob(t, k, k->key, v, (size_t)(b - v), error);
             if (st) return st;
@@ -201,7 +218,8 @@ gptoss_status gptoss_cuda_tuning_from_env(gptoss_cuda_tuning *t, gptoss_error *e
     return GPTOSS_OK;
 }
 
-gptoss_status gptoss_cuda_tuning_init(gptoss_cuda_tuning *t, const char *spec, gptoss_error *error) {
+gptoss_status gptoss_cuda_tuning_init(gptoss_cuda_tuning *t, const char *spec,
+                                      gptoss_error *error) {
     gptoss_cuda_tuning_default(t);
     gptoss_status st = gptoss_cuda_tuning_parse(t, spec, error);
     return st ? st : gptoss_cuda_tuning_from_env(t, error);

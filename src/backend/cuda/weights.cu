@@ -16,30 +16,35 @@ extern "C" {
 #include "util/log.h"
 }
 
-static size_t dense_bytes(size_t n, size_t k, bool fp8) { return fp8 ? gptoss_cuda_e4m3_bytes(n, k) : n * k * 2; }
+static size_t dense_bytes(size_t n, size_t k, bool fp8) {
+    return fp8 ? gptoss_cuda_e4m3_bytes(n, k) : n * k * 2;
+}
 
 static size_t layer_weight_bytes(const gptoss_config *c, uint32_t fp8_layers) {
     size_t H = c->hidden_size, I = c->intermediate_size, E = c->n_experts;
-    size_t qkv = (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim, q = (size_t)c->n_heads * c->head_dim;
+    size_t qkv = (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim,
+           q = (size_t)c->n_heads * c->head_dim;
     size_t b = 0;
     b += 2 * H * 4 + dense_bytes(qkv, H, fp8_layers & GPTOSS_FP8_QKV) + qkv * 4 +
-         dense_bytes(H, q, fp8_layers & GPTOSS_FP8_O) + H * 4 + c->n_heads * 4 + E * H * (2 + 4) + E * 4;
+         dense_bytes(H, q, fp8_layers & GPTOSS_FP8_O) + H * 4 + c->n_heads * 4 + E * H * (2 + 4) +
+         E * 4;
     b += E * 2 * I * (H / 32) * 17 + E * 2 * I * 4 + E * H * (I / 32) * 17 + E * H * 4;
     return b + 16 * 256; /* alignment slack */
 }
 
-
 /* A dense [n, k] matrix in the form fp8 asks for (see gptoss_cuda_dense_weight), counted as
  * weights. */
-static gptoss_status dense_alloc(gptoss_cuda_state *s, gptoss_cuda_dense_weight *w, size_t n, size_t k, bool fp8,
-                                 const char *what, gptoss_error *error) {
+static gptoss_status dense_alloc(gptoss_cuda_state *s, gptoss_cuda_dense_weight *w, size_t n,
+                                 size_t k, bool fp8, const char *what, gptoss_error *error) {
     memset(w, 0, sizeof *w);
     if (fp8 && k % 16)
-        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
-                                "CUDA: %s cannot be held in FP8: rows of %zu weights (a multiple of 16 is needed)",
-                                what, k);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_UNSUPPORTED,
+            "CUDA: %s cannot be held in FP8: rows of %zu weights (a multiple of 16 is needed)",
+            what, k);
     size_t bytes = dense_bytes(n, k, fp8);
-    gptoss_status st = gptoss_cuda_alloc(fp8 ? (void **)&w->w_e4m3 : (void **)&w->w_bf16, bytes, what, error);
+    gptoss_status st =
+        gptoss_cuda_alloc(fp8 ? (void **)&w->w_e4m3 : (void **)&w->w_bf16, bytes, what, error);
     if (st) return st;
     if (fp8) w->row_scale = (float *)(w->w_e4m3 + gptoss_cuda_e4m3_scale_offset(n, k));
     s->weight_bytes += bytes;
@@ -58,14 +63,16 @@ static size_t dense_scratch_elems(const gptoss_config *c, uint32_t fp8_layers) {
     size_t qkv = (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim, e = 0;
     if ((fp8_layers & GPTOSS_FP8_QKV) && qkv * H > e) e = qkv * H;
     if ((fp8_layers & GPTOSS_FP8_O) && H * q > e) e = H * q;
-    if ((fp8_layers & GPTOSS_FP8_LM_HEAD) && (V < 4096 ? V : 4096) * H > e) e = (V < 4096 ? V : 4096) * H;
+    if ((fp8_layers & GPTOSS_FP8_LM_HEAD) && (V < 4096 ? V : 4096) * H > e)
+        e = (V < 4096 ? V : 4096) * H;
     return e;
 }
 
 size_t gptoss_cuda_weights_bytes(const gptoss_config *c, uint32_t fp8_layers) {
     size_t H = c->hidden_size, V = c->vocab_size;
     return V * H * 2 + dense_bytes(V, H, fp8_layers & GPTOSS_FP8_LM_HEAD) +
-           (size_t)c->n_layers * layer_weight_bytes(c, fp8_layers) + dense_scratch_elems(c, fp8_layers) * 2;
+           (size_t)c->n_layers * layer_weight_bytes(c, fp8_layers) +
+           dense_scratch_elems(c, fp8_layers) * 2;
 }
 
 gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *error) {
@@ -74,11 +81,11 @@ gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *erro
     size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
     size_t QKV = (NH + 2 * NKV) * D;
     gptoss_status st;
-#define ALLOC(ptr, bytes, what)                                                    \
-    do {                                                                           \
-        st = gptoss_cuda_alloc((void **)&(ptr), (bytes), (what), error);           \
-        if (st) return st;                                                         \
-        s->weight_bytes += (bytes);                                                \
+#define ALLOC(ptr, bytes, what)                                                                    \
+    do {                                                                                           \
+        st = gptoss_cuda_alloc((void **)&(ptr), (bytes), (what), error);                           \
+        if (st) return st;                                                                         \
+        s->weight_bytes += (bytes);                                                                \
     } while (0)
     ALLOC(s->embedding, V * H * 2, "the embedding");
     st = dense_alloc(s, &s->lm_head, V, H, s->fp8_layers & GPTOSS_FP8_LM_HEAD, "lm_head", error);
@@ -92,10 +99,12 @@ gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *erro
         L->sliding = c->layer_is_sliding[l] && c->sliding_window > 0;
         ALLOC(L->attn_norm, H * 4, "norms");
         ALLOC(L->mlp_norm, H * 4, "norms");
-        st = dense_alloc(s, &L->qkv_weight, QKV, H, s->fp8_layers & GPTOSS_FP8_QKV, "QKV weights", error);
+        st = dense_alloc(s, &L->qkv_weight, QKV, H, s->fp8_layers & GPTOSS_FP8_QKV, "QKV weights",
+                         error);
         if (st) return st;
         ALLOC(L->qkv_bias, QKV * 4, "QKV bias");
-        st = dense_alloc(s, &L->o_weight, H, NH * D, s->fp8_layers & GPTOSS_FP8_O, "O weights", error);
+        st = dense_alloc(s, &L->o_weight, H, NH * D, s->fp8_layers & GPTOSS_FP8_O, "O weights",
+                         error);
         if (st) return st;
         ALLOC(L->o_bias, H * 4, "O bias");
         ALLOC(L->sinks, NH * 4, "sinks");
@@ -118,14 +127,16 @@ gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *erro
 #undef ALLOC
     s->dense_scratch_elems = dense_scratch_elems(c, s->fp8_layers);
     if (s->dense_scratch_elems) {
-        st = gptoss_cuda_alloc((void **)&s->dense_scratch, s->dense_scratch_elems * 2, "the FP8 layers' scratch", error);
+        st = gptoss_cuda_alloc((void **)&s->dense_scratch, s->dense_scratch_elems * 2,
+                               "the FP8 layers' scratch", error);
         if (st) return st;
     }
     float inv_freq[512];
     float conc = 1.0f;
     gptoss_rope_yarn_inv_freq(c, inv_freq, &conc);
     s->concentration = conc;
-    CUDA_TRY(cudaMemcpy(s->inv_freq, inv_freq, D / 2 * sizeof(float), cudaMemcpyHostToDevice), "upload RoPE");
+    CUDA_TRY(cudaMemcpy(s->inv_freq, inv_freq, D / 2 * sizeof(float), cudaMemcpyHostToDevice),
+             "upload RoPE");
     return GPTOSS_OK;
 }
 
@@ -170,13 +181,15 @@ typedef struct upload_ctx {
 static void upload_progress(upload_ctx *u, size_t bytes) {
     u->done += bytes;
     if (u->options->progress)
-        u->options->progress(u->options->progress_user, "uploading weights", u->total ? (double)u->done / u->total : 1.0);
+        u->options->progress(u->options->progress_user, "uploading weights",
+                             u->total ? (double)u->done / u->total : 1.0);
 }
 
-static gptoss_status upload_raw(upload_ctx *u, void *dst, const gptoss_tensor *t, size_t expect_bytes,
-                                gptoss_error *error) {
+static gptoss_status upload_raw(upload_ctx *u, void *dst, const gptoss_tensor *t,
+                                size_t expect_bytes, gptoss_error *error) {
     if (t->n_bytes != expect_bytes)
-        return gptoss_set_error(error, GPTOSS_ERR_MODEL, "CUDA upload: tensor %s has %zu bytes, expected %zu",
+        return gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                "CUDA upload: tensor %s has %zu bytes, expected %zu",
                                 t->name ? t->name : "?", t->n_bytes, expect_bytes);
     CUDA_TRY(cudaMemcpy(dst, t->data, expect_bytes, cudaMemcpyHostToDevice), "weight upload");
     upload_progress(u, expect_bytes);
@@ -186,10 +199,13 @@ static gptoss_status upload_raw(upload_ctx *u, void *dst, const gptoss_tensor *t
 /* A dense matrix tensor must be bf16 with n elements. */
 static gptoss_status check_bf16_matrix(const gptoss_tensor *t, size_t n, gptoss_error *error) {
     if (t->dtype != GPTOSS_DTYPE_BF16)
-        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "CUDA upload: tensor %s is %s; the CUDA backend "
-                                "needs BF16 for dense matrices", t->name ? t->name : "?", gptoss_dtype_name(t->dtype));
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "CUDA upload: tensor %s is %s; the CUDA backend "
+                                "needs BF16 for dense matrices",
+                                t->name ? t->name : "?", gptoss_dtype_name(t->dtype));
     if (t->n_bytes != n * 2)
-        return gptoss_set_error(error, GPTOSS_ERR_MODEL, "CUDA upload: tensor %s has %zu bytes, expected %zu",
+        return gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                "CUDA upload: tensor %s has %zu bytes, expected %zu",
                                 t->name ? t->name : "?", t->n_bytes, n * 2);
     return GPTOSS_OK;
 }
@@ -203,8 +219,9 @@ static gptoss_status upload_bf16_matrix(upload_ctx *u, bf16 *dst, const gptoss_t
 /* Rows [row0, row0 + rows) of a dense [*, k] matrix from a bf16 tensor [rows, k]: copied in
  * place, or, for an FP8 matrix, staged through s->dense_scratch in blocks of rows and
  * quantized into place (a row's scale needs only that row). */
-static gptoss_status upload_dense(upload_ctx *u, gptoss_cuda_dense_weight *dst, size_t row0, size_t rows, size_t k,
-                                  const gptoss_tensor *t, gptoss_error *error) {
+static gptoss_status upload_dense(upload_ctx *u, gptoss_cuda_dense_weight *dst, size_t row0,
+                                  size_t rows, size_t k, const gptoss_tensor *t,
+                                  gptoss_error *error) {
     if (dst->w_bf16) return upload_bf16_matrix(u, dst->w_bf16 + row0 * k, t, rows * k, error);
     gptoss_cuda_state *s = u->s;
     gptoss_status st = check_bf16_matrix(t, rows * k, error);
@@ -213,10 +230,12 @@ static gptoss_status upload_dense(upload_ctx *u, gptoss_cuda_dense_weight *dst, 
     const unsigned char *src = (const unsigned char *)t->data;
     for (size_t r = 0; r < rows; r += block) {
         size_t n = rows - r < block ? rows - r : block;
-        CUDA_TRY(cudaMemcpyAsync(s->dense_scratch, src + r * k * 2, n * k * 2, cudaMemcpyHostToDevice, s->stream),
+        CUDA_TRY(cudaMemcpyAsync(s->dense_scratch, src + r * k * 2, n * k * 2,
+                                 cudaMemcpyHostToDevice, s->stream),
                  "weight upload");
-        gptoss_cuda_quantize_e4m3_rows(s->dense_scratch, (int32_t)n, (int32_t)k, dst->w_e4m3 + (row0 + r) * k,
-                                       dst->row_scale + row0 + r, s->stream);
+        gptoss_cuda_quantize_e4m3_rows(s->dense_scratch, (int32_t)n, (int32_t)k,
+                                       dst->w_e4m3 + (row0 + r) * k, dst->row_scale + row0 + r,
+                                       s->stream);
         upload_progress(u, n * k * 2);
     }
     CUDA_TRY(cudaStreamSynchronize(s->stream), "FP8 quantization");
@@ -236,7 +255,8 @@ static gptoss_status upload_vector_f32(upload_ctx *u, float *dst, const gptoss_t
     const unsigned char *p = (const unsigned char *)t->data;
     size_t esz = gptoss_dtype_size(t->dtype);
     if (t->n_bytes != n * esz || (t->dtype != GPTOSS_DTYPE_BF16 && t->dtype != GPTOSS_DTYPE_F32))
-        return gptoss_set_error(error, GPTOSS_ERR_MODEL, "CUDA upload: tensor %s: expected %zu BF16 or F32 values",
+        return gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                "CUDA upload: tensor %s: expected %zu BF16 or F32 values",
                                 t->name ? t->name : "?", n);
     for (size_t i = 0; i < n; i++) {
         if (t->dtype == GPTOSS_DTYPE_BF16) {
@@ -247,13 +267,15 @@ static gptoss_status upload_vector_f32(upload_ctx *u, float *dst, const gptoss_t
             memcpy(&u->host_f32[i], p + 4 * i, 4);
         }
     }
-    CUDA_TRY(cudaMemcpy(dst, u->host_f32, n * sizeof(float), cudaMemcpyHostToDevice), "weight upload");
+    CUDA_TRY(cudaMemcpy(dst, u->host_f32, n * sizeof(float), cudaMemcpyHostToDevice),
+             "weight upload");
     upload_progress(u, t->n_bytes);
     return GPTOSS_OK;
 }
 
 gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weights *w,
-                                         const gptoss_backend_options *options, gptoss_error *error) {
+                                         const gptoss_backend_options *options,
+                                         gptoss_error *error) {
     const gptoss_config *c = &s->config;
     size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
     size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
@@ -261,17 +283,19 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
     u.total = w->embedding.n_bytes + w->lm_head.n_bytes + w->final_norm.n_bytes;
     for (int l = 0; l < w->n_layers; l++) {
         const gptoss_tensor *ts = &w->layers[l].attn_norm;
-        for (size_t i = 0; i < sizeof(gptoss_layer_weights) / sizeof(gptoss_tensor); i++) u.total += ts[i].n_bytes;
+        for (size_t i = 0; i < sizeof(gptoss_layer_weights) / sizeof(gptoss_tensor); i++)
+            u.total += ts[i].n_bytes;
     }
     gptoss_status st = GPTOSS_OK;
-#define TRY(x)          \
-    do {                \
-        st = (x);       \
-        if (st) goto done; \
+#define TRY(x)                                                                                     \
+    do {                                                                                           \
+        st = (x);                                                                                  \
+        if (st) goto done;                                                                         \
     } while (0)
     if (w->n_layers != c->n_layers) {
-        st = gptoss_set_error(error, GPTOSS_ERR_MODEL, "CUDA upload: weights have %d layers, config %d",
-                              w->n_layers, c->n_layers);
+        st = gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                              "CUDA upload: weights have %d layers, config %d", w->n_layers,
+                              c->n_layers);
         goto done;
     }
     TRY(upload_bf16_matrix(&u, s->embedding, &w->embedding, V * H, error));
@@ -293,10 +317,14 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
         TRY(upload_vector_f32(&u, L->sinks, &lw->sinks, NH, error));
         TRY(upload_bf16_matrix(&u, L->router_weight, &lw->router_weight, E * H, error));
         TRY(upload_vector_f32(&u, L->router_bias, &lw->router_bias, E, error));
-        TRY(upload_raw(&u, (void *)L->moe.gate_up_blocks, &lw->gate_up_blocks, E * 2 * I * (H / 32) * 16, error));
-        TRY(upload_raw(&u, (void *)L->moe.gate_up_scales, &lw->gate_up_scales, E * 2 * I * (H / 32), error));
-        TRY(upload_vector_f32(&u, (float *)L->moe.gate_up_bias, &lw->gate_up_bias, E * 2 * I, error));
-        TRY(upload_raw(&u, (void *)L->moe.down_blocks, &lw->down_blocks, E * H * (I / 32) * 16, error));
+        TRY(upload_raw(&u, (void *)L->moe.gate_up_blocks, &lw->gate_up_blocks,
+                       E * 2 * I * (H / 32) * 16, error));
+        TRY(upload_raw(&u, (void *)L->moe.gate_up_scales, &lw->gate_up_scales, E * 2 * I * (H / 32),
+                       error));
+        TRY(upload_vector_f32(&u, (float *)L->moe.gate_up_bias, &lw->gate_up_bias, E * 2 * I,
+                              error));
+        TRY(upload_raw(&u, (void *)L->moe.down_blocks, &lw->down_blocks, E * H * (I / 32) * 16,
+                       error));
         TRY(upload_raw(&u, (void *)L->moe.down_scales, &lw->down_scales, E * H * (I / 32), error));
         TRY(upload_vector_f32(&u, (float *)L->moe.down_bias, &lw->down_bias, E * H, error));
     }
@@ -312,7 +340,8 @@ done:
  * caller hears how many. */
 gptoss_status gptoss_cuda_weights_finish(gptoss_cuda_state *s, gptoss_error *error) {
     for (int l = 0; l < s->config.n_layers; l++)
-        gptoss_cuda_bf16_to_f32(s->layers[l].router_weight, (size_t)s->config.n_experts * s->config.hidden_size,
+        gptoss_cuda_bf16_to_f32(s->layers[l].router_weight,
+                                (size_t)s->config.n_experts * s->config.hidden_size,
                                 s->layers[l].router_weight_f32, s->stream);
     unsigned *scratch = NULL;
     gptoss_status st = gptoss_cuda_alloc((void **)&scratch, 16, "a check buffer", error);
@@ -320,14 +349,18 @@ gptoss_status gptoss_cuda_weights_finish(gptoss_cuda_state *s, gptoss_error *err
     int slow = 0;
     cudaError_t ce = cudaSuccess;
     for (int l = 0; l < s->config.n_layers && ce == cudaSuccess; l++) {
-        ce = gptoss_cuda_moe_check_mma(&s->layers[l].moe, s->layers[l].mlp_norm, scratch, s->stream);
+        ce =
+            gptoss_cuda_moe_check_mma(&s->layers[l].moe, s->layers[l].mlp_norm, scratch, s->stream);
         slow += !s->layers[l].moe.mma_ok;
     }
     cudaFree(scratch);
     if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "MoE weight check");
     if (slow)
-        GPTOSS_LOG_W("cuda", "%d of %d MoE layers have scales outside [2^-23, 2^1] (or inputs too wide for fp16) "
-                     "and use the slower WMMA/GEMV kernels", slow, s->config.n_layers);
+        GPTOSS_LOG_W(
+            "cuda",
+            "%d of %d MoE layers have scales outside [2^-23, 2^1] (or inputs too wide for fp16) "
+            "and use the slower WMMA/GEMV kernels",
+            slow, s->config.n_layers);
     return GPTOSS_OK;
 }
 
@@ -336,8 +369,8 @@ gptoss_status gptoss_cuda_weights_finish(gptoss_cuda_state *s, gptoss_error *err
 /* N(0, sd) values for a dense [n, k] matrix: generated in place, or, for an FP8 matrix, in
  * blocks of rows in the scratch and quantized into place (from the values the bf16 matrix
  * gets from the same seed). Enqueued on s->stream; the caller checks for errors. */
-static void fill_dense_random(gptoss_cuda_state *s, gptoss_cuda_dense_weight *w, size_t n, size_t k, uint64_t seed,
-                              float sd) {
+static void fill_dense_random(gptoss_cuda_state *s, gptoss_cuda_dense_weight *w, size_t n, size_t k,
+                              uint64_t seed, float sd) {
     if (w->w_bf16) {
         gptoss_cuda_fill_normal_bf16(w->w_bf16, n * k, seed, 0.0f, sd, s->stream);
         return;
@@ -345,13 +378,15 @@ static void fill_dense_random(gptoss_cuda_state *s, gptoss_cuda_dense_weight *w,
     const size_t block = s->dense_scratch_elems / k;
     for (size_t r = 0; r < n; r += block) {
         size_t rows = n - r < block ? n - r : block;
-        gptoss_cuda_fill_normal_bf16_at(s->dense_scratch, rows * k, r * k, seed, 0.0f, sd, s->stream);
-        gptoss_cuda_quantize_e4m3_rows(s->dense_scratch, (int32_t)rows, (int32_t)k, w->w_e4m3 + r * k, w->row_scale + r,
-                                       s->stream);
+        gptoss_cuda_fill_normal_bf16_at(s->dense_scratch, rows * k, r * k, seed, 0.0f, sd,
+                                        s->stream);
+        gptoss_cuda_quantize_e4m3_rows(s->dense_scratch, (int32_t)rows, (int32_t)k,
+                                       w->w_e4m3 + r * k, w->row_scale + r, s->stream);
     }
 }
 
-gptoss_status gptoss_cuda_weights_random(gptoss_cuda_state *s, const gptoss_backend_options *options, uint64_t seed,
+gptoss_status gptoss_cuda_weights_random(gptoss_cuda_state *s,
+                                         const gptoss_backend_options *options, uint64_t seed,
                                          gptoss_error *error) {
     const gptoss_config *c = &s->config;
     size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
@@ -379,13 +414,19 @@ gptoss_status gptoss_cuda_weights_random(gptoss_cuda_state *s, const gptoss_back
         gptoss_cuda_fill_normal_f32(L->sinks, NH, n++, 0.0f, 1.0f, k);
         gptoss_cuda_fill_normal_bf16(L->router_weight, E * H, n++, 0.0f, lin_h, k);
         gptoss_cuda_fill_normal_f32(L->router_bias, E, n++, 0.0f, 0.02f, k);
-        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_blocks, E * 2 * I * (H / 32) * 16, n++, 0, 255, k);
-        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_scales, E * 2 * I * (H / 32), n++, s0_h - 1, s0_h + 1, k);
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_blocks, E * 2 * I * (H / 32) * 16,
+                                    n++, 0, 255, k);
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_scales, E * 2 * I * (H / 32), n++,
+                                    s0_h - 1, s0_h + 1, k);
         gptoss_cuda_fill_normal_f32((float *)L->moe.gate_up_bias, E * 2 * I, n++, 0.0f, 0.02f, k);
-        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_blocks, E * H * (I / 32) * 16, n++, 0, 255, k);
-        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_scales, E * H * (I / 32), n++, s0_i - 1, s0_i + 1, k);
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_blocks, E * H * (I / 32) * 16, n++, 0,
+                                    255, k);
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_scales, E * H * (I / 32), n++, s0_i - 1,
+                                    s0_i + 1, k);
         gptoss_cuda_fill_normal_f32((float *)L->moe.down_bias, E * H, n++, 0.0f, 0.02f, k);
-        if (options->progress) options->progress(options->progress_user, "generating weights", (l + 1.0) / c->n_layers);
+        if (options->progress)
+            options->progress(options->progress_user, "generating weights",
+                              (l + 1.0) / c->n_layers);
     }
     cudaError_t ce = cudaStreamSynchronize(k);
     if (ce == cudaSuccess) ce = cudaGetLastError();

@@ -20,22 +20,23 @@
  */
 
 template <int D, typename KV>
-static __global__ void attention_kernel(const float *q, const KV *k_cache, const KV *v_cache,
-                                        const float *k_scale, const float *v_scale,
-                                        const int32_t *positions, const int32_t *token_seq,
-                                        const int32_t *block_tables, int32_t max_blocks,
-                                        int32_t block_size, const float *sinks, int32_t n_heads,
-                                        int32_t n_kv_heads, int32_t window, int32_t n_splits,
-                                        float *partial, bf16 *out) {
+static __global__ void
+attention_kernel(const float *q, const KV *k_cache, const KV *v_cache, const float *k_scale,
+                 const float *v_scale, const int32_t *positions, const int32_t *token_seq,
+                 const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
+                 const float *sinks, int32_t n_heads, int32_t n_kv_heads, int32_t window,
+                 int32_t n_splits, float *partial, bf16 *out) {
     constexpr int DPAD = D + 2;
     constexpr int PER_LANE = (D + 31) / 32;
     extern __shared__ float smem[];
     int group = n_heads / n_kv_heads;
-    float *qs = smem;                                      /* [group][D] */
-    bf16 *ks = (bf16 *)(qs + group * D);                   /* [ATTN_SPLIT_TILE_KEYS][DPAD] */
-    bf16 *vs = ks + ATTN_SPLIT_TILE_KEYS * DPAD;                       /* [ATTN_SPLIT_TILE_KEYS][D] */
-    float *ks_scale = (float *)(vs + ATTN_SPLIT_TILE_KEYS * D);       /* e4m3: [ATTN_SPLIT_TILE_KEYS] scales of K */
-    float *vs_scale = ks_scale + ATTN_SPLIT_TILE_KEYS;                 /* e4m3: [ATTN_SPLIT_TILE_KEYS] scales of V */
+    float *qs = smem;                            /* [group][D] */
+    bf16 *ks = (bf16 *)(qs + group * D);         /* [ATTN_SPLIT_TILE_KEYS][DPAD] */
+    bf16 *vs = ks + ATTN_SPLIT_TILE_KEYS * DPAD; /* [ATTN_SPLIT_TILE_KEYS][D] */
+    float *ks_scale =
+        (float *)(vs + ATTN_SPLIT_TILE_KEYS * D); /* e4m3: [ATTN_SPLIT_TILE_KEYS] scales of K */
+    float *vs_scale =
+        ks_scale + ATTN_SPLIT_TILE_KEYS; /* e4m3: [ATTN_SPLIT_TILE_KEYS] scales of V */
     constexpr bool e4m3 = kv_page_traits<KV>::e4m3;
     int t = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -44,7 +45,8 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
     int seq = token_seq[t];
     int lo = window > 0 ? max(0, p - window + 1) : 0;
     int span = p - lo + 1;
-    int chunk = ((span + n_splits - 1) / n_splits + ATTN_SPLIT_TILE_KEYS - 1) / ATTN_SPLIT_TILE_KEYS * ATTN_SPLIT_TILE_KEYS;
+    int chunk = ((span + n_splits - 1) / n_splits + ATTN_SPLIT_TILE_KEYS - 1) /
+                ATTN_SPLIT_TILE_KEYS * ATTN_SPLIT_TILE_KEYS;
     int begin = lo + split * chunk;
     int end = min(p + 1, begin + chunk); /* exclusive */
 
@@ -55,7 +57,8 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
     float m = -INFINITY, l = 0.0f;
     float acc[PER_LANE];
 #pragma unroll
-    for (int i = 0; i < PER_LANE; i++) acc[i] = 0.0f;
+    for (int i = 0; i < PER_LANE; i++)
+        acc[i] = 0.0f;
 
     for (int k0 = begin; k0 < end; k0 += ATTN_SPLIT_TILE_KEYS) {
         __syncthreads();
@@ -83,7 +86,9 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
                 int j = k0 + r;
                 float kscale = 0.0f, vscale = 0.0f;
                 if (j < end) {
-                    size_t slot = ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + g;
+                    size_t slot =
+                        ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads +
+                        g;
                     kscale = k_scale[slot];
                     vscale = v_scale[slot];
                 }
@@ -126,7 +131,8 @@ static __global__ void attention_kernel(const float *q, const KV *k_cache, const
         float corr = (m == -INFINITY) ? 0.0f : __expf(m - m_new);
         l = l * corr + warp_sum(pj);
 #pragma unroll
-        for (int i = 0; i < PER_LANE; i++) acc[i] *= corr;
+        for (int i = 0; i < PER_LANE; i++)
+            acc[i] *= corr;
         int n_valid = min(ATTN_SPLIT_TILE_KEYS, end - k0);
         for (int jj = 0; jj < n_valid; jj++) {
             float pb = __shfl_sync(0xffffffffu, pj, jj);
@@ -181,7 +187,8 @@ static __device__ __forceinline__ float block_reduce(float v, bool is_max, float
     if ((threadIdx.x & 31) == 0) scratch[warp] = v;
     __syncthreads();
     v = scratch[0];
-    for (int w = 1; w < n_warps; w++) v = is_max ? fmaxf(v, scratch[w]) : v + scratch[w];
+    for (int w = 1; w < n_warps; w++)
+        v = is_max ? fmaxf(v, scratch[w]) : v + scratch[w];
     return v;
 }
 
@@ -212,7 +219,8 @@ static __global__ void attention_merge_kernel(const float *partial, const float 
     if (d >= head_dim) return;
     float num = 0.0f;
 #pragma unroll 8
-    for (int s = 0; s < n_splits; s++) num += pp[s * stride + d] * weight[s];
+    for (int s = 0; s < n_splits; s++)
+        num += pp[s * stride + d] * weight[s];
     out[((size_t)t * n_heads + head) * head_dim + d] = __float2bfloat16(num / den);
 }
 
@@ -224,17 +232,19 @@ int32_t gptoss_cuda_attention_splits(int32_t n_tokens, int32_t n_kv_heads, int32
      * token on the 20b shape the decode kernel took 22.0 us at depth 8192 with 32 splits (this
      * rule) against 28.6 us with 64 (the earlier two-wave rule; the merge grows with the
      * splits), and 17.1 us at depth 2048 with 16 splits under both rules (H100) */
-    while (blocks * splits < n_sms && max_span / (splits * 2) >= 128 && splits < 64) splits *= 2;
+    while (blocks * splits < n_sms && max_span / (splits * 2) >= 128 && splits < 64)
+        splits *= 2;
     return splits;
 }
 
 /* Launches the attention kernel for either page type (scales NULL for bf16 pages). */
 template <typename KV>
-static int attention_launch(const float *q, const KV *k_cache, const KV *v_cache, const float *k_scale,
-                            const float *v_scale, const int32_t *positions, const int32_t *token_seq,
-                            const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
-                            const float *sinks, int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
-                            int32_t head_dim, int32_t window, int32_t n_splits, float *partial, bf16 *out,
+static int attention_launch(const float *q, const KV *k_cache, const KV *v_cache,
+                            const float *k_scale, const float *v_scale, const int32_t *positions,
+                            const int32_t *token_seq, const int32_t *block_tables,
+                            int32_t max_blocks, int32_t block_size, const float *sinks,
+                            int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                            int32_t window, int32_t n_splits, float *partial, bf16 *out,
                             cudaStream_t stream) {
     if (n_tokens <= 0) return 0;
     int group = n_heads / n_kv_heads;
@@ -244,52 +254,66 @@ static int attention_launch(const float *q, const KV *k_cache, const KV *v_cache
     dim3 grid(n_tokens, n_kv_heads, n_splits);
     int threads = 32 * group;
     if (threads < 64) threads = 64; /* enough threads for the tile loads */
-    const size_t scale_bytes = kv_page_traits<KV>::e4m3 ? 2 * ATTN_SPLIT_TILE_KEYS * sizeof(float) : 0;
+    const size_t scale_bytes =
+        kv_page_traits<KV>::e4m3 ? 2 * ATTN_SPLIT_TILE_KEYS * sizeof(float) : 0;
     size_t smem;
-#define LAUNCH_ATT(DIM)                                                                                      \
-    smem = (size_t)group * DIM * sizeof(float) + (size_t)ATTN_SPLIT_TILE_KEYS * (2 * DIM + 2) * sizeof(bf16) + scale_bytes; \
-    attention_kernel<DIM, KV><<<grid, threads, smem, stream>>>(q, k_cache, v_cache, k_scale, v_scale, positions,   \
-                                                               token_seq, block_tables, max_blocks, block_size,  \
-                                                               sinks, n_heads, n_kv_heads, window, n_splits,    \
-                                                               partial, out)
+#define LAUNCH_ATT(DIM)                                                                            \
+    smem = (size_t)group * DIM * sizeof(float) +                                                   \
+           (size_t)ATTN_SPLIT_TILE_KEYS * (2 * DIM + 2) * sizeof(bf16) + scale_bytes;              \
+    attention_kernel<DIM, KV><<<grid, threads, smem, stream>>>(                                    \
+        q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables, max_blocks,     \
+        block_size, sinks, n_heads, n_kv_heads, window, n_splits, partial, out)
     switch (head_dim) {
-    case 16: LAUNCH_ATT(16); break;
-    case 32: LAUNCH_ATT(32); break;
-    case 64: LAUNCH_ATT(64); break;
-    case 128: LAUNCH_ATT(128); break;
-    default: return -1;
+    case 16:
+        LAUNCH_ATT(16);
+        break;
+    case 32:
+        LAUNCH_ATT(32);
+        break;
+    case 64:
+        LAUNCH_ATT(64);
+        break;
+    case 128:
+        LAUNCH_ATT(128);
+        break;
+    default:
+        return -1;
     }
 #undef LAUNCH_ATT
-    if (n_splits > 1) gptoss_cuda_attention_merge(partial, sinks, n_tokens, n_heads, head_dim, n_splits, out, stream);
+    if (n_splits > 1)
+        gptoss_cuda_attention_merge(partial, sinks, n_tokens, n_heads, head_dim, n_splits, out,
+                                    stream);
     return 0;
 }
 
-void gptoss_cuda_attention_merge(const float *partial, const float *sinks, int32_t n_tokens, int32_t n_heads,
-                                 int32_t head_dim, int32_t n_splits, bf16 *out, cudaStream_t stream) {
+void gptoss_cuda_attention_merge(const float *partial, const float *sinks, int32_t n_tokens,
+                                 int32_t n_heads, int32_t head_dim, int32_t n_splits, bf16 *out,
+                                 cudaStream_t stream) {
     dim3 mgrid(n_tokens, n_heads);
-    launch_pdl(attention_merge_kernel, mgrid, dim3(head_dim < 32 ? 32 : head_dim), 0, stream, partial, sinks, n_heads,
-               head_dim, n_splits, out);
+    launch_pdl(attention_merge_kernel, mgrid, dim3(head_dim < 32 ? 32 : head_dim), 0, stream,
+               partial, sinks, n_heads, head_dim, n_splits, out);
 }
 
 int gptoss_cuda_attention(const float *q, const bf16 *k_cache, const bf16 *v_cache,
                           const int32_t *positions, const int32_t *token_seq,
                           const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
-                          const float *sinks, int32_t n_tokens, int32_t n_heads,
-                          int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
-                          float *partial, bf16 *out, cudaStream_t stream) {
-    return attention_launch(q, k_cache, v_cache, (const float *)nullptr, (const float *)nullptr, positions, token_seq,
-                            block_tables, max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, head_dim,
-                            window, n_splits, partial, out, stream);
+                          const float *sinks, int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                          int32_t head_dim, int32_t window, int32_t n_splits, float *partial,
+                          bf16 *out, cudaStream_t stream) {
+    return attention_launch(q, k_cache, v_cache, (const float *)nullptr, (const float *)nullptr,
+                            positions, token_seq, block_tables, max_blocks, block_size, sinks,
+                            n_tokens, n_heads, n_kv_heads, head_dim, window, n_splits, partial, out,
+                            stream);
 }
 
 int gptoss_cuda_attention_fp8(const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
                               const float *k_scale, const float *v_scale, const int32_t *positions,
-                              const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
-                              int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
-                              int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
-                              float *partial, bf16 *out, cudaStream_t stream) {
-    return attention_launch(q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables, max_blocks,
-                            block_size, sinks, n_tokens, n_heads, n_kv_heads, head_dim, window, n_splits, partial,
-                            out, stream);
+                              const int32_t *token_seq, const int32_t *block_tables,
+                              int32_t max_blocks, int32_t block_size, const float *sinks,
+                              int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                              int32_t head_dim, int32_t window, int32_t n_splits, float *partial,
+                              bf16 *out, cudaStream_t stream) {
+    return attention_launch(q, k_cache, v_cache, k_scale, v_scale, positions, token_seq,
+                            block_tables, max_blocks, block_size, sinks, n_tokens, n_heads,
+                            n_kv_heads, head_dim, window, n_splits, partial, out, stream);
 }
-

@@ -1,7 +1,8 @@
 /*
  * attention_tc.cu - paged sink attention on tensor cores for prefill-sized steps (mma.sync
  * m16n8k16, bf16 in, f32 accumulate; sm_80+). Computes what gptoss_cuda_attention computes
- * with n_splits = 1 (attention_split.cu) and replaces it when a step has many tokens; owns no memory.
+ * with n_splits = 1 (attention_split.cu) and replaces it when a step has many tokens; owns no
+ * memory.
  *
  * Grid (token tiles, n_kv_heads), latest tile first (causal tiles with the most keys start
  * first). A block takes TQ = 16 * subtiles consecutive tokens of the step and the `group` query
@@ -65,7 +66,6 @@
 #error "attention_tc.cu needs sm_80 or newer (bf16 mma.sync, cp.async)"
 #endif
 
-
 /* Tile shapes by head_dim D, in one place. Shared memory: 2 stages x (K, V) x KEYS x ROW bf16
  * = 36 KB for D = 64, 34 KB for D = 128. */
 template <int D> struct atc_traits {
@@ -85,11 +85,13 @@ template <bool E4M3> using atc_kv_t = typename std::conditional<E4M3, uint8_t, b
  * the cache. e4m3 pages: codes and scales in two stages (cp.async) and one bf16 K and V tile
  * the current stage is decoded into. 36 KB (bf16) and 35 KB (e4m3) for D = 64. */
 template <int D, bool E4M3> struct atc_smem {
-    alignas(16) bf16 k[2][atc_traits<D>::KEYS * atc_traits<D>::ROW]; /* [stage][key][d], padded rows */
+    alignas(
+        16) bf16 k[2][atc_traits<D>::KEYS * atc_traits<D>::ROW]; /* [stage][key][d], padded rows */
     alignas(16) bf16 v[2][atc_traits<D>::KEYS * atc_traits<D>::ROW];
 };
 template <int D> struct atc_smem<D, true> {
-    alignas(16) bf16 k[1][atc_traits<D>::KEYS * atc_traits<D>::ROW]; /* decoded codes, padded rows */
+    alignas(
+        16) bf16 k[1][atc_traits<D>::KEYS * atc_traits<D>::ROW]; /* decoded codes, padded rows */
     alignas(16) bf16 v[1][atc_traits<D>::KEYS * atc_traits<D>::ROW];
     alignas(16) uint8_t k_codes[2][atc_traits<D>::KEYS * D]; /* [stage][key][d] */
     alignas(16) uint8_t v_codes[2][atc_traits<D>::KEYS * D];
@@ -107,13 +109,17 @@ static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
  * the other token tiles of the same KV head (other blocks), never by this block. src_bytes 0
  * reads nothing and writes 16 zero bytes. */
 static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
 }
 /* 4-byte asynchronous copy (a scale), through L1 (.ca: .cg copies only 16 bytes). */
 static __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
 }
-static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
 /* Waits until at most N of this thread's committed copy groups are still in flight. */
 template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -137,12 +143,13 @@ static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint3
  * a = {(g, 2q..2q+1), (g+8, 2q..), (g, 2q+8..), (g+8, 2q+8..)}, b = {(k 2q..2q+1, n g),
  * (k 2q+8.., n g)}, c = {(g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1)}; the lower column (k)
  * sits in the low 16 bits of a pair. */
-static __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                      uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+static __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4],
+                                                      uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* 2^x in one MUFU instruction (2 ulp); 2^-inf = +0. */
@@ -184,8 +191,8 @@ static __device__ __forceinline__ void split_bf16x2_n(float a, float b, uint32_t
 template <int D, int KEYS, int NT>
 static __device__ __forceinline__ void load_kv_tile(bf16 *k_dst, bf16 *v_dst, const bf16 *k_cache,
                                                     const bf16 *v_cache, const int32_t *table,
-                                                    int32_t block_size, int32_t n_kv_heads, int kv_head,
-                                                    int k0, int khi, int tid) {
+                                                    int32_t block_size, int32_t n_kv_heads,
+                                                    int kv_head, int k0, int khi, int tid) {
     typedef atc_traits<D> tr;
     static_assert(NT % tr::CHUNKS == 0, "whole rows per pass");
     constexpr int ROWS_PER_PASS = NT / tr::CHUNKS;
@@ -193,10 +200,12 @@ static __device__ __forceinline__ void load_kv_tile(bf16 *k_dst, bf16 *v_dst, co
 #pragma unroll
     for (int r = tid / tr::CHUNKS; r < KEYS; r += ROWS_PER_PASS) {
         int j = k0 + r;
-        uint32_t kd = smem_addr(k_dst + r * tr::ROW + ch * 8), vd = smem_addr(v_dst + r * tr::ROW + ch * 8);
+        uint32_t kd = smem_addr(k_dst + r * tr::ROW + ch * 8),
+                 vd = smem_addr(v_dst + r * tr::ROW + ch * 8);
         if (j < khi) {
             int blk = table[j / block_size];
-            size_t off = (((size_t)blk * block_size + j % block_size) * n_kv_heads + kv_head) * D + ch * 8;
+            size_t off =
+                (((size_t)blk * block_size + j % block_size) * n_kv_heads + kv_head) * D + ch * 8;
             cp_async16(kd, k_cache + off, 16);
             cp_async16(vd, v_cache + off, 16);
         } else {
@@ -210,17 +219,20 @@ static __device__ __forceinline__ void load_kv_tile(bf16 *k_dst, bf16 *v_dst, co
  * their scales (4 bytes each) into one stage; keys at or past khi are zero-filled (code 0,
  * scale 0). */
 template <int D, int KEYS, int NT>
-static __device__ __forceinline__ void load_kv_codes(uint8_t *k_dst, uint8_t *v_dst, float *ks_dst, float *vs_dst,
-                                                     const uint8_t *k_cache, const uint8_t *v_cache,
-                                                     const float *k_scale, const float *v_scale, const int32_t *table,
-                                                     int32_t block_size, int32_t n_kv_heads, int kv_head, int k0,
-                                                     int khi, int tid) {
+static __device__ __forceinline__ void
+load_kv_codes(uint8_t *k_dst, uint8_t *v_dst, float *ks_dst, float *vs_dst, const uint8_t *k_cache,
+              const uint8_t *v_cache, const float *k_scale, const float *v_scale,
+              const int32_t *table, int32_t block_size, int32_t n_kv_heads, int kv_head, int k0,
+              int khi, int tid) {
     typedef atc_traits<D> tr;
     for (int i = tid; i < KEYS * tr::CODE_CHUNKS; i += NT) {
         int r = i / tr::CODE_CHUNKS, ch = i % tr::CODE_CHUNKS, j = k0 + r;
         uint32_t kd = smem_addr(k_dst + r * D + ch * 16), vd = smem_addr(v_dst + r * D + ch * 16);
         if (j < khi) {
-            size_t off = (((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + kv_head) * D;
+            size_t off =
+                (((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads +
+                 kv_head) *
+                D;
             cp_async16(kd, k_cache + off + ch * 16, 16);
             cp_async16(vd, v_cache + off + ch * 16, 16);
         } else {
@@ -231,7 +243,9 @@ static __device__ __forceinline__ void load_kv_codes(uint8_t *k_dst, uint8_t *v_
     for (int r = tid; r < KEYS; r += NT) {
         int j = k0 + r;
         size_t slot = 0;
-        if (j < khi) slot = ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + kv_head;
+        if (j < khi)
+            slot = ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads +
+                   kv_head;
         cp_async4(smem_addr(ks_dst + r), k_scale + slot, j < khi ? 4 : 0);
         cp_async4(smem_addr(vs_dst + r), v_scale + slot, j < khi ? 4 : 0);
     }
@@ -252,14 +266,16 @@ static __device__ __forceinline__ uint4 decode_e4m3x8(uint2 codes) {
 /* Decodes one stage of codes into the bf16 tiles the warps read (NT threads, 8 codes at a
  * time; exact, the scales are applied in fp32 later). */
 template <int D, int KEYS, int NT>
-static __device__ __forceinline__ void decode_kv_tile(bf16 *k_dst, bf16 *v_dst, const uint8_t *k_src,
-                                                      const uint8_t *v_src, int tid) {
+static __device__ __forceinline__ void
+decode_kv_tile(bf16 *k_dst, bf16 *v_dst, const uint8_t *k_src, const uint8_t *v_src, int tid) {
     typedef atc_traits<D> tr;
     constexpr int CH = D / 8;
     for (int i = tid; i < KEYS * CH; i += NT) {
         int r = i / CH, c = i % CH;
-        *(uint4 *)(k_dst + r * tr::ROW + c * 8) = decode_e4m3x8(*(const uint2 *)(k_src + r * D + c * 8));
-        *(uint4 *)(v_dst + r * tr::ROW + c * 8) = decode_e4m3x8(*(const uint2 *)(v_src + r * D + c * 8));
+        *(uint4 *)(k_dst + r * tr::ROW + c * 8) =
+            decode_e4m3x8(*(const uint2 *)(k_src + r * D + c * 8));
+        *(uint4 *)(v_dst + r * tr::ROW + c * 8) =
+            decode_e4m3x8(*(const uint2 *)(v_src + r * D + c * 8));
     }
 }
 
@@ -278,10 +294,11 @@ template <int ROW> static __device__ __forceinline__ uint32_t v_lane_offset(int 
 /* S = Q K^T for SUB keys (log2 units): s[n] = C fragment of keys 8n .. 8n+7 of the rows at
  * k_base (lane offset included); q as NQ bf16 A fragments whose sum is q (split_bf16x2_n). */
 template <int D, int SUB, int ROW, int NQ>
-static __device__ __forceinline__ void qk_step(float (&s)[SUB / 8][4], const uint32_t (&qf)[NQ][D / 16][4],
-                                               uint32_t k_base) {
+static __device__ __forceinline__ void
+qk_step(float (&s)[SUB / 8][4], const uint32_t (&qf)[NQ][D / 16][4], uint32_t k_base) {
 #pragma unroll
-    for (int n = 0; n < SUB / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int n = 0; n < SUB / 8; n++)
+        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
 #pragma unroll
@@ -299,7 +316,8 @@ static __device__ __forceinline__ void qk_step(float (&s)[SUB / 8][4], const uin
 
 /* s[n][e] *= scale of its key (e4m3 pages): sc holds SUB scales, frag_col = lane % 4. */
 template <int SUB>
-static __device__ __forceinline__ void scale_keys(float (&s)[SUB / 8][4], const float *sc, int frag_col) {
+static __device__ __forceinline__ void scale_keys(float (&s)[SUB / 8][4], const float *sc,
+                                                  int frag_col) {
 #pragma unroll
     for (int n = 0; n < SUB / 8; n++) {
         const float2 f = *(const float2 *)&sc[8 * n + 2 * frag_col];
@@ -315,9 +333,9 @@ static __device__ __forceinline__ void scale_keys(float (&s)[SUB / 8][4], const 
  * P alone; with e4m3 pages (v_scale != NULL: SUB scales) P is then weighted by each key's
  * value scale before its product with the codes. */
 template <int D, int SUB, int ROW, bool E4M3, int NP>
-static __device__ __forceinline__ void softmax_pv_step(float (&s)[SUB / 8][4], float (&o)[D / 8][4], float &max0,
-                                                       float &max1, float &sum0, float &sum1, uint32_t v_base,
-                                                       const float *v_scale, int frag_col) {
+static __device__ __forceinline__ void
+softmax_pv_step(float (&s)[SUB / 8][4], float (&o)[D / 8][4], float &max0, float &max1, float &sum0,
+                float &sum1, uint32_t v_base, const float *v_scale, int frag_col) {
     /* online softmax: new max over the 4 lanes of a row, rescale, P = 2^(S - max) */
     float new0 = max0, new1 = max1;
 #pragma unroll
@@ -353,7 +371,7 @@ static __device__ __forceinline__ void softmax_pv_step(float (&s)[SUB / 8][4], f
     }
     if constexpr (E4M3) scale_keys<SUB>(s, v_scale, frag_col); /* P * v_scale, after the sums */
 
-    /* O += P V: key n-tiles 2kk, 2kk+1 of P are the A fragment of k-step kk; P as NP terms */
+        /* O += P V: key n-tiles 2kk, 2kk+1 of P are the A fragment of k-step kk; P as NP terms */
 #pragma unroll
     for (int kk = 0; kk < SUB / 16; kk++) {
         uint32_t parts[4][NP], pf[NP][4];
@@ -364,7 +382,8 @@ static __device__ __forceinline__ void softmax_pv_step(float (&s)[SUB / 8][4], f
 #pragma unroll
         for (int i = 0; i < NP; i++)
 #pragma unroll
-            for (int r = 0; r < 4; r++) pf[i][r] = parts[r][i];
+            for (int r = 0; r < 4; r++)
+                pf[i][r] = parts[r][i];
 #pragma unroll
         for (int dp = 0; dp < D / 16; dp++) {
             uint32_t b[4];
@@ -381,8 +400,8 @@ static __device__ __forceinline__ void softmax_pv_step(float (&s)[SUB / 8][4], f
 /* Q rows as NQ-term A fragments for the D/16 k-steps (split_bf16x2_n), times log2(e) (the
  * softmax runs on exp2): q0 is fragment row g (lane / 4), q1 row g + 8; a NULL row is zero. */
 template <int D, int NQ>
-static __device__ __forceinline__ void q_fragments(uint32_t (&qf)[NQ][D / 16][4], const float *q0, const float *q1,
-                                                   int frag_col) {
+static __device__ __forceinline__ void q_fragments(uint32_t (&qf)[NQ][D / 16][4], const float *q0,
+                                                   const float *q1, int frag_col) {
     const float log2e = 1.4426950408889634f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
@@ -404,20 +423,22 @@ static __device__ __forceinline__ void q_fragments(uint32_t (&qf)[NQ][D / 16][4]
     }
 }
 
-/* Grid (ceil(n_tokens / (16 * subtiles)), n_kv_heads), ATTN_TC_PREFILL_THREADS threads. E4M3: the pages
- * hold e4m3 codes with scales k_scale, v_scale [n_blocks, block_size, n_kv_heads] (else the
+/* Grid (ceil(n_tokens / (16 * subtiles)), n_kv_heads), ATTN_TC_PREFILL_THREADS threads. E4M3: the
+ * pages hold e4m3 codes with scales k_scale, v_scale [n_blocks, block_size, n_kv_heads] (else the
  * scales are unused). */
 template <int D, bool E4M3>
 static __global__ void __launch_bounds__(ATTN_TC_PREFILL_THREADS, atc_traits<D>::MIN_BLOCKS)
-attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_t<E4M3> *v_cache,
-                    const float *k_scale, const float *v_scale, const int32_t *positions,
-                    const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
-                    int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
-                    int32_t n_kv_heads, int32_t group, int32_t subtiles, int32_t window, bf16 *out) {
+    attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache,
+                        const atc_kv_t<E4M3> *v_cache, const float *k_scale, const float *v_scale,
+                        const int32_t *positions, const int32_t *token_seq,
+                        const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
+                        const float *sinks, int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                        int32_t group, int32_t subtiles, int32_t window, bf16 *out) {
     typedef atc_traits<D> tr;
     constexpr int KT = tr::KEYS, SUB = tr::SUB, ROW = tr::ROW;
     __shared__ atc_smem<D, E4M3> sm;
-    __shared__ int32_t tile_pos[ATTN_TC_PREFILL_MAX_TOKENS], tile_seq[ATTN_TC_PREFILL_MAX_TOKENS]; /* the block's tokens */
+    __shared__ int32_t tile_pos[ATTN_TC_PREFILL_MAX_TOKENS],
+        tile_seq[ATTN_TC_PREFILL_MAX_TOKENS]; /* the block's tokens */
 
     pdl_wait(); /* q, positions and the caches come from earlier kernels */
 
@@ -427,7 +448,8 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
     const int kv_head = blockIdx.y;
     const int tokens_per_block = 16 * subtiles;
     const int n_tiles = (n_tokens + tokens_per_block - 1) / tokens_per_block;
-    const int tb = (n_tiles - 1 - (int)blockIdx.x) * tokens_per_block; /* the block's tokens [tb, te) */
+    const int tb =
+        (n_tiles - 1 - (int)blockIdx.x) * tokens_per_block; /* the block's tokens [tb, te) */
     const int te = min(n_tokens, tb + tokens_per_block);
     for (int i = threadIdx.x; i < te - tb; i += ATTN_TC_PREFILL_THREADS) {
         tile_pos[i] = positions[tb + i];
@@ -436,7 +458,8 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
 
     /* warps past group * subtiles (group 3, 5, 6, 7) only copy: their rows lie past te */
     const int head = kv_head * group + warp % group;
-    const int row0 = warp < group * subtiles ? tb + 16 * (warp / group) + frag_row : INT_MAX - 8; /* row g */
+    const int row0 =
+        warp < group * subtiles ? tb + 16 * (warp / group) + frag_row : INT_MAX - 8; /* row g */
     const int row1 = row0 + 8; /* token of fragment row g + 8 */
     const float log2e = 1.4426950408889634f;
 
@@ -447,7 +470,8 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
 
     float o[D / 8][4]; /* O rows g, g+8: o[n] = C fragment of output columns 8n..8n+7 */
 #pragma unroll
-    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < D / 8; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     /* running max of rows g, g+8 (log2 units), seeded with the sink; kept finite (-1e30 for a
      * sink of -inf) so that masked keys give 2^-inf = 0 and never inf - inf */
     float max0 = fmaxf(sinks[head] * log2e, -1e30f), max1 = max0;
@@ -461,7 +485,8 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
         /* the segment: tokens [seg_start, seg_end) of one sequence; keys [klo, khi) */
         const int seq = tile_seq[seg_start - tb];
         int seg_end = seg_start + 1;
-        while (seg_end < te && tile_seq[seg_end - tb] == seq) seg_end++;
+        while (seg_end < te && tile_seq[seg_end - tb] == seq)
+            seg_end++;
         int klo = INT_MAX, khi = 0;
         for (int t = seg_start; t < seg_end; t++) {
             int p = tile_pos[t - tb];
@@ -490,12 +515,14 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
         /* starts the copy of the key tile at k1 into stage st */
         auto load_stage = [&](int st, int k1) {
             if constexpr (E4M3)
-                load_kv_codes<D, KT, ATTN_TC_PREFILL_THREADS>(sm.k_codes[st], sm.v_codes[st], sm.k_scale[st], sm.v_scale[st],
-                                                  k_cache, v_cache, k_scale, v_scale, table, block_size, n_kv_heads,
-                                                  kv_head, k1, khi, threadIdx.x);
+                load_kv_codes<D, KT, ATTN_TC_PREFILL_THREADS>(
+                    sm.k_codes[st], sm.v_codes[st], sm.k_scale[st], sm.v_scale[st], k_cache,
+                    v_cache, k_scale, v_scale, table, block_size, n_kv_heads, kv_head, k1, khi,
+                    threadIdx.x);
             else
-                load_kv_tile<D, KT, ATTN_TC_PREFILL_THREADS>(sm.k[st], sm.v[st], k_cache, v_cache, table, block_size, n_kv_heads,
-                                                 kv_head, k1, khi, threadIdx.x);
+                load_kv_tile<D, KT, ATTN_TC_PREFILL_THREADS>(sm.k[st], sm.v[st], k_cache, v_cache,
+                                                             table, block_size, n_kv_heads, kv_head,
+                                                             k1, khi, threadIdx.x);
         };
         load_stage(0, klo);
         cp_async_commit();
@@ -506,7 +533,8 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
             cp_async_wait<1>();
             __syncthreads();
             if constexpr (E4M3) { /* the landed codes -> the bf16 tiles, for every warp */
-                decode_kv_tile<D, KT, ATTN_TC_PREFILL_THREADS>(sm.k[0], sm.v[0], sm.k_codes[stage], sm.v_codes[stage], threadIdx.x);
+                decode_kv_tile<D, KT, ATTN_TC_PREFILL_THREADS>(sm.k[0], sm.v[0], sm.k_codes[stage],
+                                                               sm.v_codes[stage], threadIdx.x);
                 __syncthreads();
             }
             if (k0 < last_hi && k0 + KT > any_lo) { /* warp-uniform */
@@ -543,7 +571,8 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
                     const float *v_sc = nullptr;
                     if constexpr (E4M3) v_sc = &sm.v_scale[stage][sub * SUB];
                     softmax_pv_step<D, SUB, ROW, E4M3, 2>(s, o, max0, max1, sum0, sum1,
-                                                       v_base + (uint32_t)(sub * SUB * ROW * 2), v_sc, frag_col);
+                                                          v_base + (uint32_t)(sub * SUB * ROW * 2),
+                                                          v_sc, frag_col);
                 }
             }
             __syncthreads(); /* the stage read here is the one loaded next iteration */
@@ -563,13 +592,15 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
         bf16 *dst = out + ((size_t)row0 * n_heads + head) * D + 2 * frag_col;
 #pragma unroll
         for (int n = 0; n < D / 8; n++)
-            *(__nv_bfloat162 *)(dst + 8 * n) = __floats2bfloat162_rn(o[n][0] * inv0, o[n][1] * inv0);
+            *(__nv_bfloat162 *)(dst + 8 * n) =
+                __floats2bfloat162_rn(o[n][0] * inv0, o[n][1] * inv0);
     }
     if (row1 < te) {
         bf16 *dst = out + ((size_t)row1 * n_heads + head) * D + 2 * frag_col;
 #pragma unroll
         for (int n = 0; n < D / 8; n++)
-            *(__nv_bfloat162 *)(dst + 8 * n) = __floats2bfloat162_rn(o[n][2] * inv1, o[n][3] * inv1);
+            *(__nv_bfloat162 *)(dst + 8 * n) =
+                __floats2bfloat162_rn(o[n][2] * inv1, o[n][3] * inv1);
     }
 }
 
@@ -605,8 +636,8 @@ attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_
  * little there. The FP8 form decodes a landed stage into the warp's bf16 tile and applies the
  * scales in fp32 as the prefill kernel does.
  */
-/* W = 8 warps for grids of at most ATTN_TC_DECODE_SMALL_GRID blocks (one-token steps over short spans,
- * and every sliding layer: one 32-key tile per warp at spans under 256, where 4 warps walked
+/* W = 8 warps for grids of at most ATTN_TC_DECODE_SMALL_GRID blocks (one-token steps over short
+ * spans, and every sliding layer: one 32-key tile per warp at spans under 256, where 4 warps walked
  * two in a row), 4 otherwise: 8 warps take 147 KB of shared memory per block (D = 64), and a
  * grid of many such blocks keeps the O projection's blocks, which copy their weights before
  * their own wait, off those SMs (H100 tg128: +1.4% at depth 0 and +0.8% at 8192 for the rule;
@@ -635,15 +666,18 @@ template <int D> struct adc_warp_smem<D, true> {
 
 template <int D, bool E4M3, int W>
 static __global__ void __launch_bounds__(32 * W)
-attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_t<E4M3> *v_cache,
-                        const float *k_scale, const float *v_scale, const int32_t *positions,
-                        const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
-                        int32_t block_size, const float *sinks, int32_t n_heads, int32_t n_kv_heads,
-                        int32_t group, int32_t window, int32_t n_splits, float *partial, bf16 *out) {
+    attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache,
+                            const atc_kv_t<E4M3> *v_cache, const float *k_scale,
+                            const float *v_scale, const int32_t *positions,
+                            const int32_t *token_seq, const int32_t *block_tables,
+                            int32_t max_blocks, int32_t block_size, const float *sinks,
+                            int32_t n_heads, int32_t n_kv_heads, int32_t group, int32_t window,
+                            int32_t n_splits, float *partial, bf16 *out) {
     typedef adc_traits<D> tr;
     constexpr int KT = tr::KEYS, ROW = tr::ROW;
     typedef adc_warp_smem<D, E4M3> warp_smem;
-    static_assert(sizeof(warp_smem) >= (16 * D + 32) * sizeof(float), "the merge reuses a warp's tiles");
+    static_assert(sizeof(warp_smem) >= (16 * D + 32) * sizeof(float),
+                  "the merge reuses a warp's tiles");
     extern __shared__ __align__(16) unsigned char adc_smem_raw[];
     warp_smem *all = (warp_smem *)adc_smem_raw;
 
@@ -666,12 +700,15 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
     const int end = min(p + 1, begin + chunk);
     const int32_t *table = block_tables + (size_t)token_seq[t] * max_blocks;
     for (int j = begin + (int)threadIdx.x; j < min(min(end, p), begin + W * KT); j += 32 * W) {
-        const size_t slot = ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + kv_head;
+        const size_t slot =
+            ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads + kv_head;
         constexpr int ROW_BYTES = D * (E4M3 ? 1 : 2);
 #pragma unroll
         for (int b = 0; b < ROW_BYTES; b += 128) {
-            asm volatile("prefetch.global.L2 [%0];" ::"l"((const uint8_t *)(k_cache + slot * D) + b));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"((const uint8_t *)(v_cache + slot * D) + b));
+            asm volatile(
+                "prefetch.global.L2 [%0];" ::"l"((const uint8_t *)(k_cache + slot * D) + b));
+            asm volatile(
+                "prefetch.global.L2 [%0];" ::"l"((const uint8_t *)(v_cache + slot * D) + b));
         }
         if (E4M3) {
             asm volatile("prefetch.global.L2 [%0];" ::"l"(k_scale + slot));
@@ -684,27 +721,33 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
     const int n_tiles = end > begin ? (end - begin + KT - 1) / KT : 0;
     const int my_tiles = n_tiles > warp ? (n_tiles - warp + W - 1) / W : 0;
 
-    auto load_stage = [&](int st, int i) { /* the warp's i-th tile into stage st */
-        const int k1 = begin + (warp + i * W) * KT;
-        if constexpr (E4M3)
-            load_kv_codes<D, KT, 32>(sm.k_codes[st], sm.v_codes[st], sm.k_scale[st], sm.v_scale[st], k_cache, v_cache,
-                                     k_scale, v_scale, table, block_size, n_kv_heads, kv_head, k1, end, lane);
-        else
-            load_kv_tile<D, KT, 32>(sm.k[st], sm.v[st], k_cache, v_cache, table, block_size, n_kv_heads, kv_head, k1,
-                                    end, lane);
-    };
+    auto load_stage =
+        [&](int st,
+            int i) { /* the warp's i-th tile into stage st */
+                     const int k1 = begin + (warp + i * W) * KT;
+                     if constexpr (E4M3)
+                         load_kv_codes<D, KT, 32>(sm.k_codes[st], sm.v_codes[st], sm.k_scale[st],
+                                                  sm.v_scale[st], k_cache, v_cache, k_scale,
+                                                  v_scale, table, block_size, n_kv_heads, kv_head,
+                                                  k1, end, lane);
+                     else
+                         load_kv_tile<D, KT, 32>(sm.k[st], sm.v[st], k_cache, v_cache, table,
+                                                 block_size, n_kv_heads, kv_head, k1, end, lane);
+        };
     /* the first tile's copies go out before q is read: the two L2 trips overlap */
     if (my_tiles > 0) load_stage(0, 0);
     cp_async_commit();
     const int head0 = kv_head * group;
     const float log2e = 1.4426950408889634f;
     uint32_t qf[ATTN_TC_DECODE_BF16_TERMS][D / 16][4];
-    q_fragments<D, ATTN_TC_DECODE_BF16_TERMS>(qf, frag_row < group ? q + ((size_t)t * n_heads + head0 + frag_row) * D : nullptr,
-                              frag_row + 8 < group ? q + ((size_t)t * n_heads + head0 + frag_row + 8) * D : nullptr,
-                              frag_col);
+    q_fragments<D, ATTN_TC_DECODE_BF16_TERMS>(
+        qf, frag_row < group ? q + ((size_t)t * n_heads + head0 + frag_row) * D : nullptr,
+        frag_row + 8 < group ? q + ((size_t)t * n_heads + head0 + frag_row + 8) * D : nullptr,
+        frag_col);
     float o[D / 8][4];
 #pragma unroll
-    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < D / 8; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     /* running max seeded with the row's sink (finite, see the prefill kernel); padding rows 0 */
     float max0 = frag_row < group ? fmaxf(sinks[head0 + frag_row] * log2e, -1e30f) : 0.0f;
     float max1 = frag_row + 8 < group ? fmaxf(sinks[head0 + frag_row + 8] * log2e, -1e30f) : 0.0f;
@@ -735,8 +778,8 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
         }
         const float *v_sc = nullptr;
         if constexpr (E4M3) v_sc = sm.v_scale[stage];
-        softmax_pv_step<D, KT, ROW, E4M3, ATTN_TC_DECODE_BF16_TERMS>(s, o, max0, max1, sum0, sum1, smem_addr(sm.v[tile]) + v_lane, v_sc,
-                                          frag_col);
+        softmax_pv_step<D, KT, ROW, E4M3, ATTN_TC_DECODE_BF16_TERMS>(
+            s, o, max0, max1, sum0, sum1, smem_addr(sm.v[tile]) + v_lane, v_sc, frag_col);
         __syncwarp(); /* this stage is refilled by the next iteration's load */
     }
 
@@ -751,7 +794,8 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
             *(float2 *)&red[frag_row * D + 8 * n + 2 * frag_col] = make_float2(o[n][0], o[n][1]);
-            *(float2 *)&red[(frag_row + 8) * D + 8 * n + 2 * frag_col] = make_float2(o[n][2], o[n][3]);
+            *(float2 *)&red[(frag_row + 8) * D + 8 * n + 2 * frag_col] =
+                make_float2(o[n][2], o[n][3]);
         }
         if (frag_col == 0) {
             red[16 * D + frag_row] = max0;
@@ -765,7 +809,8 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
         const int r = idx / D, d = idx % D;
         float m = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < W; w++) m = fmaxf(m, ((const float *)&all[w])[16 * D + r]);
+        for (int w = 0; w < W; w++)
+            m = fmaxf(m, ((const float *)&all[w])[16 * D + r]);
         float num = 0.0f, den = 0.0f;
 #pragma unroll
         for (int w = 0; w < W; w++) {
@@ -793,32 +838,47 @@ attention_decode_kernel(const float *q, const atc_kv_t<E4M3> *k_cache, const atc
 
 /* Checks the shape and launches the kernel for either page type (scales NULL for bf16). */
 template <bool E4M3>
-static int attention_tc_launch(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_t<E4M3> *v_cache,
-                               const float *k_scale, const float *v_scale, const int32_t *positions,
-                               const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
-                               int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
-                               int32_t n_kv_heads, int32_t head_dim, int32_t window, bf16 *out, cudaStream_t stream) {
+static int attention_tc_launch(const float *q, const atc_kv_t<E4M3> *k_cache,
+                               const atc_kv_t<E4M3> *v_cache, const float *k_scale,
+                               const float *v_scale, const int32_t *positions,
+                               const int32_t *token_seq, const int32_t *block_tables,
+                               int32_t max_blocks, int32_t block_size, const float *sinks,
+                               int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                               int32_t head_dim, int32_t window, bf16 *out, cudaStream_t stream) {
     if (n_tokens <= 0) return 0;
-    if (n_heads <= 0 || n_kv_heads <= 0 || n_kv_heads > 65535 || n_heads % n_kv_heads != 0) return -1;
+    if (n_heads <= 0 || n_kv_heads <= 0 || n_kv_heads > 65535 || n_heads % n_kv_heads != 0)
+        return -1;
     int32_t group = n_heads / n_kv_heads;
     if (group > ATTN_TC_PREFILL_MAX_WARPS || block_size <= 0 || max_blocks <= 0) return -1;
-    if ((((uintptr_t)k_cache | (uintptr_t)v_cache) & 15) != 0 || ((uintptr_t)q & 7) != 0 || ((uintptr_t)out & 3) != 0)
+    if ((((uintptr_t)k_cache | (uintptr_t)v_cache) & 15) != 0 || ((uintptr_t)q & 7) != 0 ||
+        ((uintptr_t)out & 3) != 0)
         return -1;
     if (E4M3 && (((uintptr_t)k_scale | (uintptr_t)v_scale) & 3) != 0) return -1;
-    int32_t subtiles = ATTN_TC_PREFILL_MAX_WARPS / group; /* token tiles of 16 per block: 8 warps when group | 8 */
+    int32_t subtiles =
+        ATTN_TC_PREFILL_MAX_WARPS / group; /* token tiles of 16 per block: 8 warps when group | 8 */
     int32_t tokens_per_block = 16 * subtiles;
-    dim3 grid((unsigned)((n_tokens + tokens_per_block - 1) / tokens_per_block), (unsigned)n_kv_heads);
+    dim3 grid((unsigned)((n_tokens + tokens_per_block - 1) / tokens_per_block),
+              (unsigned)n_kv_heads);
     dim3 block(ATTN_TC_PREFILL_THREADS);
-#define LAUNCH_ATT_TC(DIM)                                                                                      \
-    launch_pdl(attention_tc_kernel<DIM, E4M3>, grid, block, 0, stream, q, k_cache, v_cache, k_scale, v_scale,   \
-               positions, token_seq, block_tables, max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, \
-               group, subtiles, window, out)
+#define LAUNCH_ATT_TC(DIM)                                                                         \
+    launch_pdl(attention_tc_kernel<DIM, E4M3>, grid, block, 0, stream, q, k_cache, v_cache,        \
+               k_scale, v_scale, positions, token_seq, block_tables, max_blocks, block_size,       \
+               sinks, n_tokens, n_heads, n_kv_heads, group, subtiles, window, out)
     switch (head_dim) {
-    case 16: LAUNCH_ATT_TC(16); break;
-    case 32: LAUNCH_ATT_TC(32); break;
-    case 64: LAUNCH_ATT_TC(64); break;
-    case 128: LAUNCH_ATT_TC(128); break;
-    default: return -1;
+    case 16:
+        LAUNCH_ATT_TC(16);
+        break;
+    case 32:
+        LAUNCH_ATT_TC(32);
+        break;
+    case 64:
+        LAUNCH_ATT_TC(64);
+        break;
+    case 128:
+        LAUNCH_ATT_TC(128);
+        break;
+    default:
+        return -1;
     }
 #undef LAUNCH_ATT_TC
     return 0;
@@ -830,44 +890,56 @@ int gptoss_cuda_attention_tc(const float *q, const bf16 *k_cache, const bf16 *v_
                              const float *sinks, int32_t n_tokens, int32_t n_heads,
                              int32_t n_kv_heads, int32_t head_dim, int32_t window, bf16 *out,
                              cudaStream_t stream) {
-    return attention_tc_launch<false>(q, k_cache, v_cache, nullptr, nullptr, positions, token_seq, block_tables,
-                                      max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, head_dim, window,
-                                      out, stream);
+    return attention_tc_launch<false>(q, k_cache, v_cache, nullptr, nullptr, positions, token_seq,
+                                      block_tables, max_blocks, block_size, sinks, n_tokens,
+                                      n_heads, n_kv_heads, head_dim, window, out, stream);
 }
 
 int gptoss_cuda_attention_tc_fp8(const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
-                                 const float *k_scale, const float *v_scale, const int32_t *positions,
-                                 const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
-                                 int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
-                                 int32_t n_kv_heads, int32_t head_dim, int32_t window, bf16 *out,
-                                 cudaStream_t stream) {
-    return attention_tc_launch<true>(q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables,
-                                     max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, head_dim, window,
-                                     out, stream);
+                                 const float *k_scale, const float *v_scale,
+                                 const int32_t *positions, const int32_t *token_seq,
+                                 const int32_t *block_tables, int32_t max_blocks,
+                                 int32_t block_size, const float *sinks, int32_t n_tokens,
+                                 int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                 int32_t window, bf16 *out, cudaStream_t stream) {
+    return attention_tc_launch<true>(q, k_cache, v_cache, k_scale, v_scale, positions, token_seq,
+                                     block_tables, max_blocks, block_size, sinks, n_tokens, n_heads,
+                                     n_kv_heads, head_dim, window, out, stream);
 }
-
 
 /* Raises the kernels' dynamic shared-memory limit (73 KB for D = 64 with 4 warps, 147 KB with
  * 8): once per head_dim, before the first launch, which may sit inside a graph capture. The
  * 8-warp form is optional (GPUs with under 147 KB per block run 4 warps everywhere). */
 cudaError_t gptoss_cuda_attention_decode_prepare(int32_t head_dim) {
-    gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current(); /* adc_prepared, adc_wide_ok by head_dim */
+    gptoss_cuda_kernel_ctx *kc =
+        gptoss_cuda_kernel_ctx_current(); /* adc_prepared, adc_wide_ok by head_dim */
     cudaError_t e = cudaSuccess;
     if (head_dim >= 0 && head_dim <= 128 && kc->adc_prepared[head_dim]) return cudaSuccess;
-#define SET_SMEM(DIM, E4M3, W)                                                                                       \
-    cudaFuncSetAttribute(attention_decode_kernel<DIM, E4M3, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,         \
+#define SET_SMEM(DIM, E4M3, W)                                                                     \
+    cudaFuncSetAttribute(attention_decode_kernel<DIM, E4M3, W>,                                    \
+                         cudaFuncAttributeMaxDynamicSharedMemorySize,                              \
                          (int)(W * sizeof(adc_warp_smem<DIM, E4M3>)))
-#define PREPARE_DEC(DIM)                                                                                             \
-    e = SET_SMEM(DIM, false, 4);                                                                                     \
-    if (e == cudaSuccess) e = SET_SMEM(DIM, true, 4);                                                                \
-    kc->adc_wide_ok[DIM] = SET_SMEM(DIM, false, 8) == cudaSuccess && SET_SMEM(DIM, true, 8) == cudaSuccess;               \
+#define PREPARE_DEC(DIM)                                                                           \
+    e = SET_SMEM(DIM, false, 4);                                                                   \
+    if (e == cudaSuccess) e = SET_SMEM(DIM, true, 4);                                              \
+    kc->adc_wide_ok[DIM] =                                                                         \
+        SET_SMEM(DIM, false, 8) == cudaSuccess && SET_SMEM(DIM, true, 8) == cudaSuccess;           \
     (void)cudaGetLastError(); /* a refused 8-warp size is not an error: 4 warps run */
     switch (head_dim) {
-    case 16: PREPARE_DEC(16); break;
-    case 32: PREPARE_DEC(32); break;
-    case 64: PREPARE_DEC(64); break;
-    case 128: PREPARE_DEC(128); break;
-    default: return cudaErrorInvalidValue;
+    case 16:
+        PREPARE_DEC(16);
+        break;
+    case 32:
+        PREPARE_DEC(32);
+        break;
+    case 64:
+        PREPARE_DEC(64);
+        break;
+    case 128:
+        PREPARE_DEC(128);
+        break;
+    default:
+        return cudaErrorInvalidValue;
     }
 #undef PREPARE_DEC
 #undef SET_SMEM
@@ -878,66 +950,91 @@ cudaError_t gptoss_cuda_attention_decode_prepare(int32_t head_dim) {
 /* Checks the shape and launches the decode kernel (and the merge of its splits) for either
  * page type (scales NULL for bf16). */
 template <bool E4M3>
-static int attention_decode_launch(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_t<E4M3> *v_cache,
-                                   const float *k_scale, const float *v_scale, const int32_t *positions,
-                                   const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
-                                   int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
-                                   int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
+static int attention_decode_launch(const float *q, const atc_kv_t<E4M3> *k_cache,
+                                   const atc_kv_t<E4M3> *v_cache, const float *k_scale,
+                                   const float *v_scale, const int32_t *positions,
+                                   const int32_t *token_seq, const int32_t *block_tables,
+                                   int32_t max_blocks, int32_t block_size, const float *sinks,
+                                   int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                                   int32_t head_dim, int32_t window, int32_t n_splits,
                                    float *partial, bf16 *out, cudaStream_t stream) {
     if (n_tokens <= 0) return 0;
-    if (n_heads <= 0 || n_kv_heads <= 0 || n_kv_heads > 65535 || n_heads % n_kv_heads != 0) return -1;
+    if (n_heads <= 0 || n_kv_heads <= 0 || n_kv_heads > 65535 || n_heads % n_kv_heads != 0)
+        return -1;
     int32_t group = n_heads / n_kv_heads;
-    if (group > 16 || block_size <= 0 || max_blocks <= 0 || n_splits < 1 || n_splits > 256) return -1;
+    if (group > 16 || block_size <= 0 || max_blocks <= 0 || n_splits < 1 || n_splits > 256)
+        return -1;
     if (n_splits > 1 && partial == nullptr) return -1;
-    if ((((uintptr_t)k_cache | (uintptr_t)v_cache) & 15) != 0 || ((uintptr_t)q & 7) != 0 || ((uintptr_t)out & 1) != 0)
+    if ((((uintptr_t)k_cache | (uintptr_t)v_cache) & 15) != 0 || ((uintptr_t)q & 7) != 0 ||
+        ((uintptr_t)out & 1) != 0)
         return -1;
     if (E4M3 && (((uintptr_t)k_scale | (uintptr_t)v_scale) & 3) != 0) return -1;
     if (head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 128) return -1;
     if (gptoss_cuda_attention_decode_prepare(head_dim) != cudaSuccess) return -1;
     dim3 grid((unsigned)n_tokens, (unsigned)n_kv_heads, (unsigned)n_splits);
-    /* warps per block: the rule at ATTN_TC_DECODE_SMALL_GRID; the adc_warps knob (4 or 8) forces one */
+    /* warps per block: the rule at ATTN_TC_DECODE_SMALL_GRID; the adc_warps knob (4 or 8) forces
+     * one */
     const gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
     const int64_t n_blocks = (int64_t)n_tokens * n_kv_heads * n_splits;
-    const int warps = !kc->adc_wide_ok[head_dim]                   ? 4
-                      : kc->adc_warps                              ? kc->adc_warps
-                      : n_blocks <= ATTN_TC_DECODE_SMALL_GRID      ? 8
-                                                                   : 4;
-#define LAUNCH_DEC_W(DIM, W)                                                                                         \
-    launch_pdl(attention_decode_kernel<DIM, E4M3, W>, grid, dim3(32 * W), W * sizeof(adc_warp_smem<DIM, E4M3>),       \
-               stream, q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables, max_blocks,         \
-               block_size, sinks, n_heads, n_kv_heads, group, window, n_splits, partial, out)
-#define LAUNCH_DEC(DIM)                                                                                              \
-    if (warps == 8) LAUNCH_DEC_W(DIM, 8);                                                                            \
-    else LAUNCH_DEC_W(DIM, 4)
+    const int warps = !kc->adc_wide_ok[head_dim]              ? 4
+                      : kc->adc_warps                         ? kc->adc_warps
+                      : n_blocks <= ATTN_TC_DECODE_SMALL_GRID ? 8
+                                                              : 4;
+#define LAUNCH_DEC_W(DIM, W)                                                                       \
+    launch_pdl(attention_decode_kernel<DIM, E4M3, W>, grid, dim3(32 * W),                          \
+               W * sizeof(adc_warp_smem<DIM, E4M3>), stream, q, k_cache, v_cache, k_scale,         \
+               v_scale, positions, token_seq, block_tables, max_blocks, block_size, sinks,         \
+               n_heads, n_kv_heads, group, window, n_splits, partial, out)
+#define LAUNCH_DEC(DIM)                                                                            \
+    if (warps == 8)                                                                                \
+        LAUNCH_DEC_W(DIM, 8);                                                                      \
+    else                                                                                           \
+        LAUNCH_DEC_W(DIM, 4)
     switch (head_dim) {
-    case 16: LAUNCH_DEC(16); break;
-    case 32: LAUNCH_DEC(32); break;
-    case 64: LAUNCH_DEC(64); break;
-    default: LAUNCH_DEC(128); break;
+    case 16:
+        LAUNCH_DEC(16);
+        break;
+    case 32:
+        LAUNCH_DEC(32);
+        break;
+    case 64:
+        LAUNCH_DEC(64);
+        break;
+    default:
+        LAUNCH_DEC(128);
+        break;
     }
 #undef LAUNCH_DEC
 #undef LAUNCH_DEC_W
-    if (n_splits > 1) gptoss_cuda_attention_merge(partial, sinks, n_tokens, n_heads, head_dim, n_splits, out, stream);
+    if (n_splits > 1)
+        gptoss_cuda_attention_merge(partial, sinks, n_tokens, n_heads, head_dim, n_splits, out,
+                                    stream);
     return 0;
 }
 
-int gptoss_cuda_attention_decode(const float *q, const bf16 *k_cache, const bf16 *v_cache, const int32_t *positions,
-                                 const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
-                                 int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
-                                 int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
-                                 float *partial, bf16 *out, cudaStream_t stream) {
-    return attention_decode_launch<false>(q, k_cache, v_cache, nullptr, nullptr, positions, token_seq, block_tables,
-                                          max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, head_dim,
-                                          window, n_splits, partial, out, stream);
+int gptoss_cuda_attention_decode(const float *q, const bf16 *k_cache, const bf16 *v_cache,
+                                 const int32_t *positions, const int32_t *token_seq,
+                                 const int32_t *block_tables, int32_t max_blocks,
+                                 int32_t block_size, const float *sinks, int32_t n_tokens,
+                                 int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                 int32_t window, int32_t n_splits, float *partial, bf16 *out,
+                                 cudaStream_t stream) {
+    return attention_decode_launch<false>(q, k_cache, v_cache, nullptr, nullptr, positions,
+                                          token_seq, block_tables, max_blocks, block_size, sinks,
+                                          n_tokens, n_heads, n_kv_heads, head_dim, window, n_splits,
+                                          partial, out, stream);
 }
 
 int gptoss_cuda_attention_decode_fp8(const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
-                                     const float *k_scale, const float *v_scale, const int32_t *positions,
-                                     const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
-                                     int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
-                                     int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
-                                     float *partial, bf16 *out, cudaStream_t stream) {
-    return attention_decode_launch<true>(q, k_cache, v_cache, k_scale, v_scale, positions, token_seq, block_tables,
-                                         max_blocks, block_size, sinks, n_tokens, n_heads, n_kv_heads, head_dim,
-                                         window, n_splits, partial, out, stream);
+                                     const float *k_scale, const float *v_scale,
+                                     const int32_t *positions, const int32_t *token_seq,
+                                     const int32_t *block_tables, int32_t max_blocks,
+                                     int32_t block_size, const float *sinks, int32_t n_tokens,
+                                     int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                     int32_t window, int32_t n_splits, float *partial, bf16 *out,
+                                     cudaStream_t stream) {
+    return attention_decode_launch<true>(q, k_cache, v_cache, k_scale, v_scale, positions,
+                                         token_seq, block_tables, max_blocks, block_size, sinks,
+                                         n_tokens, n_heads, n_kv_heads, head_dim, window, n_splits,
+                                         partial, out, stream);
 }

@@ -38,11 +38,12 @@ int gptoss_cuda_attention_tc(const float *q, const bf16 *k_cache, const bf16 *v_
  * [n_blocks, block_size, n_kv_heads]): the attention of the dequantized cache, with the
  * scales applied in fp32 to the scores and the probabilities (attention_tc.cu). */
 int gptoss_cuda_attention_tc_fp8(const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
-                                 const float *k_scale, const float *v_scale, const int32_t *positions,
-                                 const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
-                                 int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
-                                 int32_t n_kv_heads, int32_t head_dim, int32_t window, bf16 *out,
-                                 cudaStream_t stream);
+                                 const float *k_scale, const float *v_scale,
+                                 const int32_t *positions, const int32_t *token_seq,
+                                 const int32_t *block_tables, int32_t max_blocks,
+                                 int32_t block_size, const float *sinks, int32_t n_tokens,
+                                 int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                 int32_t window, bf16 *out, cudaStream_t stream);
 
 /*
  * Decode tokens (any number of them, one block per token and KV head): what
@@ -54,17 +55,21 @@ int gptoss_cuda_attention_tc_fp8(const float *q, const uint8_t *k_cache, const u
  * else (the caller falls back to gptoss_cuda_attention). The _fp8 form reads an FP8 cache as
  * gptoss_cuda_attention_tc_fp8 does.
  */
-int gptoss_cuda_attention_decode(const float *q, const bf16 *k_cache, const bf16 *v_cache, const int32_t *positions,
-                                 const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
-                                 int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
-                                 int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
-                                 float *partial, bf16 *out, cudaStream_t stream);
+int gptoss_cuda_attention_decode(const float *q, const bf16 *k_cache, const bf16 *v_cache,
+                                 const int32_t *positions, const int32_t *token_seq,
+                                 const int32_t *block_tables, int32_t max_blocks,
+                                 int32_t block_size, const float *sinks, int32_t n_tokens,
+                                 int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                 int32_t window, int32_t n_splits, float *partial, bf16 *out,
+                                 cudaStream_t stream);
 int gptoss_cuda_attention_decode_fp8(const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
-                                     const float *k_scale, const float *v_scale, const int32_t *positions,
-                                     const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
-                                     int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
-                                     int32_t n_kv_heads, int32_t head_dim, int32_t window, int32_t n_splits,
-                                     float *partial, bf16 *out, cudaStream_t stream);
+                                     const float *k_scale, const float *v_scale,
+                                     const int32_t *positions, const int32_t *token_seq,
+                                     const int32_t *block_tables, int32_t max_blocks,
+                                     int32_t block_size, const float *sinks, int32_t n_tokens,
+                                     int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                     int32_t window, int32_t n_splits, float *partial, bf16 *out,
+                                     cudaStream_t stream);
 /* Raises the decode kernels' shared-memory limit for head_dim (the launchers do it on first
  * use; call it before capturing a graph). */
 cudaError_t gptoss_cuda_attention_decode_prepare(int32_t head_dim);

@@ -30,19 +30,26 @@ static thread_local gptoss_cuda_kernel_ctx *current_ctx;
 static thread_local gptoss_cuda_kernel_ctx default_ctx;
 static thread_local bool default_ready;
 
-void gptoss_cuda_kernel_ctx_bind(gptoss_cuda_kernel_ctx *kc) { current_ctx = kc; }
+void gptoss_cuda_kernel_ctx_bind(gptoss_cuda_kernel_ctx *kc) {
+    current_ctx = kc;
+}
 
 gptoss_cuda_kernel_ctx *gptoss_cuda_kernel_ctx_current(void) {
     if (current_ctx) return current_ctx;
     if (!default_ready) { /* no backend here (the GPU tests): the tuning variables, or defaults */
         gptoss_cuda_tuning tuning;
         gptoss_error error;
-        if (gptoss_cuda_tuning_init(&tuning, NULL, &error) != GPTOSS_OK) gptoss_cuda_tuning_default(&tuning);
+        if (gptoss_cuda_tuning_init(&tuning, NULL, &error) != GPTOSS_OK)
+            gptoss_cuda_tuning_default(&tuning);
         gptoss_cuda_kernel_ctx_init(&default_ctx, &tuning);
         default_ready = true;
     }
     return &default_ctx;
 }
 
-void gptoss_cuda_set_pdl(bool on) { gptoss_cuda_kernel_ctx_current()->pdl = on; }
-bool gptoss_cuda_pdl_enabled(void) { return gptoss_cuda_kernel_ctx_current()->pdl; }
+void gptoss_cuda_set_pdl(bool on) {
+    gptoss_cuda_kernel_ctx_current()->pdl = on;
+}
+bool gptoss_cuda_pdl_enabled(void) {
+    return gptoss_cuda_kernel_ctx_current()->pdl;
+}

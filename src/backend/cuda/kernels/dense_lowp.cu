@@ -19,9 +19,12 @@
 #include <cuda_fp8.h>
 #include <string.h>
 
-
-size_t gptoss_cuda_e4m3_scale_offset(size_t n, size_t k) { return (n * k + 255) & ~(size_t)255; }
-size_t gptoss_cuda_e4m3_bytes(size_t n, size_t k) { return gptoss_cuda_e4m3_scale_offset(n, k) + n * sizeof(float); }
+size_t gptoss_cuda_e4m3_scale_offset(size_t n, size_t k) {
+    return (n * k + 255) & ~(size_t)255;
+}
+size_t gptoss_cuda_e4m3_bytes(size_t n, size_t k) {
+    return gptoss_cuda_e4m3_scale_offset(n, k) + n * sizeof(float);
+}
 
 /* ---- e4m3 -> fp16, four codes at a time ---------------------------------------------------- */
 
@@ -79,27 +82,31 @@ static __device__ __forceinline__ void decode8(uint32_t w0, uint32_t w1, float o
 
 /* One warp per row: the row's absmax, then every code (rounded to nearest even, saturated;
  * __nv_cvt_float_to_fp8 is the hardware conversion on sm_89+, software before). */
-static __global__ void quantize_e4m3_kernel(const bf16 *w, int32_t n, int32_t k, uint8_t *codes, float *row_scale) {
+static __global__ void quantize_e4m3_kernel(const bf16 *w, int32_t n, int32_t k, uint8_t *codes,
+                                            float *row_scale) {
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= n) return;
     const bf16 *wr = w + (size_t)row * k;
     float amax = 0.0f;
-    for (int j = lane; j < k; j += 32) amax = fmaxf(amax, fabsf(__bfloat162float(wr[j])));
+    for (int j = lane; j < k; j += 32)
+        amax = fmaxf(amax, fabsf(__bfloat162float(wr[j])));
     amax = warp_max(amax);
     const float scale = amax / GPTOSS_E4M3_MAX;
     uint8_t *cr = codes + (size_t)row * k;
     for (int j = lane; j < k; j += 32) {
         const float v = __bfloat162float(wr[j]);
-        cr[j] = scale > 0.0f ? (uint8_t)__nv_cvt_float_to_fp8(v / scale, __NV_SATFINITE, __NV_E4M3) : (uint8_t)0;
+        cr[j] = scale > 0.0f ? (uint8_t)__nv_cvt_float_to_fp8(v / scale, __NV_SATFINITE, __NV_E4M3)
+                             : (uint8_t)0;
     }
     if (lane == 0) row_scale[row] = scale;
 }
 
-void gptoss_cuda_quantize_e4m3_rows(const bf16 *w, int32_t n, int32_t k, uint8_t *codes, float *row_scale,
-                                    cudaStream_t stream) {
+void gptoss_cuda_quantize_e4m3_rows(const bf16 *w, int32_t n, int32_t k, uint8_t *codes,
+                                    float *row_scale, cudaStream_t stream) {
     if (n <= 0 || k <= 0) return;
     const int warps = 8;
-    quantize_e4m3_kernel<<<(n + warps - 1) / warps, warps * 32, 0, stream>>>(w, n, k, codes, row_scale);
+    quantize_e4m3_kernel<<<(n + warps - 1) / warps, warps * 32, 0, stream>>>(w, n, k, codes,
+                                                                             row_scale);
 }
 
 /* ---- decode GEMV ------------------------------------------------------------------------- */
@@ -107,8 +114,8 @@ void gptoss_cuda_quantize_e4m3_rows(const bf16 *w, int32_t n, int32_t k, uint8_t
 /*
  * Grid-stride over pairs of rows, one pair per warp at a time; x [m, k] bf16 staged in
  * shared memory once per block. Lane l takes 16-byte chunks l, l + 32, ... of both rows
- * (16 codes each; FP8_GEMV_LOADS_IN_FLIGHT chunks per row in flight), decodes each half chunk to 8 floats
- * and multiplies them with the matching 8 activations of every token:
+ * (16 codes each; FP8_GEMV_LOADS_IN_FLIGHT chunks per row in flight), decodes each half chunk to 8
+ * floats and multiplies them with the matching 8 activations of every token:
  *
  *   codes row r:  | chunk 0 | chunk 1 | ... | chunk k/16 - 1 |    (lane = chunk % 32)
  *   x row i:      | x uint4 0 | x uint4 1 | ...                    (chunk c = x uint4 2c, 2c+1)
@@ -128,33 +135,37 @@ static __device__ __forceinline__ uint4 load_weights16(const uint4 *p) {
 
 template <int M>
 static __global__ void __launch_bounds__(FP8_GEMV_WARPS * 32)
-gemv_e4m3_kernel(const uint8_t *codes, const float *row_scale, const bf16 *x, float *y, int32_t m, int32_t n,
-                 int32_t k) {
+    gemv_e4m3_kernel(const uint8_t *codes, const float *row_scale, const bf16 *x, float *y,
+                     int32_t m, int32_t n, int32_t k) {
     extern __shared__ __align__(16) unsigned char e4_smem[];
     uint4 *xs = (uint4 *)e4_smem; /* [m][k / 8] */
     const int x_chunks = k >> 3, w_chunks = k >> 4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int first_row = FP8_GEMV_ROWS_PER_WARP * (blockIdx.x * FP8_GEMV_WARPS + warp);
     const int row_step = FP8_GEMV_ROWS_PER_WARP * FP8_GEMV_WARPS * gridDim.x;
-    if (first_row < n) { /* warm L2 with this warp's first rows while the previous kernel finishes */
+    if (first_row <
+        n) { /* warm L2 with this warp's first rows while the previous kernel finishes */
         const char *p = (const char *)(codes + (size_t)first_row * k);
         size_t bytes = (size_t)min(FP8_GEMV_ROWS_PER_WARP, n - first_row) * k;
         for (size_t off = (size_t)lane * 128; off < bytes; off += 32 * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
     }
     pdl_wait();
-    for (int i = threadIdx.x; i < m * x_chunks; i += blockDim.x) xs[i] = ((const uint4 *)x)[i];
+    for (int i = threadIdx.x; i < m * x_chunks; i += blockDim.x)
+        xs[i] = ((const uint4 *)x)[i];
     __syncthreads();
     for (int row0 = first_row; row0 < n; row0 += row_step) {
         const uint4 *wr[FP8_GEMV_ROWS_PER_WARP];
 #pragma unroll
-        for (int r = 0; r < FP8_GEMV_ROWS_PER_WARP; r++) /* past the last row: repeat it (read, never stored) */
+        for (int r = 0; r < FP8_GEMV_ROWS_PER_WARP;
+             r++) /* past the last row: repeat it (read, never stored) */
             wr[r] = (const uint4 *)(codes + (size_t)min(row0 + r, n - 1) * k);
         float acc[FP8_GEMV_ROWS_PER_WARP][M];
 #pragma unroll
         for (int r = 0; r < FP8_GEMV_ROWS_PER_WARP; r++)
 #pragma unroll
-            for (int i = 0; i < M; i++) acc[r][i] = 0.0f;
+            for (int i = 0; i < M; i++)
+                acc[r][i] = 0.0f;
         for (int c0 = lane; c0 < w_chunks; c0 += 32 * FP8_GEMV_LOADS_IN_FLIGHT) {
             uint4 q[FP8_GEMV_LOADS_IN_FLIGHT][FP8_GEMV_ROWS_PER_WARP];
 #pragma unroll
@@ -181,7 +192,8 @@ gemv_e4m3_kernel(const uint8_t *codes, const float *row_scale, const bf16 *x, fl
                         const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
                         for (int j = 0; j < 4; j++) {
-                            const float x0 = __uint_as_float(xw[j] << 16), x1 = __uint_as_float(xw[j] & 0xffff0000u);
+                            const float x0 = __uint_as_float(xw[j] << 16),
+                                        x1 = __uint_as_float(xw[j] & 0xffff0000u);
 #pragma unroll
                             for (int r = 0; r < FP8_GEMV_ROWS_PER_WARP; r++) {
                                 acc[r][i] = fmaf(wf[r][2 * j], x0, acc[r][i]);
@@ -213,33 +225,40 @@ cudaError_t gptoss_cuda_dense_lowp_prepare(void) {
     int *e4_blocks_per_sm = gptoss_cuda_kernel_ctx_current()->e4_blocks_per_sm;
     const int threads = FP8_GEMV_WARPS * 32;
     const size_t x_row = 4096 * sizeof(bf16); /* the widest rows taken */
-    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e4_blocks_per_sm[0], gemv_e4m3_kernel<1>, threads,
-                                                                  x_row);
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &e4_blocks_per_sm[0], gemv_e4m3_kernel<1>, threads, x_row);
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e4_blocks_per_sm[1], gemv_e4m3_kernel<2>, threads, 2 * x_row);
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e4_blocks_per_sm[1], gemv_e4m3_kernel<2>,
+                                                          threads, 2 * x_row);
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e4_blocks_per_sm[2], gemv_e4m3_kernel<4>, threads, 4 * x_row);
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e4_blocks_per_sm[2], gemv_e4m3_kernel<4>,
+                                                          threads, 4 * x_row);
     return e;
 }
 
-int gptoss_cuda_gemv_e4m3(const uint8_t *codes, const float *row_scale, const bf16 *x, float *y, int32_t m,
-                          int32_t n, int32_t k, int32_t n_sms, cudaStream_t stream) {
+int gptoss_cuda_gemv_e4m3(const uint8_t *codes, const float *row_scale, const bf16 *x, float *y,
+                          int32_t m, int32_t n, int32_t k, int32_t n_sms, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return 0;
-    if (m > GPTOSS_GEMV_MAX_ROWS || k <= 0 || k % 16 != 0 || k > 4096 || ((uintptr_t)codes | (uintptr_t)x) % 16 != 0)
+    if (m > GPTOSS_GEMV_MAX_ROWS || k <= 0 || k % 16 != 0 || k > 4096 ||
+        ((uintptr_t)codes | (uintptr_t)x) % 16 != 0)
         return 1;
     const size_t smem = (size_t)m * k * sizeof(bf16);
     const int rows_per_block = FP8_GEMV_ROWS_PER_WARP * FP8_GEMV_WARPS;
     const int want = (n + rows_per_block - 1) / rows_per_block;
     const int variant = m == 1 ? 0 : m == 2 ? 1 : 2;
     const int *e4_blocks_per_sm = gptoss_cuda_kernel_ctx_current()->e4_blocks_per_sm;
-    const int cap = (e4_blocks_per_sm[variant] > 0 ? e4_blocks_per_sm[variant] : 1) * (n_sms > 0 ? n_sms : 1);
+    const int cap =
+        (e4_blocks_per_sm[variant] > 0 ? e4_blocks_per_sm[variant] : 1) * (n_sms > 0 ? n_sms : 1);
     const int grid = want < cap ? want : cap;
     if (m == 1)
-        launch_pdl(gemv_e4m3_kernel<1>, dim3(grid), dim3(FP8_GEMV_WARPS * 32), smem, stream, codes, row_scale, x, y, m, n, k);
+        launch_pdl(gemv_e4m3_kernel<1>, dim3(grid), dim3(FP8_GEMV_WARPS * 32), smem, stream, codes,
+                   row_scale, x, y, m, n, k);
     else if (m == 2)
-        launch_pdl(gemv_e4m3_kernel<2>, dim3(grid), dim3(FP8_GEMV_WARPS * 32), smem, stream, codes, row_scale, x, y, m, n, k);
+        launch_pdl(gemv_e4m3_kernel<2>, dim3(grid), dim3(FP8_GEMV_WARPS * 32), smem, stream, codes,
+                   row_scale, x, y, m, n, k);
     else
-        launch_pdl(gemv_e4m3_kernel<4>, dim3(grid), dim3(FP8_GEMV_WARPS * 32), smem, stream, codes, row_scale, x, y, m, n, k);
+        launch_pdl(gemv_e4m3_kernel<4>, dim3(grid), dim3(FP8_GEMV_WARPS * 32), smem, stream, codes,
+                   row_scale, x, y, m, n, k);
     return 0;
 }
 
@@ -247,7 +266,8 @@ int gptoss_cuda_gemv_e4m3(const uint8_t *codes, const float *row_scale, const bf
 
 /* 16 codes per thread and step -> 16 bf16 (exact: every e4m3 value is a bf16 value). */
 static __global__ void dequantize_e4m3_kernel(const uint4 *codes, size_t n_chunks, uint4 *out) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_chunks; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_chunks;
+         i += (size_t)gridDim.x * blockDim.x) {
         const uint4 q = codes[i];
         uint32_t o[8];
         const uint32_t words[4] = {q.x, q.y, q.z, q.w};
@@ -258,7 +278,8 @@ static __global__ void dequantize_e4m3_kernel(const uint4 *codes, size_t n_chunk
 #pragma unroll
             for (int p = 0; p < 2; p++) {
                 const float2 f = f16x2_to_float2(h[p]);
-                const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * E4M3_DECODE_FACTOR, f.y * E4M3_DECODE_FACTOR);
+                const __nv_bfloat162 b =
+                    __floats2bfloat162_rn(f.x * E4M3_DECODE_FACTOR, f.y * E4M3_DECODE_FACTOR);
                 memcpy(&o[2 * j + p], &b, sizeof b);
             }
         }
@@ -272,8 +293,8 @@ void gptoss_cuda_dequantize_e4m3_rows(const uint8_t *codes, int32_t n_rows, int3
     if (n_rows <= 0 || k <= 0) return;
     const size_t n_chunks = (size_t)n_rows * k / 16;
     const size_t want = (n_chunks + 255) / 256;
-    dequantize_e4m3_kernel<<<(unsigned)(want < 4096 ? want : 4096), 256, 0, stream>>>((const uint4 *)codes, n_chunks,
-                                                                                        (uint4 *)out);
+    dequantize_e4m3_kernel<<<(unsigned)(want < 4096 ? want : 4096), 256, 0, stream>>>(
+        (const uint4 *)codes, n_chunks, (uint4 *)out);
 }
 
 /* y[i, j] *= scale[j]: grid (column blocks, rows). */
@@ -283,11 +304,13 @@ static __global__ void scale_columns_kernel(float *y, const float *scale, int32_
             y[(size_t)i * n + j] *= scale[j];
 }
 
-cublasStatus_t gptoss_cuda_gemm_e4m3(cublasHandle_t cublas, const uint8_t *codes, const float *row_scale,
-                                     const bf16 *x, float *y, int32_t m, int32_t n, int32_t k, bf16 *scratch,
-                                     size_t scratch_elems, cudaStream_t stream) {
+cublasStatus_t gptoss_cuda_gemm_e4m3(cublasHandle_t cublas, const uint8_t *codes,
+                                     const float *row_scale, const bf16 *x, float *y, int32_t m,
+                                     int32_t n, int32_t k, bf16 *scratch, size_t scratch_elems,
+                                     cudaStream_t stream) {
     if (m <= 0 || n <= 0) return CUBLAS_STATUS_SUCCESS;
-    if (k <= 0 || k % 16 != 0 || ((uintptr_t)codes | (uintptr_t)scratch) % 16 != 0 || scratch_elems < (size_t)k)
+    if (k <= 0 || k % 16 != 0 || ((uintptr_t)codes | (uintptr_t)scratch) % 16 != 0 ||
+        scratch_elems < (size_t)k)
         return CUBLAS_STATUS_INVALID_VALUE;
     const size_t fit = scratch_elems / (size_t)k;
     const int32_t block_rows = fit < (size_t)n ? (int32_t)fit : n;
@@ -296,9 +319,9 @@ cublasStatus_t gptoss_cuda_gemm_e4m3(cublasHandle_t cublas, const uint8_t *codes
         const int32_t rows = n - r0 < block_rows ? n - r0 : block_rows;
         gptoss_cuda_dequantize_e4m3_rows(codes + (size_t)r0 * k, rows, k, scratch, stream);
         /* column-major view, as in the bf16 GEMM: y^T[rows, m] (ld n) = scratch^T . x^T */
-        cublasStatus_t st = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, m, k, &one, scratch, CUDA_R_16BF, k,
-                                         x, CUDA_R_16BF, k, &zero, y + r0, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT);
+        cublasStatus_t st = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, m, k, &one,
+                                         scratch, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &zero, y + r0,
+                                         CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS) return st;
     }
     const int32_t col_blocks = (n + 255) / 256;

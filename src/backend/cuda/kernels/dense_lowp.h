@@ -46,8 +46,8 @@ size_t gptoss_cuda_e4m3_bytes(size_t n, size_t k);
 
 /* Quantizes rows of w [n, k] bf16 as described at the top: codes [n, k] and row_scale [n].
  * Any n >= 0, k >= 1. */
-void gptoss_cuda_quantize_e4m3_rows(const bf16 *w, int32_t n, int32_t k, uint8_t *codes, float *row_scale,
-                                    cudaStream_t stream);
+void gptoss_cuda_quantize_e4m3_rows(const bf16 *w, int32_t n, int32_t k, uint8_t *codes,
+                                    float *row_scale, cudaStream_t stream);
 
 /*
  * y[m, n] f32 = x[m, k] bf16 . (codes[n, k] * row_scale[n])^T for decode shapes: the same
@@ -55,8 +55,8 @@ void gptoss_cuda_quantize_e4m3_rows(const bf16 *w, int32_t n, int32_t k, uint8_t
  * k <= 4096, codes and x 16-byte aligned. Returns nonzero (enqueuing nothing) for any other
  * shape. Launched with programmatic dependent launch (it waits before reading x).
  */
-int gptoss_cuda_gemv_e4m3(const uint8_t *codes, const float *row_scale, const bf16 *x, float *y, int32_t m,
-                          int32_t n, int32_t k, int32_t n_sms, cudaStream_t stream);
+int gptoss_cuda_gemv_e4m3(const uint8_t *codes, const float *row_scale, const bf16 *x, float *y,
+                          int32_t m, int32_t n, int32_t k, int32_t n_sms, cudaStream_t stream);
 
 /* Measures how many GEMV blocks one SM of the current device holds, so each launch is a
  * single wave (call once per process before launching; without it a launch uses one block
@@ -82,8 +82,9 @@ void gptoss_cuda_dequantize_e4m3_rows(const uint8_t *codes, int32_t n_rows, int3
  * k % 16 == 0, 16-byte aligned codes and scratch, and scratch for at least one row; returns
  * CUBLAS_STATUS_INVALID_VALUE (enqueuing nothing) otherwise, or cuBLAS's failure.
  */
-cublasStatus_t gptoss_cuda_gemm_e4m3(cublasHandle_t cublas, const uint8_t *codes, const float *row_scale,
-                                     const bf16 *x, float *y, int32_t m, int32_t n, int32_t k, bf16 *scratch,
-                                     size_t scratch_elems, cudaStream_t stream);
+cublasStatus_t gptoss_cuda_gemm_e4m3(cublasHandle_t cublas, const uint8_t *codes,
+                                     const float *row_scale, const bf16 *x, float *y, int32_t m,
+                                     int32_t n, int32_t k, bf16 *scratch, size_t scratch_elems,
+                                     cudaStream_t stream);
 
 #endif

@@ -11,7 +11,8 @@ static __global__ void embed_kernel(const bf16 *embedding, const int32_t *token_
                                     float *x) {
     int t = blockIdx.x;
     const bf16 *row = embedding + (size_t)token_ids[t] * hidden;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) x[(size_t)t * hidden + i] = __bfloat162float(row[i]);
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+        x[(size_t)t * hidden + i] = __bfloat162float(row[i]);
 }
 
 void gptoss_cuda_embed(const bf16 *embedding, const int32_t *token_ids, int32_t n_tokens,
@@ -28,12 +29,11 @@ void gptoss_cuda_embed(const bf16 *embedding, const int32_t *token_ids, int32_t 
  * stores to x in between (which the compiler must assume may alias the other inputs), each
  * of a thread's elements cost its own round trips, 6.3 us per decode row on an H100. */
 
-static __global__ void residual_rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ add,
-                                               const float *__restrict__ add_bias, const float *__restrict__ moe_y,
-                                               const float *__restrict__ moe_weight, int32_t k_top,
-                                               const float *__restrict__ gain, float eps,
-                                               const int32_t *__restrict__ row_map, int32_t hidden,
-                                               bf16 *__restrict__ out, float *__restrict__ out_f32) {
+static __global__ void residual_rmsnorm_kernel(
+    float *__restrict__ x, const float *__restrict__ add, const float *__restrict__ add_bias,
+    const float *__restrict__ moe_y, const float *__restrict__ moe_weight, int32_t k_top,
+    const float *__restrict__ gain, float eps, const int32_t *__restrict__ row_map, int32_t hidden,
+    bf16 *__restrict__ out, float *__restrict__ out_f32) {
     __shared__ float partial[RMSNORM_THREADS / 32];
     pdl_wait(); /* x, the projection or the experts' rows come from earlier kernels */
     int i = blockIdx.x;
@@ -63,7 +63,8 @@ static __global__ void residual_rmsnorm_kernel(float *__restrict__ x, const floa
             }
         }
 #pragma unroll
-        for (int c = 0; c < RMSNORM_MAX_PER_THREAD; c++) vals[c] += sum[c];
+        for (int c = 0; c < RMSNORM_MAX_PER_THREAD; c++)
+            vals[c] += sum[c];
     }
     float ss = 0.0f;
 #pragma unroll
@@ -77,7 +78,8 @@ static __global__ void residual_rmsnorm_kernel(float *__restrict__ x, const floa
     __syncthreads();
     float total = 0.0f;
 #pragma unroll
-    for (int w = 0; w < RMSNORM_THREADS / 32; w++) total += partial[w];
+    for (int w = 0; w < RMSNORM_THREADS / 32; w++)
+        total += partial[w];
     float inv = rsqrtf(total / (float)hidden + eps);
 #pragma unroll
     for (int c = 0; c < RMSNORM_MAX_PER_THREAD; c++) {
@@ -96,7 +98,6 @@ void gptoss_cuda_residual_rmsnorm(float *x, const float *add, const float *add_b
                                   int32_t n_rows, int32_t hidden, bf16 *out, float *out_f32,
                                   cudaStream_t stream) {
     if (n_rows <= 0) return;
-    launch_pdl(residual_rmsnorm_kernel, dim3(n_rows), dim3(RMSNORM_THREADS), 0, stream, x, add, add_bias, moe_y,
-               moe_weight, k_top, gain, eps, row_map, hidden, out, out_f32);
+    launch_pdl(residual_rmsnorm_kernel, dim3(n_rows), dim3(RMSNORM_THREADS), 0, stream, x, add,
+               add_bias, moe_y, moe_weight, k_top, gain, eps, row_map, hidden, out, out_f32);
 }
-

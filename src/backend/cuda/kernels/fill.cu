@@ -21,7 +21,8 @@ static __device__ __forceinline__ float hash_normal(uint64_t seed, size_t i) {
 }
 
 static __global__ void bf16_to_f32_kernel(const bf16 *in, size_t n, float *out) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
         out[i] = __bfloat162float(in[i]);
 }
 
@@ -29,17 +30,22 @@ void gptoss_cuda_bf16_to_f32(const bf16 *in, size_t n, float *out, cudaStream_t 
     if (n) bf16_to_f32_kernel<<<1024, 256, 0, stream>>>(in, n, out);
 }
 
-static __global__ void fill_normal_bf16_kernel(bf16 *out, size_t n, size_t first, uint64_t seed, float mean,
-                                               float sd) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+static __global__ void fill_normal_bf16_kernel(bf16 *out, size_t n, size_t first, uint64_t seed,
+                                               float mean, float sd) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
         out[i] = __float2bfloat16(mean + sd * hash_normal(seed, first + i));
 }
-static __global__ void fill_normal_f32_kernel(float *out, size_t n, uint64_t seed, float mean, float sd) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+static __global__ void fill_normal_f32_kernel(float *out, size_t n, uint64_t seed, float mean,
+                                              float sd) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
         out[i] = mean + sd * hash_normal(seed, i);
 }
-static __global__ void fill_uniform_u8_kernel(uint8_t *out, size_t n, uint64_t seed, int lo, int hi) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+static __global__ void fill_uniform_u8_kernel(uint8_t *out, size_t n, uint64_t seed, int lo,
+                                              int hi) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         uint64_t h = mix64(seed ^ mix64((uint64_t)i));
         if (lo == 0 && hi == 255) {
             out[i] = (uint8_t)(h >> 32);
@@ -53,8 +59,8 @@ void gptoss_cuda_fill_normal_bf16(bf16 *out, size_t n, uint64_t seed, float mean
                                   cudaStream_t stream) {
     gptoss_cuda_fill_normal_bf16_at(out, n, 0, seed, mean, stddev, stream);
 }
-void gptoss_cuda_fill_normal_bf16_at(bf16 *out, size_t n, size_t first, uint64_t seed, float mean, float stddev,
-                                     cudaStream_t stream) {
+void gptoss_cuda_fill_normal_bf16_at(bf16 *out, size_t n, size_t first, uint64_t seed, float mean,
+                                     float stddev, cudaStream_t stream) {
     if (n) fill_normal_bf16_kernel<<<4096, 256, 0, stream>>>(out, n, first, seed, mean, stddev);
 }
 void gptoss_cuda_fill_normal_f32(float *out, size_t n, uint64_t seed, float mean, float stddev,

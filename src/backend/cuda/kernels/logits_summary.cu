@@ -5,16 +5,16 @@
  * normalizer (logprobs); copying whole rows of a 201k vocabulary to the host and scanning them
  * there costs more than the rest of a large decode step. At batch 1 this runs once per token,
  * right on the critical path, so it is built to be short rather than general. Three launches:
- *   1. scan, grid (rows, chunks of LOGITS_SUMMARY_CHUNK logits): each block reduces its chunk's (max, sum
- *      of exp) and each warp the largest key of its 512 logits (a "group");
+ *   1. scan, grid (rows, chunks of LOGITS_SUMMARY_CHUNK logits): each block reduces its chunk's
+ * (max, sum of exp) and each warp the largest key of its 512 logits (a "group");
  *   2. filter, grid (rows, chunks): L = the n-th largest group maximum of the row. Those n
  *      maxima are n distinct logits >= L, so the row's n largest are all >= L; each block
  *      appends the keys of its chunk that are >= L to the row's candidates (a few hundred for
  *      real logits: a group maximum is a top 1/512 value);
  *   3. select, grid (rows): the row's top-n among its candidates and its log-sum-exp from the
- *      chunks' (max, sum) pairs. Rows whose candidates overflow LOGITS_SUMMARY_CANDIDATES (the largest logits
- *      crowded into a few groups, e.g. a sorted row) select over the whole row instead: exact,
- *      only slower.
+ *      chunks' (max, sum) pairs. Rows whose candidates overflow LOGITS_SUMMARY_CANDIDATES (the
+ * largest logits crowded into a few groups, e.g. a sorted row) select over the whole row instead:
+ * exact, only slower.
  *
  * Selection is a radix select on 64-bit keys: the high word orders the value (NaN as -inf,
  * -0 as +0), the low word is ~token id, so keys are distinct and larger keys win, ties going to
@@ -24,7 +24,6 @@
 #include "backend/cuda/kernels/traits.h"
 
 #include <math.h>
-
 
 static __device__ __forceinline__ uint32_t order_key(float x) {
     if (isnan(x)) x = -INFINITY;
@@ -83,21 +82,24 @@ static __device__ void block_lse(float &m, float &s, int &inf) {
 /* Keys for select_top: from shared memory, or made from a row of logits on the fly. */
 struct smem_keys {
     const uint64_t *k;
-    __device__ uint64_t operator()(int i) const { return k[i]; }
+    __device__ uint64_t operator()(int i) const {
+        return k[i];
+    }
 };
 struct row_keys {
     const float *row;
-    __device__ uint64_t operator()(int i) const { return full_key(row[i], i); }
+    __device__ uint64_t operator()(int i) const {
+        return full_key(row[i], i);
+    }
 };
 
 /*
  * The n_top largest of the distinct keys key_at(0..n) into out[0..n_top) in decreasing order
- * (shared or global). n_top <= n, n_top <= LOGITS_SUMMARY_MAX_TOP. Every thread of the block calls it.
- * Passes of 8 bits from the top; it stops early once the bin that holds the cut is taken
- * whole (distinct values usually settle in the value's 32 bits, often sooner).
+ * (shared or global). n_top <= n, n_top <= LOGITS_SUMMARY_MAX_TOP. Every thread of the block calls
+ * it. Passes of 8 bits from the top; it stops early once the bin that holds the cut is taken whole
+ * (distinct values usually settle in the value's 32 bits, often sooner).
  */
-template <typename K>
-static __device__ void select_top(K key_at, int n, int n_top, uint64_t *out) {
+template <typename K> static __device__ void select_top(K key_at, int n, int n_top, uint64_t *out) {
     __shared__ uint32_t hist[256];
     __shared__ uint64_t prefix;
     __shared__ uint32_t remaining, n_taken;
@@ -106,7 +108,8 @@ static __device__ void select_top(K key_at, int n, int n_top, uint64_t *out) {
     const int tid = threadIdx.x, lane = tid & 31;
     if (tid == 0) prefix = 0, remaining = (uint32_t)n_top, n_taken = 0, done = 0;
     for (int shift = 56; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += LOGITS_SUMMARY_THREADS) hist[i] = 0;
+        for (int i = tid; i < 256; i += LOGITS_SUMMARY_THREADS)
+            hist[i] = 0;
         __syncthreads();
         if (done) break; /* uniform: read after the barrier */
         const uint64_t want = prefix, high_mask = shift == 56 ? 0ull : ~0ull << (shift + 8);
@@ -119,14 +122,16 @@ static __device__ void select_top(K key_at, int n, int n_top, uint64_t *out) {
             }
             /* lanes with the same bin add once: values crowd into a few bins */
             unsigned peers = __match_any_sync(0xffffffffu, bin);
-            if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (uint32_t)__popc(peers));
+            if (bin < 256 && lane == __ffs(peers) - 1)
+                atomicAdd(&hist[bin], (uint32_t)__popc(peers));
         }
         __syncthreads();
         if (tid < 32) {
             /* lane l holds bins 8l..8l+7; find the bin (from the top) where the count reaches
              * `remaining` with a suffix sum over lanes */
             uint32_t c[8], sum = 0;
-            for (int j = 0; j < 8; j++) sum += c[j] = hist[8 * lane + j];
+            for (int j = 0; j < 8; j++)
+                sum += c[j] = hist[8 * lane + j];
             uint32_t above = sum; /* inclusive suffix over lanes >= lane */
             for (int o = 1; o < 32; o <<= 1) {
                 uint32_t v = __shfl_down_sync(0xffffffffu, above, o);
@@ -160,20 +165,23 @@ static __device__ void select_top(K key_at, int n, int n_top, uint64_t *out) {
     if (tid < n_top) {
         uint64_t k = picked[tid];
         int rank = 0;
-        for (int j = 0; j < n_top; j++) rank += picked[j] > k;
+        for (int j = 0; j < n_top; j++)
+            rank += picked[j] > k;
         out[rank] = k;
     }
     __syncthreads();
 }
 
 /* The n_top largest of the n distinct keys[0..n) (shared memory) into out[0..n_top) in
- * decreasing order, each key placed by its rank (the count of larger keys): n^2 / LOGITS_SUMMARY_THREADS
- * broadcast compares per thread, fewer steps than select_top's passes for a few hundred keys. */
+ * decreasing order, each key placed by its rank (the count of larger keys): n^2 /
+ * LOGITS_SUMMARY_THREADS broadcast compares per thread, fewer steps than select_top's passes for a
+ * few hundred keys. */
 static __device__ void rank_top(const uint64_t *keys, int n, int n_top, uint64_t *out) {
     for (int i = threadIdx.x; i < n; i += LOGITS_SUMMARY_THREADS) {
         const uint64_t k = keys[i];
         int rank = 0;
-        for (int j = 0; j < n; j++) rank += keys[j] > k;
+        for (int j = 0; j < n; j++)
+            rank += keys[j] > k;
         if (rank < n_top) out[rank] = k;
     }
     __syncthreads();
@@ -181,11 +189,12 @@ static __device__ void rank_top(const uint64_t *keys, int n, int n_top, uint64_t
 
 /* Launch 1: the chunk's (max, sum of exp, +inf seen) and each group's largest key (0 for a
  * group past the end of the row: below every real key). Resets the row's candidate count. */
-__global__ void __launch_bounds__(LOGITS_SUMMARY_THREADS) logits_scan_kernel(const float *__restrict__ logits, int32_t vocab,
-                                                                  int32_t n_chunks, uint64_t *__restrict__ gmax,
-                                                                  float4 *__restrict__ part,
-                                                                  uint32_t *__restrict__ count) {
-    const int row = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+__global__ void __launch_bounds__(LOGITS_SUMMARY_THREADS)
+    logits_scan_kernel(const float *__restrict__ logits, int32_t vocab, int32_t n_chunks,
+                       uint64_t *__restrict__ gmax, float4 *__restrict__ part,
+                       uint32_t *__restrict__ count) {
+    const int row = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid & 31,
+              warp = tid >> 5;
     const int begin = chunk * LOGITS_SUMMARY_CHUNK;
     const int n = min(LOGITS_SUMMARY_CHUNK, vocab - begin);
     const float *src = logits + (size_t)row * vocab + begin;
@@ -225,12 +234,12 @@ __global__ void __launch_bounds__(LOGITS_SUMMARY_THREADS) logits_scan_kernel(con
 }
 
 /* Launch 2: L = the n_top-th largest group maximum of the row; the chunk's keys >= L join
- * the row's candidates (the first LOGITS_SUMMARY_CANDIDATES are stored; the count goes on, to flag overflow). */
-__global__ void __launch_bounds__(LOGITS_SUMMARY_THREADS) logits_filter_kernel(const float *__restrict__ logits, int32_t vocab,
-                                                                    int32_t n_top, int32_t n_chunks,
-                                                                    const uint64_t *__restrict__ gmax,
-                                                                    uint64_t *__restrict__ cand,
-                                                                    uint32_t *__restrict__ count) {
+ * the row's candidates (the first LOGITS_SUMMARY_CANDIDATES are stored; the count goes on, to flag
+ * overflow). */
+__global__ void __launch_bounds__(LOGITS_SUMMARY_THREADS)
+    logits_filter_kernel(const float *__restrict__ logits, int32_t vocab, int32_t n_top,
+                         int32_t n_chunks, const uint64_t *__restrict__ gmax,
+                         uint64_t *__restrict__ cand, uint32_t *__restrict__ count) {
     __shared__ uint64_t keys[LOGITS_SUMMARY_MAX_CHUNKS * LOGITS_SUMMARY_WARPS];
     __shared__ uint64_t best[LOGITS_SUMMARY_MAX_TOP];
     const int row = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
@@ -239,7 +248,8 @@ __global__ void __launch_bounds__(LOGITS_SUMMARY_THREADS) logits_filter_kernel(c
     pdl_wait();
     /* empty groups (0) are not distinct; make them so, still below every real key (whose high
      * word is at least order_key(-inf) > 0) */
-    for (int i = tid; i < G; i += LOGITS_SUMMARY_THREADS) keys[i] = src[i] ? src[i] : (uint64_t)i;
+    for (int i = tid; i < G; i += LOGITS_SUMMARY_THREADS)
+        keys[i] = src[i] ? src[i] : (uint64_t)i;
     __syncthreads();
     uint64_t L = 0;
     if (G >= n_top) {
@@ -265,14 +275,12 @@ __global__ void __launch_bounds__(LOGITS_SUMMARY_THREADS) logits_filter_kernel(c
 
 /* Launch 3: the row's log-sum-exp and its top n_top (from the candidates, or from the whole
  * row when they overflowed). */
-__global__ void __launch_bounds__(LOGITS_SUMMARY_THREADS) logits_select_kernel(const float *__restrict__ logits, int32_t vocab,
-                                                                    const float4 *__restrict__ part, int32_t n_top,
-                                                                    int32_t n_chunks,
-                                                                    const uint32_t *__restrict__ count,
-                                                                    const uint64_t *__restrict__ cand,
-                                                                    int32_t *__restrict__ top_ids,
-                                                                    float *__restrict__ top_vals,
-                                                                    float *__restrict__ lse) {
+__global__ void __launch_bounds__(LOGITS_SUMMARY_THREADS)
+    logits_select_kernel(const float *__restrict__ logits, int32_t vocab,
+                         const float4 *__restrict__ part, int32_t n_top, int32_t n_chunks,
+                         const uint32_t *__restrict__ count, const uint64_t *__restrict__ cand,
+                         int32_t *__restrict__ top_ids, float *__restrict__ top_vals,
+                         float *__restrict__ lse) {
     __shared__ uint64_t keys[LOGITS_SUMMARY_CANDIDATES];
     __shared__ uint64_t best[LOGITS_SUMMARY_MAX_TOP];
     const int row = blockIdx.x, tid = threadIdx.x;
@@ -289,10 +297,13 @@ __global__ void __launch_bounds__(LOGITS_SUMMARY_THREADS) logits_select_kernel(c
     const uint32_t n = count[row];
     if (n <= LOGITS_SUMMARY_CANDIDATES) {
         const uint64_t *src = cand + (size_t)row * LOGITS_SUMMARY_CANDIDATES;
-        for (int i = tid; i < (int)n; i += LOGITS_SUMMARY_THREADS) keys[i] = src[i];
+        for (int i = tid; i < (int)n; i += LOGITS_SUMMARY_THREADS)
+            keys[i] = src[i];
         __syncthreads();
-        if (n <= 2 * LOGITS_SUMMARY_THREADS) rank_top(keys, (int)n, n_top, best);
-        else select_top(smem_keys{keys}, (int)n, n_top, best);
+        if (n <= 2 * LOGITS_SUMMARY_THREADS)
+            rank_top(keys, (int)n, n_top, best);
+        else
+            select_top(smem_keys{keys}, (int)n, n_top, best);
     } else {
         select_top(row_keys{logits + (size_t)row * vocab}, vocab, n_top, best);
     }
@@ -304,16 +315,19 @@ __global__ void __launch_bounds__(LOGITS_SUMMARY_THREADS) logits_select_kernel(c
 
 size_t gptoss_cuda_logits_summary_scratch(int32_t n_rows, int32_t vocab) {
     size_t chunks = ((size_t)vocab + LOGITS_SUMMARY_CHUNK - 1) / LOGITS_SUMMARY_CHUNK;
-    return (size_t)n_rows * (chunks * (LOGITS_SUMMARY_WARPS * sizeof(uint64_t) + sizeof(float4)) + LOGITS_SUMMARY_CANDIDATES * sizeof(uint64_t) +
-                             sizeof(uint32_t)) +
+    return (size_t)n_rows * (chunks * (LOGITS_SUMMARY_WARPS * sizeof(uint64_t) + sizeof(float4)) +
+                             LOGITS_SUMMARY_CANDIDATES * sizeof(uint64_t) + sizeof(uint32_t)) +
            256;
 }
 
-int gptoss_cuda_logits_summary(const float *logits, int32_t n_rows, int32_t vocab, int32_t n_top, void *scratch,
-                               int32_t *top_ids, float *top_vals, float *lse, cudaStream_t stream) {
+int gptoss_cuda_logits_summary(const float *logits, int32_t n_rows, int32_t vocab, int32_t n_top,
+                               void *scratch, int32_t *top_ids, float *top_vals, float *lse,
+                               cudaStream_t stream) {
     if (n_rows <= 0) return 0;
     const int32_t n_chunks = (vocab + LOGITS_SUMMARY_CHUNK - 1) / LOGITS_SUMMARY_CHUNK;
-    if (n_top < 1 || n_top > LOGITS_SUMMARY_MAX_TOP || n_top > vocab || n_chunks > LOGITS_SUMMARY_MAX_CHUNKS) return -1;
+    if (n_top < 1 || n_top > LOGITS_SUMMARY_MAX_TOP || n_top > vocab ||
+        n_chunks > LOGITS_SUMMARY_MAX_CHUNKS)
+        return -1;
     /* scratch (16-byte aligned): candidates | group maxima | (max, sum, +inf seen) per chunk |
      * candidate counts; launch 1 writes the maxima, pairs and counts in full, launch 2 the
      * candidates that launch 3 reads */
@@ -323,10 +337,12 @@ int gptoss_cuda_logits_summary(const float *logits, int32_t n_rows, int32_t voca
     float4 *part = (float4 *)(gmax + (size_t)n_rows * n_chunks * LOGITS_SUMMARY_WARPS);
     uint32_t *count = (uint32_t *)(part + (size_t)n_rows * n_chunks);
     const dim3 grid(n_rows, n_chunks);
-    logits_scan_kernel<<<grid, LOGITS_SUMMARY_THREADS, 0, stream>>>(logits, vocab, n_chunks, gmax, part, count);
-    launch_pdl(logits_filter_kernel, grid, dim3(LOGITS_SUMMARY_THREADS), 0, stream, logits, vocab, n_top, n_chunks,
-               (const uint64_t *)gmax, cand, count);
-    launch_pdl(logits_select_kernel, dim3(n_rows), dim3(LOGITS_SUMMARY_THREADS), 0, stream, logits, vocab, (const float4 *)part,
-               n_top, n_chunks, (const uint32_t *)count, (const uint64_t *)cand, top_ids, top_vals, lse);
+    logits_scan_kernel<<<grid, LOGITS_SUMMARY_THREADS, 0, stream>>>(logits, vocab, n_chunks, gmax,
+                                                                    part, count);
+    launch_pdl(logits_filter_kernel, grid, dim3(LOGITS_SUMMARY_THREADS), 0, stream, logits, vocab,
+               n_top, n_chunks, (const uint64_t *)gmax, cand, count);
+    launch_pdl(logits_select_kernel, dim3(n_rows), dim3(LOGITS_SUMMARY_THREADS), 0, stream, logits,
+               vocab, (const float4 *)part, n_top, n_chunks, (const uint32_t *)count,
+               (const uint64_t *)cand, top_ids, top_vals, lse);
     return 0;
 }

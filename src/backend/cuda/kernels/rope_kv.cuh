@@ -17,12 +17,8 @@
 /* The page types the KV kernels are templated on: bf16 values, or e4m3 codes (uint8) with an
  * fp32 scale per (token, KV head) beside them (kv_fp8.h). */
 template <typename KV> struct kv_page_traits;
-template <> struct kv_page_traits<bf16> {
-    static constexpr bool e4m3 = false;
-};
-template <> struct kv_page_traits<uint8_t> {
-    static constexpr bool e4m3 = true;
-};
+template <> struct kv_page_traits<bf16> { static constexpr bool e4m3 = false; };
+template <> struct kv_page_traits<uint8_t> { static constexpr bool e4m3 = true; };
 
 /* Two e4m3 codes (the first in the low byte) as a bf16 pair: exact, every e4m3 value is a
  * bf16 value (the scale is applied later, in fp32). */
@@ -36,21 +32,24 @@ static __device__ __forceinline__ __nv_bfloat162 e4m3x2_to_bf16x2(uint32_t codes
 /* The RoPE kernel and the fused QKV projection share these three, so both round alike and
  * write the same slots. */
 /* The cos and sin of position p's angle for inverse frequency f, times the YaRN concentration. */
-static __device__ __forceinline__ void rope_cos_sin(int p, float f, float concentration, float *c, float *s) {
+static __device__ __forceinline__ void rope_cos_sin(int p, float f, float concentration, float *c,
+                                                    float *s) {
     float sv, cv;
     sincosf((float)p * f, &sv, &cv);
     *c = cv * concentration;
     *s = sv * concentration;
 }
 /* One RoPE pair (a, b) rotated by the angle whose scaled cos and sin are c and s. */
-static __device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, float *ra, float *rb) {
+static __device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, float *ra,
+                                                   float *rb) {
     *ra = a * c - b * s;
     *rb = b * c + a * s;
 }
 /* The page slot (token and KV head; its values start at slot * head_dim) of position p of
  * sequence seq for KV head kvh. */
-static __device__ __forceinline__ size_t kv_page_slot(const int32_t *block_tables, int seq, int32_t max_blocks,
-                                                      int32_t block_size, int p, int32_t n_kv_heads, int kvh) {
+static __device__ __forceinline__ size_t kv_page_slot(const int32_t *block_tables, int seq,
+                                                      int32_t max_blocks, int32_t block_size, int p,
+                                                      int32_t n_kv_heads, int kvh) {
     const int blk = block_tables[(size_t)seq * max_blocks + p / block_size];
     return ((size_t)blk * block_size + p % block_size) * n_kv_heads + kvh;
 }
@@ -65,16 +64,17 @@ static __device__ __forceinline__ float head_max(float v, float *scratch) {
     row[threadIdx.x] = v;
     __syncthreads();
     float m = 0.0f;
-    for (int i = 0; i < (int)blockDim.x; i++) m = fmaxf(m, row[i]);
+    for (int i = 0; i < (int)blockDim.x; i++)
+        m = fmaxf(m, row[i]);
     __syncthreads(); /* scratch may be reused */
     return m;
 }
 
-/* Grid (n_tokens, q_blocks + ceil(n_kv_heads / ROPE_KV_HEADS_PER_BLOCK)), (head_dim / 2, ROPE_KV_HEADS_PER_BLOCK)
- * threads: thread (j, y) takes the rotated pair (j, j + D/2) of one head of the token. Blocks
- * below q_blocks hold query heads; the others hold KV heads, whose threads also copy the
- * matching v head into the cache (with e4m3 pages after the head vector's absmax over its
- * threads, for k and for v, then codes and the two scales, kv_fp8.h), so every thread of a
+/* Grid (n_tokens, q_blocks + ceil(n_kv_heads / ROPE_KV_HEADS_PER_BLOCK)), (head_dim / 2,
+ * ROPE_KV_HEADS_PER_BLOCK) threads: thread (j, y) takes the rotated pair (j, j + D/2) of one head
+ * of the token. Blocks below q_blocks hold query heads; the others hold KV heads, whose threads
+ * also copy the matching v head into the cache (with e4m3 pages after the head vector's absmax over
+ * its threads, for k and for v, then codes and the two scales, kv_fp8.h), so every thread of a
  * block takes the same branch around the barriers. The token's cos and sin are computed once
  * per block. */
 #endif

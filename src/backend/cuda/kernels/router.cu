@@ -14,8 +14,8 @@
  * in shared memory and each warp produces one expert's logits for them (lanes stride the
  * row in bf16 pairs). */
 
-static __device__ void topk_warp(const volatile float *row, const float *bias, int32_t n_experts, int32_t k_top,
-                                 int32_t *topk_idx, float *topk_weight);
+static __device__ void topk_warp(const volatile float *row, const float *bias, int32_t n_experts,
+                                 int32_t k_top, int32_t *topk_idx, float *topk_weight);
 
 /* Whether this block is the last of the grid to get here (atomic ticket on counter, which the
  * last block re-arms); every block's earlier writes are then visible to it. Every thread of
@@ -29,22 +29,27 @@ static __device__ __forceinline__ bool last_block(unsigned *counter, unsigned n_
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned prev;
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(counter) : "memory");
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                     : "=r"(prev)
+                     : "l"(counter)
+                     : "memory");
         last = prev == n_blocks - 1;
     }
     __syncthreads();
     return last;
 }
 
-static __global__ void router_logits_kernel(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
-                                            int32_t n_experts, int32_t hidden, float *logits,
-                                            unsigned *done_counter, int32_t k_top, int32_t *topk_idx,
-                                            float *topk_weight) {
-    extern __shared__ __align__(ROUTER_SMEM_ALIGN) float rows[]; /* [ROUTER_TOKENS_PER_BLOCK][hidden] */
+static __global__ void router_logits_kernel(const float *t, const bf16 *weight, const float *bias,
+                                            int32_t n_tokens, int32_t n_experts, int32_t hidden,
+                                            float *logits, unsigned *done_counter, int32_t k_top,
+                                            int32_t *topk_idx, float *topk_weight) {
+    extern __shared__ __align__(
+        ROUTER_SMEM_ALIGN) float rows[]; /* [ROUTER_TOKENS_PER_BLOCK][hidden] */
     pdl_wait();
     int t0 = blockIdx.x * ROUTER_TOKENS_PER_BLOCK;
     int nt = min(ROUTER_TOKENS_PER_BLOCK, n_tokens - t0);
-    for (int i = threadIdx.x; i < nt * hidden; i += blockDim.x) rows[i] = t[(size_t)t0 * hidden + i];
+    for (int i = threadIdx.x; i < nt * hidden; i += blockDim.x)
+        rows[i] = t[(size_t)t0 * hidden + i];
     __syncthreads();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
     for (int e = blockIdx.y * n_warps + warp; e < n_experts; e += gridDim.y * n_warps) {
@@ -60,7 +65,8 @@ static __global__ void router_logits_kernel(const float *t, const bf16 *weight, 
                 const float *xr = rows + k * hidden + 8 * j;
 #pragma unroll
                 for (int i = 0; i < 4; i++)
-                    acc[k] += __uint_as_float(ww[i] << 16) * xr[2 * i] + __uint_as_float(ww[i] & 0xffff0000u) * xr[2 * i + 1];
+                    acc[k] += __uint_as_float(ww[i] << 16) * xr[2 * i] +
+                              __uint_as_float(ww[i] & 0xffff0000u) * xr[2 * i + 1];
             }
         }
 #pragma unroll
@@ -79,13 +85,15 @@ static __global__ void router_logits_kernel(const float *t, const bf16 *weight, 
     if (threadIdx.x == 0) *done_counter = 0u;
 }
 
-void gptoss_cuda_router_logits(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
-                               int32_t n_experts, int32_t hidden, float *logits, cudaStream_t stream) {
+void gptoss_cuda_router_logits(const float *t, const bf16 *weight, const float *bias,
+                               int32_t n_tokens, int32_t n_experts, int32_t hidden, float *logits,
+                               cudaStream_t stream) {
     if (n_tokens <= 0) return;
     size_t smem = (size_t)ROUTER_TOKENS_PER_BLOCK * hidden * sizeof(float);
-    dim3 grid((n_tokens + ROUTER_TOKENS_PER_BLOCK - 1) / ROUTER_TOKENS_PER_BLOCK, (n_experts + 7) / 8);
-    router_logits_kernel<<<grid, 256, smem, stream>>>(
-        t, weight, bias, n_tokens, n_experts, hidden, logits, nullptr, 0, nullptr, nullptr);
+    dim3 grid((n_tokens + ROUTER_TOKENS_PER_BLOCK - 1) / ROUTER_TOKENS_PER_BLOCK,
+              (n_experts + 7) / 8);
+    router_logits_kernel<<<grid, 256, smem, stream>>>(t, weight, bias, n_tokens, n_experts, hidden,
+                                                      logits, nullptr, 0, nullptr, nullptr);
 }
 
 /*
@@ -98,8 +106,9 @@ void gptoss_cuda_router_logits(const float *t, const bf16 *weight, const float *
  */
 
 /* One warp's router row (expert e, clamped to the last) into registers, 16 bytes per chunk. */
-static __device__ __forceinline__ void router_row_load(const bf16 *weight, int e, int32_t n_experts, int n_chunks,
-                                                       int lane, uint4 (&wq)[ROUTER_ONE_MAX_CHUNKS]) {
+static __device__ __forceinline__ void router_row_load(const bf16 *weight, int e, int32_t n_experts,
+                                                       int n_chunks, int lane,
+                                                       uint4 (&wq)[ROUTER_ONE_MAX_CHUNKS]) {
     const uint4 *w = (const uint4 *)(weight + (size_t)min(e, n_experts - 1) * n_chunks * 8);
 #pragma unroll
     for (int i = 0; i < ROUTER_ONE_MAX_CHUNKS; i++)
@@ -107,8 +116,8 @@ static __device__ __forceinline__ void router_row_load(const bf16 *weight, int e
 }
 
 /* The warp's row . the fp32 token t4 (every lane gets the sum). */
-static __device__ __forceinline__ float router_row_dot(const uint4 (&wq)[ROUTER_ONE_MAX_CHUNKS], const float4 *t4,
-                                                       int n_chunks, int lane) {
+static __device__ __forceinline__ float router_row_dot(const uint4 (&wq)[ROUTER_ONE_MAX_CHUNKS],
+                                                       const float4 *t4, int n_chunks, int lane) {
     float acc = 0.0f;
 #pragma unroll
     for (int i = 0; i < ROUTER_ONE_MAX_CHUNKS; i++) {
@@ -119,15 +128,17 @@ static __device__ __forceinline__ float router_row_dot(const uint4 (&wq)[ROUTER_
             const uint32_t ww[4] = {wq[i].x, wq[i].y, wq[i].z, wq[i].w};
 #pragma unroll
             for (int k = 0; k < 4; k++)
-                acc += __uint_as_float(ww[k] << 16) * x[2 * k] + __uint_as_float(ww[k] & 0xffff0000u) * x[2 * k + 1];
+                acc += __uint_as_float(ww[k] << 16) * x[2 * k] +
+                       __uint_as_float(ww[k] & 0xffff0000u) * x[2 * k + 1];
         }
     }
     return warp_sum(acc);
 }
 
 static __global__ void __launch_bounds__(ROUTER_ONE_WARPS * 32)
-router_one_kernel(const float *t, const bf16 *weight, const float *bias, int32_t n_experts, int32_t hidden,
-                  float *logits, unsigned *done_counter, int32_t k_top, int32_t *topk_idx, float *topk_weight) {
+    router_one_kernel(const float *t, const bf16 *weight, const float *bias, int32_t n_experts,
+                      int32_t hidden, float *logits, unsigned *done_counter, int32_t k_top,
+                      int32_t *topk_idx, float *topk_weight) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e = blockIdx.x * ROUTER_ONE_WARPS + warp, n_chunks = hidden >> 3;
     uint4 wq[ROUTER_ONE_MAX_CHUNKS];
@@ -141,18 +152,21 @@ router_one_kernel(const float *t, const bf16 *weight, const float *bias, int32_t
 }
 
 void gptoss_cuda_router(const float *t, const bf16 *weight, const float *bias, int32_t n_tokens,
-                        int32_t n_experts, int32_t hidden, int32_t k_top, float *logits, unsigned *done_counter,
-                        int32_t *topk_idx, float *topk_weight, cudaStream_t stream) {
+                        int32_t n_experts, int32_t hidden, int32_t k_top, float *logits,
+                        unsigned *done_counter, int32_t *topk_idx, float *topk_weight,
+                        cudaStream_t stream) {
     if (n_tokens <= 0) return;
     if (n_tokens == 1 && hidden % 8 == 0 && hidden <= 32 * 8 * ROUTER_ONE_MAX_CHUNKS) {
-        launch_pdl(router_one_kernel, dim3((n_experts + ROUTER_ONE_WARPS - 1) / ROUTER_ONE_WARPS), dim3(ROUTER_ONE_WARPS * 32),
-                   0, stream, t, weight, bias, n_experts, hidden, logits, done_counter, k_top, topk_idx, topk_weight);
+        launch_pdl(router_one_kernel, dim3((n_experts + ROUTER_ONE_WARPS - 1) / ROUTER_ONE_WARPS),
+                   dim3(ROUTER_ONE_WARPS * 32), 0, stream, t, weight, bias, n_experts, hidden,
+                   logits, done_counter, k_top, topk_idx, topk_weight);
         return;
     }
     size_t smem = (size_t)ROUTER_TOKENS_PER_BLOCK * hidden * sizeof(float);
-    dim3 grid((n_tokens + ROUTER_TOKENS_PER_BLOCK - 1) / ROUTER_TOKENS_PER_BLOCK, (n_experts + 7) / 8);
-    launch_pdl(router_logits_kernel, grid, dim3(256), smem, stream, t, weight, bias, n_tokens, n_experts, hidden,
-               logits, done_counter, k_top, topk_idx, topk_weight);
+    dim3 grid((n_tokens + ROUTER_TOKENS_PER_BLOCK - 1) / ROUTER_TOKENS_PER_BLOCK,
+              (n_experts + 7) / 8);
+    launch_pdl(router_logits_kernel, grid, dim3(256), smem, stream, t, weight, bias, n_tokens,
+               n_experts, hidden, logits, done_counter, k_top, topk_idx, topk_weight);
 }
 
 /*
@@ -168,11 +182,12 @@ void gptoss_cuda_router(const float *t, const bf16 *weight, const float *bias, i
  */
 
 static __global__ void __launch_bounds__(NORM_ROUTER_WARPS * 32)
-norm_router_one_kernel(float *__restrict__ x, const float *__restrict__ add, const float *__restrict__ add_bias,
-                       const float *__restrict__ gain, float eps, int32_t hidden, bf16 *__restrict__ out,
-                       const bf16 *__restrict__ weight, const float *__restrict__ bias, int32_t n_experts,
-                       float *logits, unsigned *done_counter, int32_t k_top, int32_t *topk_idx,
-                       float *topk_weight) {
+    norm_router_one_kernel(float *__restrict__ x, const float *__restrict__ add,
+                           const float *__restrict__ add_bias, const float *__restrict__ gain,
+                           float eps, int32_t hidden, bf16 *__restrict__ out,
+                           const bf16 *__restrict__ weight, const float *__restrict__ bias,
+                           int32_t n_experts, float *logits, unsigned *done_counter, int32_t k_top,
+                           int32_t *topk_idx, float *topk_weight) {
     extern __shared__ __align__(ROUTER_SMEM_ALIGN) float nr_row[]; /* [hidden] normalized, fp32 */
     __shared__ float partial[NORM_ROUTER_WARPS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -186,9 +201,11 @@ norm_router_one_kernel(float *__restrict__ x, const float *__restrict__ add, con
     for (int c = 0; c < NORM_ROUTER_PER_THREAD; c++) {
         const int j = threadIdx.x + c * NORM_ROUTER_WARPS * 32;
         if (j < n4) {
-            float4 a = ((const float4 *)x)[j], b = ((const float4 *)add)[j], cb = ((const float4 *)add_bias)[j];
+            float4 a = ((const float4 *)x)[j], b = ((const float4 *)add)[j],
+                   cb = ((const float4 *)add_bias)[j];
             g[c] = ((const float4 *)gain)[j];
-            v[c] = make_float4(a.x + (b.x + cb.x), a.y + (b.y + cb.y), a.z + (b.z + cb.z), a.w + (b.w + cb.w));
+            v[c] = make_float4(a.x + (b.x + cb.x), a.y + (b.y + cb.y), a.z + (b.z + cb.z),
+                               a.w + (b.w + cb.w));
             ss += v[c].x * v[c].x + v[c].y * v[c].y + v[c].z * v[c].z + v[c].w * v[c].w;
         }
     }
@@ -197,7 +214,8 @@ norm_router_one_kernel(float *__restrict__ x, const float *__restrict__ add, con
     __syncthreads();
     float total = 0.0f;
 #pragma unroll
-    for (int i = 0; i < NORM_ROUTER_WARPS; i++) total += partial[i];
+    for (int i = 0; i < NORM_ROUTER_WARPS; i++)
+        total += partial[i];
     const float inv = rsqrtf(total / (float)hidden + eps);
 #pragma unroll
     for (int c = 0; c < NORM_ROUTER_PER_THREAD; c++) {
@@ -217,7 +235,8 @@ norm_router_one_kernel(float *__restrict__ x, const float *__restrict__ add, con
         if (j < n4) {
             ((float4 *)x)[j] = v[c];
             const float4 y = t4[j];
-            __nv_bfloat162 lo = __floats2bfloat162_rn(y.x, y.y), hi = __floats2bfloat162_rn(y.z, y.w);
+            __nv_bfloat162 lo = __floats2bfloat162_rn(y.x, y.y),
+                           hi = __floats2bfloat162_rn(y.z, y.w);
             ((uint2 *)out)[j] = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
         }
     }
@@ -225,17 +244,23 @@ norm_router_one_kernel(float *__restrict__ x, const float *__restrict__ add, con
     if (threadIdx.x == 0) *done_counter = 0u;
 }
 
-int gptoss_cuda_norm_router_one(float *x, const float *add, const float *add_bias, const float *gain, float eps,
-                                int32_t hidden, bf16 *out, const bf16 *weight, const float *bias,
-                                int32_t n_experts, int32_t k_top, float *logits, unsigned *done_counter,
+int gptoss_cuda_norm_router_one(float *x, const float *add, const float *add_bias,
+                                const float *gain, float eps, int32_t hidden, bf16 *out,
+                                const bf16 *weight, const float *bias, int32_t n_experts,
+                                int32_t k_top, float *logits, unsigned *done_counter,
                                 int32_t *topk_idx, float *topk_weight, cudaStream_t stream) {
-    if (hidden % 8 != 0 || hidden > NORM_ROUTER_WARPS * 32 * 4 * NORM_ROUTER_PER_THREAD || hidden > 32 * 8 * ROUTER_ONE_MAX_CHUNKS ||
-        add_bias == NULL || n_experts < 1 || k_top < 1 || k_top > 32 || k_top > n_experts ||
-        ((uintptr_t)x | (uintptr_t)add | (uintptr_t)add_bias | (uintptr_t)gain | (uintptr_t)out | (uintptr_t)weight) % 16)
+    if (hidden % 8 != 0 || hidden > NORM_ROUTER_WARPS * 32 * 4 * NORM_ROUTER_PER_THREAD ||
+        hidden > 32 * 8 * ROUTER_ONE_MAX_CHUNKS || add_bias == NULL || n_experts < 1 || k_top < 1 ||
+        k_top > 32 || k_top > n_experts ||
+        ((uintptr_t)x | (uintptr_t)add | (uintptr_t)add_bias | (uintptr_t)gain | (uintptr_t)out |
+         (uintptr_t)weight) %
+            16)
         return 1;
-    launch_pdl(norm_router_one_kernel, dim3((n_experts + NORM_ROUTER_WARPS - 1) / NORM_ROUTER_WARPS), dim3(NORM_ROUTER_WARPS * 32),
-               (size_t)hidden * sizeof(float), stream, x, add, add_bias, gain, eps, hidden, out, weight, bias,
-               n_experts, logits, done_counter, k_top, topk_idx, topk_weight);
+    launch_pdl(norm_router_one_kernel,
+               dim3((n_experts + NORM_ROUTER_WARPS - 1) / NORM_ROUTER_WARPS),
+               dim3(NORM_ROUTER_WARPS * 32), (size_t)hidden * sizeof(float), stream, x, add,
+               add_bias, gain, eps, hidden, out, weight, bias, n_experts, logits, done_counter,
+               k_top, topk_idx, topk_weight);
     return 0;
 }
 
@@ -255,8 +280,8 @@ cudaError_t gptoss_cuda_router_prepare(int32_t hidden) {
  * softmax in choice order, as one lane did before. */
 template <int R>
 static __device__ __forceinline__ void topk_warp_regs(const volatile float *row, const float *bias,
-                                                      int32_t n_experts, int32_t k_top, int32_t *topk_idx,
-                                                      float *topk_weight) {
+                                                      int32_t n_experts, int32_t k_top,
+                                                      int32_t *topk_idx, float *topk_weight) {
     const int lane = threadIdx.x & 31;
     float v[R];
     unsigned live = 0u; /* bit i: expert lane + 32 i is still a candidate */
@@ -299,7 +324,8 @@ static __device__ __forceinline__ void topk_warp_regs(const volatile float *row,
     }
     const float mx = __shfl_sync(0xffffffffu, my_val, 0);
     float sum = 0.0f;
-    for (int k = 0; k < k_top; k++) sum += __expf(__shfl_sync(0xffffffffu, my_val, k) - mx);
+    for (int k = 0; k < k_top; k++)
+        sum += __expf(__shfl_sync(0xffffffffu, my_val, k) - mx);
     if (lane < k_top) {
         topk_idx[lane] = my_idx;
         topk_weight[lane] = __expf(my_val - mx) / sum;
@@ -307,13 +333,18 @@ static __device__ __forceinline__ void topk_warp_regs(const volatile float *row,
 }
 
 /* k_top <= 32 and n_experts <= 1024 (the launchers' and the backend's limits). */
-static __device__ void topk_warp(const volatile float *row, const float *bias, int32_t n_experts, int32_t k_top,
-                                 int32_t *topk_idx, float *topk_weight) {
-    if (n_experts <= 32) topk_warp_regs<1>(row, bias, n_experts, k_top, topk_idx, topk_weight);
-    else if (n_experts <= 64) topk_warp_regs<2>(row, bias, n_experts, k_top, topk_idx, topk_weight);
-    else if (n_experts <= 128) topk_warp_regs<4>(row, bias, n_experts, k_top, topk_idx, topk_weight);
-    else if (n_experts <= 256) topk_warp_regs<8>(row, bias, n_experts, k_top, topk_idx, topk_weight);
-    else topk_warp_regs<32>(row, bias, n_experts, k_top, topk_idx, topk_weight);
+static __device__ void topk_warp(const volatile float *row, const float *bias, int32_t n_experts,
+                                 int32_t k_top, int32_t *topk_idx, float *topk_weight) {
+    if (n_experts <= 32)
+        topk_warp_regs<1>(row, bias, n_experts, k_top, topk_idx, topk_weight);
+    else if (n_experts <= 64)
+        topk_warp_regs<2>(row, bias, n_experts, k_top, topk_idx, topk_weight);
+    else if (n_experts <= 128)
+        topk_warp_regs<4>(row, bias, n_experts, k_top, topk_idx, topk_weight);
+    else if (n_experts <= 256)
+        topk_warp_regs<8>(row, bias, n_experts, k_top, topk_idx, topk_weight);
+    else
+        topk_warp_regs<32>(row, bias, n_experts, k_top, topk_idx, topk_weight);
 }
 
 static __global__ void router_topk_kernel(const float *logits, const float *bias, int32_t n_tokens,
@@ -336,10 +367,12 @@ void gptoss_cuda_router_topk(const float *logits, const float *bias, int32_t n_t
 
 /* ---- gathers and fills ------------------------------------------------------------------ */
 
-static __global__ void gather_rows_kernel(const bf16 *src, const int32_t *rows, int32_t width, bf16 *out) {
+static __global__ void gather_rows_kernel(const bf16 *src, const int32_t *rows, int32_t width,
+                                          bf16 *out) {
     int i = blockIdx.x;
     const bf16 *s = src + (size_t)rows[i] * width;
-    for (int j = threadIdx.x; j < width; j += blockDim.x) out[(size_t)i * width + j] = s[j];
+    for (int j = threadIdx.x; j < width; j += blockDim.x)
+        out[(size_t)i * width + j] = s[j];
 }
 
 void gptoss_cuda_gather_rows(const bf16 *src, const int32_t *rows, int32_t n_rows, int32_t width,
@@ -347,4 +380,3 @@ void gptoss_cuda_gather_rows(const bf16 *src, const int32_t *rows, int32_t n_row
     if (n_rows <= 0) return;
     gather_rows_kernel<<<n_rows, 256, 0, stream>>>(src, rows, width, out);
 }
-

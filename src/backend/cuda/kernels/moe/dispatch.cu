@@ -34,7 +34,8 @@ enum gptoss_moe_path gptoss_cuda_moe_path_parse(const char *s) {
     for (int i = 0; i <= GPTOSS_MOE_WGMMA_GEMM; i++)
         if (strcmp(s, path_names[i]) == 0) return (enum gptoss_moe_path)i;
     int n = atoi(s);
-    return n >= GPTOSS_MOE_ROUTE_GEMV && n <= GPTOSS_MOE_WGMMA_GEMM ? (enum gptoss_moe_path)n : GPTOSS_MOE_AUTO;
+    return n >= GPTOSS_MOE_ROUTE_GEMV && n <= GPTOSS_MOE_WGMMA_GEMM ? (enum gptoss_moe_path)n
+                                                                    : GPTOSS_MOE_AUTO;
 }
 
 const char *gptoss_cuda_moe_path_name(enum gptoss_moe_path path) {
@@ -44,7 +45,8 @@ const char *gptoss_cuda_moe_path_name(enum gptoss_moe_path path) {
 /* min and max of bytes (out[0] = min, out[1] = max; out starts at {255, 0}) */
 static __global__ void u8_range_kernel(const uint8_t *p, size_t n, unsigned *out) {
     unsigned lo = 255, hi = 0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         unsigned v = p[i];
         lo = min(lo, v);
         hi = max(hi, v);
@@ -66,12 +68,13 @@ static __global__ void absmax_kernel(const float *x, int32_t n, unsigned *out) {
         float v = fabsf(x[i]);
         m = max(m, v == v ? __float_as_uint(v) : 0x7f800000u);
     }
-    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int o = 16; o > 0; o >>= 1)
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     if ((threadIdx.x & 31) == 0) atomicMax(&out[2], m);
 }
 
-cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *input_gain, unsigned *scratch,
-                                      cudaStream_t stream) {
+cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *input_gain,
+                                      unsigned *scratch, cudaStream_t stream) {
     const gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
     w->mma_ok = false;
     w->pair_mma_ok = false;
@@ -89,12 +92,15 @@ cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *i
     float gain_f;
     memcpy(&gain_f, &got[2], sizeof gain_f);
     double gain = gain_f;
-    double in_bound = sqrt((double)H) * gain, h_bound = (double)w->swiglu_limit * ((double)w->swiglu_limit + 1.0);
-    bool fp16_ok = in_bound < 32768.0 && isfinite(h_bound) && h_bound < 32768.0 && H % 32 == 0 && I % 32 == 0 &&
-                   (int32_t)H <= kc->moe_prepared_width && (int32_t)I <= kc->moe_prepared_width;
+    double in_bound = sqrt((double)H) * gain,
+           h_bound = (double)w->swiglu_limit * ((double)w->swiglu_limit + 1.0);
+    bool fp16_ok = in_bound < 32768.0 && isfinite(h_bound) && h_bound < 32768.0 && H % 32 == 0 &&
+                   I % 32 == 0 && (int32_t)H <= kc->moe_prepared_width &&
+                   (int32_t)I <= kc->moe_prepared_width;
     w->mma_ok = fp16_ok && got[0] >= 104 && got[1] <= 128;
     w->wg_ok = w->mma_ok && kc->moe_wg_ok && H % 64 == 0 && I % 64 == 0;
-    w->pair_mma_ok = fp16_ok && got[1] <= 240; /* scales applied in fp32: 2^(s - 113) must be finite */
+    w->pair_mma_ok =
+        fp16_ok && got[1] <= 240; /* scales applied in fp32: 2^(s - 113) must be finite */
     return cudaSuccess;
 }
 
@@ -131,15 +137,21 @@ static bool pair_path_worth(int32_t n_tokens, int32_t k_top, int32_t n_experts) 
 enum gptoss_moe_path gptoss_cuda_moe_choose_path(int forced, int32_t n_tokens, int32_t k_top,
                                                  const gptoss_cuda_moe_weights *w) {
     enum gptoss_moe_path path = GPTOSS_MOE_AUTO;
-    if (forced >= GPTOSS_MOE_ROUTE_GEMV && forced <= GPTOSS_MOE_WGMMA_GEMM) path = (enum gptoss_moe_path)forced;
+    if (forced >= GPTOSS_MOE_ROUTE_GEMV && forced <= GPTOSS_MOE_WGMMA_GEMM)
+        path = (enum gptoss_moe_path)forced;
     bool few = n_tokens * k_top <= GPTOSS_MOE_PAIR_MAX;
     if (path == GPTOSS_MOE_PAIR_GEMV && !few) path = GPTOSS_MOE_AUTO; /* too many pairs */
-    if (path == GPTOSS_MOE_PAIR_MMA && n_tokens * k_top > GPTOSS_MOE_PAIR5_MAX) path = GPTOSS_MOE_AUTO;
-    if (path == GPTOSS_MOE_AUTO && n_tokens > 1 && w->pair_mma_ok && pair_path_worth(n_tokens, k_top, w->n_experts))
+    if (path == GPTOSS_MOE_PAIR_MMA && n_tokens * k_top > GPTOSS_MOE_PAIR5_MAX)
+        path = GPTOSS_MOE_AUTO;
+    if (path == GPTOSS_MOE_AUTO && n_tokens > 1 && w->pair_mma_ok &&
+        pair_path_worth(n_tokens, k_top, w->n_experts))
         return GPTOSS_MOE_PAIR_MMA;
-    if (path == GPTOSS_MOE_WGMMA_GEMM && !w->wg_ok) path = GPTOSS_MOE_MMA_GEMM; /* no sm_90 here, or widths it does not take */
-    if (path == GPTOSS_MOE_MMA_GEMM && !w->mma_ok) path = GPTOSS_MOE_AUTO;      /* not exact for this layer */
-    if (path == GPTOSS_MOE_PAIR_MMA && !w->pair_mma_ok) path = few ? GPTOSS_MOE_PAIR_GEMV : GPTOSS_MOE_AUTO;
+    if (path == GPTOSS_MOE_WGMMA_GEMM && !w->wg_ok)
+        path = GPTOSS_MOE_MMA_GEMM; /* no sm_90 here, or widths it does not take */
+    if (path == GPTOSS_MOE_MMA_GEMM && !w->mma_ok)
+        path = GPTOSS_MOE_AUTO; /* not exact for this layer */
+    if (path == GPTOSS_MOE_PAIR_MMA && !w->pair_mma_ok)
+        path = few ? GPTOSS_MOE_PAIR_GEMV : GPTOSS_MOE_AUTO;
     if (path != GPTOSS_MOE_AUTO) return path;
     if (n_tokens == 1 && few) return w->pair_mma_ok ? GPTOSS_MOE_PAIR_MMA : GPTOSS_MOE_PAIR_GEMV;
     if (w->wg_ok && wg_worth(n_tokens, k_top, w->n_experts)) return GPTOSS_MOE_WGMMA_GEMM;
@@ -152,18 +164,30 @@ enum gptoss_moe_path gptoss_cuda_moe_choose_path(int forced, int32_t n_tokens, i
 }
 
 void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
-                     int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route, void *h_mem,
-                     float *y, int forced, cudaStream_t stream) {
+                     int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route,
+                     void *h_mem, float *y, int forced, cudaStream_t stream) {
     int32_t n_pairs = n_tokens * k_top;
     if (n_pairs <= 0) return;
     bf16 *h = (bf16 *)h_mem;
     switch (gptoss_cuda_moe_choose_path(forced, n_tokens, k_top, w)) {
-    case GPTOSS_MOE_WGMMA_GEMM: gptoss_moe_wgmma_gemm(w, t, n_tokens, k_top, route, (__half *)h_mem, y, stream); break;
-    case GPTOSS_MOE_PAIR_MMA: gptoss_moe_pair_mma(w, t, topk_idx, n_pairs, k_top, (__half *)h_mem, y, stream); break;
-    case GPTOSS_MOE_MMA_GEMM: gptoss_moe_mma_gemm(w, t, n_tokens, k_top, route, (__half *)h_mem, y, stream); break;
-    case GPTOSS_MOE_PAIR_GEMV: gptoss_moe_pair_gemv(w, t, topk_idx, n_pairs, k_top, h, y, stream); break;
-    case GPTOSS_MOE_ROUTE_GEMV: gptoss_moe_route_gemv(w, t, n_tokens, n_pairs, route, h, y, stream); break;
-    default: gptoss_moe_wmma_gemm(w, t, n_pairs, route, h, y, stream); break;
+    case GPTOSS_MOE_WGMMA_GEMM:
+        gptoss_moe_wgmma_gemm(w, t, n_tokens, k_top, route, (__half *)h_mem, y, stream);
+        break;
+    case GPTOSS_MOE_PAIR_MMA:
+        gptoss_moe_pair_mma(w, t, topk_idx, n_pairs, k_top, (__half *)h_mem, y, stream);
+        break;
+    case GPTOSS_MOE_MMA_GEMM:
+        gptoss_moe_mma_gemm(w, t, n_tokens, k_top, route, (__half *)h_mem, y, stream);
+        break;
+    case GPTOSS_MOE_PAIR_GEMV:
+        gptoss_moe_pair_gemv(w, t, topk_idx, n_pairs, k_top, h, y, stream);
+        break;
+    case GPTOSS_MOE_ROUTE_GEMV:
+        gptoss_moe_route_gemv(w, t, n_tokens, n_pairs, route, h, y, stream);
+        break;
+    default:
+        gptoss_moe_wmma_gemm(w, t, n_pairs, route, h, y, stream);
+        break;
     }
 }
 
@@ -174,16 +198,19 @@ cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate) {
     if (err == cudaSuccess) err = gptoss_moe_pair_gemv_prepare(widest);
     if (err == cudaSuccess) err = gptoss_moe_mma_gemm_prepare(widest);
     gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
-    if (err == cudaSuccess) kc->moe_prepared_width = widest; /* the mma kernels' shared-memory limits */
+    if (err == cudaSuccess)
+        kc->moe_prepared_width = widest; /* the mma kernels' shared-memory limits */
     /* GPTOSS_MOE_WGMMA_GEMM: compute capability 9.0 only (its kernels are built for sm_90a
      * alone), and only where the device grants the shared memory; otherwise the other paths run */
     int dev = 0, major = 0, minor = 0;
-    bool wg = err == cudaSuccess && cudaGetDevice(&dev) == cudaSuccess &&
-              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-              cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-              major == 9 && minor == 0 && hidden % 64 == 0 && intermediate % 64 == 0;
+    bool wg =
+        err == cudaSuccess && cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+        major == 9 && minor == 0 && hidden % 64 == 0 && intermediate % 64 == 0;
     if (wg) wg = gptoss_moe_wgmma_gemm_prepare(widest);
-    if (err == cudaSuccess) (void)cudaGetLastError(); /* a refused wgmma attribute is not an error */
+    if (err == cudaSuccess)
+        (void)cudaGetLastError(); /* a refused wgmma attribute is not an error */
     kc->moe_wg_ok = wg; /* the wgmma GEMM runs here: sm_90, widths multiple of 64, smem granted */
     gptoss_moe_pair_mma_prepare(err == cudaSuccess, major, minor);
     if (err == cudaSuccess) (void)cudaGetLastError();

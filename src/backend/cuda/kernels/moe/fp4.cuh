@@ -21,7 +21,8 @@
  * multiply by 2^(s-127) * 2^126 = 2^(s-1) gives the value (no shared-memory lookups, which
  * otherwise limit the decode GEMV).
  */
-static __device__ __forceinline__ void fp4x8_to_float(uint32_t word, float scale_x2_126, float out[8]) {
+static __device__ __forceinline__ void fp4x8_to_float(uint32_t word, float scale_x2_126,
+                                                      float out[8]) {
 #pragma unroll
     for (int k = 0; k < 8; k++) {
         uint32_t q = word >> (4 * k);
@@ -51,7 +52,6 @@ static __device__ __forceinline__ float swiglu(float gate, float up, float limit
     return a / (1.0f + expf(-alpha * a)) * (c + 1.0f);
 }
 
-
 /*
  * The four fp16 pairs of a word at once (p[i] = register i above: values i and i + 4, each
  * code * 2^-14). An fp16 value code * 2^-14 has a zero low byte, and its high byte is the code
@@ -76,29 +76,35 @@ static __device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
     return d;
 }
 
-static __device__ __forceinline__ void mma_f16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+static __device__ __forceinline__ void mma_f16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
     uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem),
+                 "r"(valid ? 16 : 0));
 }
 static __device__ __forceinline__ void cp_async16_ca(void *smem, const void *gmem, bool valid) {
     uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem),
+                 "r"(valid ? 16 : 0));
 }
-static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;"); }
-template <int N>
-static __device__ __forceinline__ void cp_async_wait(void) {
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;");
+}
+template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
 /* Position of value j (0..7) of a chunk in the mma layout. */
-static __device__ __forceinline__ int mma_pos(int j) { return ((j & 3) << 1) | (j >> 2); }
+static __device__ __forceinline__ int mma_pos(int j) {
+    return ((j & 3) << 1) | (j >> 2);
+}
 
 #endif

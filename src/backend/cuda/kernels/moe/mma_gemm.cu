@@ -56,33 +56,37 @@ static __global__ void mma_convert_kernel(const bf16 *t, int64_t n_chunks, __hal
     const bf16 *x = (const bf16 *)&v;
     __align__(16) __half o[8];
 #pragma unroll
-    for (int j = 0; j < 8; j++) o[mma_pos(j)] = __float2half_rn(__bfloat162float(x[j]));
+    for (int j = 0; j < 8; j++)
+        o[mma_pos(j)] = __float2half_rn(__bfloat162float(x[j]));
     *(uint4 *)(out + i * 8) = *(const uint4 *)o;
 }
 
-template <int BN>
-struct mma_cfg {
+template <int BN> struct mma_cfg {
     static constexpr int STAGES = BN >= 64 ? 3 : 4;
     static constexpr int MIN_BLOCKS = BN >= 128 ? 1 : 2; /* per SM: caps registers at 168 */
     static constexpr int A_BYTES = MOE_MMA_BLOCK_ROWS * 64;
     static constexpr int B_BYTES = BN * 256;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
     static size_t smem(int n_groups) {
-        return (size_t)STAGES * STAGE_BYTES + (((size_t)MOE_MMA_BLOCK_ROWS * n_groups + 15) & ~(size_t)15) + 2 * BN * sizeof(int32_t);
+        return (size_t)STAGES * STAGE_BYTES +
+               (((size_t)MOE_MMA_BLOCK_ROWS * n_groups + 15) & ~(size_t)15) +
+               2 * BN * sizeof(int32_t);
     }
 };
 
 template <bool GATE_UP, int BN>
 static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN>::MIN_BLOCKS)
-moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const __half *act, int32_t k_in,
-               int32_t n_out_rows, gptoss_cuda_route route, float limit, float alpha, __half *h_out, float *y_out) {
+    moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
+                   const __half *act, int32_t k_in, int32_t n_out_rows, gptoss_cuda_route route,
+                   float limit, float alpha, __half *h_out, float *y_out) {
     typedef mma_cfg<BN> C;
     constexpr int NF = BN / 8;
     extern __shared__ __align__(16) uint8_t mma_smem[];
     uint8_t *s_scale = mma_smem + C::STAGES * C::STAGE_BYTES;
     const int n_groups = k_in >> 5;
-    int32_t *s_src = (int32_t *)(s_scale + (((size_t)MOE_MMA_BLOCK_ROWS * n_groups + 15) & ~(size_t)15)); /* [BN] act row */
-    int32_t *s_dst = s_src + BN;                                                              /* [BN] out row */
+    int32_t *s_src = (int32_t *)(s_scale + (((size_t)MOE_MMA_BLOCK_ROWS * n_groups + 15) &
+                                            ~(size_t)15)); /* [BN] act row */
+    int32_t *s_dst = s_src + BN;                           /* [BN] out row */
 
     pdl_wait(); /* the route, the input and h come from earlier kernels */
     const int tile = blockIdx.y;
@@ -102,7 +106,8 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
         if (GATE_UP) return 2 * ((f >> 5) * 16 + ((f >> 4) & 1) * 8 + (f & 7)) + ((f >> 3) & 1);
         return f;
     };
-    const int row0 = blockIdx.x * MOE_MMA_BLOCK_ROWS, n_valid_rows = min(MOE_MMA_BLOCK_ROWS, n_out_rows - row0);
+    const int row0 = blockIdx.x * MOE_MMA_BLOCK_ROWS,
+              n_valid_rows = min(MOE_MMA_BLOCK_ROWS, n_out_rows - row0);
 
     for (int i = tid; i < BN; i += MOE_MMA_THREADS) {
         int r = r0 + min(i, n_rows - 1);
@@ -115,7 +120,8 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
     {
         const uint8_t *src = es + (size_t)row0 * n_groups;
         int chunks = n_valid_rows * n_groups / 16;
-        for (int i = tid; i < chunks; i += MOE_MMA_THREADS) cp_async16(s_scale + i * 16, src + (size_t)i * 16, true);
+        for (int i = tid; i < chunks; i += MOE_MMA_THREADS)
+            cp_async16(s_scale + i * 16, src + (size_t)i * 16, true);
     }
     /* this thread's cp.async work per stage: 4 A chunks (rows a_f + BM/4 i, group a_j) and the
      * B chunks tid, tid + THREADS, ... of BN rows x 16 chunks */
@@ -123,7 +129,11 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
     const uint8_t *a_src[4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
-        a_src[i] = eb + (size_t)(row0 + min(local_row(a_f + (MOE_MMA_BLOCK_ROWS / 4) * i), n_valid_rows - 1)) * row_bytes + a_j * 16;
+        a_src[i] =
+            eb +
+            (size_t)(row0 + min(local_row(a_f + (MOE_MMA_BLOCK_ROWS / 4) * i), n_valid_rows - 1)) *
+                row_bytes +
+            a_j * 16;
     const int n_kb = (n_groups + 3) >> 2;
     __syncthreads(); /* s_src before the first B copies */
 
@@ -151,7 +161,8 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
 #pragma unroll
         for (int n = 0; n < NF; n++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) acc[f][n][c] = 0.0f;
+            for (int c = 0; c < 4; c++)
+                acc[f][n][c] = 0.0f;
 
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
@@ -187,10 +198,14 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
             uint32_t R[4][4];
 #pragma unroll
             for (int r = 0; r < 4; r++) {
-                uint32_t word = w == 0 ? araw[r].x : w == 1 ? araw[r].y : w == 2 ? araw[r].z : araw[r].w;
+                uint32_t word = w == 0   ? araw[r].x
+                                : w == 1 ? araw[r].y
+                                : w == 2 ? araw[r].z
+                                         : araw[r].w;
                 mma_fp4_pairs(word, R[r]);
 #pragma unroll
-                for (int i = 0; i < 4; i++) R[r][i] = hmul2_u32(R[r][i], mult[r]);
+                for (int i = 0; i < 4; i++)
+                    R[r][i] = hmul2_u32(R[r][i], mult[r]);
             }
 #pragma unroll
             for (int n = 0; n < NF; n++) {
@@ -198,8 +213,10 @@ moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, 
                 uint4 b = *(const uint4 *)(sb + row * 256 + (((w * 4 + q) ^ ((g & 1) * 4)) * 16));
 #pragma unroll
                 for (int f = 0; f < 2; f++) {
-                    mma_f16(acc[f][n], R[2 * f][0], R[2 * f + 1][0], R[2 * f][1], R[2 * f + 1][1], b.x, b.y);
-                    mma_f16(acc[f][n], R[2 * f][2], R[2 * f + 1][2], R[2 * f][3], R[2 * f + 1][3], b.z, b.w);
+                    mma_f16(acc[f][n], R[2 * f][0], R[2 * f + 1][0], R[2 * f][1], R[2 * f + 1][1],
+                            b.x, b.y);
+                    mma_f16(acc[f][n], R[2 * f][2], R[2 * f + 1][2], R[2 * f][3], R[2 * f + 1][3],
+                            b.z, b.w);
                 }
             }
         }
@@ -260,7 +277,8 @@ int32_t gptoss_moe_mma_tile_rows(int32_t n_tokens, int32_t k_top, int32_t n_expe
     const gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
     const int32_t cap = kc->moe_max_tile, pct = kc->moe_tile_pct;
     int32_t bn = GPTOSS_MOE_MIN_TILE;
-    while (bn * 100 < avg * pct && bn < cap) bn *= 2;
+    while (bn * 100 < avg * pct && bn < cap)
+        bn *= 2;
     return bn;
 }
 
@@ -269,41 +287,62 @@ static void launch_mma(const gptoss_cuda_moe_weights *w, const __half *t16, int3
                        const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream) {
     int32_t H = w->hidden, I = w->intermediate;
     int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, BN);
-    launch_pdl(moe_mma_kernel<true, BN>, dim3((2 * I + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles), dim3(MOE_MMA_THREADS), mma_cfg<BN>::smem(H / 32),
-               stream, w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, t16, H, 2 * I, *route,
-               w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
-    launch_pdl(moe_mma_kernel<false, BN>, dim3((H + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles), dim3(MOE_MMA_THREADS),
-               mma_cfg<BN>::smem(I / 32), stream, w->down_blocks, w->down_scales, w->down_bias,
-               (const __half *)h, I, H, *route, w->swiglu_limit, w->swiglu_alpha, (__half *)nullptr, y);
+    launch_pdl(moe_mma_kernel<true, BN>,
+               dim3((2 * I + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles),
+               dim3(MOE_MMA_THREADS), mma_cfg<BN>::smem(H / 32), stream, w->gate_up_blocks,
+               w->gate_up_scales, w->gate_up_bias, t16, H, 2 * I, *route, w->swiglu_limit,
+               w->swiglu_alpha, h, (float *)nullptr);
+    launch_pdl(moe_mma_kernel<false, BN>,
+               dim3((H + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles),
+               dim3(MOE_MMA_THREADS), mma_cfg<BN>::smem(I / 32), stream, w->down_blocks,
+               w->down_scales, w->down_bias, (const __half *)h, I, H, *route, w->swiglu_limit,
+               w->swiglu_alpha, (__half *)nullptr, y);
 }
 
-void gptoss_moe_mma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens, int32_t k_top,
-                         const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream) {
+void gptoss_moe_mma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
+                         int32_t k_top, const gptoss_cuda_route *route, __half *h, float *y,
+                         cudaStream_t stream) {
     int32_t n_pairs = n_tokens * k_top;
     __half *t16 = (__half *)y; /* y is free until the down projection writes it */
     int64_t chunks = (int64_t)n_tokens * w->hidden / 8;
-    launch_pdl(mma_convert_kernel, dim3((unsigned)((chunks + 255) / 256)), dim3(256), 0, stream, t, chunks, t16);
+    launch_pdl(mma_convert_kernel, dim3((unsigned)((chunks + 255) / 256)), dim3(256), 0, stream, t,
+               chunks, t16);
     switch (route->tile_rows) {
-    case 8: launch_mma<8>(w, t16, n_pairs, route, h, y, stream); break;
-    case 16: launch_mma<16>(w, t16, n_pairs, route, h, y, stream); break;
-    case 32: launch_mma<32>(w, t16, n_pairs, route, h, y, stream); break;
-    case 64: launch_mma<64>(w, t16, n_pairs, route, h, y, stream); break;
-    default: launch_mma<128>(w, t16, n_pairs, route, h, y, stream); break;
+    case 8:
+        launch_mma<8>(w, t16, n_pairs, route, h, y, stream);
+        break;
+    case 16:
+        launch_mma<16>(w, t16, n_pairs, route, h, y, stream);
+        break;
+    case 32:
+        launch_mma<32>(w, t16, n_pairs, route, h, y, stream);
+        break;
+    case 64:
+        launch_mma<64>(w, t16, n_pairs, route, h, y, stream);
+        break;
+    default:
+        launch_mma<128>(w, t16, n_pairs, route, h, y, stream);
+        break;
     }
 }
 
 /* Raises the kernels' dynamic shared-memory limits for widths up to `widest`. */
 cudaError_t gptoss_moe_mma_gemm_prepare(int32_t widest) {
     cudaError_t err = cudaSuccess;
-#define RAISE_MMA(BN)                                                                                    \
-    if (err == cudaSuccess)                                                                              \
-        err = cudaFuncSetAttribute(moe_mma_kernel<true, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                   (int)mma_cfg<BN>::smem(widest / 32));                                 \
-    if (err == cudaSuccess)                                                                              \
-        err = cudaFuncSetAttribute(moe_mma_kernel<false, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+#define RAISE_MMA(BN)                                                                              \
+    if (err == cudaSuccess)                                                                        \
+        err = cudaFuncSetAttribute(moe_mma_kernel<true, BN>,                                       \
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,                    \
+                                   (int)mma_cfg<BN>::smem(widest / 32));                           \
+    if (err == cudaSuccess)                                                                        \
+        err = cudaFuncSetAttribute(moe_mma_kernel<false, BN>,                                      \
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,                    \
                                    (int)mma_cfg<BN>::smem(widest / 32));
-    RAISE_MMA(8) RAISE_MMA(16) RAISE_MMA(32) RAISE_MMA(64) RAISE_MMA(128)
+    RAISE_MMA(8)
+    RAISE_MMA(16)
+    RAISE_MMA(32)
+    RAISE_MMA(64)
+    RAISE_MMA(128)
 #undef RAISE_MMA
     return err;
 }
-

@@ -18,18 +18,18 @@ typedef __nv_bfloat16 bf16;
  * path N (or its name, gptoss_cuda_moe_path_parse).
  */
 enum gptoss_moe_path {
-    GPTOSS_MOE_AUTO = 0,        /* chosen per step (gptoss_cuda_moe_choose_path) */
-    GPTOSS_MOE_ROUTE_GEMV = 1,  /* CUDA-core GEMV over the route, up to 8 tokens per pass */
-    GPTOSS_MOE_WMMA_GEMM = 2,   /* bf16 WMMA GEMM over 64-row route tiles (any layer) */
-    GPTOSS_MOE_PAIR_GEMV = 3,   /* CUDA-core GEMV per (token, expert) pair, up to
-                                   GPTOSS_MOE_PAIR_MAX pairs; reads topk_idx, no route */
-    GPTOSS_MOE_MMA_GEMM = 4,    /* mma.sync fp16 grouped GEMM (only where w->mma_ok; uses y as
-                                   scratch for the fp16 copy of t before writing it) */
-    GPTOSS_MOE_PAIR_MMA = 5,    /* the pair GEMV on the tensor cores (only where
-                                   w->pair_mma_ok, else PAIR_GEMV), up to GPTOSS_MOE_PAIR5_MAX
-                                   pairs; h by pair as fp16 in the mma layout; no route */
-    GPTOSS_MOE_WGMMA_GEMM = 6,  /* MMA_GEMM on sm_90a wgmma (only where w->wg_ok, else
-                                   MMA_GEMM); h fp16 in the wgmma layout */
+    GPTOSS_MOE_AUTO = 0,       /* chosen per step (gptoss_cuda_moe_choose_path) */
+    GPTOSS_MOE_ROUTE_GEMV = 1, /* CUDA-core GEMV over the route, up to 8 tokens per pass */
+    GPTOSS_MOE_WMMA_GEMM = 2,  /* bf16 WMMA GEMM over 64-row route tiles (any layer) */
+    GPTOSS_MOE_PAIR_GEMV = 3,  /* CUDA-core GEMV per (token, expert) pair, up to
+                                  GPTOSS_MOE_PAIR_MAX pairs; reads topk_idx, no route */
+    GPTOSS_MOE_MMA_GEMM = 4,   /* mma.sync fp16 grouped GEMM (only where w->mma_ok; uses y as
+                                  scratch for the fp16 copy of t before writing it) */
+    GPTOSS_MOE_PAIR_MMA = 5,   /* the pair GEMV on the tensor cores (only where
+                                  w->pair_mma_ok, else PAIR_GEMV), up to GPTOSS_MOE_PAIR5_MAX
+                                  pairs; h by pair as fp16 in the mma layout; no route */
+    GPTOSS_MOE_WGMMA_GEMM = 6, /* MMA_GEMM on sm_90a wgmma (only where w->wg_ok, else
+                                  MMA_GEMM); h fp16 in the wgmma layout */
 };
 
 /* The kernels of GPTOSS_MOE_PAIR_MMA (GPTOSS_CUDA_MOE_PAIR_KERNEL=wide|tma|fp8). */
@@ -46,8 +46,8 @@ enum gptoss_moe_path gptoss_cuda_moe_path_parse(const char *s);
 /* The path's name as gptoss_cuda_moe_path_parse takes it. */
 const char *gptoss_cuda_moe_path_name(enum gptoss_moe_path path);
 
-/* Groups the n_tokens*k_top (token, slot) pairs by expert (see kernels/moe/route.cu for the layout of
- * `route`) into tiles of route->tile_rows rows, the tile height of the MoE path that will read
+/* Groups the n_tokens*k_top (token, slot) pairs by expert (see kernels/moe/route.cu for the layout
+ * of `route`) into tiles of route->tile_rows rows, the tile height of the MoE path that will read
  * it (gptoss_cuda_moe_route sets it from that path). Returns nothing; route lives in device
  * memory of gptoss_cuda_route_bytes bytes. */
 typedef struct gptoss_cuda_route {
@@ -60,8 +60,8 @@ typedef struct gptoss_cuda_route {
     int32_t tile_rows;       /* host side: rows per tile the route was built with */
 } gptoss_cuda_route;
 
-#define GPTOSS_MOE_TILE_M 64   /* tile height of GPTOSS_MOE_WMMA_GEMM */
-#define GPTOSS_MOE_MIN_TILE 8  /* smallest tile of GPTOSS_MOE_MMA_GEMM; sizes the route */
+#define GPTOSS_MOE_TILE_M 64  /* tile height of GPTOSS_MOE_WMMA_GEMM */
+#define GPTOSS_MOE_MIN_TILE 8 /* smallest tile of GPTOSS_MOE_MMA_GEMM; sizes the route */
 
 /* Tiles a route of tile_rows-row tiles can need: every active expert may end in a partial one. */
 int32_t gptoss_cuda_route_tiles(int32_t n_pairs, int32_t n_experts, int32_t tile_rows);
@@ -101,10 +101,11 @@ typedef struct gptoss_cuda_moe_weights {
  */
 #define GPTOSS_MOE_PAIR_MAX 8
 #define GPTOSS_MOE_PAIR5_MAX 256 /* GPTOSS_MOE_PAIR_MMA takes up to this many pairs */
-enum gptoss_moe_path gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int32_t k_top, const gptoss_cuda_moe_weights *w);
+enum gptoss_moe_path gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int32_t k_top,
+                                                 const gptoss_cuda_moe_weights *w);
 void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
-                     int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route, void *h,
-                     float *y, int path, cudaStream_t stream);
+                     int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route,
+                     void *h, float *y, int path, cudaStream_t stream);
 
 /*
  * Decides w->mma_ok: GPTOSS_MOE_MMA_GEMM dequantizes to fp16 (code * 2^(s-127) exactly) and feeds
@@ -114,8 +115,8 @@ void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_
  * w->pair_mma_ok: GPTOSS_MOE_PAIR_MMA scales in fp32, so it needs the same input bounds and scale
  * bytes up to 240. scratch: 4 device words. Synchronizes the stream.
  */
-cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *input_gain, unsigned *scratch,
-                                      cudaStream_t stream);
+cudaError_t gptoss_cuda_moe_check_mma(gptoss_cuda_moe_weights *w, const float *input_gain,
+                                      unsigned *scratch, cudaStream_t stream);
 
 /* Which kernel GPTOSS_MOE_PAIR_MMA runs (tests and A/B runs): a gptoss_moe_pair_kernel;
  * GPTOSS_MOE_PAIR_DEFAULT = the TMA kernel on compute capability 9.0 and up, the wide kernel

@@ -16,8 +16,9 @@ int32_t gptoss_moe_mma_tile_rows(int32_t n_tokens, int32_t k_top, int32_t n_expe
 
 /* route_gemv.cu */
 cudaError_t gptoss_moe_route_gemv_prepare(int32_t widest);
-void gptoss_moe_route_gemv(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens, int32_t n_pairs,
-                           const gptoss_cuda_route *route, bf16 *h, float *y, cudaStream_t stream);
+void gptoss_moe_route_gemv(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
+                           int32_t n_pairs, const gptoss_cuda_route *route, bf16 *h, float *y,
+                           cudaStream_t stream);
 /* wmma_gemm.cu */
 void gptoss_moe_wmma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_pairs,
                           const gptoss_cuda_route *route, bf16 *h, float *y, cudaStream_t stream);
@@ -27,12 +28,14 @@ void gptoss_moe_pair_gemv(const gptoss_cuda_moe_weights *w, const bf16 *t, const
                           int32_t n_pairs, int32_t k_top, bf16 *h, float *y, cudaStream_t stream);
 /* mma_gemm.cu */
 cudaError_t gptoss_moe_mma_gemm_prepare(int32_t widest);
-void gptoss_moe_mma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens, int32_t k_top,
-                         const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream);
+void gptoss_moe_mma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
+                         int32_t k_top, const gptoss_cuda_route *route, __half *h, float *y,
+                         cudaStream_t stream);
 /* wgmma_gemm.cu: true when the kernels got their shared memory */
 bool gptoss_moe_wgmma_gemm_prepare(int32_t widest);
-void gptoss_moe_wgmma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens, int32_t k_top,
-                           const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream);
+void gptoss_moe_wgmma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
+                           int32_t k_top, const gptoss_cuda_route *route, __half *h, float *y,
+                           cudaStream_t stream);
 /* pair_mma.cu: ok = the other paths prepared; major.minor = the device's compute capability */
 void gptoss_moe_pair_mma_prepare(bool ok, int major, int minor);
 void gptoss_moe_pair_mma(const gptoss_cuda_moe_weights *w, const bf16 *t, const int32_t *topk_idx,

@@ -43,9 +43,9 @@ static __device__ __forceinline__ float fp4_code_f(uint32_t w, int k) {
 
 template <bool GATE_UP>
 static __global__ void __launch_bounds__(MOE_PAIR_GEMV_WARPS * 32, 2)
-moe_pair_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const bf16 *act,
-                     const int32_t *topk_idx, int32_t k_top, int32_t k_in, int32_t n_out_rows, float limit,
-                     float alpha, bf16 *h_out, float *y_out) {
+    moe_pair_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
+                         const bf16 *act, const int32_t *topk_idx, int32_t k_top, int32_t k_in,
+                         int32_t n_out_rows, float limit, float alpha, bf16 *h_out, float *y_out) {
     extern __shared__ __align__(16) float4 pg_xs[]; /* [k_in / 4], swizzled per group */
     const int pair = blockIdx.y;
     pdl_wait(); /* topk_idx comes from the router, the input from the norm or gate_up */
@@ -60,7 +60,8 @@ moe_pair_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
 
     uint4 cur[2][MOE_PAIR_GEMV_GROUPS_PER_LANE];
     uint32_t cs[2][MOE_PAIR_GEMV_GROUPS_PER_LANE];
-    auto load_unit = [&](int unit, uint4 (&c)[2][MOE_PAIR_GEMV_GROUPS_PER_LANE], uint32_t (&sc)[2][MOE_PAIR_GEMV_GROUPS_PER_LANE]) {
+    auto load_unit = [&](int unit, uint4(&c)[2][MOE_PAIR_GEMV_GROUPS_PER_LANE],
+                         uint32_t(&sc)[2][MOE_PAIR_GEMV_GROUPS_PER_LANE]) {
 #pragma unroll
         for (int r = 0; r < 2; r++)
 #pragma unroll
@@ -133,7 +134,8 @@ moe_pair_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
         if (lane == 0) {
             if (GATE_UP) {
                 float gate = acc0 + ebias[2 * u], up = acc1 + ebias[2 * u + 1];
-                h_out[(size_t)pair * n_units + u] = __float2bfloat16(swiglu(gate, up, limit, alpha));
+                h_out[(size_t)pair * n_units + u] =
+                    __float2bfloat16(swiglu(gate, up, limit, alpha));
             } else {
                 float *yr = y_out + (size_t)pair * n_out_rows;
                 yr[2 * u] = acc0 + ebias[2 * u];
@@ -156,7 +158,8 @@ static int pair_blocks(int32_t n_pairs, int32_t n_units) {
     if (n_sms == 0) {
         int dev = 0;
         if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n_sms <= 0)
+            cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            n_sms <= 0)
             n_sms = 132;
     }
     int b = (2 * n_sms + n_pairs - 1) / n_pairs;
@@ -168,21 +171,24 @@ void gptoss_moe_pair_gemv(const gptoss_cuda_moe_weights *w, const bf16 *t, const
                           int32_t n_pairs, int32_t k_top, bf16 *h, float *y, cudaStream_t stream) {
     int32_t H = w->hidden, I = w->intermediate;
     dim3 g1(pair_blocks(n_pairs, I), n_pairs);
-    launch_pdl(moe_pair_gemv_kernel<true>, g1, dim3(MOE_PAIR_GEMV_WARPS * 32), (size_t)H * sizeof(float), stream,
-               w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, t, topk_idx, k_top, H, 2 * I,
-               w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
+    launch_pdl(moe_pair_gemv_kernel<true>, g1, dim3(MOE_PAIR_GEMV_WARPS * 32),
+               (size_t)H * sizeof(float), stream, w->gate_up_blocks, w->gate_up_scales,
+               w->gate_up_bias, t, topk_idx, k_top, H, 2 * I, w->swiglu_limit, w->swiglu_alpha, h,
+               (float *)nullptr);
     dim3 g2(pair_blocks(n_pairs, H / 2), n_pairs);
-    launch_pdl(moe_pair_gemv_kernel<false>, g2, dim3(MOE_PAIR_GEMV_WARPS * 32), (size_t)I * sizeof(float), stream,
-               w->down_blocks, w->down_scales, w->down_bias, (const bf16 *)h, topk_idx, k_top, I, H,
-               w->swiglu_limit, w->swiglu_alpha, (bf16 *)nullptr, y);
+    launch_pdl(moe_pair_gemv_kernel<false>, g2, dim3(MOE_PAIR_GEMV_WARPS * 32),
+               (size_t)I * sizeof(float), stream, w->down_blocks, w->down_scales, w->down_bias,
+               (const bf16 *)h, topk_idx, k_top, I, H, w->swiglu_limit, w->swiglu_alpha,
+               (bf16 *)nullptr, y);
 }
 
 cudaError_t gptoss_moe_pair_gemv_prepare(int32_t widest) {
-    cudaError_t err = cudaFuncSetAttribute(moe_pair_gemv_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t err = cudaFuncSetAttribute(moe_pair_gemv_kernel<true>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)(widest * sizeof(float)));
     if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(moe_pair_gemv_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        err = cudaFuncSetAttribute(moe_pair_gemv_kernel<false>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)(widest * sizeof(float)));
     return err;
 }
-

@@ -55,8 +55,8 @@
 /* The token (gate_up: bf16 row pair / k_top of act; down: h of this pair, already fp16 in the
  * mma layout) into shared memory as fp16 chunks in the mma layout. */
 template <bool GATE_UP>
-static __device__ __forceinline__ void pair_stage_input(const void *act, int pair, int32_t k_top, int32_t k_in,
-                                                        uint4 *xs) {
+static __device__ __forceinline__ void pair_stage_input(const void *act, int pair, int32_t k_top,
+                                                        int32_t k_in, uint4 *xs) {
     if (GATE_UP) {
         const bf16 *src = (const bf16 *)act + (size_t)(pair / k_top) * k_in;
         for (int ci = threadIdx.x; ci < (k_in >> 3); ci += blockDim.x) {
@@ -64,19 +64,22 @@ static __device__ __forceinline__ void pair_stage_input(const void *act, int pai
             const bf16 *x = (const bf16 *)&v;
             __align__(16) __half o[8];
 #pragma unroll
-            for (int j = 0; j < 8; j++) o[mma_pos(j)] = __float2half_rn(__bfloat162float(x[j]));
+            for (int j = 0; j < 8; j++)
+                o[mma_pos(j)] = __float2half_rn(__bfloat162float(x[j]));
             xs[ci] = *(const uint4 *)o;
         }
     } else {
         const uint4 *src = (const uint4 *)((const __half *)act + (size_t)pair * k_in);
-        for (int ci = threadIdx.x; ci < (k_in >> 3); ci += blockDim.x) xs[ci] = src[ci];
+        for (int ci = threadIdx.x; ci < (k_in >> 3); ci += blockDim.x)
+            xs[ci] = src[ci];
     }
 }
 
 /* The MMAs of one window (groups G .. G + 3) of one lane: ca / cb its group's codes of rows a
  * and b, b the token chunks its four words multiply (zeros where the lane holds no token
  * values). d gets columns 2q and 2q + 1 of rows a (d[0], d[1]) and b (d[2], d[3]), unscaled. */
-static __device__ __forceinline__ void pair_window_mma(uint4 ca, uint4 cb, const uint4 (&b)[4], float (&d)[4]) {
+static __device__ __forceinline__ void pair_window_mma(uint4 ca, uint4 cb, const uint4 (&b)[4],
+                                                       float (&d)[4]) {
     const uint32_t wa[4] = {ca.x, ca.y, ca.z, ca.w};
     const uint32_t wb[4] = {cb.x, cb.y, cb.z, cb.w};
     /* two accumulators (words 0-1 and 2-3: the same groups) halve the chain of dependent MMAs */
@@ -91,18 +94,21 @@ static __device__ __forceinline__ void pair_window_mma(uint4 ca, uint4 cb, const
         mma_f16(dd, pa[2], pb[2], pa[3], pb[3], b[w].z, b[w].w);
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) d[i] = d1[i] + d2[i];
+    for (int i = 0; i < 4; i++)
+        d[i] = d1[i] + d2[i];
 }
 
 /* One window of the wide kernel: pair_window_mma, then the column scales; s4 the scale bytes
  * of groups G + 2q and G + 2q + 1 of row a (low half) and row b (zero for q >= 2, whose column
  * copies pair_finish drops). */
-static __device__ __forceinline__ void pair_window(uint4 ca, uint4 cb, uint32_t s4, int G, int q, bool owner,
-                                                   int n_groups, const uint4 *xs, float &acc0, float &acc1) {
+static __device__ __forceinline__ void pair_window(uint4 ca, uint4 cb, uint32_t s4, int G, int q,
+                                                   bool owner, int n_groups, const uint4 *xs,
+                                                   float &acc0, float &acc1) {
     const bool has_x = owner && G + q < n_groups;
     uint4 b[4];
 #pragma unroll
-    for (int w = 0; w < 4; w++) b[w] = has_x ? xs[4 * (G + q) + w] : make_uint4(0, 0, 0, 0);
+    for (int w = 0; w < 4; w++)
+        b[w] = has_x ? xs[4 * (G + q) + w] : make_uint4(0, 0, 0, 0);
     float d[4];
     pair_window_mma(ca, cb, b, d);
     acc0 = fmaf(d[0], __uint_as_float(((s4 & 0xffu) + 14u) << 23), acc0);
@@ -118,8 +124,8 @@ static __device__ __forceinline__ uint32_t pair_scales(P sa, P sb, int G, int q,
     if (q >= 2) return 0u;
     const int g0 = G + 2 * q, g1 = g0 + 1;
     const bool h0 = g0 < n_groups, h1 = g1 < n_groups;
-    return (h0 ? (uint32_t)sa[g0] : 0u) | (h1 ? (uint32_t)sa[g1] << 8 : 0u) | (h0 ? (uint32_t)sb[g0] << 16 : 0u) |
-           (h1 ? (uint32_t)sb[g1] << 24 : 0u);
+    return (h0 ? (uint32_t)sa[g0] : 0u) | (h1 ? (uint32_t)sa[g1] << 8 : 0u) |
+           (h0 ? (uint32_t)sb[g0] << 16 : 0u) | (h1 ? (uint32_t)sb[g1] << 24 : 0u);
 }
 
 /* The bias values pair_finish adds in this thread (gate_up: the gate and up biases of its unit;
@@ -127,13 +133,14 @@ static __device__ __forceinline__ uint32_t pair_scales(P sa, P sb, int G, int q,
  * expert is known, so that the load's latency (a DRAM trip: each layer's biases are read once
  * per step) is not added to the end of the block. */
 template <bool GATE_UP>
-static __device__ __forceinline__ float2 pair_bias(const float *bias, int e, int32_t n_out_rows, int tpb, int tile0,
-                                                   int n_tiles) {
+static __device__ __forceinline__ float2 pair_bias(const float *bias, int e, int32_t n_out_rows,
+                                                   int tpb, int tile0, int n_tiles) {
     const float *ebias = bias + (size_t)e * n_out_rows;
     const int tid = threadIdx.x;
     if (GATE_UP) {
         const int tt = tile0 + (tid >> 3);
-        if (tid < tpb * 8 && tt < n_tiles) return *(const float2 *)(ebias + 2 * (8 * tt + (tid & 7)));
+        if (tid < tpb * 8 && tt < n_tiles)
+            return *(const float2 *)(ebias + 2 * (8 * tt + (tid & 7)));
     } else {
         const int tt = tile0 + (tid >> 4);
         if (tid < tpb * 16 && tt < n_tiles) return make_float2(ebias[16 * tt + (tid & 15)], 0.0f);
@@ -145,10 +152,10 @@ static __device__ __forceinline__ float2 pair_bias(const float *bias, int e, int
  * outputs: gate_up h (bias, SwiGLU, fp16 in the mma layout), down y (bias). b: pair_bias, or
  * with LATE, loaded here from bias and e after the reduction's barrier. */
 template <bool GATE_UP, bool LATE = false>
-static __device__ __forceinline__ void pair_finish(float acc0, float acc1, float (*red)[16], int ks, int tpb,
-                                                   int tile0, int n_tiles, int pair, float2 b, const float *bias,
-                                                   int e, int32_t n_out_rows, float limit, float alpha,
-                                                   __half *h_out, float *y_out) {
+static __device__ __forceinline__ void
+pair_finish(float acc0, float acc1, float (*red)[16], int ks, int tpb, int tile0, int n_tiles,
+            int pair, float2 b, const float *bias, int e, int32_t n_out_rows, float limit,
+            float alpha, __half *h_out, float *y_out) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     /* lanes q = 2, 3 hold copies of columns 0..3 (their scale bytes are 0, but the copies
      * are finite, so they are dropped here rather than scaled by 2^-113) */
@@ -178,7 +185,8 @@ static __device__ __forceinline__ void pair_finish(float acc0, float acc1, float
         const int t2 = tid >> 4, r = tid & 15, tt = tile0 + t2;
         if (tid < tpb * 16 && tt < n_tiles) {
             float v = 0.0f;
-            for (int s = 0; s < ks; s++) v += red[t2 * ks + s][r];
+            for (int s = 0; s < ks; s++)
+                v += red[t2 * ks + s][r];
             const int row = 16 * tt + r;
             y_out[(size_t)pair * n_out_rows + row] = v + b.x;
         }
@@ -186,15 +194,18 @@ static __device__ __forceinline__ void pair_finish(float acc0, float acc1, float
 }
 
 template <bool GATE_UP>
-static __global__ void __launch_bounds__(MOE_PAIR_WIDE_K_SLICES * MOE_PAIR_WIDE_TILES_PER_BLOCK * 32)
-moe_pair_wide_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const void *act,
-                     const int32_t *topk_idx, int32_t k_top, int32_t k_in, int32_t n_out_rows, float limit,
-                     float alpha, __half *h_out, float *y_out) {
+static __global__ void __launch_bounds__(MOE_PAIR_WIDE_K_SLICES *MOE_PAIR_WIDE_TILES_PER_BLOCK * 32)
+    moe_pair_wide_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
+                         const void *act, const int32_t *topk_idx, int32_t k_top, int32_t k_in,
+                         int32_t n_out_rows, float limit, float alpha, __half *h_out,
+                         float *y_out) {
     extern __shared__ __align__(16) uint4 pm_xs[]; /* [k_in / 8] fp16 chunks, mma layout */
     __shared__ float red[MOE_PAIR_WIDE_K_SLICES * MOE_PAIR_WIDE_TILES_PER_BLOCK][16];
     const int pair = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const int slice = warp % MOE_PAIR_WIDE_K_SLICES, tile = blockIdx.x * MOE_PAIR_WIDE_TILES_PER_BLOCK + warp / MOE_PAIR_WIDE_K_SLICES, n_tiles = n_out_rows >> 4;
+    const int slice = warp % MOE_PAIR_WIDE_K_SLICES,
+              tile = blockIdx.x * MOE_PAIR_WIDE_TILES_PER_BLOCK + warp / MOE_PAIR_WIDE_K_SLICES,
+              n_tiles = n_out_rows >> 4;
     const int n_groups = k_in >> 5, n_win = (n_groups + 3) >> 2;
     const size_t row_bytes = (size_t)n_groups * 16;
     pdl_wait(); /* topk_idx comes from the router, the input from the norm or gate_up */
@@ -237,10 +248,11 @@ moe_pair_wide_kernel(const uint8_t *blocks, const uint8_t *scales, const float *
         pair_window(ca, cb, sc, 4 * W, q, owner, n_groups, pm_xs, acc0, acc1);
         ca = na, cb = nb, sc = ns;
     }
-    pair_finish<GATE_UP, true>(acc0, acc1, red, MOE_PAIR_WIDE_K_SLICES, MOE_PAIR_WIDE_TILES_PER_BLOCK, blockIdx.x * MOE_PAIR_WIDE_TILES_PER_BLOCK, n_tiles, pair,
-                               make_float2(0.0f, 0.0f), bias, e, n_out_rows, limit, alpha, h_out, y_out);
+    pair_finish<GATE_UP, true>(
+        acc0, acc1, red, MOE_PAIR_WIDE_K_SLICES, MOE_PAIR_WIDE_TILES_PER_BLOCK,
+        blockIdx.x * MOE_PAIR_WIDE_TILES_PER_BLOCK, n_tiles, pair, make_float2(0.0f, 0.0f), bias, e,
+        n_out_rows, limit, alpha, h_out, y_out);
 }
-
 
 /*
  * Shared memory of the TMA kernel, in bytes from its start (16-byte multiples, so every part
@@ -261,7 +273,9 @@ static __host__ __device__ __forceinline__ pair_tma_layout pair_tma_parts(int32_
     l.bytes = l.zeros + 64;
     return l;
 }
-static size_t pair_tma_smem(int32_t k_in) { return pair_tma_parts(k_in).bytes; }
+static size_t pair_tma_smem(int32_t k_in) {
+    return pair_tma_parts(k_in).bytes;
+}
 
 /*
  * A timeline of the TMA kernel's blocks, for diagnosis only: built when GPTOSS_MOE_TRACE is
@@ -350,7 +364,8 @@ static __device__ __forceinline__ unsigned pt_load(const unsigned *p) {
     return v;
 }
 static __device__ __forceinline__ void pt_take_turn(unsigned sm, int32_t inflight) {
-    unsigned landed = pt_load(&pt_copy_landed[sm].v); /* beside the ticket: an older count only waits longer */
+    unsigned landed =
+        pt_load(&pt_copy_landed[sm].v); /* beside the ticket: an older count only waits longer */
     const unsigned ticket = atomicAdd(&pt_copy_issued[sm].v, 1u);
     if ((int)(ticket - landed) < inflight) return;
     const unsigned long long t0 = globaltimer_ns();
@@ -384,9 +399,10 @@ static __device__ __forceinline__ void pt_take_turn(unsigned sm, int32_t infligh
  */
 template <bool GATE_UP, bool EARLY_BIAS>
 static __global__ void __launch_bounds__(MOE_PAIR_TMA_K_SLICES * 32)
-moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const void *act,
-                    const int32_t *topk_idx, int32_t k_top, int32_t k_in, int32_t n_out_rows, float limit,
-                    float alpha, __half *h_out, float *y_out, int32_t inflight) {
+    moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
+                        const void *act, const int32_t *topk_idx, int32_t k_top, int32_t k_in,
+                        int32_t n_out_rows, float limit, float alpha, __half *h_out, float *y_out,
+                        int32_t inflight) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) uint8_t pt_smem[];
     __shared__ __align__(8) uint64_t bar;
@@ -394,7 +410,8 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
     const int pair = blockIdx.y, tile = blockIdx.x, n_tiles = n_out_rows >> 4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int n_groups = k_in >> 5, n_win = (n_groups + 3) >> 2;
-    const uint32_t row_bytes = (uint32_t)n_groups * 16, code_bytes = 16 * row_bytes, scale_bytes = 16 * n_groups;
+    const uint32_t row_bytes = (uint32_t)n_groups * 16, code_bytes = 16 * row_bytes,
+                   scale_bytes = 16 * n_groups;
     const pair_tma_layout lay = pair_tma_parts(k_in);
     uint8_t *codes = pt_smem, *sc = pt_smem + lay.scales;
     uint4 *xs = (uint4 *)(pt_smem + lay.token), *zeros = (uint4 *)(pt_smem + lay.zeros);
@@ -417,24 +434,29 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
         mbar_init(bar_s);
         if (!GATE_UP) {
             issue();
-            if (inflight > 0) { /* its landing must not wait for gate_up, which may hold later tickets */
+            if (inflight >
+                0) { /* its landing must not wait for gate_up, which may hold later tickets */
                 mbar_wait(bar_s, 0);
                 atomicAdd(&pt_copy_landed[sm].v, 1u);
             }
         }
     }
     float2 bv = make_float2(0.0f, 0.0f);
-    if (EARLY_BIAS && !GATE_UP) bv = pair_bias<false>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
+    if (EARLY_BIAS && !GATE_UP)
+        bv = pair_bias<false>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
     /* zeros: the 16 bytes after the scales, the token past k_in up to whole windows, and the
      * zero window (none of them is written by the copies) */
-    for (int i = threadIdx.x; i < 1 + (int)(lay.bytes - lay.token) / 16 - (k_in >> 3); i += blockDim.x)
-        (i == 0 ? (uint4 *)(sc + scale_bytes) : xs + (k_in >> 3) + i - 1)[0] = make_uint4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < 1 + (int)(lay.bytes - lay.token) / 16 - (k_in >> 3);
+         i += blockDim.x)
+        (i == 0 ? (uint4 *)(sc + scale_bytes) : xs + (k_in >> 3) + i - 1)[0] =
+            make_uint4(0, 0, 0, 0);
     pdl_wait(); /* gate_up: topk_idx from the router; both: the input */
 #ifdef GPTOSS_MOE_TRACE
     tr_wait = globaltimer_ns();
 #endif
     if (GATE_UP && threadIdx.x == 0) issue();
-    if (EARLY_BIAS && GATE_UP) bv = pair_bias<true>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
+    if (EARLY_BIAS && GATE_UP)
+        bv = pair_bias<true>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
     pair_stage_input<GATE_UP>(act, pair, k_top, k_in, xs);
     __syncthreads(); /* the token is staged, and every thread sees the initialized barrier */
     mbar_wait(bar_s, 0);
@@ -474,21 +496,23 @@ moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
         acc1 = fmaf(d[2], __uint_as_float(s2 * (1u << 23) + (14u << 23)), acc1);
         acc1 = fmaf(d[3], __uint_as_float(s3 * (1u << 23) + (14u << 23)), acc1);
     }
-    pair_finish<GATE_UP, !EARLY_BIAS>(acc0, acc1, red, MOE_PAIR_TMA_K_SLICES, 1, tile, n_tiles, pair, bv, bias, topk_idx[pair],
-                                      n_out_rows, limit, alpha, h_out, y_out);
+    pair_finish<GATE_UP, !EARLY_BIAS>(acc0, acc1, red, MOE_PAIR_TMA_K_SLICES, 1, tile, n_tiles,
+                                      pair, bv, bias, topk_idx[pair], n_out_rows, limit, alpha,
+                                      h_out, y_out);
 #ifdef GPTOSS_MOE_TRACE
     if (threadIdx.x == 0 && trace_buf) {
         const unsigned long long end = globaltimer_ns();
         const unsigned long long n = atomicAdd(&trace_seq, 1ull);
         unsigned long long *r = trace_buf + 6 * (n % TRACE_N);
         r[0] = (unsigned long long)GATE_UP | (unsigned long long)(pair & 0x7f) << 1 |
-               (unsigned long long)(tile & 0xffff) << 8 | (unsigned long long)(sm_id() & 0xff) << 24 |
-               (n & 0xffffffffu) << 32;
+               (unsigned long long)(tile & 0xffff) << 8 |
+               (unsigned long long)(sm_id() & 0xff) << 24 | (n & 0xffffffffu) << 32;
         r[1] = tr_start, r[2] = tr_wait, r[3] = tr_issue, r[4] = tr_land, r[5] = end;
     }
 #endif
 #else
-    __trap(); /* never launched: the host picks this kernel only where it was built for sm_90 or later */
+    __trap(); /* never launched: the host picks this kernel only where it was built for sm_90 or
+                 later */
 #endif
 }
 
@@ -539,19 +563,23 @@ static __host__ __device__ __forceinline__ pair_fp8_layout pair_fp8_parts(int32_
     l.bytes = l.bt + 256u * 4u * (uint32_t)l.nws;
     return l;
 }
-static size_t pair_fp8_smem(int32_t k_in) { return pair_fp8_parts(k_in).bytes; }
+static size_t pair_fp8_smem(int32_t k_in) {
+    return pair_fp8_parts(k_in).bytes;
+}
 
 #ifdef GPTOSS_WGMMA
 /* K-major without swizzle: core matrices of 8 columns x 16 bytes; the second k half 128
  * bytes after the first (LBO); one group of 8 columns (SBO unused, set alike) */
 static __device__ __forceinline__ uint64_t pf_desc(uint32_t smem_addr) {
-    return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
+    return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)(128 >> 4) << 16) |
+           ((uint64_t)(128 >> 4) << 32);
 }
-static __device__ __forceinline__ void wgmma_e4m3_n8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                                     uint32_t a3, uint64_t desc) {
+static __device__ __forceinline__ void wgmma_e4m3_n8(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                     uint32_t a2, uint32_t a3, uint64_t desc) {
     /* scale-d false: d = A * B (each group has its own accumulators) */
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, "
+                 "%6, %7}, %8, p, 1, 1;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(0));
 }
@@ -564,8 +592,9 @@ static __device__ __forceinline__ void e2m1_to_e4m3(uint32_t w, uint32_t &ev, ui
 
 /* The token into B (see moe_pair_fp8_kernel); returns 2^-sigma. red4: 4 floats of shared memory. */
 template <bool GATE_UP>
-static __device__ __forceinline__ float pair_fp8_stage(const void *act, int pair, int32_t k_top, int32_t k_in,
-                                                       const pair_fp8_layout &lay, uint8_t *bt, float *red4) {
+static __device__ __forceinline__ float pair_fp8_stage(const void *act, int pair, int32_t k_top,
+                                                       int32_t k_in, const pair_fp8_layout &lay,
+                                                       uint8_t *bt, float *red4) {
     constexpr int U = 4; /* units per thread: 4 * nws * 16 <= 512 for k_in <= 4096 */
     const int n_groups = k_in >> 5, n_units = 4 * lay.nws * 16;
     float v[U][8];
@@ -575,26 +604,32 @@ static __device__ __forceinline__ float pair_fp8_stage(const void *act, int pair
         const int u = threadIdx.x + i * (MOE_PAIR_FP8_K_SLICES * 32);
         const int gi = u >> 4, s = (u >> 2) & 3, q = u & 3, G = lay.gps * s + gi;
 #pragma unroll
-        for (int j = 0; j < 8; j++) v[i][j] = 0.0f;
+        for (int j = 0; j < 8; j++)
+            v[i][j] = 0.0f;
         if (u < n_units && gi < lay.gps && G < n_groups) {
             const size_t idx = (size_t)32 * G + 8 * q;
             if (GATE_UP) {
-                const uint4 raw = *(const uint4 *)((const bf16 *)act + (size_t)(pair / k_top) * k_in + idx);
+                const uint4 raw =
+                    *(const uint4 *)((const bf16 *)act + (size_t)(pair / k_top) * k_in + idx);
                 const bf16 *x = (const bf16 *)&raw;
 #pragma unroll
-                for (int j = 0; j < 8; j++) v[i][j] = __bfloat162float(x[j]);
+                for (int j = 0; j < 8; j++)
+                    v[i][j] = __bfloat162float(x[j]);
             } else {
                 const uint4 raw = *(const uint4 *)((const __half *)act + (size_t)pair * k_in + idx);
                 const __half *x = (const __half *)&raw;
 #pragma unroll
-                for (int j = 0; j < 8; j++) v[i][j] = __half2float(x[mma_pos(j)]);
+                for (int j = 0; j < 8; j++)
+                    v[i][j] = __half2float(x[mma_pos(j)]);
             }
 #pragma unroll
-            for (int j = 0; j < 8; j++) mx = fmaxf(mx, fabsf(v[i][j]));
+            for (int j = 0; j < 8; j++)
+                mx = fmaxf(mx, fabsf(v[i][j]));
         }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     if ((threadIdx.x & 31) == 0) red4[threadIdx.x >> 5] = mx;
     __syncthreads();
     mx = fmaxf(fmaxf(red4[0], red4[1]), fmaxf(red4[2], red4[3]));
@@ -614,8 +649,8 @@ static __device__ __forceinline__ float pair_fp8_stage(const void *act, int pair
             const float2 x = make_float2(v[i][j] * up, v[i][j + 1] * up);
             const __nv_fp8x2_storage_t h2 = __nv_cvt_float2_to_fp8x2(x, __NV_SATFINITE, __NV_E4M3);
             const float2 hf = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(h2, __NV_E4M3)));
-            const __nv_fp8x2_storage_t l2 =
-                __nv_cvt_float2_to_fp8x2(make_float2(x.x - hf.x, x.y - hf.y), __NV_SATFINITE, __NV_E4M3);
+            const __nv_fp8x2_storage_t l2 = __nv_cvt_float2_to_fp8x2(
+                make_float2(x.x - hf.x, x.y - hf.y), __NV_SATFINITE, __NV_E4M3);
             /* value j (even) goes to half 0, byte j / 2; value j + 1 to half 1, byte j / 2 */
             hi[0] |= (uint32_t)(h2 & 0xffu) << (4 * j);
             hi[1] |= (uint32_t)(h2 >> 8) << (4 * j);
@@ -637,9 +672,10 @@ static __device__ __forceinline__ float pair_fp8_stage(const void *act, int pair
 
 template <bool GATE_UP, bool EARLY_BIAS>
 static __global__ void __launch_bounds__(MOE_PAIR_FP8_K_SLICES * 32, 7)
-moe_pair_fp8_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const void *act,
-                    const int32_t *topk_idx, int32_t k_top, int32_t k_in, int32_t n_out_rows, float limit,
-                    float alpha, __half *h_out, float *y_out, int32_t inflight) {
+    moe_pair_fp8_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
+                        const void *act, const int32_t *topk_idx, int32_t k_top, int32_t k_in,
+                        int32_t n_out_rows, float limit, float alpha, __half *h_out, float *y_out,
+                        int32_t inflight) {
 #ifdef GPTOSS_WGMMA
     extern __shared__ __align__(128) uint8_t pf_smem[];
     __shared__ __align__(8) uint64_t bar;
@@ -648,7 +684,8 @@ moe_pair_fp8_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
     const int pair = blockIdx.y, tile = blockIdx.x, n_tiles = n_out_rows >> 4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int n_groups = k_in >> 5;
-    const uint32_t row_bytes = (uint32_t)n_groups * 16, code_bytes = 16 * row_bytes, scale_bytes = 16 * n_groups;
+    const uint32_t row_bytes = (uint32_t)n_groups * 16, code_bytes = 16 * row_bytes,
+                   scale_bytes = 16 * n_groups;
     const pair_fp8_layout lay = pair_fp8_parts(k_in);
     uint8_t *codes = pf_smem, *sc = pf_smem + lay.scales, *bt = pf_smem + lay.bt;
     const uint32_t bar_s = (uint32_t)__cvta_generic_to_shared(&bar);
@@ -671,12 +708,14 @@ moe_pair_fp8_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
         }
     }
     float2 bv = make_float2(0.0f, 0.0f);
-    if (EARLY_BIAS && !GATE_UP) bv = pair_bias<false>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
+    if (EARLY_BIAS && !GATE_UP)
+        bv = pair_bias<false>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
     /* the 16 bytes after the scales are read past the last row's groups (see above) */
     if (threadIdx.x < 4) ((uint32_t *)(sc + scale_bytes))[threadIdx.x] = 0u;
     pdl_wait(); /* gate_up: topk_idx from the router; both: the input */
     if (GATE_UP && threadIdx.x == 0) issue();
-    if (EARLY_BIAS && GATE_UP) bv = pair_bias<true>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
+    if (EARLY_BIAS && GATE_UP)
+        bv = pair_bias<true>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
     const float unscale = pair_fp8_stage<GATE_UP>(act, pair, k_top, k_in, lay, bt, red4);
     fence_proxy_async(); /* B is read by the tensor cores' (async) proxy */
     __syncthreads();     /* B is staged, and every thread sees the initialized barrier */
@@ -685,21 +724,24 @@ moe_pair_fp8_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
 
     const int la = GATE_UP ? 2 * g : g, lb = GATE_UP ? la + 1 : la + 8;
     const int G0 = lay.gps * warp; /* this slice's first group */
-    const uint8_t *ca = codes + la * row_bytes + 16 * G0 + 4 * q, *cb = codes + lb * row_bytes + 16 * G0 + 4 * q;
+    const uint8_t *ca = codes + la * row_bytes + 16 * G0 + 4 * q,
+                  *cb = codes + lb * row_bytes + 16 * G0 + 4 * q;
     const uint8_t *sa = sc + la * n_groups + G0, *sb = sc + lb * n_groups + G0;
     const uint32_t bt_s = (uint32_t)__cvta_generic_to_shared(bt);
     float acc0 = 0.0f, acc1 = 0.0f;
     float d0[4][4], d1[4][4];
     /* column scale 2^(s - 127) * 2^6 (the e4m3 codes are code * 2^-6): the exponent field s + 6 */
-    auto scale_window = [&](float (&dw)[4][4], int W) {
+    auto scale_window = [&](float(&dw)[4][4], int W) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             wg_pin(dw[i]);
-            acc0 = fmaf(dw[i][0] + dw[i][1], __uint_as_float(((uint32_t)sa[4 * W + i] + 6u) << 23), acc0);
-            acc1 = fmaf(dw[i][2] + dw[i][3], __uint_as_float(((uint32_t)sb[4 * W + i] + 6u) << 23), acc1);
+            acc0 = fmaf(dw[i][0] + dw[i][1], __uint_as_float(((uint32_t)sa[4 * W + i] + 6u) << 23),
+                        acc0);
+            acc1 = fmaf(dw[i][2] + dw[i][3], __uint_as_float(((uint32_t)sb[4 * W + i] + 6u) << 23),
+                        acc1);
         }
     };
-    auto issue_window = [&](float (&dw)[4][4], int W) {
+    auto issue_window = [&](float(&dw)[4][4], int W) {
         uint32_t ea[4], oa[4], eb[4], ob[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -708,7 +750,8 @@ moe_pair_fp8_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
         }
         wgmma_fence();
 #pragma unroll
-        for (int i = 0; i < 4; i++) wgmma_e4m3_n8(dw[i], ea[i], eb[i], oa[i], ob[i], pf_desc(bt_s + 256 * (4 * W + i)));
+        for (int i = 0; i < 4; i++)
+            wgmma_e4m3_n8(dw[i], ea[i], eb[i], oa[i], ob[i], pf_desc(bt_s + 256 * (4 * W + i)));
         wgmma_commit();
     };
     /* two accumulator sets: a window's wgmmas run while the previous window is scaled */
@@ -727,28 +770,36 @@ moe_pair_fp8_kernel(const uint8_t *blocks, const uint8_t *scales, const float *b
         }
     }
     wgmma_wait<0>();
-    if (lay.nws & 1) scale_window(d0, lay.nws - 1);
-    else if (lay.nws > 0) scale_window(d1, lay.nws - 1);
+    if (lay.nws & 1)
+        scale_window(d0, lay.nws - 1);
+    else if (lay.nws > 0)
+        scale_window(d1, lay.nws - 1);
     /* lane q of warp w holds slice q's token against slice w's codes: keep q == w, in lane q = 0 */
     acc0 = __shfl_sync(0xffffffffu, acc0, (lane & ~3) | warp) * unscale;
     acc1 = __shfl_sync(0xffffffffu, acc1, (lane & ~3) | warp) * unscale;
     if (q != 0) acc0 = acc1 = 0.0f;
-    pair_finish<GATE_UP, !EARLY_BIAS>(acc0, acc1, red, MOE_PAIR_FP8_K_SLICES, 1, tile, n_tiles, pair, bv, bias, topk_idx[pair],
-                                      n_out_rows, limit, alpha, h_out, y_out);
+    pair_finish<GATE_UP, !EARLY_BIAS>(acc0, acc1, red, MOE_PAIR_FP8_K_SLICES, 1, tile, n_tiles,
+                                      pair, bv, bias, topk_idx[pair], n_out_rows, limit, alpha,
+                                      h_out, y_out);
 #else
-    __trap(); /* never launched: the host picks this kernel only on compute capability 9.0 with sm_90a code */
+    __trap(); /* never launched: the host picks this kernel only on compute capability 9.0 with
+                 sm_90a code */
 #endif
 }
 
-void gptoss_cuda_moe_set_pair_kernel(int kernel) { gptoss_cuda_kernel_ctx_current()->moe_pair_kernel = kernel; }
+void gptoss_cuda_moe_set_pair_kernel(int kernel) {
+    gptoss_cuda_kernel_ctx_current()->moe_pair_kernel = kernel;
+}
 
 /* The TMA kernel wherever it runs unless the context's choice (the moe_pair_kernel knob, or
  * gptoss_cuda_moe_set_pair_kernel) says otherwise; a kernel that does not run here falls back
  * to the next one that does. */
 enum gptoss_moe_pair_kernel gptoss_cuda_moe_pair_kernel(void) {
     const gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
-    if (kc->moe_pair_kernel == GPTOSS_MOE_PAIR_WIDE || !kc->moe_pair_tma_ok) return GPTOSS_MOE_PAIR_WIDE;
-    if (kc->moe_pair_kernel == GPTOSS_MOE_PAIR_FP8 && kc->moe_pair_fp8_ok) return GPTOSS_MOE_PAIR_FP8;
+    if (kc->moe_pair_kernel == GPTOSS_MOE_PAIR_WIDE || !kc->moe_pair_tma_ok)
+        return GPTOSS_MOE_PAIR_WIDE;
+    if (kc->moe_pair_kernel == GPTOSS_MOE_PAIR_FP8 && kc->moe_pair_fp8_ok)
+        return GPTOSS_MOE_PAIR_FP8;
     return GPTOSS_MOE_PAIR_TMA;
 }
 
@@ -772,9 +823,11 @@ static int32_t pair_tma_inflight(void) {
 }
 
 template <bool GATE_UP>
-static void pair_mma_launch(const uint8_t *blocks, const uint8_t *scales, const float *bias, const void *act,
-                            const int32_t *topk_idx, int32_t n_pairs, int32_t k_top, int32_t k_in, int32_t n_out,
-                            const gptoss_cuda_moe_weights *w, __half *h, float *y, cudaStream_t stream) {
+static void pair_mma_launch(const uint8_t *blocks, const uint8_t *scales, const float *bias,
+                            const void *act, const int32_t *topk_idx, int32_t n_pairs,
+                            int32_t k_top, int32_t k_in, int32_t n_out,
+                            const gptoss_cuda_moe_weights *w, __half *h, float *y,
+                            cudaStream_t stream) {
     const int tiles = n_out / 16;
     /* Steps of up to 8 pairs load the biases early (H100, one token: 120b tg128 +1.6%, 20b
      * +1.3%); larger steps load them after the reduction: with early loads, steps of 32 to 96
@@ -784,26 +837,31 @@ static void pair_mma_launch(const uint8_t *blocks, const uint8_t *scales, const 
     if (kernel == GPTOSS_MOE_PAIR_FP8)
         launch_pdl(n_pairs <= GPTOSS_MOE_PAIR_MAX ? moe_pair_fp8_kernel<GATE_UP, true>
                                                   : moe_pair_fp8_kernel<GATE_UP, false>,
-                   dim3(tiles, n_pairs), dim3(MOE_PAIR_FP8_K_SLICES * 32), pair_fp8_smem(k_in), stream, blocks, scales, bias, act,
-                   topk_idx, k_top, k_in, n_out, w->swiglu_limit, w->swiglu_alpha, h, y, pair_tma_inflight());
+                   dim3(tiles, n_pairs), dim3(MOE_PAIR_FP8_K_SLICES * 32), pair_fp8_smem(k_in),
+                   stream, blocks, scales, bias, act, topk_idx, k_top, k_in, n_out, w->swiglu_limit,
+                   w->swiglu_alpha, h, y, pair_tma_inflight());
     else if (kernel == GPTOSS_MOE_PAIR_TMA)
         launch_pdl(n_pairs <= GPTOSS_MOE_PAIR_MAX ? moe_pair_tma_kernel<GATE_UP, true>
                                                   : moe_pair_tma_kernel<GATE_UP, false>,
-                   dim3(tiles, n_pairs), dim3(MOE_PAIR_TMA_K_SLICES * 32), pair_tma_smem(k_in), stream, blocks, scales, bias, act,
-                   topk_idx, k_top, k_in, n_out, w->swiglu_limit, w->swiglu_alpha, h, y, pair_tma_inflight());
+                   dim3(tiles, n_pairs), dim3(MOE_PAIR_TMA_K_SLICES * 32), pair_tma_smem(k_in),
+                   stream, blocks, scales, bias, act, topk_idx, k_top, k_in, n_out, w->swiglu_limit,
+                   w->swiglu_alpha, h, y, pair_tma_inflight());
     else
-        launch_pdl(moe_pair_wide_kernel<GATE_UP>, dim3((tiles + MOE_PAIR_WIDE_TILES_PER_BLOCK - 1) / MOE_PAIR_WIDE_TILES_PER_BLOCK, n_pairs),
-                   dim3(MOE_PAIR_WIDE_K_SLICES * MOE_PAIR_WIDE_TILES_PER_BLOCK * 32), (size_t)k_in * sizeof(__half), stream, blocks, scales, bias, act,
-                   topk_idx, k_top, k_in, n_out, w->swiglu_limit, w->swiglu_alpha, h, y);
+        launch_pdl(moe_pair_wide_kernel<GATE_UP>,
+                   dim3((tiles + MOE_PAIR_WIDE_TILES_PER_BLOCK - 1) / MOE_PAIR_WIDE_TILES_PER_BLOCK,
+                        n_pairs),
+                   dim3(MOE_PAIR_WIDE_K_SLICES * MOE_PAIR_WIDE_TILES_PER_BLOCK * 32),
+                   (size_t)k_in * sizeof(__half), stream, blocks, scales, bias, act, topk_idx,
+                   k_top, k_in, n_out, w->swiglu_limit, w->swiglu_alpha, h, y);
 }
 
 void gptoss_moe_pair_mma(const gptoss_cuda_moe_weights *w, const bf16 *t, const int32_t *topk_idx,
                          int32_t n_pairs, int32_t k_top, __half *h, float *y, cudaStream_t stream) {
     int32_t H = w->hidden, I = w->intermediate;
-    pair_mma_launch<true>(w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, (const void *)t, topk_idx, n_pairs,
-                          k_top, H, 2 * I, w, h, (float *)nullptr, stream);
-    pair_mma_launch<false>(w->down_blocks, w->down_scales, w->down_bias, (const void *)h, topk_idx, n_pairs, k_top, I,
-                           H, w, (__half *)nullptr, y, stream);
+    pair_mma_launch<true>(w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, (const void *)t,
+                          topk_idx, n_pairs, k_top, H, 2 * I, w, h, (float *)nullptr, stream);
+    pair_mma_launch<false>(w->down_blocks, w->down_scales, w->down_bias, (const void *)h, topk_idx,
+                           n_pairs, k_top, I, H, w, (__half *)nullptr, y, stream);
 }
 
 void gptoss_moe_pair_mma_prepare(bool ok, int major, int minor) {
@@ -813,14 +871,16 @@ void gptoss_moe_pair_mma_prepare(bool ok, int major, int minor) {
     /* the TMA pair kernel wherever the code that runs was built for compute capability 9.0 or
      * later (its body is a trap below that, as in a JIT of older PTX) */
     gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
-    kc->moe_pair_tma_ok = ok && gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true, true>) &&
-                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, true>) &&
-                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true, false>) &&
-                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, false>);
+    kc->moe_pair_tma_ok =
+        ok && gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true, true>) &&
+        gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, true>) &&
+        gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true, false>) &&
+        gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, false>);
     /* the FP8 pair kernel: wgmma, so compute capability 9.0 with sm_90a code, as the wgmma GEMM */
-    kc->moe_pair_fp8_ok = kc->moe_pair_tma_ok && major == 9 && minor == 0 &&
-                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<true, true>) &&
-                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<false, true>) &&
-                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<true, false>) &&
-                          gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<false, false>);
+    kc->moe_pair_fp8_ok =
+        kc->moe_pair_tma_ok && major == 9 && minor == 0 &&
+        gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<true, true>) &&
+        gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<false, true>) &&
+        gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<true, false>) &&
+        gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<false, false>);
 }

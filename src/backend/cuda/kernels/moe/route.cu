@@ -20,7 +20,8 @@ int32_t gptoss_cuda_route_max_tiles(int32_t n_pairs, int32_t n_experts) {
 
 size_t gptoss_cuda_route_bytes(int32_t n_pairs, int32_t n_experts) {
     int32_t tiles = gptoss_cuda_route_max_tiles(n_pairs, n_experts);
-    return sizeof(int32_t) * ((size_t)n_experts + 1 + 2 * (size_t)n_pairs + 2 * (size_t)tiles + n_experts);
+    return sizeof(int32_t) *
+           ((size_t)n_experts + 1 + 2 * (size_t)n_pairs + 2 * (size_t)tiles + n_experts);
 }
 
 void gptoss_cuda_route_bind(void *memory, int32_t n_pairs, int32_t n_experts,
@@ -41,7 +42,6 @@ void gptoss_cuda_route_bind(void *memory, int32_t n_pairs, int32_t n_experts,
     route->tile_rows = GPTOSS_MOE_TILE_M;
 }
 
-
 /* One block: count pairs per expert, prefix-sum, list tiles and active experts, scatter. */
 static __global__ void route_kernel(const int32_t *topk_idx, int32_t n_pairs, int32_t k_top,
                                     int32_t n_experts, int32_t max_tiles, int32_t tile_rows,
@@ -53,9 +53,11 @@ static __global__ void route_kernel(const int32_t *topk_idx, int32_t n_pairs, in
         counts[e] = 0;
         route.active_experts[e] = -1;
     }
-    for (int i = threadIdx.x; i < max_tiles; i += blockDim.x) route.tile_expert[i] = -1;
+    for (int i = threadIdx.x; i < max_tiles; i += blockDim.x)
+        route.tile_expert[i] = -1;
     __syncthreads();
-    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) atomicAdd(&counts[topk_idx[i]], 1);
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x)
+        atomicAdd(&counts[topk_idx[i]], 1);
     __syncthreads();
     if (threadIdx.x == 0) {
         int32_t offset = 0, tile = 0, active = 0;
@@ -80,16 +82,16 @@ static __global__ void route_kernel(const int32_t *topk_idx, int32_t n_pairs, in
     }
 }
 
-
 void gptoss_cuda_moe_route(const int32_t *topk_idx, int32_t n_tokens, int32_t k_top,
                            int32_t n_experts, int path, gptoss_cuda_route *route,
                            cudaStream_t stream) {
     int32_t n_pairs = n_tokens * k_top;
-    route->tile_rows = path == GPTOSS_MOE_MMA_GEMM     ? gptoss_moe_mma_tile_rows(n_tokens, k_top, n_experts)
+    route->tile_rows = path == GPTOSS_MOE_MMA_GEMM
+                           ? gptoss_moe_mma_tile_rows(n_tokens, k_top, n_experts)
                        : path == GPTOSS_MOE_WGMMA_GEMM ? MOE_WGMMA_TILE_ROWS
                                                        : GPTOSS_MOE_TILE_M;
     if (n_pairs <= 0) return;
     launch_pdl(route_kernel, dim3(1), dim3(1024), 0, stream, topk_idx, n_pairs, k_top, n_experts,
-               gptoss_cuda_route_tiles(n_pairs, n_experts, route->tile_rows), route->tile_rows, *route);
+               gptoss_cuda_route_tiles(n_pairs, n_experts, route->tile_rows), route->tile_rows,
+               *route);
 }
-

@@ -21,9 +21,10 @@
 
 template <bool GATE_UP, int MAXT>
 static __global__ void __launch_bounds__(MOE_ROUTE_GEMV_WARPS * 32)
-moe_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const bf16 *act,
-                const int32_t *act_rows_sorted_token, int32_t k_in, int32_t n_out_rows,
-                gptoss_cuda_route route, float limit, float alpha, bf16 *h_out, float *y_out) {
+    moe_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
+                    const bf16 *act, const int32_t *act_rows_sorted_token, int32_t k_in,
+                    int32_t n_out_rows, gptoss_cuda_route route, float limit, float alpha,
+                    bf16 *h_out, float *y_out) {
     extern __shared__ __align__(16) unsigned char gemv_smem[];
     bf16 *xs = (bf16 *)gemv_smem; /* [MAXT][k_in] */
     int e = route.active_experts[blockIdx.y];
@@ -68,7 +69,8 @@ moe_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
              * same chunk of consecutive groups then hit 8 different bank quads */
             for (int ci = threadIdx.x; ci < k_in / 8; ci += blockDim.x) {
                 int g = ci >> 2, q = ci & 3;
-                *(uint4 *)(xs + (size_t)c * k_in + g * 32 + ((q ^ ((g >> 1) & 3)) * 8)) = *(const uint4 *)(src + ci * 8);
+                *(uint4 *)(xs + (size_t)c * k_in + g * 32 + ((q ^ ((g >> 1) & 3)) * 8)) =
+                    *(const uint4 *)(src + ci * 8);
             }
         }
         __syncthreads();
@@ -77,7 +79,8 @@ moe_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
 #pragma unroll
         for (int r = 0; r < 2; r++)
 #pragma unroll
-            for (int c = 0; c < MAXT; c++) acc[r][c] = 0.0f;
+            for (int c = 0; c < MAXT; c++)
+                acc[r][c] = 0.0f;
 #pragma unroll
         for (int gi = 0; gi < MOE_ROUTE_GEMV_GROUPS_PER_LANE; gi++) {
             int g = lane + 32 * gi;
@@ -91,7 +94,8 @@ moe_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
                 const uint4 cg = codes[r][gi];
                 float part[MAXT];
 #pragma unroll
-                for (int c = 0; c < MAXT; c++) part[c] = 0.0f;
+                for (int c = 0; c < MAXT; c++)
+                    part[c] = 0.0f;
 #pragma unroll 1
                 for (int q = 0; q < 4; q++) { /* not unrolled: bounds the live registers */
                     float w8[8];
@@ -101,17 +105,20 @@ moe_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
                     for (int c = 0; c < MAXT; c++) {
                         if (c >= cnt) break;
                         /* 128-bit shared load of the 8 matching inputs (swizzled, see staging) */
-                        uint4 xq = ((const uint4 *)(xs + (size_t)c * k_in + g * 32))[q ^ ((g >> 1) & 3)];
+                        uint4 xq =
+                            ((const uint4 *)(xs + (size_t)c * k_in + g * 32))[q ^ ((g >> 1) & 3)];
                         const uint32_t xw[4] = {xq.x, xq.y, xq.z, xq.w};
 #pragma unroll
                         for (int j = 0; j < 4; j++) {
-                            float x0 = __uint_as_float(xw[j] << 16), x1 = __uint_as_float(xw[j] & 0xffff0000u);
+                            float x0 = __uint_as_float(xw[j] << 16),
+                                  x1 = __uint_as_float(xw[j] & 0xffff0000u);
                             part[c] += w8[2 * j] * x0 + w8[2 * j + 1] * x1;
                         }
                     }
                 }
 #pragma unroll
-                for (int c = 0; c < MAXT; c++) acc[r][c] += part[c] * lo;
+                for (int c = 0; c < MAXT; c++)
+                    acc[r][c] += part[c] * lo;
             }
         }
 #pragma unroll
@@ -125,7 +132,8 @@ moe_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
             if (lane == 0) {
                 if (GATE_UP) {
                     float gate = v0 + ebias[row0], up = v1 + ebias[row0 + 1];
-                    h_out[(size_t)(r0 + c) * (n_out_rows / 2) + unit] = __float2bfloat16(swiglu(gate, up, limit, alpha));
+                    h_out[(size_t)(r0 + c) * (n_out_rows / 2) + unit] =
+                        __float2bfloat16(swiglu(gate, up, limit, alpha));
                 } else {
                     float *yr = y_out + (size_t)route.sorted_pair[r0 + c] * n_out_rows;
                     yr[row0] = v0 + ebias[row0];
@@ -137,40 +145,53 @@ moe_gemv_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
 }
 
 template <int MAXT>
-static void launch_gemv(const gptoss_cuda_moe_weights *w, const bf16 *t, const gptoss_cuda_route *route,
-                        int32_t slots, bf16 *h, float *y, cudaStream_t stream) {
+static void launch_gemv(const gptoss_cuda_moe_weights *w, const bf16 *t,
+                        const gptoss_cuda_route *route, int32_t slots, bf16 *h, float *y,
+                        cudaStream_t stream) {
     int32_t H = w->hidden, I = w->intermediate;
     size_t smem_gu = (size_t)MAXT * H * sizeof(bf16);
     size_t smem_dn = (size_t)MAXT * I * sizeof(bf16);
-    dim3 g1((I + MOE_ROUTE_GEMV_WARPS - 1) / MOE_ROUTE_GEMV_WARPS, slots); /* one unit (2 rows) per warp */
+    dim3 g1((I + MOE_ROUTE_GEMV_WARPS - 1) / MOE_ROUTE_GEMV_WARPS,
+            slots); /* one unit (2 rows) per warp */
     moe_gemv_kernel<true, MAXT><<<g1, MOE_ROUTE_GEMV_WARPS * 32, smem_gu, stream>>>(
-        w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, t, route->sorted_token, H, 2 * I, *route,
-        w->swiglu_limit, w->swiglu_alpha, h, nullptr);
+        w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, t, route->sorted_token, H, 2 * I,
+        *route, w->swiglu_limit, w->swiglu_alpha, h, nullptr);
     dim3 g2((H / 2 + MOE_ROUTE_GEMV_WARPS - 1) / MOE_ROUTE_GEMV_WARPS, slots);
     moe_gemv_kernel<false, MAXT><<<g2, MOE_ROUTE_GEMV_WARPS * 32, smem_dn, stream>>>(
         w->down_blocks, w->down_scales, w->down_bias, h, nullptr, I, H, *route, w->swiglu_limit,
         w->swiglu_alpha, nullptr, y);
 }
 
-void gptoss_moe_route_gemv(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens, int32_t n_pairs,
-                           const gptoss_cuda_route *route, bf16 *h, float *y, cudaStream_t stream) {
+void gptoss_moe_route_gemv(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
+                           int32_t n_pairs, const gptoss_cuda_route *route, bf16 *h, float *y,
+                           cudaStream_t stream) {
     int32_t slots = n_pairs < w->n_experts ? n_pairs : w->n_experts;
-    if (n_tokens <= 1) launch_gemv<1>(w, t, route, slots, h, y, stream);
-    else if (n_tokens <= 2) launch_gemv<2>(w, t, route, slots, h, y, stream);
-    else if (n_tokens <= 4) launch_gemv<4>(w, t, route, slots, h, y, stream);
-    else launch_gemv<8>(w, t, route, slots, h, y, stream);
+    if (n_tokens <= 1)
+        launch_gemv<1>(w, t, route, slots, h, y, stream);
+    else if (n_tokens <= 2)
+        launch_gemv<2>(w, t, route, slots, h, y, stream);
+    else if (n_tokens <= 4)
+        launch_gemv<4>(w, t, route, slots, h, y, stream);
+    else
+        launch_gemv<8>(w, t, route, slots, h, y, stream);
 }
 
 /* Raises the kernels' dynamic shared-memory limit (hidden sizes above 3072). */
 cudaError_t gptoss_moe_route_gemv_prepare(int32_t widest) {
     int bytes = (int)(MOE_ROUTE_GEMV_MAX_TOKENS * widest * sizeof(bf16));
     cudaError_t err = cudaSuccess;
-#define RAISE(GU, T)                                                                                   \
-    if (err == cudaSuccess)                                                                            \
-        err = cudaFuncSetAttribute(moe_gemv_kernel<GU, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    RAISE(true, 1) RAISE(true, 2) RAISE(true, 4) RAISE(true, 8)
-    RAISE(false, 1) RAISE(false, 2) RAISE(false, 4) RAISE(false, 8)
+#define RAISE(GU, T)                                                                               \
+    if (err == cudaSuccess)                                                                        \
+        err = cudaFuncSetAttribute(moe_gemv_kernel<GU, T>,                                         \
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    RAISE(true, 1)
+    RAISE(true, 2)
+    RAISE(true, 4)
+    RAISE(true, 8)
+    RAISE(false, 1)
+    RAISE(false, 2)
+    RAISE(false, 4)
+    RAISE(false, 8)
 #undef RAISE
     return err;
 }
-

@@ -6,7 +6,8 @@
 #include "backend/cuda/kernels/traits.h"
 #include "backend/cuda/kernels/moe/moe_internal.h"
 
-/* ---- wgmma path (GPTOSS_MOE_WGMMA_GEMM, sm_90a): the mma GEMM's dequantization feeding warpgroup MMA --- */
+/* ---- wgmma path (GPTOSS_MOE_WGMMA_GEMM, sm_90a): the mma GEMM's dequantization feeding warpgroup
+ * MMA --- */
 
 /*
  * The same grouped GEMM as the mma GEMM (weights the M side, routed tokens the N side, fp16
@@ -42,15 +43,15 @@ static __host__ __device__ __forceinline__ int wg_pos(int e) {
     return 16 * (2 * w + (r >> 1)) + 2 * q + c + 8 * (r & 1);
 }
 
-template <int BN>
-struct wg_cfg {
+template <int BN> struct wg_cfg {
     static_assert(BN == 128, "the MMA widths go up to m64n128");
     static constexpr int STAGES = 3;
     static constexpr int B_BYTES = MOE_WGMMA_ATOMS_PER_STAGE * BN * 128;
     static constexpr int A_BYTES = MOE_WGMMA_BLOCK_ROWS * MOE_WGMMA_ATOMS_PER_STAGE * 32;
     static constexpr int STAGE_BYTES = B_BYTES + A_BYTES; /* a multiple of 1024 */
     static size_t smem(int n_groups) {
-        return 1024 + (size_t)STAGES * STAGE_BYTES + (((size_t)MOE_WGMMA_BLOCK_ROWS * n_groups + 15) & ~(size_t)15) +
+        return 1024 + (size_t)STAGES * STAGE_BYTES +
+               (((size_t)MOE_WGMMA_BLOCK_ROWS * n_groups + 15) & ~(size_t)15) +
                2 * BN * sizeof(int32_t);
     }
 };
@@ -66,25 +67,29 @@ static __global__ void wg_convert_kernel(const bf16 *t, int64_t n_atoms, __half 
         uint4 v = *(const uint4 *)(t + i * 64 + c * 8);
         const bf16 *x = (const bf16 *)&v;
 #pragma unroll
-        for (int j = 0; j < 8; j++) o[wg_pos(c * 8 + j)] = __float2half_rn(__bfloat162float(x[j]));
+        for (int j = 0; j < 8; j++)
+            o[wg_pos(c * 8 + j)] = __float2half_rn(__bfloat162float(x[j]));
     }
 #pragma unroll
-    for (int c = 0; c < 8; c++) *(uint4 *)(out + i * 64 + c * 8) = *(const uint4 *)(o + c * 8);
+    for (int c = 0; c < 8; c++)
+        *(uint4 *)(out + i * 64 + c * 8) = *(const uint4 *)(o + c * 8);
 }
-
 
 template <bool GATE_UP, int BN>
 static __global__ void __launch_bounds__(MOE_WGMMA_THREADS, 1)
-moe_wg_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const __half *act, int32_t k_in,
-              int32_t n_out_rows, gptoss_cuda_route route, float limit, float alpha, __half *h_out, float *y_out) {
+    moe_wg_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
+                  const __half *act, int32_t k_in, int32_t n_out_rows, gptoss_cuda_route route,
+                  float limit, float alpha, __half *h_out, float *y_out) {
 #ifdef GPTOSS_WGMMA
     typedef wg_cfg<BN> C;
     extern __shared__ __align__(16) uint8_t wg_smem_raw[];
-    uint8_t *smem = wg_smem_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(wg_smem_raw) & 1023u)) & 1023u);
+    uint8_t *smem =
+        wg_smem_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(wg_smem_raw) & 1023u)) & 1023u);
     uint8_t *s_scale = smem + C::STAGES * C::STAGE_BYTES;
     const int n_groups = k_in >> 5, n_atoms = k_in >> 6;
-    int32_t *s_src = (int32_t *)(s_scale + (((size_t)MOE_WGMMA_BLOCK_ROWS * n_groups + 15) & ~(size_t)15)); /* [BN] act row */
-    int32_t *s_dst = s_src + BN;                                                             /* [BN] out row */
+    int32_t *s_src = (int32_t *)(s_scale + (((size_t)MOE_WGMMA_BLOCK_ROWS * n_groups + 15) &
+                                            ~(size_t)15)); /* [BN] act row */
+    int32_t *s_dst = s_src + BN;                           /* [BN] out row */
 
     pdl_wait(); /* the route, the input and h come from earlier kernels */
     const int tile = blockIdx.y;
@@ -106,7 +111,8 @@ moe_wg_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, c
         if (GATE_UP) return 2 * ((f >> 4) * 8 + (f & 7)) + ((f >> 3) & 1);
         return f;
     };
-    const int row0 = blockIdx.x * MOE_WGMMA_BLOCK_ROWS, n_valid_rows = min(MOE_WGMMA_BLOCK_ROWS, n_out_rows - row0);
+    const int row0 = blockIdx.x * MOE_WGMMA_BLOCK_ROWS,
+              n_valid_rows = min(MOE_WGMMA_BLOCK_ROWS, n_out_rows - row0);
 
     for (int i = tid; i < BN; i += MOE_WGMMA_THREADS) {
         int r = r0 + min(i, n_rows - 1);
@@ -116,7 +122,8 @@ moe_wg_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, c
     {
         const uint8_t *src = es + (size_t)row0 * n_groups;
         int chunks = n_valid_rows * n_groups / 16;
-        for (int i = tid; i < chunks; i += MOE_WGMMA_THREADS) cp_async16(s_scale + i * 16, src + (size_t)i * 16, true);
+        for (int i = tid; i < chunks; i += MOE_WGMMA_THREADS)
+            cp_async16(s_scale + i * 16, src + (size_t)i * 16, true);
     }
     /* A copies per stage: 192 rows x 6 chunks of 16 bytes, 3 per thread */
     const uint8_t *a_src[3];
@@ -126,7 +133,8 @@ moe_wg_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, c
         int c = tid + MOE_WGMMA_THREADS * i, f = c / 6;
         a_part[i] = c % 6;
         a_dst[i] = f * (MOE_WGMMA_ATOMS_PER_STAGE * 32) + a_part[i] * 16;
-        a_src[i] = eb + (size_t)(row0 + min(local_row(f), n_valid_rows - 1)) * row_bytes + a_part[i] * 16;
+        a_src[i] =
+            eb + (size_t)(row0 + min(local_row(f), n_valid_rows - 1)) * row_bytes + a_part[i] * 16;
     }
     const int n_kb = (n_atoms + MOE_WGMMA_ATOMS_PER_STAGE - 1) / MOE_WGMMA_ATOMS_PER_STAGE;
     __syncthreads(); /* s_src before the first B copies */
@@ -137,10 +145,13 @@ moe_wg_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, c
 #pragma unroll
         for (int i = 0; i < 3; i++) {
             bool ok = kb * 2 * MOE_WGMMA_ATOMS_PER_STAGE + a_part[i] < n_groups;
-            cp_async16(sa + a_dst[i], ok ? a_src[i] + (size_t)kb * (MOE_WGMMA_ATOMS_PER_STAGE * 32) : eb, ok);
+            cp_async16(sa + a_dst[i],
+                       ok ? a_src[i] + (size_t)kb * (MOE_WGMMA_ATOMS_PER_STAGE * 32) : eb, ok);
         }
-        for (int c = tid; c < n_mma * MOE_WGMMA_ATOMS_PER_STAGE * 8; c += MOE_WGMMA_THREADS) { /* rows past n_mma are never read */
-            int r = c / (MOE_WGMMA_ATOMS_PER_STAGE * 8), rem = c % (MOE_WGMMA_ATOMS_PER_STAGE * 8), a = rem >> 3, ch = rem & 7, atom = kb * MOE_WGMMA_ATOMS_PER_STAGE + a;
+        for (int c = tid; c < n_mma * MOE_WGMMA_ATOMS_PER_STAGE * 8;
+             c += MOE_WGMMA_THREADS) { /* rows past n_mma are never read */
+            int r = c / (MOE_WGMMA_ATOMS_PER_STAGE * 8), rem = c % (MOE_WGMMA_ATOMS_PER_STAGE * 8),
+                a = rem >> 3, ch = rem & 7, atom = kb * MOE_WGMMA_ATOMS_PER_STAGE + a;
             bool ok = atom < n_atoms && r < n_rows;
             const __half *src = ok ? act + (size_t)s_src[r] * k_in + atom * 64 + ch * 8 : act;
             cp_async16(sb + a * (BN * 128) + r * 128 + ((ch ^ (r & 7)) << 4), src, ok);
@@ -149,7 +160,8 @@ moe_wg_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, c
 
     float acc[BN / 2];
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
+    for (int i = 0; i < BN / 2; i++)
+        acc[i] = 0.0f;
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
         if (s < n_kb) issue(s);
@@ -173,14 +185,17 @@ moe_wg_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, c
 #pragma unroll
         for (int a = 0; a < MOE_WGMMA_ATOMS_PER_STAGE; a++) {
             wgmma_wait<MOE_WGMMA_ATOMS_PER_STAGE - 1>();
-            if (a == MOE_WGMMA_ATOMS_PER_STAGE - 1) { /* stage kb - 1 is done here; once done everywhere, refill it */
+            if (a == MOE_WGMMA_ATOMS_PER_STAGE -
+                         1) { /* stage kb - 1 is done here; once done everywhere, refill it */
                 __syncthreads();
                 if (kb + C::STAGES - 1 < n_kb) issue(kb + C::STAGES - 1);
                 cp_async_commit();
             }
             const int grp = (kb * MOE_WGMMA_ATOMS_PER_STAGE + a) * 2 + (q >> 1);
-            uint2 c0 = *(const uint2 *)(sa + f0 * (MOE_WGMMA_ATOMS_PER_STAGE * 32) + a * 32 + q * 8);
-            uint2 c1 = *(const uint2 *)(sa + f1 * (MOE_WGMMA_ATOMS_PER_STAGE * 32) + a * 32 + q * 8);
+            uint2 c0 =
+                *(const uint2 *)(sa + f0 * (MOE_WGMMA_ATOMS_PER_STAGE * 32) + a * 32 + q * 8);
+            uint2 c1 =
+                *(const uint2 *)(sa + f1 * (MOE_WGMMA_ATOMS_PER_STAGE * 32) + a * 32 + q * 8);
             uint32_t s0 = grp < n_groups ? s_scale[srow0 + grp] : 127u;
             uint32_t s1 = grp < n_groups ? s_scale[srow1 + grp] : 127u;
             uint32_t m0 = ((s0 - 98u) << 10) * 0x00010001u, m1 = ((s1 - 98u) << 10) * 0x00010001u;
@@ -200,10 +215,14 @@ moe_wg_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, c
             }
             wgmma_fence();
             const uint8_t *sba = sb + a * (BN * 128);
-            if (n_mma > 96) wgmma_atom<128>(acc, R[a], sba); /* uniform in the block */
-            else if (n_mma > 64) wgmma_atom<96>(acc, R[a], sba);
-            else if (n_mma > 32) wgmma_atom<64>(acc, R[a], sba);
-            else wgmma_atom<32>(acc, R[a], sba);
+            if (n_mma > 96)
+                wgmma_atom<128>(acc, R[a], sba); /* uniform in the block */
+            else if (n_mma > 64)
+                wgmma_atom<96>(acc, R[a], sba);
+            else if (n_mma > 32)
+                wgmma_atom<64>(acc, R[a], sba);
+            else
+                wgmma_atom<32>(acc, R[a], sba);
             wgmma_commit();
         }
     }
@@ -244,9 +263,11 @@ moe_wg_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, c
         }
     }
 #else
-    (void)blocks, (void)scales, (void)bias, (void)act, (void)k_in, (void)n_out_rows, (void)route, (void)limit;
+    (void)blocks, (void)scales, (void)bias, (void)act, (void)k_in, (void)n_out_rows, (void)route,
+        (void)limit;
     (void)alpha, (void)h_out, (void)y_out;
-    __trap(); /* never launched: gptoss_cuda_moe_prepare enables the wgmma GEMM on compute capability 9.0 only */
+    __trap(); /* never launched: gptoss_cuda_moe_prepare enables the wgmma GEMM on compute
+                 capability 9.0 only */
 #endif
 }
 template <int BN>
@@ -254,27 +275,35 @@ static void launch_wg(const gptoss_cuda_moe_weights *w, const __half *t16, int32
                       const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream) {
     int32_t H = w->hidden, I = w->intermediate;
     int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, BN);
-    launch_pdl(moe_wg_kernel<true, BN>, dim3((2 * I + MOE_WGMMA_BLOCK_ROWS - 1) / MOE_WGMMA_BLOCK_ROWS, tiles), dim3(MOE_WGMMA_THREADS),
-               wg_cfg<BN>::smem(H / 32), stream, w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, t16, H,
-               2 * I, *route, w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
-    launch_pdl(moe_wg_kernel<false, BN>, dim3((H + MOE_WGMMA_BLOCK_ROWS - 1) / MOE_WGMMA_BLOCK_ROWS, tiles), dim3(MOE_WGMMA_THREADS),
-               wg_cfg<BN>::smem(I / 32), stream, w->down_blocks, w->down_scales, w->down_bias, (const __half *)h, I,
-               H, *route, w->swiglu_limit, w->swiglu_alpha, (__half *)nullptr, y);
+    launch_pdl(moe_wg_kernel<true, BN>,
+               dim3((2 * I + MOE_WGMMA_BLOCK_ROWS - 1) / MOE_WGMMA_BLOCK_ROWS, tiles),
+               dim3(MOE_WGMMA_THREADS), wg_cfg<BN>::smem(H / 32), stream, w->gate_up_blocks,
+               w->gate_up_scales, w->gate_up_bias, t16, H, 2 * I, *route, w->swiglu_limit,
+               w->swiglu_alpha, h, (float *)nullptr);
+    launch_pdl(moe_wg_kernel<false, BN>,
+               dim3((H + MOE_WGMMA_BLOCK_ROWS - 1) / MOE_WGMMA_BLOCK_ROWS, tiles),
+               dim3(MOE_WGMMA_THREADS), wg_cfg<BN>::smem(I / 32), stream, w->down_blocks,
+               w->down_scales, w->down_bias, (const __half *)h, I, H, *route, w->swiglu_limit,
+               w->swiglu_alpha, (__half *)nullptr, y);
 }
 
-void gptoss_moe_wgmma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens, int32_t k_top,
-                           const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream) {
+void gptoss_moe_wgmma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
+                           int32_t k_top, const gptoss_cuda_route *route, __half *h, float *y,
+                           cudaStream_t stream) {
     int32_t n_pairs = n_tokens * k_top;
     __half *t16 = (__half *)y; /* y is free until the down projection writes it */
     int64_t atoms = (int64_t)n_tokens * w->hidden / 64;
-    launch_pdl(wg_convert_kernel, dim3((unsigned)((atoms + 127) / 128)), dim3(128), 0, stream, t, atoms, t16);
+    launch_pdl(wg_convert_kernel, dim3((unsigned)((atoms + 127) / 128)), dim3(128), 0, stream, t,
+               atoms, t16);
     launch_wg<MOE_WGMMA_TILE_ROWS>(w, t16, n_pairs, route, h, y, stream);
 }
 
 bool gptoss_moe_wgmma_gemm_prepare(int32_t widest) {
-    return cudaFuncSetAttribute(moe_wg_kernel<true, MOE_WGMMA_TILE_ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)wg_cfg<MOE_WGMMA_TILE_ROWS>::smem(widest / 32)) == cudaSuccess &&
-           cudaFuncSetAttribute(moe_wg_kernel<false, MOE_WGMMA_TILE_ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(moe_wg_kernel<true, MOE_WGMMA_TILE_ROWS>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)wg_cfg<MOE_WGMMA_TILE_ROWS>::smem(widest / 32)) ==
+               cudaSuccess &&
+           cudaFuncSetAttribute(moe_wg_kernel<false, MOE_WGMMA_TILE_ROWS>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)wg_cfg<MOE_WGMMA_TILE_ROWS>::smem(widest / 32)) == cudaSuccess;
 }
-

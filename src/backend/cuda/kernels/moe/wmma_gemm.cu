@@ -28,9 +28,9 @@ using namespace nvcuda;
 
 template <bool GATE_UP>
 static __global__ void __launch_bounds__(128)
-moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const bf16 *act,
-                int32_t k_in, int32_t n_out_rows, gptoss_cuda_route route, float limit,
-                float alpha, bf16 *h_out, float *y_out) {
+    moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
+                    const bf16 *act, int32_t k_in, int32_t n_out_rows, gptoss_cuda_route route,
+                    float limit, float alpha, bf16 *h_out, float *y_out) {
     constexpr int BM = GPTOSS_MOE_TILE_M;
     __shared__ __align__(128) bf16 As[BM * MOE_WMMA_LDS];
     __shared__ __align__(128) bf16 Bs[MOE_WMMA_TILE_N * MOE_WMMA_LDS];
@@ -63,7 +63,8 @@ moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+        for (int j = 0; j < 2; j++)
+            wmma::fill_fragment(acc[i][j], 0.0f);
     int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
 
     /* software pipeline: the global loads of group g+1 are in flight while group g is
@@ -89,7 +90,8 @@ moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
             fp4x8_to_float(codes.x, hi, wf);
             fp4x8_to_float(codes.y, hi, wf + 8);
 #pragma unroll
-            for (int b = 0; b < 8; b++) wv[b] = __floats2bfloat162_rn(wf[2 * b] * lo, wf[2 * b + 1] * lo);
+            for (int b = 0; b < 8; b++)
+                wv[b] = __floats2bfloat162_rn(wf[2 * b] * lo, wf[2 * b + 1] * lo);
         }
         *(uint4 *)(Bs + lrow * MOE_WMMA_LDS + lhalf * 16) = *(uint4 *)&wv[0];
         *(uint4 *)(Bs + lrow * MOE_WMMA_LDS + lhalf * 16 + 8) = *(uint4 *)&wv[4];
@@ -109,13 +111,16 @@ moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
             wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb[2];
 #pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], As + (wm + 16 * i) * MOE_WMMA_LDS + kk, MOE_WMMA_LDS);
+            for (int i = 0; i < 2; i++)
+                wmma::load_matrix_sync(fa[i], As + (wm + 16 * i) * MOE_WMMA_LDS + kk, MOE_WMMA_LDS);
 #pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Bs + (wn + 16 * j) * MOE_WMMA_LDS + kk, MOE_WMMA_LDS);
+            for (int j = 0; j < 2; j++)
+                wmma::load_matrix_sync(fb[j], Bs + (wn + 16 * j) * MOE_WMMA_LDS + kk, MOE_WMMA_LDS);
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+                for (int j = 0; j < 2; j++)
+                    wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
         }
         __syncthreads();
     }
@@ -123,8 +128,8 @@ moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
     for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(Cs + (wm + 16 * i) * MOE_WMMA_LDC + wn + 16 * j, acc[i][j], MOE_WMMA_LDC,
-                                    wmma::mem_row_major);
+            wmma::store_matrix_sync(Cs + (wm + 16 * i) * MOE_WMMA_LDC + wn + 16 * j, acc[i][j],
+                                    MOE_WMMA_LDC, wmma::mem_row_major);
     __syncthreads();
     const float *ebias = bias + (size_t)e * n_out_rows;
     if (GATE_UP) {
@@ -135,13 +140,15 @@ moe_gemm_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
             if (r0 + m >= r_end || n >= n_out_rows) continue;
             float gate = Cs[m * MOE_WMMA_LDC + 2 * u] + ebias[n];
             float up = Cs[m * MOE_WMMA_LDC + 2 * u + 1] + ebias[n + 1];
-            h_out[(size_t)(r0 + m) * n_units + n / 2] = __float2bfloat16(swiglu(gate, up, limit, alpha));
+            h_out[(size_t)(r0 + m) * n_units + n / 2] =
+                __float2bfloat16(swiglu(gate, up, limit, alpha));
         }
     } else {
         for (int idx = tid; idx < BM * MOE_WMMA_TILE_N; idx += blockDim.x) {
             int m = idx / MOE_WMMA_TILE_N, n = idx % MOE_WMMA_TILE_N;
             if (r0 + m >= r_end || n0 + n >= n_out_rows) continue;
-            y_out[(size_t)route.sorted_pair[r0 + m] * n_out_rows + n0 + n] = Cs[m * MOE_WMMA_LDC + n] + ebias[n0 + n];
+            y_out[(size_t)route.sorted_pair[r0 + m] * n_out_rows + n0 + n] =
+                Cs[m * MOE_WMMA_LDC + n] + ebias[n0 + n];
         }
     }
 }
@@ -151,9 +158,9 @@ void gptoss_moe_wmma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32
     int32_t H = w->hidden, I = w->intermediate;
     int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, GPTOSS_MOE_TILE_M);
     dim3 g1((2 * I + MOE_WMMA_TILE_N - 1) / MOE_WMMA_TILE_N, tiles);
-    moe_gemm_kernel<true><<<g1, 128, 0, stream>>>(w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias,
-                                                  t, H, 2 * I, *route, w->swiglu_limit,
-                                                  w->swiglu_alpha, h, nullptr);
+    moe_gemm_kernel<true><<<g1, 128, 0, stream>>>(w->gate_up_blocks, w->gate_up_scales,
+                                                  w->gate_up_bias, t, H, 2 * I, *route,
+                                                  w->swiglu_limit, w->swiglu_alpha, h, nullptr);
     dim3 g2((H + MOE_WMMA_TILE_N - 1) / MOE_WMMA_TILE_N, tiles);
     moe_gemm_kernel<false><<<g2, 128, 0, stream>>>(w->down_blocks, w->down_scales, w->down_bias, h,
                                                    I, H, *route, w->swiglu_limit, w->swiglu_alpha,
