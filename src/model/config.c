@@ -5,7 +5,7 @@
  * accepting both the `rope_scaling` spelling and the newer `rope_parameters` one.
  */
 #include "model/config.h"
-#include "tokenizer/tokenizer.h"
+#include "model/special_tokens.h"
 #include "util/error.h"
 
 #include <errno.h>

@@ -11,23 +11,13 @@
 #define GPTOSS_TOKENIZER_H
 
 #include "gptoss.h"
+#include "model/special_tokens.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* Special token ids of o200k_harmony (spec section 5.5). */
-enum {
-    GPTOSS_TOKEN_STARTOFTEXT = 199998,
-    GPTOSS_TOKEN_ENDOFTEXT = 199999,
-    GPTOSS_TOKEN_RETURN = 200002,
-    GPTOSS_TOKEN_CONSTRAIN = 200003,
-    GPTOSS_TOKEN_CHANNEL = 200005,
-    GPTOSS_TOKEN_START = 200006,
-    GPTOSS_TOKEN_END = 200007,
-    GPTOSS_TOKEN_MESSAGE = 200008,
-    GPTOSS_TOKEN_CALL = 200012,
-};
+/* Special token ids of o200k_harmony: model/special_tokens.h (GPTOSS_TOKEN_*). */
 
 typedef struct gptoss_tokenizer gptoss_tokenizer;
 

@@ -8,7 +8,7 @@
 #include "format/safetensors_writer.h"
 #include "model/config.h"
 #include "model/random_init.h"
-#include "tokenizer/tokenizer.h"
+#include "model/special_tokens.h"
 #include "util/error.h"
 
 #include <errno.h>

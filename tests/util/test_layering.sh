@@ -23,7 +23,7 @@ loader: util format model
 tools: util format model
 backend: util model
 engine: util model backend
-tokenizer: util
+tokenizer: util model/special_tokens.h
 chat: util tokenizer
 server: util tokenizer chat engine
 cli: util format model loader tools backend engine tokenizer chat server
