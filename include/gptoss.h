@@ -1,9 +1,12 @@
 /*
  * gptoss.h - the public C API of gptoss.
  *
- * One header a user reads to use the library: load a gpt-oss checkpoint, create a backend
- * (CPU reference or CUDA), and run batch plans through it. The CLI and the server are built
- * on exactly this API.
+ * Load a gpt-oss checkpoint, create a backend (CPU reference or CUDA), and run batch plans
+ * through it. gptoss_engine.h adds the engine on top (requests, sampling, continuous
+ * batching). The CLI and the server are built on these two headers plus private layers that
+ * are not public API: the o200k_harmony tokenizer (src/tokenizer/), the harmony chat format
+ * and OpenAI request mapping (src/chat/), and internal helpers (KV pool sizing in
+ * src/engine/kv_plan.h, config presets and helpers in src/model/config.h, src/util/).
  *
  * Conventions:
  *   - Every function that can fail returns a gptoss_status and, when given a non-NULL

@@ -7,7 +7,7 @@
  */
 #include "chat/chat.h"
 #include "cli.h"
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 #include "engine/kv_plan.h"
 #include "util/clock.h"
 #include "util/error.h"

@@ -10,7 +10,7 @@
  * Callbacks (notify) run on the engine thread without any lock held.
  * It must not parse text or talk HTTP.
  */
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 
 #include "engine/kv_cache.h"
 #include "engine/kv_plan.h"

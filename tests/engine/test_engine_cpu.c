@@ -13,7 +13,7 @@
  */
 #include "test_support.h"
 
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 
 #include <stdbool.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
 #include "test_support.h"
 
 #include "backend/sampling_ref.h"
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 #include "fake_backend.h"
 
 #include <stdatomic.h>
