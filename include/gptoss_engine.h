@@ -72,10 +72,14 @@ typedef struct gptoss_engine_options {
     int32_t admit_headroom;         /* a waiting request starts while others run only if its
                                        prompt leaves this many free KV tokens per running
                                        sequence (default 1; 0 = none; src/engine/scheduler.h) */
-    int32_t prefix_hash_bits;       /* test knob: keep only this many bits of the block hash
-                                       (forces collisions); 0 = all 64 index bits */
     int32_t eos_token_ids[GPTOSS_ENGINE_MAX_EOS]; /* tokens that end generation */
     int32_t n_eos_token_ids;
+    /* Tests and diagnostics only; defaults off. */
+    struct {
+        /* keep only this many bits of the prefix cache's block hash (forces collisions);
+         * 0 = all 64 index bits */
+        int32_t prefix_hash_bits;
+    } testing;
 } gptoss_engine_options;
 
 /* Defaults: 16-token pages, 256 pages, 64 seqs, 2048 tokens/step, max_model_len 8192,
