@@ -1,15 +1,19 @@
 /*
  * gptoss.h - the public C API of gptoss.
  *
- * One header a user reads to use the library: load a gpt-oss checkpoint, create a backend
- * (CPU reference or CUDA), and run batch plans through it. The CLI and the server are built
- * on exactly this API.
+ * Load a gpt-oss checkpoint, create a backend (CPU reference or CUDA), and run batch plans
+ * through it. gptoss_engine.h adds the engine on top (requests, sampling, continuous
+ * batching). The CLI and the server are built on these two headers plus private layers that
+ * are not public API: the o200k_harmony tokenizer (src/tokenizer/), the harmony chat format
+ * and OpenAI request mapping (src/chat/), and internal helpers (KV pool sizing in
+ * src/engine/kv_plan.h, config presets and helpers in src/model/config.h, src/util/).
  *
  * Conventions:
  *   - Every function that can fail returns a gptoss_status and, when given a non-NULL
  *     gptoss_error, fills it with a message a user can act on.
  *   - Handles are opaque. Whoever creates a handle frees it with the matching _free call.
- *   - Nothing here prints; progress goes through an optional callback.
+ *   - Nothing here prints (progress goes through an optional callback), except the
+ *     diagnostics knob gptoss_backend_options.testing.layer_stats.
  */
 #ifndef GPTOSS_H
 #define GPTOSS_H
@@ -168,7 +172,7 @@ typedef enum gptoss_fp8_layer {
 
 /* What the KV pages hold (gptoss_backend_options.kv_cache_dtype).
  *   BF16 (default): the CUDA backend stores K and V as bf16; the CPU backend keeps them fp32
- *     (rounded to bf16 only with emulate_bf16_activations).
+ *     (rounded to bf16 only with testing.emulate_bf16_activations).
  *   FP8: e4m3 values with one fp32 scale per token and KV head (the head's largest |value| /
  *     448), about half the bytes of bf16 (head_dim + 4 bytes per head instead of
  *     2 * head_dim), so about twice the tokens fit in the same memory. Each value moves by up
@@ -196,11 +200,6 @@ typedef struct gptoss_backend_options {
     int32_t device;              /* CUDA device ordinal */
     gptoss_progress_fn progress; /* optional: weight upload progress */
     void *progress_user;
-    bool layer_stats; /* CPU: print each layer's residual RMS and max to stderr */
-    /* CPU, tests only: round activations to bf16 at exactly the points where the CUDA backend
-     * stores them as bf16 (see cpu_backend.c), so the two can be compared strictly. Off by
-     * default: the default CPU path stays fp32 everywhere. */
-    bool emulate_bf16_activations;
     /* CUDA: when > 0, size the full-attention pool (n_kv_blocks is then ignored) so that the
      * process uses this fraction of the GPU's memory, after the weights and the workspace
      * for steps of max_step_tokens tokens and max_step_logits logit rows are allocated. The
@@ -223,6 +222,16 @@ typedef struct gptoss_backend_options {
      * outlive that call; gptoss_backend_get_options returns NULL here); ignored by the CPU
      * backend. NULL = the defaults. */
     const char *cuda_tuning;
+    /* Tests and diagnostics only; defaults off. */
+    struct {
+        /* CPU: print each layer's residual RMS and max to stderr (the one thing in this API
+         * that prints) */
+        bool layer_stats;
+        /* CPU: round activations to bf16 at exactly the points where the CUDA backend stores
+         * them as bf16 (see cpu_backend.c), so the two can be compared strictly; the default
+         * CPU path stays fp32 everywhere */
+        bool emulate_bf16_activations;
+    } testing;
 } gptoss_backend_options;
 
 /* Defaults: CPU, all cores, 16-token pages, 256 pages, bf16 KV cache. */

@@ -12,7 +12,7 @@
 #include "chat/chat.h"
 #include "chat/chat_buf.h"
 #include "cli.h"
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 #include "engine/kv_plan.h"
 #include "util/error.h"
 

@@ -7,7 +7,7 @@
  */
 #include "chat/chat.h"
 #include "cli.h"
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 #include "engine/kv_plan.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -246,7 +246,7 @@ int gptoss_cmd_run(int argc, char **argv) {
     options.fp8_layers = fp8_layers;
     options.kv_cache_dtype = kv_cache_dtype;
     options.n_threads = (int32_t)threads;
-    options.layer_stats = stats;
+    options.testing.layer_stats = stats;
     options.progress = cli_progress;
     gptoss_kv_plan_context(c, n_prompt + max_tokens, &options);
     if (gptoss_backend_create(model, &options, &backend, &err) != GPTOSS_OK) goto fail;

@@ -9,7 +9,7 @@
 #include "cli.h"
 
 #include "chat/chat.h"
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 #include "engine/kv_plan.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"

@@ -10,7 +10,7 @@
  * Callbacks (notify) run on the engine thread without any lock held.
  * It must not parse text or talk HTTP.
  */
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 
 #include "engine/kv_cache.h"
 #include "engine/kv_plan.h"
@@ -226,10 +226,10 @@ static gptoss_status validate_options(const gptoss_engine_options *o, gptoss_err
         return gptoss_set_error(error, bad, "engine options: max_model_len must be at least 2");
     if (o->max_queue_len < 1)
         return gptoss_set_error(error, bad, "engine options: max_queue_len must be positive");
-    if (o->prefix_hash_bits < 0 || o->prefix_hash_bits > 64)
-        return gptoss_set_error(error, bad,
-                                "engine options: prefix_hash_bits %d is out of range [0, 64]",
-                                o->prefix_hash_bits);
+    if (o->testing.prefix_hash_bits < 0 || o->testing.prefix_hash_bits > 64)
+        return gptoss_set_error(
+            error, bad, "engine options: testing.prefix_hash_bits %d is out of range [0, 64]",
+            o->testing.prefix_hash_bits);
     if (o->n_eos_token_ids < 0 || o->n_eos_token_ids > GPTOSS_ENGINE_MAX_EOS)
         return gptoss_set_error(error, bad, "engine options: at most %d eos tokens",
                                 GPTOSS_ENGINE_MAX_EOS);
@@ -427,7 +427,7 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
         .n_sliding_blocks = e->options.sliding_window > 0 ? e->options.n_sliding_kv_blocks : 0,
         .shared_pages = options->kv_shared_pages,
         .enable_prefix_cache = options->enable_prefix_cache,
-        .hash_bits = options->prefix_hash_bits,
+        .hash_bits = options->testing.prefix_hash_bits,
     };
     gptoss_scheduler_options sched_options = {
         .max_num_seqs = options->max_num_seqs,

@@ -6,7 +6,7 @@
  * exactly as the server does. Events are read in short slices so a stop asked for from the
  * caller's side (Ctrl-C) is noticed while the engine is still working on the prompt.
  */
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 
 #include "util/clock.h"
 #include "util/error.h"

@@ -10,7 +10,7 @@
 #ifndef GPTOSS_ENGINE_SAMPLER_H
 #define GPTOSS_ENGINE_SAMPLER_H
 
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 
 #include <stdint.h>
 

@@ -16,7 +16,7 @@
 #ifndef GPTOSS_SERVER_GENERATION_H
 #define GPTOSS_SERVER_GENERATION_H
 
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 #include "tokenizer/tokenizer.h"
 
 #include <stdbool.h>

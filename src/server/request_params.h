@@ -11,7 +11,7 @@
 #ifndef GPTOSS_SERVER_REQUEST_PARAMS_H
 #define GPTOSS_SERVER_REQUEST_PARAMS_H
 
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 
 #include <jansson.h>
 #include <stdbool.h>

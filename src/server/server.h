@@ -15,7 +15,7 @@
 #ifndef GPTOSS_SERVER_H
 #define GPTOSS_SERVER_H
 
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 #include "gptoss.h"
 #include "tokenizer/tokenizer.h"
 

@@ -115,7 +115,7 @@ static void check_fixture(const char *name) {
     int32_t vocab = c->vocab_size;
 
     gptoss_backend_options ref_options = gptoss_backend_options_default();
-    ref_options.emulate_bf16_activations = true;
+    ref_options.testing.emulate_bf16_activations = true;
     gptoss_backend_options fp8_options = ref_options;
     fp8_options.kv_cache_dtype = GPTOSS_KV_CACHE_FP8;
     row_stats *st = calloc(1, sizeof *st);

@@ -549,7 +549,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "cpu backend: %s\n", err.message);
             return 1;
         }
-        o.emulate_bf16_activations = true;
+        o.testing.emulate_bf16_activations = true;
         if (gptoss_backend_create(model, &o, &p.cpu_bf16, &err)) {
             fprintf(stderr, "cpu backend (bf16 emulation): %s\n", err.message);
             return 1;
@@ -560,7 +560,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         o.kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
-        o.emulate_bf16_activations = false;
+        o.testing.emulate_bf16_activations = false;
         o.kind = GPTOSS_BACKEND_CUDA;
         /* the noise floor: the same CUDA backend with every GEMM on the GEMV kernel, the
          * experts on the route GEMV (path 1; the tested backend runs the pair GEMV for one

@@ -13,7 +13,7 @@
  */
 #include "test_support.h"
 
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -131,7 +131,7 @@ static gptoss_engine_stats run(case_ *cases, int n, run_options ro) {
     if (ro.no_admit_headroom) eo.admit_headroom = 0;
     eo.max_num_seqs = 32;
     eo.enable_prefix_cache = ro.prefix_cache;
-    eo.prefix_hash_bits = ro.hash_bits;
+    eo.testing.prefix_hash_bits = ro.hash_bits;
     gptoss_engine *e;
     if (gptoss_engine_create(&eo, &e, &err) != GPTOSS_OK) fail_msg("engine: %s", err.message);
     gptoss_sampling_params p = gptoss_sampling_params_default();

@@ -6,7 +6,7 @@
 #include "test_support.h"
 
 #include "backend/sampling_ref.h"
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 #include "fake_backend.h"
 
 #include <stdatomic.h>
@@ -219,7 +219,7 @@ static void run_prefix_mix(int enable, int hash_bits, int block_size,
     }
     gptoss_engine_options o = fake_options(f);
     o.enable_prefix_cache = enable;
-    o.prefix_hash_bits = hash_bits;
+    o.testing.prefix_hash_bits = hash_bits;
     o.max_num_batched_tokens = 96;
     gptoss_engine_stats s2;
     /* Two waves on one engine: the second finds the first's prefixes cached. */
@@ -277,7 +277,7 @@ static void test_cache_salt(void **state) {
     for (int bits = 0; bits <= 1; bits++) {
         fake_backend *f = fake_create(VOCAB, 8, 128, 0, 0);
         gptoss_engine_options o = fake_options(f);
-        o.prefix_hash_bits = bits;
+        o.testing.prefix_hash_bits = bits;
         gptoss_engine *e;
         gptoss_error err = {0};
         assert_int_equal(gptoss_engine_create(&o, &e, &err), GPTOSS_OK);

@@ -8,7 +8,7 @@
  */
 #include "test_support.h"
 
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 #include "fake_backend.h"
 
 #include <string.h>

@@ -6,7 +6,7 @@
  */
 #include "test_support.h"
 
-#include "engine/engine.h"
+#include "gptoss_engine.h"
 #include "engine/kv_plan.h"
 #include "model/config.h"
 #include "util/error.h"

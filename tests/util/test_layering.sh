@@ -5,7 +5,8 @@
 # per the table below. The table is ordered bottom-up and a layer may only use layers listed
 # before it, so an include graph that passes has no cycle between layers. An entry with a
 # slash allows one header only: model/ may see the tensor view of format/, never a reader.
-# include/gptoss.h (the public API) may be included anywhere and must include nothing of src/.
+# The public headers of include/ (gptoss.h, gptoss_engine.h) may be included anywhere; they may
+# include each other and nothing of src/.
 #
 # Usage: test_layering.sh [SRC_ROOT]   (default: $GPTOSS_SOURCE_DIR or the checkout).
 # Without an argument it also checks itself: an upward include planted in a copy of src/
@@ -55,7 +56,7 @@ check() {
                     lineno++
                     if (line !~ /^[ \t]*#[ \t]*include[ \t]*"/) continue
                     target = line; sub(/^[^"]*"/, "", target); sub(/".*$/, "", target)
-                    if (target !~ /\//) continue  # beside the file, or include/gptoss.h
+                    if (target !~ /\//) continue  # beside the file, or a public header
                     to = target; sub(/\/.*/, "", to)
                     if (to == layer || allowed[layer, to] || allowed[layer, target]) {
                         if (to != layer) edges[layer " -> " to] = 1
@@ -66,8 +67,21 @@ check() {
                 close(src "/" file)
             }
             close(cmd)
-            while ((getline line < (inc "/gptoss.h")) > 0)
-                if (line ~ /^[ \t]*#[ \t]*include[ \t]*"/) fail("include/gptoss.h includes " line)
+            # Public headers: a quoted include must name another public header, never src/.
+            cmd = "cd \"" inc "\" && find . -maxdepth 1 -type f -name \"*.h\" | sort"
+            while ((cmd | getline file) > 0) { sub(/^\.\//, "", file); public[file] = 1 }
+            close(cmd)
+            for (file in public) {
+                lineno = 0
+                while ((getline line < (inc "/" file)) > 0) {
+                    lineno++
+                    if (line !~ /^[ \t]*#[ \t]*include[ \t]*"/) continue
+                    target = line; sub(/^[^"]*"/, "", target); sub(/".*$/, "", target)
+                    if (!(target in public))
+                        fail("include/" file ":" lineno ": a public header may not include \"" target "\"")
+                }
+                close(inc "/" file)
+            }
             if (!bad) for (e in edges) print "edge " e
             exit bad
         }'
@@ -94,5 +108,16 @@ if [ $# -eq 0 ]; then
         grep -qF "$file:" <<<"$out" || { echo "FAIL: the refusal does not name $file: $out"; exit 1; }
     done
     echo "planted upward includes refused: ok"
+
+    # A public header must not reach into src/ (engine types stay self-contained).
+    rm -rf "$tmp/include"
+    cp -r "$root/include" "$tmp/include"
+    printf '#include "%s"\n' engine/scheduler.h >>"$tmp/include/gptoss_engine.h"
+    if out="$(check "$root/src" "$tmp/include")"; then
+        echo "FAIL: an include of engine/scheduler.h in include/gptoss_engine.h was not refused"
+        exit 1
+    fi
+    grep -qF "include/gptoss_engine.h:" <<<"$out" || { echo "FAIL: the refusal does not name include/gptoss_engine.h: $out"; exit 1; }
+    echo "planted src/ include in a public header refused: ok"
 fi
 echo "PASS"

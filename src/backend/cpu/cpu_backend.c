@@ -258,8 +258,8 @@ static gptoss_status cpu_create(const gptoss_model *model, gptoss_backend_option
     st->config = c;
     st->weights = gptoss_model_weights(model);
     st->block_size = o->kv_block_size;
-    st->layer_stats = o->layer_stats;
-    st->emulate_bf16 = o->emulate_bf16_activations;
+    st->layer_stats = o->testing.layer_stats;
+    st->emulate_bf16 = o->testing.emulate_bf16_activations;
     st->kv_fp8 = o->kv_cache_dtype == GPTOSS_KV_CACHE_FP8;
     st->n_blocks = o->n_kv_blocks;
     st->n_sliding_blocks = o->n_sliding_kv_blocks;

@@ -12,11 +12,11 @@
  * accumulates in fp32. KV pages are bf16, or with kv_cache_dtype FP8 e4m3 codes with one fp32
  * scale per token and KV head (kv_fp8.h; the same kernels, templated on the page type, and
  * then K and V are quantized from fp32 rather than rounded to bf16). The complete list of
- * bf16 roundings (the CPU backend's emulate_bf16_activations mode repeats exactly these, see
- * cpu_backend.c): attention-norm output, K (after bias + RoPE) and V (after bias) in the
- * pages, attention output, MLP-norm output as the experts' input, SwiGLU output, final-norm
- * output. Steps of up to 64 tokens (decode) are captured once per shape as CUDA graphs and
- * replayed (the graphs knob turns that off).
+ * bf16 roundings (the CPU backend's testing.emulate_bf16_activations mode repeats exactly these,
+ * see cpu_backend.c): attention-norm output, K (after bias + RoPE) and V (after bias) in the pages,
+ * attention output, MLP-norm output as the experts' input, SwiGLU output, final-norm output. Steps
+ * of up to 64 tokens (decode) are captured once per shape as CUDA graphs and replayed (the graphs
+ * knob turns that off).
  *
  * Owns the step workspace, the plan buffers and the captured graphs of a state. Must not:
  * print, touch KV pages a plan does not name, or leave the device in a failed state without

@@ -1,5 +1,8 @@
 /*
- * engine.h - the inference engine: requests in, tokens out, one dedicated thread.
+ * gptoss_engine.h - the public C API of the inference engine: requests in, tokens out, one
+ * dedicated thread. Together with gptoss.h (models and backends) it is what a library user
+ * needs to serve a model: engine options, sampling parameters, requests and their events,
+ * the one-request generate helper, and statistics.
  *
  * The engine owns the request queue, the scheduler (continuous batching with chunked
  * prefill and preemption), the KV block manager with its prefix cache, and the sampler.
@@ -34,6 +37,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---------------------------------------------------------------------------------------- */
 /* Options                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
@@ -55,7 +62,7 @@ typedef struct gptoss_engine_options {
     int32_t kv_block_size;          /* tokens per KV page; must match the backend */
     int32_t n_kv_blocks;            /* pages in the full-attention pool; match the backend */
     int32_t n_sliding_kv_blocks;    /* pages in the sliding pool (0 = n_kv_blocks) */
-    bool kv_shared_pages;           /* one id space of n_kv_blocks for both pools (kv_cache.h);
+    bool kv_shared_pages;           /* one id space of n_kv_blocks for both pools;
                                        required when the backend shares them */
     int32_t max_num_seqs;           /* sequences per step (default 64) */
     int32_t max_num_batched_tokens; /* new tokens per step, decodes + prefill (default 2048) */
@@ -64,11 +71,15 @@ typedef struct gptoss_engine_options {
     bool enable_prefix_cache;       /* reuse full KV blocks across requests (default on) */
     int32_t admit_headroom;         /* a waiting request starts while others run only if its
                                        prompt leaves this many free KV tokens per running
-                                       sequence (default 1; 0 = none; scheduler.h) */
-    int32_t prefix_hash_bits;       /* test knob: keep only this many bits of the block hash
-                                       (forces collisions); 0 = all 64 index bits */
+                                       sequence (default 1; 0 = none; src/engine/scheduler.h) */
     int32_t eos_token_ids[GPTOSS_ENGINE_MAX_EOS]; /* tokens that end generation */
     int32_t n_eos_token_ids;
+    /* Tests and diagnostics only; defaults off. */
+    struct {
+        /* keep only this many bits of the prefix cache's block hash (forces collisions);
+         * 0 = all 64 index bits */
+        int32_t prefix_hash_bits;
+    } testing;
 } gptoss_engine_options;
 
 /* Defaults: 16-token pages, 256 pages, 64 seqs, 2048 tokens/step, max_model_len 8192,
@@ -248,7 +259,7 @@ const char *gptoss_request_error(const gptoss_request *request);
 void gptoss_request_release(gptoss_request *request);
 
 /* ---------------------------------------------------------------------------------------- */
-/* One request, synchronously (generate.c)                                                   */
+/* One request, synchronously                                                                */
 /* ---------------------------------------------------------------------------------------- */
 
 /* Called with each generated token of the request, in order, on the caller's thread (the
@@ -326,4 +337,8 @@ typedef struct gptoss_engine_stats {
 /* A consistent snapshot (as of the end of the last step). */
 void gptoss_engine_get_stats(gptoss_engine *engine, gptoss_engine_stats *stats);
 
+#ifdef __cplusplus
+}
 #endif
+
+#endif /* GPTOSS_ENGINE_H */
