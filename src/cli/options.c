@@ -153,6 +153,7 @@ void cli_print_options(FILE *out, const cli_option_group *groups, size_t n_group
     for (size_t g = 0; g < n_groups; g++)
         for (size_t i = 0; i < groups[g].n_options; i++) {
             const cli_option *o = &groups[g].options[i];
+            if (o->hidden) continue;
             char label[160], value[96] = "";
             if (o->kind == CLI_ENUM) {
                 size_t used = 0;

@@ -39,6 +39,7 @@ typedef struct cli_option {
     const char *const *choices;
     int (*parse)(const char *cmd, const char *value, void *target);
     const char *error; /* the usage error for a bad value; NULL: one made from the bounds */
+    bool hidden;       /* accepted but left out of the help (measurement knobs) */
 } cli_option;
 
 typedef struct cli_option_group {
