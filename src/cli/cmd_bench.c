@@ -200,8 +200,9 @@ int gptoss_cmd_bench(int argc, char **argv) {
          .help = "decode without CUDA graphs"},
     };
     /* The model group less --backend and --threads: bench measures the CUDA backend only. */
-    const cli_option_group groups[] = {
-        {shared, 1}, {own, sizeof own / sizeof own[0]}, {shared + 3, CLI_MODEL_N_OPTIONS - 3}};
+    const cli_option_group groups[] = {{shared, 1, NULL},
+                                       {own, sizeof own / sizeof own[0], NULL},
+                                       {shared + 3, CLI_MODEL_N_OPTIONS - 3, NULL}};
     size_t n_groups = sizeof groups / sizeof groups[0];
     bool want_help;
     int rc = cli_parse_options("bench", argc, argv, groups, n_groups, &want_help);

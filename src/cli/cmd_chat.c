@@ -487,10 +487,10 @@ int cli_run_text(int argc, char **argv) {
          .help = "with --raw: special-token text such as <|start|> becomes its id"},
         max_tokens_option(&o, "tokens to generate (default 256)"),
     };
-    const cli_option_group groups[] = {{model, 1},
-                                       {own, sizeof own / sizeof own[0]},
-                                       {common, N_COMMON},
-                                       {model + 1, CLI_MODEL_N_OPTIONS - 1}};
+    const cli_option_group groups[] = {{model, 1, NULL},
+                                       {own, sizeof own / sizeof own[0], NULL},
+                                       {common, N_COMMON, NULL},
+                                       {model + 1, CLI_MODEL_N_OPTIONS - 1, NULL}};
     size_t n_groups = sizeof groups / sizeof groups[0];
     bool want_help;
     int usage = cli_parse_options("run", argc, argv, groups, n_groups, &want_help);
@@ -585,8 +585,10 @@ int gptoss_cmd_chat(int argc, char **argv) {
     cli_model_option_table(&o.model, model);
     common_table(&o, "seed of the sampler (default: a fresh one each reply)", common);
     const cli_option own[] = {max_tokens_option(&o, "tokens per reply (default 512)")};
-    const cli_option_group groups[] = {
-        {model, 1}, {own, 1}, {common, N_COMMON}, {model + 1, CLI_MODEL_N_OPTIONS - 1}};
+    const cli_option_group groups[] = {{model, 1, NULL},
+                                       {own, 1, NULL},
+                                       {common, N_COMMON, NULL},
+                                       {model + 1, CLI_MODEL_N_OPTIONS - 1, NULL}};
     size_t n_groups = sizeof groups / sizeof groups[0];
     bool want_help;
     int usage = cli_parse_options("chat", argc, argv, groups, n_groups, &want_help);

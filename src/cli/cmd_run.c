@@ -207,9 +207,9 @@ int gptoss_cmd_run(int argc, char **argv) {
     };
     cli_option shared[CLI_MODEL_N_OPTIONS];
     cli_model_option_table(&mo, shared);
-    const cli_option_group groups[] = {{shared, 1}, /* -m first */
-                                       {own, sizeof own / sizeof own[0]},
-                                       {shared + 1, CLI_MODEL_N_OPTIONS - 1}};
+    const cli_option_group groups[] = {{shared, 1, NULL}, /* -m first */
+                                       {own, sizeof own / sizeof own[0], NULL},
+                                       {shared + 1, CLI_MODEL_N_OPTIONS - 1, NULL}};
     bool want_help = false;
     int usage = cli_parse_options("run", argc, argv, groups, 3, &want_help);
     if (usage) return usage;

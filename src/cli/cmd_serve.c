@@ -189,8 +189,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
          .error = "--admit-headroom needs an integer in [0, 4096]",
          .hidden = true},
     };
-    const cli_option_group groups[] = {
-        {shared, 1}, {own, sizeof own / sizeof own[0]}, {shared + 1, CLI_MODEL_N_OPTIONS - 1}};
+    const cli_option_group groups[] = {{shared, 1, NULL},
+                                       {own, sizeof own / sizeof own[0], NULL},
+                                       {shared + 1, CLI_MODEL_N_OPTIONS - 1, NULL}};
     size_t n_groups = sizeof groups / sizeof groups[0];
     bool want_help;
     int usage = cli_parse_options("serve", argc, argv, groups, n_groups, &want_help);

@@ -150,7 +150,8 @@ void cli_print_option_help(FILE *out, int column, const char *label, const char 
 }
 
 void cli_print_options(FILE *out, const cli_option_group *groups, size_t n_groups, int column) {
-    for (size_t g = 0; g < n_groups; g++)
+    for (size_t g = 0; g < n_groups; g++) {
+        if (groups[g].heading) fputs(groups[g].heading, out);
         for (size_t i = 0; i < groups[g].n_options; i++) {
             const cli_option *o = &groups[g].options[i];
             if (o->hidden) continue;
@@ -169,6 +170,7 @@ void cli_print_options(FILE *out, const cli_option_group *groups, size_t n_group
                 snprintf(label, sizeof label, "--%s%s%s", o->name, *value ? " " : "", value);
             cli_print_option_help(out, column, label, o->help ? o->help : "");
         }
+    }
 }
 
 static int parse_fp8_layers(const char *cmd, const char *value, void *target) {

@@ -45,6 +45,7 @@ typedef struct cli_option {
 typedef struct cli_option_group {
     const cli_option *options;
     size_t n_options;
+    const char *heading; /* optional text printed before the group's help */
 } cli_option_group;
 
 /* Parses argv[1..argc) against the groups. Every argument must be a known option (with its

@@ -49,7 +49,7 @@ static const cli_option table[] = {
     {.name = "verbose", .short_name = 'v', .kind = CLI_FLAG, .target = &verbose, .help = "talk"},
     {.name = "color", .kind = CLI_ENUM, .target = &color, .choices = colors, .help = "hue"},
 };
-static const cli_option_group group = {table, sizeof table / sizeof table[0]};
+static const cli_option_group group = {table, sizeof table / sizeof table[0], NULL};
 
 /* Parses the NULL-terminated arguments after a command name; returns the exit status. */
 static int parse(bool *help, ...) {
@@ -115,7 +115,7 @@ int main(void) {
     cli_model_options mo = cli_model_options_default();
     cli_option shared[CLI_MODEL_N_OPTIONS];
     cli_model_option_table(&mo, shared);
-    cli_option_group g = {shared, CLI_MODEL_N_OPTIONS};
+    cli_option_group g = {shared, CLI_MODEL_N_OPTIONS, NULL};
     char *args[] = {"x", "-m",           "dir",  "--backend",        "cpu", "-t", "3", "--device",
                     "2", "--fp8-layers", "none", "--kv-cache-dtype", "fp8"};
     CHECK(cli_parse_options("x", 13, args, &g, 1, &help) == 0 && !help);
