@@ -124,7 +124,8 @@ int cli_parse_options(const char *cmd, int argc, char **argv, const cli_option_g
         if (!o) return cli_usage_error(cmd, "unknown option '%s'", a);
         const char *value = NULL;
         if (o->kind != CLI_FLAG) {
-            if (i + 1 >= argc) return cli_usage_error(cmd, "%s needs a value", a);
+            if (i + 1 >= argc)
+                return cli_usage_error(cmd, "%s needs %s", a, o->needs ? o->needs : "a value");
             value = argv[++i];
         }
         int rc = set_value(cmd, o, value);

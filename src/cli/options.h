@@ -39,6 +39,8 @@ typedef struct cli_option {
     const char *const *choices;
     int (*parse)(const char *cmd, const char *value, void *target);
     const char *error; /* the usage error for a bad value; NULL: one made from the bounds */
+    const char *needs; /* what the value is, for the error when it is missing: "%s needs
+                        * <needs>" ("a model folder"); NULL: "a value" */
     bool hidden;       /* accepted but left out of the help (measurement knobs) */
 } cli_option;
 

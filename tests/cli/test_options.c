@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int failures;
 
@@ -20,6 +21,29 @@ static int failures;
             failures++;                                                                            \
         }                                                                                          \
     } while (0)
+
+/* stderr of the calls since the last capture_begin, read back by capture_end. */
+static FILE *captured;
+static int saved_stderr = -1;
+
+static void capture_begin(void) {
+    fflush(stderr);
+    captured = tmpfile();
+    saved_stderr = dup(STDERR_FILENO);
+    dup2(fileno(captured), STDERR_FILENO);
+}
+
+static const char *capture_end(void) {
+    static char text[1024];
+    fflush(stderr);
+    dup2(saved_stderr, STDERR_FILENO);
+    close(saved_stderr);
+    rewind(captured);
+    size_t n = fread(text, 1, sizeof text - 1, captured);
+    text[n] = '\0';
+    fclose(captured);
+    return text;
+}
 
 static int64_t count;
 static double ratio;
@@ -48,6 +72,13 @@ static const cli_option table[] = {
     {.name = "name", .kind = CLI_STRING, .target = &name, .value = "S", .help = "a name"},
     {.name = "verbose", .short_name = 'v', .kind = CLI_FLAG, .target = &verbose, .help = "talk"},
     {.name = "color", .kind = CLI_ENUM, .target = &color, .choices = colors, .help = "hue"},
+    {.name = "file",
+     .kind = CLI_STRING,
+     .target = &name,
+     .value = "F",
+     .needs = "a path",
+     .help = "a file"},
+    {.name = "knob", .kind = CLI_INT, .target = &count, .lo = 0, .hi = 3, .hidden = true},
 };
 static const cli_option_group group = {table, sizeof table / sizeof table[0], NULL};
 
@@ -90,6 +121,36 @@ int main(void) {
     CHECK(parse(&help, "-cv", NULL) == 2);
     CHECK(parse(&help, "--count", NULL) == 2 && count == 5);
     CHECK(parse(&help, "-v", "--name", NULL) == 2 && name == NULL);
+    /* Hidden options are accepted like the others. */
+    CHECK(parse(&help, "--knob", "3", NULL) == 0 && count == 3);
+    CHECK(parse(&help, "--knob", "4", NULL) == 2);
+
+    /* The messages name the option and what was wrong. */
+    capture_begin();
+    parse(&help, "--count", "11", NULL);
+    const char *msg = capture_end();
+    CHECK(strstr(msg, "gptoss test: --count needs an integer in [1, 10], not '11'"));
+    capture_begin();
+    parse(&help, "--ratio", "0", NULL);
+    msg = capture_end();
+    CHECK(strstr(msg, "--ratio needs a number in (0, 1], not '0'"));
+    capture_begin();
+    parse(&help, "--color", "Red", NULL);
+    msg = capture_end();
+    CHECK(strstr(msg, "--color must be red, green or blue, not 'Red'"));
+    capture_begin();
+    parse(&help, "--bogus", NULL);
+    msg = capture_end();
+    CHECK(strstr(msg, "unknown option '--bogus'") && strstr(msg, "gptoss test --help"));
+    capture_begin();
+    parse(&help, "-c", NULL);
+    msg = capture_end();
+    CHECK(strstr(msg, "-c needs a value"));
+    capture_begin();
+    parse(&help, "--file", NULL);
+    msg = capture_end();
+    CHECK(strstr(msg, "--file needs a path"));
+
     /* --help stops parsing: what follows it is not checked. */
     CHECK(parse(&help, "-v", "--help", "--bogus", NULL) == 0 && help);
     CHECK(parse(&help, "-h", NULL) == 0 && help);
@@ -98,15 +159,18 @@ int main(void) {
     char *text = NULL;
     size_t len = 0;
     FILE *out = open_memstream(&text, &len);
-    cli_print_options(out, &group, 1, 16);
+    const cli_option_group with_heading[] = {{table, 2, NULL}, {table + 2, 5, "other:\n"}};
+    cli_print_options(out, with_heading, 2, 16);
     fclose(out);
     const char *want = "  -c, --count N how many\n"
                        "  --ratio R     a share\n"
                        "                of the whole\n"
+                       "other:\n"
                        "  --name S      a name\n"
                        "  -v, --verbose talk\n"
                        "  --color red|green|blue\n"
-                       "                hue\n";
+                       "                hue\n"
+                       "  --file F      a file\n";
     CHECK(text && !strcmp(text, want));
     if (text && strcmp(text, want)) fprintf(stderr, "help:\n%s", text);
     free(text);
