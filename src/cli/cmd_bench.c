@@ -200,9 +200,11 @@ int gptoss_cmd_bench(int argc, char **argv) {
          .help = "decode without CUDA graphs"},
     };
     /* The model group less --backend and --threads: bench measures the CUDA backend only. */
+    size_t n_own = sizeof own / sizeof own[0]; /* the last 2: for studying the backend */
     const cli_option_group groups[] = {{shared, 1, NULL},
-                                       {own, sizeof own / sizeof own[0], NULL},
-                                       {shared + 3, CLI_MODEL_N_OPTIONS - 3, NULL}};
+                                       {own, n_own - 2, NULL},
+                                       {shared + 3, CLI_MODEL_N_OPTIONS - 3, NULL},
+                                       {own + n_own - 2, 2, "\ntesting and measurement:\n"}};
     size_t n_groups = sizeof groups / sizeof groups[0];
     bool want_help;
     int rc = cli_parse_options("bench", argc, argv, groups, n_groups, &want_help);

@@ -154,13 +154,6 @@ int gptoss_cmd_run(int argc, char **argv) {
          .hi = 1 << 20,
          .help = "tokens to generate (default 16; 0 = prompt only)",
          .error = "-n needs an integer in [0, 1048576]"},
-        {.name = "logits",
-         .kind = CLI_STRING,
-         .target = &logits_path,
-         .value = "FILE",
-         .help = "write the logits of every prompt position: one JSON header line\n"
-                 "{\"shape\":[n_tokens,vocab],\"dtype\":\"float32\",...} then float32\n"
-                 "little-endian, row-major"},
         {.name = "ignore-eos",
          .kind = CLI_FLAG,
          .target = &ignore_eos,
@@ -191,6 +184,13 @@ int gptoss_cmd_run(int argc, char **argv) {
          .hi = INT64_MAX,
          .help = "seed of the sampler (default: a fresh one each run)",
          .error = "--seed needs a non-negative integer"},
+        {.name = "logits",
+         .kind = CLI_STRING,
+         .target = &logits_path,
+         .value = "FILE",
+         .help = "write the logits of every prompt position: one JSON header line\n"
+                 "{\"shape\":[n_tokens,vocab],\"dtype\":\"float32\",...} then float32\n"
+                 "little-endian, row-major"},
         {.name = "chunk",
          .kind = CLI_INT,
          .target = &chunk,
@@ -207,14 +207,16 @@ int gptoss_cmd_run(int argc, char **argv) {
     };
     cli_option shared[CLI_MODEL_N_OPTIONS];
     cli_model_option_table(&mo, shared);
+    size_t n_own = sizeof own / sizeof own[0];            /* the last 3: for checking a model */
     const cli_option_group groups[] = {{shared, 1, NULL}, /* -m first */
-                                       {own, sizeof own / sizeof own[0], NULL},
-                                       {shared + 1, CLI_MODEL_N_OPTIONS - 1, NULL}};
+                                       {own, n_own - 3, NULL},
+                                       {shared + 1, CLI_MODEL_N_OPTIONS - 1, NULL},
+                                       {own + n_own - 3, 3, "\ntesting and measurement:\n"}};
     bool want_help = false;
-    int usage = cli_parse_options("run", argc, argv, groups, 3, &want_help);
+    int usage = cli_parse_options("run", argc, argv, groups, 4, &want_help);
     if (usage) return usage;
     if (want_help) {
-        help(stdout, groups, 3);
+        help(stdout, groups, 4);
         return 0;
     }
     const char *model_dir = mo.model_dir;

@@ -63,12 +63,6 @@ int gptoss_cmd_serve(int argc, char **argv) {
     shared[0].help = "Hugging Face gpt-oss folder (make a tiny one with\n"
                      "`gptoss make-model --preset tiny -o DIR`)";
     const cli_option own[] = {
-        {.name = "random-weights",
-         .kind = CLI_STRING,
-         .target = &shape,
-         .value = "SHAPE",
-         .help = "CUDA: serve random weights of a shape (20b, 120b, tiny\n"
-                 "or a config.json) generated on the GPU, for load tests"},
         {.name = "tokenizer",
          .kind = CLI_STRING,
          .target = &tokenizer_path,
@@ -180,6 +174,12 @@ int gptoss_cmd_serve(int argc, char **argv) {
                  "while its request is read (default 120); a request\n"
                  "that is queued or generating is never timed out",
          .error = "--idle-timeout needs seconds in [1, 86400]"},
+        {.name = "random-weights",
+         .kind = CLI_STRING,
+         .target = &shape,
+         .value = "SHAPE",
+         .help = "CUDA: serve random weights of a shape (20b, 120b, tiny\n"
+                 "or a config.json) generated on the GPU, for load tests"},
         {.name = "admit-headroom",
          .kind = CLI_INT,
          .target = &admit_headroom,
@@ -189,9 +189,11 @@ int gptoss_cmd_serve(int argc, char **argv) {
          .error = "--admit-headroom needs an integer in [0, 4096]",
          .hidden = true},
     };
+    size_t n_own = sizeof own / sizeof own[0]; /* the last 2: load tests and measurements */
     const cli_option_group groups[] = {{shared, 1, NULL},
-                                       {own, sizeof own / sizeof own[0], NULL},
-                                       {shared + 1, CLI_MODEL_N_OPTIONS - 1, NULL}};
+                                       {own, n_own - 2, NULL},
+                                       {shared + 1, CLI_MODEL_N_OPTIONS - 1, NULL},
+                                       {own + n_own - 2, 2, "\ntesting and measurement:\n"}};
     size_t n_groups = sizeof groups / sizeof groups[0];
     bool want_help;
     int usage = cli_parse_options("serve", argc, argv, groups, n_groups, &want_help);
