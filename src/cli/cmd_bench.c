@@ -6,6 +6,7 @@
  * and prints what gptoss_cuda_bench measured. Measures nothing itself.
  */
 #include "cli.h"
+#include "options.h"
 #include "model/config.h"
 #include "util/error.h"
 
@@ -17,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void help(FILE *out) {
+static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
     fprintf(
         out,
         "usage: gptoss bench (-m DIR | --random-weights 20b|120b|tiny|CONFIG.json) [options]\n\n"
@@ -27,33 +28,28 @@ static void help(FILE *out) {
         "(dense weights, lm_head, 4 experts per layer in MXFP4, KV reads) over the measured "
         "device\n"
         "copy bandwidth, and the %% of it reached.\n\n"
-        "options:\n"
-        "  -m, --model DIR             a gpt-oss checkpoint folder\n"
-        "  --random-weights SHAPE      weights generated on the GPU: 20b, 120b, tiny or a "
-        "config.json\n"
-        "  -p, --prompt LIST           prompt lengths, e.g. 512,2048 (default 512)\n"
-        "  -n, --gen LIST              decode lengths, e.g. 32,128 (default 128)\n"
-        "  -d, --depth LIST            KV depths, e.g. 0,4096,8192 (default 0)\n"
-        "  -b, --batch LIST            decode batch sizes, e.g. 1,64,128 (default 1): B sequences "
-        "at the\n"
-        "                              depth, one token and one logit row each per step, as a "
-        "loaded\n"
-        "                              server runs them; t/s counts all B (KV for B x (depth + "
-        "n))\n"
-        "  -r, --repeats N             timed repeats per case (default 5)\n"
-        "  --json                      JSON instead of a table\n"
-        "  --profile                   per-component time split (MoE, attention, GEMMs, ...)\n"
-        "  --no-graphs                 decode without CUDA graphs\n"
-        "  --device N                  CUDA device (default 0)\n");
-    cli_print_fp8_layers_help(out, 30);
-    cli_print_kv_cache_dtype_help(out, 30);
+        "options:\n");
+    cli_print_options(out, groups, n_groups, 30);
 }
 
-static bool parse_list(const char *text, int32_t **out, int32_t *n, int32_t lo, int32_t hi) {
-    if (!cli_parse_token_list(text, out, n) || *n == 0 || *n > 16) return false;
-    for (int32_t i = 0; i < *n; i++)
-        if ((*out)[i] < lo || (*out)[i] > hi) return false;
-    return true;
+/* A list option (-p, -n, -d, -b): 1..16 integers in [lo, hi]. */
+typedef struct list_arg {
+    int32_t *ids, n;
+    int32_t lo, hi;
+    const char *error;
+} list_arg;
+
+static int parse_list(const char *cmd, const char *text, void *target) {
+    list_arg *l = target;
+    free(l->ids);
+    l->ids = NULL;
+    bool ok = cli_parse_token_list(text, &l->ids, &l->n) && l->n > 0 && l->n <= 16;
+    for (int32_t i = 0; ok && i < l->n; i++)
+        ok = l->ids[i] >= l->lo && l->ids[i] <= l->hi;
+    if (ok) return 0;
+    free(l->ids);
+    l->ids = NULL;
+    return cli_usage_error(cmd, "%s", l->error);
 }
 
 #ifdef GPTOSS_WITH_CUDA
@@ -136,71 +132,97 @@ static void print_json(const char *label, const gptoss_bench_report *r, uint32_t
 #endif
 
 int gptoss_cmd_bench(int argc, char **argv) {
-    const char *model_dir = NULL, *shape = NULL;
-    int32_t *pp = NULL, *tg = NULL, *depth = NULL, *batch = NULL, n_pp = 0, n_tg = 0, n_depth = 0,
-            n_batch = 0;
-    int64_t repeats = 5, device = 0;
-    uint32_t fp8_layers = 0;
-    gptoss_kv_cache_dtype kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
-    bool json = false, profile = false, graphs = true;
-    int rc = 0;
-    for (int i = 1; i < argc && rc == 0; i++) {
-        const char *a = argv[i];
-        bool has_value = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help(stdout);
-            return 0;
-        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has_value)
-            model_dir = argv[++i];
-        else if (!strcmp(a, "--random-weights") && has_value)
-            shape = argv[++i];
-        else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && has_value) {
-            free(pp);
-            if (!parse_list(argv[++i], &pp, &n_pp, 1, 65536))
-                rc = cli_usage_error("bench", "-p needs 1..16 lengths in 1..65536, e.g. 512,2048");
-        } else if ((!strcmp(a, "-n") || !strcmp(a, "--gen")) && has_value) {
-            free(tg);
-            if (!parse_list(argv[++i], &tg, &n_tg, 1, 65536))
-                rc = cli_usage_error("bench", "-n needs 1..16 lengths in 1..65536, e.g. 32,128");
-        } else if ((!strcmp(a, "-d") || !strcmp(a, "--depth")) && has_value) {
-            free(depth);
-            if (!parse_list(argv[++i], &depth, &n_depth, 0, 131072))
-                rc = cli_usage_error("bench", "-d needs 1..16 depths in 0..131072, e.g. 0,4096");
-        } else if ((!strcmp(a, "-b") || !strcmp(a, "--batch")) && has_value) {
-            free(batch);
-            if (!parse_list(argv[++i], &batch, &n_batch, 1, 1024))
-                rc = cli_usage_error("bench", "-b needs 1..16 batch sizes in 1..1024, e.g. 1,64");
-        } else if ((!strcmp(a, "-r") || !strcmp(a, "--repeats")) && has_value) {
-            if (!cli_parse_i64(argv[++i], 1, 1000, &repeats))
-                rc = cli_usage_error("bench", "-r needs a count in 1..1000");
-        } else if (!strcmp(a, "--device") && has_value) {
-            if (!cli_parse_i64(argv[++i], 0, 64, &device))
-                rc = cli_usage_error("bench", "--device needs an ordinal");
-        } else if (!strcmp(a, "--fp8-layers") && has_value) {
-            if (!cli_parse_fp8_layers(argv[++i], &fp8_layers))
-                rc = cli_fp8_layers_usage_error("bench", argv[i]);
-        } else if (!strcmp(a, "--kv-cache-dtype") && has_value) {
-            if (!cli_parse_kv_cache_dtype(argv[++i], &kv_cache_dtype))
-                rc = cli_kv_cache_dtype_usage_error("bench", argv[i]);
-        } else if (!strcmp(a, "--json"))
-            json = true;
-        else if (!strcmp(a, "--profile"))
-            profile = true;
-        else if (!strcmp(a, "--no-graphs"))
-            graphs = false;
-        else
-            rc = cli_usage_error("bench", "unknown or incomplete option '%s'", a);
+    const char *shape = NULL;
+    list_arg
+        pp = {.lo = 1, .hi = 65536, .error = "-p needs 1..16 lengths in 1..65536, e.g. 512,2048"},
+        tg = {.lo = 1, .hi = 65536, .error = "-n needs 1..16 lengths in 1..65536, e.g. 32,128"},
+        depth = {.lo = 0, .hi = 131072, .error = "-d needs 1..16 depths in 0..131072, e.g. 0,4096"},
+        batch = {.lo = 1, .hi = 1024, .error = "-b needs 1..16 batch sizes in 1..1024, e.g. 1,64"};
+    int64_t repeats = 5;
+    bool json = false, profile = false, no_graphs = false;
+    cli_model_options mo = cli_model_options_default();
+    cli_option shared[CLI_MODEL_N_OPTIONS];
+    cli_model_option_table(&mo, shared);
+    shared[0].help = "a gpt-oss checkpoint folder";
+    const cli_option own[] = {
+        {.name = "random-weights",
+         .kind = CLI_STRING,
+         .target = &shape,
+         .value = "SHAPE",
+         .help = "weights generated on the GPU: 20b, 120b, tiny or a config.json"},
+        {.name = "prompt",
+         .short_name = 'p',
+         .kind = CLI_CUSTOM,
+         .target = &pp,
+         .parse = parse_list,
+         .value = "LIST",
+         .help = "prompt lengths, e.g. 512,2048 (default 512)"},
+        {.name = "gen",
+         .short_name = 'n',
+         .kind = CLI_CUSTOM,
+         .target = &tg,
+         .parse = parse_list,
+         .value = "LIST",
+         .help = "decode lengths, e.g. 32,128 (default 128)"},
+        {.name = "depth",
+         .short_name = 'd',
+         .kind = CLI_CUSTOM,
+         .target = &depth,
+         .parse = parse_list,
+         .value = "LIST",
+         .help = "KV depths, e.g. 0,4096,8192 (default 0)"},
+        {.name = "batch",
+         .short_name = 'b',
+         .kind = CLI_CUSTOM,
+         .target = &batch,
+         .parse = parse_list,
+         .value = "LIST",
+         .help = "decode batch sizes, e.g. 1,64,128 (default 1): B sequences at the\n"
+                 "depth, one token and one logit row each per step, as a loaded\n"
+                 "server runs them; t/s counts all B (KV for B x (depth + n))"},
+        {.name = "repeats",
+         .short_name = 'r',
+         .kind = CLI_INT,
+         .target = &repeats,
+         .value = "N",
+         .lo = 1,
+         .hi = 1000,
+         .help = "timed repeats per case (default 5)",
+         .error = "-r needs a count in 1..1000"},
+        {.name = "json", .kind = CLI_FLAG, .target = &json, .help = "JSON instead of a table"},
+        {.name = "profile",
+         .kind = CLI_FLAG,
+         .target = &profile,
+         .help = "per-component time split (MoE, attention, GEMMs, ...)"},
+        {.name = "no-graphs",
+         .kind = CLI_FLAG,
+         .target = &no_graphs,
+         .help = "decode without CUDA graphs"},
+    };
+    /* The model group less --backend and --threads: bench measures the CUDA backend only. */
+    size_t n_own = sizeof own / sizeof own[0]; /* the last 2: for studying the backend */
+    const cli_option_group groups[] = {{shared, 1, NULL},
+                                       {own, n_own - 2, NULL},
+                                       {shared + 3, CLI_MODEL_N_OPTIONS - 3, NULL},
+                                       {own + n_own - 2, 2, "\ntesting and measurement:\n"}};
+    size_t n_groups = sizeof groups / sizeof groups[0];
+    bool want_help;
+    int rc = cli_parse_options("bench", argc, argv, groups, n_groups, &want_help);
+    if (rc == 0 && want_help) {
+        help(stdout, groups, n_groups);
+        free(pp.ids), free(tg.ids), free(depth.ids), free(batch.ids);
+        return 0;
     }
+    const char *model_dir = mo.model_dir;
     if (rc == 0 && !model_dir == !shape)
         rc = cli_usage_error("bench", "give exactly one of -m DIR or --random-weights SHAPE");
     if (rc) {
-        free(pp), free(tg), free(depth), free(batch);
+        free(pp.ids), free(tg.ids), free(depth.ids), free(batch.ids);
         return rc;
     }
 #ifndef GPTOSS_WITH_CUDA
-    (void)json, (void)profile, (void)graphs, (void)repeats, (void)device, (void)fp8_layers;
-    (void)kv_cache_dtype;
-    free(pp), free(tg), free(depth), free(batch);
+    (void)json, (void)profile, (void)no_graphs, (void)repeats;
+    free(pp.ids), free(tg.ids), free(depth.ids), free(batch.ids);
     fprintf(stderr, "gptoss bench: this build has no CUDA backend (configure with -DGPTOSS_CUDA=ON "
                     "on a machine with nvcc)\n");
     return 1;
@@ -216,7 +238,7 @@ int gptoss_cmd_bench(int argc, char **argv) {
         snprintf(label, sizeof label, "%s", "checkpoint");
     } else {
         if (cli_load_shape(shape, &config, &err) != GPTOSS_OK) {
-            free(pp), free(tg), free(depth), free(batch);
+            free(pp.ids), free(tg.ids), free(depth.ids), free(batch.ids);
             return cli_fail(&err);
         }
         snprintf(label, sizeof label, "%.40s random", shape);
@@ -225,20 +247,20 @@ int gptoss_cmd_bench(int argc, char **argv) {
     memset(&rq, 0, sizeof rq);
     rq.config = &config;
     rq.model = model;
-    rq.pp = pp ? pp : default_pp;
-    rq.n_pp = pp ? n_pp : 1;
-    rq.tg = tg ? tg : default_tg;
-    rq.n_tg = tg ? n_tg : 1;
-    rq.depth = depth ? depth : default_depth;
-    rq.n_depth = depth ? n_depth : 1;
-    rq.batch = batch;
-    rq.n_batch = batch ? n_batch : 0;
+    rq.pp = pp.ids ? pp.ids : default_pp;
+    rq.n_pp = pp.ids ? pp.n : 1;
+    rq.tg = tg.ids ? tg.ids : default_tg;
+    rq.n_tg = tg.ids ? tg.n : 1;
+    rq.depth = depth.ids ? depth.ids : default_depth;
+    rq.n_depth = depth.ids ? depth.n : 1;
+    rq.batch = batch.ids;
+    rq.n_batch = batch.ids ? batch.n : 0;
     rq.repeats = (int32_t)repeats;
     rq.profile = profile;
-    rq.use_graphs = graphs;
-    rq.device = (int32_t)device;
-    rq.fp8_layers = fp8_layers;
-    rq.kv_cache_dtype = kv_cache_dtype;
+    rq.use_graphs = !no_graphs;
+    rq.device = (int32_t)mo.device;
+    rq.fp8_layers = mo.fp8_layers;
+    rq.kv_cache_dtype = mo.kv_cache_dtype;
     rq.progress = cli_stderr_is_tty() ? cli_progress : NULL;
     gptoss_bench_report *report = malloc(sizeof *report);
     gptoss_status st = report ? gptoss_cuda_bench(&rq, report, &err)
@@ -246,12 +268,12 @@ int gptoss_cmd_bench(int argc, char **argv) {
     if (rq.progress) fprintf(stderr, "\n");
     if (st == GPTOSS_OK) {
         if (json)
-            print_json(label, report, fp8_layers, kv_cache_dtype);
+            print_json(label, report, mo.fp8_layers, mo.kv_cache_dtype);
         else
-            print_table(label, report, fp8_layers, kv_cache_dtype, profile);
+            print_table(label, report, mo.fp8_layers, mo.kv_cache_dtype, profile);
     }
     free(report);
-    free(pp), free(tg), free(depth), free(batch);
+    free(pp.ids), free(tg.ids), free(depth.ids), free(batch.ids);
     gptoss_model_free(model);
     return st == GPTOSS_OK ? 0 : cli_fail(&err);
 #endif

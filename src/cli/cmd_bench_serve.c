@@ -12,6 +12,7 @@
  * depend on the server being ours.
  */
 #include "cli.h"
+#include "options.h"
 
 #include "server/http_client.h"
 #include "tokenizer/tokenizer.h"
@@ -32,52 +33,16 @@
 
 #define MAX_LEVELS 32
 
-static void help(FILE *out) {
-    fprintf(
-        out,
-        "usage: gptoss bench-serve --url URL (--concurrency 1,8,64 | --request-rate R) "
-        "--num-requests N\n"
-        "                          (--input-len I --output-len O | --sharegpt-like) [options]\n\n"
-        "Streams requests at an OpenAI-compatible server and reports request throughput, output "
-        "and\n"
-        "total tokens/s, TTFT, TPOT and ITL (mean, median, p99).\n\n"
-        "options:\n"
-        "  --url URL            server base, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)\n"
-        "  --model NAME         model id (default: the first of GET /v1/models)\n"
-        "  --api-key KEY        sent as 'Authorization: Bearer KEY'\n"
-        "  --endpoint E         completions (default) or chat\n"
-        "  --concurrency LIST   clients in flight, one run per value (e.g. 1,8,64)\n"
-        "  --request-rate R     Poisson arrivals at R requests/s instead (inf = all at once)\n"
-        "  --num-requests N     requests per run\n"
-        "  --input-len I        prompt tokens (random words; exact when the gpt-oss tokenizer is "
-        "found)\n"
-        "  --output-len O       generated tokens (ignore_eos + max_tokens)\n"
-        "  --sharegpt-like      lognormal lengths: mean ~215 prompt and ~200 output tokens, long "
-        "tail\n"
-        "  --temperature T      send temperature T (0 = greedy); default: not sent, the server's\n"
-        "                       default applies, as for a client that does not set it\n"
-        "  --top-p P            send top_p P in (0, 1]; default: not sent\n"
-        "  --logprobs N         ask for logprobs with N alternatives per token (0..20) on every\n"
-        "                       request; default: not asked\n"
-        "  --requests-per-client K\n"
-        "                       with --concurrency: each run sends min(N, K x concurrency)\n"
-        "                       requests (K per client), not N at every level\n"
-        "  --seed S             workload seed (default 0)\n"
-        "  --timeout S          per-request socket timeout in seconds (default 600)\n"
-        "\n"
-        "After the runs a table has one row per run: concurrency, completed requests, output and\n"
-        "total tok/s, both per GPU, median TPOT, tok/s per user (1000 / median TPOT), median TTFT\n"
-        "and p99 TPOT.\n"
-        "  --gpus N             GPUs behind the URL; the per-GPU columns divide by N (default 1)\n"
-        "  --json FILE          also write the results (every run, with the table's fields) as "
-        "JSON\n"
-        "  --csv FILE           also write the table as CSV\n"
-        "  --plot FILE.png      draw the Pareto curve with gnuplot: x tok/s per user, y tok/s per "
-        "GPU,\n"
-        "                       with published InferenceX 1k/1k points (H100 vLLM, H200 "
-        "TensorRT-LLM)\n"
-        "  --plot-metric M      y axis: total (default; the published points are total tok/s) or\n"
-        "                       output\n");
+static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
+    fprintf(out, "usage: gptoss bench-serve --url URL (--concurrency 1,8,64 | --request-rate R) "
+                 "--num-requests N\n"
+                 "                          (--input-len I --output-len O | --sharegpt-like) "
+                 "[options]\n\n"
+                 "Streams requests at an OpenAI-compatible server and reports request throughput, "
+                 "output and\n"
+                 "total tokens/s, TTFT, TPOT and ITL (mean, median, p99).\n\n"
+                 "options:\n");
+    cli_print_options(out, groups, n_groups, 23);
 }
 
 /* ---- workload ---------------------------------------------------------------------------- */
@@ -649,82 +614,176 @@ static void reset_results(bench *b) {
 int gptoss_cmd_bench_serve(int argc, char **argv) {
     const char *url_text = NULL, *model = NULL, *api_key = NULL, *json_path = NULL,
                *levels_text = NULL, *rate_text = NULL, *csv_path = NULL, *plot_path = NULL;
-    const char *endpoint = "completions", *plot_metric = "total";
+    int endpoint = 0, plot_metric = 0; /* completions, total */
     int64_t n_requests = 0, input_len = 0, output_len = 0, seed = 0, timeout_s = 600, gpus = 1;
-    bool sharegpt = false, has_temperature = false, has_top_p = false;
+    bool sharegpt = false;
     int64_t logprobs = -1, per_client = 0;
-    double temperature = 0, top_p = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool v = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help(stdout);
-            return 0;
-        } else if (!strcmp(a, "--url") && v)
-            url_text = argv[++i];
-        else if (!strcmp(a, "--model") && v)
-            model = argv[++i];
-        else if (!strcmp(a, "--api-key") && v)
-            api_key = argv[++i];
-        else if (!strcmp(a, "--json") && v)
-            json_path = argv[++i];
-        else if (!strcmp(a, "--csv") && v)
-            csv_path = argv[++i];
-        else if (!strcmp(a, "--plot") && v)
-            plot_path = argv[++i];
-        else if (!strcmp(a, "--plot-metric") && v) {
-            plot_metric = argv[++i];
-            if (strcmp(plot_metric, "total") && strcmp(plot_metric, "output"))
-                return cli_usage_error("bench-serve", "--plot-metric must be total or output");
-        } else if (!strcmp(a, "--temperature") && v) {
-            char *end = NULL;
-            temperature = strtod(argv[++i], &end);
-            if (end == argv[i] || *end || !(temperature >= 0 && temperature <= 2))
-                return cli_usage_error("bench-serve",
-                                       "--temperature needs a number in [0, 2] (0 = greedy)");
-            has_temperature = true;
-        } else if (!strcmp(a, "--top-p") && v) {
-            char *end = NULL;
-            top_p = strtod(argv[++i], &end);
-            if (end == argv[i] || *end || !(top_p > 0 && top_p <= 1))
-                return cli_usage_error("bench-serve", "--top-p needs a number in (0, 1]");
-            has_top_p = true;
-        } else if (!strcmp(a, "--gpus") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 4096, &gpus))
-                return cli_usage_error("bench-serve", "--gpus needs a positive integer");
-        } else if (!strcmp(a, "--endpoint") && v)
-            endpoint = argv[++i];
-        else if (!strcmp(a, "--concurrency") && v)
-            levels_text = argv[++i];
-        else if (!strcmp(a, "--request-rate") && v)
-            rate_text = argv[++i];
-        else if (!strcmp(a, "--sharegpt-like"))
-            sharegpt = true;
-        else if (!strcmp(a, "--num-requests") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 24, &n_requests))
-                return cli_usage_error("bench-serve", "--num-requests needs a positive integer");
-        } else if (!strcmp(a, "--input-len") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &input_len))
-                return cli_usage_error("bench-serve", "--input-len needs a positive integer");
-        } else if (!strcmp(a, "--output-len") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &output_len))
-                return cli_usage_error("bench-serve", "--output-len needs a positive integer");
-        } else if (!strcmp(a, "--logprobs") && v) {
-            if (!cli_parse_i64(argv[++i], 0, 20, &logprobs))
-                return cli_usage_error("bench-serve", "--logprobs needs an integer in [0, 20]");
-        } else if (!strcmp(a, "--requests-per-client") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &per_client))
-                return cli_usage_error("bench-serve",
-                                       "--requests-per-client needs a positive integer");
-        } else if (!strcmp(a, "--seed") && v) {
-            if (!cli_parse_i64(argv[++i], 0, INT64_MAX, &seed))
-                return cli_usage_error("bench-serve", "--seed needs a non-negative integer");
-        } else if (!strcmp(a, "--timeout") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 86400, &timeout_s))
-                return cli_usage_error("bench-serve", "--timeout needs seconds in [1, 86400]");
-        } else
-            return cli_usage_error("bench-serve", "unknown or incomplete option '%s'", a);
+    double temperature = -1, top_p = 0; /* out of their ranges: not sent */
+    static const char *const endpoints[] = {"completions", "chat", NULL};
+    static const char *const plot_metrics[] = {"total", "output", NULL};
+    const cli_option run_options[] = {
+        {.name = "url",
+         .kind = CLI_STRING,
+         .target = &url_text,
+         .value = "URL",
+         .help = "server base, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)"},
+        {.name = "model",
+         .kind = CLI_STRING,
+         .target = &model,
+         .value = "NAME",
+         .help = "model id (default: the first of GET /v1/models)"},
+        {.name = "api-key",
+         .kind = CLI_STRING,
+         .target = &api_key,
+         .value = "KEY",
+         .help = "sent as 'Authorization: Bearer KEY'"},
+        {.name = "endpoint",
+         .kind = CLI_ENUM,
+         .target = &endpoint,
+         .choices = endpoints,
+         .help = "completions (default) or chat",
+         .error = "--endpoint must be completions or chat"},
+        {.name = "concurrency",
+         .kind = CLI_STRING,
+         .target = &levels_text,
+         .value = "LIST",
+         .help = "clients in flight, one run per value (e.g. 1,8,64)"},
+        {.name = "request-rate",
+         .kind = CLI_STRING,
+         .target = &rate_text,
+         .value = "R",
+         .help = "Poisson arrivals at R requests/s instead (inf = all at once)"},
+        {.name = "num-requests",
+         .kind = CLI_INT,
+         .target = &n_requests,
+         .value = "N",
+         .lo = 1,
+         .hi = 1 << 24,
+         .help = "requests per run",
+         .error = "--num-requests needs a positive integer"},
+        {.name = "input-len",
+         .kind = CLI_INT,
+         .target = &input_len,
+         .value = "I",
+         .lo = 1,
+         .hi = 1 << 20,
+         .help = "prompt tokens (random words; exact when the gpt-oss tokenizer is found)",
+         .error = "--input-len needs a positive integer"},
+        {.name = "output-len",
+         .kind = CLI_INT,
+         .target = &output_len,
+         .value = "O",
+         .lo = 1,
+         .hi = 1 << 20,
+         .help = "generated tokens (ignore_eos + max_tokens)",
+         .error = "--output-len needs a positive integer"},
+        {.name = "sharegpt-like",
+         .kind = CLI_FLAG,
+         .target = &sharegpt,
+         .help = "lognormal lengths: mean ~215 prompt and ~200 output tokens, long tail"},
+        {.name = "temperature",
+         .kind = CLI_DOUBLE,
+         .target = &temperature,
+         .value = "T",
+         .dlo = 0,
+         .dhi = 2,
+         .help = "send temperature T (0 = greedy); default: not sent, the server's\n"
+                 "default applies, as for a client that does not set it",
+         .error = "--temperature needs a number in [0, 2] (0 = greedy)"},
+        {.name = "top-p",
+         .kind = CLI_DOUBLE,
+         .target = &top_p,
+         .value = "P",
+         .dlo = 0,
+         .dhi = 1,
+         .lo_open = true,
+         .help = "send top_p P in (0, 1]; default: not sent",
+         .error = "--top-p needs a number in (0, 1]"},
+        {.name = "logprobs",
+         .kind = CLI_INT,
+         .target = &logprobs,
+         .value = "N",
+         .lo = 0,
+         .hi = 20,
+         .help = "ask for logprobs with N alternatives per token (0..20) on every\n"
+                 "request; default: not asked",
+         .error = "--logprobs needs an integer in [0, 20]"},
+        {.name = "requests-per-client",
+         .kind = CLI_INT,
+         .target = &per_client,
+         .value = "K",
+         .lo = 1,
+         .hi = 1 << 20,
+         .help = "with --concurrency: each run sends min(N, K x concurrency)\n"
+                 "requests (K per client), not N at every level",
+         .error = "--requests-per-client needs a positive integer"},
+        {.name = "seed",
+         .kind = CLI_INT,
+         .target = &seed,
+         .value = "S",
+         .lo = 0,
+         .hi = INT64_MAX,
+         .help = "workload seed (default 0)",
+         .error = "--seed needs a non-negative integer"},
+        {.name = "timeout",
+         .kind = CLI_INT,
+         .target = &timeout_s,
+         .value = "S",
+         .lo = 1,
+         .hi = 86400,
+         .help = "per-request socket timeout in seconds (default 600)",
+         .error = "--timeout needs seconds in [1, 86400]"},
+    };
+    const cli_option report_options[] = {
+        {.name = "gpus",
+         .kind = CLI_INT,
+         .target = &gpus,
+         .value = "N",
+         .lo = 1,
+         .hi = 4096,
+         .help = "GPUs behind the URL; the per-GPU columns divide by N (default 1)",
+         .error = "--gpus needs a positive integer"},
+        {.name = "json",
+         .kind = CLI_STRING,
+         .target = &json_path,
+         .value = "FILE",
+         .help = "also write the results (every run, with the table's fields) as JSON"},
+        {.name = "csv",
+         .kind = CLI_STRING,
+         .target = &csv_path,
+         .value = "FILE",
+         .help = "also write the table as CSV"},
+        {.name = "plot",
+         .kind = CLI_STRING,
+         .target = &plot_path,
+         .value = "FILE.png",
+         .help = "draw the Pareto curve with gnuplot: x tok/s per user, y tok/s per GPU,\n"
+                 "with published InferenceX 1k/1k points (H100 vLLM, H200 TensorRT-LLM)"},
+        {.name = "plot-metric",
+         .kind = CLI_ENUM,
+         .target = &plot_metric,
+         .choices = plot_metrics,
+         .help = "y axis: total (default; the published points are total tok/s) or\n"
+                 "output",
+         .error = "--plot-metric must be total or output"},
+    };
+    const cli_option_group groups[] = {
+        {run_options, sizeof run_options / sizeof run_options[0], NULL},
+        {report_options, sizeof report_options / sizeof report_options[0],
+         "\nAfter the runs a table has one row per run: concurrency, completed requests, output "
+         "and\n"
+         "total tok/s, both per GPU, median TPOT, tok/s per user (1000 / median TPOT), median "
+         "TTFT\n"
+         "and p99 TPOT.\n"},
+    };
+    bool want_help;
+    int usage = cli_parse_options("bench-serve", argc, argv, groups, 2, &want_help);
+    if (usage) return usage;
+    if (want_help) {
+        help(stdout, groups, 2);
+        return 0;
     }
+    bool has_temperature = temperature >= 0, has_top_p = top_p > 0;
     if (!url_text)
         return cli_usage_error("bench-serve", "missing --url (e.g. http://127.0.0.1:8000)");
     if (!n_requests) return cli_usage_error("bench-serve", "missing --num-requests N");
@@ -734,8 +793,6 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
     if (sharegpt == (input_len && output_len) || (!sharegpt && (!input_len || !output_len)))
         return cli_usage_error("bench-serve",
                                "give --input-len I and --output-len O, or --sharegpt-like");
-    if (strcmp(endpoint, "completions") && strcmp(endpoint, "chat"))
-        return cli_usage_error("bench-serve", "--endpoint must be completions or chat");
     int32_t levels[MAX_LEVELS];
     int n_levels = 0;
     double rate = 0;
@@ -757,7 +814,7 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
     size_t plen = strlen(b.url.path_prefix);
     if (plen >= 3 && !strcmp(b.url.path_prefix + plen - 3, "/v1"))
         b.url.path_prefix[plen - 3] = '\0';
-    b.api_key = api_key, b.chat = !strcmp(endpoint, "chat"), b.timeout_ms = (int)(timeout_s * 1000);
+    b.api_key = api_key, b.chat = endpoint == 1, b.timeout_ms = (int)(timeout_s * 1000);
     b.has_temperature = has_temperature, b.temperature = temperature;
     b.logprobs = (int32_t)logprobs;
     b.has_top_p = has_top_p, b.top_p = top_p;
@@ -888,9 +945,9 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
     if (csv_path && write_csv(csv_path, runs, levels_text != NULL, &err) != GPTOSS_OK)
         rc = cli_fail(&err);
     if (json_path) {
-        json_t *doc =
-            json_pack("{s:s, s:s, s:s, s:I, s:b, s:O}", "url", url_text, "model", model, "endpoint",
-                      endpoint, "seed", (json_int_t)seed, "sharegpt_like", sharegpt, "runs", runs);
+        json_t *doc = json_pack("{s:s, s:s, s:s, s:I, s:b, s:O}", "url", url_text, "model", model,
+                                "endpoint", endpoints[endpoint], "seed", (json_int_t)seed,
+                                "sharegpt_like", sharegpt, "runs", runs);
         if (!sharegpt) {
             json_object_set_new(doc, "input_len", json_integer(input_len));
             json_object_set_new(doc, "output_len", json_integer(output_len));
@@ -915,8 +972,8 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
                          : csv_path            ? " and CSV"
                          : json_path           ? " and JSON"
                                                : "");
-        } else if (write_plot(plot_path, runs, levels_text != NULL, !strcmp(plot_metric, "total"),
-                              (int32_t)gpus, &err) != GPTOSS_OK) {
+        } else if (write_plot(plot_path, runs, levels_text != NULL, plot_metric == 0, (int32_t)gpus,
+                              &err) != GPTOSS_OK) {
             rc = cli_fail(&err);
         }
     }

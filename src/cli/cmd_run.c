@@ -7,6 +7,7 @@
  */
 #include "chat/chat.h"
 #include "cli.h"
+#include "options.h"
 #include "gptoss_engine.h"
 #include "engine/kv_plan.h"
 #include "util/clock.h"
@@ -17,35 +18,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void help(FILE *out) {
-    fprintf(
-        out,
-        "usage: gptoss run -m DIR --tokens \"ID ID ...\" [-n N] [options]\n"
-        "       gptoss run -m DIR -p TEXT [options]   (a chat prompt; see gptoss run -p x "
-        "--help)\n\n"
-        "Runs the prompt through the model and generates (greedily unless --temperature),\n"
-        "printing generated token ids.\n\n"
-        "options:\n"
-        "  -m, --model DIR       Hugging Face gpt-oss folder (config.json, tokenizer.json, "
-        "safetensors)\n"
-        "  --tokens IDS          prompt token ids, separated by spaces or commas\n"
-        "  -n, --max-tokens N    tokens to generate (default 16; 0 = prompt only)\n"
-        "  --logits FILE         write the logits of every prompt position: one JSON header line\n"
-        "                        {\"shape\":[n_tokens,vocab],\"dtype\":\"float32\",...} then "
-        "float32\n"
-        "                        little-endian, row-major\n"
-        "  --ignore-eos          do not stop at <|return|>, <|call|> or <|endoftext|> (a model\n"
-        "                        without them: its config's eos id)\n"
-        "  --temperature T       sampling temperature (default 0: greedy)\n"
-        "  --top-p P             nucleus sampling mass (default 1)\n"
-        "  --seed S              seed of the sampler (default: a fresh one each run)\n"
-        "  --backend cpu|cuda    compute backend (default: cuda when built with it, else cpu)\n"
-        "  -t, --threads N       CPU threads (default: all cores)\n"
-        "  --chunk N             prefill the prompt in chunks of N tokens (default: all at once)\n"
-        "  --stats               print each layer's residual statistics and the logit spread\n"
-        "                        (CPU backend), to check a model is numerically healthy\n");
-    cli_print_fp8_layers_help(out, 24);
-    cli_print_kv_cache_dtype_help(out, 24);
+static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
+    fprintf(out,
+            "usage: gptoss run -m DIR --tokens \"ID ID ...\" [-n N] [options]\n"
+            "       gptoss run -m DIR -p TEXT [options]   (a chat prompt; see gptoss run -p x "
+            "--help)\n\n"
+            "Runs the prompt through the model and generates (greedily unless --temperature),\n"
+            "printing generated token ids.\n\n"
+            "options:\n");
+    cli_print_options(out, groups, n_groups, 24);
 }
 
 /* Spread of one logits row: a model whose logits are flat (all equal) is broken even if finite. */
@@ -151,63 +132,94 @@ static gptoss_status generate_ids(const gptoss_config *c, gptoss_backend *backen
 }
 
 int gptoss_cmd_run(int argc, char **argv) {
-    const char *model_dir = NULL, *tokens_text = NULL, *logits_path = NULL, *backend_name = NULL;
-    int64_t max_tokens = 16, threads = 0, chunk = 0, seed = -1;
+    const char *tokens_text = NULL, *logits_path = NULL;
+    int64_t max_tokens = 16, chunk = 0, seed = -1;
     double temperature = 0, top_p = 1;
-    uint32_t fp8_layers = 0;
-    gptoss_kv_cache_dtype kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
     bool ignore_eos = false, stats = false;
+    cli_model_options mo = cli_model_options_default();
     for (int i = 1; i < argc; i++) /* a text prompt: the chat path */
         if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) return cli_run_text(argc, argv);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has_value = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help(stdout);
-            return 0;
-        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has_value)
-            model_dir = argv[++i];
-        else if (!strcmp(a, "--tokens") && has_value)
-            tokens_text = argv[++i];
-        else if (!strcmp(a, "--logits") && has_value)
-            logits_path = argv[++i];
-        else if (!strcmp(a, "--backend") && has_value)
-            backend_name = argv[++i];
-        else if (!strcmp(a, "--ignore-eos"))
-            ignore_eos = true;
-        else if (!strcmp(a, "--stats"))
-            stats = true;
-        else if ((!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) && has_value) {
-            if (!cli_parse_i64(argv[++i], 0, 1 << 20, &max_tokens))
-                return cli_usage_error("run", "-n needs an integer in [0, 1048576]");
-        } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && has_value) {
-            if (!cli_parse_i64(argv[++i], 1, 4096, &threads))
-                return cli_usage_error("run", "--threads needs a positive integer");
-        } else if (!strcmp(a, "--chunk") && has_value) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &chunk))
-                return cli_usage_error("run", "--chunk needs a positive integer");
-        } else if (!strcmp(a, "--temperature") && has_value) {
-            char *end;
-            temperature = strtod(argv[++i], &end);
-            if (*end || end == argv[i] || !(temperature >= 0 && temperature <= 10))
-                return cli_usage_error("run", "--temperature needs a number in [0, 10]");
-        } else if (!strcmp(a, "--top-p") && has_value) {
-            char *end;
-            top_p = strtod(argv[++i], &end);
-            if (*end || end == argv[i] || !(top_p > 0 && top_p <= 1))
-                return cli_usage_error("run", "--top-p needs a number in (0, 1]");
-        } else if (!strcmp(a, "--seed") && has_value) {
-            if (!cli_parse_i64(argv[++i], 0, INT64_MAX, &seed))
-                return cli_usage_error("run", "--seed needs a non-negative integer");
-        } else if (!strcmp(a, "--fp8-layers") && has_value) {
-            if (!cli_parse_fp8_layers(argv[++i], &fp8_layers))
-                return cli_fp8_layers_usage_error("run", argv[i]);
-        } else if (!strcmp(a, "--kv-cache-dtype") && has_value) {
-            if (!cli_parse_kv_cache_dtype(argv[++i], &kv_cache_dtype))
-                return cli_kv_cache_dtype_usage_error("run", argv[i]);
-        } else
-            return cli_usage_error("run", "unknown or incomplete option '%s'", a);
+    const cli_option own[] = {
+        {.name = "tokens",
+         .kind = CLI_STRING,
+         .target = &tokens_text,
+         .value = "IDS",
+         .help = "prompt token ids, separated by spaces or commas"},
+        {.name = "max-tokens",
+         .short_name = 'n',
+         .kind = CLI_INT,
+         .target = &max_tokens,
+         .value = "N",
+         .lo = 0,
+         .hi = 1 << 20,
+         .help = "tokens to generate (default 16; 0 = prompt only)",
+         .error = "-n needs an integer in [0, 1048576]"},
+        {.name = "ignore-eos",
+         .kind = CLI_FLAG,
+         .target = &ignore_eos,
+         .help = "do not stop at <|return|>, <|call|> or <|endoftext|> (a model\n"
+                 "without them: its config's eos id)"},
+        {.name = "temperature",
+         .kind = CLI_DOUBLE,
+         .target = &temperature,
+         .value = "T",
+         .dlo = 0,
+         .dhi = 10,
+         .help = "sampling temperature (default 0: greedy)",
+         .error = "--temperature needs a number in [0, 10]"},
+        {.name = "top-p",
+         .kind = CLI_DOUBLE,
+         .target = &top_p,
+         .value = "P",
+         .dlo = 0,
+         .dhi = 1,
+         .lo_open = true,
+         .help = "nucleus sampling mass (default 1)",
+         .error = "--top-p needs a number in (0, 1]"},
+        {.name = "seed",
+         .kind = CLI_INT,
+         .target = &seed,
+         .value = "S",
+         .lo = 0,
+         .hi = INT64_MAX,
+         .help = "seed of the sampler (default: a fresh one each run)",
+         .error = "--seed needs a non-negative integer"},
+        {.name = "logits",
+         .kind = CLI_STRING,
+         .target = &logits_path,
+         .value = "FILE",
+         .help = "write the logits of every prompt position: one JSON header line\n"
+                 "{\"shape\":[n_tokens,vocab],\"dtype\":\"float32\",...} then float32\n"
+                 "little-endian, row-major"},
+        {.name = "chunk",
+         .kind = CLI_INT,
+         .target = &chunk,
+         .value = "N",
+         .lo = 1,
+         .hi = 1 << 20,
+         .help = "prefill the prompt in chunks of N tokens (default: all at once)",
+         .error = "--chunk needs a positive integer"},
+        {.name = "stats",
+         .kind = CLI_FLAG,
+         .target = &stats,
+         .help = "print each layer's residual statistics and the logit spread\n"
+                 "(CPU backend), to check a model is numerically healthy"},
+    };
+    cli_option shared[CLI_MODEL_N_OPTIONS];
+    cli_model_option_table(&mo, shared);
+    size_t n_own = sizeof own / sizeof own[0];            /* the last 3: for checking a model */
+    const cli_option_group groups[] = {{shared, 1, NULL}, /* -m first */
+                                       {own, n_own - 3, NULL},
+                                       {shared + 1, CLI_MODEL_N_OPTIONS - 1, NULL},
+                                       {own + n_own - 3, 3, "\ntesting and measurement:\n"}};
+    bool want_help = false;
+    int usage = cli_parse_options("run", argc, argv, groups, 4, &want_help);
+    if (usage) return usage;
+    if (want_help) {
+        help(stdout, groups, 4);
+        return 0;
     }
+    const char *model_dir = mo.model_dir;
     if (!model_dir)
         return cli_usage_error(
             "run", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
@@ -228,24 +240,8 @@ int gptoss_cmd_run(int argc, char **argv) {
     const gptoss_config *c = gptoss_model_config(model);
 
     gptoss_backend_options options = gptoss_backend_options_default();
-    options.kind = gptoss_has_cuda() ? GPTOSS_BACKEND_CUDA : GPTOSS_BACKEND_CPU;
-    if (backend_name) {
-        if (!strcmp(backend_name, "cpu"))
-            options.kind = GPTOSS_BACKEND_CPU;
-        else if (!strcmp(backend_name, "cuda"))
-            options.kind = GPTOSS_BACKEND_CUDA;
-        else {
-            rc = cli_usage_error("run", "--backend must be cpu or cuda");
-            goto done;
-        }
-    }
-    if (cli_check_fp8_layers("run", fp8_layers, options.kind)) {
-        rc = 2;
-        goto done;
-    }
-    options.fp8_layers = fp8_layers;
-    options.kv_cache_dtype = kv_cache_dtype;
-    options.n_threads = (int32_t)threads;
+    if ((rc = cli_model_options_apply("run", &mo, &options))) goto done;
+    rc = 1;
     options.testing.layer_stats = stats;
     options.progress = cli_progress;
     gptoss_kv_plan_context(c, n_prompt + max_tokens, &options);

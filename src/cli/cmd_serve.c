@@ -7,6 +7,7 @@
  * thin driver.
  */
 #include "cli.h"
+#include "options.h"
 
 #include "chat/chat.h"
 #include "gptoss_engine.h"
@@ -29,44 +30,12 @@ static void on_signal(int sig) {
     stop_signal = sig;
 }
 
-static void help(FILE *out) {
-    fprintf(
-        out,
-        "usage: gptoss serve (-m DIR | --random-weights SHAPE) [options]\n\n"
-        "Serves the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions,\n"
-        "POST /v1/completions, GET /v1/models, GET /health, GET /metrics (Prometheus).\n\n"
-        "options:\n"
-        "  -m, --model DIR                Hugging Face gpt-oss folder (make a tiny one with\n"
-        "                                 `gptoss make-model --preset tiny -o DIR`)\n"
-        "  --random-weights SHAPE         CUDA: serve random weights of a shape (20b, 120b, tiny\n"
-        "                                 or a config.json) generated on the GPU, for load tests\n"
-        "  --tokenizer PATH               tokenizer.json or its folder (default: the model's;\n"
-        "                                 with --random-weights: the installed gpt-oss one)\n"
-        "  --host ADDR                    listen address (default 127.0.0.1)\n"
-        "  --port N                       listen port (default 8000; 0 = any free port)\n"
-        "  --api-key KEY                  require 'Authorization: Bearer KEY' on /v1/*\n"
-        "  --served-model-name NAME       model id clients use (default: the folder's name)\n"
-        "  --backend cpu|cuda             compute backend (default: cuda when built with it)\n"
-        "  -t, --threads N                CPU threads (default: all cores)\n"
-        "  --max-num-seqs N               sequences per engine step (default 1024 on CUDA, 64 on "
-        "CPU)\n"
-        "  --max-num-batched-tokens N     new tokens per engine step (default 2048)\n"
-        "  --max-model-len N              prompt + generated tokens per sequence (default: "
-        "model's)\n"
-        "  --kv-blocks N                  KV pages of 16 tokens (default: CUDA fills the memory\n"
-        "                                 fraction below; CPU takes as many as fit 4 GiB)\n"
-        "  --gpu-memory-utilization F     size the KV cache so F (0-1] of the GPU's memory is in\n"
-        "                                 use, other processes included (default 0.95; CPU\n"
-        "                                 backend: half of F of RAM)\n"
-        "  --no-prefix-cache              do not reuse KV blocks across requests\n"
-        "  --max-queue N                  waiting requests before 429 (default 1024)\n"
-        "  --max-body-bytes N             larger request bodies get 413 (default 8388608)\n"
-        "  --drain-timeout S              on SIGTERM, wait this long for requests (default 60)\n"
-        "  --idle-timeout S               close a connection that sends nothing for S seconds\n"
-        "                                 while its request is read (default 120); a request\n"
-        "                                 that is queued or generating is never timed out\n");
-    cli_print_fp8_layers_help(out, 33);
-    cli_print_kv_cache_dtype_help(out, 33);
+static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
+    fprintf(out, "usage: gptoss serve (-m DIR | --random-weights SHAPE) [options]\n\n"
+                 "Serves the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions,\n"
+                 "POST /v1/completions, GET /v1/models, GET /health, GET /metrics (Prometheus).\n\n"
+                 "options:\n");
+    cli_print_options(out, groups, n_groups, 33);
 }
 
 static void print_progress(void *user, const char *what, double fraction) {
@@ -81,88 +50,160 @@ static const char *kv_format(const gptoss_backend_options *bo) {
 }
 
 int gptoss_cmd_serve(int argc, char **argv) {
-    const char *model_dir = NULL, *backend_name = NULL, *served_name = NULL, *shape = NULL,
-               *tokenizer_path = NULL;
+    const char *served_name = NULL, *shape = NULL, *tokenizer_path = NULL;
     gptoss_server_options so = gptoss_server_options_default();
-    int64_t threads = 0, max_num_seqs = 0, max_batched = 2048, kv_blocks = 0, max_queue = 1024,
+    int64_t max_num_seqs = 0, max_batched = 2048, kv_blocks = 0, max_queue = 1024,
             max_body = (int64_t)so.max_body_bytes, port = so.port, drain_s = 60, max_model_len = 0,
             idle_s = so.connection_timeout_s, admit_headroom = -1;
     double memory_fraction = 0;
-    uint32_t fp8_layers = 0;
-    gptoss_kv_cache_dtype kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
-    bool prefix_cache = true;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool v = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help(stdout);
-            return 0;
-        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v)
-            model_dir = argv[++i];
-        else if (!strcmp(a, "--random-weights") && v)
-            shape = argv[++i];
-        else if (!strcmp(a, "--tokenizer") && v)
-            tokenizer_path = argv[++i];
-        else if (!strcmp(a, "--host") && v)
-            so.host = argv[++i];
-        else if (!strcmp(a, "--api-key") && v)
-            so.api_key = argv[++i];
-        else if (!strcmp(a, "--served-model-name") && v)
-            served_name = argv[++i];
-        else if (!strcmp(a, "--backend") && v)
-            backend_name = argv[++i];
-        else if (!strcmp(a, "--no-prefix-cache"))
-            prefix_cache = false;
-        else if (!strcmp(a, "--port") && v) {
-            if (!cli_parse_i64(argv[++i], 0, 65535, &port))
-                return cli_usage_error("serve", "--port needs an integer in [0, 65535]");
-        } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && v) {
-            if (!cli_parse_i64(argv[++i], 1, 4096, &threads))
-                return cli_usage_error("serve", "--threads needs an integer in [1, 4096]");
-        } else if (!strcmp(a, "--max-num-seqs") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 4096, &max_num_seqs))
-                return cli_usage_error("serve", "--max-num-seqs needs an integer in [1, 4096]");
-        } else if (!strcmp(a, "--max-num-batched-tokens") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &max_batched))
-                return cli_usage_error("serve",
-                                       "--max-num-batched-tokens needs an integer in [1, 1048576]");
-        } else if (!strcmp(a, "--max-model-len") && v) {
-            if (!cli_parse_i64(argv[++i], 2, 1 << 24, &max_model_len))
-                return cli_usage_error("serve", "--max-model-len needs an integer >= 2");
-        } else if (!strcmp(a, "--kv-blocks") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 24, &kv_blocks))
-                return cli_usage_error("serve", "--kv-blocks needs a positive integer");
-        } else if (!strcmp(a, "--max-queue") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 1 << 20, &max_queue))
-                return cli_usage_error("serve", "--max-queue needs an integer in [1, 1048576]");
-        } else if (!strcmp(a, "--max-body-bytes") && v) {
-            if (!cli_parse_i64(argv[++i], 64, (int64_t)1 << 32, &max_body))
-                return cli_usage_error("serve",
-                                       "--max-body-bytes needs an integer in [64, 4294967296]");
-        } else if (!strcmp(a, "--drain-timeout") && v) {
-            if (!cli_parse_i64(argv[++i], 0, 86400, &drain_s))
-                return cli_usage_error("serve", "--drain-timeout needs seconds in [0, 86400]");
-        } else if (!strcmp(a, "--idle-timeout") && v) {
-            if (!cli_parse_i64(argv[++i], 1, 86400, &idle_s))
-                return cli_usage_error("serve", "--idle-timeout needs seconds in [1, 86400]");
-        } else if (!strcmp(a, "--fp8-layers") && v) {
-            if (!cli_parse_fp8_layers(argv[++i], &fp8_layers))
-                return cli_fp8_layers_usage_error("serve", argv[i]);
-        } else if (!strcmp(a, "--kv-cache-dtype") && v) {
-            if (!cli_parse_kv_cache_dtype(argv[++i], &kv_cache_dtype))
-                return cli_kv_cache_dtype_usage_error("serve", argv[i]);
-        } else if (!strcmp(a, "--admit-headroom") && v) { /* measurements; not in --help */
-            if (!cli_parse_i64(argv[++i], 0, 4096, &admit_headroom))
-                return cli_usage_error("serve", "--admit-headroom needs an integer in [0, 4096]");
-        } else if (!strcmp(a, "--gpu-memory-utilization") && v) {
-            char *end = NULL;
-            memory_fraction = strtod(argv[++i], &end);
-            if (!end || *end || !(memory_fraction > 0 && memory_fraction <= 1))
-                return cli_usage_error("serve",
-                                       "--gpu-memory-utilization needs a fraction in (0, 1]");
-        } else
-            return cli_usage_error("serve", "unknown or incomplete option '%s'", a);
+    bool no_prefix_cache = false;
+    cli_model_options mo = cli_model_options_default();
+    cli_option shared[CLI_MODEL_N_OPTIONS];
+    cli_model_option_table(&mo, shared);
+    shared[0].help = "Hugging Face gpt-oss folder (make a tiny one with\n"
+                     "`gptoss make-model --preset tiny -o DIR`)";
+    const cli_option own[] = {
+        {.name = "tokenizer",
+         .kind = CLI_STRING,
+         .target = &tokenizer_path,
+         .value = "PATH",
+         .help = "tokenizer.json or its folder (default: the model's;\n"
+                 "with --random-weights: the installed gpt-oss one)"},
+        {.name = "host",
+         .kind = CLI_STRING,
+         .target = &so.host,
+         .value = "ADDR",
+         .help = "listen address (default 127.0.0.1)"},
+        {.name = "port",
+         .kind = CLI_INT,
+         .target = &port,
+         .value = "N",
+         .lo = 0,
+         .hi = 65535,
+         .help = "listen port (default 8000; 0 = any free port)",
+         .error = "--port needs an integer in [0, 65535]"},
+        {.name = "api-key",
+         .kind = CLI_STRING,
+         .target = &so.api_key,
+         .value = "KEY",
+         .help = "require 'Authorization: Bearer KEY' on /v1/*"},
+        {.name = "served-model-name",
+         .kind = CLI_STRING,
+         .target = &served_name,
+         .value = "NAME",
+         .help = "model id clients use (default: the folder's name)"},
+        {.name = "max-num-seqs",
+         .kind = CLI_INT,
+         .target = &max_num_seqs,
+         .value = "N",
+         .lo = 1,
+         .hi = 4096,
+         .help = "sequences per engine step (default 1024 on CUDA, 64 on CPU)",
+         .error = "--max-num-seqs needs an integer in [1, 4096]"},
+        {.name = "max-num-batched-tokens",
+         .kind = CLI_INT,
+         .target = &max_batched,
+         .value = "N",
+         .lo = 1,
+         .hi = 1 << 20,
+         .help = "new tokens per engine step (default 2048)",
+         .error = "--max-num-batched-tokens needs an integer in [1, 1048576]"},
+        {.name = "max-model-len",
+         .kind = CLI_INT,
+         .target = &max_model_len,
+         .value = "N",
+         .lo = 2,
+         .hi = 1 << 24,
+         .help = "prompt + generated tokens per sequence (default: model's)",
+         .error = "--max-model-len needs an integer >= 2"},
+        {.name = "kv-blocks",
+         .kind = CLI_INT,
+         .target = &kv_blocks,
+         .value = "N",
+         .lo = 1,
+         .hi = 1 << 24,
+         .help = "KV pages of 16 tokens (default: CUDA fills the memory\n"
+                 "fraction below; CPU takes as many as fit 4 GiB)",
+         .error = "--kv-blocks needs a positive integer"},
+        {.name = "gpu-memory-utilization",
+         .kind = CLI_DOUBLE,
+         .target = &memory_fraction,
+         .value = "F",
+         .dlo = 0,
+         .dhi = 1,
+         .lo_open = true,
+         .help = "size the KV cache so F (0-1] of the GPU's memory is in\n"
+                 "use, other processes included (default 0.95; CPU\n"
+                 "backend: half of F of RAM)",
+         .error = "--gpu-memory-utilization needs a fraction in (0, 1]"},
+        {.name = "no-prefix-cache",
+         .kind = CLI_FLAG,
+         .target = &no_prefix_cache,
+         .help = "do not reuse KV blocks across requests"},
+        {.name = "max-queue",
+         .kind = CLI_INT,
+         .target = &max_queue,
+         .value = "N",
+         .lo = 1,
+         .hi = 1 << 20,
+         .help = "waiting requests before 429 (default 1024)",
+         .error = "--max-queue needs an integer in [1, 1048576]"},
+        {.name = "max-body-bytes",
+         .kind = CLI_INT,
+         .target = &max_body,
+         .value = "N",
+         .lo = 64,
+         .hi = (int64_t)1 << 32,
+         .help = "larger request bodies get 413 (default 8388608)",
+         .error = "--max-body-bytes needs an integer in [64, 4294967296]"},
+        {.name = "drain-timeout",
+         .kind = CLI_INT,
+         .target = &drain_s,
+         .value = "S",
+         .lo = 0,
+         .hi = 86400,
+         .help = "on SIGTERM, wait this long for requests (default 60)",
+         .error = "--drain-timeout needs seconds in [0, 86400]"},
+        {.name = "idle-timeout",
+         .kind = CLI_INT,
+         .target = &idle_s,
+         .value = "S",
+         .lo = 1,
+         .hi = 86400,
+         .help = "close a connection that sends nothing for S seconds\n"
+                 "while its request is read (default 120); a request\n"
+                 "that is queued or generating is never timed out",
+         .error = "--idle-timeout needs seconds in [1, 86400]"},
+        {.name = "random-weights",
+         .kind = CLI_STRING,
+         .target = &shape,
+         .value = "SHAPE",
+         .help = "CUDA: serve random weights of a shape (20b, 120b, tiny\n"
+                 "or a config.json) generated on the GPU, for load tests"},
+        {.name = "admit-headroom",
+         .kind = CLI_INT,
+         .target = &admit_headroom,
+         .value = "N",
+         .lo = 0,
+         .hi = 4096,
+         .error = "--admit-headroom needs an integer in [0, 4096]",
+         .hidden = true},
+    };
+    size_t n_own = sizeof own / sizeof own[0]; /* the last 2: load tests and measurements */
+    const cli_option_group groups[] = {{shared, 1, NULL},
+                                       {own, n_own - 2, NULL},
+                                       {shared + 1, CLI_MODEL_N_OPTIONS - 1, NULL},
+                                       {own + n_own - 2, 2, "\ntesting and measurement:\n"}};
+    size_t n_groups = sizeof groups / sizeof groups[0];
+    bool want_help;
+    int usage = cli_parse_options("serve", argc, argv, groups, n_groups, &want_help);
+    if (usage) return usage;
+    if (want_help) {
+        help(stdout, groups, n_groups);
+        return 0;
     }
+    const char *model_dir = mo.model_dir;
+    bool prefix_cache = !no_prefix_cache;
     if (!model_dir == !shape)
         return cli_usage_error(
             "serve",
@@ -178,18 +219,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
         return cli_usage_error(
             "serve", "GPTOSS_ADMIT_HEADROOM needs an integer in [0, 4096], not '%s'", headroom_env);
     gptoss_backend_options bo = gptoss_backend_options_default();
-    bo.kind = gptoss_has_cuda() ? GPTOSS_BACKEND_CUDA : GPTOSS_BACKEND_CPU;
-    if (backend_name) {
-        if (!strcmp(backend_name, "cpu"))
-            bo.kind = GPTOSS_BACKEND_CPU;
-        else if (!strcmp(backend_name, "cuda"))
-            bo.kind = GPTOSS_BACKEND_CUDA;
-        else
-            return cli_usage_error("serve", "--backend must be cpu or cuda");
-    }
-    if (cli_check_fp8_layers("serve", fp8_layers, bo.kind)) return 2;
-    bo.fp8_layers = fp8_layers;
-    bo.kv_cache_dtype = kv_cache_dtype;
+    if (cli_model_options_apply("serve", &mo, &bo)) return 2;
     if (shape && bo.kind != GPTOSS_BACKEND_CUDA)
         return cli_usage_error("serve",
                                "--random-weights needs the CUDA backend; on the CPU, write "
@@ -274,7 +304,6 @@ int gptoss_cmd_serve(int argc, char **argv) {
                                       .max_num_seqs = (int32_t)max_num_seqs,
                                       .max_num_batched_tokens = (int32_t)max_batched};
     if (gptoss_kv_plan_serve(c, &kv_plan, &bo, &err) != GPTOSS_OK) goto fail;
-    bo.n_threads = (int32_t)threads;
     bo.progress = print_progress;
     if (model) {
         if (gptoss_backend_create(model, &bo, &backend, &err) != GPTOSS_OK) goto fail;
@@ -308,10 +337,10 @@ int gptoss_cmd_serve(int argc, char **argv) {
     if (bo.kv_shared_pages)
         GPTOSS_LOG_I("serve", "KV pages shared by the full and sliding layers: a sequence's window "
                               "takes pages from the same pool as its context");
-    if (fp8_layers) {
+    if (mo.fp8_layers) {
         char names[64];
         GPTOSS_LOG_I("serve", "dense layers in FP8 (e4m3, row scales): %s",
-                     cli_fp8_layers_name(fp8_layers, names, sizeof names));
+                     cli_fp8_layers_name(mo.fp8_layers, names, sizeof names));
     }
     GPTOSS_LOG_I("serve", "ready in %.1f s: model '%s' at http://%s:%d/v1",
                  gptoss_now_seconds() - t0, served_name, so.host, gptoss_server_port(server));

@@ -6,6 +6,7 @@
  * Must not: tokenize by itself; everything goes through tokenizer/tokenizer.h.
  */
 #include "cli.h"
+#include "options.h"
 
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -15,38 +16,31 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char tokenize_help[] =
+static const char tokenize_usage[] =
     "usage: gptoss tokenize [-m DIR | --tokenizer FILE] [--special] [--json] [--bench]\n"
     "\n"
     "Reads text (UTF-8; any bytes are accepted) from stdin and prints its o200k_harmony token\n"
     "ids, space-separated on one line.\n"
     "\n"
-    "options:\n"
-    "  -m, --model DIR        model folder; its tokenizer.json is used\n"
-    "  -t, --tokenizer FILE   a tokenizer.json file\n"
-    "  -s, --special          parse special tokens such as <|start|> into their ids\n"
-    "                         (default: they are ordinary text, as harmony renders user text)\n"
-    "  -j, --json             print a JSON array instead\n"
-    "      --bench            do not print ids: encode the input repeatedly for about 2 s and\n"
-    "                         report load time, tokens and throughput in MB/s (one thread)\n"
+    "options:\n";
+
+static const char tokenize_examples[] =
     "  -h, --help             this text\n"
     "\n"
     "examples:\n"
     "  echo -n 'hello world' | gptoss tokenize -m ~/models/gpt-oss-20b     -> 24912 2375\n"
     "  printf '<|start|>user' | gptoss tokenize -t tokenizer.json --special  -> 200006 1428\n";
 
-static const char detokenize_help[] =
+static const char detokenize_usage[] =
     "usage: gptoss detokenize [-m DIR | --tokenizer FILE] [--json]\n"
     "\n"
     "Reads token ids from stdin, either separated by whitespace and/or commas or as a JSON\n"
     "array, and writes the bytes they decode to to stdout (special tokens as their text).\n"
     "An unknown id or anything that is not an id is an error; nothing is written then.\n"
     "\n"
-    "options:\n"
-    "  -m, --model DIR        model folder; its tokenizer.json is used\n"
-    "  -t, --tokenizer FILE   a tokenizer.json file\n"
-    "  -j, --json             print the text as a JSON string (bytes that are not valid UTF-8\n"
-    "                         become U+FFFD, since JSON text must be Unicode)\n"
+    "options:\n";
+
+static const char detokenize_example[] =
     "  -h, --help             this text\n"
     "\n"
     "example:\n"
@@ -60,31 +54,55 @@ typedef struct tok_options {
     bool bench;                 /* --bench */
 } tok_options;
 
-/* Returns -1 to continue, or the exit status to return now. */
+/* Returns -1 to continue, or the exit status to return now. Here -t is --tokenizer: these
+ * commands load no model, so they do not take the model group's -t, --threads. */
 static int parse_options(const char *cmd, int argc, char **argv, bool is_tokenize,
                          tok_options *opt) {
     memset(opt, 0, sizeof *opt);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(is_tokenize ? tokenize_help : detokenize_help, stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (++i >= argc) return cli_usage_error(cmd, "%s needs a model folder", a);
-            opt->model_dir = argv[i];
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--tokenizer")) {
-            if (++i >= argc) return cli_usage_error(cmd, "%s needs a tokenizer.json path", a);
-            opt->tokenizer_path = argv[i];
-        } else if (!strcmp(a, "-j") || !strcmp(a, "--json")) {
-            opt->json = true;
-        } else if (is_tokenize && (!strcmp(a, "-s") || !strcmp(a, "--special"))) {
-            opt->special = true;
-        } else if (is_tokenize && !strcmp(a, "--bench")) {
-            opt->bench = true;
-        } else {
-            return cli_usage_error(cmd, "unknown option '%s'", a);
-        }
+    cli_model_options mo = cli_model_options_default();
+    cli_option shared[CLI_MODEL_N_OPTIONS];
+    cli_model_option_table(&mo, shared);
+    shared[0].help = "model folder; its tokenizer.json is used";
+    shared[0].needs = "a model folder";
+    const cli_option own[] = {
+        {.name = "tokenizer",
+         .short_name = 't',
+         .kind = CLI_STRING,
+         .target = &opt->tokenizer_path,
+         .value = "FILE",
+         .help = "a tokenizer.json file",
+         .needs = "a tokenizer.json path"},
+        {.name = "json",
+         .short_name = 'j',
+         .kind = CLI_FLAG,
+         .target = &opt->json,
+         .help = is_tokenize ? "print a JSON array instead"
+                             : "print the text as a JSON string (bytes that are not valid UTF-8\n"
+                               "become U+FFFD, since JSON text must be Unicode)"},
+        {.name = "special",
+         .short_name = 's',
+         .kind = CLI_FLAG,
+         .target = &opt->special,
+         .help = "parse special tokens such as <|start|> into their ids\n"
+                 "(default: they are ordinary text, as harmony renders user text)"},
+        {.name = "bench",
+         .kind = CLI_FLAG,
+         .target = &opt->bench,
+         .help = "do not print ids: encode the input repeatedly for about 2 s and\n"
+                 "report load time, tokens and throughput in MB/s (one thread)"},
+    };
+    /* detokenize takes neither --special nor --bench. */
+    const cli_option_group groups[] = {{shared, 1, NULL}, {own, is_tokenize ? 4u : 2u, NULL}};
+    bool want_help;
+    int rc = cli_parse_options(cmd, argc, argv, groups, 2, &want_help);
+    if (rc) return rc;
+    if (want_help) {
+        fputs(is_tokenize ? tokenize_usage : detokenize_usage, stdout);
+        cli_print_options(stdout, groups, 2, 25);
+        fputs(is_tokenize ? tokenize_examples : detokenize_example, stdout);
+        return 0;
     }
+    opt->model_dir = mo.model_dir;
     if (opt->model_dir && opt->tokenizer_path)
         return cli_usage_error(cmd, "give either -m DIR or --tokenizer FILE, not both");
     if (!opt->model_dir && !opt->tokenizer_path)

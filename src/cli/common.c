@@ -2,6 +2,7 @@
  * common.c - helpers shared by the subcommands (see cli.h).
  */
 #include "cli.h"
+#include "options.h"
 
 #include "model/config.h"
 #include "util/clock.h"
@@ -228,29 +229,8 @@ int cli_check_fp8_layers(const char *cmd, uint32_t mask, gptoss_backend_kind kin
         gptoss_has_cuda() ? "" : " in a build with CUDA");
 }
 
-/* One option's help: the label, then its text from `column` (on the label's line when the
- * label fits before it, else on the lines below). */
-static void print_option_help(FILE *out, int column, const char *label, const char *const *lines,
-                              size_t n) {
-    size_t first = 0;
-    if ((int)strlen(label) + 3 > column)
-        fprintf(out, "  %s\n", label);
-    else
-        fprintf(out, "  %-*s%s\n", column - 2, label, lines[first++]);
-    for (size_t i = first; i < n; i++)
-        fprintf(out, "%*s%s\n", column, "", lines[i]);
-}
-
 void cli_print_fp8_layers_help(FILE *out, int column) {
-    static const char *const lines[] = {
-        "CUDA: hold these dense layers in FP8 (e4m3 weights,",
-        "one fp32 scale per output row): qkv, o, lm_head",
-        "(comma-separated), all or none (default none). Decode",
-        "reads half their bytes; logits move by a few percent;",
-        "steps of over 16 tokens decode the rows to bf16 first",
-        "(slower prefill). Refused with the CPU backend.",
-    };
-    print_option_help(out, column, "--fp8-layers LIST", lines, sizeof lines / sizeof lines[0]);
+    cli_print_option_help(out, column, "--fp8-layers LIST", cli_fp8_layers_help);
 }
 
 bool cli_parse_kv_cache_dtype(const char *text, gptoss_kv_cache_dtype *dtype) {
@@ -269,13 +249,5 @@ int cli_kv_cache_dtype_usage_error(const char *cmd, const char *value) {
 }
 
 void cli_print_kv_cache_dtype_help(FILE *out, int column) {
-    static const char *const lines[] = {
-        "KV cache format: bf16 (default) or fp8 (e4m3 values",
-        "with one fp32 scale per token and KV head): about",
-        "twice the tokens in the same memory; each K and V",
-        "value moves by up to 2^-4 of itself. The CPU backend",
-        "emulates fp8 (same values, fp32 pages).",
-    };
-    print_option_help(out, column, "--kv-cache-dtype bf16|fp8", lines,
-                      sizeof lines / sizeof lines[0]);
+    cli_print_option_help(out, column, "--kv-cache-dtype bf16|fp8", cli_kv_cache_dtype_help);
 }

@@ -1,0 +1,248 @@
+/*
+ * options.c - the table-driven option parser and the shared model and backend group (see
+ * options.h).
+ */
+#include "options.h"
+
+#include "cli.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char cli_fp8_layers_help[] = "CUDA: hold these dense layers in FP8 (e4m3 weights,\n"
+                                   "one fp32 scale per output row): qkv, o, lm_head\n"
+                                   "(comma-separated), all or none (default none). Decode\n"
+                                   "reads half their bytes; logits move by a few percent;\n"
+                                   "steps of over 16 tokens decode the rows to bf16 first\n"
+                                   "(slower prefill). Refused with the CPU backend.";
+
+const char cli_kv_cache_dtype_help[] = "KV cache format: bf16 (default) or fp8 (e4m3 values\n"
+                                       "with one fp32 scale per token and KV head): about\n"
+                                       "twice the tokens in the same memory; each K and V\n"
+                                       "value moves by up to 2^-4 of itself. The CPU backend\n"
+                                       "emulates fp8 (same values, fp32 pages).";
+
+static const cli_option *find_long(const cli_option_group *groups, size_t n_groups,
+                                   const char *name) {
+    for (size_t g = 0; g < n_groups; g++)
+        for (size_t i = 0; i < groups[g].n_options; i++)
+            if (!strcmp(groups[g].options[i].name, name)) return &groups[g].options[i];
+    return NULL;
+}
+
+static const cli_option *find_short(const cli_option_group *groups, size_t n_groups, char c) {
+    for (size_t g = 0; g < n_groups; g++)
+        for (size_t i = 0; i < groups[g].n_options; i++)
+            if (groups[g].options[i].short_name == c) return &groups[g].options[i];
+    return NULL;
+}
+
+static bool parse_double(const char *text, double *out) {
+    if (!*text) return false;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || *end) return false;
+    *out = v;
+    return true;
+}
+
+/* The usage error of a bad value: the option's own message, else one from its bounds. */
+static int bad_value(const char *cmd, const cli_option *o, const char *value) {
+    if (o->error) return cli_usage_error(cmd, "%s", o->error);
+    switch (o->kind) {
+    case CLI_INT:
+        return cli_usage_error(cmd, "--%s needs an integer in [%lld, %lld], not '%s'", o->name,
+                               (long long)o->lo, (long long)o->hi, value);
+    case CLI_DOUBLE:
+        return cli_usage_error(cmd, "--%s needs a number in %c%g, %g], not '%s'", o->name,
+                               o->lo_open ? '(' : '[', o->dlo, o->dhi, value);
+    default: {
+        char list[256] = "";
+        size_t used = 0;
+        for (size_t i = 0; o->choices && o->choices[i] && used < sizeof list; i++)
+            used += (size_t)snprintf(list + used, sizeof list - used, "%s%s",
+                                     i == 0              ? ""
+                                     : o->choices[i + 1] ? ", "
+                                                         : " or ",
+                                     o->choices[i]);
+        return cli_usage_error(cmd, "--%s must be %s, not '%s'", o->name, list, value);
+    }
+    }
+}
+
+static int set_value(const char *cmd, const cli_option *o, const char *value) {
+    switch (o->kind) {
+    case CLI_FLAG:
+        *(bool *)o->target = true;
+        return 0;
+    case CLI_STRING:
+        *(const char **)o->target = value;
+        return 0;
+    case CLI_INT: {
+        int64_t v;
+        if (!cli_parse_i64(value, o->lo, o->hi, &v)) return bad_value(cmd, o, value);
+        *(int64_t *)o->target = v;
+        return 0;
+    }
+    case CLI_DOUBLE: {
+        double v;
+        /* NaN fails both comparisons, so it is refused with the out-of-range values. */
+        if (!parse_double(value, &v) || !(o->lo_open ? v > o->dlo : v >= o->dlo) || !(v <= o->dhi))
+            return bad_value(cmd, o, value);
+        *(double *)o->target = v;
+        return 0;
+    }
+    case CLI_ENUM:
+        for (int i = 0; o->choices[i]; i++)
+            if (!strcmp(o->choices[i], value)) {
+                *(int *)o->target = i;
+                return 0;
+            }
+        return bad_value(cmd, o, value);
+    case CLI_CUSTOM:
+        return o->parse(cmd, value, o->target);
+    }
+    return bad_value(cmd, o, value);
+}
+
+int cli_parse_options(const char *cmd, int argc, char **argv, const cli_option_group *groups,
+                      size_t n_groups, bool *help) {
+    *help = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            *help = true;
+            return 0;
+        }
+        const cli_option *o = NULL;
+        if (a[0] == '-' && a[1] == '-' && a[2])
+            o = find_long(groups, n_groups, a + 2);
+        else if (a[0] == '-' && a[1] && !a[2])
+            o = find_short(groups, n_groups, a[1]);
+        if (!o) return cli_usage_error(cmd, "unknown option '%s'", a);
+        const char *value = NULL;
+        if (o->kind != CLI_FLAG) {
+            if (i + 1 >= argc)
+                return cli_usage_error(cmd, "%s needs %s", a, o->needs ? o->needs : "a value");
+            value = argv[++i];
+        }
+        int rc = set_value(cmd, o, value);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+void cli_print_option_help(FILE *out, int column, const char *label, const char *text) {
+    bool first = (int)strlen(label) + 3 <= column;
+    if (!first) fprintf(out, "  %s\n", label);
+    for (const char *p = text; *p;) {
+        size_t len = strcspn(p, "\n");
+        if (first)
+            fprintf(out, "  %-*s%.*s\n", column - 2, label, (int)len, p);
+        else
+            fprintf(out, "%*s%.*s\n", column, "", (int)len, p);
+        first = false;
+        p += len;
+        if (*p) p++;
+    }
+    if (first) fprintf(out, "  %s\n", label); /* no text */
+}
+
+void cli_print_options(FILE *out, const cli_option_group *groups, size_t n_groups, int column) {
+    for (size_t g = 0; g < n_groups; g++) {
+        if (groups[g].heading) fputs(groups[g].heading, out);
+        for (size_t i = 0; i < groups[g].n_options; i++) {
+            const cli_option *o = &groups[g].options[i];
+            if (o->hidden) continue;
+            char label[160], value[96] = "";
+            if (o->kind == CLI_ENUM) {
+                size_t used = 0;
+                for (size_t c = 0; o->choices[c] && used < sizeof value; c++)
+                    used += (size_t)snprintf(value + used, sizeof value - used, "%s%s",
+                                             c ? "|" : "", o->choices[c]);
+            } else if (o->kind != CLI_FLAG)
+                snprintf(value, sizeof value, "%s", o->value ? o->value : "VALUE");
+            if (o->short_name)
+                snprintf(label, sizeof label, "-%c, --%s%s%s", o->short_name, o->name,
+                         *value ? " " : "", value);
+            else
+                snprintf(label, sizeof label, "--%s%s%s", o->name, *value ? " " : "", value);
+            cli_print_option_help(out, column, label, o->help ? o->help : "");
+        }
+    }
+}
+
+static int parse_fp8_layers(const char *cmd, const char *value, void *target) {
+    return cli_parse_fp8_layers(value, target) ? 0 : cli_fp8_layers_usage_error(cmd, value);
+}
+
+static int parse_kv_cache_dtype(const char *cmd, const char *value, void *target) {
+    return cli_parse_kv_cache_dtype(value, target) ? 0 : cli_kv_cache_dtype_usage_error(cmd, value);
+}
+
+static const char *const backend_names[] = {"cpu", "cuda", NULL};
+
+cli_model_options cli_model_options_default(void) {
+    return (cli_model_options){.backend = -1, .kv_cache_dtype = GPTOSS_KV_CACHE_BF16};
+}
+
+void cli_model_option_table(cli_model_options *m, cli_option table[CLI_MODEL_N_OPTIONS]) {
+    table[0] = (cli_option){
+        .name = "model",
+        .short_name = 'm',
+        .kind = CLI_STRING,
+        .target = &m->model_dir,
+        .value = "DIR",
+        .help = "Hugging Face gpt-oss folder (config.json, tokenizer.json,\nsafetensors)"};
+    table[1] = (cli_option){.name = "backend",
+                            .kind = CLI_ENUM,
+                            .target = &m->backend,
+                            .choices = backend_names,
+                            .help = "compute backend (default: cuda when built with it, else cpu)",
+                            .error = "--backend must be cpu or cuda"};
+    table[2] = (cli_option){.name = "threads",
+                            .short_name = 't',
+                            .kind = CLI_INT,
+                            .target = &m->threads,
+                            .value = "N",
+                            .lo = 1,
+                            .hi = 4096,
+                            .help = "CPU threads (default: all cores)",
+                            .error = "--threads needs a positive integer"};
+    table[3] = (cli_option){.name = "device",
+                            .kind = CLI_INT,
+                            .target = &m->device,
+                            .value = "N",
+                            .lo = 0,
+                            .hi = 64,
+                            .help = "CUDA device (default 0)",
+                            .error = "--device needs an ordinal"};
+    table[4] = (cli_option){.name = "fp8-layers",
+                            .kind = CLI_CUSTOM,
+                            .target = &m->fp8_layers,
+                            .value = "LIST",
+                            .parse = parse_fp8_layers,
+                            .help = cli_fp8_layers_help};
+    table[5] = (cli_option){.name = "kv-cache-dtype",
+                            .kind = CLI_CUSTOM,
+                            .target = &m->kv_cache_dtype,
+                            .value = "bf16|fp8",
+                            .parse = parse_kv_cache_dtype,
+                            .help = cli_kv_cache_dtype_help};
+}
+
+int cli_model_options_apply(const char *cmd, const cli_model_options *m,
+                            gptoss_backend_options *bo) {
+    if (m->backend < 0)
+        bo->kind = gptoss_has_cuda() ? GPTOSS_BACKEND_CUDA : GPTOSS_BACKEND_CPU;
+    else
+        bo->kind = m->backend == 1 ? GPTOSS_BACKEND_CUDA : GPTOSS_BACKEND_CPU;
+    if (cli_check_fp8_layers(cmd, m->fp8_layers, bo->kind)) return 2;
+    bo->n_threads = (int32_t)m->threads;
+    bo->device = (int32_t)m->device;
+    bo->fp8_layers = m->fp8_layers;
+    bo->kv_cache_dtype = m->kv_cache_dtype;
+    return 0;
+}
