@@ -39,9 +39,6 @@ bool cli_parse_i64(const char *text, int64_t lo, int64_t hi, int64_t *out);
 /* Parses a list of token ids separated by spaces and/or commas into a malloc'd array. */
 bool cli_parse_token_list(const char *text, int32_t **ids, int32_t *n);
 
-/* Seconds since an arbitrary epoch (monotonic clock). */
-double cli_now_seconds(void);
-
 /* Whether stderr is a terminal (progress bars are drawn only then). */
 bool cli_stderr_is_tty(void);
 

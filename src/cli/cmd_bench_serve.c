@@ -16,6 +16,7 @@
 
 #include "server/http_client.h"
 #include "tokenizer/tokenizer.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -151,7 +152,7 @@ static void on_event(stream_parse *p, const char *data) {
     if (!strcmp(data, "[DONE]")) return;
     json_t *j = json_loads(data, 0, NULL);
     if (!j) return;
-    double now = cli_now_seconds();
+    double now = gptoss_now_seconds();
     json_t *usage = json_object_get(j, "usage");
     if (json_is_object(usage)) {
         json_t *ct = json_object_get(usage, "completion_tokens"),
@@ -261,11 +262,11 @@ static void run_one(bench *b, int32_t i) {
     p->res = r, p->chat = b->chat;
     r->prompt_tokens = w->input_len;
     gptoss_error err = {0};
-    r->start = cli_now_seconds();
+    r->start = gptoss_now_seconds();
     gptoss_status st = gptoss_http_request(
         &b->url, "POST", b->chat ? "/v1/chat/completions" : "/v1/completions", b->api_key, body,
         strlen(body), b->timeout_ms, &r->status, on_stream_bytes, p, &err);
-    r->end = cli_now_seconds();
+    r->end = gptoss_now_seconds();
     if (r->output_tokens == 0) r->output_tokens = p->chunks;
     if (st != GPTOSS_OK)
         snprintf(r->error, sizeof r->error, "%s", err.message);
@@ -892,7 +893,7 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
         if (levels_text && per_client > 0 && per_client * levels[run] < n_items_all)
             b.n_items = (int32_t)(per_client * levels[run]);
         char label[64];
-        double t0 = cli_now_seconds();
+        double t0 = gptoss_now_seconds();
         if (levels_text) {
             int32_t c = levels[run] < b.n_items ? levels[run] : b.n_items;
             if (levels[run] > b.n_items)
@@ -928,7 +929,7 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
                 if (live[i]) pthread_join(th[i], NULL);
             free(th), free(args), free(live);
         }
-        double duration = cli_now_seconds() - t0;
+        double duration = gptoss_now_seconds() - t0;
         json_t *o = report(&b, duration, label, (int32_t)gpus);
         if (levels_text)
             json_object_set_new(o, "concurrency", json_integer(levels[run]));

@@ -5,6 +5,7 @@
 #include "options.h"
 #include "model/config.h"
 #include "tools/checkpoint_writer.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -151,10 +152,10 @@ int gptoss_cmd_make_model(int argc, char **argv) {
         GPTOSS_LOG_I("make-model", "writing %.2f GB of weights to %s", (double)bytes / 1e9,
                      out_dir);
     }
-    double start = cli_now_seconds();
+    double start = gptoss_now_seconds();
     if (gptoss_checkpoint_write_random(&config, out_dir, &options, &err) != GPTOSS_OK)
         return cli_fail(&err);
-    double seconds = cli_now_seconds() - start;
+    double seconds = gptoss_now_seconds() - start;
     printf("wrote %s: %d layers, %d experts, %.3f B parameters, %.3f GB in %.1f s\n", out_dir,
            config.n_layers, config.n_experts, (double)gptoss_config_n_params(&config) / 1e9,
            (double)bytes / 1e9, seconds);

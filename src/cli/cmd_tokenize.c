@@ -9,6 +9,7 @@
 #include "options.h"
 
 #include "tokenizer/tokenizer.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 #include <errno.h>
@@ -157,18 +158,18 @@ static int run_bench(const gptoss_tokenizer *tok, const char *text, size_t len, 
                      double load_s) {
     gptoss_tokens ids = {0};
     gptoss_error err = {0};
-    double best = 1e30, start = cli_now_seconds();
+    double best = 1e30, start = gptoss_now_seconds();
     int runs = 0;
     size_t n_tokens = 0;
     /* At least 3 runs and about 2 s; the best run is reported (least disturbed by others). */
-    while (runs < 3 || cli_now_seconds() - start < 2.0) {
+    while (runs < 3 || gptoss_now_seconds() - start < 2.0) {
         ids.n = 0;
-        double t0 = cli_now_seconds();
+        double t0 = gptoss_now_seconds();
         if (gptoss_tokenizer_encode(tok, text, len, special, &ids, &err)) {
             gptoss_tokens_free(&ids);
             return cli_fail(&err);
         }
-        double dt = cli_now_seconds() - t0;
+        double dt = gptoss_now_seconds() - t0;
         if (dt < best) best = dt;
         n_tokens = ids.n;
         runs++;
@@ -188,9 +189,9 @@ int gptoss_cmd_tokenize(int argc, char **argv) {
     if (rc >= 0) return rc;
     gptoss_error err = {0};
     gptoss_tokenizer *tok = NULL;
-    double t0 = cli_now_seconds();
+    double t0 = gptoss_now_seconds();
     if (load_tokenizer(&opt, &tok, &err)) return cli_fail(&err);
-    double load_s = cli_now_seconds() - t0;
+    double load_s = gptoss_now_seconds() - t0;
     char *text = NULL;
     size_t len = 0;
     if (read_stdin(&text, &len, &err)) {

@@ -76,10 +76,6 @@ bool cli_parse_token_list(const char *text, int32_t **ids, int32_t *n) {
     return true;
 }
 
-double cli_now_seconds(void) {
-    return gptoss_now_seconds();
-}
-
 bool cli_stderr_is_tty(void) {
     return isatty(STDERR_FILENO) != 0;
 }
