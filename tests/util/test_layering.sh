@@ -25,9 +25,10 @@ tools: util format model
 backend: util model
 engine: util model backend
 tokenizer: util model/special_tokens.h
+structured: util tokenizer model/special_tokens.h
 chat: util tokenizer
-server: util tokenizer chat engine
-cli: util format model loader tools backend engine tokenizer chat server
+server: util tokenizer structured chat engine
+cli: util format model loader tools backend engine tokenizer structured chat server
 '
 
 # check SRC_DIR INCLUDE_DIR: prints each violation; exit 1 if any.
