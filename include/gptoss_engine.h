@@ -218,6 +218,10 @@ typedef struct gptoss_request_options {
     void *notify_user;
     gptoss_allowed_tokens_fn allowed_tokens; /* optional: every token allowed when NULL */
     void *allowed_tokens_user;
+    /* Optional: when the submit succeeds, the request owns allowed_tokens_user and calls this
+     * once it is freed (after the caller released it and the engine is done with it), so a
+     * callback never outlives its state. A refused submit leaves it to the caller. */
+    void (*allowed_tokens_free)(void *user);
 } gptoss_request_options;
 
 /* Queues a request. prompt: [n_prompt] token ids, copied. Refuses with a clear message:

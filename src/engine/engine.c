@@ -61,6 +61,7 @@ struct gptoss_request {
     float *bias_values;
     gptoss_allowed_tokens_fn allowed_tokens; /* optional constraint on each draw */
     void *allowed_tokens_user;
+    void (*allowed_tokens_free)(void *user); /* owned once submitted: called by request_free */
     double *last_token_time; /* [n_choices] seconds, 0 = none yet */
     bool *choice_done;       /* [n_choices] finish event queued */
     int32_t n_done;
@@ -255,6 +256,7 @@ static gptoss_status validate_options(const gptoss_engine_options *o, gptoss_err
 
 static void request_free(gptoss_request *r) {
     if (!r) return;
+    if (r->allowed_tokens_free) r->allowed_tokens_free(r->allowed_tokens_user);
     for (int32_t i = 0; r->seqs && i < r->n_choices; i++)
         gptoss_seq_free(r->seqs[i]);
     pthread_mutex_destroy(&r->mutex);
@@ -1289,6 +1291,9 @@ gptoss_status gptoss_engine_submit(gptoss_engine *e, const int32_t *prompt, int3
     e->inbox_tail = r;
     e->n_live++;
     e->n_queued++;
+    /* From here on the request owns the constraint; before, a refused submit left it to the
+     * caller. */
+    if (request_options) r->allowed_tokens_free = request_options->allowed_tokens_free;
     pthread_cond_signal(&e->wake);
     pthread_mutex_unlock(&e->mutex);
     *out = r;

@@ -8,6 +8,8 @@
  */
 #include "server/api_call.h"
 
+#include "server/output_constraint.h"
+
 #include "util/error.h"
 #include "util/log.h"
 
@@ -293,10 +295,12 @@ server_reply api_call_serve(gptoss_server *s, const server_request *http,
         return server_error(500, "server_error", NULL, NULL, "out of event descriptors");
     }
     gptoss_request_options ro = {.notify = waiter_notify, .notify_user = w};
+    if (params->constraint) output_constraint_bind(params->constraint, &ro);
     gptoss_request *request = NULL;
     gptoss_error err = {0};
     gptoss_status st =
         gptoss_engine_submit(s->engine, prompt, n_prompt, &params->sampling, &ro, &request, &err);
+    if (st == GPTOSS_OK) params->constraint = NULL; /* the engine request owns it now */
     /* The engine copied the sampling arrays (logit_bias): params may go from here on. */
     if (st != GPTOSS_OK) {
         waiter_put(w);

@@ -8,6 +8,7 @@
 #include "server/request_params.h"
 
 #include "chat/chat_buf.h"
+#include "server/output_constraint.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -72,6 +73,8 @@ void request_params_free(request_params *p) {
     p->bias_tokens = NULL, p->bias_values = NULL;
     p->sampling.logit_bias_tokens = NULL, p->sampling.logit_bias_values = NULL;
     p->sampling.n_logit_bias = 0;
+    output_constraint_free(p->constraint);
+    p->constraint = NULL;
 }
 
 static bool parse_stop(const json_t *req, request_params *o, field_error *e) {

@@ -50,6 +50,9 @@ typedef struct request_params {
     int n_stops;
     int32_t *bias_tokens; /* logit_bias ids (malloc'd), [sampling.n_logit_bias] */
     float *bias_values;   /* their biases */
+    /* Structured output (output_constraint.h), or NULL; handed to the engine request on submit,
+     * freed by request_params_free until then. */
+    struct output_constraint *constraint;
 } request_params;
 
 /* Reads the shared fields of `req`: stream, stream_options, temperature, top_p, top_k, min_p,
