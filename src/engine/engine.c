@@ -62,8 +62,8 @@ struct gptoss_request {
     gptoss_allowed_tokens_fn allowed_tokens; /* optional constraint on each draw */
     void *allowed_tokens_user;
     void (*allowed_tokens_free)(void *user); /* owned once submitted: called by request_free */
-    double *last_token_time; /* [n_choices] seconds, 0 = none yet */
-    bool *choice_done;       /* [n_choices] finish event queued */
+    double *last_token_time;                 /* [n_choices] seconds, 0 = none yet */
+    bool *choice_done;                       /* [n_choices] finish event queued */
     int32_t n_done;
     bool forked;       /* children of choice 0 created */
     bool started;      /* choice 0 admitted once */

@@ -255,8 +255,8 @@ server_reply server_chat_completions(gptoss_server *s, const server_request *htt
                          &present, &fe);
     if (ok && present) p->max_tokens = max_completion_tokens;
     ok = ok && request_params_finish(&params, vocab, &fe);
-    ok = ok && output_constraint_create(req, s->tokenizer, p->n, p->max_tokens, &params.constraint,
-                                        &fe);
+    ok = ok &&
+         output_constraint_create(req, s->tokenizer, p->n, p->max_tokens, &params.constraint, &fe);
     if (!ok) {
         request_params_free(&params);
         json_decref(req);

@@ -19,8 +19,9 @@ bool output_constraint_create(const json_t *request, const gptoss_tokenizer *tok
     if (format) {
         const json_t *type = json_is_object(format) ? json_object_get(format, "type") : NULL;
         if (!json_is_string(type))
-            return field_fail(e, "response_format", "response_format: expected an object with a "
-                                                    "string 'type'");
+            return field_fail(e, "response_format",
+                              "response_format: expected an object with a "
+                              "string 'type'");
         if (strcmp(json_string_value(type), "text") != 0)
             return field_fail(e, "response_format.type",
                               "response_format.type '%s' is not supported by this server",
@@ -34,4 +35,6 @@ void output_constraint_bind(output_constraint *c, gptoss_request_options *option
     (void)options; /* nothing to constrain yet: every request has c == NULL */
 }
 
-void output_constraint_free(output_constraint *c) { (void)c; }
+void output_constraint_free(output_constraint *c) {
+    (void)c;
+}
