@@ -10,6 +10,13 @@
  * engine must reproduce those tokens exactly when requests are batched with 30 others,
  * chunked, served from the prefix cache (also with the hash cut to 2 bits so every lookup
  * collides), and preempted for lack of KV; cancellation must give every page back.
+ *
+ * Batch invariance, sampled: a seeded request at temperature 1 with 20 top logprobs gets
+ * bitwise the same tokens, logprobs and alternatives alone, among 6 and among 255 other
+ * requests, with its prompt prefilled in one plan or in chunks of 5, 13 and 64 tokens, with
+ * its prefix served from the prefix cache or computed afresh, and on a second run. The
+ * reference is the same request alone in a fresh engine: the property under test is that
+ * nothing around a request changes a bit of what it gets.
  */
 #include "test_support.h"
 
@@ -261,11 +268,169 @@ static void test_preemption(void **state) {
     free(cases);
 }
 
+/* ---- batch invariance of sampled requests ------------------------------------------------- */
+
+#define INV_NEW 6
+#define INV_TOP 20
+
+typedef struct trace_ {
+    int32_t token[INV_NEW];
+    float logprob[INV_NEW];
+    int32_t top_id[INV_NEW][INV_TOP];
+    float top_lp[INV_NEW][INV_TOP];
+    int32_t n;
+} trace_;
+
+static void inv_params(gptoss_sampling_params *p, uint64_t seed) {
+    p->temperature = 1.0f;
+    p->max_tokens = INV_NEW;
+    p->ignore_eos = true;
+    p->has_seed = true;
+    p->seed = seed;
+    p->logprobs = true;
+    p->top_logprobs = INV_TOP;
+}
+
+/* Reads a request's events to its end; records its tokens into t (NULL: discards them). */
+static void inv_collect(gptoss_request *r, trace_ *t) {
+    gptoss_engine_event ev;
+    int rc;
+    while ((rc = gptoss_request_next_event(r, &ev, 120000)) == 1) {
+        if (!t || ev.token_id < 0) continue;
+        assert_true(t->n < INV_NEW);
+        assert_int_equal(ev.n_top_logprobs, INV_TOP);
+        t->token[t->n] = ev.token_id;
+        t->logprob[t->n] = ev.logprob;
+        for (int k = 0; k < INV_TOP; k++) {
+            t->top_id[t->n][k] = ev.top_logprobs[k].token_id;
+            t->top_lp[t->n][k] = ev.top_logprobs[k].logprob;
+        }
+        t->n++;
+    }
+    assert_int_equal(rc, -1);
+}
+
+typedef struct inv_run {
+    int32_t budget;    /* max_num_batched_tokens: prefill chunk size */
+    bool prefix_cache; /* on: each prompt is sent twice, the second served from the cache */
+} inv_run;
+
+#define WATCH_SEED 7777
+
+/* Runs prompts[0..n) at once (seed 1000 + i; WATCH_SEED for request `watch`) and records
+ * request `watch` (and, with the prefix cache, the same request submitted again alone once
+ * everything finished, its prefix then served from the cache). */
+static void inv_engine_run(int32_t (*prompts)[MAX_PROMPT], const int32_t *lens, int n, int watch,
+                           inv_run ro, trace_ *out, trace_ *out_cached) {
+    gptoss_backend_options bo = gptoss_backend_options_default();
+    bo.kv_block_size = BLOCK;
+    bo.n_kv_blocks = n * ((MAX_PROMPT + INV_NEW) / BLOCK + 2) + 8;
+    bo.n_sliding_kv_blocks = bo.n_kv_blocks;
+    gptoss_backend *b;
+    gptoss_error err = {0};
+    if (gptoss_backend_create(model, &bo, &b, &err) != GPTOSS_OK)
+        fail_msg("backend: %s", err.message);
+    gptoss_engine_options eo = gptoss_engine_options_default();
+    gptoss_engine_options_for_backend(&eo, config, b, &bo);
+    eo.max_num_batched_tokens = ro.budget;
+    eo.max_num_seqs = n < 256 ? 256 : n;
+    eo.enable_prefix_cache = ro.prefix_cache;
+    gptoss_engine *e;
+    if (gptoss_engine_create(&eo, &e, &err) != GPTOSS_OK) fail_msg("engine: %s", err.message);
+    gptoss_request **req = calloc((size_t)n, sizeof *req);
+    for (int i = 0; i < n; i++) {
+        gptoss_sampling_params p = gptoss_sampling_params_default();
+        inv_params(&p, i == watch ? WATCH_SEED : 1000 + (uint64_t)i);
+        if (gptoss_engine_submit(e, prompts[i], lens[i], &p, NULL, &req[i], &err) != GPTOSS_OK)
+            fail_msg("submit: %s", err.message);
+    }
+    assert_int_equal(gptoss_engine_start(e, &err), GPTOSS_OK);
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < n; i++) {
+        if (i == watch)
+            inv_collect(req[i], out);
+        else
+            inv_collect(req[i], NULL);
+        gptoss_request_release(req[i]);
+    }
+    if (ro.prefix_cache) {
+        /* the watched request again, alone, once its pages were published */
+        gptoss_sampling_params p = gptoss_sampling_params_default();
+        inv_params(&p, WATCH_SEED);
+        gptoss_engine_stats before, after;
+        gptoss_engine_get_stats(e, &before);
+        gptoss_request *again;
+        if (gptoss_engine_submit(e, prompts[watch], lens[watch], &p, NULL, &again, &err) !=
+            GPTOSS_OK)
+            fail_msg("submit: %s", err.message);
+        trace_ scratch;
+        trace_ *dst = out_cached ? out_cached : &scratch;
+        memset(dst, 0, sizeof *dst);
+        inv_collect(again, dst);
+        gptoss_request_release(again);
+        gptoss_engine_get_stats(e, &after);
+        assert_true(after.prefix_cache_hits > before.prefix_cache_hits);
+    }
+    free(req);
+    gptoss_engine_free(e);
+    gptoss_backend_free(b);
+}
+
+/* Bitwise: tokens, logprobs (as bits, so -0.0 and NaN payloads count) and alternatives. */
+static void assert_same_trace(const trace_ *want, const trace_ *got, const char *what) {
+    if (got->n != want->n) fail_msg("%s: %d tokens, alone %d", what, got->n, want->n);
+    for (int k = 0; k < want->n; k++) {
+        if (got->token[k] != want->token[k])
+            fail_msg("%s: token %d is %d, alone %d", what, k, got->token[k], want->token[k]);
+        if (memcmp(&got->logprob[k], &want->logprob[k], sizeof(float)) != 0)
+            fail_msg("%s: token %d logprob %.9g, alone %.9g", what, k, got->logprob[k],
+                     want->logprob[k]);
+        if (memcmp(got->top_id[k], want->top_id[k], sizeof want->top_id[k]) != 0 ||
+            memcmp(got->top_lp[k], want->top_lp[k], sizeof want->top_lp[k]) != 0)
+            fail_msg("%s: token %d top logprobs differ from alone", what, k);
+    }
+}
+
+static void test_sampled_batch_invariance(void **state) {
+    (void)state;
+    const int big = sanitized() ? 32 : 256;
+    int32_t(*prompts)[MAX_PROMPT] = calloc((size_t)big, sizeof *prompts);
+    int32_t *lens = calloc((size_t)big, sizeof *lens);
+    for (int i = 0; i < big; i++) {
+        lens[i] = 20 + (i * 29) % 60;
+        for (int32_t k = 0; k < lens[i]; k++)
+            prompts[i][k] = next_token();
+    }
+    const int watch = 3;
+    trace_ alone, got, cached;
+    inv_engine_run(prompts + watch, lens + watch, 1, 0, (inv_run){2048, false}, &alone, NULL);
+    assert_int_equal(alone.n, INV_NEW);
+    inv_engine_run(prompts + watch, lens + watch, 1, 0, (inv_run){2048, false}, &got, NULL);
+    assert_same_trace(&alone, &got, "a second run");
+    inv_engine_run(prompts, lens, 7, watch, (inv_run){2048, false}, &got, NULL);
+    assert_same_trace(&alone, &got, "among 6 others");
+    inv_engine_run(prompts, lens, big, watch, (inv_run){2048, false}, &got, NULL);
+    assert_same_trace(&alone, &got, "among many others");
+    const int32_t chunks[] = {5, 13, 64};
+    for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+        inv_engine_run(prompts, lens, 7, watch, (inv_run){chunks[c], false}, &got, NULL);
+        char what[64];
+        snprintf(what, sizeof what, "prefill in chunks of %d", chunks[c]);
+        assert_same_trace(&alone, &got, what);
+    }
+    inv_engine_run(prompts, lens, 7, watch, (inv_run){2048, true}, &got, &cached);
+    assert_same_trace(&alone, &got, "with the prefix cache on");
+    assert_same_trace(&alone, &cached, "served from the prefix cache");
+    free(lens);
+    free(prompts);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_alone),
         cmocka_unit_test(test_prefix_cache_variants),
         cmocka_unit_test(test_preemption),
+        cmocka_unit_test(test_sampled_batch_invariance),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
