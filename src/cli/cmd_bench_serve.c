@@ -223,7 +223,8 @@ typedef struct bench {
     bool chat;
     bool has_temperature, has_top_p; /* send them only when given */
     double temperature, top_p;
-    int32_t logprobs; /* alternatives asked per token (-1: no logprobs asked) */
+    int32_t logprobs;        /* alternatives asked per token (-1: no logprobs asked) */
+    json_t *response_format; /* sent as is on every chat request, or NULL */
     int timeout_ms;
     work_item *items; /* [n_items] */
     result *results;  /* [n_items] */
@@ -248,6 +249,7 @@ static void run_one(bench *b, int32_t i) {
     if (b->chat) {
         json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", w->prompt);
         json_object_set_new(req, "messages", msgs);
+        if (b->response_format) json_object_set(req, "response_format", b->response_format);
     } else {
         json_object_set_new(req, "prompt", json_string(w->prompt));
     }
@@ -620,6 +622,7 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
     bool sharegpt = false;
     int64_t logprobs = -1, per_client = 0;
     double temperature = -1, top_p = 0; /* out of their ranges: not sent */
+    const char *response_format_path = NULL;
     static const char *const endpoints[] = {"completions", "chat", NULL};
     static const char *const plot_metrics[] = {"total", "output", NULL};
     const cli_option run_options[] = {
@@ -709,6 +712,12 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
          .help = "ask for logprobs with N alternatives per token (0..20) on every\n"
                  "request; default: not asked",
          .error = "--logprobs needs an integer in [0, 20]"},
+        {.name = "response-format",
+         .kind = CLI_STRING,
+         .target = &response_format_path,
+         .value = "FILE",
+         .help = "send FILE's JSON object as response_format on every request\n"
+                 "(chat endpoint; e.g. a json_schema: structured output's cost)"},
         {.name = "requests-per-client",
          .kind = CLI_INT,
          .target = &per_client,
@@ -819,6 +828,18 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
     b.has_temperature = has_temperature, b.temperature = temperature;
     b.logprobs = (int32_t)logprobs;
     b.has_top_p = has_top_p, b.top_p = top_p;
+    if (response_format_path) {
+        if (!b.chat)
+            return cli_usage_error("bench-serve", "--response-format needs --endpoint chat");
+        json_error_t jerr;
+        b.response_format = json_load_file(response_format_path, 0, &jerr);
+        if (!json_is_object(b.response_format)) {
+            json_decref(b.response_format);
+            fprintf(stderr, "gptoss bench-serve: %s: %s\n", response_format_path,
+                    b.response_format ? "expected a JSON object" : jerr.text);
+            return 1;
+        }
+    }
 
     char *models_body = NULL;
     json_t *models_json = NULL;
@@ -986,6 +1007,7 @@ done:
     free(b.results);
     json_decref(runs);
     json_decref(models_json);
+    json_decref(b.response_format);
     gptoss_tokenizer_free(tok);
     return rc;
 }

@@ -17,6 +17,15 @@ if (!ok) { console.log(JSON.stringify(j)); process.exit(1); }' "$work/bench.json
 "$bin" bench-serve --url "$a_url/v1" --api-key "$key" --endpoint chat --request-rate 20 --num-requests 3 --input-len 8 --output-len 3 \
   >"$work/bench2.txt" 2>&1 || fail "bench-serve chat/rate failed: $(cat "$work/bench2.txt")"
 grep -q "successful requests *3 / 3" "$work/bench2.txt" || fail "bench-serve chat: $(cat "$work/bench2.txt")"
+# --response-format: sent on every request (a plain-text format here: the server accepts it)
+echo '{"type": "text"}' >"$work/format.json"
+"$bin" bench-serve --url "$a_url" --api-key "$key" --endpoint chat --concurrency 2 --num-requests 2 --input-len 8 --output-len 3 \
+  --response-format "$work/format.json" >"$work/bench3.txt" 2>&1 || fail "bench-serve --response-format: $(cat "$work/bench3.txt")"
+grep -q "successful requests *2 / 2" "$work/bench3.txt" || fail "bench-serve --response-format: $(cat "$work/bench3.txt")"
+echo '[1]' >"$work/bad-format.json"
+"$bin" bench-serve --url "$a_url" --api-key "$key" --endpoint chat --concurrency 1 --num-requests 1 --input-len 8 --output-len 3 \
+  --response-format "$work/bad-format.json" >"$work/bench4.txt" 2>&1 && fail "bench-serve took a response_format that is not an object"
+grep -q "expected a JSON object" "$work/bench4.txt" || fail "bench-serve bad --response-format: $(cat "$work/bench4.txt")"
 stop_server "$a_pid" a
 
 finish
