@@ -249,7 +249,11 @@ static void run_one(bench *b, int32_t i) {
     if (b->chat) {
         json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", w->prompt);
         json_object_set_new(req, "messages", msgs);
-        if (b->response_format) json_object_set(req, "response_format", b->response_format);
+        if (b->response_format) {
+            /* a constrained answer ends where its value is whole: no ignore_eos */
+            json_object_set(req, "response_format", b->response_format);
+            json_object_del(req, "ignore_eos");
+        }
     } else {
         json_object_set_new(req, "prompt", json_string(w->prompt));
     }
@@ -717,7 +721,8 @@ int gptoss_cmd_bench_serve(int argc, char **argv) {
          .target = &response_format_path,
          .value = "FILE",
          .help = "send FILE's JSON object as response_format on every request\n"
-                 "(chat endpoint; e.g. a json_schema: structured output's cost)"},
+                 "(chat endpoint; e.g. a json_schema: structured output's cost);\n"
+                 "such requests end where the answer is whole (no ignore_eos)"},
         {.name = "requests-per-client",
          .kind = CLI_INT,
          .target = &per_client,
