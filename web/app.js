@@ -37,7 +37,7 @@
   marked.use({
     gfm: true,
     renderer: {
-      // A model writing "<b>" or "<script>" means the characters, not markup.
+      // Tags a model writes are meant as characters, not markup: show them as text.
       html(token) { return token.block ? '<p>' + escapeHtml(token.text) + '</p>' : escapeHtml(token.text); },
     },
   });
