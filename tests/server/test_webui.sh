@@ -4,7 +4,7 @@
 # headless Chromium by webui_browser.mjs against the tiny model (streaming, reasoning, two
 # turns, Stop, the key prompt, errors, HTML injection, markdown and code), and the server's
 # side of Stop (the generation is cancelled); --no-webui turns GET / into a 404.
-# Screenshots: $GPTOSS_BUILD_DIR/artifacts/webui/*.png.
+# Screenshots: $GPTOSS_BUILD_DIR/artifacts/webui/*.png. CHROMIUM=PATH picks another browser binary.
 . "$(dirname "$0")/serve_lib.sh"
 chromium=${CHROMIUM:-/usr/bin/chromium}
 if [ ! -x "$chromium" ]; then
