@@ -33,7 +33,8 @@ static void on_signal(int sig) {
 static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
     fprintf(out, "usage: gptoss serve (-m DIR | --random-weights SHAPE) [options]\n\n"
                  "Serves the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions,\n"
-                 "POST /v1/completions, GET /v1/models, GET /health, GET /metrics (Prometheus).\n\n"
+                 "POST /v1/completions, GET /v1/models, GET /health, GET /metrics (Prometheus),\n"
+                 "and a chat page at GET / (open http://HOST:PORT/ in a browser).\n\n"
                  "options:\n");
     cli_print_options(out, groups, n_groups, 33);
 }
@@ -56,7 +57,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
             max_body = (int64_t)so.max_body_bytes, port = so.port, drain_s = 60, max_model_len = 0,
             idle_s = so.connection_timeout_s, admit_headroom = -1;
     double memory_fraction = 0;
-    bool no_prefix_cache = false;
+    bool no_prefix_cache = false, no_webui = false;
     cli_model_options mo = cli_model_options_default();
     cli_option shared[CLI_MODEL_N_OPTIONS];
     cli_model_option_table(&mo, shared);
@@ -140,6 +141,10 @@ int gptoss_cmd_serve(int argc, char **argv) {
          .kind = CLI_FLAG,
          .target = &no_prefix_cache,
          .help = "do not reuse KV blocks across requests"},
+        {.name = "no-webui",
+         .kind = CLI_FLAG,
+         .target = &no_webui,
+         .help = "do not serve the chat page at GET / (404 instead)"},
         {.name = "max-queue",
          .kind = CLI_INT,
          .target = &max_queue,
@@ -244,6 +249,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
     so.port = (int)port;
     so.max_body_bytes = (size_t)max_body;
     so.connection_timeout_s = (unsigned)idle_s;
+    so.webui = !no_webui;
 
     signal(SIGPIPE, SIG_IGN);
     struct sigaction sa;

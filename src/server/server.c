@@ -37,6 +37,7 @@ gptoss_server_options gptoss_server_options_default(void) {
     o.served_model_name = "gpt-oss";
     o.max_body_bytes = 8u << 20;
     o.connection_timeout_s = 120;
+    o.webui = true;
     return o;
 }
 
@@ -265,13 +266,14 @@ static server_reply models_route(gptoss_server *s, const server_request *r) {
 }
 
 typedef struct route_entry {
-    const char *path; /* exact, or a prefix when it ends in '/' */
+    const char *path; /* exact, or a prefix when it ends in '/' (but "/" itself is exact) */
     const char *method;
     bool api; /* API key, body limit, draining and readiness apply */
     route_fn handler;
 } route_entry;
 
 static const route_entry routes[] = {
+    {"/", "GET", false, server_webui},
     {"/health", "GET", false, health_route},
     {"/metrics", "GET", false, server_metrics},
     {"/v1/models", "GET", true, models_route},
@@ -283,7 +285,7 @@ static const route_entry routes[] = {
 static const route_entry *find_route(const char *url) {
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         size_t n = strlen(routes[i].path);
-        bool prefix = routes[i].path[n - 1] == '/';
+        bool prefix = n > 1 && routes[i].path[n - 1] == '/';
         if (prefix ? !strncmp(url, routes[i].path, n) : !strcmp(url, routes[i].path))
             return &routes[i];
     }
@@ -438,6 +440,7 @@ gptoss_status gptoss_server_start(const gptoss_server_options *o, gptoss_server 
         s->api_key_len = strlen(o->api_key);
     }
     s->max_body_bytes = o->max_body_bytes;
+    s->webui = o->webui;
     s->created_unix = (int64_t)time(NULL);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

@@ -6,7 +6,7 @@
  * per-connection streaming state. It turns HTTP requests into engine submissions and engine
  * events into OpenAI JSON / server-sent events. Must not load models or run forward passes:
  * the caller (cmd_serve.c) owns the model, backend, tokenizer and engine and hands them over
- * once they are ready.
+ * once they are ready. GET / is the chat page (webui.c, web/).
  *
  * Threads: libmicrohttpd runs one thread per connection; a connection thread sleeps until the
  * engine signals new events for its request or its client hangs up (which cancels the
@@ -30,9 +30,11 @@ typedef struct gptoss_server_options {
     const char *served_model_name; /* the model id clients must name */
     size_t max_body_bytes;         /* larger request bodies get 413 */
     unsigned connection_timeout_s; /* idle connections (slow clients) are closed after this */
+    bool webui;                    /* GET / serves the chat page; false: 404 */
 } gptoss_server_options;
 
-/* Defaults: 127.0.0.1:8000, no key, model "gpt-oss", 8 MiB bodies, 120 s idle timeout. */
+/* Defaults: 127.0.0.1:8000, no key, model "gpt-oss", 8 MiB bodies, 120 s idle timeout, the
+ * chat page on. */
 gptoss_server_options gptoss_server_options_default(void);
 
 typedef struct gptoss_server gptoss_server;

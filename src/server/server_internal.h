@@ -26,6 +26,7 @@ struct gptoss_server {
     const gptoss_tokenizer *tokenizer;   /* idem */
     int32_t max_model_len;               /* prompt + generated tokens per sequence */
     int32_t max_num_seqs;                /* bound for `n` */
+    bool webui;                          /* GET / serves the chat page (webui.c) */
     atomic_bool ready;                   /* engine handed over (release/acquire) */
     atomic_bool draining;                /* SIGTERM seen */
     atomic_llong active_requests;        /* HTTP requests not yet completed */
@@ -78,6 +79,7 @@ typedef struct server_request {
 server_reply server_chat_completions(gptoss_server *server, const server_request *request);
 server_reply server_completions(gptoss_server *server, const server_request *request);
 server_reply server_metrics(gptoss_server *server, const server_request *request);
+server_reply server_webui(gptoss_server *server, const server_request *request);
 
 /* A response over a copy of `text`. */
 struct MHD_Response *server_buffer_response(const char *text, size_t len, const char *content_type);
