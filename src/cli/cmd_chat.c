@@ -383,7 +383,8 @@ static void common_defaults(common_options *o, int64_t max_tokens) {
     o->effort = GPTOSS_EFFORT_MEDIUM;
 }
 
-/* After parsing: the sampling parameters, and the backend options (2: usage error printed). */
+/* After parsing: the sampling parameters, the backend options and the model folder (0, or
+ * the exit status after an error was printed). */
 static int finish_common(const char *cmd, common_options *o, gptoss_backend_options *bo) {
     o->sampling = gptoss_sampling_params_default();
     o->sampling.temperature = (float)o->temperature;
@@ -391,7 +392,8 @@ static int finish_common(const char *cmd, common_options *o, gptoss_backend_opti
     o->sampling.has_seed = o->seed >= 0;
     o->sampling.seed = o->seed >= 0 ? (uint64_t)o->seed : 0;
     *bo = gptoss_backend_options_default();
-    return cli_model_options_apply(cmd, &o->model, bo);
+    int rc = cli_model_options_apply(cmd, &o->model, bo);
+    return rc ? rc : cli_model_options_resolve(&o->model);
 }
 
 static const char *today(char *buf, size_t size) {
@@ -447,19 +449,38 @@ static gptoss_status run_raw(session *s, const char *text, bool special, common_
     return st;
 }
 
-static void run_help(FILE *out, const cli_option_group *groups, size_t n_groups) {
-    fprintf(
-        out,
-        "usage: gptoss run -m DIR -p TEXT [options]\n"
-        "       gptoss run -m DIR --tokens \"ID ID ...\" [options]   (see gptoss run --tokens "
-        "--help)\n\n"
-        "Renders TEXT as a one-turn chat (harmony: default system message, your text as the user\n"
-        "message) and prints the reply as it is generated: the reasoning (dimmed on a terminal,\n"
-        "prefixed [reasoning] otherwise), then the answer ([answer]). Stops at <|return|>, "
-        "<|call|>\n"
-        "or <|endoftext|>, as the server does.\n\n"
-        "options:\n");
-    cli_print_options(out, groups, n_groups, 24);
+/* The options of `run -p TEXT` after -m, bound to *o and the other targets. */
+enum { N_RUN_TEXT_OWN = 4 };
+static void run_text_table(common_options *o, const char **prompt, bool *raw, bool *special,
+                           cli_option own[N_RUN_TEXT_OWN], cli_option common[N_COMMON]) {
+    common_table(o, "seed of the sampler (default: a fresh one each reply)", common);
+    own[0] = (cli_option){.name = "prompt",
+                          .short_name = 'p',
+                          .kind = CLI_STRING,
+                          .target = prompt,
+                          .value = "TEXT",
+                          .help = "the user message"};
+    own[1] = (cli_option){.name = "raw",
+                          .kind = CLI_FLAG,
+                          .target = raw,
+                          .help = "no chat rendering: TEXT is tokenized as is and continued"};
+    own[2] =
+        (cli_option){.name = "special",
+                     .kind = CLI_FLAG,
+                     .target = special,
+                     .help = "with --raw: special-token text such as <|start|> becomes its id"};
+    own[3] = max_tokens_option(o, "tokens to generate (default 256)");
+}
+
+void cli_run_text_print_options(FILE *out, int column) {
+    common_options o;
+    common_defaults(&o, 256);
+    const char *prompt = NULL;
+    bool raw = false, special = false;
+    cli_option own[N_RUN_TEXT_OWN], common[N_COMMON];
+    run_text_table(&o, &prompt, &raw, &special, own, common);
+    const cli_option_group groups[] = {{own, N_RUN_TEXT_OWN, NULL}, {common, N_COMMON, NULL}};
+    cli_print_options(out, groups, 2, column);
 }
 
 int cli_run_text(int argc, char **argv) {
@@ -467,37 +488,20 @@ int cli_run_text(int argc, char **argv) {
     common_defaults(&o, 256);
     const char *prompt = NULL;
     bool raw = false, special = false;
-    cli_option model[CLI_MODEL_N_OPTIONS], common[N_COMMON];
+    cli_option model[CLI_MODEL_N_OPTIONS], common[N_COMMON], own[N_RUN_TEXT_OWN];
     cli_model_option_table(&o.model, model);
-    common_table(&o, "seed of the sampler (default: a fresh one each reply)", common);
-    const cli_option own[] = {
-        {.name = "prompt",
-         .short_name = 'p',
-         .kind = CLI_STRING,
-         .target = &prompt,
-         .value = "TEXT",
-         .help = "the user message"},
-        {.name = "raw",
-         .kind = CLI_FLAG,
-         .target = &raw,
-         .help = "no chat rendering: TEXT is tokenized as is and continued"},
-        {.name = "special",
-         .kind = CLI_FLAG,
-         .target = &special,
-         .help = "with --raw: special-token text such as <|start|> becomes its id"},
-        max_tokens_option(&o, "tokens to generate (default 256)"),
-    };
+    run_text_table(&o, &prompt, &raw, &special, own, common);
     const cli_option_group groups[] = {{model, 1, NULL},
-                                       {own, sizeof own / sizeof own[0], NULL},
+                                       {own, N_RUN_TEXT_OWN, NULL},
                                        {common, N_COMMON, NULL},
                                        {model + 1, CLI_MODEL_N_OPTIONS - 1, NULL}};
     size_t n_groups = sizeof groups / sizeof groups[0];
     bool want_help;
     int usage = cli_parse_options("run", argc, argv, groups, n_groups, &want_help);
     if (usage) return usage;
-    if (want_help) {
-        run_help(stdout, groups, n_groups);
-        return 0;
+    if (want_help) { /* one help for both modes: gptoss run --help */
+        char *help_argv[] = {"run", "--help", NULL};
+        return gptoss_cmd_run(2, help_argv);
     }
     if (!o.model.model_dir)
         return cli_usage_error(
@@ -507,7 +511,8 @@ int cli_run_text(int argc, char **argv) {
         return cli_usage_error("run", "--special only applies with --raw (chat prompts never parse "
                                       "special tokens in user text)");
     gptoss_backend_options bo;
-    if (finish_common("run", &o, &bo)) return 2;
+    int finish_rc = finish_common("run", &o, &bo);
+    if (finish_rc) return finish_rc;
     gptoss_error err = {0};
     session s;
     gptoss_status st = session_open(&s, o.model.model_dir, bo, o.context, &err);
@@ -601,7 +606,8 @@ int gptoss_cmd_chat(int argc, char **argv) {
         return cli_usage_error(
             "chat", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
     gptoss_backend_options bo;
-    if (finish_common("chat", &o, &bo)) return 2;
+    int finish_rc = finish_common("chat", &o, &bo);
+    if (finish_rc) return finish_rc;
 
     gptoss_error err = {0};
     session s;
@@ -621,7 +627,7 @@ int gptoss_cmd_chat(int argc, char **argv) {
     printer pr = {.tty = isatty(STDOUT_FILENO) != 0};
     printf("gptoss chat: %s (effort %s). /effort low|medium|high, /reset, /quit; Ctrl-C stops a "
            "reply.\n",
-           o.model.model_dir, gptoss_reasoning_effort_name(o.effort));
+           o.model.model_id, gptoss_reasoning_effort_name(o.effort));
     char line[16384];
     bool armed = false; /* the last prompt ended in Ctrl-C */
     int rc = 0;
