@@ -18,6 +18,7 @@
 #include "util/error.h"
 
 #include <errno.h>
+#include <locale.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -26,6 +27,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef GPTOSS_WITH_LIBEDIT
+#include <histedit.h>
+#endif
 
 /* ---- generation session ------------------------------------------------------------------ */
 
@@ -555,7 +559,15 @@ static void chat_help(FILE *out, const cli_option_group *groups, size_t n_groups
         "  /reset                    forget the conversation\n"
         "  /quit                     leave (so do end-of-file and Ctrl-C twice at the prompt)\n"
         "  Ctrl-C while a reply streams stops that reply.\n\n"
-        "options:\n");
+        "%s\n\n"
+        "options:\n",
+#ifdef GPTOSS_WITH_LIBEDIT
+        "line editing (libedit, emacs keys; ~/.editrc is read): left and right move in the\n"
+        "line, up and down recall the lines typed earlier in the session.");
+#else
+        "line editing: not in this build (built without libedit, as the static-dependency\n"
+        "builds are): the prompt reads plain lines.");
+#endif
     cli_print_options(out, groups, n_groups, 24);
 }
 
@@ -576,6 +588,124 @@ static int read_line(char *buf, size_t size) {
     }
     if (ferror(stdin) && errno == EINTR) return -1;
     return 0;
+}
+
+/* ---- line editing (libedit) -------------------------------------------------------------- */
+
+/* The prompt's line reader: libedit's line editing and history when stdin and stdout are a
+ * terminal and the binary was built with it, else plain lines from stdin. */
+typedef struct line_reader {
+#ifdef GPTOSS_WITH_LIBEDIT
+    EditLine *el;
+    History *history;
+    locale_t utf8; /* libedit's wide characters are UTF-8 on the terminal, whatever LC_ALL */
+#endif
+    bool editing;
+} line_reader;
+
+#ifdef GPTOSS_WITH_LIBEDIT
+static char *prompt_text(EditLine *el) {
+    (void)el;
+    return "> ";
+}
+
+/* libedit's character reader. Its own retries a read that Ctrl-C interrupted; this one ends
+ * the line instead (-1), so the prompt sees the interruption. Input is decoded as UTF-8. */
+static int read_wide_char(EditLine *el, wchar_t *out) {
+    (void)el;
+    uint32_t code = 0;
+    int more = 0;
+    for (;;) {
+        unsigned char c;
+        ssize_t n = read(STDIN_FILENO, &c, 1);
+        if (n == 0) return 0;
+        if (n < 0) {
+            if (errno == EINTR && !interrupts) continue;
+            return -1;
+        }
+        if (more > 0 && (c & 0xc0) == 0x80) {
+            code = code << 6 | (c & 0x3f);
+            if (--more == 0) break;
+            continue;
+        }
+        /* a lead byte (a stray continuation byte starts over) */
+        if (c < 0x80)
+            code = c, more = 0;
+        else if ((c & 0xe0) == 0xc0)
+            code = c & 0x1f, more = 1;
+        else if ((c & 0xf0) == 0xe0)
+            code = c & 0x0f, more = 2;
+        else if ((c & 0xf8) == 0xf0)
+            code = c & 0x07, more = 3;
+        else
+            continue;
+        if (more == 0) break;
+    }
+    *out = (wchar_t)code;
+    return 1;
+}
+#endif
+
+static void line_reader_open(line_reader *r) {
+    memset(r, 0, sizeof *r);
+#ifdef GPTOSS_WITH_LIBEDIT
+    if (!isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)) return;
+    r->utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+    locale_t previous = r->utf8 ? uselocale(r->utf8) : (locale_t)0;
+    r->el = el_init("gptoss", stdin, stdout, stderr);
+    r->history = history_init();
+    if (r->el && r->history) {
+        HistEvent event;
+        history(r->history, &event, H_SETSIZE, 1000);
+        history(r->history, &event, H_SETUNIQUE, 1);
+        el_set(r->el, EL_EDITOR, "emacs");
+        el_set(r->el, EL_SIGNAL, 0); /* Ctrl-C stays ours (on_sigint) */
+        el_set(r->el, EL_PROMPT, prompt_text);
+        el_set(r->el, EL_GETCFN, read_wide_char);
+        el_set(r->el, EL_HIST, history, r->history);
+        el_source(r->el, NULL); /* the user's ~/.editrc, as other libedit programs read it */
+        r->editing = true;
+    }
+    if (r->utf8) uselocale(previous);
+#endif
+}
+
+static void line_reader_close(line_reader *r) {
+#ifdef GPTOSS_WITH_LIBEDIT
+    if (r->el) el_end(r->el);
+    if (r->history) history_end(r->history);
+    if (r->utf8) freelocale(r->utf8);
+#endif
+    memset(r, 0, sizeof *r);
+}
+
+/* One line at the prompt, as read_line: 1 a line, 0 end of input, -1 Ctrl-C. */
+static int line_reader_get(line_reader *r, char *buf, size_t size) {
+    if (!r->editing) {
+        fputs("> ", stdout);
+        fflush(stdout);
+        return read_line(buf, size);
+    }
+#ifdef GPTOSS_WITH_LIBEDIT
+    locale_t previous = r->utf8 ? uselocale(r->utf8) : (locale_t)0;
+    int count = 0;
+    const char *line = el_gets(r->el, &count);
+    int got = 1;
+    if (!line) {
+        got = count < 0 && (interrupts || errno == EINTR) ? -1 : 0;
+    } else {
+        size_t n = strcspn(line, "\n");
+        if (n >= size) n = size - 1;
+        memcpy(buf, line, n);
+        buf[n] = '\0';
+        HistEvent event;
+        if (n > 0) history(r->history, &event, H_ENTER, buf);
+    }
+    if (r->utf8) uselocale(previous);
+    return got;
+#else
+    return 0;
+#endif
 }
 
 static bool add_message(json_t *messages, const char *role, const char *content) {
@@ -631,10 +761,10 @@ int gptoss_cmd_chat(int argc, char **argv) {
     char line[16384];
     bool armed = false; /* the last prompt ended in Ctrl-C */
     int rc = 0;
+    line_reader reader;
+    line_reader_open(&reader);
     for (;;) {
-        fputs("> ", stdout);
-        fflush(stdout);
-        int got = read_line(line, sizeof line);
+        int got = line_reader_get(&reader, line, sizeof line);
         if (got < 0 || (got > 0 && interrupts)) {
             /* Ctrl-C at the prompt: the first one explains, a second one in a row exits. */
             interrupts = 0;
@@ -699,6 +829,7 @@ int gptoss_cmd_chat(int argc, char **argv) {
         gptoss_chat_buf_free(&answer);
         interrupts = 0;
     }
+    line_reader_close(&reader);
     printf("bye\n");
     sigaction(SIGINT, &previous, NULL);
     json_decref(messages);
