@@ -44,6 +44,8 @@ expect 2 "unknown option '--frob'" "$bin" serve --frob
 expect 2 'missing -m DIR .*make-model --preset tiny' "$bin" serve
 grep -q 'not both' "$work/out" && fail "serve without -m speaks of 'not both': $(cat "$work/out")"
 expect 2 'give -m DIR or --random-weights SHAPE, not both' "$bin" serve -m "$work/tiny" --random-weights tiny
+expect 2 'missing -m DIR or --random-weights SHAPE' "$bin" bench
+expect 2 'give -m DIR or --random-weights SHAPE, not both' "$bin" bench -m "$work/tiny" --random-weights tiny
 
 # run --help: both modes and their options; run -p x --help prints the same.
 "$bin" run --help >"$work/run_help" 2>&1 || fail "run --help failed"
