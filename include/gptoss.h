@@ -375,6 +375,12 @@ void gptoss_backend_free(gptoss_backend *backend);
 /* Whether this build includes the CUDA backend. */
 bool gptoss_has_cuda(void);
 
+/* Whether a backend of this kind can run here, before any model is loaded: the CPU always
+ * can; CUDA needs the build's CUDA backend and GPU `device` present with compute capability
+ * 8.0 or newer. The error says what is missing. */
+gptoss_status gptoss_backend_check_device(gptoss_backend_kind kind, int32_t device,
+                                          gptoss_error *error);
+
 #ifdef __cplusplus
 }
 #endif

@@ -65,6 +65,20 @@ bool gptoss_has_cuda(void) {
 #endif
 }
 
+gptoss_status gptoss_backend_check_device(gptoss_backend_kind kind, int32_t device,
+                                          gptoss_error *error) {
+    if (kind == GPTOSS_BACKEND_CPU) return GPTOSS_OK;
+    if (kind != GPTOSS_BACKEND_CUDA)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "unknown backend kind %d",
+                                (int)kind);
+#ifdef GPTOSS_WITH_CUDA
+    return gptoss_cuda_check_device(device, error);
+#else
+    (void)device;
+    return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "this gptoss was built without CUDA");
+#endif
+}
+
 gptoss_status gptoss_batch_plan_validate(const gptoss_batch_plan *p, const gptoss_config *c,
                                          int32_t block_size, int32_t n_blocks,
                                          int32_t n_sliding_blocks, gptoss_error *error) {

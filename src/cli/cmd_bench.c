@@ -214,8 +214,13 @@ int gptoss_cmd_bench(int argc, char **argv) {
         return 0;
     }
     const char *model_dir = mo.model_dir;
-    if (rc == 0 && !model_dir == !shape)
-        rc = cli_usage_error("bench", "give exactly one of -m DIR or --random-weights SHAPE");
+    if (rc == 0 && !model_dir && !shape)
+        rc = cli_usage_error("bench", "missing -m DIR or --random-weights SHAPE (20b, 120b, tiny "
+                                      "or a config.json)");
+    if (rc == 0 && model_dir && shape)
+        rc = cli_usage_error("bench", "give -m DIR or --random-weights SHAPE, not both");
+    if (rc == 0 && cli_model_options_resolve(&mo)) rc = 1;
+    model_dir = mo.model_dir;
     if (rc) {
         free(pp.ids), free(tg.ids), free(depth.ids), free(batch.ids);
         return rc;

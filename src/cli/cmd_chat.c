@@ -18,6 +18,7 @@
 #include "util/error.h"
 
 #include <errno.h>
+#include <locale.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -26,6 +27,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef GPTOSS_WITH_LIBEDIT
+#include <histedit.h>
+#endif
 
 /* ---- generation session ------------------------------------------------------------------ */
 
@@ -383,7 +387,8 @@ static void common_defaults(common_options *o, int64_t max_tokens) {
     o->effort = GPTOSS_EFFORT_MEDIUM;
 }
 
-/* After parsing: the sampling parameters, and the backend options (2: usage error printed). */
+/* After parsing: the sampling parameters, the backend options and the model folder (0, or
+ * the exit status after an error was printed). */
 static int finish_common(const char *cmd, common_options *o, gptoss_backend_options *bo) {
     o->sampling = gptoss_sampling_params_default();
     o->sampling.temperature = (float)o->temperature;
@@ -391,7 +396,8 @@ static int finish_common(const char *cmd, common_options *o, gptoss_backend_opti
     o->sampling.has_seed = o->seed >= 0;
     o->sampling.seed = o->seed >= 0 ? (uint64_t)o->seed : 0;
     *bo = gptoss_backend_options_default();
-    return cli_model_options_apply(cmd, &o->model, bo);
+    int rc = cli_model_options_apply(cmd, &o->model, bo);
+    return rc ? rc : cli_model_options_resolve(&o->model);
 }
 
 static const char *today(char *buf, size_t size) {
@@ -447,19 +453,38 @@ static gptoss_status run_raw(session *s, const char *text, bool special, common_
     return st;
 }
 
-static void run_help(FILE *out, const cli_option_group *groups, size_t n_groups) {
-    fprintf(
-        out,
-        "usage: gptoss run -m DIR -p TEXT [options]\n"
-        "       gptoss run -m DIR --tokens \"ID ID ...\" [options]   (see gptoss run --tokens "
-        "--help)\n\n"
-        "Renders TEXT as a one-turn chat (harmony: default system message, your text as the user\n"
-        "message) and prints the reply as it is generated: the reasoning (dimmed on a terminal,\n"
-        "prefixed [reasoning] otherwise), then the answer ([answer]). Stops at <|return|>, "
-        "<|call|>\n"
-        "or <|endoftext|>, as the server does.\n\n"
-        "options:\n");
-    cli_print_options(out, groups, n_groups, 24);
+/* The options of `run -p TEXT` after -m, bound to *o and the other targets. */
+enum { N_RUN_TEXT_OWN = 4 };
+static void run_text_table(common_options *o, const char **prompt, bool *raw, bool *special,
+                           cli_option own[N_RUN_TEXT_OWN], cli_option common[N_COMMON]) {
+    common_table(o, "seed of the sampler (default: a fresh one each reply)", common);
+    own[0] = (cli_option){.name = "prompt",
+                          .short_name = 'p',
+                          .kind = CLI_STRING,
+                          .target = prompt,
+                          .value = "TEXT",
+                          .help = "the user message"};
+    own[1] = (cli_option){.name = "raw",
+                          .kind = CLI_FLAG,
+                          .target = raw,
+                          .help = "no chat rendering: TEXT is tokenized as is and continued"};
+    own[2] =
+        (cli_option){.name = "special",
+                     .kind = CLI_FLAG,
+                     .target = special,
+                     .help = "with --raw: special-token text such as <|start|> becomes its id"};
+    own[3] = max_tokens_option(o, "tokens to generate (default 256)");
+}
+
+void cli_run_text_print_options(FILE *out, int column) {
+    common_options o;
+    common_defaults(&o, 256);
+    const char *prompt = NULL;
+    bool raw = false, special = false;
+    cli_option own[N_RUN_TEXT_OWN], common[N_COMMON];
+    run_text_table(&o, &prompt, &raw, &special, own, common);
+    const cli_option_group groups[] = {{own, N_RUN_TEXT_OWN, NULL}, {common, N_COMMON, NULL}};
+    cli_print_options(out, groups, 2, column);
 }
 
 int cli_run_text(int argc, char **argv) {
@@ -467,37 +492,20 @@ int cli_run_text(int argc, char **argv) {
     common_defaults(&o, 256);
     const char *prompt = NULL;
     bool raw = false, special = false;
-    cli_option model[CLI_MODEL_N_OPTIONS], common[N_COMMON];
+    cli_option model[CLI_MODEL_N_OPTIONS], common[N_COMMON], own[N_RUN_TEXT_OWN];
     cli_model_option_table(&o.model, model);
-    common_table(&o, "seed of the sampler (default: a fresh one each reply)", common);
-    const cli_option own[] = {
-        {.name = "prompt",
-         .short_name = 'p',
-         .kind = CLI_STRING,
-         .target = &prompt,
-         .value = "TEXT",
-         .help = "the user message"},
-        {.name = "raw",
-         .kind = CLI_FLAG,
-         .target = &raw,
-         .help = "no chat rendering: TEXT is tokenized as is and continued"},
-        {.name = "special",
-         .kind = CLI_FLAG,
-         .target = &special,
-         .help = "with --raw: special-token text such as <|start|> becomes its id"},
-        max_tokens_option(&o, "tokens to generate (default 256)"),
-    };
+    run_text_table(&o, &prompt, &raw, &special, own, common);
     const cli_option_group groups[] = {{model, 1, NULL},
-                                       {own, sizeof own / sizeof own[0], NULL},
+                                       {own, N_RUN_TEXT_OWN, NULL},
                                        {common, N_COMMON, NULL},
                                        {model + 1, CLI_MODEL_N_OPTIONS - 1, NULL}};
     size_t n_groups = sizeof groups / sizeof groups[0];
     bool want_help;
     int usage = cli_parse_options("run", argc, argv, groups, n_groups, &want_help);
     if (usage) return usage;
-    if (want_help) {
-        run_help(stdout, groups, n_groups);
-        return 0;
+    if (want_help) { /* one help for both modes: gptoss run --help */
+        char *help_argv[] = {"run", "--help", NULL};
+        return gptoss_cmd_run(2, help_argv);
     }
     if (!o.model.model_dir)
         return cli_usage_error(
@@ -507,7 +515,8 @@ int cli_run_text(int argc, char **argv) {
         return cli_usage_error("run", "--special only applies with --raw (chat prompts never parse "
                                       "special tokens in user text)");
     gptoss_backend_options bo;
-    if (finish_common("run", &o, &bo)) return 2;
+    int finish_rc = finish_common("run", &o, &bo);
+    if (finish_rc) return finish_rc;
     gptoss_error err = {0};
     session s;
     gptoss_status st = session_open(&s, o.model.model_dir, bo, o.context, &err);
@@ -550,7 +559,15 @@ static void chat_help(FILE *out, const cli_option_group *groups, size_t n_groups
         "  /reset                    forget the conversation\n"
         "  /quit                     leave (so do end-of-file and Ctrl-C twice at the prompt)\n"
         "  Ctrl-C while a reply streams stops that reply.\n\n"
-        "options:\n");
+        "%s\n\n"
+        "options:\n",
+#ifdef GPTOSS_WITH_LIBEDIT
+        "line editing (libedit, emacs keys; ~/.editrc is read): left and right move in the\n"
+        "line, up and down recall the lines typed earlier in the session.");
+#else
+        "line editing: not in this build (built without libedit, as the static-dependency\n"
+        "builds are): the prompt reads plain lines.");
+#endif
     cli_print_options(out, groups, n_groups, 24);
 }
 
@@ -571,6 +588,124 @@ static int read_line(char *buf, size_t size) {
     }
     if (ferror(stdin) && errno == EINTR) return -1;
     return 0;
+}
+
+/* ---- line editing (libedit) -------------------------------------------------------------- */
+
+/* The prompt's line reader: libedit's line editing and history when stdin and stdout are a
+ * terminal and the binary was built with it, else plain lines from stdin. */
+typedef struct line_reader {
+#ifdef GPTOSS_WITH_LIBEDIT
+    EditLine *el;
+    History *history;
+    locale_t utf8; /* libedit's wide characters are UTF-8 on the terminal, whatever LC_ALL */
+#endif
+    bool editing;
+} line_reader;
+
+#ifdef GPTOSS_WITH_LIBEDIT
+static char *prompt_text(EditLine *el) {
+    (void)el;
+    return "> ";
+}
+
+/* libedit's character reader. Its own retries a read that Ctrl-C interrupted; this one ends
+ * the line instead (-1), so the prompt sees the interruption. Input is decoded as UTF-8. */
+static int read_wide_char(EditLine *el, wchar_t *out) {
+    (void)el;
+    uint32_t code = 0;
+    int more = 0;
+    for (;;) {
+        unsigned char c;
+        ssize_t n = read(STDIN_FILENO, &c, 1);
+        if (n == 0) return 0;
+        if (n < 0) {
+            if (errno == EINTR && !interrupts) continue;
+            return -1;
+        }
+        if (more > 0 && (c & 0xc0) == 0x80) {
+            code = code << 6 | (c & 0x3f);
+            if (--more == 0) break;
+            continue;
+        }
+        /* a lead byte (a stray continuation byte starts over) */
+        if (c < 0x80)
+            code = c, more = 0;
+        else if ((c & 0xe0) == 0xc0)
+            code = c & 0x1f, more = 1;
+        else if ((c & 0xf0) == 0xe0)
+            code = c & 0x0f, more = 2;
+        else if ((c & 0xf8) == 0xf0)
+            code = c & 0x07, more = 3;
+        else
+            continue;
+        if (more == 0) break;
+    }
+    *out = (wchar_t)code;
+    return 1;
+}
+#endif
+
+static void line_reader_open(line_reader *r) {
+    memset(r, 0, sizeof *r);
+#ifdef GPTOSS_WITH_LIBEDIT
+    if (!isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)) return;
+    r->utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+    locale_t previous = r->utf8 ? uselocale(r->utf8) : (locale_t)0;
+    r->el = el_init("gptoss", stdin, stdout, stderr);
+    r->history = history_init();
+    if (r->el && r->history) {
+        HistEvent event;
+        history(r->history, &event, H_SETSIZE, 1000);
+        history(r->history, &event, H_SETUNIQUE, 1);
+        el_set(r->el, EL_EDITOR, "emacs");
+        el_set(r->el, EL_SIGNAL, 0); /* Ctrl-C stays ours (on_sigint) */
+        el_set(r->el, EL_PROMPT, prompt_text);
+        el_set(r->el, EL_GETCFN, read_wide_char);
+        el_set(r->el, EL_HIST, history, r->history);
+        el_source(r->el, NULL); /* the user's ~/.editrc, as other libedit programs read it */
+        r->editing = true;
+    }
+    if (r->utf8) uselocale(previous);
+#endif
+}
+
+static void line_reader_close(line_reader *r) {
+#ifdef GPTOSS_WITH_LIBEDIT
+    if (r->el) el_end(r->el);
+    if (r->history) history_end(r->history);
+    if (r->utf8) freelocale(r->utf8);
+#endif
+    memset(r, 0, sizeof *r);
+}
+
+/* One line at the prompt, as read_line: 1 a line, 0 end of input, -1 Ctrl-C. */
+static int line_reader_get(line_reader *r, char *buf, size_t size) {
+    if (!r->editing) {
+        fputs("> ", stdout);
+        fflush(stdout);
+        return read_line(buf, size);
+    }
+#ifdef GPTOSS_WITH_LIBEDIT
+    locale_t previous = r->utf8 ? uselocale(r->utf8) : (locale_t)0;
+    int count = 0;
+    const char *line = el_gets(r->el, &count);
+    int got = 1;
+    if (!line) {
+        got = count < 0 && (interrupts || errno == EINTR) ? -1 : 0;
+    } else {
+        size_t n = strcspn(line, "\n");
+        if (n >= size) n = size - 1;
+        memcpy(buf, line, n);
+        buf[n] = '\0';
+        HistEvent event;
+        if (n > 0) history(r->history, &event, H_ENTER, buf);
+    }
+    if (r->utf8) uselocale(previous);
+    return got;
+#else
+    return 0;
+#endif
 }
 
 static bool add_message(json_t *messages, const char *role, const char *content) {
@@ -601,7 +736,8 @@ int gptoss_cmd_chat(int argc, char **argv) {
         return cli_usage_error(
             "chat", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
     gptoss_backend_options bo;
-    if (finish_common("chat", &o, &bo)) return 2;
+    int finish_rc = finish_common("chat", &o, &bo);
+    if (finish_rc) return finish_rc;
 
     gptoss_error err = {0};
     session s;
@@ -621,14 +757,14 @@ int gptoss_cmd_chat(int argc, char **argv) {
     printer pr = {.tty = isatty(STDOUT_FILENO) != 0};
     printf("gptoss chat: %s (effort %s). /effort low|medium|high, /reset, /quit; Ctrl-C stops a "
            "reply.\n",
-           o.model.model_dir, gptoss_reasoning_effort_name(o.effort));
+           o.model.model_id, gptoss_reasoning_effort_name(o.effort));
     char line[16384];
     bool armed = false; /* the last prompt ended in Ctrl-C */
     int rc = 0;
+    line_reader reader;
+    line_reader_open(&reader);
     for (;;) {
-        fputs("> ", stdout);
-        fflush(stdout);
-        int got = read_line(line, sizeof line);
+        int got = line_reader_get(&reader, line, sizeof line);
         if (got < 0 || (got > 0 && interrupts)) {
             /* Ctrl-C at the prompt: the first one explains, a second one in a row exits. */
             interrupts = 0;
@@ -693,6 +829,7 @@ int gptoss_cmd_chat(int argc, char **argv) {
         gptoss_chat_buf_free(&answer);
         interrupts = 0;
     }
+    line_reader_close(&reader);
     printf("bye\n");
     sigaction(SIGINT, &previous, NULL);
     json_decref(messages);

@@ -35,7 +35,7 @@ int gptoss_cmd_info(int argc, char **argv) {
     cli_model_options mo = cli_model_options_default();
     cli_option shared[CLI_MODEL_N_OPTIONS];
     cli_model_option_table(&mo, shared);
-    shared[0].help = "the model folder";
+    shared[0].help = "the model folder, or a repo id in the local Hugging Face\ncache";
     const cli_option own[] = {{.name = "tensors",
                                .kind = CLI_FLAG,
                                .target = &tensors,
@@ -48,8 +48,9 @@ int gptoss_cmd_info(int argc, char **argv) {
         help(stdout, groups, 2);
         return 0;
     }
+    if (!mo.model_dir) return cli_usage_error("info", "missing -m DIR");
+    if (cli_model_options_resolve(&mo)) return 1;
     const char *model_dir = mo.model_dir;
-    if (!model_dir) return cli_usage_error("info", "missing -m DIR");
     gptoss_error err = {0};
     gptoss_model *model = NULL;
     if (gptoss_model_load(model_dir, &model, &err) != GPTOSS_OK) return cli_fail(&err);

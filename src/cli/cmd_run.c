@@ -20,13 +20,23 @@
 
 static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
     fprintf(out,
-            "usage: gptoss run -m DIR --tokens \"ID ID ...\" [-n N] [options]\n"
-            "       gptoss run -m DIR -p TEXT [options]   (a chat prompt; see gptoss run -p x "
-            "--help)\n\n"
-            "Runs the prompt through the model and generates (greedily unless --temperature),\n"
-            "printing generated token ids.\n\n"
-            "options:\n");
-    cli_print_options(out, groups, n_groups, 24);
+            "usage: gptoss run -m DIR -p TEXT [options]              a chat prompt, reply as text\n"
+            "       gptoss run -m DIR --tokens \"ID ID ...\" [options]  token ids in, ids out\n\n"
+            "With -p, TEXT is rendered as a one-turn chat (harmony: the default system message,\n"
+            "TEXT as the user message) and the reply is printed as it is generated: the\n"
+            "reasoning (dimmed on a terminal, prefixed [reasoning] otherwise), then the answer\n"
+            "([answer]). With --tokens, the ids run as they are and the generated ids are\n"
+            "printed; --logits dumps every prompt position. Both decode greedily unless\n"
+            "--temperature, and stop at <|return|>, <|call|> or <|endoftext|>, as the server\n"
+            "does.\n\n"
+            "model and backend (both modes):\n");
+    cli_print_options(out, groups, 1, 24);
+    cli_print_options(out, groups + 2, 1, 24);
+    fprintf(out, "\ntext prompt (-p TEXT):\n");
+    cli_run_text_print_options(out, 24);
+    fprintf(out, "\ntoken ids (--tokens IDS):\n");
+    cli_print_options(out, groups + 1, 1, 24);
+    cli_print_options(out, groups + 3, n_groups - 3, 24);
 }
 
 /* Spread of one logits row: a model whose logits are flat (all equal) is broken even if finite. */
@@ -219,11 +229,15 @@ int gptoss_cmd_run(int argc, char **argv) {
         help(stdout, groups, 4);
         return 0;
     }
-    const char *model_dir = mo.model_dir;
-    if (!model_dir)
+    if (!mo.model_dir)
         return cli_usage_error(
             "run", "missing -m DIR (make one with: gptoss make-model --preset tiny -o DIR)");
-    if (!tokens_text) return cli_usage_error("run", "missing --tokens");
+    if (!tokens_text) return cli_usage_error("run", "missing --tokens (or -p TEXT)");
+    gptoss_backend_options options = gptoss_backend_options_default();
+    int apply_rc = cli_model_options_apply("run", &mo, &options);
+    if (apply_rc) return apply_rc;
+    if (cli_model_options_resolve(&mo)) return 1;
+    const char *model_dir = mo.model_dir;
     int32_t *prompt = NULL, n_prompt = 0;
     if (!cli_parse_token_list(tokens_text, &prompt, &n_prompt) || n_prompt == 0) {
         free(prompt);
@@ -238,10 +252,6 @@ int gptoss_cmd_run(int argc, char **argv) {
     int rc = 1;
     if (gptoss_model_load(model_dir, &model, &err) != GPTOSS_OK) goto fail;
     const gptoss_config *c = gptoss_model_config(model);
-
-    gptoss_backend_options options = gptoss_backend_options_default();
-    if ((rc = cli_model_options_apply("run", &mo, &options))) goto done;
-    rc = 1;
     options.testing.layer_stats = stats;
     options.progress = cli_progress;
     gptoss_kv_plan_context(c, n_prompt + max_tokens, &options);

@@ -61,8 +61,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
     cli_model_options mo = cli_model_options_default();
     cli_option shared[CLI_MODEL_N_OPTIONS];
     cli_model_option_table(&mo, shared);
-    shared[0].help = "Hugging Face gpt-oss folder (make a tiny one with\n"
-                     "`gptoss make-model --preset tiny -o DIR`)";
+    shared[0].help = "Hugging Face gpt-oss folder, or a repo id in the local\n"
+                     "Hugging Face cache (openai/gpt-oss-20b); make a tiny one\n"
+                     "with `gptoss make-model --preset tiny -o DIR`";
     const cli_option own[] = {
         {.name = "tokenizer",
          .kind = CLI_STRING,
@@ -92,7 +93,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
          .kind = CLI_STRING,
          .target = &served_name,
          .value = "NAME",
-         .help = "model id clients use (default: the folder's name)"},
+         .help = "model id clients use (default: the repo id for a model\n"
+                 "from the Hugging Face cache, else the folder's name)"},
         {.name = "max-num-seqs",
          .kind = CLI_INT,
          .target = &max_num_seqs,
@@ -115,7 +117,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
          .value = "N",
          .lo = 2,
          .hi = 1 << 24,
-         .help = "prompt + generated tokens per sequence (default: model's)",
+         .help = "prompt + generated tokens per sequence (default: the\n"
+                 "model's context, 131072 for gpt-oss, or what the KV cache\n"
+                 "holds when that is less)",
          .error = "--max-model-len needs an integer >= 2"},
         {.name = "kv-blocks",
          .kind = CLI_INT,
@@ -209,12 +213,14 @@ int gptoss_cmd_serve(int argc, char **argv) {
     }
     const char *model_dir = mo.model_dir;
     bool prefix_cache = !no_prefix_cache;
-    if (!model_dir == !shape)
+    if (!model_dir && !shape)
         return cli_usage_error(
             "serve",
-            "give -m DIR (a Hugging Face gpt-oss folder; make a tiny random one to try the server "
-            "with: gptoss make-model --preset tiny -o /tmp/tiny && gptoss serve -m /tmp/tiny) or "
-            "--random-weights SHAPE, not both");
+            "missing -m DIR (a Hugging Face gpt-oss folder, or a repo id in the local Hugging Face "
+            "cache such as openai/gpt-oss-20b; make a tiny random one to try the server with: "
+            "gptoss make-model --preset tiny -o /tmp/tiny && gptoss serve -m /tmp/tiny)");
+    if (model_dir && shape)
+        return cli_usage_error("serve", "give -m DIR or --random-weights SHAPE, not both");
     if (kv_blocks && memory_fraction > 0)
         return cli_usage_error("serve", "give --kv-blocks or --gpu-memory-utilization, not both");
     /* GPTOSS_ADMIT_HEADROOM=N stands for --admit-headroom N (for measurement scripts). */
@@ -224,15 +230,20 @@ int gptoss_cmd_serve(int argc, char **argv) {
         return cli_usage_error(
             "serve", "GPTOSS_ADMIT_HEADROOM needs an integer in [0, 4096], not '%s'", headroom_env);
     gptoss_backend_options bo = gptoss_backend_options_default();
-    if (cli_model_options_apply("serve", &mo, &bo)) return 2;
+    int apply_rc = cli_model_options_apply("serve", &mo, &bo);
+    if (apply_rc) return apply_rc;
+    if (cli_model_options_resolve(&mo)) return 1;
+    model_dir = mo.model_dir;
     if (shape && bo.kind != GPTOSS_BACKEND_CUDA)
         return cli_usage_error("serve",
                                "--random-weights needs the CUDA backend; on the CPU, write "
                                "a checkpoint with `gptoss make-model` and pass -m DIR");
     if (max_num_seqs == 0) max_num_seqs = bo.kind == GPTOSS_BACKEND_CUDA ? 1024 : 64;
 
-    /* The served name defaults to the folder's last component, as vLLM does with paths. */
+    /* The served name defaults to the repo id (openai/gpt-oss-20b) for a model from the
+     * Hugging Face cache, else to the folder's last component, as vLLM does with paths. */
     char name_buf[256];
+    if (!served_name && model_dir) served_name = mo.model_id;
     if (!served_name) {
         const char *path = model_dir ? model_dir : shape;
         size_t len = strlen(path);
@@ -290,9 +301,11 @@ int gptoss_cmd_serve(int argc, char **argv) {
     } else {
         char dir[4096];
         if (!cli_find_tokenizer_dir(dir, sizeof dir)) {
+            char places[4096];
             gptoss_set_error(&err, GPTOSS_ERR_IO,
-                             "cannot find the gpt-oss tokenizer (run scripts/setup, set "
-                             "GPTOSS_TOKENIZER_DIR, or pass --tokenizer PATH)");
+                             "cannot find the gpt-oss tokenizer.json; looked in:\n%sset "
+                             "GPTOSS_TOKENIZER_DIR or pass --tokenizer PATH",
+                             cli_tokenizer_search_places(places, sizeof places));
             goto fail;
         }
         snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
@@ -321,7 +334,20 @@ int gptoss_cmd_serve(int argc, char **argv) {
     kv_blocks = bo.n_kv_blocks;
 
     gptoss_engine_options eo = gptoss_engine_options_default();
-    if (max_model_len) eo.max_model_len = (int32_t)max_model_len;
+    bool kv_capped = false;
+    eo.max_model_len = gptoss_kv_plan_max_model_len(c, max_model_len, &bo, &kv_capped);
+    if (max_model_len > c->max_position_embeddings)
+        GPTOSS_LOG_W("serve", "--max-model-len %lld is beyond the model's context; using %d",
+                     (long long)max_model_len, c->max_position_embeddings);
+    if (kv_capped)
+        gptoss_log(
+            max_model_len ? GPTOSS_LOG_WARN : GPTOSS_LOG_INFO, "serve",
+            "max model length %d, not %lld: that is all the KV cache holds (more "
+            "with a larger --gpu-memory-utilization or --kv-blocks, or --kv-cache-dtype fp8)",
+            eo.max_model_len,
+            (long long)(max_model_len && max_model_len < c->max_position_embeddings
+                            ? max_model_len
+                            : c->max_position_embeddings));
     gptoss_engine_options_for_backend(&eo, c, backend, &bo);
     eo.max_num_seqs = (int32_t)max_num_seqs;
     eo.max_num_batched_tokens = (int32_t)max_batched;

@@ -48,7 +48,8 @@ static const char detokenize_example[] =
     "  echo '24912 2375' | gptoss detokenize -m ~/models/gpt-oss-20b   -> hello world\n";
 
 typedef struct tok_options {
-    const char *model_dir;      /* -m */
+    const char *model_dir; /* -m, resolved (model_buf) */
+    char model_buf[4096];
     const char *tokenizer_path; /* --tokenizer */
     bool special;               /* --special */
     bool json;                  /* --json */
@@ -103,12 +104,16 @@ static int parse_options(const char *cmd, int argc, char **argv, bool is_tokeniz
         fputs(is_tokenize ? tokenize_examples : detokenize_example, stdout);
         return 0;
     }
-    opt->model_dir = mo.model_dir;
-    if (opt->model_dir && opt->tokenizer_path)
+    if (mo.model_dir && opt->tokenizer_path)
         return cli_usage_error(cmd, "give either -m DIR or --tokenizer FILE, not both");
-    if (!opt->model_dir && !opt->tokenizer_path)
+    if (!mo.model_dir && !opt->tokenizer_path)
         return cli_usage_error(cmd,
                                "which tokenizer? give -m DIR (a model folder) or --tokenizer FILE");
+    if (cli_model_options_resolve(&mo)) return 1;
+    if (mo.model_dir) {
+        snprintf(opt->model_buf, sizeof opt->model_buf, "%s", mo.model_dir);
+        opt->model_dir = opt->model_buf;
+    }
     return -1;
 }
 

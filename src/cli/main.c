@@ -29,8 +29,9 @@ static const cli_command commands[] = {
 
 static void usage(FILE *out) {
     fprintf(out, "gptoss %s - inference for OpenAI's gpt-oss models\n\n", GPTOSS_VERSION_STRING);
-    fprintf(out, "usage: gptoss [--log-level LEVEL] <command> [options]   (gptoss <command> --help "
-                 "for details)\n\n");
+    fprintf(out, "usage: gptoss [--log-level LEVEL] <command> [options]   (gptoss help <command> "
+                 "for details)\n"
+                 "       gptoss -V | --version\n\n");
     fprintf(out, "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
@@ -85,11 +86,21 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *name = argv[1];
+    if (strcmp(name, "help") == 0 && argc >= 3) { /* gptoss help CMD: gptoss CMD --help */
+        for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+            if (strcmp(commands[i].name, argv[2]) == 0) {
+                char *help_argv[] = {argv[2], "--help", NULL};
+                return commands[i].fn(2, help_argv);
+            }
+        fprintf(stderr, "gptoss help: unknown command '%s'\n\n", argv[2]);
+        usage(stderr);
+        return 2;
+    }
     if (strcmp(name, "-h") == 0 || strcmp(name, "--help") == 0 || strcmp(name, "help") == 0) {
         usage(stdout);
         return 0;
     }
-    if (strcmp(name, "--version") == 0 || strcmp(name, "version") == 0) {
+    if (strcmp(name, "-V") == 0 || strcmp(name, "--version") == 0 || strcmp(name, "version") == 0) {
         printf("gptoss %s\n", GPTOSS_VERSION_STRING);
         return 0;
     }

@@ -5,6 +5,7 @@
 #include "options.h"
 
 #include "cli.h"
+#include "loader/hf_cache.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -121,6 +122,10 @@ int cli_parse_options(const char *cmd, int argc, char **argv, const cli_option_g
             o = find_long(groups, n_groups, a + 2);
         else if (a[0] == '-' && a[1] && !a[2])
             o = find_short(groups, n_groups, a[1]);
+        if (!o && a[0] != '-' && find_long(groups, n_groups, "model"))
+            return cli_usage_error(cmd, "unexpected argument '%s' (to use it as the model: -m %s)",
+                                   a, a);
+        if (!o && a[0] != '-') return cli_usage_error(cmd, "unexpected argument '%s'", a);
         if (!o) return cli_usage_error(cmd, "unknown option '%s'", a);
         const char *value = NULL;
         if (o->kind != CLI_FLAG) {
@@ -189,13 +194,14 @@ cli_model_options cli_model_options_default(void) {
 }
 
 void cli_model_option_table(cli_model_options *m, cli_option table[CLI_MODEL_N_OPTIONS]) {
-    table[0] = (cli_option){
-        .name = "model",
-        .short_name = 'm',
-        .kind = CLI_STRING,
-        .target = &m->model_dir,
-        .value = "DIR",
-        .help = "Hugging Face gpt-oss folder (config.json, tokenizer.json,\nsafetensors)"};
+    table[0] = (cli_option){.name = "model",
+                            .short_name = 'm',
+                            .kind = CLI_STRING,
+                            .target = &m->model_dir,
+                            .value = "DIR",
+                            .help = "the model: a Hugging Face gpt-oss folder (config.json,\n"
+                                    "tokenizer.json, safetensors) or a repo id in the local\n"
+                                    "Hugging Face cache (openai/gpt-oss-20b, ORG/NAME@REVISION)"};
     table[1] = (cli_option){.name = "backend",
                             .kind = CLI_ENUM,
                             .target = &m->backend,
@@ -244,5 +250,31 @@ int cli_model_options_apply(const char *cmd, const cli_model_options *m,
     bo->device = (int32_t)m->device;
     bo->fp8_layers = m->fp8_layers;
     bo->kv_cache_dtype = m->kv_cache_dtype;
+    gptoss_error probe = {0};
+    if (gptoss_backend_check_device(bo->kind, bo->device, &probe) != GPTOSS_OK)
+        return cli_device_unusable(cmd, m->backend >= 0, &probe);
+    return 0;
+}
+
+int cli_device_unusable(const char *cmd, bool chosen, const gptoss_error *probe) {
+    fprintf(stderr, "gptoss %s: error: %s\n", cmd,
+            probe->message[0] ? probe->message : gptoss_status_name(probe->status));
+    fprintf(stderr,
+            "%s To run on the CPU instead, add --backend cpu (the fp32 reference backend: right, "
+            "but far too slow to serve gpt-oss-20b or gpt-oss-120b).\n",
+            chosen ? "--backend cuda needs a CUDA build and a GPU of compute capability 8.0 or "
+                     "newer."
+                   : "This gptoss runs on the GPU (the CUDA backend) unless told otherwise.");
+    return 1;
+}
+
+int cli_model_options_resolve(cli_model_options *m) {
+    if (!m->model_dir) return 0;
+    gptoss_model_location location;
+    gptoss_error err = {0};
+    if (gptoss_model_locate(m->model_dir, &location, &err) != GPTOSS_OK) return cli_fail(&err);
+    snprintf(m->resolved_dir, sizeof m->resolved_dir, "%s", location.dir);
+    snprintf(m->model_id, sizeof m->model_id, "%s", location.id);
+    m->model_dir = m->resolved_dir;
     return 0;
 }

@@ -69,7 +69,9 @@ extern const char cli_kv_cache_dtype_help[];
 
 /* The shared model and backend options. */
 typedef struct cli_model_options {
-    const char *model_dir;
+    const char *model_dir; /* -m as given; the folder after cli_model_options_resolve */
+    char model_id[256];    /* after resolving: the id the model is served under */
+    char resolved_dir[4096];
     int backend; /* -1: cuda when built with it, else cpu; else an index of "cpu", "cuda" */
     int64_t threads;
     int64_t device;
@@ -84,9 +86,20 @@ cli_model_options cli_model_options_default(void);
 /* Fills `table` with the group's options bound to *m. */
 void cli_model_option_table(cli_model_options *m, cli_option table[CLI_MODEL_N_OPTIONS]);
 
-/* Copies the parsed options into *bo (kind, threads, device, fp8 layers, KV dtype). Returns 0,
- * or 2 after a usage error (FP8 layers asked of the CPU backend). */
+/* Resolves -m, a folder or a Hugging Face repo id in the local cache (loader/hf_cache.h):
+ * model_dir then names the folder to load and model_id the id to serve it under. Returns 0
+ * (also without -m), or 1 after printing why nothing was found. */
+int cli_model_options_resolve(cli_model_options *m);
+
+/* Copies the parsed options into *bo (kind, threads, device, fp8 layers, KV dtype) and checks
+ * that the backend can run here, before any model is loaded. Returns 0, 2 after a usage
+ * error (FP8 layers asked of the CPU backend), or 1 when the CUDA backend has no usable GPU
+ * (cli_device_unusable). */
 int cli_model_options_apply(const char *cmd, const cli_model_options *m,
                             gptoss_backend_options *bo);
+
+/* Prints why the CUDA backend cannot run (probe: the check's error) and how to run on the
+ * CPU instead; `chosen`: --backend cuda was given rather than defaulted. Returns 1. */
+int cli_device_unusable(const char *cmd, bool chosen, const gptoss_error *probe);
 
 #endif

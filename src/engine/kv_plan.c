@@ -74,6 +74,16 @@ void gptoss_kv_plan_context(const gptoss_config *c, int64_t context_tokens,
     bo->kv_shared_pages = false;
 }
 
+int32_t gptoss_kv_plan_max_model_len(const gptoss_config *c, int64_t requested,
+                                     const gptoss_backend_options *bo, bool *kv_capped) {
+    int64_t len = requested > 0 ? requested : c->max_position_embeddings;
+    if (len > c->max_position_embeddings) len = c->max_position_embeddings;
+    int64_t kv_tokens = (int64_t)bo->n_kv_blocks * bo->kv_block_size;
+    *kv_capped = len > kv_tokens;
+    if (*kv_capped) len = kv_tokens;
+    return (int32_t)len;
+}
+
 double gptoss_kv_plan_mib(const gptoss_config *c, const gptoss_backend_options *bo) {
     double per_layer_token = (double)gptoss_kv_cache_token_bytes(c, bo->kind, bo->kv_cache_dtype);
     int32_t n_sliding = gptoss_config_n_sliding_layers(c);

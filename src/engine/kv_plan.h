@@ -16,6 +16,7 @@
 
 #include "gptoss.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* CUDA serving: fill this fraction of the GPU's memory by default. At 0.95 what the process
@@ -51,6 +52,14 @@ gptoss_status gptoss_kv_plan_serve(const gptoss_config *config,
  * sliding pool as large, but never below one window (the engine refuses less). */
 void gptoss_kv_plan_context(const gptoss_config *config, int64_t context_tokens,
                             gptoss_backend_options *bo);
+
+/* The longest sequence (prompt + generated tokens) a server admits: `requested` (0: the
+ * model's context, max_position_embeddings, 131072 for gpt-oss), never beyond the model's
+ * context, and never beyond the tokens the KV cache holds as the backend sized it (bo read
+ * back with gptoss_backend_get_options), since no sequence longer than the cache can run.
+ * *kv_capped says the KV cache was the limit. */
+int32_t gptoss_kv_plan_max_model_len(const gptoss_config *config, int64_t requested,
+                                     const gptoss_backend_options *bo, bool *kv_capped);
 
 /* Pages a separate sliding pool needs for max_num_seqs windows plus one prefill chunk of
  * max_num_batched_tokens: each window may straddle a page on each side, and 16 pages of slack

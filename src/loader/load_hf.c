@@ -151,6 +151,37 @@ static gptoss_status bind_shards(const hf_shards *s, gptoss_error *error) {
     return st;
 }
 
+/* OpenAI's own checkpoint format (config.json, dtypes.json and one model.safetensors with
+ * other tensor names) ships in the repo's original/ folder, and a download of only that folder
+ * holds nothing else: say what it is and what to point at instead of failing on its config. */
+static gptoss_status check_not_original(const char *dir, gptoss_error *error) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/dtypes.json", dir);
+    if (file_exists(path))
+        return gptoss_set_error(
+            error, GPTOSS_ERR_UNSUPPORTED,
+            "%s is OpenAI's original checkpoint layout (config.json, dtypes.json, "
+            "model.safetensors), which gptoss does not read; give -m the Hugging Face folder "
+            "instead: the one above original/, with config.json, tokenizer.json and "
+            "model-*.safetensors at its top",
+            dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (file_exists(path)) return GPTOSS_OK;
+    snprintf(path, sizeof path, "%s/original/dtypes.json", dir);
+    char config[4096];
+    snprintf(config, sizeof config, "%s/original/config.json", dir);
+    if (file_exists(path) || file_exists(config))
+        return gptoss_set_error(
+            error, GPTOSS_ERR_IO,
+            "%s holds only original/ (OpenAI's original checkpoint layout, which gptoss does not "
+            "read) and not the Hugging Face files gptoss loads: config.json, tokenizer.json and "
+            "model-*.safetensors with their index at the top of the folder. Download those "
+            "(hf download openai/gpt-oss-20b --exclude 'original/*' --exclude 'metal/*', or "
+            "120b) and give -m that folder",
+            dir);
+    return GPTOSS_OK;
+}
+
 gptoss_status gptoss_model_load(const char *dir, gptoss_model **out, gptoss_error *error) {
     *out = NULL;
     if (!dir || !*dir)
@@ -162,8 +193,10 @@ gptoss_status gptoss_model_load(const char *dir, gptoss_model **out, gptoss_erro
         return gptoss_set_error(error, GPTOSS_ERR_IO,
                                 "%s: not a folder (give the model folder holding config.json)",
                                 dir);
+    gptoss_status st = check_not_original(dir, error);
+    if (st != GPTOSS_OK) return st;
     gptoss_config config;
-    gptoss_status st = gptoss_config_load(dir, &config, error);
+    st = gptoss_config_load(dir, &config, error);
     if (st != GPTOSS_OK) return st;
 
     char path[4096];

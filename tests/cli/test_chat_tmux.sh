@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_chat_tmux.sh - `gptoss chat` driven for real in a terminal (a detached tmux session on
 # a private tmux server): a question gets a streamed answer region, /effort and /reset are
-# acknowledged, Ctrl-C stops a long answer quickly and returns to the prompt, Ctrl-C at the
-# prompt explains and a second one exits, /quit exits. A random tiny model writes gibberish:
+# acknowledged, the up and down arrows recall earlier lines (libedit), Ctrl-C stops a long
+# answer quickly and returns to the prompt, Ctrl-C at the prompt explains and a second one
+# exits, /quit exits. A random tiny model writes gibberish:
 # this tests the mechanics, not the content. Skips (exit 0) only when tmux is absent.
 set -u
 if ! command -v tmux >/dev/null 2>&1; then
@@ -88,6 +89,30 @@ tm send-keys -t chat "/reset" Enter
 wait_for '^\[conversation reset\]' 30 || fail "/reset not acknowledged"
 wait_until 30 at_prompt || fail "no prompt after /reset"
 
+# 3b. Line editing (libedit): Up recalls the previous line into the prompt, a second Up the one
+#     before, Down goes back; Enter sends the recalled line. A build without libedit says so in
+#     `chat --help`, and only then is this skipped.
+if "$bin" chat --help | grep -q '^line editing (libedit'; then
+    usage_lines() { screen | grep -cE '^\[usage: /effort low\|medium\|high\]'; }
+    # the prompt line now (the last line written), not the lines typed before
+    prompt_shows() { screen | sed -e '/^$/d' | tail -1 | grep -qE -- "^> $1 *\$"; }
+    tm send-keys -t chat Up
+    wait_until 30 prompt_shows /reset || fail "Up did not recall the previous line (/reset)"
+    tm send-keys -t chat Up
+    wait_until 30 prompt_shows '/effort extreme' || fail "a second Up did not recall /effort extreme"
+    tm send-keys -t chat Down
+    wait_until 30 prompt_shows /reset || fail "Down did not go back to /reset"
+    tm send-keys -t chat Up Enter
+    two_usages() { [ "$(usage_lines)" -ge 2 ]; }
+    wait_until 30 two_usages || fail "the recalled /effort extreme was not sent"
+    wait_until 30 at_prompt || fail "no prompt after the recalled line"
+    echo "history: Up and Down recall earlier lines"
+else
+    "$bin" chat --help | grep -q '^line editing: not in this build' ||
+        fail "chat --help says nothing about line editing"
+    echo "line editing not in this build (chat --help says so): history not tested"
+fi
+
 # 4. Ctrl-C at the prompt explains how to leave; /quit then exits the program.
 tm send-keys -t chat C-c
 wait_for 'Ctrl-C again or /quit to leave' 30 || fail "Ctrl-C at the prompt gave no hint"
@@ -107,4 +132,4 @@ start_chat -n 4
 wait_for '^> ' 120 || fail "no prompt within 120 s (third session)"
 tm send-keys -t chat C-d
 wait_for '^\[chat exited\] 0' 60 || fail "end of input (Ctrl-D) did not exit"
-echo "ok: answer streamed, Ctrl-C interrupts, /effort, /reset, /quit, Ctrl-C twice, Ctrl-D"
+echo "ok: answer streamed, Ctrl-C interrupts, /effort, /reset, history, /quit, Ctrl-C twice, Ctrl-D"

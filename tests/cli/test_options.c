@@ -201,6 +201,45 @@ int main(void) {
     CHECK(cli_parse_options("x", 5, fp8_on_cpu, &g, 1, &help) == 0);
     CHECK(cli_model_options_apply("x", &mo, &bo) == 2); /* FP8 layers are a CUDA option */
 
+    /* A bare argument: pointed at -m where the command takes a model. */
+    char *positional[] = {"x", "some/dir"};
+    capture_begin();
+    CHECK(cli_parse_options("x", 2, positional, &g, 1, &help) == 2);
+    const char *said = capture_end();
+    CHECK(strstr(said, "unexpected argument 'some/dir' (to use it as the model: -m some/dir)"));
+    capture_begin();
+    CHECK(cli_parse_options("test", 2, positional, &group, 1, &help) == 2);
+    said = capture_end();
+    CHECK(strstr(said, "unexpected argument 'some/dir'") && !strstr(said, "-m some/dir"));
+
+    /* A CUDA backend that cannot run: the probe's reason and the way to the CPU, whatever
+     * this build holds; the default backend and --backend cuda are told apart. */
+    gptoss_error probe = {.status = GPTOSS_ERR_BACKEND};
+    snprintf(probe.message, sizeof probe.message,
+             "CUDA: no usable GPU (no CUDA-capable device is detected)");
+    capture_begin();
+    CHECK(cli_device_unusable("serve", false, &probe) == 1);
+    said = capture_end();
+    CHECK(strstr(said, "gptoss serve: error: CUDA: no usable GPU (no CUDA-capable device is "
+                       "detected)\n") &&
+          strstr(said, "runs on the GPU (the CUDA backend) unless told otherwise") &&
+          strstr(said, "add --backend cpu"));
+    capture_begin();
+    CHECK(cli_device_unusable("chat", true, &probe) == 1);
+    said = capture_end();
+    CHECK(strstr(said, "--backend cuda needs a CUDA build and a GPU") &&
+          strstr(said, "add --backend cpu") && !strstr(said, "unless told otherwise"));
+    /* In a build without CUDA, --backend cuda stops at apply, before any model. */
+    if (!gptoss_has_cuda()) {
+        char *cuda[] = {"x", "--backend", "cuda"};
+        mo = cli_model_options_default();
+        CHECK(cli_parse_options("x", 3, cuda, &g, 1, &help) == 0);
+        capture_begin();
+        CHECK(cli_model_options_apply("x", &mo, &bo) == 1);
+        said = capture_end();
+        CHECK(strstr(said, "built without CUDA") && strstr(said, "add --backend cpu"));
+    }
+
     if (failures) fprintf(stderr, "%d failures\n", failures);
     return failures ? 1 : 0;
 }

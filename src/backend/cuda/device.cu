@@ -32,18 +32,18 @@ gptoss_status gptoss_cuda_alloc(void **p, size_t bytes, const char *what, gptoss
     return GPTOSS_OK;
 }
 
-gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal,
-                                      const gptoss_cuda_tuning *tuning, gptoss_error *error) {
+extern "C" gptoss_status gptoss_cuda_check_device(int32_t ordinal, gptoss_error *error) {
     int n_dev = 0;
     cudaError_t ce = cudaGetDeviceCount(&n_dev);
-    if (ce != cudaSuccess || n_dev == 0)
+    if (ce != cudaSuccess || n_dev == 0) {
+        cudaGetLastError();
         return gptoss_set_error(error, GPTOSS_ERR_BACKEND, "CUDA: no usable GPU (%s)",
                                 ce != cudaSuccess ? cudaGetErrorString(ce) : "device count is 0");
+    }
     if (ordinal < 0 || ordinal >= n_dev)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                 "CUDA: device %d does not exist (this machine has %d)", ordinal,
                                 n_dev);
-    CUDA_TRY(cudaSetDevice(ordinal), "cudaSetDevice");
     cudaDeviceProp prop;
     CUDA_TRY(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
     if (prop.major < 8)
@@ -52,6 +52,16 @@ gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal,
             "CUDA: %s is compute capability %d.%d; gptoss needs 8.0 or newer (bf16 "
             "tensor cores)",
             prop.name, prop.major, prop.minor);
+    return GPTOSS_OK;
+}
+
+gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal,
+                                      const gptoss_cuda_tuning *tuning, gptoss_error *error) {
+    gptoss_status st = gptoss_cuda_check_device(ordinal, error);
+    if (st) return st;
+    CUDA_TRY(cudaSetDevice(ordinal), "cudaSetDevice");
+    cudaDeviceProp prop;
+    CUDA_TRY(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
     dev->ordinal = ordinal;
     snprintf(dev->name, sizeof dev->name, "%s", prop.name);
     dev->sm = 10 * prop.major + prop.minor;
