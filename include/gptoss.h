@@ -375,6 +375,10 @@ void gptoss_backend_free(gptoss_backend *backend);
 /* Whether this build includes the CUDA backend. */
 bool gptoss_has_cuda(void);
 
+/* GPUs the CUDA backend can open (CUDA_VISIBLE_DEVICES applies): device ordinals run from 0 to
+ * this minus one. 0 without CUDA in the build, without a driver, or without a GPU. */
+int32_t gptoss_cuda_device_count(void);
+
 #ifdef __cplusplus
 }
 #endif

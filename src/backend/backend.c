@@ -65,6 +65,14 @@ bool gptoss_has_cuda(void) {
 #endif
 }
 
+int32_t gptoss_cuda_device_count(void) {
+#ifdef GPTOSS_WITH_CUDA
+    return gptoss_cuda_count_devices();
+#else
+    return 0;
+#endif
+}
+
 gptoss_status gptoss_batch_plan_validate(const gptoss_batch_plan *p, const gptoss_config *c,
                                          int32_t block_size, int32_t n_blocks,
                                          int32_t n_sliding_blocks, gptoss_error *error) {

@@ -38,6 +38,8 @@ typedef struct gptoss_backend_ops {
 extern const gptoss_backend_ops gptoss_cpu_backend_ops;
 #ifdef GPTOSS_WITH_CUDA
 extern const gptoss_backend_ops gptoss_cuda_backend_ops;
+/* cudaGetDeviceCount, 0 on any error (device.cu). */
+int32_t gptoss_cuda_count_devices(void);
 #endif
 
 #endif
