@@ -60,29 +60,27 @@ gptoss_status server_submit(gptoss_server *s, const int32_t *prompt, int32_t n_p
     *engine_index = -1;
     /* Engines whose queue is full (or that drain) take nothing; the others are the router's
      * to choose from. A queue may fill between the check and the submit: then the next best
-     * of the remaining engines gets the request. */
+     * of the remaining engines gets the request. When every queue is full, every engine is
+     * asked anyway, so that the refusal is in an engine's own words (full, or draining). */
     uint64_t allowed = 0;
     for (int32_t e = 0; e < s->n_engines; e++)
         if (!gptoss_engine_queue_full(s->engines[e])) allowed |= 1ull << e;
+    if (!allowed) allowed = s->n_engines == 64 ? ~0ull : (1ull << s->n_engines) - 1;
     for (;;) {
         server_route route = server_router_route(s->router, prompt, n_prompt, options->cache_salt,
                                                  options->cache_salt_len, allowed);
-        if (route.engine < 0)
-            return gptoss_set_error(error, GPTOSS_ERR_CAPACITY,
-                                    s->n_engines == 1 ? "the request queue is full"
-                                                      : "every engine's request queue is full");
+        if (route.engine < 0) /* every engine refused for a full queue; *error says so */
+            return GPTOSS_ERR_CAPACITY;
         gptoss_engine *engine = s->engines[route.engine];
         gptoss_status st =
             gptoss_engine_submit(engine, prompt, n_prompt, params, options, out, error);
         if (st == GPTOSS_OK) {
             *engine_index = route.engine;
             if (s->n_engines > 1)
-                GPTOSS_LOG_D("router",
-                             "request %llu -> engine %d (%s, prefix %d blocks, %d in "
-                             "flight)",
-                             (unsigned long long)gptoss_request_id(*out), route.engine,
-                             route.by_prefix ? "prefix" : "least loaded", route.match_blocks,
-                             route.load);
+                GPTOSS_LOG_D(
+                    "router", "request %llu -> engine %d (%s, prefix %d blocks, %d in flight)",
+                    (unsigned long long)gptoss_request_id(*out), route.engine,
+                    route.by_prefix ? "prefix" : "least loaded", route.match_blocks, route.load);
             return GPTOSS_OK;
         }
         server_router_done(s->router, route.engine);
