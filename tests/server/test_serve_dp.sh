@@ -18,12 +18,13 @@ SLURM_PROCID=1 SLURM_STEP_ID=0 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NUM_NODES=2 SLU
   SLURM_STEP_NODELIST='n[1-2]' "$bin" serve -m "$work/tiny" --port 0 >"$work/out" 2>&1; rc=$?
 [ $rc -eq 2 ] && grep -q "process 1 of 2 (Slurm)" "$work/out" || fail "a 2-task srun step: exit $rc: $(cat "$work/out")"
 
-# -t 2 is the total: one thread per engine here, as for the single engine below.
+# -t 2 is the total: one thread per engine here. The single engine below runs two threads:
+# the CPU backend's reductions run in a fixed order per token whatever the thread count.
 GPTOSS_LOG_LEVEL=debug start_server dp -t 2 --data-parallel-size 2 --api-key "$key" || exit 1
 dp_pid=$pid dp_url="http://127.0.0.1:$port"
 grep -q "engine 0 (1 thread)" "$work/dp.log" && grep -q "engine 1 (1 thread)" "$work/dp.log" ||
   fail "no start-up line per engine: $(head -20 "$work/dp.log")"
-start_server one -t 1 --api-key "$key" || exit 1
+start_server one -t 2 --api-key "$key" || exit 1
 one_pid=$pid one_url="http://127.0.0.1:$port"
 
 node -e '
