@@ -198,8 +198,10 @@ int gptoss_cmd_serve(int argc, char **argv) {
          .value = "N",
          .lo = 1,
          .hi = GPTOSS_DIST_MAX_WORLD,
-         .help = "nodes of a multi-node job (one process each; Slurm\n"
-                 "and Open MPI launches are read from the environment)",
+         .help = "nodes of a multi-node job, one process each (Slurm and\n"
+                 "Open MPI launches are read from the environment);\n"
+                 "more than one is refused until tensor or expert\n"
+                 "parallelism exist",
          .error = "--nnodes needs an integer in [1, 65536]"},
         {.name = "node-rank",
          .kind = CLI_INT,

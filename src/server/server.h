@@ -5,8 +5,8 @@
  * /v1/models, /health, /metrics), API-key checks, request bodies and their limits, and the
  * per-connection streaming state. It turns HTTP requests into engine submissions and engine
  * events into OpenAI JSON / server-sent events. Must not load models or run forward passes:
- * the caller (cmd_serve.c) owns the model, backend, tokenizer and engine and hands them over
- * once they are ready.
+ * the caller (cmd_serve.c) owns the model, backends, tokenizer and engines (one, or one per
+ * GPU for data parallel serving) and hands them over once they are ready.
  *
  * Threads: libmicrohttpd runs one thread per connection; a connection thread sleeps until the
  * engine signals new events for its request or its client hangs up (which cancels the
