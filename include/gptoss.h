@@ -381,6 +381,10 @@ bool gptoss_has_cuda(void);
 gptoss_status gptoss_backend_check_device(gptoss_backend_kind kind, int32_t device,
                                           gptoss_error *error);
 
+/* GPUs the CUDA backend can open (CUDA_VISIBLE_DEVICES applies): device ordinals run from 0 to
+ * this minus one. 0 without CUDA in the build, without a driver, or without a GPU. */
+int32_t gptoss_cuda_device_count(void);
+
 #ifdef __cplusplus
 }
 #endif

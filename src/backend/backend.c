@@ -79,6 +79,14 @@ gptoss_status gptoss_backend_check_device(gptoss_backend_kind kind, int32_t devi
 #endif
 }
 
+int32_t gptoss_cuda_device_count(void) {
+#ifdef GPTOSS_WITH_CUDA
+    return gptoss_cuda_count_devices();
+#else
+    return 0;
+#endif
+}
+
 gptoss_status gptoss_batch_plan_validate(const gptoss_batch_plan *p, const gptoss_config *c,
                                          int32_t block_size, int32_t n_blocks,
                                          int32_t n_sliding_blocks, gptoss_error *error) {

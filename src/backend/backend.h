@@ -40,6 +40,9 @@ extern const gptoss_backend_ops gptoss_cpu_backend_ops;
 extern const gptoss_backend_ops gptoss_cuda_backend_ops;
 /* Whether GPU `ordinal` exists and can run gptoss (device.cu); touches no model. */
 gptoss_status gptoss_cuda_check_device(int32_t ordinal, gptoss_error *error);
+
+/* cudaGetDeviceCount, 0 on any error (device.cu). */
+int32_t gptoss_cuda_count_devices(void);
 #endif
 
 #endif

@@ -2,9 +2,11 @@
  * cmd_serve.c - `gptoss serve`: the OpenAI-compatible HTTP server.
  *
  * Owns: the serve command line, the order of start-up (listen first so /health can say 503
- * while weights load, then model, tokenizer, backend, engine, ready) and the SIGTERM drain.
- * KV sizing is engine/kv_plan.c's; the HTTP work itself is src/server. This file must stay a
- * thin driver.
+ * while weights load, then model, tokenizer, backends, engines, ready) and the SIGTERM drain.
+ * With --data-parallel-size N it creates N backends over the one loaded model (the host
+ * mapping is shared; each GPU gets its own copy of the weights) and N engines, which the
+ * server routes between (src/server/router.h). KV sizing is engine/kv_plan.c's; the HTTP work
+ * itself is src/server. This file must stay a thin driver.
  */
 #include "cli.h"
 #include "options.h"
@@ -15,6 +17,7 @@
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
+#include "util/dist.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -23,6 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+#define MAX_DATA_PARALLEL 64 /* SERVER_ROUTER_MAX_ENGINES */
 
 static volatile sig_atomic_t stop_signal = 0;
 
@@ -55,7 +61,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
     gptoss_server_options so = gptoss_server_options_default();
     int64_t max_num_seqs = 0, max_batched = 2048, kv_blocks = 0, max_queue = 1024,
             max_body = (int64_t)so.max_body_bytes, port = so.port, drain_s = 60, max_model_len = 0,
-            idle_s = so.connection_timeout_s, admit_headroom = -1;
+            idle_s = so.connection_timeout_s, admit_headroom = -1, data_parallel = 1;
+    gptoss_dist_flags dist = gptoss_dist_flags_default();
     double memory_fraction = 0;
     bool no_prefix_cache = false, no_webui = false;
     cli_model_options mo = cli_model_options_default();
@@ -183,6 +190,50 @@ int gptoss_cmd_serve(int argc, char **argv) {
                  "while its request is read (default 120); a request\n"
                  "that is queued or generating is never timed out",
          .error = "--idle-timeout needs seconds in [1, 86400]"},
+        {.name = "data-parallel-size",
+         .kind = CLI_INT,
+         .target = &data_parallel,
+         .value = "N",
+         .lo = 1,
+         .hi = MAX_DATA_PARALLEL,
+         .help = "N engines, each with its own copy of the model: CUDA\n"
+                 "on devices --device..--device+N-1, CPU with -t/N\n"
+                 "threads each; requests go to the engine that holds\n"
+                 "their prefix, else the least loaded (default 1)",
+         .error = "--data-parallel-size needs an integer in [1, 64]"},
+        {.name = "nnodes",
+         .kind = CLI_INT,
+         .target = &dist.nnodes,
+         .value = "N",
+         .lo = 1,
+         .hi = GPTOSS_DIST_MAX_WORLD,
+         .help = "nodes of a multi-node job, one process each (Slurm and\n"
+                 "Open MPI launches are read from the environment);\n"
+                 "more than one is refused until tensor or expert\n"
+                 "parallelism exist",
+         .error = "--nnodes needs an integer in [1, 65536]"},
+        {.name = "node-rank",
+         .kind = CLI_INT,
+         .target = &dist.node_rank,
+         .value = "R",
+         .lo = 0,
+         .hi = GPTOSS_DIST_MAX_WORLD - 1,
+         .help = "this node's index in the job (0: the master)",
+         .error = "--node-rank needs an integer in [0, 65535]"},
+        {.name = "master-addr",
+         .kind = CLI_STRING,
+         .target = &dist.master_addr,
+         .value = "HOST",
+         .help = "address of node 0 (default: MASTER_ADDR)"},
+        {.name = "master-port",
+         .kind = CLI_INT,
+         .target = &dist.master_port,
+         .value = "P",
+         .lo = 1,
+         .hi = 65535,
+         .help = "rendezvous port on node 0 (default: MASTER_PORT or\n"
+                 "29500)",
+         .error = "--master-port needs an integer in [1, 65535]"},
         {.name = "random-weights",
          .kind = CLI_STRING,
          .target = &shape,
@@ -239,6 +290,35 @@ int gptoss_cmd_serve(int argc, char **argv) {
                                "--random-weights needs the CUDA backend; on the CPU, write "
                                "a checkpoint with `gptoss make-model` and pass -m DIR");
     if (max_num_seqs == 0) max_num_seqs = bo.kind == GPTOSS_BACKEND_CUDA ? 1024 : 64;
+    int32_t n_dp = (int32_t)data_parallel;
+    {
+        gptoss_dist_info where;
+        gptoss_error derr = {0};
+        if (gptoss_dist_resolve(&dist, NULL, NULL, &where, &derr) != GPTOSS_OK)
+            return cli_usage_error("serve", "%s", derr.message);
+        if (where.world_size > 1)
+            return cli_usage_error(
+                "serve",
+                "this is process %d of %d (%s), but serving across processes or nodes needs "
+                "tensor or expert parallelism (--tensor-parallel-size), which this build does "
+                "not have yet. Serve on each node alone instead (--data-parallel-size over its "
+                "GPUs) behind a load balancer.",
+                where.rank, where.world_size, gptoss_dist_source_name(where.source));
+    }
+    if (bo.kind == GPTOSS_BACKEND_CUDA && n_dp > 1) {
+        int32_t visible = gptoss_cuda_device_count();
+        if (bo.device + n_dp > visible)
+            return cli_usage_error("serve",
+                                   "--data-parallel-size %d needs GPUs %d..%d, but %d %s visible "
+                                   "(CUDA_VISIBLE_DEVICES applies)",
+                                   n_dp, bo.device, bo.device + n_dp - 1, visible,
+                                   visible == 1 ? "is" : "are");
+    }
+    if (bo.kind == GPTOSS_BACKEND_CPU && n_dp > 1) { /* -t is the total over the engines */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int64_t total = bo.n_threads > 0 ? bo.n_threads : cores > 0 ? cores : 1;
+        bo.n_threads = total >= n_dp ? (int32_t)(total / n_dp) : 1;
+    }
 
     /* The served name defaults to the repo id (openai/gpt-oss-20b) for a model from the
      * Hugging Face cache, else to the folder's last component, as vLLM does with paths. */
@@ -272,9 +352,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
     gptoss_error err = {0};
     gptoss_server *server = NULL;
     gptoss_model *model = NULL;
-    gptoss_backend *backend = NULL;
+    gptoss_backend *backends[MAX_DATA_PARALLEL] = {0};
     gptoss_tokenizer *tokenizer = NULL;
-    gptoss_engine *engine = NULL;
+    gptoss_engine *engines[MAX_DATA_PARALLEL] = {0};
     int rc = 1;
     if (gptoss_server_start(&so, &server, &err) != GPTOSS_OK) goto fail;
     GPTOSS_LOG_I("serve",
@@ -323,19 +403,64 @@ int gptoss_cmd_serve(int argc, char **argv) {
                                       .max_num_seqs = (int32_t)max_num_seqs,
                                       .max_num_batched_tokens = (int32_t)max_batched};
     if (gptoss_kv_plan_serve(c, &kv_plan, &bo, &err) != GPTOSS_OK) goto fail;
-    bo.progress = print_progress;
-    if (model) {
-        if (gptoss_backend_create(model, &bo, &backend, &err) != GPTOSS_OK) goto fail;
-    } else if (gptoss_backend_create_random(c, &bo, 1, &backend, &err) != GPTOSS_OK) {
-        goto fail;
+    if (bo.kind == GPTOSS_BACKEND_CPU && n_dp > 1 && !kv_blocks) {
+        /* The CPU engines share one machine's memory: the default budget is split. */
+        bo.n_kv_blocks = bo.n_kv_blocks / n_dp > 0 ? bo.n_kv_blocks / n_dp : 1;
+        if (bo.n_sliding_kv_blocks > bo.n_kv_blocks) bo.n_sliding_kv_blocks = bo.n_kv_blocks;
     }
-    if (cli_stderr_is_tty()) fprintf(stderr, "\n");
-    bo = gptoss_backend_get_options(backend);
-    kv_blocks = bo.n_kv_blocks;
-
+    bo.progress = print_progress;
     gptoss_engine_options eo = gptoss_engine_options_default();
+    int32_t device0 = bo.device;
     bool kv_capped = false;
-    eo.max_model_len = gptoss_kv_plan_max_model_len(c, max_model_len, &bo, &kv_capped);
+    for (int32_t i = 0; i < n_dp; i++) {
+        /* One model load (the host mapping), one backend per device: each uploads its own
+         * copy of the weights (random weights from the same seed, so every engine serves the
+         * same model) and sizes its own KV pool. */
+        gptoss_backend_options bo_i = bo;
+        bo_i.device = device0 + i;
+        gptoss_status st = model ? gptoss_backend_create(model, &bo_i, &backends[i], &err)
+                                 : gptoss_backend_create_random(c, &bo_i, 1, &backends[i], &err);
+        if (cli_stderr_is_tty()) fprintf(stderr, "\n");
+        if (st != GPTOSS_OK) {
+            if (n_dp > 1) gptoss_error_prefix(&err, "engine %d: ", i);
+            goto fail;
+        }
+        bo_i = gptoss_backend_get_options(backends[i]);
+        gptoss_engine_options eo_i = gptoss_engine_options_default();
+        bool capped_i = false;
+        eo_i.max_model_len = gptoss_kv_plan_max_model_len(c, max_model_len, &bo_i, &capped_i);
+        kv_capped = kv_capped || capped_i;
+        gptoss_engine_options_for_backend(&eo_i, c, backends[i], &bo_i);
+        eo_i.max_num_seqs = (int32_t)max_num_seqs;
+        eo_i.max_num_batched_tokens = (int32_t)max_batched;
+        eo_i.max_queue_len = (int32_t)max_queue;
+        eo_i.enable_prefix_cache = prefix_cache;
+        if (admit_headroom >= 0) eo_i.admit_headroom = (int32_t)admit_headroom;
+        int32_t stop_ids[GPTOSS_CHAT_MAX_STOP_IDS];
+        gptoss_engine_options_set_eos(&eo_i, stop_ids, gptoss_chat_stop_ids(stop_ids));
+        if (gptoss_engine_create(&eo_i, &engines[i], &err) != GPTOSS_OK ||
+            gptoss_engine_start(engines[i], &err) != GPTOSS_OK) {
+            if (n_dp > 1) gptoss_error_prefix(&err, "engine %d: ", i);
+            goto fail;
+        }
+        /* Every engine must take the same requests: the smallest context bounds them all. */
+        if (i == 0 || eo_i.max_model_len < eo.max_model_len) eo = eo_i;
+        char where[64] = "";
+        if (n_dp > 1 && bo_i.kind == GPTOSS_BACKEND_CUDA)
+            snprintf(where, sizeof where, "engine %d on GPU %d: ", i, bo_i.device);
+        else if (n_dp > 1)
+            snprintf(where, sizeof where, "engine %d (%d thread%s): ", i, bo_i.n_threads,
+                     bo_i.n_threads == 1 ? "" : "s");
+        GPTOSS_LOG_I(
+            "serve",
+            "%sbackend %s: KV cache (%s) %lld blocks x %d tokens = %lld tokens (%.1f MiB), max "
+            "%d sequences, prefix cache %s, context %d",
+            where, gptoss_backend_name(backends[i]), kv_format(&bo_i), (long long)bo_i.n_kv_blocks,
+            bo_i.kv_block_size, (long long)bo_i.n_kv_blocks * bo_i.kv_block_size,
+            gptoss_kv_plan_mib(c, &bo_i), eo_i.max_num_seqs, prefix_cache ? "on" : "off",
+            eo_i.max_model_len);
+        if (i == 0) bo = bo_i;
+    }
     if (max_model_len > c->max_position_embeddings)
         GPTOSS_LOG_W("serve", "--max-model-len %lld is beyond the model's context; using %d",
                      (long long)max_model_len, c->max_position_embeddings);
@@ -348,24 +473,14 @@ int gptoss_cmd_serve(int argc, char **argv) {
             (long long)(max_model_len && max_model_len < c->max_position_embeddings
                             ? max_model_len
                             : c->max_position_embeddings));
-    gptoss_engine_options_for_backend(&eo, c, backend, &bo);
-    eo.max_num_seqs = (int32_t)max_num_seqs;
-    eo.max_num_batched_tokens = (int32_t)max_batched;
-    eo.max_queue_len = (int32_t)max_queue;
-    eo.enable_prefix_cache = prefix_cache;
-    if (admit_headroom >= 0) eo.admit_headroom = (int32_t)admit_headroom;
-    int32_t stop_ids[GPTOSS_CHAT_MAX_STOP_IDS];
-    gptoss_engine_options_set_eos(&eo, stop_ids, gptoss_chat_stop_ids(stop_ids));
-    if (gptoss_engine_create(&eo, &engine, &err) != GPTOSS_OK) goto fail;
-    if (gptoss_engine_start(engine, &err) != GPTOSS_OK) goto fail;
-    gptoss_server_set_ready(server, engine, tokenizer, eo.max_model_len, eo.max_num_seqs);
-    GPTOSS_LOG_I(
-        "serve",
-        "backend %s: KV cache (%s) %lld blocks x %d tokens = %lld tokens (%.1f MiB), max %d "
-        "sequences, prefix cache %s, context %d",
-        gptoss_backend_name(backend), kv_format(&bo), (long long)kv_blocks, bo.kv_block_size,
-        (long long)kv_blocks * bo.kv_block_size, gptoss_kv_plan_mib(c, &bo), eo.max_num_seqs,
-        prefix_cache ? "on" : "off", eo.max_model_len);
+    if (gptoss_server_set_ready(server, engines, n_dp, tokenizer, eo.max_model_len, eo.max_num_seqs,
+                                eo.kv_block_size, &err) != GPTOSS_OK)
+        goto fail;
+    if (n_dp > 1)
+        GPTOSS_LOG_I("serve",
+                     "data parallel: %d engines; a request goes to the engine that holds its "
+                     "prefix, else to the least loaded",
+                     n_dp);
     if (bo.kv_shared_pages)
         GPTOSS_LOG_I("serve", "KV pages shared by the full and sliding layers: a sequence's window "
                               "takes pages from the same pool as its context");
@@ -384,7 +499,14 @@ int gptoss_cmd_serve(int argc, char **argv) {
     GPTOSS_LOG_I("serve", "%s received, draining in-flight requests (up to %lld s)",
                  stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)drain_s);
     gptoss_server_set_draining(server);
-    bool drained = gptoss_engine_drain(engine, drain_s * 1000);
+    /* The engines drain together: each gets what is left of the one timeout. */
+    bool drained = true;
+    double drain_end = gptoss_now_seconds() + (double)drain_s;
+    for (int32_t i = 0; i < n_dp; i++) {
+        double left_s = drain_end - gptoss_now_seconds();
+        drained =
+            gptoss_engine_drain(engines[i], left_s > 0 ? (int64_t)(left_s * 1000) : 0) && drained;
+    }
     /* Let connection threads finish writing the last bytes of their responses. */
     for (int i = 0; i < 200 && gptoss_server_active_requests(server) > 0; i++) {
         struct timespec ts = {0, 25 * 1000 * 1000};
@@ -393,8 +515,10 @@ int gptoss_cmd_serve(int argc, char **argv) {
     GPTOSS_LOG_I("serve", "%s, shutting down",
                  drained ? "drained" : "drain timed out, cancelling the rest");
     if (!drained) { /* cancel what is left so connection threads finish before the daemon stops */
-        gptoss_engine_free(engine);
-        engine = NULL;
+        for (int32_t i = 0; i < n_dp; i++) {
+            gptoss_engine_free(engines[i]);
+            engines[i] = NULL;
+        }
     }
     rc = 0;
     goto done;
@@ -402,8 +526,10 @@ fail:
     rc = cli_fail(&err);
 done:
     gptoss_server_stop(server);
-    gptoss_engine_free(engine);
-    gptoss_backend_free(backend);
+    for (int32_t i = 0; i < MAX_DATA_PARALLEL; i++) {
+        gptoss_engine_free(engines[i]);
+        gptoss_backend_free(backends[i]);
+    }
     gptoss_tokenizer_free(tokenizer);
     gptoss_model_free(model);
     return rc;

@@ -2,6 +2,7 @@
  * main.c - the gptoss binary: global options (--log-level), then one subcommand (see cli.h).
  */
 #include "cli.h"
+#include "util/dist.h"
 #include "util/log.h"
 
 #include <stdio.h>
@@ -77,6 +78,7 @@ static int parse_global_options(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    gptoss_dist_env_defaults(); /* before anything can initialize CUDA or NCCL */
     int global = parse_global_options(argc, argv);
     if (global < 0) return 2;
     argc -= global;

@@ -8,6 +8,7 @@
  */
 #include "server/api_call.h"
 
+#include "server/engines.h"
 #include "server/output_constraint.h"
 
 #include "util/error.h"
@@ -160,6 +161,7 @@ void api_call_free(api_call *c) {
         server_access_release(c->access);
     }
     gptoss_request_release(c->request);
+    if (c->server && c->request) server_engine_done(c->server, c->engine_index);
     waiter_put(c->waiter);
     if (c->state && c->encoder->fini && c->gen) c->encoder->fini(c, c->state);
     free(c->state);
@@ -269,12 +271,12 @@ static void stream_free(void *cls) {
 }
 
 static server_reply submit_error(gptoss_server *s, gptoss_status st, const gptoss_error *err,
-                                 int32_t n_prompt) {
+                                 int32_t n_prompt, int32_t engine_index) {
     if (st == GPTOSS_ERR_CAPACITY) {
         if (atomic_load(&s->draining))
             return server_error(503, "server_error", NULL, "draining",
                                 "the server is shutting down: %s", err->message);
-        if (gptoss_engine_queue_full(s->engine))
+        if (server_queue_full(s, engine_index))
             return server_error(429, "rate_limit_error", NULL, "queue_full",
                                 "The server is at capacity (%s); retry later", err->message);
         return server_error(400, "invalid_request_error", "max_tokens", "context_length_exceeded",
@@ -298,24 +300,27 @@ server_reply api_call_serve(gptoss_server *s, const server_request *http,
     if (params->constraint) output_constraint_bind(params->constraint, &ro);
     gptoss_request *request = NULL;
     gptoss_error err = {0};
+    int32_t engine_index = -1;
     gptoss_status st =
-        gptoss_engine_submit(s->engine, prompt, n_prompt, &params->sampling, &ro, &request, &err);
+        server_submit(s, prompt, n_prompt, &params->sampling, &ro, &request, &engine_index, &err);
     if (st == GPTOSS_OK) params->constraint = NULL; /* the engine request owns it now */
     /* The engine copied the sampling arrays (logit_bias): params may go from here on. */
     if (st != GPTOSS_OK) {
         waiter_put(w);
         request_params_free(params);
-        return submit_error(s, st, &err, n_prompt);
+        return submit_error(s, st, &err, n_prompt, engine_index);
     }
     api_call *c = NULL;
     st = api_call_create(encoder, s->model_name, s->tokenizer, params, n_prompt, s->id_salt,
-                         gptoss_request_id(request), request, &c, &err);
+                         server_response_number(s, request, engine_index), request, &c, &err);
     if (st != GPTOSS_OK) {
         gptoss_request_release(request);
+        server_engine_done(s, engine_index);
         waiter_put(w);
         return server_error(500, "server_error", NULL, NULL, "%s", err.message);
     }
     c->server = s, c->connection = http->connection, c->waiter = w;
+    c->engine_index = engine_index;
     /* Queued behind a full batch or generating a long answer, the connection may carry no
      * bytes for longer than the idle timeout, which would close it under the client. */
     server_hold_connection(http->connection);

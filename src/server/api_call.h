@@ -58,6 +58,7 @@ struct api_call {
     gptoss_server *server;
     struct MHD_Connection *connection;
     gptoss_request *request;
+    int32_t engine_index; /* the engine serving it (server_engine_done) */
     struct server_waiter *waiter;
     server_access *access;
 };

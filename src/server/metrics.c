@@ -75,7 +75,7 @@ server_reply server_metrics(gptoss_server *s, const server_request *request) {
           ready && !atomic_load(&s->draining));
     if (ready) {
         gptoss_engine_stats st;
-        gptoss_engine_get_stats(s->engine, &st);
+        server_engine_stats(s, &st);
         gauge(&b, "gptoss:num_requests_running", "gauge", "Sequences holding KV and being stepped",
               m, st.n_running);
         gauge(&b, "gptoss:num_requests_waiting", "gauge", "Sequences waiting to start or resume", m,

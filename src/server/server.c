@@ -11,6 +11,8 @@
  */
 #include "server/server_internal.h"
 
+#include "server/engines.h"
+
 #include "util/utf8.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -482,16 +484,6 @@ int gptoss_server_port(const gptoss_server *s) {
     return s->port;
 }
 
-void gptoss_server_set_ready(gptoss_server *s, gptoss_engine *engine,
-                             const gptoss_tokenizer *tokenizer, int32_t max_model_len,
-                             int32_t max_num_seqs) {
-    s->engine = engine;
-    s->tokenizer = tokenizer;
-    s->max_model_len = max_model_len;
-    s->max_num_seqs = max_num_seqs;
-    atomic_store_explicit(&s->ready, true, memory_order_release);
-}
-
 void gptoss_server_set_draining(gptoss_server *s) {
     atomic_store(&s->draining, true);
 }
@@ -503,6 +495,7 @@ int64_t gptoss_server_active_requests(const gptoss_server *s) {
 void gptoss_server_stop(gptoss_server *s) {
     if (!s) return;
     if (s->daemon) MHD_stop_daemon(s->daemon);
+    server_engines_free(s);
     free(s->host);
     free(s->model_name);
     free(s->api_key);

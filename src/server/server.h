@@ -5,8 +5,9 @@
  * /v1/models, /health, /metrics), API-key checks, request bodies and their limits, and the
  * per-connection streaming state. It turns HTTP requests into engine submissions and engine
  * events into OpenAI JSON / server-sent events. Must not load models or run forward passes:
- * the caller (cmd_serve.c) owns the model, backend, tokenizer and engine and hands them over
- * once they are ready. GET / is the chat page (webui.c, web/).
+ * the caller (cmd_serve.c) owns the model, backends, tokenizer and engines (one, or one per
+ * GPU for data parallel serving) and hands them over once they are ready. GET / is the chat
+ * page (webui.c, web/).
  *
  * Threads: libmicrohttpd runs one thread per connection; a connection thread sleeps until the
  * engine signals new events for its request or its client hangs up (which cancels the
@@ -47,11 +48,15 @@ gptoss_status gptoss_server_start(const gptoss_server_options *options, gptoss_s
 /* The port actually bound. */
 int gptoss_server_port(const gptoss_server *server);
 
-/* Hands over a started engine and the tokenizer (both must outlive the server) and starts
- * serving. max_model_len bounds prompt + generated tokens (for validation messages). */
-void gptoss_server_set_ready(gptoss_server *server, gptoss_engine *engine,
-                             const gptoss_tokenizer *tokenizer, int32_t max_model_len,
-                             int32_t max_num_seqs);
+/* Hands over n_engines started engines (data parallel: one per device, all serving the same
+ * model with the same KV block size) and the tokenizer, all of which must outlive the server,
+ * and starts serving; /health answers 200 from here on. Each request goes to one engine,
+ * chosen by src/server/router.h (prefix affinity, else the least loaded). max_model_len bounds
+ * prompt + generated tokens (for validation messages). Fails only when out of memory. */
+gptoss_status gptoss_server_set_ready(gptoss_server *server, gptoss_engine *const *engines,
+                                      int32_t n_engines, const gptoss_tokenizer *tokenizer,
+                                      int32_t max_model_len, int32_t max_num_seqs,
+                                      int32_t kv_block_size, gptoss_error *error);
 
 /* Draining (SIGTERM): /health answers 503, new API requests are refused with 503, requests
  * already running go on. */

@@ -22,7 +22,9 @@ struct gptoss_server {
     int port;                            /* bound port */
     uint64_t id_salt;                    /* makes response ids unique across restarts */
     int64_t created_unix;                /* start time, for /v1/models "created" */
-    gptoss_engine *engine;               /* set once before `ready` is published */
+    gptoss_engine **engines;             /* [n_engines], set before `ready` is published */
+    int32_t n_engines;                   /* 1, or --data-parallel-size */
+    struct server_router *router;        /* picks each request's engine (router.h) */
     const gptoss_tokenizer *tokenizer;   /* idem */
     int32_t max_model_len;               /* prompt + generated tokens per sequence */
     int32_t max_num_seqs;                /* bound for `n` */
@@ -32,6 +34,10 @@ struct gptoss_server {
     atomic_llong active_requests;        /* HTTP requests not yet completed */
     atomic_ullong responses_by_class[6]; /* [1xx..5xx] counts, index status/100 */
 };
+
+/* The statistics of every engine summed (counters, gauges and histograms; `draining` when any
+ * engine drains). Only while `ready`. */
+void server_engine_stats(gptoss_server *server, gptoss_engine_stats *stats);
 
 /* An HTTP answer built by an endpoint: status + response (owned by the caller). */
 typedef struct server_reply {

@@ -72,6 +72,7 @@ typedef struct cpu_state {
     bool emulate_bf16;      /* round activations to bf16 where the CUDA backend does (tests) */
     bool kv_fp8;            /* K and V go through e4m3 + scale before they are stored */
     int32_t block_size;     /* tokens per KV page */
+    int32_t n_threads;      /* OpenMP threads per forward, 0 = the runtime's default */
     int32_t n_full_layers, n_sliding_layers;
     int32_t n_blocks, n_sliding_blocks;
     float *full_k, *full_v;       /* [n_blocks, n_full_layers, block_size, NKV*D] */
@@ -263,6 +264,7 @@ static gptoss_status cpu_create(const gptoss_model *model, gptoss_backend_option
     st->kv_fp8 = o->kv_cache_dtype == GPTOSS_KV_CACHE_FP8;
     st->n_blocks = o->n_kv_blocks;
     st->n_sliding_blocks = o->n_sliding_kv_blocks;
+    st->n_threads = o->n_threads;
     if (o->n_threads > 0) omp_set_num_threads(o->n_threads);
     for (int s = 0; s < 256; s++)
         st->mxfp4_scale[s] = s == 255 ? NAN : ldexpf(1.0f, s - 127);
@@ -513,6 +515,9 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
 static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float *logits,
                                  gptoss_error *error) {
     cpu_state *st = opaque;
+    /* The thread count is a property of the calling thread in OpenMP, and forwards run on the
+     * engine's thread (one per engine when several share the machine), not the creator's. */
+    if (st->n_threads > 0) omp_set_num_threads(st->n_threads);
     const gptoss_config *c = st->config;
     const gptoss_weights *w = st->weights;
     int32_t n = p->n_tokens, H = c->hidden_size, D = c->head_dim;

@@ -32,6 +32,15 @@ gptoss_status gptoss_cuda_alloc(void **p, size_t bytes, const char *what, gptoss
     return GPTOSS_OK;
 }
 
+extern "C" int32_t gptoss_cuda_count_devices(void) {
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n_dev;
+}
+
 extern "C" gptoss_status gptoss_cuda_check_device(int32_t ordinal, gptoss_error *error) {
     int n_dev = 0;
     cudaError_t ce = cudaGetDeviceCount(&n_dev);
