@@ -60,6 +60,8 @@ struct api_call {
     gptoss_request *request;
     struct server_waiter *waiter;
     server_access *access;
+    api_call *prev_live, *next_live; /* server->calls, while registered */
+    bool live;
 };
 
 /* A call with no engine behind it: the caller feeds engine events with generation_push

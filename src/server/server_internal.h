@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 #include <microhttpd.h>
+#include <pthread.h>
 #include <stdatomic.h>
 
 struct gptoss_server {
@@ -18,6 +19,7 @@ struct gptoss_server {
     char *api_key;                       /* copy, or NULL: no authentication */
     size_t api_key_len;                  /* bytes of api_key */
     char *model_name;                    /* served model id */
+    char *allowed_origins;               /* CORS: copy of "a,b" or "*", NULL: none */
     size_t max_body_bytes;               /* request bodies beyond this: 413 */
     int port;                            /* bound port */
     uint64_t id_salt;                    /* makes response ids unique across restarts */
@@ -28,8 +30,12 @@ struct gptoss_server {
     int32_t max_num_seqs;                /* bound for `n` */
     atomic_bool ready;                   /* engine handed over (release/acquire) */
     atomic_bool draining;                /* SIGTERM seen */
+    atomic_bool cut;                     /* the drain timed out: generations are being ended */
+    pthread_mutex_t calls_lock;          /* guards calls */
+    struct api_call *calls;              /* generations in flight (api_call.c), for the cut */
     atomic_llong active_requests;        /* HTTP requests not yet completed */
     atomic_ullong responses_by_class[6]; /* [1xx..5xx] counts, index status/100 */
+    atomic_ullong next_request_id;       /* generated x-request-id values */
 };
 
 /* An HTTP answer built by an endpoint: status + response (owned by the caller). */
@@ -57,13 +63,17 @@ bool server_client_gone(struct MHD_Connection *connection);
 void server_hold_connection(struct MHD_Connection *connection);
 
 /* One request's access-log line, written when the last holder lets go: the connection
- * (when libmicrohttpd completes the request) and a streaming response (when its last byte
- * was produced). Level: info, warn for 4xx, error for 5xx. */
+ * (when libmicrohttpd completes the request) and a generation call (when its last byte
+ * was produced). Level: info, warn for 4xx, error for 5xx. It also carries the request id
+ * (the client's x-request-id when valid, else a generated one), echoed on every response. */
+#define SERVER_REQUEST_ID_MAX 128
 typedef struct server_access server_access;
 server_access *server_access_hold(server_access *access);
 void server_access_release(server_access *access);
 void server_access_set_tokens(server_access *access, int32_t prompt, int32_t completion);
 void server_access_set_note(server_access *access, const char *note); /* static string */
+void server_access_set_model(server_access *access);   /* the request named the served model */
+void server_access_first_token(server_access *access); /* a token arrived (the first counts) */
 
 /* What a route handler gets besides the server. */
 typedef struct server_request {

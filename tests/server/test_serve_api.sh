@@ -25,7 +25,7 @@ code=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "$a_url/v1/models")
 
 # access log: the stream above (3 generated tokens) and the refused /v1/models (a warning);
 # a line is written when the server let go of the request, which may follow the last byte
-stream_logged() { grep -q 'INFO  serve: POST /v1/chat/completions 200 prompt_tokens=[1-9][0-9]* completion_tokens=3 [0-9.]* ms' "$work/a.log"; }
+stream_logged() { grep -q 'INFO  serve: POST /v1/chat/completions 200 model=tiny prompt_tokens=[1-9][0-9]* completion_tokens=3 ttft_ms=[0-9.]* duration_ms=[0-9.]* ' "$work/a.log"; }
 wait_until 10 "no access-log line for the stream: $(grep serve: "$work/a.log" | tail -5)" stream_logged
 refusal_logged() { grep -q 'WARN  serve: GET /v1/models 401 ' "$work/a.log"; }
 wait_until 10 "no warning access-log line for the 401" refusal_logged
