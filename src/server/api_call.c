@@ -341,10 +341,15 @@ static server_reply submit_error(gptoss_server *s, gptoss_status st, const gptos
     if (st == GPTOSS_ERR_CAPACITY) {
         if (atomic_load(&s->draining))
             return server_error(503, "server_error", NULL, "draining",
-                                "the server is shutting down: %s", err->message);
-        if (gptoss_engine_queue_full(s->engine))
-            return server_error(429, "rate_limit_error", NULL, "queue_full",
-                                "The server is at capacity (%s); retry later", err->message);
+                                "The server is shutting down and takes no new requests");
+        if (gptoss_engine_queue_full(s->engine)) {
+            /* The engine's message says how many wait; "retry later" is in it already. */
+            server_reply r = server_error(429, "rate_limit_error", NULL, "queue_full",
+                                          "The server is at capacity: %s", err->message);
+            if (r.response)
+                MHD_add_response_header(r.response, "Retry-After", SERVER_RETRY_AFTER_SECONDS);
+            return r;
+        }
         return server_error(400, "invalid_request_error", "max_tokens", "context_length_exceeded",
                             "%s (the prompt has %d tokens)", err->message, n_prompt);
     }

@@ -463,9 +463,14 @@ static server_reply route(gptoss_server *s, struct MHD_Connection *c, const char
         if (atomic_load(&s->draining))
             return server_error(503, "server_error", NULL, "draining",
                                 "the server is shutting down");
-        if (!atomic_load_explicit(&s->ready, memory_order_acquire))
-            return server_error(503, "server_error", NULL, "not_ready",
-                                "the model is still loading; retry when GET /health answers 200");
+        if (!atomic_load_explicit(&s->ready, memory_order_acquire)) {
+            server_reply reply =
+                server_error(503, "server_error", NULL, "not_ready",
+                             "the model is still loading; retry when GET /health answers 200");
+            if (reply.response)
+                MHD_add_response_header(reply.response, "Retry-After", SERVER_RETRY_AFTER_SECONDS);
+            return reply;
+        }
     }
     server_request request = {.connection = c,
                               .url = url,

@@ -38,6 +38,10 @@ struct gptoss_server {
     atomic_ullong next_request_id;       /* generated x-request-id values */
 };
 
+/* Retry-After of a 429 (queue full) and of a 503 while the model loads: a client that honours
+ * it comes back soon enough to find room, without hammering a full queue. */
+#define SERVER_RETRY_AFTER_SECONDS "1"
+
 /* An HTTP answer built by an endpoint: status + response (owned by the caller). */
 typedef struct server_reply {
     unsigned status;
