@@ -419,7 +419,12 @@ int gptoss_cmd_serve(int argc, char **argv) {
     rc = 0;
     goto done;
 fail:
-    rc = cli_fail(&err);
+    if (gptoss_log_get_format() == GPTOSS_LOG_FORMAT_JSON) { /* keep the log parseable */
+        GPTOSS_LOG_E("serve", "%s", err.message[0] ? err.message : gptoss_status_name(err.status));
+        rc = 1;
+    } else {
+        rc = cli_fail(&err);
+    }
 done:
     gptoss_server_stop(server);
     gptoss_engine_free(engine);

@@ -10,6 +10,7 @@
 
 #include "server/output_constraint.h"
 
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -214,9 +215,23 @@ gptoss_status api_call_create(const api_encoder *encoder, const char *model_name
     return GPTOSS_OK;
 }
 
+/* A generation that ended (every choice finished, cut ones included) feeds the histograms;
+ * one whose client left does not. */
+static void observe_call(api_call *c) {
+    if (!c->server || !c->gen || !generation_done(c->gen)) return;
+    double now = gptoss_now_seconds();
+    int32_t generated = generation_usage(c->gen).completion_tokens;
+    int32_t n = c->params.sampling.n > 0 ? c->params.sampling.n : 1;
+    double per_choice = (double)generated / n, tpot = -1;
+    if (c->t_first_token > 0 && per_choice > 1) tpot = (now - c->t_first_token) / (per_choice - 1);
+    server_metrics_observe(c->server, now - c->t_submit, gptoss_request_queue_seconds(c->request),
+                           tpot, c->n_prompt, generated);
+}
+
 void api_call_free(api_call *c) {
     if (!c) return;
     unregister_call(c);
+    observe_call(c);
     if (c->access) {
         gen_usage u = c->gen ? generation_usage(c->gen) : (gen_usage){0, 0};
         server_access_set_tokens(c->access, c->n_prompt, u.completion_tokens);
@@ -296,7 +311,10 @@ static int drain_events(api_call *c) {
     for (;;) {
         int r = gptoss_request_next_event(c->request, &ev, 0);
         if (r != 1) return r;
-        if (ev.token_id >= 0) server_access_first_token(c->access);
+        if (ev.token_id >= 0 && c->t_first_token == 0) {
+            c->t_first_token = gptoss_now_seconds();
+            server_access_first_token(c->access);
+        }
         generation_push(c->gen, &ev);
         if (c->out.len > c->out_pos + 64 * 1024) return 1; /* hand over what we have */
     }
@@ -367,6 +385,7 @@ server_reply api_call_serve(gptoss_server *s, const server_request *http,
         request_params_free(params);
         return server_error(500, "server_error", NULL, NULL, "out of event descriptors");
     }
+    double t_submit = gptoss_now_seconds();
     gptoss_request_options ro = {.notify = waiter_notify, .notify_user = w};
     if (params->constraint) output_constraint_bind(params->constraint, &ro);
     gptoss_request *request = NULL;
@@ -390,6 +409,7 @@ server_reply api_call_serve(gptoss_server *s, const server_request *http,
     }
     c->server = s, c->connection = http->connection, c->waiter = w;
     c->access = server_access_hold(http->access);
+    c->t_submit = t_submit;
     register_call(c);
     /* Queued behind a full batch or generating a long answer, the connection may carry no
      * bytes for longer than the idle timeout, which would close it under the client. */

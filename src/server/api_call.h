@@ -61,6 +61,7 @@ struct api_call {
     struct server_waiter *waiter;
     server_access *access;
     api_call *prev_live, *next_live; /* server->calls, while registered */
+    double t_submit, t_first_token;  /* gptoss_now_seconds; t_first_token 0 until one came */
     bool live;
 };
 

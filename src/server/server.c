@@ -629,6 +629,7 @@ gptoss_status gptoss_server_start(const gptoss_server_options *o, gptoss_server 
     for (int i = 0; i < 6; i++)
         atomic_init(&s->responses_by_class[i], 0);
     atomic_init(&s->next_request_id, 1);
+    server_metrics_init(s);
     if (!s->host || !s->model_name || (o->api_key && *o->api_key && !s->api_key)) {
         freeaddrinfo(addr);
         gptoss_server_stop(s);

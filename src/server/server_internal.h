@@ -13,6 +13,16 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+/* A histogram updated by connection threads without a lock (metrics.c): one relaxed atomic
+ * add per bucket hit and one for the sum. */
+#define SERVER_HISTOGRAM_BUCKETS 24
+typedef struct server_histogram {
+    const double *bounds; /* [n_bounds] upper bounds; bucket n_bounds is +Inf */
+    int n_bounds;
+    atomic_ullong buckets[SERVER_HISTOGRAM_BUCKETS]; /* per bucket, not cumulative */
+    atomic_ullong sum_micro;                         /* sum of observations x 1e6 */
+} server_histogram;
+
 struct gptoss_server {
     struct MHD_Daemon *daemon;           /* the listening daemon, thread per connection */
     char *host;                          /* copy of options.host */
@@ -36,6 +46,9 @@ struct gptoss_server {
     atomic_llong active_requests;        /* HTTP requests not yet completed */
     atomic_ullong responses_by_class[6]; /* [1xx..5xx] counts, index status/100 */
     atomic_ullong next_request_id;       /* generated x-request-id values */
+    struct {
+        server_histogram e2e, queue, tpot, prompt_tokens, generation_tokens;
+    } hist; /* finished generation requests (metrics.c) */
 };
 
 /* Retry-After of a 429 (queue full) and of a 503 while the model loads: a client that honours
@@ -92,6 +105,13 @@ typedef struct server_request {
 server_reply server_chat_completions(gptoss_server *server, const server_request *request);
 server_reply server_completions(gptoss_server *server, const server_request *request);
 server_reply server_metrics(gptoss_server *server, const server_request *request);
+
+/* Sets the histograms' bounds (server start). */
+void server_metrics_init(gptoss_server *server);
+
+/* A generation request ended: its latencies (a negative one is left out) and token counts. */
+void server_metrics_observe(gptoss_server *server, double e2e_seconds, double queue_seconds,
+                            double tpot_seconds, int32_t prompt_tokens, int32_t generation_tokens);
 
 /* A response over a copy of `text`. */
 struct MHD_Response *server_buffer_response(const char *text, size_t len, const char *content_type);

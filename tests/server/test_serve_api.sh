@@ -19,7 +19,7 @@ curl -sN -m 60 "$a_url/v1/chat/completions" -H "Authorization: Bearer $key" -H '
 [ "$(grep '^data: ' "$work/sse.txt" | tail -1)" = "data: [DONE]" ] || fail "SSE: last event is not [DONE]"
 grep -q '"finish_reason":"length"' "$work/sse.txt" || fail "SSE: no finish_reason length"
 code=$(curl -s -m 10 -o "$work/m.txt" -w '%{http_code}' "$a_url/metrics")
-[ "$code" = 200 ] && grep -q '^# TYPE gptoss:time_to_first_token_seconds histogram' "$work/m.txt" || fail "/metrics: $code"
+[ "$code" = 200 ] && grep -q '^# TYPE gptoss_time_to_first_token_seconds histogram' "$work/m.txt" || fail "/metrics: $code"
 code=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "$a_url/v1/models")
 [ "$code" = 401 ] || fail "/v1/models without key: $code, expected 401"
 
