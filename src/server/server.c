@@ -582,6 +582,38 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     gptoss_log(routine ? GPTOSS_LOG_DEBUG : GPTOSS_LOG_WARN, "http", "%s", message);
 }
 
+/* --allowed-origins: "*" or comma-separated origins as browsers send them, scheme://host[:port]
+ * with no path (a trailing slash would never match). */
+static bool origins_valid(const char *list, gptoss_error *error) {
+    for (const char *p = list; *p;) {
+        while (*p == ',' || *p == ' ')
+            p++;
+        size_t len = strcspn(p, ",");
+        while (len > 0 && p[len - 1] == ' ')
+            len--;
+        if (len == 0) break;
+        const char *sep = memmem(p, len, "://", 3);
+        bool ok = len == 1 && *p == '*';
+        if (!ok && sep && sep > p && (size_t)(sep - p) + 3 < len) {
+            ok = true;
+            for (const char *q = sep + 3; q < p + len; q++)
+                if (*q == '/' || *q == '*' || (unsigned char)*q <= 0x20 || (unsigned char)*q > 0x7e)
+                    ok = false;
+        }
+        if (!ok) {
+            gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                             "--allowed-origins: '%.*s' is not an origin (scheme://host[:port], "
+                             "no path) or *",
+                             (int)len, p);
+            return false;
+        }
+        p += len;
+        while (*p && *p != ',')
+            p++;
+    }
+    return true;
+}
+
 /* ---- life cycle -------------------------------------------------------------------------- */
 
 gptoss_status gptoss_server_start(const gptoss_server_options *o, gptoss_server **out,
@@ -593,6 +625,7 @@ gptoss_status gptoss_server_start(const gptoss_server_options *o, gptoss_server 
     if (!o->served_model_name || !*o->served_model_name)
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                 "the served model name must not be empty");
+    if (o->allowed_origins && !origins_valid(o->allowed_origins, error)) return error->status;
     struct addrinfo hints = {
         .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
     struct addrinfo *addr = NULL;

@@ -88,4 +88,9 @@ jq -e -s 'map(select(.request_id == "json-1"))[0] | .method == "POST" and .path 
   and .duration_ms >= .ttft_ms and .client == "127.0.0.1"' "$work/j.log" >/dev/null ||
   fail "JSON access-log line: $(grep json-1 "$work/j.log")"
 
+# an origin that browsers never send (a path) is refused at start-up
+timeout $((30 * slow)) "$bin" serve -m "$work/tiny" --port 0 --allowed-origins 'https://a.example/' >"$work/o.log" 2>&1 &&
+  fail "--allowed-origins with a path was accepted"
+grep -q "allowed-origins: 'https://a.example/' is not an origin" "$work/o.log" || fail "bad origin message: $(cat "$work/o.log")"
+
 finish
