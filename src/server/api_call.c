@@ -460,9 +460,9 @@ server_reply api_bad_request(const field_error *e) {
                         e->message);
 }
 
-/* Where a NUL character (\\u0000, which JSON allows) is harmless: text that is only tokenized
- * (message content, reasoning, tool-call arguments, prompts). Everywhere else (model, stop,
- * names, ids, roles, schemas, ...) it would cut a C string short or make a name that is not
+/* Where a NUL character (U+0000, which JSON strings may hold) is harmless: text that is only
+ * tokenized (message content, reasoning, tool-call arguments, prompts). Everywhere else (model,
+ * stop, names, ids, roles, schemas, ...) it would cut a C string short or make a name that is not
  * one, so it is refused naming the field. Keyed by the name of the member holding the string
  * (through arrays: content[2].text, prompt[0]). */
 static bool nul_allowed(const char *key) {

