@@ -19,8 +19,8 @@ stream() {
   fi
   spid=$!
 }
-# tokens_flowing NAME : the stream sent a chunk with text.
-tokens_flowing() { grep -q '"\(content\|text\)":"[^"]' "$work/$1.sse"; }
+# tokens_flowing NAME : the stream sent its first chunk (the engine produced a token).
+tokens_flowing() { grep -qs '^data: {' "$work/$1.sse"; }
 # cut_ok NAME : ended by the cut: a "length" finish, no "abort", [DONE] as the last event.
 cut_ok() {
   grep -q '"finish_reason":"length"' "$work/$1.sse" && ! grep -q abort "$work/$1.sse" &&
