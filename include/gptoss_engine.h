@@ -256,6 +256,10 @@ void gptoss_request_stop_choice(gptoss_request *request, int32_t index);
 /* Prompt tokens served from the prefix cache (known once the request started). */
 int32_t gptoss_request_cached_prompt_tokens(const gptoss_request *request);
 
+/* Seconds the request waited: from submit to the start of the engine step that admitted it;
+ * -1 if it never started. Read it once a finish event was taken (which orders the write). */
+double gptoss_request_queue_seconds(const gptoss_request *request);
+
 /* The message of a GPTOSS_FINISH_ERROR (empty otherwise); valid until release. */
 const char *gptoss_request_error(const gptoss_request *request);
 

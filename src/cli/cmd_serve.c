@@ -32,8 +32,15 @@
 
 static volatile sig_atomic_t stop_signal = 0;
 
+/* The first SIGTERM or SIGINT starts the drain; the handler then steps aside, so that a
+ * second one ends the process at once (sigaction is async-signal-safe). */
 static void on_signal(int sig) {
     stop_signal = sig;
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGTERM, &dfl, NULL);
+    sigaction(SIGINT, &dfl, NULL);
 }
 
 static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
@@ -61,8 +68,11 @@ int gptoss_cmd_serve(int argc, char **argv) {
     gptoss_server_options so = gptoss_server_options_default();
     int64_t max_num_seqs = 0, max_batched = 2048, kv_blocks = 0, max_queue = 1024,
             max_body = (int64_t)so.max_body_bytes, port = so.port, drain_s = 60, max_model_len = 0,
-            idle_s = so.connection_timeout_s, admit_headroom = -1, data_parallel = 1;
+            idle_s = so.connection_timeout_s, admit_headroom = -1, data_parallel = 1,
+            max_connections = so.max_connections, max_connections_per_ip = 0;
     gptoss_dist_flags dist = gptoss_dist_flags_default();
+    int log_format = GPTOSS_LOG_FORMAT_TEXT;
+    static const char *const log_format_names[] = {"text", "json", NULL};
     double memory_fraction = 0;
     bool no_prefix_cache = false, no_webui = false;
     cli_model_options mo = cli_model_options_default();
@@ -178,7 +188,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
          .value = "S",
          .lo = 0,
          .hi = 86400,
-         .help = "on SIGTERM, wait this long for requests (default 60)",
+         .help = "on SIGTERM or SIGINT, let requests run this long, then\n"
+                 "cut them (finish_reason length) and exit (default 60)",
          .error = "--drain-timeout needs seconds in [0, 86400]"},
         {.name = "idle-timeout",
          .kind = CLI_INT,
@@ -234,6 +245,36 @@ int gptoss_cmd_serve(int argc, char **argv) {
          .help = "rendezvous port on node 0 (default: MASTER_PORT or\n"
                  "29500)",
          .error = "--master-port needs an integer in [1, 65535]"},
+        {.name = "max-connections",
+         .kind = CLI_INT,
+         .target = &max_connections,
+         .value = "N",
+         .lo = 1,
+         .hi = 65536,
+         .help = "open connections (one thread each) at most; more are\n"
+                 "closed at once (default 2048)",
+         .error = "--max-connections needs an integer in [1, 65536]"},
+        {.name = "max-connections-per-ip",
+         .kind = CLI_INT,
+         .target = &max_connections_per_ip,
+         .value = "N",
+         .lo = 0,
+         .hi = 65536,
+         .help = "open connections per client address (default 0: only\n"
+                 "--max-connections applies)",
+         .error = "--max-connections-per-ip needs an integer in [0, 65536]"},
+        {.name = "allowed-origins",
+         .kind = CLI_STRING,
+         .target = &so.allowed_origins,
+         .value = "LIST",
+         .help = "CORS: browser origins allowed to call the API, comma-\n"
+                 "separated (https://app.example.com), or * (default:\n"
+                 "none)"},
+        {.name = "log-format",
+         .kind = CLI_ENUM,
+         .target = &log_format,
+         .choices = log_format_names,
+         .help = "log lines as text (default) or one JSON object each"},
         {.name = "random-weights",
          .kind = CLI_STRING,
          .target = &shape,
@@ -341,6 +382,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
     so.max_body_bytes = (size_t)max_body;
     so.connection_timeout_s = (unsigned)idle_s;
     so.webui = !no_webui;
+    so.max_connections = (unsigned)max_connections;
+    so.max_connections_per_ip = (unsigned)max_connections_per_ip;
+    gptoss_log_set_format((gptoss_log_format)log_format);
 
     signal(SIGPIPE, SIG_IGN);
     struct sigaction sa;
@@ -496,34 +540,45 @@ int gptoss_cmd_serve(int argc, char **argv) {
         struct timespec ts = {0, 50 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    GPTOSS_LOG_I("serve", "%s received, draining in-flight requests (up to %lld s)",
+    /* The drain ends within drain_s: requests may run until the last quarter (at most a
+     * second) of it; then whatever still generates is cut (finish_reason "length") and the
+     * rest of the time lets the connections send their last chunk and [DONE]. */
+    double drain_start = gptoss_now_seconds(), drain_end = drain_start + (double)drain_s;
+    double reserve = drain_s >= 4 ? 1.0 : (double)drain_s / 4.0;
+    GPTOSS_LOG_I("serve",
+                 "%s received, draining in-flight requests (up to %lld s; a second signal exits "
+                 "at once)",
                  stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)drain_s);
     gptoss_server_set_draining(server);
-    /* The engines drain together: each gets what is left of the one timeout. */
+    /* The engines drain together, each within what is left of the one budget. */
     bool drained = true;
-    double drain_end = gptoss_now_seconds() + (double)drain_s;
+    double drain_engines_end = drain_end - reserve;
     for (int32_t i = 0; i < n_dp; i++) {
-        double left_s = drain_end - gptoss_now_seconds();
+        double left_s = drain_engines_end - gptoss_now_seconds();
         drained =
             gptoss_engine_drain(engines[i], left_s > 0 ? (int64_t)(left_s * 1000) : 0) && drained;
     }
-    /* Let connection threads finish writing the last bytes of their responses. */
-    for (int i = 0; i < 200 && gptoss_server_active_requests(server) > 0; i++) {
-        struct timespec ts = {0, 25 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+    if (!drained) {
+        GPTOSS_LOG_W("serve", "drain timed out, cutting the requests still generating");
+        gptoss_server_cut(server);
+        /* Cut streams need a moment to end even when drain_s leaves none (0). */
+        if (drain_end < gptoss_now_seconds() + 0.25) drain_end = gptoss_now_seconds() + 0.25;
     }
-    GPTOSS_LOG_I("serve", "%s, shutting down",
-                 drained ? "drained" : "drain timed out, cancelling the rest");
-    if (!drained) { /* cancel what is left so connection threads finish before the daemon stops */
-        for (int32_t i = 0; i < n_dp; i++) {
-            gptoss_engine_free(engines[i]);
-            engines[i] = NULL;
-        }
-    }
+    bool idle = gptoss_server_wait_idle(server, drain_end);
+    GPTOSS_LOG_I("serve", "%s in %.1f s, shutting down",
+                 drained && idle ? "drained"
+                 : idle          ? "cut the rest"
+                                 : "connections still open closed",
+                 gptoss_now_seconds() - drain_start);
     rc = 0;
     goto done;
 fail:
-    rc = cli_fail(&err);
+    if (gptoss_log_get_format() == GPTOSS_LOG_FORMAT_JSON) { /* keep the log parseable */
+        GPTOSS_LOG_E("serve", "%s", err.message[0] ? err.message : gptoss_status_name(err.status));
+        rc = 1;
+    } else {
+        rc = cli_fail(&err);
+    }
 done:
     gptoss_server_stop(server);
     for (int32_t i = 0; i < MAX_DATA_PARALLEL; i++) {

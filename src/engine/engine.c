@@ -65,10 +65,11 @@ struct gptoss_request {
     double *last_token_time;                 /* [n_choices] seconds, 0 = none yet */
     bool *choice_done;                       /* [n_choices] finish event queued */
     int32_t n_done;
-    bool forked;       /* children of choice 0 created */
-    bool started;      /* choice 0 admitted once */
-    bool failed_step;  /* a forward carrying this request failed */
-    int32_t n_pending; /* token events in the engine's pending list, not pushed yet */
+    bool forked;          /* children of choice 0 created */
+    bool started;         /* choice 0 admitted once */
+    double queue_seconds; /* submit until the step that admitted it began (-1 before) */
+    bool failed_step;     /* a forward carrying this request failed */
+    int32_t n_pending;    /* token events in the engine's pending list, not pushed yet */
     double submit_time;
 };
 
@@ -120,7 +121,8 @@ struct gptoss_engine {
     int32_t n_live;           /* requests in the registry */
     int32_t n_queued;         /* submitted, not started */
     bool stop, draining;
-    bool attention; /* a cancel/stop flag was set since the last look */
+    double step_start; /* engine thread: when the current step began */
+    bool attention;    /* a cancel/stop flag was set since the last look */
     uint64_t next_id;
     gptoss_rng entropy;        /* seeds for requests without a seed (under mutex) */
     gptoss_engine_stats stats; /* published snapshot (under mutex) */
@@ -365,6 +367,10 @@ int gptoss_request_next_event(gptoss_request *r, gptoss_engine_event *event, int
     return result;
 }
 
+double gptoss_request_queue_seconds(const gptoss_request *r) {
+    return r->queue_seconds;
+}
+
 int32_t gptoss_request_cached_prompt_tokens(const gptoss_request *r) {
     return atomic_load(&((gptoss_request *)r)->cached_prompt_tokens);
 }
@@ -473,6 +479,7 @@ static void histogram_add(gptoss_latency_histogram *h, double seconds) {
 static void note_started(gptoss_engine *e, gptoss_request *r) {
     if (r->started || !r->seqs[0] || !r->seqs[0]->started) return;
     r->started = true;
+    r->queue_seconds = e->step_start > r->submit_time ? e->step_start - r->submit_time : 0.0;
     atomic_store(&r->cached_prompt_tokens, r->seqs[0]->n_cached_prompt);
     pthread_mutex_lock(&e->mutex);
     e->n_queued--;
@@ -901,7 +908,8 @@ static bool step(gptoss_engine *e) {
     gptoss_error err;
     gptoss_error_clear(&err);
     memset(&plan, 0, sizeof plan);
-    double t0 = e->timing ? gptoss_now_seconds() : 0;
+    e->step_start = gptoss_now_seconds(); /* the requests it admits stop waiting here */
+    double t0 = e->timing ? e->step_start : 0;
     gptoss_status st = gptoss_scheduler_schedule(e->sched, &plan, &err);
     double t1 = e->timing ? gptoss_now_seconds() : 0;
     if (st != GPTOSS_OK) {
@@ -1280,6 +1288,7 @@ gptoss_status gptoss_engine_submit(gptoss_engine *e, const int32_t *prompt, int3
     r->seqs[0]->priority = r->id;
     r->seed = params->has_seed ? params->seed : gptoss_rng_next(&e->entropy);
     r->submit_time = gptoss_now_seconds();
+    r->queue_seconds = -1;
     r->engine = e;
     r->next = e->registry;
     if (e->registry) e->registry->prev = r;

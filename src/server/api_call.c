@@ -11,6 +11,7 @@
 #include "server/engines.h"
 #include "server/output_constraint.h"
 
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -106,7 +107,69 @@ static int wait_for_events(api_call *c) {
 
 static void to_encoder(void *user, const gen_event *ev) {
     api_call *c = user;
+    if (ev->kind == GEN_FINISH && !strcmp(ev->finish_reason, "abort")) {
+        /* A cancel the client can see is the server's own (the drain timed out, or the engine
+         * shut down): OpenAI has no "abort", and "length" says what happened, the answer
+         * was cut before the model ended it. */
+        gen_event cut = *ev;
+        cut.finish_reason = "length";
+        server_access_set_note(c->access, "ended by the server");
+        c->encoder->event(c, c->state, &cut);
+        return;
+    }
     c->encoder->event(c, c->state, ev);
+}
+
+/* ---- the calls in flight (for the drain's cut) ----------------------------------------- */
+
+static void register_call(api_call *c) {
+    gptoss_server *s = c->server;
+    pthread_mutex_lock(&s->calls_lock);
+    c->next_live = s->calls;
+    if (s->calls) s->calls->prev_live = c;
+    s->calls = c;
+    c->live = true;
+    pthread_mutex_unlock(&s->calls_lock); /* (a call that comes after the cut sees the flag) */
+}
+
+static void unregister_call(api_call *c) {
+    if (!c->live) return;
+    gptoss_server *s = c->server;
+    pthread_mutex_lock(&s->calls_lock);
+    if (c->prev_live)
+        c->prev_live->next_live = c->next_live;
+    else
+        s->calls = c->next_live;
+    if (c->next_live) c->next_live->prev_live = c->prev_live;
+    c->live = false;
+    pthread_mutex_unlock(&s->calls_lock);
+}
+
+/* Wakes every connection thread with a generation in flight; each sees the flag and ends its
+ * own response (cut_generation), without waiting for an engine step. */
+void gptoss_server_cut(gptoss_server *s) {
+    pthread_mutex_lock(&s->calls_lock);
+    atomic_store(&s->cut, true);
+    for (api_call *c = s->calls; c; c = c->next_live)
+        waiter_notify(c->waiter, NULL);
+    pthread_mutex_unlock(&s->calls_lock);
+}
+
+/* Ends the response now, as if every unfinished choice had reached max_tokens: the engine
+ * request is cancelled (freeing its KV blocks at the next step) and each choice gets its
+ * finish event here, so the encoder writes the final chunk (finish_reason "length") and a
+ * stream its [DONE]. */
+static void cut_generation(api_call *c) {
+    gptoss_request_cancel(c->request);
+    server_access_set_note(c->access, "cut by the drain timeout");
+    for (int32_t i = 0; i < c->params.sampling.n; i++) {
+        gptoss_engine_event ev;
+        memset(&ev, 0, sizeof ev);
+        ev.index = i;
+        ev.token_id = -1;
+        ev.finish = GPTOSS_FINISH_LENGTH;
+        generation_push(c->gen, &ev); /* ignored for a choice that already finished */
+    }
 }
 
 gptoss_status api_call_create(const api_encoder *encoder, const char *model_name,
@@ -153,8 +216,23 @@ gptoss_status api_call_create(const api_encoder *encoder, const char *model_name
     return GPTOSS_OK;
 }
 
+/* A generation that ended (every choice finished, cut ones included) feeds the histograms;
+ * one whose client left does not. */
+static void observe_call(api_call *c) {
+    if (!c->server || !c->gen || !generation_done(c->gen)) return;
+    double now = gptoss_now_seconds();
+    int32_t generated = generation_usage(c->gen).completion_tokens;
+    int32_t n = c->params.sampling.n > 0 ? c->params.sampling.n : 1;
+    double per_choice = (double)generated / n, tpot = -1;
+    if (c->t_first_token > 0 && per_choice > 1) tpot = (now - c->t_first_token) / (per_choice - 1);
+    server_metrics_observe(c->server, now - c->t_submit, gptoss_request_queue_seconds(c->request),
+                           tpot, c->n_prompt, generated);
+}
+
 void api_call_free(api_call *c) {
     if (!c) return;
+    unregister_call(c);
+    observe_call(c);
     if (c->access) {
         gen_usage u = c->gen ? generation_usage(c->gen) : (gen_usage){0, 0};
         server_access_set_tokens(c->access, c->n_prompt, u.completion_tokens);
@@ -235,6 +313,10 @@ static int drain_events(api_call *c) {
     for (;;) {
         int r = gptoss_request_next_event(c->request, &ev, 0);
         if (r != 1) return r;
+        if (ev.token_id >= 0 && c->t_first_token == 0) {
+            c->t_first_token = gptoss_now_seconds();
+            server_access_first_token(c->access);
+        }
         generation_push(c->gen, &ev);
         if (c->out.len > c->out_pos + 64 * 1024) return 1; /* hand over what we have */
     }
@@ -255,6 +337,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (c->done) return MHD_CONTENT_READER_END_OF_STREAM;
         if (c->out.failed) return MHD_CONTENT_READER_END_WITH_ERROR;
         int r = drain_events(c);
+        if (r >= 0 && atomic_load(&c->server->cut)) {
+            cut_generation(c);
+            r = -1;
+        }
         if (r < 0) {
             c->encoder->stream_end(c, c->state);
             c->done = true;
@@ -275,10 +361,15 @@ static server_reply submit_error(gptoss_server *s, gptoss_status st, const gptos
     if (st == GPTOSS_ERR_CAPACITY) {
         if (atomic_load(&s->draining))
             return server_error(503, "server_error", NULL, "draining",
-                                "the server is shutting down: %s", err->message);
-        if (server_queue_full(s, engine_index))
-            return server_error(429, "rate_limit_error", NULL, "queue_full",
-                                "The server is at capacity (%s); retry later", err->message);
+                                "The server is shutting down and takes no new requests");
+        if (server_queue_full(s, engine_index)) {
+            /* The engine's message says how many wait; "retry later" is in it already. */
+            server_reply r = server_error(429, "rate_limit_error", NULL, "queue_full",
+                                          "The server is at capacity: %s", err->message);
+            if (r.response)
+                MHD_add_response_header(r.response, "Retry-After", SERVER_RETRY_AFTER_SECONDS);
+            return r;
+        }
         return server_error(400, "invalid_request_error", "max_tokens", "context_length_exceeded",
                             "%s (the prompt has %d tokens)", err->message, n_prompt);
     }
@@ -296,6 +387,7 @@ server_reply api_call_serve(gptoss_server *s, const server_request *http,
         request_params_free(params);
         return server_error(500, "server_error", NULL, NULL, "out of event descriptors");
     }
+    double t_submit = gptoss_now_seconds();
     gptoss_request_options ro = {.notify = waiter_notify, .notify_user = w};
     if (params->constraint) output_constraint_bind(params->constraint, &ro);
     gptoss_request *request = NULL;
@@ -321,6 +413,9 @@ server_reply api_call_serve(gptoss_server *s, const server_request *http,
     }
     c->server = s, c->connection = http->connection, c->waiter = w;
     c->engine_index = engine_index;
+    c->access = server_access_hold(http->access);
+    c->t_submit = t_submit;
+    register_call(c);
     /* Queued behind a full batch or generating a long answer, the connection may carry no
      * bytes for longer than the idle timeout, which would close it under the client. */
     server_hold_connection(http->connection);
@@ -332,7 +427,6 @@ server_reply api_call_serve(gptoss_server *s, const server_request *http,
             api_call_free(c);
             return server_error(500, "server_error", NULL, NULL, "out of memory");
         }
-        c->access = server_access_hold(http->access);
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         return (server_reply){200, r};
@@ -340,6 +434,10 @@ server_reply api_call_serve(gptoss_server *s, const server_request *http,
 
     /* Not streaming: collect every event, watching for a client that gave up. */
     while (drain_events(c) >= 0) {
+        if (atomic_load(&s->cut)) {
+            cut_generation(c);
+            break;
+        }
         if (wait_for_events(c)) {
             gptoss_request_cancel(c->request);
             server_access_set_tokens(http->access, n_prompt,
@@ -367,6 +465,43 @@ server_reply api_bad_request(const field_error *e) {
                         e->message);
 }
 
+/* Where a NUL character (U+0000, which JSON strings may hold) is harmless: text that is only
+ * tokenized (message content, reasoning, tool-call arguments, prompts). Everywhere else (model,
+ * stop, names, ids, roles, schemas, ...) it would cut a C string short or make a name that is not
+ * one, so it is refused naming the field. Keyed by the name of the member holding the string
+ * (through arrays: content[2].text, prompt[0]). */
+static bool nul_allowed(const char *key) {
+    static const char *const keys[] = {"content",   "text",   "arguments", "reasoning_content",
+                                       "reasoning", "prompt", "input",     "instructions"};
+    for (size_t i = 0; key && i < sizeof keys / sizeof keys[0]; i++)
+        if (!strcmp(key, keys[i])) return true;
+    return false;
+}
+
+/* Finds a string holding a NUL where it is not allowed; writes its path ("messages[0].name"). */
+static bool find_bad_nul(const json_t *v, const char *key, char *path, size_t len, size_t cap) {
+    if (len >= cap - 1) return false; /* deeper than any path we can name: not checked */
+    if (json_is_string(v))
+        return !nul_allowed(key) && strlen(json_string_value(v)) != json_string_length(v);
+    if (json_is_array(v)) {
+        size_t i;
+        json_t *item;
+        json_array_foreach(v, i, item) {
+            int n = snprintf(path + len, cap - len, "[%zu]", i);
+            if (n > 0 && find_bad_nul(item, key, path, len + (size_t)n, cap)) return true;
+        }
+    } else if (json_is_object(v)) {
+        const char *k;
+        json_t *item;
+        json_object_foreach((json_t *)v, k, item) {
+            int n = snprintf(path + len, cap - len, "%s%s", len ? "." : "", k);
+            if (n > 0 && find_bad_nul(item, k, path, len + (size_t)n, cap)) return true;
+        }
+    }
+    path[len] = '\0';
+    return false;
+}
+
 server_reply api_parse_body(gptoss_server *s, const server_request *http, json_t **out) {
     json_error_t jerr;
     *out = NULL;
@@ -374,7 +509,7 @@ server_reply api_parse_body(gptoss_server *s, const server_request *http, json_t
         return server_error(
             400, "invalid_request_error", NULL, "invalid_json",
             "The request body is empty; send a JSON object (Content-Type: application/json)");
-    json_t *req = json_loadb(http->body, http->len, 0, &jerr);
+    json_t *req = json_loadb(http->body, http->len, JSON_ALLOW_NUL, &jerr);
     if (!req)
         return server_error(400, "invalid_request_error", NULL, "invalid_json",
                             "The request body is not valid JSON: %s (line %d, column %d)",
@@ -386,7 +521,11 @@ server_reply api_parse_body(gptoss_server *s, const server_request *http, json_t
     }
     json_t *m = json_object_get(req, "model");
     server_reply bad = {0, NULL};
-    if (!m)
+    char path[256] = "";
+    if (find_bad_nul(req, NULL, path, 0, sizeof path))
+        bad = server_error(400, "invalid_request_error", path, NULL,
+                           "%s: must not contain a NUL character (\\u0000)", path);
+    else if (!m)
         bad = server_error(400, "invalid_request_error", "model", NULL,
                            "model: required; this server serves '%s'", s->model_name);
     else if (!json_is_string(m))
@@ -399,6 +538,7 @@ server_reply api_parse_body(gptoss_server *s, const server_request *http, json_t
         json_decref(req);
         return bad;
     }
+    server_access_set_model(http->access);
     *out = req;
     return bad;
 }

@@ -61,6 +61,9 @@ struct api_call {
     int32_t engine_index; /* the engine serving it (server_engine_done) */
     struct server_waiter *waiter;
     server_access *access;
+    api_call *prev_live, *next_live; /* server->calls, while registered */
+    double t_submit, t_first_token;  /* gptoss_now_seconds; t_first_token 0 until one came */
+    bool live;
 };
 
 /* A call with no engine behind it: the caller feeds engine events with generation_push

@@ -160,6 +160,75 @@ static bool parse_logit_bias(const json_t *req, int32_t vocab, request_params *o
     return true;
 }
 
+/* The OpenAI fields no endpoint reads: each is checked, accepted when the server honours it
+ * (nothing to do) and refused naming it when it would be silently not done. */
+static bool check_openai_fields(const json_t *req, field_error *e) {
+    static const char *const strings[] = {"user", "prompt_cache_key", "safety_identifier"};
+    for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++) {
+        json_t *v = json_member(req, strings[i]);
+        if (v && !json_is_string(v))
+            return field_fail(e, strings[i], "%s: expected a string", strings[i]);
+    }
+    json_t *v = json_member(req, "metadata");
+    if (v) {
+        if (!json_is_object(v) || json_object_size(v) > 16)
+            return field_fail(e, "metadata",
+                              "metadata: expected an object of at most 16 string values");
+        const char *key;
+        json_t *value;
+        json_object_foreach(v, key, value) {
+            if (!json_is_string(value) || strlen(key) > 64 || json_string_length(value) > 512)
+                return field_fail(e, "metadata",
+                                  "metadata[\"%.64s\"]: expected a string of at most 512 "
+                                  "characters under a key of at most 64",
+                                  key);
+        }
+    }
+    v = json_member(req, "store");
+    if (v && !json_is_boolean(v)) return field_fail(e, "store", "store: expected true or false");
+    if (v && json_is_true(v))
+        return field_fail(e, "store", "store: stored completions are not supported by this server");
+    v = json_member(req, "service_tier");
+    if (v && !json_is_string(v))
+        return field_fail(e, "service_tier", "service_tier: expected a string");
+    if (v && strcmp(json_string_value(v), "auto") && strcmp(json_string_value(v), "default"))
+        return field_fail(e, "service_tier",
+                          "service_tier: '%.64s' is not supported; this server has one tier "
+                          "(\"auto\" or \"default\")",
+                          json_string_value(v));
+    v = json_member(req, "parallel_tool_calls");
+    if (v && !json_is_boolean(v))
+        return field_fail(e, "parallel_tool_calls", "parallel_tool_calls: expected true or false");
+    v = json_member(req, "modalities");
+    if (v) {
+        if (!json_is_array(v))
+            return field_fail(e, "modalities", "modalities: expected an array of strings");
+        size_t i;
+        json_t *m;
+        json_array_foreach(v, i, m) {
+            if (!json_is_string(m) || strcmp(json_string_value(m), "text"))
+                return field_fail(e, "modalities",
+                                  "modalities[%zu]: only \"text\" is supported by this server", i);
+        }
+    }
+    /* Known, and not done by this server: refused rather than ignored. */
+    static const struct {
+        const char *name, *why;
+    } unsupported[] = {
+        {"audio", "audio output is not supported by gpt-oss"},
+        {"prediction", "predicted outputs are not supported by this server"},
+        {"web_search_options", "web search is not supported by this server"},
+        {"functions", "deprecated and not supported; describe functions in \"tools\""},
+        {"function_call", "deprecated and not supported; use \"tool_choice\""},
+        {"verbosity", "not supported by gpt-oss"},
+    };
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
+        if (json_member(req, unsupported[i].name))
+            return field_fail(e, unsupported[i].name, "%s: %s", unsupported[i].name,
+                              unsupported[i].why);
+    return true;
+}
+
 bool request_params_parse(const json_t *req, int32_t vocab, int32_t max_n, request_params *o,
                           field_error *e) {
     memset(o, 0, sizeof *o);
@@ -170,12 +239,25 @@ bool request_params_parse(const json_t *req, int32_t vocab, int32_t max_n, reque
     if (so) {
         if (!json_is_object(so))
             return field_fail(e, "stream_options", "stream_options: expected an object");
+        if (!o->stream)
+            return field_fail(e, "stream_options",
+                              "stream_options: only allowed when \"stream\" is true");
+        const char *key;
+        json_t *member;
+        json_object_foreach(so, key, member) {
+            if (strcmp(key, "include_usage") && strcmp(key, "include_obfuscation"))
+                return field_fail(e, "stream_options",
+                                  "stream_options: unknown option \"%.64s\" (known: include_usage, "
+                                  "include_obfuscation)",
+                                  key);
+            if (!json_is_null(member) && !json_is_boolean(member))
+                return field_fail(e, "stream_options", "stream_options.%s: expected true or false",
+                                  key);
+        }
         json_t *iu = json_member(so, "include_usage");
-        if (iu && !json_is_boolean(iu))
-            return field_fail(e, "stream_options.include_usage",
-                              "stream_options.include_usage: expected true or false");
         o->include_usage = iu && json_is_true(iu);
     }
+    if (!check_openai_fields(req, e)) return false;
     if (!param_number(req, "temperature", 0, 2, &p->temperature, e)) return false;
     if (!param_number(req, "top_p", 0, 1, &p->top_p, e)) return false;
     if (json_member(req, "top_p") && p->top_p <= 0)
@@ -189,6 +271,8 @@ bool request_params_parse(const json_t *req, int32_t vocab, int32_t max_n, reque
     json_t *seed = json_member(req, "seed");
     if (seed) {
         if (!json_is_integer(seed)) return field_fail(e, "seed", "seed: expected an integer");
+        /* Any int64, as OpenAI takes: a negative seed is used as its two's complement, so
+         * each value still names its own sequence of draws. */
         p->has_seed = true;
         p->seed = (uint64_t)json_integer_value(seed);
     }
@@ -229,9 +313,6 @@ void param_of_message(const char *message, char *param, size_t size) {
 }
 
 bool request_params_finish(request_params *o, int32_t vocab, field_error *e) {
-    if (o->include_usage && !o->stream)
-        return field_fail(e, "stream_options",
-                          "stream_options: only allowed when \"stream\" is true");
     gptoss_error err = {0};
     if (gptoss_sampling_params_validate(&o->sampling, vocab, &err) != GPTOSS_OK) {
         char param[128];

@@ -25,17 +25,20 @@
 #include <stdint.h>
 
 typedef struct gptoss_server_options {
-    const char *host;              /* listen address (IPv4 dotted quad or "localhost") */
-    int port;                      /* 0 = any free port (see gptoss_server_port) */
-    const char *api_key;           /* NULL or "": no authentication */
-    const char *served_model_name; /* the model id clients must name */
-    size_t max_body_bytes;         /* larger request bodies get 413 */
-    unsigned connection_timeout_s; /* idle connections (slow clients) are closed after this */
-    bool webui;                    /* GET / serves the chat page; false: 404 */
+    const char *host;                /* listen address (IPv4 dotted quad or "localhost") */
+    int port;                        /* 0 = any free port (see gptoss_server_port) */
+    const char *api_key;             /* NULL or "": no authentication */
+    const char *served_model_name;   /* the model id clients must name */
+    size_t max_body_bytes;           /* larger request bodies get 413 */
+    unsigned connection_timeout_s;   /* idle connections (slow clients) are closed after this */
+    unsigned max_connections;        /* open connections (a thread each); more are refused */
+    unsigned max_connections_per_ip; /* per client address; 0: no limit of its own */
+    const char *allowed_origins;     /* CORS: "a,b", "*", or NULL/"" for none */
+    bool webui;                      /* GET / serves the chat page; false: 404 */
 } gptoss_server_options;
 
-/* Defaults: 127.0.0.1:8000, no key, model "gpt-oss", 8 MiB bodies, 120 s idle timeout, the
- * chat page on. */
+/* Defaults: 127.0.0.1:8000, no key, model "gpt-oss", 8 MiB bodies, 120 s idle timeout, 2048
+ * connections, no CORS origins, the chat page on. */
 gptoss_server_options gptoss_server_options_default(void);
 
 typedef struct gptoss_server gptoss_server;
@@ -64,6 +67,15 @@ void gptoss_server_set_draining(gptoss_server *server);
 
 /* HTTP requests whose response has not been fully sent yet. */
 int64_t gptoss_server_active_requests(const gptoss_server *server);
+
+/* The drain timed out: ends every generation in flight. Each is cancelled in the engine and
+ * its response ends as if max_tokens had been reached (finish_reason "length"; a stream
+ * still sends its last chunk and `data: [DONE]`). Call gptoss_server_wait_idle next. */
+void gptoss_server_cut(gptoss_server *server);
+
+/* Waits until every HTTP request was answered in full (true) or the clock
+ * (gptoss_now_seconds) passes `deadline` (false). */
+bool gptoss_server_wait_idle(gptoss_server *server, double deadline);
 
 /* Stops listening, closes every connection and frees the server. NULL ok. */
 void gptoss_server_stop(gptoss_server *server);

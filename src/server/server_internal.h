@@ -10,7 +10,18 @@
 
 #include <jansson.h>
 #include <microhttpd.h>
+#include <pthread.h>
 #include <stdatomic.h>
+
+/* A histogram updated by connection threads without a lock (metrics.c): one relaxed atomic
+ * add per bucket hit and one for the sum. */
+#define SERVER_HISTOGRAM_BUCKETS 24
+typedef struct server_histogram {
+    const double *bounds; /* [n_bounds] upper bounds; bucket n_bounds is +Inf */
+    int n_bounds;
+    atomic_ullong buckets[SERVER_HISTOGRAM_BUCKETS]; /* per bucket, not cumulative */
+    atomic_ullong sum_micro;                         /* sum of observations x 1e6 */
+} server_histogram;
 
 struct gptoss_server {
     struct MHD_Daemon *daemon;           /* the listening daemon, thread per connection */
@@ -18,6 +29,7 @@ struct gptoss_server {
     char *api_key;                       /* copy, or NULL: no authentication */
     size_t api_key_len;                  /* bytes of api_key */
     char *model_name;                    /* served model id */
+    char *allowed_origins;               /* CORS: copy of "a,b" or "*", NULL: none */
     size_t max_body_bytes;               /* request bodies beyond this: 413 */
     int port;                            /* bound port */
     uint64_t id_salt;                    /* makes response ids unique across restarts */
@@ -31,13 +43,24 @@ struct gptoss_server {
     bool webui;                          /* GET / serves the chat page (webui.c) */
     atomic_bool ready;                   /* engine handed over (release/acquire) */
     atomic_bool draining;                /* SIGTERM seen */
+    atomic_bool cut;                     /* the drain timed out: generations are being ended */
+    pthread_mutex_t calls_lock;          /* guards calls */
+    struct api_call *calls;              /* generations in flight (api_call.c), for the cut */
     atomic_llong active_requests;        /* HTTP requests not yet completed */
     atomic_ullong responses_by_class[6]; /* [1xx..5xx] counts, index status/100 */
+    atomic_ullong next_request_id;       /* generated x-request-id values */
+    struct {
+        server_histogram e2e, queue, tpot, prompt_tokens, generation_tokens;
+    } hist; /* finished generation requests (metrics.c) */
 };
 
 /* The statistics of every engine summed (counters, gauges and histograms; `draining` when any
  * engine drains). Only while `ready`. */
 void server_engine_stats(gptoss_server *server, gptoss_engine_stats *stats);
+
+/* Retry-After of a 429 (queue full) and of a 503 while the model loads: a client that honours
+ * it comes back soon enough to find room, without hammering a full queue. */
+#define SERVER_RETRY_AFTER_SECONDS "1"
 
 /* An HTTP answer built by an endpoint: status + response (owned by the caller). */
 typedef struct server_reply {
@@ -64,13 +87,17 @@ bool server_client_gone(struct MHD_Connection *connection);
 void server_hold_connection(struct MHD_Connection *connection);
 
 /* One request's access-log line, written when the last holder lets go: the connection
- * (when libmicrohttpd completes the request) and a streaming response (when its last byte
- * was produced). Level: info, warn for 4xx, error for 5xx. */
+ * (when libmicrohttpd completes the request) and a generation call (when its last byte
+ * was produced). Level: info, warn for 4xx, error for 5xx. It also carries the request id
+ * (the client's x-request-id when valid, else a generated one), echoed on every response. */
+#define SERVER_REQUEST_ID_MAX 128
 typedef struct server_access server_access;
 server_access *server_access_hold(server_access *access);
 void server_access_release(server_access *access);
 void server_access_set_tokens(server_access *access, int32_t prompt, int32_t completion);
 void server_access_set_note(server_access *access, const char *note); /* static string */
+void server_access_set_model(server_access *access);   /* the request named the served model */
+void server_access_first_token(server_access *access); /* a token arrived (the first counts) */
 
 /* What a route handler gets besides the server. */
 typedef struct server_request {
@@ -86,6 +113,13 @@ server_reply server_chat_completions(gptoss_server *server, const server_request
 server_reply server_completions(gptoss_server *server, const server_request *request);
 server_reply server_metrics(gptoss_server *server, const server_request *request);
 server_reply server_webui(gptoss_server *server, const server_request *request);
+
+/* Sets the histograms' bounds (server start). */
+void server_metrics_init(gptoss_server *server);
+
+/* A generation request ended: its latencies (a negative one is left out) and token counts. */
+void server_metrics_observe(gptoss_server *server, double e2e_seconds, double queue_seconds,
+                            double tpot_seconds, int32_t prompt_tokens, int32_t generation_tokens);
 
 /* A response over a copy of `text`. */
 struct MHD_Response *server_buffer_response(const char *text, size_t len, const char *content_type);

@@ -12,6 +12,12 @@
  * printed directly. Thread-safe: a line is formatted whole, then written with one call.
  * The level comes from gptoss_log_set_level (the CLI's --log-level) or, before that is
  * called, from GPTOSS_LOG_LEVEL (error, warn, info, debug); the default is info.
+ *
+ * In the JSON format (`gptoss serve --log-format json`) every line is one JSON object instead:
+ *
+ *     {"time":"2026-11-25T18:59:46.123Z","level":"info","what":"serve","msg":"listening on ..."}
+ *
+ * and gptoss_log_fields adds its own members (the access log's method, status, ...).
  */
 #ifndef GPTOSS_UTIL_LOG_H
 #define GPTOSS_UTIL_LOG_H
@@ -46,6 +52,23 @@ bool gptoss_log_level_parse(const char *name, gptoss_log_level *out);
 
 /* Where lines go (default stderr; tests point it at a file). NULL restores stderr. */
 void gptoss_log_set_file(void *file /* FILE * */);
+
+typedef enum gptoss_log_format {
+    GPTOSS_LOG_FORMAT_TEXT = 0,
+    GPTOSS_LOG_FORMAT_JSON = 1,
+} gptoss_log_format;
+
+void gptoss_log_set_format(gptoss_log_format format);
+gptoss_log_format gptoss_log_get_format(void);
+
+/* Parses "text" or "json"; false for anything else. */
+bool gptoss_log_format_parse(const char *name, gptoss_log_format *out);
+
+/* gptoss_log plus structured members: `fields` is the inside of a JSON object ("\"status\":200,
+ * \"path\":\"/health\"", valid JSON, or NULL), added to the line in the JSON format and left out
+ * of the text format (whose message should then say what matters). */
+void gptoss_log_fields(gptoss_log_level level, const char *what, const char *fields,
+                       const char *fmt, ...) GPTOSS_PRINTF(4, 5);
 
 #define GPTOSS_LOG_E(what, ...) gptoss_log(GPTOSS_LOG_ERROR, what, __VA_ARGS__)
 #define GPTOSS_LOG_W(what, ...) gptoss_log(GPTOSS_LOG_WARN, what, __VA_ARGS__)

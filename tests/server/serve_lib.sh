@@ -48,7 +48,7 @@ launch() {
   port=""
   local deadline=$((SECONDS + 30 * slow))
   while [ $SECONDS -lt $deadline ]; do
-    port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/$name.log" | head -1)
+    port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/$name.log" 2>/dev/null | head -1)
     [ -n "$port" ] && return 0
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1

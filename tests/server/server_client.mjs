@@ -280,7 +280,7 @@ async function disconnect() {
     ['chat', (signal) => client.chat.completions.create({ model, messages: user('Write a long story'), max_tokens: 400, ignore_eos: true, stream: true }, { signal }), 1],
   ];
   for (const [name, start, leaveAfter] of cases) {
-    const before = (await metrics()).get('gptoss:generation_tokens_total');
+    const before = (await metrics()).get('gptoss_generation_tokens_total');
     const controller = new AbortController();
     const s = await start(controller.signal);
     let n = 0;
@@ -291,21 +291,21 @@ async function disconnect() {
     let used = NaN, running = NaN, waiting = NaN, m = null;
     for (let i = 0; i < 100; i++) {
       m = await metrics();
-      used = m.get('gptoss:kv_cache_blocks_used'); running = m.get('gptoss:num_requests_running');
-      waiting = m.get('gptoss:num_requests_waiting');
+      used = m.get('gptoss_kv_cache_blocks_used'); running = m.get('gptoss_num_requests_running');
+      waiting = m.get('gptoss_num_requests_waiting');
       if (used === 0 && running === 0 && waiting === 0) break;
       await sleep(100);
     }
     check(used === 0 && running === 0 && waiting === 0, `${name}: after a mid-stream disconnect KV blocks in use return to 0 (used ${used}, running ${running}, waiting ${waiting})`);
-    check(m.get('gptoss:kv_cache_usage_perc') === 0, `${name}: kv_cache_usage_perc back to 0`);
-    const generated = m.get('gptoss:generation_tokens_total') - before;
+    check(m.get('gptoss_kv_cache_usage_perc') === 0, `${name}: kv_cache_usage_perc back to 0`);
+    const generated = m.get('gptoss_generation_tokens_total') - before;
     check(generated < 200, `${name}: the abandoned generation was cancelled early (${generated} tokens of 400)`);
   }
   const m = await metrics();
   check(/finished_reason="cancelled"\} [1-9]/.test(m.text), 'cancelled finishes are counted');
-  for (const name of ['gptoss:num_requests_waiting', 'gptoss:prefix_cache_hit_rate', 'gptoss:prompt_tokens_total', 'gptoss:time_to_first_token_seconds_count', 'gptoss:inter_token_latency_seconds_count'])
+  for (const name of ['gptoss_num_requests_waiting', 'gptoss_prefix_cache_hit_rate', 'gptoss_prompt_tokens_total', 'gptoss_time_to_first_token_seconds_count', 'gptoss_inter_token_latency_seconds_count'])
     check(Number.isFinite(m.get(name)), `metric ${name} present`);
-  check(/gptoss:time_to_first_token_seconds_bucket\{[^}]*le="\+Inf"\}/.test(m.text), 'TTFT histogram has a +Inf bucket');
+  check(/gptoss_time_to_first_token_seconds_bucket\{[^}]*le="\+Inf"\}/.test(m.text), 'TTFT histogram has a +Inf bucket');
 }
 
 // ---- overload: a small queue answers 429, then recovers ----------------------------------

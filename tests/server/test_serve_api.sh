@@ -19,13 +19,13 @@ curl -sN -m 60 "$a_url/v1/chat/completions" -H "Authorization: Bearer $key" -H '
 [ "$(grep '^data: ' "$work/sse.txt" | tail -1)" = "data: [DONE]" ] || fail "SSE: last event is not [DONE]"
 grep -q '"finish_reason":"length"' "$work/sse.txt" || fail "SSE: no finish_reason length"
 code=$(curl -s -m 10 -o "$work/m.txt" -w '%{http_code}' "$a_url/metrics")
-[ "$code" = 200 ] && grep -q '^# TYPE gptoss:time_to_first_token_seconds histogram' "$work/m.txt" || fail "/metrics: $code"
+[ "$code" = 200 ] && grep -q '^# TYPE gptoss_time_to_first_token_seconds histogram' "$work/m.txt" || fail "/metrics: $code"
 code=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "$a_url/v1/models")
 [ "$code" = 401 ] || fail "/v1/models without key: $code, expected 401"
 
 # access log: the stream above (3 generated tokens) and the refused /v1/models (a warning);
 # a line is written when the server let go of the request, which may follow the last byte
-stream_logged() { grep -q 'INFO  serve: POST /v1/chat/completions 200 prompt_tokens=[1-9][0-9]* completion_tokens=3 [0-9.]* ms' "$work/a.log"; }
+stream_logged() { grep -q 'INFO  serve: POST /v1/chat/completions 200 model=tiny prompt_tokens=[1-9][0-9]* completion_tokens=3 ttft_ms=[0-9.]* duration_ms=[0-9.]* ' "$work/a.log"; }
 wait_until 10 "no access-log line for the stream: $(grep serve: "$work/a.log" | tail -5)" stream_logged
 refusal_logged() { grep -q 'WARN  serve: GET /v1/models 401 ' "$work/a.log"; }
 wait_until 10 "no warning access-log line for the 401" refusal_logged

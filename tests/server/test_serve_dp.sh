@@ -69,11 +69,11 @@ last=$(grep "router: request .* -> engine" "$work/dp.log" | tail -1)
 case "$last" in *"(prefix, prefix "*) ;; *) fail "turn 2 was not routed by its prefix: $last" ;; esac
 
 [ "$(curl -s -m 2 -o /dev/null -w '%{http_code}' "$dp_url/health")" = 200 ] || fail "/health of the two-engine server"
-total=$(metric "$dp_url" "gptoss:kv_cache_blocks_total")
-single=$(metric "$one_url" "gptoss:kv_cache_blocks_total")
+total=$(metric "$dp_url" "gptoss_kv_cache_blocks_capacity")
+single=$(metric "$one_url" "gptoss_kv_cache_blocks_capacity")
 [ -n "$total" ] && [ -n "$single" ] && [ $((total)) -eq $((2 * (single / 2))) ] ||
   fail "/metrics KV blocks: $total on two engines, $single on one (the CPU budget is split)"
-gen=$(metric "$dp_url" "gptoss:generation_tokens_total")
+gen=$(metric "$dp_url" "gptoss_generation_tokens_total")
 [ "${gen%.*}" -ge 56 ] 2>/dev/null || fail "/metrics generation tokens summed over engines: $gen, want >= 56"
 
 stop_server "$one_pid" one

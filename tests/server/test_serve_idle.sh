@@ -27,7 +27,7 @@ console.log(Math.min(Math.max(want, 64), maxLen - 16));' "$secs" "$max_len")
 post "$work/long.json" "{\"model\":\"tiny\",\"prompt\":\"a long answer\",\"max_tokens\":$long_tokens,\"ignore_eos\":true}" >"$work/long.out" &
 long_pid=$!
 # The long request holds the only sequence before the others are sent.
-running() { [ "$(metric "$d_url" 'gptoss:num_requests_running')" = 1 ]; }
+running() { [ "$(metric "$d_url" 'gptoss_num_requests_running')" = 1 ]; }
 wait_until 60 "the long request never started" running
 curl -sN -m $((400 * slow)) "$d_url/v1/completions" -H 'Content-Type: application/json' \
   -d '{"model":"tiny","prompt":"queued stream","max_tokens":4,"ignore_eos":true,"stream":true}' >"$work/queued.txt" &

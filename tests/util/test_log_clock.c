@@ -69,6 +69,36 @@ static void test_long_line_is_cut_not_overrun(void **state) {
     fclose(f);
 }
 
+/* The JSON format: one object per line, strings escaped, invalid UTF-8 replaced, the extra
+ * fields of gptoss_log_fields appended (and absent from the text format). */
+static void test_json_format(void **state) {
+    (void)state;
+    FILE *f = tmpfile();
+    gptoss_log_set_file(f);
+    gptoss_log_set_format(GPTOSS_LOG_FORMAT_JSON);
+    GPTOSS_LOG_W("serve", "quote \" back \\ tab \t bad \xff end");
+    gptoss_log_fields(GPTOSS_LOG_INFO, "serve", "\"status\":200", "GET %s", "/health");
+    gptoss_log_set_format(GPTOSS_LOG_FORMAT_TEXT);
+    gptoss_log_fields(GPTOSS_LOG_INFO, "serve", "\"status\":200", "plain");
+    char *text = read_all(f);
+    char *second = strchr(text, '\n');
+    assert_non_null(second);
+    assert_memory_equal(text, "{\"time\":\"", 9);
+    assert_non_null(strstr(text, "\",\"level\":\"warn\",\"what\":\"serve\",\"msg\":\"quote \\\" "
+                                 "back \\\\ tab \\u0009 bad \\ufffd end\"}\n"));
+    assert_non_null(strstr(second + 1, "\"level\":\"info\",\"what\":\"serve\",\"msg\":\"GET "
+                                       "/health\",\"status\":200}\n"));
+    assert_non_null(strstr(second + 1, " INFO  serve: plain\n"));
+    assert_null(strstr(strstr(second + 1, "plain"), "status"));
+    gptoss_log_format fmt;
+    assert_true(gptoss_log_format_parse("json", &fmt));
+    assert_int_equal(fmt, GPTOSS_LOG_FORMAT_JSON);
+    assert_false(gptoss_log_format_parse("xml", &fmt));
+    free(text);
+    gptoss_log_set_file(NULL);
+    fclose(f);
+}
+
 static void test_parse(void **state) {
     (void)state;
     gptoss_log_level l;
@@ -96,6 +126,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_levels_and_shape),
         cmocka_unit_test(test_long_line_is_cut_not_overrun),
+        cmocka_unit_test(test_json_format),
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_clock_monotonic),
     };
