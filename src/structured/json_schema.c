@@ -445,8 +445,7 @@ static int32_t build_string(compiler *c, const json_t *schema, int32_t from) {
     get_length(c, schema, "minLength", &min_len);
     get_length(c, schema, "maxLength", &max_len);
     if (c->failed) return from;
-    if (max_len >= 0 && max_len < min_len)
-        return fail(c, "maxLength below minLength at %s", where(c)), from;
+    if (max_len >= 0 && max_len < min_len) return new_state(c); /* no string: no path */
     const char *regex = NULL;
     const char *key = NULL;
     if (format && pattern)
@@ -934,7 +933,15 @@ static int32_t build_object(compiler *c, const json_t *schema, int32_t from) {
         size_t k = 0;
         while (k < n && strcmp(names[k], r) != 0)
             k++;
-        if (k == n) names[n++] = r; /* schemas[k] NULL: any value */
+        if (k == n) {
+            /* required but not a property: its value is an additional property's */
+            if (json_is_false(additional)) { /* no object can have it: no path */
+                end = new_state(c);
+                goto done;
+            }
+            names[n++] = r;
+            if (additional && !json_is_true(additional)) schemas[k] = additional;
+        }
         is_required[k] = true;
     }
     int32_t open = lit(c, from, "{");
@@ -954,7 +961,9 @@ static int32_t build_object(compiler *c, const json_t *schema, int32_t from) {
         eps(c, optional_space(c, lit(c, more, ",")), member);
         int32_t at = optional_space(c, lit(c, lit(c, member, encoded), ":"));
         free(encoded);
-        if (schemas[i]) {
+        if (schemas[i] && schemas[i] == additional) {
+            at = compile_child(c, additional, "additionalProperties", at);
+        } else if (schemas[i]) {
             size_t saved = pointer_push(c, "properties");
             at = compile_child(c, schemas[i], names[i], at);
             pointer_pop(c, saved);
@@ -979,7 +988,7 @@ static int32_t build_object(compiler *c, const json_t *schema, int32_t from) {
         eps(c, optional_space(c, lit(c, more, ",")), member);
         int32_t at = optional_space(c, lit(c, other_key(c, member, &trie), ":"));
         if (additional && !json_is_true(additional))
-            at = compile_child(c, schema, "additionalProperties", at);
+            at = compile_child(c, additional, "additionalProperties", at);
         else
             at = call(c, at, any_machine(c, JSON_ANY_NESTING));
         eps(c, at, after);
@@ -1013,8 +1022,7 @@ static int32_t build_array(compiler *c, const json_t *schema, int32_t from) {
     if (c->failed) return from;
     int32_t n_prefix = prefix ? (int32_t)json_array_size(prefix) : 0;
     if (json_is_false(items) && (max_items < 0 || max_items > n_prefix)) max_items = n_prefix;
-    if (max_items >= 0 && max_items < min_items)
-        return fail(c, "maxItems below minItems at %s", where(c)), from;
+    if (max_items >= 0 && max_items < min_items) return new_state(c); /* no array: no path */
     if (max_items > 4096)
         return fail(c, "maxItems above the supported 4096 at %s/maxItems", c->pointer), from;
     /* elements past prefixItems are calls to the item schema's machine, so unrolling
@@ -1913,23 +1921,23 @@ gptoss_status gptoss_json_schema_compile(const json_t *schema, const gptoss_json
         eps(&c, end, m.exit);
     }
     bool ok = !c.failed;
-    if (ok && !take_graph(&c, s)) ok = !fail(&c, "out of memory compiling the schema");
+    if (ok && !take_graph(&c, s)) ok = fail(&c, "out of memory compiling the schema");
     free(c.edges);
     free_machines(c.machines, c.n_machines);
     if (ok) ok = check_progress(&c, s);
-    if (ok && !compute_distances(s)) ok = !fail(&c, "out of memory compiling the schema");
+    if (ok && !compute_distances(s)) ok = fail(&c, "out of memory compiling the schema");
     if (ok && dist_at(s, s->machines[0].start, 0) >= DIST_INF)
-        ok = !fail(&c,
-                   "schema accepts no value (or only values nested deeper than %d "
-                   "references and arrays) at /",
-                   JSON_MAX_STACK);
-    if (ok && !init_runtime(s)) ok = !fail(&c, "out of memory compiling the schema");
+        ok = fail(&c,
+                  "schema accepts no value (or only values nested deeper than %d "
+                  "references and arrays) at /",
+                  JSON_MAX_STACK);
+    if (ok && !init_runtime(s)) ok = fail(&c, "out of memory compiling the schema");
     if (ok) {
         s->work = malloc(256 * sizeof *s->work);
         s->cap_work = s->work ? 256 : 0;
         s->work[0] = (uint32_t)s->machines[0].start;
         s->start = closure(s, 1);
-        if (s->start < 0) ok = !fail(&c, "out of memory compiling the schema");
+        if (s->start < 0) ok = fail(&c, "out of memory compiling the schema");
     }
     if (!ok) {
         gptoss_status status = c.error->status ? c.error->status : GPTOSS_ERR_INVALID_ARGUMENT;

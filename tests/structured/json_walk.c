@@ -122,6 +122,9 @@ int main(int argc, char **argv) {
                     gptoss_constraint_allow(m, mask, n_vocab);
                     double a_ms = (gptoss_now_seconds() - a0) * 1e3;
                     add_sample(&allow_ms, a_ms);
+                    if (a_ms > 30 && getenv("JSON_WALK_SLOW"))
+                        fprintf(stderr, "slow allow: schema %zu step %d %.1f ms\n", index, step,
+                                a_ms);
                     if (step == 0 && w == 0) add_sample(&start_ms, a_ms);
                     a0 = gptoss_now_seconds();
                     gptoss_constraint_allow(m, mask, n_vocab); /* now cached */
@@ -182,6 +185,8 @@ int main(int argc, char **argv) {
                 }
                 gptoss_constraint_free(m);
             }
+            json_object_set_new(result, "walk_ms",
+                                json_real((gptoss_now_seconds() - c0) * 1e3 - ms));
             json_object_set_new(result, "walks", outputs);
             json_object_set_new(result, "violations", problems);
             gptoss_json_schema_free(compiled);
