@@ -12,5 +12,5 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 here="$src/tests/structured"
 node "$here/json_schema_walks.mjs" gen "$work/schemas.json" 320 1 || exit 1
-"$build/tests/structured_json_walk" "$tj" "$work/schemas.json" "$work/walks.jsonl" 4 160 1 || exit 1
+"$build/tests/structured_json_walk" "$tj" "$work/schemas.json" "$work/walks.jsonl" 3 120 1 || exit 1
 node "$here/json_schema_walks.mjs" check "$work/schemas.json" "$work/walks.jsonl"
