@@ -446,10 +446,8 @@ static int32_t build_string(compiler *c, const json_t *schema, int32_t from) {
     get_length(c, schema, "maxLength", &max_len);
     if (c->failed) return from;
     if (max_len >= 0 && max_len < min_len) return new_state(c); /* no string: no path */
-    const char *regex = NULL;
+    const char *regex = NULL, *pattern_regex = NULL; /* the latter: a pattern beside a format */
     const char *key = NULL;
-    if (format && pattern)
-        return fail(c, "'format' together with 'pattern' is not supported at %s", where(c)), from;
     if (format) {
         key = "format";
         if (!json_is_string(format))
@@ -458,14 +456,19 @@ static int32_t build_string(compiler *c, const json_t *schema, int32_t from) {
         if (!regex)
             return fail(c,
                         "unsupported format '%s' at %s/format (supported: date, time, "
-                        "date-time, uuid, email)",
+                        "date-time, uuid, email, ipv4, hostname, uri, duration)",
                         json_string_value(format), c->pointer),
                    from;
-    } else if (pattern) {
+    }
+    if (pattern) {
         key = "pattern";
         if (!json_is_string(pattern))
             return fail(c, "'pattern' must be a string at %s/pattern", c->pointer), from;
-        regex = json_string_value(pattern);
+        pattern_regex = json_string_value(pattern);
+        if (!regex)
+            regex = pattern_regex, pattern_regex = NULL;
+        else
+            key = "format";
     }
     int32_t at = lit(c, from, "\"");
     if (!regex && min_len == 0 && max_len < 0) {
@@ -477,6 +480,16 @@ static int32_t build_string(compiler *c, const json_t *schema, int32_t from) {
     char message[256];
     bool ok = regex ? json_regex_compile(regex, &cn, message, sizeof message)
                     : char_nfa_any(&cn, min_len, max_len, message, sizeof message);
+    if (ok && pattern_regex) {
+        char_nfa other;
+        char_nfa_init(&other, JSON_MAX_CHAR_STATES);
+        ok = json_regex_compile(pattern_regex, &other, message, sizeof message);
+        if (!ok)
+            key = "pattern";
+        else
+            ok = char_nfa_intersect(&cn, &other, message, sizeof message);
+        char_nfa_free(&other);
+    }
     if (ok && regex) ok = char_nfa_limit_length(&cn, min_len, max_len, message, sizeof message);
     if (!ok) {
         if (key)
@@ -1102,7 +1115,8 @@ static bool is_supported_keyword(const char *key) {
                                       "minimum",
                                       "maximum",
                                       "exclusiveMinimum",
-                                      "exclusiveMaximum"};
+                                      "exclusiveMaximum",
+                                      "propertyNames"};
     for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
         if (strcmp(key, supported[i]) == 0) return true;
     return is_ignored_keyword(key);
@@ -1296,6 +1310,20 @@ static int32_t compile_schema(compiler *c, const json_t *schema, int32_t from) {
     json_object_foreach((json_t *)schema, key, value) {
         if (!is_supported_keyword(key))
             return fail(c, "unsupported keyword '%s' at %s", key, where(c)), from;
+    }
+    /* keys are strings anyway: only that trivial propertyNames is accepted (zod emits it) */
+    const json_t *names = json_object_get(schema, "propertyNames");
+    if (names && !json_is_true(names)) {
+        const json_t *type = json_is_object(names) ? json_object_get(names, "type") : NULL;
+        size_t n_constraints = 0;
+        json_object_foreach((json_t *)names, key, value) {
+            if (!is_ignored_keyword(key)) n_constraints++;
+        }
+        if (!json_is_object(names) || n_constraints > (type != NULL) ||
+            (type && (!json_is_string(type) || strcmp(json_string_value(type), "string") != 0)))
+            return fail(c, "unsupported keyword 'propertyNames' at %s (only {\"type\":\"string\"})",
+                        where(c)),
+                   from;
     }
     c->inline_depth++;
     int32_t end = from;

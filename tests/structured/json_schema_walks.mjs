@@ -32,7 +32,14 @@ const PATTERNS = [
   '^[\\u00e0-\\u00ff]{1,4}$', '^(ab|cd)*$', '^-?\\d+(\\.\\d{1,2})?$', '^[^a-z]*$', 'é',
   '^a{2,}b{0,2}$', '^[\\w.-]+$', '^"\\\\q$',
 ];
-const FORMATS = ['date', 'date-time', 'time', 'uuid', 'email'];
+const FORMATS = ['date', 'date-time', 'time', 'uuid', 'email', 'ipv4', 'hostname', 'uri', 'duration'];
+// what zod 4's toJSONSchema writes beside its formats: a pattern and a format together
+const ZOD_STRINGS = [
+  { type: 'string', format: 'email', pattern: "^(?!\\.)(?!.*\\.\\.)([A-Za-z0-9_'+\\-\\.]*)[A-Za-z0-9_+-]@([A-Za-z0-9][A-Za-z0-9\\-]*\\.)+[A-Za-z]{2,}$".replace('(?!\\.)(?!.*\\.\\.)', '') },
+  { type: 'string', format: 'uuid', pattern: '^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-0000-000000000000|ffffffff-ffff-ffff-ffff-ffffffffffff)$' },
+  { type: 'string', format: 'date', pattern: '^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))$' },
+  { type: 'string', format: 'date-time', pattern: '^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))T(?:(?:[01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(?:\\.\\d+)?(?:Z))$' },
+];
 const WORDS = ['name', 'id', 'value', 'items', 'tags', 'count', 'city', 'zip', 'é', 'a b',
   'q"uote', 'back\\slash', 'x', 'nested', 'flag', 'when', 'n', 'naming', 'nam'];
 
@@ -52,6 +59,7 @@ function generator(seed) {
       if (chance(0.7)) s.maxLength = (s.minLength ?? 0) + int(0, 8);
     }
     if (k === 4 && chance(0.5)) s.description = 'free text';
+    if (k === 4 && chance(0.3)) return { ...pick(ZOD_STRINGS) };
     return s;
   }
   function numberSchema() {
@@ -84,6 +92,7 @@ function generator(seed) {
     if (ap <= 2) s.additionalProperties = false;
     else if (ap === 3) s.additionalProperties = true;
     else if (ap === 4 && depth < 3) s.additionalProperties = scalar();
+    if (ap === 4 && chance(0.5)) s.propertyNames = { type: 'string' }; // zod records
     if (chance(0.15) && ap >= 3) s.required = [...(s.required ?? []), 'extra_required'];
     return s;
   }

@@ -114,7 +114,11 @@ int main(int argc, char **argv) {
             for (int w = 0; w < walks; w++) {
                 gptoss_token_constraint *m = NULL;
                 if (gptoss_json_matcher_create(compiled, &m, &err) != GPTOSS_OK) abort();
-                gptoss_json_matcher_set_budget(m, budget);
+                /* a schema whose shortest value exceeds the budget offers nothing at the
+                 * start: such a walk starts again with twice the budget */
+                int32_t walk_budget = budget;
+            restart:
+                gptoss_json_matcher_set_budget(m, walk_budget);
                 gptoss_token_constraint *shadow = NULL;
                 if (gptoss_json_matcher_create(compiled, &shadow, &err) != GPTOSS_OK) abort();
                 size_t hex_len = 0;
@@ -153,6 +157,10 @@ int main(int argc, char **argv) {
                                  allowed[n_allowed - 1]);
                         break;
                     }
+                    if (n_allowed == 0 && step == 0 && !complete && walk_budget < 1 << 16) {
+                        walk_budget *= 2;
+                        goto restart;
+                    }
                     if (n_allowed == 0) {
                         if (!complete)
                             snprintf(problem, sizeof problem,
@@ -181,7 +189,7 @@ int main(int argc, char **argv) {
                         snprintf(problem, sizeof problem, "advance refused allowed token %d", pick);
                         break;
                     }
-                    if (step > budget) {
+                    if (step > walk_budget) {
                         snprintf(problem, sizeof problem, "walk exceeded the budget");
                         break;
                     }
