@@ -42,8 +42,8 @@
 #define JSON_MAX_INLINE 64  /* schema nesting compiled inline (C recursion bound) */
 #define JSON_MAX_NFA_STATES 300000
 #define JSON_MAX_CHAR_STATES 60000 /* one string's character automaton */
-#define JSON_MAX_DFA_STATES 200000
-#define JSON_MASK_CACHE_BYTES ((size_t)192 << 20)
+#define JSON_MAX_DFA_STATES 50000  /* past this, the DFA cache starts over (about 60 MB) */
+#define JSON_MASK_CACHE_BYTES ((size_t)64 << 20)
 #define JSON_MAX_DIGITS 16 /* digits of an integer part and of a fraction */
 #define DIST_INF 0x3FFFFFFFu
 #define NEXT_UNKNOWN (-2)
@@ -131,6 +131,7 @@ struct gptoss_json_schema {
     int32_t *dfa_table; /* open addressing on the config set */
     int32_t dfa_table_size;
     int32_t start;
+    uint32_t generation; /* bumped when the DFA cache starts over */
     size_t mask_bytes;
     int32_t mask_words;
     /* scratch for closures */
@@ -1658,7 +1659,6 @@ static int32_t intern_dfa(gptoss_json_schema *s, const uint64_t *configs, int32_
             memcmp(d->configs, configs, (size_t)n * sizeof *configs) == 0)
             return id;
     }
-    if (s->n_dfa >= JSON_MAX_DFA_STATES) return NEXT_DEAD;
     if (s->n_dfa == s->cap_dfa) {
         int32_t cap = s->cap_dfa * 2;
         dfa_state *d = realloc(s->dfa, (size_t)cap * sizeof *d);
@@ -1835,6 +1835,23 @@ static const uint32_t *state_mask(gptoss_json_schema *s, int32_t state) {
     return mask;
 }
 
+/* Empties the DFA cache (matchers re-intern their configurations) once it holds too many
+ * states; called between matcher operations, never inside a trie walk. */
+static void maybe_reset(gptoss_json_schema *s) {
+    if (s->n_dfa < JSON_MAX_DFA_STATES) return;
+    for (int32_t i = 0; i < s->n_dfa; i++) {
+        free(s->dfa[i].configs);
+        free(s->dfa[i].mask);
+        free(s->next[i]);
+    }
+    s->n_dfa = 0;
+    s->mask_bytes = 0;
+    memset(s->dfa_table, 0xFF, (size_t)s->dfa_table_size * sizeof *s->dfa_table);
+    s->generation++;
+    s->work[0] = (uint32_t)s->machines[0].start;
+    s->start = closure(s, 1);
+}
+
 /* ---- compile and free -------------------------------------------------------------------- */
 
 static void free_machines(machine *machines, int32_t n) {
@@ -1983,9 +2000,38 @@ gptoss_status gptoss_json_schema_compile(const json_t *schema, const gptoss_json
 typedef struct json_matcher {
     gptoss_token_constraint base;
     gptoss_json_schema *schema;
-    int32_t state;       /* DFA state */
+    int32_t state; /* DFA state, valid while generation matches the schema's */
+    uint32_t generation;
+    uint64_t *configs; /* [n_configs] the state's configurations, to re-intern it */
+    int32_t n_configs, cap_configs;
     int32_t tokens_left; /* < 0: unlimited */
 } json_matcher;
+
+/* The matcher's DFA state in the current cache (re-interned after a reset); under the lock. */
+static int32_t matcher_state(json_matcher *m) {
+    gptoss_json_schema *s = m->schema;
+    maybe_reset(s);
+    if (m->generation != s->generation) {
+        m->state = intern_dfa(s, m->configs, m->n_configs);
+        m->generation = s->generation;
+    }
+    return m->state;
+}
+
+static bool matcher_set_state(json_matcher *m, int32_t state) {
+    const dfa_state *d = &m->schema->dfa[state];
+    if (d->n_configs > m->cap_configs) {
+        uint64_t *c = realloc(m->configs, (size_t)d->n_configs * sizeof *c);
+        if (!c) return false;
+        m->configs = c;
+        m->cap_configs = d->n_configs;
+    }
+    memcpy(m->configs, d->configs, (size_t)d->n_configs * sizeof *m->configs);
+    m->n_configs = d->n_configs;
+    m->state = state;
+    m->generation = m->schema->generation;
+    return true;
+}
 
 static void matcher_allow(gptoss_token_constraint *self, uint32_t *mask, int32_t vocab) {
     json_matcher *m = (json_matcher *)self;
@@ -1995,14 +2041,17 @@ static void matcher_allow(gptoss_token_constraint *self, uint32_t *mask, int32_t
     int32_t n_bits = vocab < n_tokens ? vocab : n_tokens;
     uint32_t limit = m->tokens_left < 0 ? DIST_INF - 1 : (uint32_t)(m->tokens_left - 1);
     pthread_mutex_lock(&s->lock);
-    const uint32_t *cached = state_mask(s, m->state);
-    if (cached && s->dfa[m->state].max_after <= limit) {
+    int32_t state = matcher_state(m);
+    const uint32_t *cached = state >= 0 ? state_mask(s, state) : NULL;
+    if (state < 0) {
+        /* out of memory: nothing is offered */
+    } else if (cached && s->dfa[state].max_after <= limit) {
         int32_t full = n_bits / 32;
         for (int32_t w = 0; w < full; w++)
             mask[w] |= cached[w];
         if (n_bits % 32) mask[full] |= cached[full] & ((1u << (n_bits % 32)) - 1);
     } else {
-        walk_trie(s, m->state, limit, mask, n_bits);
+        walk_trie(s, state, limit, mask, n_bits);
     }
     pthread_mutex_unlock(&s->lock);
 }
@@ -2015,29 +2064,30 @@ static bool matcher_advance(gptoss_token_constraint *self, int32_t token) {
     uint32_t begin = t->offsets[token], end = t->offsets[token + 1];
     if (begin == end) return false;
     pthread_mutex_lock(&s->lock);
-    int32_t state = m->state;
+    int32_t state = matcher_state(m);
     for (uint32_t i = begin; i < end && state >= 0; i++)
         state = dfa_next(s, state, t->bytes[i]);
-    bool ok =
-        state >= 0 && (m->tokens_left < 0 || s->dfa_dist[state] <= (uint32_t)(m->tokens_left - 1));
+    bool ok = state >= 0 &&
+              (m->tokens_left < 0 || s->dfa_dist[state] <= (uint32_t)(m->tokens_left - 1)) &&
+              matcher_set_state(m, state);
     pthread_mutex_unlock(&s->lock);
     if (!ok) return false;
-    m->state = state;
     if (m->tokens_left > 0) m->tokens_left--;
     return true;
 }
 
 static bool matcher_complete(const gptoss_token_constraint *self) {
-    const json_matcher *m = (const json_matcher *)self;
-    /* accept flags never change once a state exists: no lock needed beyond the array read */
+    json_matcher *m = (json_matcher *)(uintptr_t)self; /* may re-intern its state */
     gptoss_json_schema *s = m->schema;
     pthread_mutex_lock(&s->lock);
-    bool accept = s->dfa[m->state].accept;
+    int32_t state = matcher_state(m);
+    bool accept = state >= 0 && s->dfa[state].accept;
     pthread_mutex_unlock(&s->lock);
     return accept;
 }
 
 static void matcher_free(gptoss_token_constraint *self) {
+    free(((json_matcher *)self)->configs);
     free(self);
 }
 
@@ -2056,8 +2106,15 @@ gptoss_status gptoss_json_matcher_create(gptoss_json_schema *schema, gptoss_toke
     if (!m) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     m->base.ops = &json_matcher_ops;
     m->schema = schema;
-    m->state = schema->start;
     m->tokens_left = -1;
+    pthread_mutex_lock(&schema->lock);
+    maybe_reset(schema);
+    bool ok = schema->start >= 0 && matcher_set_state(m, schema->start);
+    pthread_mutex_unlock(&schema->lock);
+    if (!ok) {
+        matcher_free(&m->base);
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    }
     *out = &m->base;
     return GPTOSS_OK;
 }
