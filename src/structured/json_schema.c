@@ -167,6 +167,7 @@ typedef struct compiler {
     char pointer[1024];
     size_t pointer_len;
     int inline_depth;
+    json_t *merged; /* array holding schemas made by merging allOf, alive until compiled */
 } compiler;
 
 static int32_t fail(compiler *c, const char *fmt, ...) GPTOSS_PRINTF(2, 3);
@@ -1297,6 +1298,74 @@ static int32_t build_typed(compiler *c, const json_t *schema, int32_t from) {
     return end;
 }
 
+/* Whether a keyword other than annotations and definitions sits beside main_key. */
+static bool constrains_beside(const json_t *schema, const char *main_key) {
+    const char *key;
+    const json_t *value;
+    json_object_foreach((json_t *)schema, key, value) {
+        if (strcmp(key, main_key) != 0 && !is_ignored_keyword(key) && strcmp(key, "$defs") != 0 &&
+            strcmp(key, "definitions") != 0)
+            return true;
+    }
+    return false;
+}
+
+/* allOf of object schemas merges when trivially possible: each part (and the keywords beside
+ * allOf) has only type "object", properties (names not repeated across parts), required and
+ * annotations. The merged schema allows other keys, as each part does. */
+static const json_t *merge_all_of(compiler *c, const json_t *schema, const json_t *all_of) {
+    json_t *props = json_object(), *required = json_array();
+    json_t *merged =
+        json_pack("{s:s, s:o, s:o}", "type", "object", "properties", props, "required", required);
+    if (!merged || json_array_append_new(c->merged, merged) != 0)
+        return fail(c, "out of memory compiling the schema"), NULL;
+    size_t n = json_array_size(all_of);
+    for (size_t i = 0; i <= n && !c->failed; i++) {
+        const json_t *part = i < n ? json_array_get(all_of, i) : schema;
+        const char *key;
+        const json_t *value;
+        json_object_foreach((json_t *)part, key, value) {
+            bool object_type = strcmp(key, "type") == 0 && json_is_string(value) &&
+                               strcmp(json_string_value(value), "object") == 0;
+            if (is_ignored_keyword(key) || object_type || (i == n && strcmp(key, "allOf") == 0) ||
+                strcmp(key, "$defs") == 0 || strcmp(key, "definitions") == 0)
+                continue;
+            if (strcmp(key, "properties") == 0 && json_is_object(value)) {
+                const char *name;
+                json_t *sub;
+                json_object_foreach((json_t *)value, name, sub) {
+                    if (json_object_get(props, name))
+                        return fail(c, "'allOf' parts both declare property '%s' at %s/allOf", name,
+                                    c->pointer),
+                               NULL;
+                    json_object_set(props, name, sub);
+                }
+            } else if (strcmp(key, "propertyNames") == 0) {
+                /* checked when the merged schema compiles */
+                const json_t *had = json_object_get(merged, key);
+                if (had && !json_equal((json_t *)had, (json_t *)value))
+                    return fail(c, "'allOf' parts with different propertyNames at %s/allOf",
+                                c->pointer),
+                           NULL;
+                json_object_set(merged, key, (json_t *)value);
+            } else if (strcmp(key, "required") == 0 && json_is_array(value)) {
+                size_t k;
+                json_t *r;
+                json_array_foreach((json_t *)value, k, r) json_array_append(required, r);
+            } else {
+                return fail(c,
+                            "'allOf' with more than one schema merges only object schemas "
+                            "(type, properties, required): '%s' at %s/allOf",
+                            key, c->pointer),
+                       NULL;
+            }
+        }
+        if (!json_is_object(part))
+            return fail(c, "'allOf' parts must be objects at %s/allOf", c->pointer), NULL;
+    }
+    return c->failed ? NULL : merged;
+}
+
 static int32_t compile_schema(compiler *c, const json_t *schema, int32_t from) {
     if (c->failed) return from;
     if (json_is_true(schema)) return call(c, from, any_machine(c, JSON_ANY_NESTING));
@@ -1357,9 +1426,10 @@ static int32_t compile_schema(compiler *c, const json_t *schema, int32_t from) {
     } else if (all_of) {
         if (!json_is_array(all_of) || json_array_size(all_of) == 0) {
             fail(c, "'allOf' must be a non-empty array at %s/allOf", c->pointer);
-        } else if (json_array_size(all_of) > 1) {
-            fail(c, "'allOf' with more than one schema is not supported at %s/allOf", c->pointer);
-        } else if (only_beside(c, schema, "allOf", NULL)) {
+        } else if (json_array_size(all_of) > 1 || constrains_beside(schema, "allOf")) {
+            const json_t *merged = merge_all_of(c, schema, all_of);
+            if (merged) end = compile_schema(c, merged, from);
+        } else {
             size_t saved = pointer_push(c, "allOf");
             size_t saved2 = pointer_push_index(c, 0);
             end = compile_schema(c, json_array_get(all_of, 0), from);
@@ -1943,7 +2013,8 @@ gptoss_status gptoss_json_schema_compile(const json_t *schema, const gptoss_json
     *out = NULL;
     if (!vocab) return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "no vocabulary");
     gptoss_error local = {0};
-    compiler c = {.root = schema, .error = error ? error : &local};
+    compiler c = {.root = schema, .error = error ? error : &local, .merged = json_array()};
+    if (!c.merged) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     for (int i = 0; i <= JSON_ANY_NESTING; i++)
         c.any_machine[i] = -1;
     gptoss_json_schema *s = calloc(1, sizeof *s);
@@ -1969,6 +2040,7 @@ gptoss_status gptoss_json_schema_compile(const json_t *schema, const gptoss_json
     if (ok && !take_graph(&c, s)) ok = fail(&c, "out of memory compiling the schema");
     free(c.edges);
     free_machines(c.machines, c.n_machines);
+    json_decref(c.merged);
     if (ok) ok = check_progress(&c, s);
     if (ok && !compute_distances(s)) ok = fail(&c, "out of memory compiling the schema");
     if (ok && dist_at(s, s->machines[0].start, 0) >= DIST_INF)

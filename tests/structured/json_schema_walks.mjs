@@ -145,6 +145,13 @@ function generator(seed) {
       defs[name] = schema(depth + 1, null);
       return { $ref: `#/$defs/${name}` };
     }
+    if (k === 8 && chance(0.5)) {
+      const a = objectSchema(depth + 1, null), b = objectSchema(depth + 1, null);
+      for (const part of [a, b]) delete part.additionalProperties; // parts must not forbid each other's keys
+      for (const name of Object.keys(b.properties)) if (name in a.properties) delete b.properties[name];
+      b.required = (b.required ?? []).filter((n) => n in b.properties || !(n in a.properties));
+      return { allOf: [a, b] };
+    }
     if (k === 8) return { allOf: [scalar()] };
     return chance(0.5) ? {} : { description: 'anything' };
   }

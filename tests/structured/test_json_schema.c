@@ -141,7 +141,10 @@ static void test_refused_keywords(void **state) {
     expect_refused("{\"type\":\"strin\"}", "unknown type 'strin' at /type");
     expect_refused("{\"type\":\"string\",\"format\":\"ipv6\"}",
                    "unsupported format 'ipv6' at /format");
-    expect_refused("{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", "allOf");
+    expect_refused("{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}",
+                   "merges only object schemas (type, properties, required): 'type' at /allOf");
+    expect_refused("{\"allOf\":[{\"properties\":{\"a\":{}}},{\"properties\":{\"a\":{}}}]}",
+                   "both declare property 'a'");
     expect_refused("{\"type\":\"string\",\"anyOf\":[{\"maxLength\":3}]}",
                    "keyword 'type' beside 'anyOf'");
     expect_refused("{\"type\":\"array\",\"items\":[{}]}", "at /items");
@@ -256,6 +259,14 @@ static void test_values(void **state) {
     REJECT("{\"type\":\"string\",\"enum\":[\"a\",1]}", "1");
     ACCEPT("{\"const\":\"x\\\"y\"}", "\"x\\\"y\"");
     ACCEPT("{\"type\":[\"string\",\"null\"]}", "null");
+    const char *merged = "{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+                         "\"integer\"}},\"required\":[\"a\"]},{\"properties\":{\"b\":{\"type\":"
+                         "\"boolean\"}},\"required\":[\"b\"]}],\"title\":\"T\"}";
+    ACCEPT(merged, "{\"a\":1,\"b\":true}");
+    REJECT(merged, "{\"a\":1}");
+    ACCEPT("{\"allOf\":[{\"$ref\":\"#/$defs/s\"}],\"description\":\"d\",\"$defs\":{\"s\":{"
+           "\"type\":\"string\"}}}",
+           "\"x\"");
     ACCEPT("{\"oneOf\":[{\"type\":\"boolean\"},{\"type\":\"array\",\"prefixItems\":[{\"type\":"
            "\"integer\"}],\"items\":false}]}",
            "[7]");
