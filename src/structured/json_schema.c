@@ -106,6 +106,10 @@ typedef struct dfa_state {
     bool accept;
     uint32_t max_after; /* largest distance after a token in the cached mask */
     uint32_t *mask;     /* cached allowed tokens, or NULL */
+    /* with the mask: (distance << 32 | token) of the allowed tokens after which the distance
+     * to completion rises ([0, n_up)) or falls ([n_up, n_up + n_down)), for budgets */
+    uint64_t *moves;
+    int32_t n_up, n_down;
 } dfa_state;
 
 struct gptoss_json_schema {
@@ -140,6 +144,9 @@ struct gptoss_json_schema {
     uint64_t *seen;
     int32_t seen_size;
     int32_t *walk_stack; /* [max token length + 1] */
+    uint64_t *up, *down; /* scratch for a walk's moves */
+    int32_t cap_up, cap_down;
+    uint32_t *scratch_mask; /* [mask_words] */
 };
 
 static inline uint32_t dist_at(const gptoss_json_schema *s, int32_t state, int32_t depth) {
@@ -1855,7 +1862,9 @@ static inline int32_t dfa_next(gptoss_json_schema *s, int32_t from, uint8_t byte
 /* Sets the bit of every token after which the state can complete within `limit` bytes (and
  * id < n_bits). Returns the largest such distance. */
 static uint32_t walk_trie(gptoss_json_schema *s, int32_t from, uint32_t limit, uint32_t *mask,
-                          int32_t n_bits) {
+                          int32_t n_bits, int32_t *n_up, int32_t *n_down) {
+    uint32_t d0 = s->dfa_dist[from];
+    bool collect = n_up != NULL;
     const token_trie *t = &s->vocab->trie;
     const token_trie_node *nodes = t->nodes;
     int32_t *stack = s->walk_stack;
@@ -1876,17 +1885,24 @@ static uint32_t walk_trie(gptoss_json_schema *s, int32_t from, uint32_t limit, u
             if (d <= limit) {
                 mask[node->token >> 5] |= 1u << (node->token & 31);
                 if (d > max_after) max_after = d;
+                uint64_t move = ((uint64_t)d << 32) | (uint32_t)node->token;
+                if (collect && d > d0 && !push_u64(&s->up, n_up, &s->cap_up, move)) collect = false;
+                if (collect && d < d0 && !push_u64(&s->down, n_down, &s->cap_down, move))
+                    collect = false;
             }
         }
         i++;
     }
+    if (n_up && !collect) *n_up = *n_down = -1; /* out of memory: no moves */
     return max_after;
 }
 
 static void drop_masks(gptoss_json_schema *s) {
     for (int32_t i = 0; i < s->n_dfa; i++) {
         free(s->dfa[i].mask);
+        free(s->dfa[i].moves);
         s->dfa[i].mask = NULL;
+        s->dfa[i].moves = NULL;
     }
     s->mask_bytes = 0;
 }
@@ -1898,9 +1914,23 @@ static const uint32_t *state_mask(gptoss_json_schema *s, int32_t state) {
     if (s->mask_bytes + bytes > JSON_MASK_CACHE_BYTES) drop_masks(s);
     uint32_t *mask = calloc((size_t)s->mask_words, sizeof *mask);
     if (!mask) return NULL;
-    uint32_t max_after = walk_trie(s, state, DIST_INF - 1, mask, s->vocab->trie.n_tokens);
-    s->dfa[state].mask = mask;
-    s->dfa[state].max_after = max_after;
+    int32_t n_up = 0, n_down = 0;
+    uint32_t max_after =
+        walk_trie(s, state, DIST_INF - 1, mask, s->vocab->trie.n_tokens, &n_up, &n_down);
+    dfa_state *d = &s->dfa[state];
+    d->mask = mask;
+    d->max_after = max_after;
+    d->moves = NULL;
+    d->n_up = d->n_down = 0;
+    if (n_up >= 0 && n_up + n_down > 0) {
+        d->moves = malloc((size_t)(n_up + n_down) * sizeof *d->moves);
+        if (d->moves) {
+            memcpy(d->moves, s->up, (size_t)n_up * sizeof *d->moves);
+            memcpy(d->moves + n_up, s->down, (size_t)n_down * sizeof *d->moves);
+            d->n_up = n_up, d->n_down = n_down;
+            bytes += (size_t)(n_up + n_down) * sizeof *d->moves;
+        }
+    }
     s->mask_bytes += bytes;
     return mask;
 }
@@ -1912,6 +1942,7 @@ static void maybe_reset(gptoss_json_schema *s) {
     for (int32_t i = 0; i < s->n_dfa; i++) {
         free(s->dfa[i].configs);
         free(s->dfa[i].mask);
+        free(s->dfa[i].moves);
         free(s->next[i]);
     }
     s->n_dfa = 0;
@@ -1935,9 +1966,13 @@ void gptoss_json_schema_free(gptoss_json_schema *s) {
     for (int32_t i = 0; i < s->n_dfa; i++) {
         free(s->dfa[i].configs);
         free(s->dfa[i].mask);
+        free(s->dfa[i].moves);
         free(s->next[i]);
     }
     free(s->dfa);
+    free(s->up);
+    free(s->down);
+    free(s->scratch_mask);
     free(s->next);
     free(s->dfa_dist);
     free(s->dfa_table);
@@ -2122,8 +2157,35 @@ static void matcher_allow(gptoss_token_constraint *self, uint32_t *mask, int32_t
         for (int32_t w = 0; w < full; w++)
             mask[w] |= cached[w];
         if (n_bits % 32) mask[full] |= cached[full] & ((1u << (n_bits % 32)) - 1);
+    } else if (cached && s->dfa[state].moves && limit >= s->dfa_dist[state]) {
+        /* the cached mask less the tokens that move too far from completion */
+        const dfa_state *d = &s->dfa[state];
+        if (!s->scratch_mask) s->scratch_mask = malloc((size_t)s->mask_words * sizeof(uint32_t));
+        if (s->scratch_mask) {
+            uint32_t *scratch = s->scratch_mask;
+            memcpy(scratch, cached, (size_t)s->mask_words * sizeof *scratch);
+            for (int32_t i = 0; i < d->n_up; i++) {
+                if ((uint32_t)(d->moves[i] >> 32) <= limit) continue;
+                uint32_t t = (uint32_t)d->moves[i];
+                scratch[t >> 5] &= ~(1u << (t & 31));
+            }
+            int32_t full = n_bits / 32;
+            for (int32_t w = 0; w < full; w++)
+                mask[w] |= scratch[w];
+            if (n_bits % 32) mask[full] |= scratch[full] & ((1u << (n_bits % 32)) - 1);
+        } else {
+            walk_trie(s, state, limit, mask, n_bits, NULL, NULL);
+        }
+    } else if (cached && s->dfa[state].moves) {
+        /* fewer tokens left than the distance: only tokens that move closer can fit */
+        const dfa_state *d = &s->dfa[state];
+        for (int32_t i = d->n_up; i < d->n_up + d->n_down; i++) {
+            uint32_t t = (uint32_t)d->moves[i];
+            if ((uint32_t)(d->moves[i] >> 32) <= limit && (int32_t)t < n_bits)
+                mask[t >> 5] |= 1u << (t & 31);
+        }
     } else {
-        walk_trie(s, state, limit, mask, n_bits);
+        walk_trie(s, state, limit, mask, n_bits, NULL, NULL);
     }
     pthread_mutex_unlock(&s->lock);
 }
