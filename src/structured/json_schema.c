@@ -844,16 +844,24 @@ static int32_t key_trie_node(key_trie *t) {
 
 static bool key_trie_add(key_trie *t, const char *bytes, size_t len) {
     int32_t at = 0;
-    int pending = 0;
+    int pending = 0; /* UTF-8 continuation bytes still due */
+    int escape = 0;  /* bytes of an escape sequence still due */
     for (size_t i = 0; i < len; i++) {
         uint8_t b = (uint8_t)bytes[i];
+        if (escape > 0) {
+            /* the letter after '\', or a hex digit of \uXXXX */
+            escape = escape == 5 ? (b == 'u' ? 4 : 0) : escape - 1;
+        } else if (b == '\\') {
+            escape = 5; /* the letter comes next */
+        }
         pending = b >= 0xF0 ? 3 : b >= 0xE0 ? 2 : b >= 0xC0 ? 1 : pending > 0 ? pending - 1 : 0;
         int32_t next = t->child[(size_t)at * 256 + b];
         if (next < 0) {
             next = key_trie_node(t);
             if (next < 0) return false;
             t->child[(size_t)at * 256 + b] = next;
-            t->pending[next] = (int8_t)pending;
+            /* inside a character or an escape: another key may not leave the name here */
+            t->pending[next] = (int8_t)(pending > escape ? pending : escape);
         }
         at = next;
     }

@@ -234,6 +234,10 @@ static void test_values(void **state) {
     const char *open = "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}}}";
     ACCEPT(open, "{\"id\":1,\"other\":[true,{\"x\":null}]}");
     REJECT(open, "{\"id\":1,\"id\":2}"); /* an extra key never repeats a declared one */
+    const char *quoted = "{\"properties\":{\"q\\\"uote\":{\"type\":\"null\"}}}";
+    ACCEPT(quoted, "{\"q\\\"\":1}");     /* another key may share an escape with a name */
+    REJECT(quoted, "{\"q\\a\":1}");      /* but never leave it inside the escape */
+    REJECT(quoted, "{\"q\\\"uote\":1}"); /* nor be the name */
     ACCEPT("{\"type\":\"integer\",\"exclusiveMinimum\":-20,\"exclusiveMaximum\":1005}", "-19");
     ACCEPT("{\"type\":\"integer\",\"exclusiveMinimum\":-20,\"exclusiveMaximum\":1005}", "1004");
     REJECT("{\"type\":\"integer\",\"exclusiveMinimum\":-20,\"exclusiveMaximum\":1005}", "1005");
