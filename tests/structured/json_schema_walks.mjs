@@ -54,9 +54,13 @@ function generator(seed) {
     const k = int(0, 4);
     if (k === 1) s.format = pick(FORMATS);
     if (k === 2) s.pattern = pick(PATTERNS);
-    if (k === 3 || (k === 2 && chance(0.3))) {
+    if (k === 3) {
       if (chance(0.7)) s.minLength = int(0, 4);
       if (chance(0.7)) s.maxLength = (s.minLength ?? 0) + int(0, 8);
+    }
+    if (k === 2 && chance(0.3)) { // loose enough for every pattern above
+      if (chance(0.7)) s.minLength = int(0, 2);
+      if (chance(0.7)) s.maxLength = (s.minLength ?? 0) + int(10, 16);
     }
     if (k === 4 && chance(0.5)) s.description = 'free text';
     if (k === 4 && chance(0.3)) return { ...pick(ZOD_STRINGS) };
@@ -106,6 +110,7 @@ function generator(seed) {
     }
     if (chance(0.5)) s.minItems = int(0, 2);
     if (chance(0.5)) s.maxItems = (s.minItems ?? 0) + int(0, 4);
+    if (s.items === false && (s.minItems ?? 0) > s.prefixItems.length) s.minItems = s.prefixItems.length;
     return s;
   }
   function scalar() {
