@@ -678,29 +678,34 @@ static int32_t compile_child(compiler *c, const json_t *schema, const char *key,
 
 /* A declared object property name, JSON-encoded without its quotes, in a trie for the "any
  * other key" automaton. */
+typedef struct key_trie_node {
+    int32_t first_child, next_sibling; /* -1: none */
+    uint8_t byte;                      /* on the edge from the parent */
+    bool terminal;                     /* a declared name ends here */
+    int8_t pending; /* bytes of a character or escape still due: no other key leaves here */
+} key_trie_node;
+
 typedef struct key_trie {
-    int32_t *child;  /* [n][256], -1 */
-    bool *terminal;  /* [n] a declared name ends here */
-    int8_t *pending; /* [n] UTF-8 continuation bytes still due at this node */
+    key_trie_node *nodes; /* [n]; node 0 is the root */
     int32_t n, cap;
 } key_trie;
 
-static int32_t key_trie_node(key_trie *t) {
+static int32_t key_trie_node_new(key_trie *t, uint8_t byte) {
     if (t->n == t->cap) {
         int32_t cap = t->cap ? t->cap * 2 : 16;
-        int32_t *ch = realloc(t->child, (size_t)cap * 256 * sizeof *ch);
-        if (ch) t->child = ch;
-        bool *te = realloc(t->terminal, (size_t)cap * sizeof *te);
-        if (te) t->terminal = te;
-        int8_t *pe = realloc(t->pending, (size_t)cap * sizeof *pe);
-        if (pe) t->pending = pe;
-        if (!ch || !te || !pe) return -1;
+        key_trie_node *nodes = realloc(t->nodes, (size_t)cap * sizeof *nodes);
+        if (!nodes) return -1;
+        t->nodes = nodes;
         t->cap = cap;
     }
-    memset(t->child + (size_t)t->n * 256, 0xFF, 256 * sizeof *t->child);
-    t->terminal[t->n] = false;
-    t->pending[t->n] = 0;
+    t->nodes[t->n] = (key_trie_node){.first_child = -1, .next_sibling = -1, .byte = byte};
     return t->n++;
+}
+
+static int32_t key_trie_child(const key_trie *t, int32_t at, uint8_t byte) {
+    for (int32_t c = t->nodes[at].first_child; c >= 0; c = t->nodes[c].next_sibling)
+        if (t->nodes[c].byte == byte) return c;
+    return -1;
 }
 
 static bool key_trie_add(key_trie *t, const char *bytes, size_t len) {
@@ -716,17 +721,17 @@ static bool key_trie_add(key_trie *t, const char *bytes, size_t len) {
             escape = 5; /* the letter comes next */
         }
         pending = b >= 0xF0 ? 3 : b >= 0xE0 ? 2 : b >= 0xC0 ? 1 : pending > 0 ? pending - 1 : 0;
-        int32_t next = t->child[(size_t)at * 256 + b];
+        int32_t next = key_trie_child(t, at, b);
         if (next < 0) {
-            next = key_trie_node(t);
+            next = key_trie_node_new(t, b);
             if (next < 0) return false;
-            t->child[(size_t)at * 256 + b] = next;
-            /* inside a character or an escape: another key may not leave the name here */
-            t->pending[next] = (int8_t)(pending > escape ? pending : escape);
+            t->nodes[next].next_sibling = t->nodes[at].first_child;
+            t->nodes[at].first_child = next;
+            t->nodes[next].pending = (int8_t)(pending > escape ? pending : escape);
         }
         at = next;
     }
-    t->terminal[at] = true;
+    t->nodes[at].terminal = true;
     return true;
 }
 
@@ -772,13 +777,16 @@ static int32_t other_key(compiler *c, int32_t from, const key_trie *t) {
     states[0] = open;
     for (int32_t i = 1; i < t->n && !c->failed; i++)
         states[i] = new_state(c);
+    int32_t children[256];
     for (int32_t i = 0; i < t->n && !c->failed; i++) {
-        const int32_t *children = t->child + (size_t)i * 256;
         for (int b = 0; b < 256; b++)
-            if (children[b] >= 0)
-                byte_range(c, states[i], states[children[b]], (uint8_t)b, (uint8_t)b);
-        if (t->pending[i] != 0) continue; /* inside a character: must follow the name */
-        if (!t->terminal[i]) byte_range(c, states[i], end, '"', '"');
+            children[b] = -1;
+        for (int32_t k = t->nodes[i].first_child; k >= 0; k = t->nodes[k].next_sibling) {
+            children[t->nodes[k].byte] = k;
+            byte_range(c, states[i], states[k], t->nodes[k].byte, t->nodes[k].byte);
+        }
+        if (t->nodes[i].pending != 0) continue; /* inside a character: must follow the name */
+        if (!t->nodes[i].terminal) byte_range(c, states[i], end, '"', '"');
         diverge_ctx x = {c, states[i], free_state, children};
         utf8_sequences(0x20, 0x21, emit_diverging, &x);
         utf8_sequences(0x23, 0x5B, emit_diverging, &x);
@@ -808,7 +816,7 @@ static int32_t build_object(compiler *c, const json_t *schema, int32_t from) {
     bool *is_required = calloc(n_names ? n_names : 1, sizeof *is_required);
     key_trie trie = {0};
     int32_t end = from;
-    if (!names || !schemas || !is_required || key_trie_node(&trie) < 0) {
+    if (!names || !schemas || !is_required || key_trie_node_new(&trie, 0) < 0) {
         fail(c, "out of memory compiling the schema");
         goto done;
     }
@@ -890,9 +898,7 @@ done:
     free(names);
     free(schemas);
     free(is_required);
-    free(trie.child);
-    free(trie.terminal);
-    free(trie.pending);
+    free(trie.nodes);
     return c->failed ? from : end;
 }
 
