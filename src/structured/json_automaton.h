@@ -54,7 +54,7 @@ typedef struct nfa_edge {
 typedef struct machine {
     int32_t start, exit;
     const json_t *schema; /* NULL for an any-value machine */
-    int32_t any_level;    /* nesting left for an any-value machine */
+    int32_t any_level;    /* any-value: nesting left; -1 json_object root; -3 string */
     char *pointer;        /* JSON pointer of the schema, for messages */
 } machine;
 
