@@ -1488,6 +1488,13 @@ static bool compute_distances(gptoss_json_schema *s) {
                 }
             }
         }
+        /* a level equal to the one below the stack top repeats at every shallower depth
+         * (each is computed from the next only): copy it instead of searching again */
+        if (deeper && memcmp(d, deeper, (size_t)n * sizeof *d) == 0) {
+            for (int32_t up = depth - 1; up >= 0; up--)
+                memcpy(s->dist + (size_t)up * (size_t)n, d, (size_t)n * sizeof *d);
+            break;
+        }
     }
     free(rev_start);
     free(rev);
