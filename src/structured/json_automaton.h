@@ -54,8 +54,8 @@ typedef struct nfa_edge {
 typedef struct machine {
     int32_t start, exit;
     const json_t *schema; /* NULL for an any-value machine */
-    int32_t any_level;    /* any-value: nesting left; -1 json_object root; -3 string */
-    char *pointer;        /* JSON pointer of the schema, for messages */
+    int32_t any_level; /* any-value: nesting left; -1 json_object root; -3 string; -4 character */
+    char *pointer;     /* JSON pointer of the schema, for messages */
 } machine;
 
 typedef struct stack_frame {

@@ -19,6 +19,7 @@
 
 #define JSON_MAX_DIGITS 16  /* digits of an integer part and of a fraction */
 #define STRING_MACHINE (-3) /* machine.any_level of the shared string machine */
+#define CHAR_MACHINE (-4)   /* machine.any_level of the shared character machine */
 
 /* ---- the compiler ------------------------------------------------------------------------ */
 
@@ -34,6 +35,7 @@ typedef struct compiler {
     int32_t next_to_compile;
     int32_t any_machine[JSON_ANY_NESTING + 1];
     int32_t string_machine; /* the unconstrained string, shared by every use */
+    int32_t char_machine;   /* one unconstrained string character, for long length limits */
     char pointer[1024];
     size_t pointer_len;
     int inline_depth;
@@ -285,10 +287,15 @@ static int32_t char_nfa_bytes(compiler *c, const char_nfa *cn, int32_t from) {
     eps(c, from, map[cn->start]);
     for (int32_t i = 0; i < cn->n_edges && !c->failed; i++) {
         char_edge e = cn->edges[i];
-        if (e.set < 0)
+        if (e.set < 0) {
             eps(c, map[e.from], map[e.to]);
-        else
+        } else if (cn->n_edges > 64 && cp_set_is_all(&cn->sets[e.set])) {
+            /* long length limits: one call per counted character instead of ~25 states */
+            if (c->char_machine < 0) c->char_machine = new_machine(c, NULL, CHAR_MACHINE);
+            if (c->char_machine >= 0) eps(c, call(c, map[e.from], c->char_machine), map[e.to]);
+        } else {
             set_char(c, map[e.from], map[e.to], &cn->sets[e.set]);
+        }
     }
     int32_t end = map[cn->accept];
     free(map);
@@ -1542,6 +1549,7 @@ gptoss_status json_schema_build(const json_t *schema, gptoss_json_schema *s, gpt
     for (int i = 0; i <= JSON_ANY_NESTING; i++)
         c.any_machine[i] = -1;
     c.string_machine = -1;
+    c.char_machine = -1;
     /* machine 0 is the root: the schema, or (json_object mode) any object */
     new_machine(&c, schema, -1);
     while (!c.failed && c.next_to_compile < c.n_machines) {
@@ -1553,6 +1561,8 @@ gptoss_status json_schema_build(const json_t *schema, gptoss_json_schema *s, gpt
             end = compile_schema(&c, m.schema, m.start);
         else if (m.any_level == STRING_MACHINE)
             end = any_string_body(&c, m.start);
+        else if (m.any_level == CHAR_MACHINE)
+            any_string_char(&c, m.start, end = new_state(&c));
         else if (m.any_level >= 0)
             end = any_value_body(&c, m.start, m.any_level);
         else

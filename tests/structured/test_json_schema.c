@@ -192,6 +192,9 @@ static void test_refs(void **state) {
         "{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}",
         "accepts no value");
     expect_refused("{\"$ref\":\"other.json#/a\"}", "only local");
+    expect_refused("{\"$defs\":{\"a\":{\"type\":\"object\",\"properties\":{\"b\":{\"not\":{}}}}},"
+                   "\"$ref\":\"#/$defs/a\"}",
+                   "unsupported keyword 'not' at /$defs/a/properties/b");
     expect_refused("{\"$ref\":\"#/$defs/missing\"}",
                    "unresolvable $ref '#/$defs/missing' at /$ref");
     /* recursion unrolled to the stack bound: a linked list */
@@ -258,6 +261,8 @@ static void test_values(void **state) {
     ACCEPT("{\"type\":\"string\",\"pattern\":\"^\\\\d{3}$\",\"maxLength\":3}", "\"123\"");
     ACCEPT("{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}", "\"\\u00e9\\n\"");
     REJECT("{\"type\":\"string\",\"maxLength\":3}", "\"abcd\"");
+    ACCEPT("{\"type\":\"string\",\"minLength\":2,\"maxLength\":20000}", "\"ab\\u00e9\"");
+    REJECT("{\"type\":\"string\",\"minLength\":3000,\"maxLength\":20000}", "\"ab\"");
     REJECT("{\"type\":\"string\"}", "\"\\ud800\""); /* surrogate escapes are not emitted */
     ACCEPT("{\"enum\":[\"a\",1,null,{\"k\":[1]}]}", "{\"k\":[1]}");
     REJECT("{\"type\":\"string\",\"enum\":[\"a\",1]}", "1");
