@@ -946,7 +946,8 @@ static int32_t build_array(compiler *c, const json_t *schema, int32_t from) {
     } else if (!json_is_false(items)) {
         item_machine = any_machine(c, JSON_ANY_NESTING);
     }
-    if (min_items > 1000) return fail(c, "minItems above the supported 1000 at %s", where(c)), from;
+    if (min_items > 1000)
+        return fail(c, "minItems above the supported 1000 at %s/minItems", c->pointer), from;
     int32_t open = lit(c, from, "[");
     int32_t end = new_state(c);
     /* explicit positions 0..t; past t a loop (unbounded) */
