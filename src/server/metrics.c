@@ -107,6 +107,11 @@ server_reply server_metrics(gptoss_server *s, const server_request *request) {
               (double)st.generation_tokens);
         gauge(&b, "gptoss:num_preemptions_total", "counter",
               "Sequences preempted for lack of KV blocks", m, (double)st.preemptions);
+        /* Speculative decoding (vLLM's spec_decode names). */
+        gauge(&b, "gptoss:spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified",
+              m, (double)st.draft_tokens);
+        gauge(&b, "gptoss:spec_decode_num_accepted_tokens_total", "counter",
+              "Draft tokens accepted", m, (double)st.draft_accepted_tokens);
         tb_printf(&b, "# HELP gptoss:request_success_total Finished choices by finish reason\n"
                       "# TYPE gptoss:request_success_total counter\n");
         for (int r = 1; r < 5; r++)

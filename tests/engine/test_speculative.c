@@ -13,7 +13,8 @@
  * against the token-list reference by test_engine_fake.c): the property under test is that
  * drafting changes nothing, which also makes the sampler's distribution test carry over.
  * Then the replay source and the automatic switch: all drafts accepted at P = 1, none at
- * P = 0 with drafting off after 4 steps, none above max_batch decoding sequences.
+ * P = 0 with drafting off after 4 steps, none above max_batch decoding sequences. Last, the
+ * same identity on the real CPU backend with a tiny random checkpoint.
  */
 #include "test_support.h"
 
@@ -499,6 +500,82 @@ static void test_replay_validation(void **state) {
     fake_free(f);
 }
 
+/* ---- the real CPU backend ------------------------------------------------------------------ */
+
+/* The engine on the CPU backend with the micro-vocabulary checkpoint of test_engine_cpu.c
+ * (4 layers, sliding window 16, 512 tokens): 12 requests batched 6 at a time with chunked
+ * prompts, greedy and sampled, with and without drafts. The CPU backend is batch-invariant,
+ * so a verified row's logits are bitwise those of a one-token step. */
+static gptoss_engine_stats run_cpu(gptoss_model *model, const setup_ *s, job *jobs, int n) {
+    const gptoss_config *c = gptoss_model_config(model);
+    gptoss_backend_options bo = gptoss_backend_options_default();
+    bo.kv_block_size = 16;
+    bo.n_kv_blocks = 64;
+    bo.n_sliding_kv_blocks = 64;
+    gptoss_backend *b;
+    gptoss_error err = {0};
+    if (gptoss_backend_create(model, &bo, &b, &err) != GPTOSS_OK)
+        fail_msg("backend: %s", err.message);
+    gptoss_engine_options eo = gptoss_engine_options_default();
+    gptoss_engine_options_for_backend(&eo, c, b, &bo);
+    eo.max_num_seqs = 6;
+    eo.max_num_batched_tokens = 24;
+    eo.draft.kind = s->kind;
+    eo.draft.num_speculative_tokens = s->k ? s->k : 3;
+    eo.draft.max_batch = 0;
+    eo.draft.replay_accept = s->accept;
+    gptoss_engine *e;
+    if (gptoss_engine_create(&eo, &e, &err) != GPTOSS_OK) fail_msg("engine: %s", err.message);
+    assert_int_equal(gptoss_engine_start(e, &err), GPTOSS_OK);
+    run_through(e, jobs, n, false);
+    gptoss_engine_stats st;
+    wait_idle(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    gptoss_engine_free(e);
+    gptoss_backend_free(b);
+    return st;
+}
+
+static void test_cpu_backend_identical(void **state) {
+    (void)state;
+    char *dir = ts_mkdtemp(), *out = NULL;
+    int rc = ts_run(&out, "'%s' make-model --config '%s/tests/support/micro_vocab.json' -o '%s'",
+                    ts_env("GPTOSS_BIN"), ts_env("GPTOSS_SOURCE_DIR"), dir);
+    if (rc != 0) fail_msg("make-model: %s", out ? out : "");
+    free(out);
+    gptoss_model *model;
+    gptoss_error err = {0};
+    if (gptoss_model_load(dir, &model, &err) != GPTOSS_OK) fail_msg("load: %s", err.message);
+    enum { N = 12 };
+    job *base = calloc(N, sizeof *base), *got = calloc(N, sizeof *got);
+    for (int sampled = 0; sampled < 2; sampled++) {
+        make_jobs(base, N, sampled == 1);
+        for (int i = 0; i < N; i++) {
+            base[i].params.max_tokens = 16;
+            base[i].params.min_tokens = 0;
+            base[i].params.n = 1;
+            for (int32_t t = 0; t < base[i].n_prompt; t++)
+                base[i].prompt[t] = base[i].prompt[t] * 7 % 512;
+        }
+        const setup_ none = {.kind = GPTOSS_DRAFT_NONE};
+        run_cpu(model, &none, base, N);
+        record_replays(base, N);
+        const setup_ cases[] = {{.kind = GPTOSS_DRAFT_NGRAM, .k = 4},
+                                {.kind = GPTOSS_DRAFT_REPLAY, .k = 3, .accept = 0.7f}};
+        for (int c = 0; c < 2; c++) {
+            memcpy(got, base, N * sizeof *got);
+            gptoss_engine_stats st = run_cpu(model, &cases[c], got, N);
+            expect_same(base, got, N, c == 0 ? "cpu ngram" : "cpu replay");
+            assert_true(st.draft_tokens > 0);
+        }
+    }
+    free(base);
+    free(got);
+    gptoss_model_free(model);
+    ts_rmtree(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram_lookup),
@@ -509,6 +586,7 @@ int main(void) {
         cmocka_unit_test(test_replay_acceptance),
         cmocka_unit_test(test_switch_off_above_max_batch),
         cmocka_unit_test(test_replay_validation),
+        cmocka_unit_test(test_cpu_backend_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
