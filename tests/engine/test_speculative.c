@@ -123,10 +123,15 @@ typedef struct setup_ {
     int32_t max_batch; /* draft max_batch (0 = no limit) */
     int32_t budget;    /* max_num_batched_tokens */
     int32_t cooldown;
+    int32_t n_blocks; /* KV pages of 4 tokens per pool (0: 1200, never short) */
+    bool shared;      /* sliding and full pages in one id space (kv_shared_pages) */
 } setup_;
 
-static fake_backend *new_fake(void) {
-    return fake_create(VOCAB, 4, 1200, 1200, 8); /* pages of 4, sliding window 8 */
+static fake_backend *new_fake(const setup_ *s) {
+    const int32_t n_blocks = s && s->n_blocks ? s->n_blocks : 1200;
+    fake_backend *f = fake_create(VOCAB, 4, n_blocks, n_blocks, 8); /* sliding window 8 */
+    if (s && s->shared) fake_share_pages(f);
+    return f;
 }
 
 static gptoss_engine *new_engine(fake_backend *f, const setup_ *s) {
@@ -138,6 +143,7 @@ static gptoss_engine *new_engine(fake_backend *f, const setup_ *s) {
     o.kv_block_size = f->block_size;
     o.n_kv_blocks = f->n_blocks;
     o.n_sliding_kv_blocks = f->n_sliding;
+    o.kv_shared_pages = s->shared;
     o.max_model_len = 1024;
     o.max_num_seqs = s->max_seqs > 1 ? s->max_seqs : MAX_CHOICES; /* batch 1: one request */
     o.max_num_batched_tokens = s->budget ? s->budget : 64;
@@ -221,7 +227,7 @@ static void run_through(gptoss_engine *e, job *jobs, int n, bool one_at_a_time) 
 
 /* Runs jobs through a fresh engine and checks the KV accounting afterwards. */
 static gptoss_engine_stats run_fresh(const setup_ *s, job *jobs, int n) {
-    fake_backend *f = new_fake();
+    fake_backend *f = new_fake(s);
     gptoss_engine *e = new_engine(f, s);
     gptoss_error err = {0};
     assert_int_equal(gptoss_engine_start(e, &err), GPTOSS_OK);
@@ -328,6 +334,12 @@ static void check_identity(bool sampled) {
         {{.kind = GPTOSS_DRAFT_REPLAY, .k = 7, .accept = 1.0f, .max_seqs = 32},
          N,
          "replay P=1 k=7, batched"},
+        {{.kind = GPTOSS_DRAFT_REPLAY, .k = 4, .accept = 0.9f, .max_seqs = 32, .n_blocks = 40},
+         N,
+         "replay P=0.9 k=4, KV short (preemptions)"},
+        {{.kind = GPTOSS_DRAFT_NGRAM, .k = 3, .max_seqs = 16, .n_blocks = 160, .shared = true},
+         N,
+         "ngram k=3, shared pages"},
         {{.kind = GPTOSS_DRAFT_NGRAM, .k = 7, .max_seqs = 1}, 40, "ngram k=7, batch 1"},
         {{.kind = GPTOSS_DRAFT_REPLAY, .k = 3, .accept = 0.7f, .max_seqs = 1},
          40,
@@ -340,6 +352,8 @@ static void check_identity(bool sampled) {
         if (st.draft_tokens == 0) fail_msg("%s: nothing was drafted", cases[c].what);
         if (cases[c].s.kind == GPTOSS_DRAFT_REPLAY && st.draft_accepted_tokens == 0)
             fail_msg("%s: no draft accepted", cases[c].what);
+        if (cases[c].s.n_blocks == 40 && st.preemptions == 0)
+            fail_msg("%s: nothing was preempted", cases[c].what);
     }
     free(base);
     free(got);
@@ -383,7 +397,7 @@ static void test_prefix_cache_after_drafts(void **state) {
     run_fresh(&none, want, N);
 
     const setup_ s = {.kind = GPTOSS_DRAFT_REPLAY, .k = 6, .accept = 0.6f, .max_seqs = 8};
-    fake_backend *f = new_fake();
+    fake_backend *f = new_fake(&s);
     gptoss_engine *e = new_engine(f, &s);
     gptoss_error err = {0};
     assert_int_equal(gptoss_engine_start(e, &err), GPTOSS_OK);
@@ -477,7 +491,7 @@ static void test_switch_off_above_max_batch(void **state) {
 
 static void test_replay_validation(void **state) {
     (void)state;
-    fake_backend *f = new_fake();
+    fake_backend *f = new_fake(NULL);
     const setup_ s = {.kind = GPTOSS_DRAFT_REPLAY, .accept = 1.0f, .max_seqs = 4};
     gptoss_engine *e = new_engine(f, &s);
     const int32_t prompt[] = {1, 2, 3}, bad[] = {4, VOCAB};
