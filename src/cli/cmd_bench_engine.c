@@ -222,7 +222,10 @@ int cli_bench_engine(int argc, char **argv) {
     cli_option shared[CLI_MODEL_N_OPTIONS];
     cli_model_option_table(&mo, shared);
     const cli_option own[] = {
-        {.name = "engine", .kind = CLI_FLAG, .target = &engine_flag, .help = "this mode"},
+        {.name = "engine",
+         .kind = CLI_FLAG,
+         .target = &engine_flag,
+         .help = "decode through the engine (this mode)"},
         {.name = "random-weights",
          .kind = CLI_STRING,
          .target = &shape,
