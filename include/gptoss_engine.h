@@ -75,13 +75,17 @@ typedef struct gptoss_draft_options {
      * drafts; above max_batch / 2, k is halved (default 16; 0 = no limit). */
     int32_t max_batch;
     int32_t ngram_max, ngram_min; /* n-gram lengths tried, longest first (default 3, 1) */
-    /* A sequence whose moving acceptance (drafts accepted / drafted, averaged over its steps)
-     * falls below min_acceptance stops drafting for cooldown_steps of its steps, then tries
-     * again (defaults 0.25 and 32). */
+    /* A sequence whose acceptance (the recent rate at which a draft is right given the ones
+     * before it were) falls below min_acceptance stops drafting for cooldown_steps of its
+     * steps, then tries again (defaults 0.25 and 32). */
     float min_acceptance;
     int32_t cooldown_steps;
     float replay_accept;  /* replay: probability that a drafted token is kept right, [0, 1] */
     uint64_t replay_seed; /* replay: key of the wrong-token draws */
+    /* Each step verifies only as many drafts as pay for themselves, judged from measured
+     * step times by width and each sequence's acceptance (docs/speculative.md). Tests that
+     * count drafts set this to verify every draft the other rules allow. */
+    bool ignore_step_cost;
 } gptoss_draft_options;
 
 typedef struct gptoss_engine_options {

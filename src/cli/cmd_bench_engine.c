@@ -10,7 +10,8 @@
  * run without drafting are timed: decode t/s counts the tokens after each request's first
  * one, from the moment every request had its first token (the prompts, prefilled in one
  * step, are not timed) to the last finish; median of -r repeats after one warm-up run. The
- * automatic switch (--draft-max-batch, the acceptance cooldown) stays on, as in serving.
+ * automatic switch (batch limit, acceptance cooldown, step-cost rule) stays on, as in serving,
+ * unless --no-switch.
  */
 #include "cli.h"
 #include "engine/draft.h"
@@ -212,7 +213,7 @@ static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
 
 int cli_bench_engine(int argc, char **argv) {
     const char *shape = NULL;
-    bool engine_flag = false, json = false;
+    bool engine_flag = false, json = false, no_switch = false;
     int64_t n_prompt = 128, n_gen = 128, repeats = 3, max_batch = -1;
     int draft_kind = GPTOSS_DRAFT_REPLAY;
     int_list batch = {0}, ks = {0};
@@ -280,6 +281,11 @@ int cli_bench_engine(int argc, char **argv) {
          .lo = 0,
          .hi = 1 << 20,
          .help = "no drafting while more sequences decode (default 16;\n0 = no limit)"},
+        {.name = "no-switch",
+         .kind = CLI_FLAG,
+         .target = &no_switch,
+         .help = "verify every draft: no batch limit, no acceptance cooldown,\nno "
+                 "step-cost rule (what drafting costs where the switch\nwould refuse it)"},
         {.name = "repeats",
          .short_name = 'r',
          .kind = CLI_INT,
@@ -378,6 +384,11 @@ int cli_bench_engine(int argc, char **argv) {
                 d.replay_accept = (float)accept.v[ai];
                 d.replay_seed = 7;
                 if (max_batch >= 0) d.max_batch = (int32_t)max_batch;
+                if (no_switch) {
+                    d.max_batch = 0;
+                    d.min_acceptance = 0.0f;
+                    d.ignore_step_cost = true;
+                }
                 st = measure(backend, c, &bo, &d, B, (int32_t)n_prompt, (int32_t)n_gen, prompts,
                              replays, (int32_t)repeats, &r, &err);
                 if (st) break;

@@ -142,7 +142,10 @@ struct gptoss_engine {
     gptoss_drafter *drafter;
     gptoss_draft_seq *draft_seqs; /* [cap_draft_seqs] */
     gptoss_seq **draft_owners;    /* [cap_draft_seqs] */
+    int32_t *draft_counts;        /* [cap_draft_seqs] drafts proposed */
+    float *draft_p;               /* [cap_draft_seqs] each one's chance to be right */
     int32_t cap_draft_seqs;
+    gptoss_spec_costs *spec_costs; /* measured seconds of decode steps by width */
     /* GPTOSS_STEP_TIMING=1: host seconds per phase of a step, printed at exit */
     bool timing;
     double t_schedule, t_forward, t_sample, t_between, t_mark, t_rows, t_flush;
@@ -435,6 +438,7 @@ static bool grow_rows(gptoss_engine *e, int32_t need);
 static void attach_drafts(gptoss_engine *e);
 static bool build_draft_rows(gptoss_engine *e, gptoss_seq *seq, const int32_t *logit_index);
 static void deliver_drafted(gptoss_engine *e, int32_t k);
+static void record_step_cost(gptoss_engine *e, const gptoss_batch_plan *plan, double seconds);
 
 gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_engine **out,
                                    gptoss_error *error) {
@@ -479,6 +483,11 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
             GPTOSS_OK) {
         gptoss_engine_free(e);
         return st;
+    }
+    if (e->drafter && !options->draft.ignore_step_cost &&
+        !(e->spec_costs = calloc(1, sizeof *e->spec_costs))) {
+        gptoss_engine_free(e);
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (draft costs)");
     }
     if (!grow_rows(e, options->max_num_seqs + 1)) {
         gptoss_engine_free(e);
@@ -881,7 +890,11 @@ static void attach_drafts(gptoss_engine *e) {
         if (seqs) e->draft_seqs = seqs;
         gptoss_seq **owners = realloc(e->draft_owners, (size_t)n_decoding * sizeof *owners);
         if (owners) e->draft_owners = owners;
-        if (!seqs || !owners) return; /* no memory: decode without drafts */
+        int32_t *counts = realloc(e->draft_counts, (size_t)n_decoding * sizeof *counts);
+        if (counts) e->draft_counts = counts;
+        float *p = realloc(e->draft_p, (size_t)n_decoding * sizeof *p);
+        if (p) e->draft_p = p;
+        if (!seqs || !owners || !counts || !p) return; /* no memory: decode without drafts */
         e->cap_draft_seqs = n_decoding;
     }
     int32_t n = 0;
@@ -892,7 +905,7 @@ static void attach_drafts(gptoss_engine *e) {
         if (seq->n_tokens - seq->n_cached != 1 || !r || r->allowed_tokens ||
             r->choice_done[seq->index] || (r->n_choices > 1 && !r->forked))
             continue;
-        int32_t k = gptoss_spec_seq_k(o, &r->spec[seq->index], step_k);
+        int32_t k = gptoss_spec_seq_k(&r->spec[seq->index], step_k);
         /* Every token a step may emit (the drafts and the one after them) must be allowed. */
         const int32_t left = r->max_tokens - (seq->n_tokens - seq->n_prompt) - 1;
         if (k > left) k = left;
@@ -911,8 +924,25 @@ static void attach_drafts(gptoss_engine *e) {
         e->draft_owners[n++] = seq;
     }
     gptoss_drafter_propose(e->drafter, e->draft_seqs, n);
+    /* As many as the measured cost of the wider step pays for. */
+    for (int32_t i = 0; i < n; i++) {
+        const gptoss_seq *seq = e->draft_owners[i];
+        const gptoss_request *r = seq->user;
+        e->draft_counts[i] = e->draft_seqs[i].n_out;
+        e->draft_p[i] = gptoss_spec_acceptance(&r->spec[seq->index]);
+    }
+    const int32_t cap = e->spec_costs ? gptoss_spec_best_cap(e->spec_costs, n_decoding,
+                                                             e->draft_counts, e->draft_p, n)
+                                      : GPTOSS_MAX_SPECULATIVE_TOKENS;
     for (int32_t i = 0; i < n; i++)
-        e->draft_owners[i]->n_draft = e->draft_seqs[i].n_out;
+        e->draft_owners[i]->n_draft = e->draft_counts[i] < cap ? e->draft_counts[i] : cap;
+}
+
+/* Records the seconds of a step where every token had a logits row (decodes, with or without
+ * drafts): what the switch weighs drafts against. */
+static void record_step_cost(gptoss_engine *e, const gptoss_batch_plan *plan, double seconds) {
+    if (e->spec_costs && plan->n_logits == plan->n_tokens)
+        gptoss_spec_costs_record(e->spec_costs, plan->n_tokens, seconds);
 }
 
 /* The rows of a decode with drafts (see above): row j for the token at n_tokens + j, with
@@ -1106,7 +1136,10 @@ static bool step(gptoss_engine *e) {
             .while_running_user = e,
         };
         if (e->timing) e->t_rows += gptoss_now_seconds() - t1;
+        const double started = e->spec_costs ? gptoss_now_seconds() : 0;
         st = e->options.forward_sample(e->options.forward_user, &plan, &batch, &err);
+        if (st == GPTOSS_OK && e->spec_costs)
+            record_step_cost(e, &plan, gptoss_now_seconds() - started);
     }
     flush_pushes(e); /* when the backend did not run the hook */
     double t2 = e->timing ? gptoss_now_seconds() : 0;
@@ -1300,6 +1333,9 @@ void gptoss_engine_free(gptoss_engine *e) {
     gptoss_drafter_free(e->drafter);
     free(e->draft_seqs);
     free(e->draft_owners);
+    free(e->draft_counts);
+    free(e->draft_p);
+    free(e->spec_costs);
     pthread_mutex_destroy(&e->mutex);
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->idle);

@@ -13,8 +13,10 @@
  * against the token-list reference by test_engine_fake.c): the property under test is that
  * drafting changes nothing, which also makes the sampler's distribution test carry over.
  * Then the replay source and the automatic switch: all drafts accepted at P = 1, none at
- * P = 0 with drafting off after 4 steps, none above max_batch decoding sequences. Last, the
- * same identity on the real CPU backend with a tiny random checkpoint.
+ * P = 0 with drafting off after 4 steps, none above max_batch decoding sequences, and the
+ * step-cost rule keeping drafts on a memory-bound backend and dropping them on a
+ * compute-bound one (a backend that sleeps per step or per token). Last, the same identity on
+ * the real CPU backend with a tiny random checkpoint.
  */
 #include "test_support.h"
 
@@ -98,14 +100,14 @@ static void test_acceptance_and_switch(void **state) {
     o.cooldown_steps = 3;
     gptoss_spec_state st = gptoss_spec_state_init();
     int steps = 0;
-    while (gptoss_spec_seq_k(&o, &st, 5) > 0 && steps < 100) {
+    while (gptoss_spec_seq_k(&st, 5) > 0 && steps < 100) {
         gptoss_spec_seq_update(&o, &st, 5, 0);
         steps++;
     }
-    assert_int_equal(steps, 4); /* 1 -> 0.7 -> 0.49 -> 0.34 -> 0.24 < 0.25 */
-    assert_int_equal(gptoss_spec_seq_k(&o, &st, 5), 0); /* cooling down: 3 steps in all */
-    assert_int_equal(gptoss_spec_seq_k(&o, &st, 5), 0);
-    assert_int_equal(gptoss_spec_seq_k(&o, &st, 5), 5); /* tries again */
+    assert_int_equal(steps, 4); /* 2/2 -> 1.6/2.6 -> 1.28/3.08 -> 1.02/3.46 -> 0.82/3.77 */
+    assert_int_equal(gptoss_spec_seq_k(&st, 5), 0); /* cooling down: 3 steps in all */
+    assert_int_equal(gptoss_spec_seq_k(&st, 5), 0);
+    assert_int_equal(gptoss_spec_seq_k(&st, 5), 5); /* tries again */
     gptoss_draft_options bad = o;
     bad.num_speculative_tokens = 8;
     gptoss_error err = {0};
@@ -123,8 +125,10 @@ typedef struct setup_ {
     int32_t max_batch; /* draft max_batch (0 = no limit) */
     int32_t budget;    /* max_num_batched_tokens */
     int32_t cooldown;
-    int32_t n_blocks; /* KV pages of 4 tokens per pool (0: 1200, never short) */
-    bool shared;      /* sliding and full pages in one id space (kv_shared_pages) */
+    int32_t n_blocks;     /* KV pages of 4 tokens per pool (0: 1200, never short) */
+    bool shared;          /* sliding and full pages in one id space (kv_shared_pages) */
+    bool weigh_cost;      /* the switch's step-cost rule on (timing-dependent draft counts) */
+    int32_t us_per_token; /* > 0: the backend sleeps this long per token of a step */
 } setup_;
 
 static fake_backend *new_fake(const setup_ *s) {
@@ -134,9 +138,20 @@ static fake_backend *new_fake(const setup_ *s) {
     return f;
 }
 
+/* A backend whose step time is us_per_step + us_per_token * tokens (memory- or compute-bound
+ * decoding, as the cost rule sees it). */
+static int32_t sleep_us_per_step, sleep_us_per_token;
+
+static gptoss_status timed_forward_sample(void *user, const gptoss_batch_plan *plan,
+                                          const gptoss_sample_batch *batch, gptoss_error *error) {
+    long us = (long)sleep_us_per_step + (long)sleep_us_per_token * plan->n_tokens;
+    nanosleep(&(struct timespec){us / 1000000, us % 1000000 * 1000}, NULL);
+    return fake_forward_sample(user, plan, batch, error);
+}
+
 static gptoss_engine *new_engine(fake_backend *f, const setup_ *s) {
     gptoss_engine_options o = gptoss_engine_options_default();
-    o.forward_sample = fake_forward_sample;
+    o.forward_sample = s->weigh_cost ? timed_forward_sample : fake_forward_sample;
     o.forward_user = f;
     o.vocab_size = f->vocab;
     o.sliding_window = f->window;
@@ -155,6 +170,7 @@ static gptoss_engine *new_engine(fake_backend *f, const setup_ *s) {
     o.draft.replay_accept = s->accept;
     o.draft.replay_seed = 99;
     if (s->cooldown) o.draft.cooldown_steps = s->cooldown;
+    o.draft.ignore_step_cost = !s->weigh_cost; /* draft counts independent of timing */
     gptoss_engine *e;
     gptoss_error err = {0};
     if (gptoss_engine_create(&o, &e, &err) != GPTOSS_OK) fail_msg("engine: %s", err.message);
@@ -327,7 +343,9 @@ static void check_identity(bool sampled) {
         int n; /* jobs run (batch 1 runs take the first 40) */
         const char *what;
     } cases[] = {
-        {{.kind = GPTOSS_DRAFT_NGRAM, .k = 4, .max_seqs = 32}, N, "ngram k=4, batched"},
+        {{.kind = GPTOSS_DRAFT_NGRAM, .k = 4, .max_seqs = 32, .weigh_cost = true},
+         N,
+         "ngram k=4, batched, step-cost rule on"},
         {{.kind = GPTOSS_DRAFT_REPLAY, .k = 5, .accept = 0.7f, .max_seqs = 32, .budget = 40},
          N,
          "replay P=0.7 k=5, batched"},
@@ -457,6 +475,77 @@ static void test_replay_acceptance(void **state) {
     /* P = 0.5: in between. */
     st = replay_one(0.5f, 0, j);
     assert_true(st.draft_accepted_tokens > 0 && st.draft_accepted_tokens < st.draft_tokens);
+    free(j);
+}
+
+static void test_step_cost_rule(void **state) {
+    (void)state;
+    gptoss_spec_costs *c = calloc(1, sizeof *c);
+    const int32_t four[] = {4};
+    const float half[] = {0.5f};
+    assert_int_equal(gptoss_spec_best_cap(c, 1, four, half, 1), 4); /* nothing measured */
+    gptoss_spec_costs_record(c, 5, 0.005);
+    assert_int_equal(gptoss_spec_best_cap(c, 1, four, half, 1), 4); /* first sample: warm-up */
+    gptoss_spec_costs_record(c, 5, 0.005);
+    assert_int_equal(gptoss_spec_best_cap(c, 1, four, half, 1), 0); /* now measure without */
+    gptoss_spec_costs_record(c, 1, 0.001);
+    gptoss_spec_costs_record(c, 1, 0.001);
+    /* Compute-bound: 5 tokens cost 5x; 1 + 0.5 + 0.25 + ... < 5: no drafts. */
+    assert_int_equal(gptoss_spec_best_cap(c, 1, four, half, 1), 0);
+    /* Memory-bound: 5 tokens cost 1.1x: all four. */
+    for (int i = 0; i < 40; i++)
+        gptoss_spec_costs_record(c, 5, 0.0011);
+    assert_int_equal(gptoss_spec_best_cap(c, 1, four, half, 1), 4);
+    /* In between: 2 tokens 1.2x, 5 tokens 2.5x: one draft (1.5 / 1.2 beats 1.94 / 2.5). */
+    for (int i = 0; i < 40; i++) {
+        gptoss_spec_costs_record(c, 5, 0.0025);
+        gptoss_spec_costs_record(c, 2, 0.0012);
+    }
+    assert_int_equal(gptoss_spec_best_cap(c, 1, four, half, 1), 1);
+    free(c);
+    /* Acceptance: 3 accepted of 3, then 1 of 3 (2 judged: the third says nothing). */
+    gptoss_spec_state st = gptoss_spec_state_init();
+    assert_true(gptoss_spec_acceptance(&st) == 1.0f);
+    gptoss_draft_options o = gptoss_draft_options_default();
+    gptoss_spec_seq_update(&o, &st, 3, 3);
+    gptoss_spec_seq_update(&o, &st, 3, 1);
+    float p = gptoss_spec_acceptance(&st); /* (0.8 * 4.6 + 1) / (0.8 * 4.6 + 2) */
+    assert_true(p > 0.82f && p < 0.83f);
+}
+
+/* The step-cost rule on a backend whose step time grows with its tokens (compute-bound): after
+ * measuring both widths it stops verifying drafts that are right 70% of the time (1 + 0.7 +
+ * ... + 0.7^4 = 2.8 tokens for 5 times the cost); on one whose step time does not
+ * (memory-bound) it keeps verifying them. Outputs stay exact either way. */
+static void test_step_cost_switch(void **state) {
+    (void)state;
+    job *j = calloc(1, sizeof *j);
+    for (int32_t t = 0; t < 10; t++)
+        j->prompt[j->n_prompt++] = (int32_t)(lcg() % VOCAB);
+    j->params = gptoss_sampling_params_default();
+    j->params.temperature = 0.0f;
+    j->params.max_tokens = 48;
+    j->params.ignore_eos = true;
+    j->n_replay = fake_reference_greedy(j->prompt, j->n_prompt, 48, -1, 8, VOCAB, j->replay);
+    const setup_ s = {.kind = GPTOSS_DRAFT_REPLAY,
+                      .k = 4,
+                      .accept = 0.7f,
+                      .max_seqs = 1,
+                      .cooldown = 1000,
+                      .weigh_cost = true};
+    sleep_us_per_step = 0, sleep_us_per_token = 5000;
+    gptoss_engine_stats st = run_fresh(&s, j, 1);
+    assert_memory_equal(j->out[0], j->replay, 48 * sizeof(int32_t));
+    if (st.draft_seq_steps > 10)
+        fail_msg("compute-bound: %llu of %llu steps drafted",
+                 (unsigned long long)st.draft_seq_steps, (unsigned long long)st.steps);
+    sleep_us_per_step = 8000, sleep_us_per_token = 0;
+    st = run_fresh(&s, j, 1);
+    assert_memory_equal(j->out[0], j->replay, 48 * sizeof(int32_t));
+    if (st.draft_seq_steps * 10 < (st.steps - 1) * 6)
+        fail_msg("memory-bound: %llu of %llu steps drafted", (unsigned long long)st.draft_seq_steps,
+                 (unsigned long long)st.steps);
+    sleep_us_per_step = 0;
     free(j);
 }
 
@@ -599,6 +688,8 @@ int main(void) {
         cmocka_unit_test(test_prefix_cache_after_drafts),
         cmocka_unit_test(test_replay_acceptance),
         cmocka_unit_test(test_switch_off_above_max_batch),
+        cmocka_unit_test(test_step_cost_rule),
+        cmocka_unit_test(test_step_cost_switch),
         cmocka_unit_test(test_replay_validation),
         cmocka_unit_test(test_cpu_backend_identical),
     };
