@@ -258,9 +258,13 @@ typedef struct gptoss_request_options {
      * once it is freed (after the caller released it and the engine is done with it), so a
      * callback never outlives its state. A refused submit leaves it to the caller. */
     void (*allowed_tokens_free)(void *user);
+    /* allowed_tokens is a pure function of (choice, generated tokens), with no state of its
+     * own: speculative decoding may then ask it about draft positions (histories that end in
+     * drafts not verified yet). Without it, a request with allowed_tokens never drafts. */
+    bool allowed_tokens_stateless;
     /* Replay drafting (GPTOSS_DRAFT_REPLAY, measurement only): the continuation to draft
      * from, e.g. the request's own greedy output recorded in a first run; copied at submit.
-     * Ignored by the other draft kinds. A request with allowed_tokens never drafts. */
+     * Ignored by the other draft kinds. */
     const int32_t *draft_replay; /* [n_draft_replay] token ids, each in [0, vocab) */
     int32_t n_draft_replay;
 } gptoss_request_options;

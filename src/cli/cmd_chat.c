@@ -242,7 +242,8 @@ static gptoss_status generate_reply(session *s, const int32_t *ids, size_t n,
     p.max_tokens = (int32_t)(limited ? s->capacity - (int64_t)n : max_tokens);
     /* every id when the tokenizer decodes the whole vocabulary, else only those it decodes */
     gptoss_request_options ro = {.allowed_tokens = s->n_sample < s->vocab ? text_ids_allowed : NULL,
-                                 .allowed_tokens_user = s};
+                                 .allowed_tokens_user = s,
+                                 .allowed_tokens_stateless = true}; /* drafts may be asked */
     gptoss_generate_options go = {.on_token = on_reply_token,
                                   .should_stop = interrupted,
                                   .user = sink,

@@ -64,6 +64,7 @@ struct gptoss_request {
     gptoss_allowed_tokens_fn allowed_tokens; /* optional constraint on each draw */
     void *allowed_tokens_user;
     void (*allowed_tokens_free)(void *user); /* owned once submitted: called by request_free */
+    bool allowed_tokens_stateless;           /* it may be asked about draft positions */
     double *last_token_time;                 /* [n_choices] seconds, 0 = none yet */
     bool *choice_done;                       /* [n_choices] finish event queued */
     int32_t n_done;
@@ -706,10 +707,11 @@ static bool build_edits(gptoss_engine *e, const gptoss_seq *seq, int32_t n_ahead
     return true;
 }
 
-/* Asks the request's callback which tokens choice may draw next; fills a new allowed row.
- * Returns its index, -1 without a callback, -2 when the callback refused or allowed nothing
- * (or no memory for the row). */
-static int32_t build_mask(gptoss_engine *e, const gptoss_seq *seq, int32_t choice) {
+/* Asks the request's callback which tokens choice may draw next (after n_ahead drafts, which
+ * follow the sequence's tokens); fills a new allowed row. Returns its index, -1 without a
+ * callback, -2 when the callback refused or allowed nothing (or no memory for the row). */
+static int32_t build_mask(gptoss_engine *e, const gptoss_seq *seq, int32_t choice,
+                          int32_t n_ahead) {
     const gptoss_request *r = seq->user;
     if (!r->allowed_tokens) return -1;
     if (!grow_masks(e, e->n_masks + 1)) return -2;
@@ -718,7 +720,7 @@ static int32_t build_mask(gptoss_engine *e, const gptoss_seq *seq, int32_t choic
     uint32_t *mask = e->masks + (size_t)e->n_masks * words;
     memset(mask, 0, words * sizeof *mask);
     if (!r->allowed_tokens(r->allowed_tokens_user, choice, seq->tokens + seq->n_prompt,
-                           seq->n_tokens - seq->n_prompt, mask, V))
+                           seq->n_tokens - seq->n_prompt + n_ahead, mask, V))
         return -2;
     if (V % 32) mask[words - 1] &= (1u << (V % 32)) - 1u; /* bits past the vocabulary */
     uint32_t any = 0;
@@ -761,7 +763,7 @@ static bool build_rows(gptoss_engine *e, gptoss_batch_plan *plan) {
             gptoss_sample_row row = gptoss_sampler_row(&r->params, r->seed, seq->n_tokens, choice);
             row.edit_start = edit_start; /* forks share the prompt's history */
             row.n_edits = n_edits;
-            const int32_t allowed = build_mask(e, seq, choice);
+            const int32_t allowed = build_mask(e, seq, choice, 0);
             row.allowed_row = allowed >= 0 ? allowed : -1;
             job->refused = allowed == -2;
             e->rows[k] = row;
@@ -869,8 +871,8 @@ static gptoss_seq *fork_choice(gptoss_engine *e, sample_job *job) {
  * one-hot), so the speculative-sampling rule (accept d[j] with probability p(d[j]), else draw
  * from p without d[j]) is the same as: draw y[j] from p, accept while y[j] == d[j]. The step
  * emits y[0..m], m the accepted drafts, which is token for token what decoding without drafts
- * emits. Requests with an allowed-token constraint never draft (the callback is asked about
- * each emitted token only).
+ * emits. An allowed-token callback is asked about each row's history, drafts included, so
+ * only stateless callbacks allow drafting (request_options.allowed_tokens_stateless).
  */
 
 /* Drafts for the decoding sequences (before schedule), as many as the switch allows. */
@@ -902,8 +904,9 @@ static void attach_drafts(gptoss_engine *e) {
         gptoss_seq *seq = gptoss_scheduler_running(e->sched, i);
         gptoss_request *r = seq->user;
         seq->n_draft = 0;
-        if (seq->n_tokens - seq->n_cached != 1 || !r || r->allowed_tokens ||
-            r->choice_done[seq->index] || (r->n_choices > 1 && !r->forked))
+        if (seq->n_tokens - seq->n_cached != 1 || !r ||
+            (r->allowed_tokens && !r->allowed_tokens_stateless) || r->choice_done[seq->index] ||
+            (r->n_choices > 1 && !r->forked))
             continue;
         int32_t k = gptoss_spec_seq_k(&r->spec[seq->index], step_k);
         /* Every token a step may emit (the drafts and the one after them) must be allowed. */
@@ -965,12 +968,16 @@ static bool build_draft_rows(gptoss_engine *e, gptoss_seq *seq, const int32_t *l
         sample_job *job = &e->jobs[k];
         job->seq = seq;
         job->choice = seq->index;
-        job->refused = false;
         job->n_group = j == 0 ? n_rows : 0;
         gptoss_sample_row row =
             gptoss_sampler_row(&r->params, r->seed, seq->n_tokens + j, seq->index);
         row.edit_start = edit_start;
         row.n_edits = n_edits;
+        /* A refusal matters only if the drafts before this row are accepted: delivery stops
+         * there, as the draw without drafts would. */
+        const int32_t allowed = build_mask(e, seq, seq->index, j);
+        row.allowed_row = allowed >= 0 ? allowed : -1;
+        job->refused = allowed == -2;
         e->rows[k] = row;
         e->logit_index[k] = logit_index[j];
     }
@@ -1474,6 +1481,7 @@ gptoss_status gptoss_engine_submit(gptoss_engine *e, const int32_t *prompt, int3
         r->notify_user = request_options->notify_user;
         r->allowed_tokens = request_options->allowed_tokens;
         r->allowed_tokens_user = request_options->allowed_tokens_user;
+        r->allowed_tokens_stateless = request_options->allowed_tokens_stateless;
     }
     uint8_t salt[GPTOSS_SHA256_BYTES] = {0};
     if (request_options && request_options->cache_salt_len > 0)

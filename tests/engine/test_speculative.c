@@ -36,6 +36,8 @@
 #define N_TOP 3
 
 typedef struct job {
+    gptoss_allowed_tokens_fn allowed; /* optional constraint */
+    bool stateless;
     int32_t prompt[MAX_PROMPT];
     int32_t n_prompt;
     gptoss_sampling_params params;
@@ -182,6 +184,8 @@ static void submit(gptoss_engine *e, job *j) {
     memset(&ro, 0, sizeof ro);
     ro.draft_replay = j->replay;
     ro.n_draft_replay = j->n_replay;
+    ro.allowed_tokens = j->allowed;
+    ro.allowed_tokens_stateless = j->stateless;
     gptoss_error err = {0};
     for (int c = 0; c < MAX_CHOICES; c++) {
         j->n_out[c] = 0;
@@ -603,6 +607,50 @@ static void test_replay_validation(void **state) {
     fake_free(f);
 }
 
+/* A constraint that depends on the history: never the last generated token, nor a multiple of
+ * 5 right after an even token; choice 1 also never token 7. */
+static bool no_repeat(void *user, int32_t choice, const int32_t *generated, int32_t n_generated,
+                      uint32_t *mask, int32_t vocab_size) {
+    (void)user;
+    for (int32_t t = 0; t < vocab_size; t++) {
+        bool ok = true;
+        if (n_generated > 0 && t == generated[n_generated - 1]) ok = false;
+        if (n_generated > 0 && generated[n_generated - 1] % 2 == 0 && t % 5 == 0) ok = false;
+        if (choice == 1 && t == 7) ok = false;
+        if (ok) mask[t / 32] |= 1u << (t % 32);
+    }
+    return true;
+}
+
+/* A stateless allowed-token callback is asked about draft positions with the drafts in the
+ * history, and outputs stay those without drafting; a callback not marked stateless turns
+ * drafting off for its request. */
+static void test_allowed_tokens(void **state) {
+    (void)state;
+    enum { N = 40 };
+    job *base = calloc(N, sizeof *base), *got = calloc(N, sizeof *got);
+    make_jobs(base, N, true);
+    for (int i = 0; i < N; i++) {
+        base[i].allowed = no_repeat;
+        base[i].stateless = true;
+    }
+    const setup_ none = {.kind = GPTOSS_DRAFT_NONE, .max_seqs = 16};
+    run_fresh(&none, base, N);
+    record_replays(base, N);
+    const setup_ replay = {.kind = GPTOSS_DRAFT_REPLAY, .k = 5, .accept = 0.8f, .max_seqs = 16};
+    memcpy(got, base, N * sizeof *got);
+    gptoss_engine_stats st = run_fresh(&replay, got, N);
+    expect_same(base, got, N, "stateless constraint");
+    assert_true(st.draft_accepted_tokens > 0);
+    for (int i = 0; i < N; i++)
+        got[i].stateless = false;
+    st = run_fresh(&replay, got, N);
+    expect_same(base, got, N, "constraint with state");
+    assert_true(st.draft_tokens == 0);
+    free(base);
+    free(got);
+}
+
 /* ---- the real CPU backend ------------------------------------------------------------------ */
 
 /* The engine on the CPU backend with the micro-vocabulary checkpoint of test_engine_cpu.c
@@ -691,6 +739,7 @@ int main(void) {
         cmocka_unit_test(test_step_cost_rule),
         cmocka_unit_test(test_step_cost_switch),
         cmocka_unit_test(test_replay_validation),
+        cmocka_unit_test(test_allowed_tokens),
         cmocka_unit_test(test_cpu_backend_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
