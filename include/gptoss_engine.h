@@ -54,6 +54,40 @@ typedef gptoss_status (*gptoss_forward_sample_fn)(void *user, const gptoss_batch
 
 #define GPTOSS_ENGINE_MAX_EOS 8
 
+/* Speculative decoding (docs/speculative.md): where draft tokens come from. Drafting never
+ * changes what a request gets: every position is drawn from the target model's own row with
+ * the key it would have without drafting, and drafts only decide how many positions one step
+ * verifies. */
+typedef enum gptoss_draft_kind {
+    GPTOSS_DRAFT_NONE = 0,  /* one token per decoding sequence and step */
+    GPTOSS_DRAFT_NGRAM = 1, /* prompt lookup: the tokens that followed the latest earlier
+                               occurrence of the last n tokens of prompt + output */
+    GPTOSS_DRAFT_REPLAY = 2 /* measurement: the request's draft_replay tokens, each replaced
+                               by a wrong token with probability 1 - replay_accept */
+} gptoss_draft_kind;
+
+#define GPTOSS_MAX_SPECULATIVE_TOKENS 7
+
+typedef struct gptoss_draft_options {
+    gptoss_draft_kind kind;
+    int32_t num_speculative_tokens; /* k: drafts per sequence and step, 1..7 (default 3) */
+    /* The step is compute-bound with many decoding sequences: above max_batch of them nobody
+     * drafts; above max_batch / 2, k is halved (default 16; 0 = no limit). */
+    int32_t max_batch;
+    int32_t ngram_max, ngram_min; /* n-gram lengths tried, longest first (default 3, 1) */
+    /* A sequence whose acceptance (the recent rate at which a draft is right given the ones
+     * before it were) falls below min_acceptance stops drafting for cooldown_steps of its
+     * steps, then tries again (defaults 0.25 and 32). */
+    float min_acceptance;
+    int32_t cooldown_steps;
+    float replay_accept;  /* replay: probability that a drafted token is kept right, [0, 1] */
+    uint64_t replay_seed; /* replay: key of the wrong-token draws */
+    /* Each step verifies only as many drafts as pay for themselves, judged from measured
+     * step times by width and each sequence's acceptance (docs/speculative.md). Tests that
+     * count drafts set this to verify every draft the other rules allow. */
+    bool ignore_step_cost;
+} gptoss_draft_options;
+
 typedef struct gptoss_engine_options {
     gptoss_forward_sample_fn forward_sample; /* required */
     void *forward_user;             /* passed to forward_sample (e.g. the gptoss_backend) */
@@ -74,6 +108,7 @@ typedef struct gptoss_engine_options {
                                        sequence (default 1; 0 = none; src/engine/scheduler.h) */
     int32_t eos_token_ids[GPTOSS_ENGINE_MAX_EOS]; /* tokens that end generation */
     int32_t n_eos_token_ids;
+    gptoss_draft_options draft; /* speculative decoding (default: kind NONE) */
     /* Tests and diagnostics only; defaults off. */
     struct {
         /* keep only this many bits of the prefix cache's block hash (forces collisions);
@@ -83,7 +118,8 @@ typedef struct gptoss_engine_options {
 } gptoss_engine_options;
 
 /* Defaults: 16-token pages, 256 pages, 64 seqs, 2048 tokens/step, max_model_len 8192,
- * queue 1024, prefix cache on, no forward function (the caller must set one). */
+ * queue 1024, prefix cache on, no drafting (draft options at their defaults, kind NONE), no
+ * forward function (the caller must set one). */
 gptoss_engine_options gptoss_engine_options_default(void);
 
 /* Fills forward_sample/forward_user (gptoss_backend_forward_sample on `backend`), vocab_size,
@@ -222,6 +258,15 @@ typedef struct gptoss_request_options {
      * once it is freed (after the caller released it and the engine is done with it), so a
      * callback never outlives its state. A refused submit leaves it to the caller. */
     void (*allowed_tokens_free)(void *user);
+    /* allowed_tokens is a pure function of (choice, generated tokens), with no state of its
+     * own: speculative decoding may then ask it about draft positions (histories that end in
+     * drafts not verified yet). Without it, a request with allowed_tokens never drafts. */
+    bool allowed_tokens_stateless;
+    /* Replay drafting (GPTOSS_DRAFT_REPLAY, measurement only): the continuation to draft
+     * from, e.g. the request's own greedy output recorded in a first run; copied at submit.
+     * Ignored by the other draft kinds. */
+    const int32_t *draft_replay; /* [n_draft_replay] token ids, each in [0, vocab) */
+    int32_t n_draft_replay;
 } gptoss_request_options;
 
 /* Queues a request. prompt: [n_prompt] token ids, copied. Refuses with a clear message:
@@ -337,6 +382,11 @@ typedef struct gptoss_engine_stats {
     uint64_t requests_finished[5]; /* choices finished, indexed by gptoss_finish_reason */
     uint64_t preemptions;          /* sequences preempted for lack of KV */
     uint64_t steps;                /* forward calls */
+    /* Speculative decoding: draft tokens verified, and of those accepted (acceptance rate =
+     * accepted / drafted); sequence steps that verified drafts. */
+    uint64_t draft_tokens;
+    uint64_t draft_accepted_tokens;
+    uint64_t draft_seq_steps;
     gptoss_latency_histogram ttft; /* submit -> first token of choice 0 */
     gptoss_latency_histogram itl;  /* between consecutive tokens of a choice */
     bool draining;

@@ -27,7 +27,9 @@ static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
         "median of repeats. Decode rows also show the memory floor: the bytes a token must move\n"
         "(dense weights, lm_head, 4 experts per layer in MXFP4, KV reads) over the measured "
         "device\n"
-        "copy bandwidth, and the %% of it reached.\n\n"
+        "copy bandwidth, and the %% of it reached.\n"
+        "gptoss bench --engine measures decode through the engine instead, with speculative\n"
+        "decoding next to none (gptoss bench --engine --help).\n\n"
         "options:\n");
     cli_print_options(out, groups, n_groups, 30);
 }
@@ -132,6 +134,10 @@ static void print_json(const char *label, const gptoss_bench_report *r, uint32_t
 #endif
 
 int gptoss_cmd_bench(int argc, char **argv) {
+    /* --engine: the decode measurement through the engine, with speculative decoding
+     * (cmd_bench_engine.c); it takes its own options. */
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--engine") == 0) return cli_bench_engine(argc, argv);
     const char *shape = NULL;
     list_arg
         pp = {.lo = 1, .hi = 65536, .error = "-p needs 1..16 lengths in 1..65536, e.g. 512,2048"},

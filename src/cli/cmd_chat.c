@@ -13,6 +13,7 @@
 #include "chat/chat_buf.h"
 #include "cli.h"
 #include "options.h"
+#include "draft_options.h"
 #include "gptoss_engine.h"
 #include "engine/kv_plan.h"
 #include "util/error.h"
@@ -71,7 +72,8 @@ static bool text_ids_allowed(void *user, int32_t choice, const int32_t *generate
 }
 
 static gptoss_status session_open(session *s, const char *dir, gptoss_backend_options options,
-                                  int64_t context, gptoss_error *err) {
+                                  int64_t context, const cli_draft_options *draft,
+                                  gptoss_error *err) {
     memset(s, 0, sizeof *s);
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -103,6 +105,7 @@ static gptoss_status session_open(session *s, const char *dir, gptoss_backend_op
     gptoss_engine_options_set_eos(&eo, stop_ids, gptoss_chat_stop_ids(stop_ids));
     eo.max_num_seqs = 1;
     eo.max_num_batched_tokens = s->capacity; /* a prompt in one step */
+    cli_draft_options_apply(draft, &eo);
     if ((st = gptoss_engine_create(&eo, &s->engine, err))) return st;
     /* The engine thread (and the backend's workers it starts) never takes Ctrl-C: the
      * signal must interrupt this thread's read at the prompt. */
@@ -243,7 +246,8 @@ static gptoss_status generate_reply(session *s, const int32_t *ids, size_t n,
     p.max_tokens = (int32_t)(limited ? s->capacity - (int64_t)n : max_tokens);
     /* every id when the tokenizer decodes the whole vocabulary, else only those it decodes */
     gptoss_request_options ro = {.allowed_tokens = s->n_sample < s->vocab ? text_ids_allowed : NULL,
-                                 .allowed_tokens_user = s};
+                                 .allowed_tokens_user = s,
+                                 .allowed_tokens_stateless = true}; /* drafts may be asked */
     gptoss_generate_options go = {.on_token = on_reply_token,
                                   .should_stop = interrupted,
                                   .user = sink,
@@ -290,6 +294,7 @@ static gptoss_status chat_reply(session *s, const gptoss_chat_prompt *prompt,
 
 typedef struct common_options {
     cli_model_options model;
+    cli_draft_options draft;
     const char *date;
     int64_t max_tokens, context, seed;
     double temperature, top_p;
@@ -379,6 +384,7 @@ static cli_option max_tokens_option(common_options *o, const char *help) {
 static void common_defaults(common_options *o, int64_t max_tokens) {
     memset(o, 0, sizeof *o);
     o->model = cli_model_options_default();
+    o->draft = cli_draft_options_default();
     o->max_tokens = max_tokens;
     o->context = 4096;
     o->seed = -1;
@@ -481,10 +487,13 @@ void cli_run_text_print_options(FILE *out, int column) {
     common_defaults(&o, 256);
     const char *prompt = NULL;
     bool raw = false, special = false;
-    cli_option own[N_RUN_TEXT_OWN], common[N_COMMON];
+    cli_option own[N_RUN_TEXT_OWN], common[N_COMMON], draft[CLI_DRAFT_N_OPTIONS];
     run_text_table(&o, &prompt, &raw, &special, own, common);
-    const cli_option_group groups[] = {{own, N_RUN_TEXT_OWN, NULL}, {common, N_COMMON, NULL}};
-    cli_print_options(out, groups, 2, column);
+    cli_draft_option_table(&o.draft, false, draft);
+    const cli_option_group groups[] = {{own, N_RUN_TEXT_OWN, NULL},
+                                       {common, N_COMMON, NULL},
+                                       {draft, CLI_DRAFT_N_OPTIONS, NULL}};
+    cli_print_options(out, groups, 3, column);
 }
 
 int cli_run_text(int argc, char **argv) {
@@ -492,13 +501,16 @@ int cli_run_text(int argc, char **argv) {
     common_defaults(&o, 256);
     const char *prompt = NULL;
     bool raw = false, special = false;
-    cli_option model[CLI_MODEL_N_OPTIONS], common[N_COMMON], own[N_RUN_TEXT_OWN];
+    cli_option model[CLI_MODEL_N_OPTIONS], common[N_COMMON], own[N_RUN_TEXT_OWN],
+        draft[CLI_DRAFT_N_OPTIONS];
     cli_model_option_table(&o.model, model);
     run_text_table(&o, &prompt, &raw, &special, own, common);
+    cli_draft_option_table(&o.draft, false, draft);
     const cli_option_group groups[] = {{model, 1, NULL},
                                        {own, N_RUN_TEXT_OWN, NULL},
                                        {common, N_COMMON, NULL},
-                                       {model + 1, CLI_MODEL_N_OPTIONS - 1, NULL}};
+                                       {model + 1, CLI_MODEL_N_OPTIONS - 1, NULL},
+                                       {draft, CLI_DRAFT_N_OPTIONS, NULL}};
     size_t n_groups = sizeof groups / sizeof groups[0];
     bool want_help;
     int usage = cli_parse_options("run", argc, argv, groups, n_groups, &want_help);
@@ -519,7 +531,7 @@ int cli_run_text(int argc, char **argv) {
     if (finish_rc) return finish_rc;
     gptoss_error err = {0};
     session s;
-    gptoss_status st = session_open(&s, o.model.model_dir, bo, o.context, &err);
+    gptoss_status st = session_open(&s, o.model.model_dir, bo, o.context, &o.draft, &err);
     if (!st && raw) st = run_raw(&s, prompt, special, &o, &err);
     if (!st && !raw) {
         char date[16];
@@ -716,14 +728,16 @@ static bool add_message(json_t *messages, const char *role, const char *content)
 int gptoss_cmd_chat(int argc, char **argv) {
     common_options o;
     common_defaults(&o, 512);
-    cli_option model[CLI_MODEL_N_OPTIONS], common[N_COMMON];
+    cli_option model[CLI_MODEL_N_OPTIONS], common[N_COMMON], draft[CLI_DRAFT_N_OPTIONS];
     cli_model_option_table(&o.model, model);
+    cli_draft_option_table(&o.draft, false, draft);
     common_table(&o, "seed of the sampler (default: a fresh one each reply)", common);
     const cli_option own[] = {max_tokens_option(&o, "tokens per reply (default 512)")};
     const cli_option_group groups[] = {{model, 1, NULL},
                                        {own, 1, NULL},
                                        {common, N_COMMON, NULL},
-                                       {model + 1, CLI_MODEL_N_OPTIONS - 1, NULL}};
+                                       {model + 1, CLI_MODEL_N_OPTIONS - 1, NULL},
+                                       {draft, CLI_DRAFT_N_OPTIONS, NULL}};
     size_t n_groups = sizeof groups / sizeof groups[0];
     bool want_help;
     int usage = cli_parse_options("chat", argc, argv, groups, n_groups, &want_help);
@@ -741,7 +755,7 @@ int gptoss_cmd_chat(int argc, char **argv) {
 
     gptoss_error err = {0};
     session s;
-    if (session_open(&s, o.model.model_dir, bo, o.context, &err)) {
+    if (session_open(&s, o.model.model_dir, bo, o.context, &o.draft, &err)) {
         session_close(&s);
         return cli_fail(&err);
     }

@@ -8,6 +8,7 @@
 #include "chat/chat.h"
 #include "cli.h"
 #include "options.h"
+#include "draft_options.h"
 #include "gptoss_engine.h"
 #include "engine/kv_plan.h"
 #include "util/clock.h"
@@ -122,7 +123,8 @@ static gptoss_status generate_ids(const gptoss_config *c, gptoss_backend *backen
                                   const gptoss_backend_options *bo, const int32_t *prompt,
                                   int32_t n_prompt, int32_t chunk,
                                   const gptoss_sampling_params *params,
-                                  gptoss_generate_result *result, gptoss_error *err) {
+                                  const cli_draft_options *draft, gptoss_generate_result *result,
+                                  gptoss_error *err) {
     gptoss_engine_options eo = gptoss_engine_options_default();
     eo.max_model_len = n_prompt + params->max_tokens;
     gptoss_engine_options_for_backend(&eo, c, backend, bo);
@@ -130,7 +132,10 @@ static gptoss_status generate_ids(const gptoss_config *c, gptoss_backend *backen
     gptoss_engine_options_set_eos(&eo, stop_ids, gptoss_chat_stop_ids(stop_ids));
     eo.max_num_seqs = 1;
     eo.max_num_batched_tokens = chunk > 0 ? chunk : n_prompt; /* the prompt in one step */
+    if (eo.max_num_batched_tokens < 1 + GPTOSS_MAX_SPECULATIVE_TOKENS)
+        eo.max_num_batched_tokens = 1 + GPTOSS_MAX_SPECULATIVE_TOKENS; /* room for drafts */
     eo.enable_prefix_cache = false;
+    cli_draft_options_apply(draft, &eo);
     gptoss_engine *engine = NULL;
     gptoss_status st = gptoss_engine_create(&eo, &engine, err);
     if (!st) st = gptoss_engine_start(engine, err);
@@ -217,16 +222,20 @@ int gptoss_cmd_run(int argc, char **argv) {
     };
     cli_option shared[CLI_MODEL_N_OPTIONS];
     cli_model_option_table(&mo, shared);
+    cli_draft_options draft = cli_draft_options_default();
+    cli_option draft_table[CLI_DRAFT_N_OPTIONS];
+    cli_draft_option_table(&draft, false, draft_table);
     size_t n_own = sizeof own / sizeof own[0];            /* the last 3: for checking a model */
     const cli_option_group groups[] = {{shared, 1, NULL}, /* -m first */
                                        {own, n_own - 3, NULL},
                                        {shared + 1, CLI_MODEL_N_OPTIONS - 1, NULL},
+                                       {draft_table, CLI_DRAFT_N_OPTIONS, NULL},
                                        {own + n_own - 3, 3, "\ntesting and measurement:\n"}};
     bool want_help = false;
-    int usage = cli_parse_options("run", argc, argv, groups, 4, &want_help);
+    int usage = cli_parse_options("run", argc, argv, groups, 5, &want_help);
     if (usage) return usage;
     if (want_help) {
-        help(stdout, groups, 4);
+        help(stdout, groups, 5);
         return 0;
     }
     if (!mo.model_dir)
@@ -303,8 +312,8 @@ int gptoss_cmd_run(int argc, char **argv) {
         params.seed = seed >= 0 ? (uint64_t)seed : 0;
         params.max_tokens = (int32_t)max_tokens;
         params.ignore_eos = ignore_eos;
-        if (generate_ids(c, backend, &options, prompt, n_prompt, (int32_t)chunk, &params, &result,
-                         &err) != GPTOSS_OK)
+        if (generate_ids(c, backend, &options, prompt, n_prompt, (int32_t)chunk, &params, &draft,
+                         &result, &err) != GPTOSS_OK)
             goto fail;
         printf("\n");
     }

@@ -10,6 +10,7 @@
  */
 #include "cli.h"
 #include "options.h"
+#include "draft_options.h"
 
 #include "chat/chat.h"
 #include "gptoss_engine.h"
@@ -77,6 +78,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
     bool no_prefix_cache = false, no_webui = false;
     cli_model_options mo = cli_model_options_default();
     cli_option shared[CLI_MODEL_N_OPTIONS];
+    cli_draft_options draft = cli_draft_options_default();
+    cli_option draft_table[CLI_DRAFT_N_OPTIONS];
+    cli_draft_option_table(&draft, false, draft_table);
     cli_model_option_table(&mo, shared);
     shared[0].help = "Hugging Face gpt-oss folder, or a repo id in the local\n"
                      "Hugging Face cache (openai/gpt-oss-20b); make a tiny one\n"
@@ -294,6 +298,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
     const cli_option_group groups[] = {{shared, 1, NULL},
                                        {own, n_own - 2, NULL},
                                        {shared + 1, CLI_MODEL_N_OPTIONS - 1, NULL},
+                                       {draft_table, CLI_DRAFT_N_OPTIONS, NULL},
                                        {own + n_own - 2, 2, "\ntesting and measurement:\n"}};
     size_t n_groups = sizeof groups / sizeof groups[0];
     bool want_help;
@@ -480,6 +485,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
         eo_i.max_queue_len = (int32_t)max_queue;
         eo_i.enable_prefix_cache = prefix_cache;
         if (admit_headroom >= 0) eo_i.admit_headroom = (int32_t)admit_headroom;
+        cli_draft_options_apply(&draft, &eo_i);
         int32_t stop_ids[GPTOSS_CHAT_MAX_STOP_IDS];
         gptoss_engine_options_set_eos(&eo_i, stop_ids, gptoss_chat_stop_ids(stop_ids));
         if (gptoss_engine_create(&eo_i, &engines[i], &err) != GPTOSS_OK ||

@@ -12,10 +12,12 @@
  */
 #include "gptoss_engine.h"
 
+#include "engine/draft.h"
 #include "engine/kv_cache.h"
 #include "engine/kv_plan.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/speculative.h"
 #include "model/config.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -62,6 +64,7 @@ struct gptoss_request {
     gptoss_allowed_tokens_fn allowed_tokens; /* optional constraint on each draw */
     void *allowed_tokens_user;
     void (*allowed_tokens_free)(void *user); /* owned once submitted: called by request_free */
+    bool allowed_tokens_stateless;           /* it may be asked about draft positions */
     double *last_token_time;                 /* [n_choices] seconds, 0 = none yet */
     bool *choice_done;                       /* [n_choices] finish event queued */
     int32_t n_done;
@@ -71,6 +74,11 @@ struct gptoss_request {
     bool failed_step;     /* a forward carrying this request failed */
     int32_t n_pending;    /* token events in the engine's pending list, not pushed yet */
     double submit_time;
+    /* Speculative decoding (engine thread): each choice's drafting record, and the replay
+     * drafter's continuation (copied at submit). */
+    gptoss_spec_state *spec; /* [n_choices] */
+    int32_t *replay;         /* [n_replay] or NULL */
+    int32_t n_replay;
 };
 
 /* One token drawn this step (one row of the sample batch): for which sequence and choice.
@@ -81,6 +89,8 @@ typedef struct sample_job {
     gptoss_seq *seq;           /* its request is seq->user */
     int32_t choice;            /* != seq->index: a choice to fork from seq */
     bool refused;              /* the allowed-token callback refused: end the choice */
+    int32_t n_group;           /* on the first row of a decode with drafts: its rows (1 + the
+                                  drafts, consecutive); 0 elsewhere */
     gptoss_engine_event event; /* filled from the batch's outputs */
 } sample_job;
 
@@ -130,6 +140,15 @@ struct gptoss_engine {
     gptoss_request **active; /* requests the engine thread is serving */
     int32_t n_active, cap_active;
     gptoss_engine_stats local; /* counters accumulated by the thread */
+    /* Speculative decoding: the draft source (NULL: no drafting) and the step's draft
+     * requests with the sequence each is for. */
+    gptoss_drafter *drafter;
+    gptoss_draft_seq *draft_seqs; /* [cap_draft_seqs] */
+    gptoss_seq **draft_owners;    /* [cap_draft_seqs] */
+    int32_t *draft_counts;        /* [cap_draft_seqs] drafts proposed */
+    float *draft_p;               /* [cap_draft_seqs] each one's chance to be right */
+    int32_t cap_draft_seqs;
+    gptoss_spec_costs *spec_costs; /* measured seconds of decode steps by width */
     /* GPTOSS_STEP_TIMING=1: host seconds per phase of a step, printed at exit */
     bool timing;
     double t_schedule, t_forward, t_sample, t_between, t_mark, t_rows, t_flush;
@@ -165,6 +184,7 @@ gptoss_engine_options gptoss_engine_options_default(void) {
     o.max_queue_len = 1024;
     o.enable_prefix_cache = true;
     o.admit_headroom = 1;
+    o.draft = gptoss_draft_options_default();
     return o;
 }
 
@@ -233,6 +253,8 @@ static gptoss_status validate_options(const gptoss_engine_options *o, gptoss_err
         return gptoss_set_error(
             error, bad, "engine options: testing.prefix_hash_bits %d is out of range [0, 64]",
             o->testing.prefix_hash_bits);
+    gptoss_status st = gptoss_draft_options_validate(&o->draft, error);
+    if (st != GPTOSS_OK) return st;
     if (o->n_eos_token_ids < 0 || o->n_eos_token_ids > GPTOSS_ENGINE_MAX_EOS)
         return gptoss_set_error(error, bad, "engine options: at most %d eos tokens",
                                 GPTOSS_ENGINE_MAX_EOS);
@@ -273,6 +295,8 @@ static void request_free(gptoss_request *r) {
     free(r->bias_values);
     free(r->last_token_time);
     free(r->choice_done);
+    free(r->spec);
+    free(r->replay);
     free(r);
 }
 
@@ -417,6 +441,11 @@ void gptoss_request_release(gptoss_request *r) {
 /* ---- engine ------------------------------------------------------------------------------ */
 
 static bool grow_rows(gptoss_engine *e, int32_t need);
+/* Speculative decoding (the section "speculative decoding" below). */
+static void attach_drafts(gptoss_engine *e);
+static bool build_draft_rows(gptoss_engine *e, gptoss_seq *seq, const int32_t *logit_index);
+static void deliver_drafted(gptoss_engine *e, int32_t k);
+static void record_step_cost(gptoss_engine *e, const gptoss_batch_plan *plan, double seconds);
 
 gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_engine **out,
                                    gptoss_error *error) {
@@ -455,6 +484,17 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
         (st = gptoss_scheduler_create(&sched_options, e->kv, &e->sched, error)) != GPTOSS_OK) {
         gptoss_engine_free(e);
         return st;
+    }
+    if (options->draft.kind != GPTOSS_DRAFT_NONE &&
+        (st = gptoss_drafter_create(&options->draft, options->vocab_size, &e->drafter, error)) !=
+            GPTOSS_OK) {
+        gptoss_engine_free(e);
+        return st;
+    }
+    if (e->drafter && !options->draft.ignore_step_cost &&
+        !(e->spec_costs = calloc(1, sizeof *e->spec_costs))) {
+        gptoss_engine_free(e);
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (draft costs)");
     }
     if (!grow_rows(e, options->max_num_seqs + 1)) {
         gptoss_engine_free(e);
@@ -576,12 +616,14 @@ static bool is_in(int32_t token, const int32_t *list, int32_t n) {
 }
 
 /* Tokens a draw of seq may not pick now: stop tokens (and EOS unless ignored) while fewer
- * than min_tokens were generated. masked has room for both lists. */
-static int32_t masked_tokens(const gptoss_engine *e, const gptoss_seq *seq, int32_t *masked) {
+ * than min_tokens were generated (n_generated of them, drafts before the draw included).
+ * masked has room for both lists. */
+static int32_t masked_tokens(const gptoss_engine *e, const gptoss_seq *seq, int32_t n_generated,
+                             int32_t *masked) {
     const gptoss_request *r = seq->user;
     const gptoss_sampling_params *p = &r->params;
     int32_t n_masked = 0;
-    if (seq->n_tokens - seq->n_prompt < p->min_tokens) {
+    if (n_generated < p->min_tokens) {
         for (int32_t i = 0; i < p->n_stop_token_ids; i++)
             masked[n_masked++] = p->stop_token_ids[i];
         if (!p->ignore_eos)
@@ -649,16 +691,19 @@ static int compare_token(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* The edits of seq's next draw (logit_bias, masked stop tokens, penalties), appended to the
- * step's edits; *start / *n name them. False: out of memory. */
-static bool build_edits(gptoss_engine *e, const gptoss_seq *seq, int32_t *start, int32_t *n) {
+/* The edits of a draw of seq (logit_bias, masked stop tokens, penalties), appended to the
+ * step's edits; *start / *n name them. n_ahead: drafts before the draw (0 for its next
+ * token), whose counts `ahead` then holds (NULL: the choice's own). False: out of memory. */
+static bool build_edits(gptoss_engine *e, const gptoss_seq *seq, int32_t n_ahead,
+                        const gptoss_token_counts *ahead, int32_t *start, int32_t *n) {
     const gptoss_request *r = seq->user;
     int32_t masked[GPTOSS_MAX_STOP_TOKENS + GPTOSS_ENGINE_MAX_EOS];
-    int32_t n_masked = masked_tokens(e, seq, masked), n_distinct = 0;
+    int32_t n_masked = masked_tokens(e, seq, seq->n_tokens - seq->n_prompt + n_ahead, masked);
+    int32_t n_distinct = 0;
     if (n_masked > 1) qsort(masked, (size_t)n_masked, sizeof *masked, compare_token);
     for (int32_t i = 0; i < n_masked; i++)
         if (i == 0 || masked[i] != masked[i - 1]) masked[n_distinct++] = masked[i];
-    const gptoss_token_counts *counts = r->counts ? &r->counts[seq->index] : NULL;
+    const gptoss_token_counts *counts = ahead ? ahead : r->counts ? &r->counts[seq->index] : NULL;
     const int32_t room = r->params.n_logit_bias + n_distinct + (counts ? counts->n : 0);
     *start = e->n_edits;
     *n = 0;
@@ -669,10 +714,11 @@ static bool build_edits(gptoss_engine *e, const gptoss_seq *seq, int32_t *start,
     return true;
 }
 
-/* Asks the request's callback which tokens choice may draw next; fills a new allowed row.
- * Returns its index, -1 without a callback, -2 when the callback refused or allowed nothing
- * (or no memory for the row). */
-static int32_t build_mask(gptoss_engine *e, const gptoss_seq *seq, int32_t choice) {
+/* Asks the request's callback which tokens choice may draw next (after n_ahead drafts, which
+ * follow the sequence's tokens); fills a new allowed row. Returns its index, -1 without a
+ * callback, -2 when the callback refused or allowed nothing (or no memory for the row). */
+static int32_t build_mask(gptoss_engine *e, const gptoss_seq *seq, int32_t choice,
+                          int32_t n_ahead) {
     const gptoss_request *r = seq->user;
     if (!r->allowed_tokens) return -1;
     if (!grow_masks(e, e->n_masks + 1)) return -2;
@@ -681,7 +727,7 @@ static int32_t build_mask(gptoss_engine *e, const gptoss_seq *seq, int32_t choic
     uint32_t *mask = e->masks + (size_t)e->n_masks * words;
     memset(mask, 0, words * sizeof *mask);
     if (!r->allowed_tokens(r->allowed_tokens_user, choice, seq->tokens + seq->n_prompt,
-                           seq->n_tokens - seq->n_prompt, mask, V))
+                           seq->n_tokens - seq->n_prompt + n_ahead, mask, V))
         return -2;
     if (V % 32) mask[words - 1] &= (1u << (V % 32)) - 1u; /* bits past the vocabulary */
     uint32_t any = 0;
@@ -705,7 +751,13 @@ static bool build_rows(gptoss_engine *e, gptoss_batch_plan *plan) {
         const bool forks = seq->index == 0 && r->n_choices > 1 && !r->forked;
         const int32_t n_rows = forks ? r->n_choices : 1;
         int32_t edit_start = 0, n_edits = 0;
-        if (!grow_rows(e, e->n_jobs + n_rows) || !build_edits(e, seq, &edit_start, &n_edits))
+        if (seq->n_draft > 0) { /* rows i .. i + n_draft: a decode with drafts */
+            if (!build_draft_rows(e, seq, plan->logit_token_index + i)) return false;
+            i += seq->n_draft;
+            continue;
+        }
+        if (!grow_rows(e, e->n_jobs + n_rows) ||
+            !build_edits(e, seq, 0, NULL, &edit_start, &n_edits))
             return false;
         for (int32_t c = 0; c < n_rows; c++) {
             const int32_t choice = forks ? c : seq->index;
@@ -714,10 +766,11 @@ static bool build_rows(gptoss_engine *e, gptoss_batch_plan *plan) {
             sample_job *job = &e->jobs[k];
             job->seq = seq;
             job->choice = choice;
+            job->n_group = 0;
             gptoss_sample_row row = gptoss_sampler_row(&r->params, r->seed, seq->n_tokens, choice);
             row.edit_start = edit_start; /* forks share the prompt's history */
             row.n_edits = n_edits;
-            const int32_t allowed = build_mask(e, seq, choice);
+            const int32_t allowed = build_mask(e, seq, choice, 0);
             row.allowed_row = allowed >= 0 ? allowed : -1;
             job->refused = allowed == -2;
             e->rows[k] = row;
@@ -815,6 +868,151 @@ static gptoss_seq *fork_choice(gptoss_engine *e, sample_job *job) {
     return child;
 }
 
+/* ---- speculative decoding ---------------------------------------------------------------- */
+/*
+ * A decoding sequence with drafts d[0..n) puts 1 + n tokens in the step (its last token, then
+ * the drafts) and gets a row for each. Row j draws the token at position n_tokens + j exactly
+ * as a step without drafts would draw it after d[0..j) had been generated: the same Philox
+ * counter (position, choice), the same stop-token mask (min_tokens counts the drafts before
+ * it) and penalties counting them. The drafts are deterministic (the draft distribution is
+ * one-hot), so the speculative-sampling rule (accept d[j] with probability p(d[j]), else draw
+ * from p without d[j]) is the same as: draw y[j] from p, accept while y[j] == d[j]. The step
+ * emits y[0..m], m the accepted drafts, which is token for token what decoding without drafts
+ * emits. An allowed-token callback is asked about each row's history, drafts included, so
+ * only stateless callbacks allow drafting (request_options.allowed_tokens_stateless).
+ */
+
+/* Drafts for the decoding sequences (before schedule), as many as the switch allows. */
+static void attach_drafts(gptoss_engine *e) {
+    if (!e->drafter) return;
+    const gptoss_draft_options *o = &e->options.draft;
+    const int32_t n_running = gptoss_scheduler_n_running(e->sched);
+    int32_t n_decoding = 0;
+    for (int32_t i = 0; i < n_running; i++) {
+        const gptoss_seq *seq = gptoss_scheduler_running(e->sched, i);
+        if (seq->n_tokens - seq->n_cached == 1) n_decoding++;
+    }
+    const int32_t step_k = gptoss_spec_step_k(o, n_decoding);
+    if (step_k == 0 || n_decoding == 0) return;
+    if (n_decoding > e->cap_draft_seqs) {
+        gptoss_draft_seq *seqs = realloc(e->draft_seqs, (size_t)n_decoding * sizeof *seqs);
+        if (seqs) e->draft_seqs = seqs;
+        gptoss_seq **owners = realloc(e->draft_owners, (size_t)n_decoding * sizeof *owners);
+        if (owners) e->draft_owners = owners;
+        int32_t *counts = realloc(e->draft_counts, (size_t)n_decoding * sizeof *counts);
+        if (counts) e->draft_counts = counts;
+        float *p = realloc(e->draft_p, (size_t)n_decoding * sizeof *p);
+        if (p) e->draft_p = p;
+        if (!seqs || !owners || !counts || !p) return; /* no memory: decode without drafts */
+        e->cap_draft_seqs = n_decoding;
+    }
+    int32_t n = 0;
+    for (int32_t i = 0; i < n_running; i++) {
+        gptoss_seq *seq = gptoss_scheduler_running(e->sched, i);
+        gptoss_request *r = seq->user;
+        seq->n_draft = 0;
+        if (seq->n_tokens - seq->n_cached != 1 || !r ||
+            (r->allowed_tokens && !r->allowed_tokens_stateless) || r->choice_done[seq->index] ||
+            (r->n_choices > 1 && !r->forked))
+            continue;
+        int32_t k = gptoss_spec_seq_k(&r->spec[seq->index], step_k);
+        /* Every token a step may emit (the drafts and the one after them) must be allowed. */
+        const int32_t left = r->max_tokens - (seq->n_tokens - seq->n_prompt) - 1;
+        if (k > left) k = left;
+        if (k > seq->cap_tokens - seq->n_tokens - 1) k = seq->cap_tokens - seq->n_tokens - 1;
+        if (k <= 0) continue;
+        gptoss_draft_seq *d = &e->draft_seqs[n];
+        d->tokens = seq->tokens;
+        d->n_tokens = seq->n_tokens;
+        d->n_prompt = seq->n_prompt;
+        d->replay = r->replay;
+        d->n_replay = r->n_replay;
+        d->key = r->seed ^ ((uint64_t)seq->index * 0x9e3779b97f4a7c15ull);
+        d->k = k;
+        d->out = seq->tokens + seq->n_tokens; /* the drafts live after the sequence's tokens */
+        d->n_out = 0;
+        e->draft_owners[n++] = seq;
+    }
+    gptoss_drafter_propose(e->drafter, e->draft_seqs, n);
+    /* As many as the measured cost of the wider step pays for. */
+    for (int32_t i = 0; i < n; i++) {
+        const gptoss_seq *seq = e->draft_owners[i];
+        const gptoss_request *r = seq->user;
+        e->draft_counts[i] = e->draft_seqs[i].n_out;
+        e->draft_p[i] = gptoss_spec_acceptance(&r->spec[seq->index]);
+    }
+    const int32_t cap = e->spec_costs ? gptoss_spec_best_cap(e->spec_costs, n_decoding,
+                                                             e->draft_counts, e->draft_p, n)
+                                      : GPTOSS_MAX_SPECULATIVE_TOKENS;
+    for (int32_t i = 0; i < n; i++)
+        e->draft_owners[i]->n_draft = e->draft_counts[i] < cap ? e->draft_counts[i] : cap;
+}
+
+/* Records the seconds of a step where every token had a logits row (decodes, with or without
+ * drafts): what the switch weighs drafts against. */
+static void record_step_cost(gptoss_engine *e, const gptoss_batch_plan *plan, double seconds) {
+    if (e->spec_costs && plan->n_logits == plan->n_tokens)
+        gptoss_spec_costs_record(e->spec_costs, plan->n_tokens, seconds);
+}
+
+/* The rows of a decode with drafts (see above): row j for the token at n_tokens + j, with
+ * the edits of a history that includes d[0..j). False: out of memory. */
+static bool build_draft_rows(gptoss_engine *e, gptoss_seq *seq, const int32_t *logit_index) {
+    gptoss_request *r = seq->user;
+    const int32_t n_rows = 1 + seq->n_draft;
+    const int32_t *drafts = seq->tokens + seq->n_tokens;
+    if (!grow_rows(e, e->n_jobs + n_rows)) return false;
+    gptoss_token_counts ahead; /* the choice's counts plus the drafts so far */
+    const bool counted = r->counts != NULL;
+    if (counted && !gptoss_token_counts_copy(&ahead, &r->counts[seq->index])) return false;
+    bool ok = true;
+    for (int32_t j = 0; j < n_rows && ok; j++) {
+        int32_t edit_start = 0, n_edits = 0;
+        ok = build_edits(e, seq, j, counted ? &ahead : NULL, &edit_start, &n_edits);
+        if (ok && counted && j + 1 < n_rows) ok = gptoss_token_counts_add_output(&ahead, drafts[j]);
+        if (!ok) break;
+        const int32_t k = e->n_jobs++;
+        sample_job *job = &e->jobs[k];
+        job->seq = seq;
+        job->choice = seq->index;
+        job->n_group = j == 0 ? n_rows : 0;
+        gptoss_sample_row row =
+            gptoss_sampler_row(&r->params, r->seed, seq->n_tokens + j, seq->index);
+        row.edit_start = edit_start;
+        row.n_edits = n_edits;
+        /* A refusal matters only if the drafts before this row are accepted: delivery stops
+         * there, as the draw without drafts would. */
+        const int32_t allowed = build_mask(e, seq, seq->index, j);
+        row.allowed_row = allowed >= 0 ? allowed : -1;
+        job->refused = allowed == -2;
+        e->rows[k] = row;
+        e->logit_index[k] = logit_index[j];
+    }
+    if (counted) gptoss_token_counts_free(&ahead);
+    return ok;
+}
+
+/* Verifies the drafts of the decode whose rows start at job k, rolls the KV back to the
+ * accepted tokens and delivers them one by one (a stop token, max_tokens or the end of the
+ * sequence's room ends the choice exactly where decoding without drafts would). */
+static void deliver_drafted(gptoss_engine *e, int32_t k) {
+    sample_job *first = &e->jobs[k];
+    gptoss_seq *seq = first->seq;
+    gptoss_request *r = seq->user;
+    const int32_t index = seq->index, n_draft = first->n_group - 1;
+    int32_t sampled[GPTOSS_MAX_SPECULATIVE_TOKENS + 1];
+    for (int32_t j = 0; j <= n_draft; j++)
+        sampled[j] = e->jobs[k + j].event.token_id;
+    const int32_t m = gptoss_spec_n_accepted(seq->tokens + seq->n_tokens, sampled, n_draft);
+    gptoss_scheduler_accept_drafts(e->sched, seq, m);
+    gptoss_spec_seq_update(&e->options.draft, &r->spec[index], n_draft, m);
+    e->local.draft_tokens += (uint64_t)n_draft;
+    e->local.draft_accepted_tokens += (uint64_t)m;
+    e->local.draft_seq_steps++;
+    for (int32_t j = 0; j <= m && r->seqs[index] == seq && !r->choice_done[index]; j++)
+        deliver(e, &e->jobs[k + j]);
+}
+
 /* After a successful step: forks the choices of prompts that ended (before any of their
  * tokens is appended), then delivers every drawn token in row order. */
 static void run_jobs(gptoss_engine *e) {
@@ -823,14 +1021,20 @@ static void run_jobs(gptoss_engine *e) {
         sample_job *job = &e->jobs[k];
         fill_event(e, k, job);
         gptoss_request *r = job->seq->user;
-        if (job->seq->index == 0 && r->n_choices > 1 && !r->forked) {
+        if (job->n_group == 0 && job->seq->index == 0 && r->n_choices > 1 && !r->forked) {
             r->forked = true;
             job->seq->n_slots = 1;
         }
         if (job->choice != job->seq->index) job->seq = fork_choice(e, job);
     }
-    for (int32_t k = 0; k < n; k++)
-        if (e->jobs[k].seq) deliver(e, &e->jobs[k]);
+    for (int32_t k = 0; k < n; k++) {
+        if (e->jobs[k].n_group > 0) {
+            deliver_drafted(e, k);
+            k += e->jobs[k].n_group - 1;
+        } else if (e->jobs[k].seq) {
+            deliver(e, &e->jobs[k]);
+        }
+    }
     e->n_jobs = 0;
 }
 
@@ -910,6 +1114,7 @@ static bool step(gptoss_engine *e) {
     memset(&plan, 0, sizeof plan);
     e->step_start = gptoss_now_seconds(); /* the requests it admits stop waiting here */
     double t0 = e->timing ? e->step_start : 0;
+    attach_drafts(e);
     gptoss_status st = gptoss_scheduler_schedule(e->sched, &plan, &err);
     double t1 = e->timing ? gptoss_now_seconds() : 0;
     if (st != GPTOSS_OK) {
@@ -946,7 +1151,10 @@ static bool step(gptoss_engine *e) {
             .while_running_user = e,
         };
         if (e->timing) e->t_rows += gptoss_now_seconds() - t1;
+        const double started = e->spec_costs ? gptoss_now_seconds() : 0;
         st = e->options.forward_sample(e->options.forward_user, &plan, &batch, &err);
+        if (st == GPTOSS_OK && e->spec_costs)
+            record_step_cost(e, &plan, gptoss_now_seconds() - started);
     }
     flush_pushes(e); /* when the backend did not run the hook */
     double t2 = e->timing ? gptoss_now_seconds() : 0;
@@ -1137,6 +1345,12 @@ void gptoss_engine_free(gptoss_engine *e) {
     free(e->masks);
     free(e->pending);
     free(e->active);
+    gptoss_drafter_free(e->drafter);
+    free(e->draft_seqs);
+    free(e->draft_owners);
+    free(e->draft_counts);
+    free(e->draft_p);
+    free(e->spec_costs);
     pthread_mutex_destroy(&e->mutex);
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->idle);
@@ -1170,6 +1384,17 @@ gptoss_status gptoss_engine_submit(gptoss_engine *e, const int32_t *prompt, int3
                                 request_options->cache_salt_len, GPTOSS_MAX_SALT_BYTES);
     if (request_options && request_options->cache_salt_len > 0 && !request_options->cache_salt)
         return gptoss_set_error(error, bad, "cache salt length given without bytes");
+    if (request_options &&
+        (request_options->n_draft_replay < 0 ||
+         (request_options->n_draft_replay > 0 && !request_options->draft_replay)))
+        return gptoss_set_error(error, bad, "draft_replay: %d tokens given without an array",
+                                request_options->n_draft_replay);
+    for (int32_t i = 0; request_options && i < request_options->n_draft_replay; i++)
+        if (request_options->draft_replay[i] < 0 ||
+            request_options->draft_replay[i] >= o->vocab_size)
+            return gptoss_set_error(
+                error, bad, "draft_replay token %d (at %d) is outside the vocabulary [0, %d)",
+                request_options->draft_replay[i], i, o->vocab_size);
     /* Length: the prompt plus at least one token must fit max_model_len and the KV pool. The
      * last sampled token is never fed back, so n_prompt + max_tokens - 1 positions need KV. */
     const int64_t kv_tokens = (int64_t)o->n_kv_blocks * o->kv_block_size;
@@ -1246,17 +1471,31 @@ gptoss_status gptoss_engine_submit(gptoss_engine *e, const int32_t *prompt, int3
     r->params.logit_bias_values = r->bias_values;
     r->last_token_time = calloc((size_t)n, sizeof(double));
     r->choice_done = calloc((size_t)n, sizeof(bool));
+    r->spec = malloc((size_t)n * sizeof *r->spec);
+    bool replay_ok = true;
+    for (int32_t i = 0; r->spec && i < n; i++)
+        r->spec[i] = gptoss_spec_state_init();
+    if (request_options && request_options->n_draft_replay > 0 &&
+        o->draft.kind == GPTOSS_DRAFT_REPLAY) {
+        const int32_t nr = request_options->n_draft_replay;
+        r->replay = malloc((size_t)nr * sizeof *r->replay);
+        replay_ok = r->replay != NULL;
+        if (replay_ok)
+            memcpy(r->replay, request_options->draft_replay, (size_t)nr * sizeof(int32_t));
+        r->n_replay = nr;
+    }
     if (request_options) {
         r->notify = request_options->notify;
         r->notify_user = request_options->notify_user;
         r->allowed_tokens = request_options->allowed_tokens;
         r->allowed_tokens_user = request_options->allowed_tokens_user;
+        r->allowed_tokens_stateless = request_options->allowed_tokens_stateless;
     }
     uint8_t salt[GPTOSS_SHA256_BYTES] = {0};
     if (request_options && request_options->cache_salt_len > 0)
         gptoss_sha256_digest(request_options->cache_salt, request_options->cache_salt_len, salt);
     if (!r->stop_requested || !r->seqs || !counts_ok || !bias_ok || !r->last_token_time ||
-        !r->choice_done) {
+        !r->choice_done || !r->spec || !replay_ok) {
         request_free(r);
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (request)");
     }

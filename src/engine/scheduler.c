@@ -11,6 +11,7 @@
  * or a prefix hit that resumes at a block boundary always finds the window it needs.
  */
 #include "engine/scheduler.h"
+#include "gptoss_engine.h"
 
 #include "util/error.h"
 
@@ -35,9 +36,10 @@ struct gptoss_scheduler {
     gptoss_seq **plan_seqs;   /* [cap_seqs] */
     int32_t *seq_token_start; /* [cap_seqs + 1] */
     int32_t *seq_n_cached;    /* [cap_seqs] */
-    gptoss_seq **logit_seqs;  /* [cap_seqs] */
-    int32_t *logit_index;     /* [cap_seqs] */
+    gptoss_seq **logit_seqs;  /* [cap_logits] */
+    int32_t *logit_index;     /* [cap_logits] */
     int32_t cap_seqs;
+    int32_t cap_logits;
     int32_t *token_ids; /* [cap_tokens] */
     int32_t *positions; /* [cap_tokens] */
     int32_t cap_tokens;
@@ -218,6 +220,7 @@ static void grow(gptoss_scheduler *s, gptoss_seq *seq, int32_t n) {
 static void preempt(gptoss_scheduler *s, gptoss_seq *seq) {
     s->budget += seq->n_sched;
     seq->n_sched = 0;
+    seq->n_draft = 0;
     list_remove(&s->running, seq);
     release_pages(s, seq);
     seq->state = GPTOSS_SEQ_WAITING;
@@ -351,12 +354,14 @@ gptoss_status gptoss_scheduler_create(const gptoss_scheduler_options *options,
     s->block_size = gptoss_kv_block_size(kv);
     s->has_sliding = options->sliding_window > 0;
     s->cap_seqs = options->max_num_seqs + 1;
+    /* a decode with drafts asks a logits row per token */
+    s->cap_logits = s->cap_seqs * (1 + GPTOSS_MAX_SPECULATIVE_TOKENS);
     s->cap_tokens = options->max_num_batched_tokens;
     s->plan_seqs = malloc((size_t)s->cap_seqs * sizeof(gptoss_seq *));
     s->seq_token_start = malloc((size_t)(s->cap_seqs + 1) * sizeof(int32_t));
     s->seq_n_cached = malloc((size_t)s->cap_seqs * sizeof(int32_t));
-    s->logit_seqs = malloc((size_t)s->cap_seqs * sizeof(gptoss_seq *));
-    s->logit_index = malloc((size_t)s->cap_seqs * sizeof(int32_t));
+    s->logit_seqs = malloc((size_t)s->cap_logits * sizeof(gptoss_seq *));
+    s->logit_index = malloc((size_t)s->cap_logits * sizeof(int32_t));
     s->token_ids = malloc((size_t)s->cap_tokens * sizeof(int32_t));
     s->positions = malloc((size_t)s->cap_tokens * sizeof(int32_t));
     if (!s->plan_seqs || !s->seq_token_start || !s->seq_n_cached || !s->logit_seqs ||
@@ -400,6 +405,7 @@ static gptoss_status build_plan(gptoss_scheduler *s, gptoss_batch_plan *plan, gp
     int32_t n_seqs = 0, n_tokens = 0, n_logits = 0, max_blocks = 1;
     for (int32_t i = 0; i < s->running.n; i++) {
         gptoss_seq *seq = s->running.items[i];
+        if (seq->n_sched == 0) seq->n_draft = 0; /* not verified this step */
         if (seq->n_sched == 0) continue;
         if (seq->n_blocks > max_blocks) max_blocks = seq->n_blocks;
         assert(n_seqs < s->cap_seqs && n_tokens + seq->n_sched <= s->cap_tokens);
@@ -411,7 +417,12 @@ static gptoss_status build_plan(gptoss_scheduler *s, gptoss_batch_plan *plan, gp
             s->positions[n_tokens + t] = seq->n_cached + t;
         }
         n_tokens += seq->n_sched;
-        if (seq->n_cached + seq->n_sched == seq->n_tokens) {
+        if (seq->n_draft > 0) { /* a decode with drafts: a row for each of its tokens */
+            for (int32_t t = 0; t < seq->n_sched; t++) {
+                s->logit_seqs[n_logits] = seq;
+                s->logit_index[n_logits++] = n_tokens - seq->n_sched + t;
+            }
+        } else if (seq->n_cached + seq->n_sched == seq->n_tokens) {
             s->logit_seqs[n_logits] = seq;
             s->logit_index[n_logits++] = n_tokens - 1;
         }
@@ -465,10 +476,21 @@ gptoss_status gptoss_scheduler_schedule(gptoss_scheduler *s, gptoss_batch_plan *
     /* 1. Decodes first, FCFS: a long prompt never delays the token of a running request. */
     for (int32_t i = 0; i < s->running.n && s->budget > 0; i++) {
         gptoss_seq *seq = s->running.items[i];
-        if (seq->n_tokens - seq->n_cached != 1) continue;
-        if (reserve(s, seq, 1, RESERVE_DECODE) == 1) {
-            seq->n_sched = 1;
-            s->budget -= 1;
+        if (seq->n_tokens - seq->n_cached != 1) {
+            seq->n_draft = 0;
+            continue;
+        }
+        /* Drafts only in what is free: they never preempt anyone nor take the budget's last
+         * token from this decode. */
+        if (seq->n_draft > 0) {
+            int32_t room = tokens_that_fit(s, seq) - 1;
+            if (room > s->budget - 1) room = s->budget - 1;
+            if (seq->n_draft > room) seq->n_draft = room > 0 ? room : 0;
+        }
+        const int32_t want = 1 + seq->n_draft;
+        if (reserve(s, seq, want, RESERVE_DECODE) == want) {
+            seq->n_sched = want;
+            s->budget -= want;
         } else {
             i--; /* seq left the running list */
         }
@@ -535,6 +557,8 @@ void gptoss_scheduler_commit(gptoss_scheduler *s) {
     for (int32_t i = 0; i < s->n_plan_seqs; i++) {
         gptoss_seq *seq = s->plan_seqs[i];
         seq->n_cached += seq->n_sched;
+        /* Drafts' KV counts only once accepted (gptoss_scheduler_accept_drafts). */
+        if (seq->n_cached > seq->n_tokens) seq->n_cached = seq->n_tokens;
         seq->n_sched = 0;
         publish(s, seq);
         release_out_of_window(s, seq);
@@ -543,9 +567,28 @@ void gptoss_scheduler_commit(gptoss_scheduler *s) {
 }
 
 void gptoss_scheduler_abort_step(gptoss_scheduler *s) {
-    for (int32_t i = 0; i < s->n_plan_seqs; i++)
+    for (int32_t i = 0; i < s->n_plan_seqs; i++) {
         s->plan_seqs[i]->n_sched = 0;
+        s->plan_seqs[i]->n_draft = 0;
+    }
     s->n_plan_seqs = 0;
+}
+
+void gptoss_scheduler_accept_drafts(gptoss_scheduler *s, gptoss_seq *seq, int32_t n_accepted) {
+    assert(n_accepted >= 0 && n_accepted <= seq->n_draft && seq->n_cached == seq->n_tokens);
+    seq->n_cached += n_accepted;
+    seq->n_draft = 0;
+    /* Pages wholly past the accepted KV go back; the partly written last one is kept and its
+     * rejected slots are overwritten by the next steps before anything reads them. */
+    const int32_t keep = blocks_for(seq->n_cached, s->block_size);
+    for (int32_t b = seq->n_blocks - 1; b >= keep; b--) {
+        if (s->has_sliding && seq->sliding_blocks[b] >= 0)
+            gptoss_kv_release(s->kv, GPTOSS_KV_POOL_SLIDING, seq->sliding_blocks[b]);
+        gptoss_kv_release(s->kv, GPTOSS_KV_POOL_FULL, seq->full_blocks[b]);
+        seq->n_blocks--;
+    }
+    publish(s, seq);
+    release_out_of_window(s, seq);
 }
 
 void gptoss_scheduler_finish(gptoss_scheduler *s, gptoss_seq *seq) {

@@ -3,7 +3,8 @@
  *
  * Owns the waiting and running queues and every sequence's KV page lists (through the
  * gptoss_kv_manager), and builds one gptoss_batch_plan per step:
- *   1. decodes of running sequences, in FCFS order, one token each;
+ *   1. decodes of running sequences, in FCFS order, one token each (plus the drafts the engine
+ *      attached, while KV and the token budget allow, each with its own logits row);
  *   2. prefill chunks of running sequences (chunked prefill, forks' recomputed tails);
  *   3. waiting sequences in FCFS order while the token budget, max_num_seqs and KV allow,
  *      starting from their longest prefix-cache hit; while others run, only when the whole
@@ -50,6 +51,11 @@ typedef struct gptoss_seq {
     int32_t sliding_low; /* SLIDING pages below this block index are released */
     uint8_t salt_digest[GPTOSS_SHA256_BYTES]; /* SHA-256 of the request's cache salt */
     int32_t n_sched;                          /* tokens scheduled this step */
+    /* Speculative decoding: draft tokens stored at tokens[n_tokens, n_tokens + n_draft) (not
+     * counted in n_tokens), verified by this step after the sequence's last token. The
+     * engine sets them on a decoding sequence before schedule; schedule may shorten them (KV
+     * or token budget) or drop them (not scheduled, preempted). */
+    int32_t n_draft;
     int32_t n_cached_prompt; /* prompt tokens served by the prefix cache at first start */
     bool started;            /* admitted at least once */
     int32_t n_preemptions;
@@ -99,6 +105,13 @@ gptoss_seq *gptoss_scheduler_plan_seq(const gptoss_scheduler *sched, int32_t i);
 /* After a successful forward: the scheduled tokens are now cached; full blocks are offered
  * to the prefix cache and SLIDING pages out of every window are released. */
 void gptoss_scheduler_commit(gptoss_scheduler *sched);
+
+/* After the commit of a step that verified seq's n_draft drafts: the first n_accepted of them
+ * (0..n_draft) were right, so their KV, written by the step, is kept (n_cached grows by
+ * n_accepted; the caller then appends them and the token after them); the KV of the rest is
+ * dropped: the pages wholly past the new end are released and later steps overwrite the
+ * rest. Only accepted tokens reach the prefix cache. */
+void gptoss_scheduler_accept_drafts(gptoss_scheduler *sched, gptoss_seq *seq, int32_t n_accepted);
 
 /* After a failed forward: forget the step (nothing was cached). */
 void gptoss_scheduler_abort_step(gptoss_scheduler *sched);

@@ -205,6 +205,11 @@ server_reply server_metrics(gptoss_server *s, const server_request *request) {
                   (double)st.generation_tokens);
         one_value(&b, "gptoss_num_preemptions_total", "counter",
                   "Sequences preempted for lack of KV blocks", m, (double)st.preemptions);
+        /* Speculative decoding (vLLM's spec_decode names). */
+        one_value(&b, "gptoss_spec_decode_num_draft_tokens_total", "counter",
+                  "Draft tokens verified", m, (double)st.draft_tokens);
+        one_value(&b, "gptoss_spec_decode_num_accepted_tokens_total", "counter",
+                  "Draft tokens accepted", m, (double)st.draft_accepted_tokens);
         family(&b, "gptoss_request_success_total", "counter", "Finished choices by finish reason");
         for (int r = 1; r < 5; r++)
             tb_printf(

@@ -1,0 +1,51 @@
+/*
+ * draft_options.c - the shared speculative-decoding options (see draft_options.h).
+ */
+#include "draft_options.h"
+
+static const char *const draft_names[] = {"none", "ngram", NULL};
+static const char *const draft_names_replay[] = {"none", "ngram", "replay", NULL};
+
+cli_draft_options cli_draft_options_default(void) {
+    gptoss_draft_options o = gptoss_engine_options_default().draft;
+    return (cli_draft_options){.kind = 0, .k = o.num_speculative_tokens, .max_batch = o.max_batch};
+}
+
+void cli_draft_option_table(cli_draft_options *d, bool with_replay,
+                            cli_option table[CLI_DRAFT_N_OPTIONS]) {
+    table[0] = (cli_option){
+        .name = "draft",
+        .kind = CLI_ENUM,
+        .target = &d->kind,
+        .choices = with_replay ? draft_names_replay : draft_names,
+        .help = with_replay ? "speculative decoding: draft tokens by prompt lookup (ngram) or\n"
+                              "from each request's recorded output (replay); outputs are\n"
+                              "unchanged (default none)"
+                            : "speculative decoding: draft tokens by prompt lookup (ngram);\n"
+                              "outputs are unchanged, decoding may be faster (default none)",
+        .error = with_replay ? "--draft must be none, ngram or replay"
+                             : "--draft must be none or ngram"};
+    table[1] = (cli_option){.name = "num-speculative-tokens",
+                            .kind = CLI_INT,
+                            .target = &d->k,
+                            .value = "K",
+                            .lo = 1,
+                            .hi = GPTOSS_MAX_SPECULATIVE_TOKENS,
+                            .help = "draft tokens per sequence and step, 1..7 (default 3)",
+                            .error = "--num-speculative-tokens needs a count in 1..7"};
+    table[2] =
+        (cli_option){.name = "draft-max-batch",
+                     .kind = CLI_INT,
+                     .target = &d->max_batch,
+                     .value = "N",
+                     .lo = 0,
+                     .hi = 1 << 20,
+                     .help = "no drafting while more sequences decode\n(default 16; 0 = no limit)",
+                     .error = "--draft-max-batch needs a count >= 0"};
+}
+
+void cli_draft_options_apply(const cli_draft_options *d, gptoss_engine_options *eo) {
+    eo->draft.kind = (gptoss_draft_kind)d->kind; /* the choices are in the enum's order */
+    eo->draft.num_speculative_tokens = (int32_t)d->k;
+    eo->draft.max_batch = (int32_t)d->max_batch;
+}
