@@ -490,9 +490,8 @@ void cli_run_text_print_options(FILE *out, int column) {
     cli_option own[N_RUN_TEXT_OWN], common[N_COMMON], draft[CLI_DRAFT_N_OPTIONS];
     run_text_table(&o, &prompt, &raw, &special, own, common);
     cli_draft_option_table(&o.draft, false, draft);
-    const cli_option_group groups[] = {{own, N_RUN_TEXT_OWN, NULL},
-                                       {common, N_COMMON, NULL},
-                                       {draft, CLI_DRAFT_N_OPTIONS, NULL}};
+    const cli_option_group groups[] = {
+        {own, N_RUN_TEXT_OWN, NULL}, {common, N_COMMON, NULL}, {draft, CLI_DRAFT_N_OPTIONS, NULL}};
     cli_print_options(out, groups, 3, column);
 }
 
