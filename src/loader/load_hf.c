@@ -9,6 +9,7 @@
  */
 #include "format/safetensors.h"
 #include "format/tensor.h"
+#include "loader/gguf_model.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "util/error.h"
@@ -158,9 +159,11 @@ gptoss_status gptoss_model_load(const char *dir, gptoss_model **out, gptoss_erro
     struct stat sb;
     if (stat(dir, &sb) != 0)
         return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: %s", dir, strerror(errno));
+    if (S_ISREG(sb.st_mode) && gptoss_gguf_sniff(dir))
+        return gptoss_gguf_model_load(dir, out, error);
     if (!S_ISDIR(sb.st_mode))
         return gptoss_set_error(error, GPTOSS_ERR_IO,
-                                "%s: not a folder (give the model folder holding config.json)",
+                                "%s: neither a model folder (holding config.json) nor a GGUF file",
                                 dir);
     gptoss_config config;
     gptoss_status st = gptoss_config_load(dir, &config, error);
