@@ -286,7 +286,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
         bool is_file = n >= 5 && !strcmp(tokenizer_path + n - 5, ".json");
         snprintf(tok_path, sizeof tok_path, is_file ? "%s" : "%s/tokenizer.json", tokenizer_path);
     } else if (model_dir) {
-        snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
+        gptoss_tokenizer_path_for_model(model_dir, tok_path, sizeof tok_path);
     } else {
         char dir[4096];
         if (!cli_find_tokenizer_dir(dir, sizeof dir)) {
