@@ -335,11 +335,11 @@ static gptoss_status parse(const uint8_t *buf, size_t size, gptoss_gguf_file *f,
     size_t left = size - c.pos;
     if (f->n_kvs > left / 13)
         return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
-                                "metadata count %llu is absurd for a %zu-byte file",
+                                "metadata count %llu is absurd for a %zu-byte file (or it is truncated)",
                                 (unsigned long long)f->n_kvs, size);
     if (f->n_tensors > left / 32)
         return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
-                                "tensor count %llu is absurd for a %zu-byte file",
+                                "tensor count %llu is absurd for a %zu-byte file (or it is truncated)",
                                 (unsigned long long)f->n_tensors, size);
     f->kvs = calloc(f->n_kvs ? f->n_kvs : 1, sizeof *f->kvs);
     f->tensors = calloc(f->n_tensors ? f->n_tensors : 1, sizeof *f->tensors);
