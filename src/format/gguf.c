@@ -334,13 +334,15 @@ static gptoss_status parse(const uint8_t *buf, size_t size, gptoss_gguf_file *f,
      * least 8 + 4 + 8 + 4 + 8. */
     size_t left = size - c.pos;
     if (f->n_kvs > left / 13)
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
-                                "metadata count %llu is absurd for a %zu-byte file (or it is truncated)",
-                                (unsigned long long)f->n_kvs, size);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_FORMAT,
+            "metadata count %llu is absurd for a %zu-byte file (or it is truncated)",
+            (unsigned long long)f->n_kvs, size);
     if (f->n_tensors > left / 32)
-        return gptoss_set_error(error, GPTOSS_ERR_FORMAT,
-                                "tensor count %llu is absurd for a %zu-byte file (or it is truncated)",
-                                (unsigned long long)f->n_tensors, size);
+        return gptoss_set_error(
+            error, GPTOSS_ERR_FORMAT,
+            "tensor count %llu is absurd for a %zu-byte file (or it is truncated)",
+            (unsigned long long)f->n_tensors, size);
     f->kvs = calloc(f->n_kvs ? f->n_kvs : 1, sizeof *f->kvs);
     f->tensors = calloc(f->n_tensors ? f->n_tensors : 1, sizeof *f->tensors);
     if (!f->kvs || !f->tensors)
@@ -569,7 +571,7 @@ static bool is_int_type(uint32_t t) {
     return t <= GPTOSS_GGUF_I32 || t == GPTOSS_GGUF_U64 || t == GPTOSS_GGUF_I64;
 }
 
-/* Integer at p of type t; *negative_huge set for u64 above INT64_MAX. */
+/* Integer at p of type t; *too_big set for a u64 above INT64_MAX. */
 static int64_t int_at(const uint8_t *p, uint32_t t, bool *too_big) {
     *too_big = false;
     switch (t) {
@@ -590,8 +592,12 @@ static int64_t int_at(const uint8_t *p, uint32_t t, bool *too_big) {
         if (v > (uint64_t)INT64_MAX) *too_big = true;
         return (int64_t)(v & (uint64_t)INT64_MAX);
     }
-    default:
+    case GPTOSS_GGUF_I64:
         return (int64_t)le64(p);
+    case GPTOSS_GGUF_BOOL:
+        return p[0];
+    default:
+        return 0; /* not an integer type: callers check first */
     }
 }
 
