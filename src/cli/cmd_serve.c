@@ -231,7 +231,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
                                "a checkpoint with `gptoss make-model` and pass -m DIR");
     if (max_num_seqs == 0) max_num_seqs = bo.kind == GPTOSS_BACKEND_CUDA ? 1024 : 64;
 
-    /* The served name defaults to the folder's last component, as vLLM does with paths. */
+    /* The served name defaults to the folder's (or GGUF file's) last component, as vLLM does
+     * with paths. */
     char name_buf[256];
     if (!served_name) {
         const char *path = model_dir ? model_dir : shape;
@@ -241,6 +242,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
         size_t start = len;
         while (start > 0 && path[start - 1] != '/')
             start--;
+        if (len - start > 5 && strncmp(path + len - 5, ".gguf", 5) == 0) len -= 5; /* a file */
         snprintf(name_buf, sizeof name_buf, "%s%.*s", model_dir ? "" : "random-",
                  (int)(len - start), path + start);
         served_name = name_buf;
