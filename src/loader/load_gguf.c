@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define MAX_POSITIONS (64 * 1024 * 1024)
 
@@ -228,9 +229,19 @@ static void free_buffer(void *p) {
     free(p);
 }
 
-/* A buffer the model will own. */
+/* A buffer the model will own. Large ones (the experts) ask for huge pages: filling tens of GB
+ * in 4 KiB pages costs millions of page faults at load. */
 static gptoss_status model_buffer(gguf_loader *ld, size_t bytes, void **out, gptoss_error *error) {
-    *out = malloc(bytes ? bytes : 1);
+    const size_t huge = (size_t)2 << 20;
+    *out = NULL;
+    if (bytes >= 32 * huge) {
+        if (posix_memalign(out, huge, bytes) != 0)
+            *out = NULL;
+        else
+            madvise(*out, bytes, MADV_HUGEPAGE); /* advice only: failure is harmless */
+    } else {
+        *out = malloc(bytes ? bytes : 1);
+    }
     if (!*out)
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
                                 "out of memory (%zu bytes) converting the GGUF tensors", bytes);
