@@ -85,10 +85,23 @@ static void put_key(gptoss_gguf_writer *w, const char *key, uint32_t type) {
     w->n_kvs++;
 }
 
+void gptoss_gguf_add_u16(gptoss_gguf_writer *w, const char *key, uint16_t v) {
+    uint8_t b[2] = {(uint8_t)v, (uint8_t)(v >> 8)};
+    put_key(w, key, GPTOSS_GGUF_U16);
+    put(w, b, 2);
+}
 void gptoss_gguf_add_u32(gptoss_gguf_writer *w, const char *key, uint32_t v) {
     put_key(w, key, GPTOSS_GGUF_U32);
     put_u32(w, v);
-    if (strcmp(key, "general.alignment") == 0) w->alignment = v;
+    /* The padding is written from a 4 KiB block of zeros: larger alignments are refused. */
+    if (strcmp(key, "general.alignment") == 0) {
+        if (v && !(v & (v - 1)) && v <= 4096)
+            w->alignment = v;
+        else {
+            w->failed = true;
+            snprintf(w->failure, sizeof w->failure, "bad alignment %u", v);
+        }
+    }
 }
 void gptoss_gguf_add_i32(gptoss_gguf_writer *w, const char *key, int32_t v) {
     put_key(w, key, GPTOSS_GGUF_I32);

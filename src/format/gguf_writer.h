@@ -22,6 +22,7 @@ void gptoss_gguf_writer_free(gptoss_gguf_writer *w);
 
 /* Metadata, in the order added. Errors (out of memory) are remembered and reported by
  * gptoss_gguf_writer_write. */
+void gptoss_gguf_add_u16(gptoss_gguf_writer *w, const char *key, uint16_t v);
 void gptoss_gguf_add_u32(gptoss_gguf_writer *w, const char *key, uint32_t v);
 void gptoss_gguf_add_i32(gptoss_gguf_writer *w, const char *key, int32_t v);
 void gptoss_gguf_add_f32(gptoss_gguf_writer *w, const char *key, float v);

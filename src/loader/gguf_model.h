@@ -13,7 +13,8 @@
 #include "format/gguf.h"
 #include "gptoss.h"
 
-/* Loads a gpt-oss GGUF file (see docs/gguf.md for what is accepted). */
+/* Loads a gpt-oss GGUF file, or the first part of a split one (see docs/gguf.md for what is
+ * accepted). */
 gptoss_status gptoss_gguf_model_load(const char *path, gptoss_model **out, gptoss_error *error);
 
 /* Fills config from the file's metadata (general.architecture "gpt-oss" keys) and the shape of

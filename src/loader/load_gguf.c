@@ -62,8 +62,8 @@ static gptoss_status get_f(const meta_reader *m, const char *key, bool required,
     return st;
 }
 
-gptoss_status gptoss_gguf_read_config(const gptoss_gguf_file *file, gptoss_config *c,
-                                      gptoss_error *error) {
+static gptoss_status read_config(const gptoss_gguf_file *file, const gptoss_gguf_tensor *embd,
+                                 gptoss_config *c, gptoss_error *error) {
     memset(c, 0, sizeof *c);
     meta_reader m = {.file = file};
     gptoss_gguf_str arch = {0};
@@ -76,7 +76,6 @@ gptoss_status gptoss_gguf_read_config(const gptoss_gguf_file *file, gptoss_confi
                                 "general.architecture is \"%.*s\"; only gpt-oss models are "
                                 "supported",
                                 (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
-    const gptoss_gguf_tensor *embd = gptoss_gguf_find_tensor(file, "token_embd.weight");
     if (!embd || embd->n_dims != 2)
         return gptoss_set_error(error, GPTOSS_ERR_MODEL,
                                 "token_embd.weight is missing or not 2-dimensional");
@@ -166,6 +165,11 @@ gptoss_status gptoss_gguf_read_config(const gptoss_gguf_file *file, gptoss_confi
     return gptoss_config_validate(c, error);
 }
 
+gptoss_status gptoss_gguf_read_config(const gptoss_gguf_file *file, gptoss_config *config,
+                                      gptoss_error *error) {
+    return read_config(file, gptoss_gguf_find_tensor(file, "token_embd.weight"), config, error);
+}
+
 /* ---- tensor conversion -------------------------------------------------------------------- */
 
 static float f16_to_f32(uint16_t h) {
@@ -214,16 +218,30 @@ static bool is_dense_type(uint32_t type) {
            type == GPTOSS_GGML_Q8_0;
 }
 
+#define MAX_SPLITS 256
+
 typedef struct gguf_loader {
     const char *path;
-    gptoss_gguf_file *file;
+    gptoss_gguf_file *files[MAX_SPLITS]; /* the file, or every part of a split one */
+    int n_files;
     gptoss_model *model;
     const gptoss_config *config;
     gptoss_tensor *views; /* HF-named views for gptoss_model_bind */
     char (*names)[96];
     size_t n_views;
-    bool *used; /* [file->n_tensors] */
+    bool *used[MAX_SPLITS]; /* [files[i]->n_tensors] tensors taken */
 } gguf_loader;
+
+static const gptoss_gguf_tensor *find_any(const gguf_loader *ld, const char *name, int *file) {
+    for (int f = 0; f < ld->n_files; f++) {
+        const gptoss_gguf_tensor *t = gptoss_gguf_find_tensor(ld->files[f], name);
+        if (t) {
+            if (file) *file = f;
+            return t;
+        }
+    }
+    return NULL;
+}
 
 static void free_buffer(void *p) {
     free(p);
@@ -264,9 +282,10 @@ static gptoss_tensor *new_view(gguf_loader *ld, const char *hf_name, int32_t n_d
 /* Finds a GGUF tensor and checks its ne against the expected HF shape (reversed). */
 static gptoss_status find(gguf_loader *ld, const char *name, int32_t n_dims, const int64_t *shape,
                           const gptoss_gguf_tensor **out, gptoss_error *error) {
-    const gptoss_gguf_tensor *t = gptoss_gguf_find_tensor(ld->file, name);
+    int f = 0;
+    const gptoss_gguf_tensor *t = find_any(ld, name, &f);
     if (!t) return gptoss_set_error(error, GPTOSS_ERR_MODEL, "tensor %s is missing", name);
-    ld->used[t - ld->file->tensors] = true;
+    ld->used[f][t - ld->files[f]->tensors] = true;
     bool ok = t->n_dims == (uint32_t)n_dims;
     for (int32_t d = 0; ok && d < n_dims; d++)
         ok = t->ne[d] == shape[n_dims - 1 - d];
@@ -516,43 +535,105 @@ static void close_file(void *handle) {
     gptoss_gguf_close(handle);
 }
 
+/* The parts of a split file (llama.cpp's gguf-split: PREFIX-00001-of-0000N.gguf, each part
+ * with split.no and split.count; metadata in the first): opens parts 2..N beside the first. */
+static gptoss_status open_parts(gguf_loader *ld, int64_t n_parts, gptoss_error *error) {
+    const char *path = ld->path;
+    int64_t no = -1;
+    gptoss_status st =
+        gptoss_gguf_get_int(ld->files[0], "split.no", true, 0, n_parts - 1, &no, error);
+    if (st) return st;
+    char suffix[64];
+    snprintf(suffix, sizeof suffix, "-%05d-of-%05d.gguf", 1, (int)n_parts);
+    size_t len = strlen(path), slen = strlen(suffix);
+    if (no != 0 || len <= slen || strcmp(path + len - slen, suffix) != 0)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "%s is part %lld of a GGUF split into %lld files: give the first "
+                                "part, named PREFIX%s",
+                                path, (long long)no + 1, (long long)n_parts, suffix);
+    if (n_parts > MAX_SPLITS)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "%s: split into %lld files (at most %d)", path, (long long)n_parts,
+                                MAX_SPLITS);
+    for (int64_t i = 1; i < n_parts; i++) {
+        char part[4096];
+        snprintf(part, sizeof part, "%.*s-%05d-of-%05d.gguf", (int)(len - slen), path, (int)i + 1,
+                 (int)n_parts);
+        gptoss_gguf_file *f = NULL;
+        if ((st = gptoss_gguf_open(part, &f, error))) return st;
+        ld->files[ld->n_files++] = f;
+        int64_t count = 0, pno = -1;
+        if ((st = gptoss_gguf_get_int(f, "split.count", true, 0, INT32_MAX, &count, error)) ||
+            (st = gptoss_gguf_get_int(f, "split.no", true, 0, INT32_MAX, &pno, error)))
+            return gptoss_error_prefix(error, "%s: ", part);
+        if (count != n_parts || pno != i)
+            return gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                    "%s: split.no %lld of split.count %lld, expected part %lld of "
+                                    "%lld",
+                                    part, (long long)pno, (long long)count, (long long)i,
+                                    (long long)n_parts);
+    }
+    int64_t total = 0, expected = -1;
+    for (int f = 0; f < ld->n_files; f++)
+        total += (int64_t)ld->files[f]->n_tensors;
+    if ((st = gptoss_gguf_get_int(ld->files[0], "split.tensors.count", false, 0, INT32_MAX,
+                                  &expected, error)))
+        return st;
+    if (expected >= 0 && expected != total)
+        return gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                "%s: split.tensors.count is %lld but the %lld parts hold %lld",
+                                path, (long long)expected, (long long)n_parts, (long long)total);
+    for (int f = 0; f < ld->n_files; f++)
+        for (int g = 0; g < f; g++)
+            for (uint64_t t = 0; t < ld->files[f]->n_tensors; t++) {
+                const gptoss_gguf_str *name = &ld->files[f]->tensors[t].name;
+                char buf[128];
+                snprintf(buf, sizeof buf, "%.*s", (int)(name->len > 120 ? 120 : name->len),
+                         name->ptr);
+                if (gptoss_gguf_find_tensor(ld->files[g], buf))
+                    return gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                            "%s: tensor %s is in two parts of the split", path,
+                                            buf);
+            }
+    return GPTOSS_OK;
+}
+
 gptoss_status gptoss_gguf_model_load(const char *path, gptoss_model **out, gptoss_error *error) {
     *out = NULL;
     double t0 = gptoss_now_seconds();
-    gptoss_gguf_file *file = NULL;
-    gptoss_status st = gptoss_gguf_open(path, &file, error);
+    gguf_loader ld = {.path = path};
+    gptoss_status st = gptoss_gguf_open(path, &ld.files[0], error);
     if (st) return st;
-    const gptoss_gguf_kv *split = gptoss_gguf_find_kv(file, "split.count");
-    int64_t n_split = 1;
-    if (split &&
-        gptoss_gguf_get_int(file, "split.count", true, 0, INT32_MAX, &n_split, NULL) == 0 &&
-        n_split > 1) {
-        gptoss_gguf_close(file);
-        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
-                                "%s: part of a GGUF split into %lld files; split files are not "
-                                "supported: merge them first (llama-gguf-split --merge)",
-                                path, (long long)n_split);
-    }
+    ld.n_files = 1;
+    int64_t n_parts = 1;
+    st = gptoss_gguf_get_int(ld.files[0], "split.count", false, 1, INT32_MAX, &n_parts, error);
+    if (!st && n_parts > 1) st = open_parts(&ld, n_parts, error);
     gptoss_config config;
-    if ((st = gptoss_gguf_read_config(file, &config, error))) {
-        gptoss_gguf_close(file);
-        return gptoss_error_prefix(error, "%s: ", path);
+    if (!st)
+        st = read_config(ld.files[0], find_any(&ld, "token_embd.weight", NULL), &config, error);
+    if (!st) st = gptoss_model_create(path, &config, &ld.model, error);
+    /* From here the model owns the files (and closes them on failure too). */
+    for (int f = 0; f < ld.n_files; f++) {
+        if (!st && ld.model)
+            st = gptoss_model_add_storage(ld.model, ld.files[f], close_file, error);
+        else if (!ld.model || st)
+            gptoss_gguf_close(ld.files[f]);
     }
-    gguf_loader ld = {.path = path, .file = file};
-    if ((st = gptoss_model_create(path, &config, &ld.model, error))) {
-        gptoss_gguf_close(file);
-        return st;
-    }
-    if ((st = gptoss_model_add_storage(ld.model, file, close_file, error))) {
+    if (st) {
         gptoss_model_free(ld.model);
+        if (strncmp(error ? error->message : "", path, strlen(path)) != 0)
+            gptoss_error_prefix(error, "%s: ", path);
         return st;
     }
     ld.config = gptoss_model_config(ld.model);
     size_t n_expected = (size_t)gptoss_weights_expected_count(ld.config);
     ld.views = calloc(n_expected, sizeof *ld.views);
     ld.names = calloc(n_expected, sizeof *ld.names);
-    ld.used = calloc(file->n_tensors ? file->n_tensors : 1, sizeof *ld.used);
-    if (!ld.views || !ld.names || !ld.used)
+    bool used_ok = true;
+    for (int f = 0; f < ld.n_files; f++)
+        used_ok &= (ld.used[f] = calloc(ld.files[f]->n_tensors ? ld.files[f]->n_tensors : 1,
+                                        sizeof *ld.used[f])) != NULL;
+    if (!ld.views || !ld.names || !used_ok)
         st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     const gptoss_config *c = ld.config;
     if (!st)
@@ -566,24 +647,26 @@ gptoss_status gptoss_gguf_model_load(const char *path, gptoss_model **out, gptos
                         error);
     for (int32_t l = 0; l < c->n_layers && !st; l++)
         st = add_layer(&ld, l, error);
-    for (uint64_t i = 0; i < file->n_tensors && !st; i++)
-        if (!ld.used[i])
-            st = gptoss_set_error(
-                error, GPTOSS_ERR_MODEL,
-                "unexpected tensor %.*s (not part of a gpt-oss model with this "
-                "metadata)",
-                (int)(file->tensors[i].name.len > 80 ? 80 : file->tensors[i].name.len),
-                file->tensors[i].name.ptr);
+    for (int f = 0; f < ld.n_files && !st; f++)
+        for (uint64_t i = 0; i < ld.files[f]->n_tensors && !st; i++)
+            if (!ld.used[f][i]) {
+                const gptoss_gguf_str *name = &ld.files[f]->tensors[i].name;
+                st = gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                      "unexpected tensor %.*s (not part of a gpt-oss model with "
+                                      "this metadata)",
+                                      (int)(name->len > 80 ? 80 : name->len), name->ptr);
+            }
     if (!st) st = gptoss_model_bind(ld.model, ld.views, NULL, ld.n_views, error);
     free(ld.views);
     free(ld.names);
-    free(ld.used);
+    for (int f = 0; f < ld.n_files; f++)
+        free(ld.used[f]);
     if (st) {
         gptoss_model_free(ld.model);
         return gptoss_error_prefix(error, "%s: ", path);
     }
-    GPTOSS_LOG_I("gguf", "%s: %d layers, %d experts, converted in %.2f s", path, c->n_layers,
-                 c->n_experts, gptoss_now_seconds() - t0);
+    GPTOSS_LOG_I("gguf", "%s: %d layers, %d experts, %d file(s), converted in %.2f s", path,
+                 c->n_layers, c->n_experts, ld.n_files, gptoss_now_seconds() - t0);
     *out = ld.model;
     return GPTOSS_OK;
 }

@@ -7,7 +7,9 @@
  *     every id of the >= 2 MB tokenizer corpus (tests/tokenizer/corpus.mjs) in both modes;
  *   - the load-time conversions of other ggml types: F16 and Q8_0 matrices match an
  *     independent dequantization here; types that cannot hold these weights are refused
- *     naming the tensor and the type; split files are refused.
+ *     naming the tensor and the type;
+ *   - a file split in three as llama.cpp's gguf-split does loads from its first part with the
+ *     same logits; a later or missing part is refused by name.
  */
 #include "model_fixture.h"
 #include "test_support.h"
@@ -312,31 +314,51 @@ static gptoss_status requant_fill(void *user, size_t index, uint8_t *out, size_t
     return GPTOSS_OK;
 }
 
+/* Copies the metadata of a file written by convert (the value types it uses). */
+static void copy_metadata(gptoss_gguf_writer *w, const gptoss_gguf_file *src) {
+    for (uint64_t i = 0; i < src->n_kvs; i++) {
+        const gptoss_gguf_kv *kv = &src->kvs[i];
+        char key[128];
+        snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.ptr);
+        uint32_t u = 0;
+        if (kv->type == GPTOSS_GGUF_U32 || kv->type == GPTOSS_GGUF_F32)
+            u = (uint32_t)kv->data[0] | (uint32_t)kv->data[1] << 8 | (uint32_t)kv->data[2] << 16 |
+                (uint32_t)kv->data[3] << 24;
+        if (kv->type == GPTOSS_GGUF_STRING) {
+            gptoss_gguf_add_string(w, key, kv->str.ptr, kv->str.len);
+        } else if (kv->type == GPTOSS_GGUF_U32) {
+            gptoss_gguf_add_u32(w, key, u);
+        } else if (kv->type == GPTOSS_GGUF_F32) {
+            float f;
+            memcpy(&f, &u, 4);
+            gptoss_gguf_add_f32(w, key, f);
+        } else if (kv->type == GPTOSS_GGUF_ARRAY && kv->elem_type == GPTOSS_GGUF_STRING) {
+            const char **texts = malloc(kv->count * sizeof *texts);
+            size_t *lens = malloc(kv->count * sizeof *lens);
+            for (uint64_t j = 0; j < kv->count; j++)
+                texts[j] = kv->strings[j].ptr, lens[j] = (size_t)kv->strings[j].len;
+            gptoss_gguf_add_array_strings(w, key, kv->count, texts, lens);
+            free(texts);
+            free(lens);
+        } else if (kv->type == GPTOSS_GGUF_ARRAY && kv->elem_type == GPTOSS_GGUF_I32) {
+            int32_t *v = malloc(kv->count * sizeof *v);
+            for (uint64_t j = 0; j < kv->count; j++)
+                v[j] = (int32_t)gptoss_gguf_array_int(kv, j);
+            gptoss_gguf_add_array_i32(w, key, kv->count, v);
+            free(v);
+        } else {
+            fail_msg("copy_metadata: %s has an unexpected type", key);
+        }
+    }
+}
+
 static void test_q8_0_matrices(void **state) {
     (void)state;
     gptoss_error err = {0};
     requant rq = {0};
     if (gptoss_gguf_open(tiny_gguf, &rq.src, &err) != GPTOSS_OK) fail_msg("%s", err.message);
     gptoss_gguf_writer *w = gptoss_gguf_writer_new();
-    /* Copy the metadata that the loader and tokenizer read. */
-    for (uint64_t i = 0; i < rq.src->n_kvs; i++) {
-        const gptoss_gguf_kv *kv = &rq.src->kvs[i];
-        char key[128];
-        snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.ptr);
-        if (kv->type == GPTOSS_GGUF_STRING) {
-            gptoss_gguf_add_string(w, key, kv->str.ptr, kv->str.len);
-        } else if (kv->type == GPTOSS_GGUF_U32) {
-            int64_t v = 0;
-            gptoss_gguf_get_int(rq.src, key, true, 0, UINT32_MAX, &v, &err);
-            gptoss_gguf_add_u32(w, key, (uint32_t)v);
-        } else if (kv->type == GPTOSS_GGUF_F32) {
-            uint32_t u = (uint32_t)kv->data[0] | (uint32_t)kv->data[1] << 8 |
-                         (uint32_t)kv->data[2] << 16 | (uint32_t)kv->data[3] << 24;
-            float f;
-            memcpy(&f, &u, 4);
-            gptoss_gguf_add_f32(w, key, f);
-        }
-    }
+    copy_metadata(w, rq.src);
     for (uint64_t i = 0; i < rq.src->n_tensors; i++) {
         const gptoss_gguf_tensor *t = &rq.src->tensors[i];
         char name[128];
@@ -404,7 +426,7 @@ static gptoss_status zero_fill(void *user, size_t index, uint8_t *out, size_t n_
     return GPTOSS_OK;
 }
 
-static void test_split_and_foreign_files_refused(void **state) {
+static void test_bad_split_and_foreign_files_refused(void **state) {
     (void)state;
     char *dir = ts_mkdtemp();
     const struct {
@@ -413,7 +435,7 @@ static void test_split_and_foreign_files_refused(void **state) {
         gptoss_status status;
         const char *fragment;
     } cases[] = {
-        {"gpt-oss", 3, GPTOSS_ERR_UNSUPPORTED, "split files are not supported"},
+        {"gpt-oss", 3, GPTOSS_ERR_MODEL, "metadata key split.no is missing"},
         {"llama", 0, GPTOSS_ERR_UNSUPPORTED, "general.architecture is \"llama\""},
         {"gpt-oss", 0, GPTOSS_ERR_MODEL, "metadata key gpt-oss.block_count is missing"},
     };
@@ -437,6 +459,87 @@ static void test_split_and_foreign_files_refused(void **state) {
     free(dir);
 }
 
+/* Tensors of one part of a split: the source tensors i with i % n_parts == part. */
+typedef struct split_part {
+    const gptoss_gguf_file *src;
+    int part, n_parts;
+} split_part;
+
+static gptoss_status part_fill(void *user, size_t index, uint8_t *out, size_t n_bytes,
+                               gptoss_error *error) {
+    (void)error;
+    const split_part *p = user;
+    memcpy(out, p->src->tensors[index * (size_t)p->n_parts + (size_t)p->part].data, n_bytes);
+    return GPTOSS_OK;
+}
+
+/* Writes tiny.gguf as n_parts files the way llama.cpp's gguf-split names and marks them. */
+static void write_split(const char *prefix, int n_parts) {
+    gptoss_gguf_file *src = NULL;
+    gptoss_error err = {0};
+    if (gptoss_gguf_open(tiny_gguf, &src, &err) != GPTOSS_OK) fail_msg("%s", err.message);
+    for (int part = 0; part < n_parts; part++) {
+        gptoss_gguf_writer *w = gptoss_gguf_writer_new();
+        if (part == 0) copy_metadata(w, src);
+        gptoss_gguf_add_u16(w, "split.no", (uint16_t)part);
+        gptoss_gguf_add_u16(w, "split.count", (uint16_t)n_parts);
+        gptoss_gguf_add_i32(w, "split.tensors.count", (int32_t)src->n_tensors);
+        for (uint64_t i = (uint64_t)part; i < src->n_tensors; i += (uint64_t)n_parts) {
+            const gptoss_gguf_tensor *t = &src->tensors[i];
+            char name[128];
+            snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+            gptoss_gguf_add_tensor(w, name, t->n_dims, t->ne, t->type);
+        }
+        char path[4200];
+        snprintf(path, sizeof path, "%s-%05d-of-%05d.gguf", prefix, part + 1, n_parts);
+        split_part p = {src, part, n_parts};
+        if (gptoss_gguf_writer_write(w, path, part_fill, &p, &err) != GPTOSS_OK)
+            fail_msg("%s", err.message);
+        gptoss_gguf_writer_free(w);
+    }
+    gptoss_gguf_close(src);
+}
+
+static void test_split_files(void **state) {
+    (void)state;
+    char *dir = ts_mkdtemp();
+    char *prefix = ts_path(dir, "tiny");
+    write_split(prefix, 3);
+    char first[4200], second[4200], third[4200];
+    snprintf(first, sizeof first, "%s-00001-of-00003.gguf", prefix);
+    snprintf(second, sizeof second, "%s-00002-of-00003.gguf", prefix);
+    snprintf(third, sizeof third, "%s-00003-of-00003.gguf", prefix);
+    /* The same logits and tokenizer as the single file. */
+    gptoss_model *whole = load(tiny_gguf), *split = load(first);
+    int32_t ids[20];
+    for (int32_t i = 0; i < 20; i++)
+        ids[i] = 500 + 101 * i;
+    tm_sequence seq = {ids, 20};
+    size_t n = (size_t)20 * (size_t)gptoss_model_config(whole)->vocab_size;
+    float *la = tm_run_all_logits(whole, GPTOSS_BACKEND_CPU, &seq, 1, 0, 16);
+    float *lb = tm_run_all_logits(split, GPTOSS_BACKEND_CPU, &seq, 1, 0, 16);
+    assert_memory_equal(la, lb, n * sizeof *la);
+    free(la);
+    free(lb);
+    gptoss_model_free(whole);
+    gptoss_model_free(split);
+    gptoss_tokenizer *tok = NULL;
+    gptoss_error err = {0};
+    assert_int_equal(gptoss_tokenizer_load(first, &tok, &err), GPTOSS_OK);
+    assert_int_equal(gptoss_tokenizer_n_vocab(tok), 200019);
+    gptoss_tokenizer_free(tok);
+    /* A later part is refused with the name to give; a missing part is named. */
+    gptoss_model *model = NULL;
+    assert_int_equal(gptoss_model_load(second, &model, &err), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.message, "part 2 of a GGUF split into 3 files: give the first"));
+    assert_int_equal(remove(third), 0);
+    assert_int_equal(gptoss_model_load(first, &model, &err), GPTOSS_ERR_IO);
+    assert_non_null(strstr(err.message, third));
+    ts_rmtree(dir);
+    free(dir);
+    free(prefix);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_logits_identical),
@@ -444,7 +547,8 @@ int main(void) {
         cmocka_unit_test(test_f16_matrix),
         cmocka_unit_test(test_unsupported_types_refused),
         cmocka_unit_test(test_q8_0_matrices),
-        cmocka_unit_test(test_split_and_foreign_files_refused),
+        cmocka_unit_test(test_bad_split_and_foreign_files_refused),
+        cmocka_unit_test(test_split_files),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
