@@ -350,15 +350,13 @@ static job plain(job_kind kind, const gptoss_tensor *t) {
 
 gptoss_status gptoss_gguf_convert(const char *model_dir, const char *out_path,
                                   gptoss_error *error) {
+    struct stat sb;
+    if (stat(model_dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "%s: convert reads a Hugging Face folder, not a file", model_dir);
     gptoss_model *model = NULL;
     gptoss_status st = gptoss_model_load(model_dir, &model, error);
     if (st) return st;
-    struct stat sb;
-    if (stat(model_dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
-        gptoss_model_free(model);
-        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                "%s: convert reads a Hugging Face folder, not a file", model_dir);
-    }
     const gptoss_config *c = gptoss_model_config(model);
     const gptoss_weights *wt = gptoss_model_weights(model);
     gptoss_gguf_writer *w = gptoss_gguf_writer_new();
