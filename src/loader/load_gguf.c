@@ -404,16 +404,14 @@ static void repack_mxfp4(const gptoss_gguf_tensor *src, int64_t E, int64_t R, in
         uint8_t *ob = blocks + (size_t)drow * (size_t)G * 16;
         uint8_t *os = scales + (size_t)drow * (size_t)G;
         for (int64_t g = 0; g < G; g++) {
-            const uint8_t *blk = in + g * 17;
+            const uint8_t *blk = in + g * 17, *qs = blk + 1;
+            uint8_t *o = ob + g * 16;
             os[g] = blk[0];
-            const uint8_t *qs = blk + 1;
-            uint8_t lane[32];
-            for (int j = 0; j < 16; j++) {
-                lane[j] = qs[j] & 15;
-                lane[j + 16] = qs[j] >> 4;
+            /* Lanes 0..15 are the low nibbles of qs, lanes 16..31 the high ones. */
+            for (int b = 0; b < 8; b++) {
+                o[b] = (uint8_t)((qs[2 * b] & 15) | (qs[2 * b + 1] & 15) << 4);
+                o[b + 8] = (uint8_t)((qs[2 * b] >> 4) | (qs[2 * b + 1] & 0xf0));
             }
-            for (int b = 0; b < 16; b++)
-                ob[g * 16 + b] = (uint8_t)(lane[2 * b] | lane[2 * b + 1] << 4);
         }
     }
 }
