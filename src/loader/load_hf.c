@@ -1,7 +1,7 @@
 /*
  * load_hf.c - gptoss_model_load for a Hugging Face gpt-oss folder: config.json, the presence of
  * tokenizer.json, and the safetensors weights (one model.safetensors, or shards listed by
- * model.safetensors.index.json).
+ * model.safetensors.index.json). A path to a GGUF file is handed to load_gguf.c.
  *
  * Owns: finding and opening the files and checking that the index and the shard headers
  * agree. Each mapped shard is handed to the model as storage, and every tensor as a view, so
