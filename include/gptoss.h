@@ -92,6 +92,8 @@ typedef struct gptoss_model gptoss_model;
 
 /* Loads a Hugging Face gpt-oss model folder: config.json, tokenizer.json and the safetensors
  * weights (one file or sharded with model.safetensors.index.json), memory-mapped, zero-copy.
+ * A path to a GGUF file (llama.cpp's gpt-oss layout, or the first part of a split one) is
+ * loaded from that file instead (docs/gguf.md).
  * Every header, dtype, shape and byte range is validated; missing and unexpected tensors are
  * listed in the error. On success *out owns the mappings until gptoss_model_free. */
 gptoss_status gptoss_model_load(const char *dir, gptoss_model **out, gptoss_error *error);

@@ -19,6 +19,7 @@ typedef int (*gptoss_cli_fn)(int argc, char **argv);
 int gptoss_cmd_run(int argc, char **argv);
 int gptoss_cmd_info(int argc, char **argv);
 int gptoss_cmd_make_model(int argc, char **argv);
+int gptoss_cmd_convert(int argc, char **argv); /* cmd_convert.c */
 int gptoss_cmd_bench(int argc, char **argv);
 int cli_bench_engine(int argc, char **argv); /* gptoss bench --engine (cmd_bench_engine.c) */
 int gptoss_cmd_tokenize(int argc, char **argv);

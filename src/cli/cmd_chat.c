@@ -76,7 +76,7 @@ static gptoss_status session_open(session *s, const char *dir, gptoss_backend_op
                                   gptoss_error *err) {
     memset(s, 0, sizeof *s);
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    gptoss_tokenizer_path_for_model(dir, path, sizeof path);
     gptoss_status st = gptoss_tokenizer_load(path, &s->tokenizer, err);
     if (st) return st;
     if ((st = gptoss_model_load(dir, &s->model, err))) return st;

@@ -10,12 +10,12 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
-    fprintf(out, "usage: gptoss info -m DIR [--tensors]\n\n"
-                 "Validates a gpt-oss checkpoint folder and prints its configuration, parameter "
-                 "counts, bytes,\n"
-                 "and the KV cache cost per token.\n\n"
+    fprintf(out, "usage: gptoss info -m DIR|FILE.gguf [--tensors]\n\n"
+                 "Validates a gpt-oss checkpoint (a folder or a GGUF file) and prints its\n"
+                 "configuration, parameter counts, bytes, and the KV cache cost per token.\n\n"
                  "options:\n");
     cli_print_options(out, groups, n_groups, 20);
 }
@@ -35,7 +35,7 @@ int gptoss_cmd_info(int argc, char **argv) {
     cli_model_options mo = cli_model_options_default();
     cli_option shared[CLI_MODEL_N_OPTIONS];
     cli_model_option_table(&mo, shared);
-    shared[0].help = "the model folder, or a repo id in the local Hugging Face\ncache";
+    shared[0].help = "the model folder, a GGUF file, or a repo id in the local Hugging\nFace cache";
     const cli_option own[] = {{.name = "tensors",
                                .kind = CLI_FLAG,
                                .target = &tensors,
@@ -60,7 +60,9 @@ int gptoss_cmd_info(int argc, char **argv) {
     int32_t n_sliding = 0;
     for (int32_t l = 0; l < c->n_layers; l++)
         n_sliding += c->layer_is_sliding[l];
-    printf("model: %s\n", model_dir);
+    struct stat sb;
+    bool is_file = stat(model_dir, &sb) == 0 && S_ISREG(sb.st_mode);
+    printf("model: %s (%s)\n", model_dir, is_file ? "GGUF file" : "Hugging Face folder");
     printf("  layers %d (%d sliding window %d, %d full), hidden %d, expert width %d\n", c->n_layers,
            n_sliding, c->sliding_window, c->n_layers - n_sliding, c->hidden_size,
            c->intermediate_size);

@@ -367,7 +367,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
     }
 
     /* The served name defaults to the repo id (openai/gpt-oss-20b) for a model from the
-     * Hugging Face cache, else to the folder's last component, as vLLM does with paths. */
+     * Hugging Face cache, else to the folder's (or GGUF file's) last component, as vLLM does
+     * with paths. */
     char name_buf[256];
     if (!served_name && model_dir) served_name = mo.model_id;
     if (!served_name) {
@@ -378,6 +379,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
         size_t start = len;
         while (start > 0 && path[start - 1] != '/')
             start--;
+        if (len - start > 5 && strncmp(path + len - 5, ".gguf", 5) == 0) len -= 5; /* a file */
         snprintf(name_buf, sizeof name_buf, "%s%.*s", model_dir ? "" : "random-",
                  (int)(len - start), path + start);
         served_name = name_buf;
@@ -426,7 +428,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
         bool is_file = n >= 5 && !strcmp(tokenizer_path + n - 5, ".json");
         snprintf(tok_path, sizeof tok_path, is_file ? "%s" : "%s/tokenizer.json", tokenizer_path);
     } else if (model_dir) {
-        snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
+        gptoss_tokenizer_path_for_model(model_dir, tok_path, sizeof tok_path);
     } else {
         char dir[4096];
         if (!cli_find_tokenizer_dir(dir, sizeof dir)) {

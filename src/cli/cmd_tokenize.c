@@ -123,7 +123,7 @@ static gptoss_status load_tokenizer(const tok_options *opt, gptoss_tokenizer **t
     size_t n = strlen(opt->model_dir) + sizeof "/tokenizer.json";
     char *path = malloc(n);
     if (!path) return gptoss_set_error(err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
-    snprintf(path, n, "%s/tokenizer.json", opt->model_dir);
+    gptoss_tokenizer_path_for_model(opt->model_dir, path, n);
     gptoss_status st = gptoss_tokenizer_load(path, tok, err);
     free(path);
     return st;

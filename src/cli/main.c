@@ -19,6 +19,7 @@ static const cli_command commands[] = {
     {"info", gptoss_cmd_info, "what a checkpoint holds and what its KV cache costs"},
     {"make-model", gptoss_cmd_make_model,
      "write a random-weight checkpoint (tiny, 20b, 120b, config)"},
+    {"convert", gptoss_cmd_convert, "write a model folder as one GGUF file (--to gguf)"},
     {"tokenize", gptoss_cmd_tokenize, "text on stdin -> o200k_harmony token ids"},
     {"detokenize", gptoss_cmd_detokenize, "token ids on stdin -> text"},
     {"chat", gptoss_cmd_chat, "interactive chat in the terminal (streams reasoning and answer)"},

@@ -1,7 +1,7 @@
 /*
  * load_hf.c - gptoss_model_load for a Hugging Face gpt-oss folder: config.json, the presence of
  * tokenizer.json, and the safetensors weights (one model.safetensors, or shards listed by
- * model.safetensors.index.json).
+ * model.safetensors.index.json). A path to a GGUF file is handed to load_gguf.c.
  *
  * Owns: finding and opening the files and checking that the index and the shard headers
  * agree. Each mapped shard is handed to the model as storage, and every tensor as a view, so
@@ -9,6 +9,7 @@
  */
 #include "format/safetensors.h"
 #include "format/tensor.h"
+#include "loader/gguf_model.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "util/error.h"
@@ -189,9 +190,11 @@ gptoss_status gptoss_model_load(const char *dir, gptoss_model **out, gptoss_erro
     struct stat sb;
     if (stat(dir, &sb) != 0)
         return gptoss_set_error(error, GPTOSS_ERR_IO, "%s: %s", dir, strerror(errno));
+    if (S_ISREG(sb.st_mode) && gptoss_gguf_sniff(dir))
+        return gptoss_gguf_model_load(dir, out, error);
     if (!S_ISDIR(sb.st_mode))
         return gptoss_set_error(error, GPTOSS_ERR_IO,
-                                "%s: not a folder (give the model folder holding config.json)",
+                                "%s: neither a model folder (holding config.json) nor a GGUF file",
                                 dir);
     gptoss_status st = check_not_original(dir, error);
     if (st != GPTOSS_OK) return st;

@@ -2,8 +2,8 @@
  * model.h - how a loader builds a gptoss_model: it creates the model from a validated config,
  * hands over the storage its tensors live in, and binds the tensor views by name.
  *
- * Owns: the contract between model/ and the loaders (loader/load_hf.c today, a GGUF loader
- * beside it later). The model never looks inside the storage; it keeps each handle alive and
+ * Owns: the contract between model/ and the loaders (loader/load_hf.c and
+ * loader/load_gguf.c). The model never looks inside the storage; it keeps each handle alive and
  * calls its close function when the model is freed.
  * Must not: name any file format.
  */

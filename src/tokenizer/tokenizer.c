@@ -11,6 +11,7 @@
  */
 #include "tokenizer/tokenizer_internal.h"
 
+#include "format/gguf.h"
 #include "util/json_scan.h"
 #include "util/utf8.h"
 #include "util/error.h"
@@ -119,32 +120,80 @@ static gptoss_status pool_append(loader *ld, const void *bytes, size_t len, uint
     return GPTOSS_OK;
 }
 
-/* Converts the scanner's current string from the byte-level alphabet to raw bytes, in place
- * (the raw form is never longer). */
-static gptoss_status unmap_byte_alphabet(loader *ld, gptoss_error *error) {
-    gptoss_jscan *scan = &ld->scan;
-    const unsigned char *in = (const unsigned char *)scan->scratch;
-    unsigned char *out = (unsigned char *)scan->scratch;
-    size_t n_in = scan->scratch_len, n_out = 0;
+/* Converts a byte-level alphabet string to raw bytes in place (the raw form is never longer).
+ * Returns SIZE_MAX, or the byte offset of the first character outside the alphabet. The input
+ * must be valid UTF-8. */
+static size_t unmap_bytes(const int16_t *alphabet, unsigned char *buf, size_t n_in,
+                          size_t *n_out_ret) {
+    size_t n_out = 0;
     for (size_t i = 0; i < n_in;) {
         uint32_t cp;
-        size_t len = gptoss_utf8_sequence_length(in + i, n_in - i); /* valid: the scanner checked */
+        size_t len = gptoss_utf8_sequence_length(buf + i, n_in - i);
+        if (len == 0) return i;
         if (len == 1)
-            cp = in[i];
+            cp = buf[i];
         else if (len == 2)
-            cp = ((uint32_t)(in[i] & 0x1F) << 6) | (in[i + 1] & 0x3F);
+            cp = ((uint32_t)(buf[i] & 0x1F) << 6) | (buf[i + 1] & 0x3F);
         else
             cp = 0x144; /* 3- and 4-byte sequences are all above the alphabet */
-        if (cp >= 0x144 || ld->alphabet[cp] < 0)
-            return gptoss_jscan_fail(scan, error,
-                                     "vocab key \"%.40s\" has a character (at byte %zu) outside "
-                                     "the byte-level alphabet; "
-                                     "tokenizer.json vocab keys must be GPT-2 byte-level strings",
-                                     scan->scratch, i);
-        out[n_out++] = (unsigned char)ld->alphabet[cp];
+        if (cp >= 0x144 || alphabet[cp] < 0) return i;
+        buf[n_out++] = (unsigned char)alphabet[cp];
         i += len;
     }
+    *n_out_ret = n_out;
+    return SIZE_MAX;
+}
+
+/* Converts the scanner's current string from the byte-level alphabet to raw bytes, in place. */
+static gptoss_status unmap_byte_alphabet(loader *ld, gptoss_error *error) {
+    gptoss_jscan *scan = &ld->scan;
+    size_t n_out = 0;
+    size_t bad =
+        unmap_bytes(ld->alphabet, (unsigned char *)scan->scratch, scan->scratch_len, &n_out);
+    if (bad != SIZE_MAX)
+        return gptoss_jscan_fail(scan, error,
+                                 "vocab key \"%.40s\" has a character (at byte %zu) outside "
+                                 "the byte-level alphabet; "
+                                 "tokenizer.json vocab keys must be GPT-2 byte-level strings",
+                                 scan->scratch, bad);
     scan->scratch_len = n_out;
+    return GPTOSS_OK;
+}
+
+/* Appends one ordinary token (raw bytes) to the vocab being read. */
+static gptoss_status add_vocab_entry(loader *ld, int32_t id, const void *bytes, size_t len,
+                                     gptoss_error *error) {
+    if (ld->n_vocab_entries == ld->vocab_cap) {
+        size_t cap = ld->vocab_cap ? ld->vocab_cap * 2 : 1u << 18;
+        vocab_entry *grown = realloc(ld->vocab, cap * sizeof *grown);
+        if (!grown)
+            return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s",
+                                    ld->scan.what);
+        ld->vocab = grown;
+        ld->vocab_cap = cap;
+    }
+    vocab_entry *entry = &ld->vocab[ld->n_vocab_entries++];
+    entry->id = id;
+    entry->len = (uint32_t)len;
+    return pool_append(ld, bytes, len, &entry->offset, error);
+}
+
+/* Appends one special token (its text) to the specials being read. */
+static gptoss_status add_special(loader *ld, int32_t id, const void *text, size_t len, size_t *cap,
+                                 gptoss_error *error) {
+    gptoss_tokenizer *tok = ld->tok;
+    uint32_t offset;
+    gptoss_status st = pool_append(ld, text, len, &offset, error);
+    if (st) return st;
+    if ((size_t)tok->n_special == *cap) {
+        *cap = *cap ? *cap * 2 : 32;
+        gptoss_special_token *grown = realloc(tok->specials, *cap * sizeof *grown);
+        if (!grown)
+            return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s",
+                                    ld->scan.what);
+        tok->specials = grown;
+    }
+    tok->specials[tok->n_special++] = (gptoss_special_token){id, offset, (uint32_t)len};
     return GPTOSS_OK;
 }
 
@@ -175,21 +224,7 @@ static gptoss_status read_vocab(loader *ld, gptoss_error *error) {
             if (error) gptoss_error_prefix(error, "vocab id: ");
             break;
         }
-        if (ld->n_vocab_entries == ld->vocab_cap) {
-            size_t cap = ld->vocab_cap ? ld->vocab_cap * 2 : 1u << 18;
-            vocab_entry *grown = realloc(ld->vocab, cap * sizeof *grown);
-            if (!grown) {
-                st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s",
-                                      scan->what);
-                break;
-            }
-            ld->vocab = grown;
-            ld->vocab_cap = cap;
-        }
-        vocab_entry *entry = &ld->vocab[ld->n_vocab_entries++];
-        entry->id = (int32_t)id;
-        entry->len = (uint32_t)scan->scratch_len;
-        if ((st = pool_append(ld, scan->scratch, scan->scratch_len, &entry->offset, error))) break;
+        if ((st = add_vocab_entry(ld, (int32_t)id, scan->scratch, scan->scratch_len, error))) break;
         st = gptoss_jscan_object_next(scan, &more, error);
     }
     return st;
@@ -510,6 +545,8 @@ gptoss_status gptoss_tokenizer_load(const char *tokenizer_json_path, gptoss_toke
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                 "gptoss_tokenizer_load: NULL argument");
     *out = NULL;
+    if (gptoss_gguf_sniff(tokenizer_json_path))
+        return gptoss_tokenizer_load_gguf(tokenizer_json_path, out, error);
     char *data = NULL;
     size_t len = 0;
     gptoss_status st = read_file(tokenizer_json_path, &data, &len, error);
@@ -530,6 +567,54 @@ gptoss_status gptoss_tokenizer_load(const char *tokenizer_json_path, gptoss_toke
     gptoss_jscan_free(&ld.scan);
     free(ld.vocab);
     free(data);
+    if (st) {
+        gptoss_tokenizer_free(ld.tok);
+        return st;
+    }
+    *out = ld.tok;
+    return GPTOSS_OK;
+}
+
+gptoss_status gptoss_tok_build(const char *what, const gptoss_tok_source *tokens, size_t n,
+                               gptoss_tokenizer **out, gptoss_error *error) {
+    *out = NULL;
+    loader ld;
+    memset(&ld, 0, sizeof ld);
+    byte_alphabet_inverse(ld.alphabet);
+    ld.scan.what = what;
+    ld.tok = calloc(1, sizeof *ld.tok);
+    unsigned char *buf = malloc(MAX_TOKEN_BYTES);
+    gptoss_status st = GPTOSS_OK;
+    if (!ld.tok || !buf)
+        st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory loading %s", what);
+    size_t special_cap = 0;
+    for (size_t i = 0; i < n && !st; i++) {
+        const gptoss_tok_source *t = &tokens[i];
+        if (t->len == 0 || t->len > MAX_TOKEN_BYTES) {
+            st = gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: token %d has %zu bytes (1 to %d)",
+                                  what, t->id, t->len, MAX_TOKEN_BYTES);
+        } else if (t->id < 0 || t->id >= (t->special ? MAX_SPECIAL_ID : MAX_ORDINARY_ID)) {
+            st = gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s: token id %d is out of range", what,
+                                  t->id);
+        } else if (t->special) {
+            st = add_special(&ld, t->id, t->text, t->len, &special_cap, error);
+        } else {
+            memcpy(buf, t->text, t->len);
+            size_t n_out = 0;
+            size_t bad = unmap_bytes(ld.alphabet, buf, t->len, &n_out);
+            if (bad != SIZE_MAX)
+                st = gptoss_set_error(error, GPTOSS_ERR_FORMAT,
+                                      "%s: token %d \"%.*s\" has a character (at byte %zu) outside "
+                                      "the GPT-2 byte-level alphabet",
+                                      what, t->id, (int)(t->len > 40 ? 40 : t->len), t->text, bad);
+            else
+                st = add_vocab_entry(&ld, t->id, buf, n_out, error);
+        }
+    }
+    free(buf);
+    if (!st) st = build_tables(&ld, error);
+    if (!st) st = gptoss_tok_regex_compile(ld.tok, error);
+    free(ld.vocab);
     if (st) {
         gptoss_tokenizer_free(ld.tok);
         return st;

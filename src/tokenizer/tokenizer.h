@@ -39,6 +39,12 @@ void gptoss_tokens_free(gptoss_tokens *tokens);
  * concurrently once loaded (nothing below mutates it). */
 gptoss_status gptoss_tokenizer_load(const char *tokenizer_json_path, gptoss_tokenizer **out,
                                     gptoss_error *error);
+/* A GGUF file given to gptoss_tokenizer_load is read instead from its tokenizer.ggml.* metadata
+ * (tokenizer_gguf.c): the same tokenizer, id for id, as its model's tokenizer.json. */
+
+/* Where the tokenizer of a model path is: the file itself for a GGUF file, else
+ * MODEL/tokenizer.json. False if it does not fit in size bytes. */
+bool gptoss_tokenizer_path_for_model(const char *model_path, char *out, size_t size);
 void gptoss_tokenizer_free(gptoss_tokenizer *tokenizer);
 
 /* Number of token ids the tokenizer knows (ordinary + special), i.e. max id + 1. */

@@ -54,6 +54,23 @@ struct gptoss_tokenizer {
     bool regex_jit;                 /* whether the regex was JIT-compiled */
 };
 
+/* One token given to gptoss_tok_build. */
+typedef struct gptoss_tok_source {
+    int32_t id;
+    const char *text; /* ordinary: GPT-2 byte-level alphabet; special: the text itself */
+    size_t len;
+    bool special;
+} gptoss_tok_source;
+
+/* Builds a tokenizer from a token list, with the same checks and tables as the tokenizer.json
+ * loader (tokenizer_gguf.c reads GGUF vocabularies through it). */
+gptoss_status gptoss_tok_build(const char *what, const gptoss_tok_source *tokens, size_t n,
+                               gptoss_tokenizer **out, gptoss_error *error);
+
+/* Loads the vocabulary of a GGUF file (tokenizer_gguf.c). */
+gptoss_status gptoss_tokenizer_load_gguf(const char *path, gptoss_tokenizer **out,
+                                         gptoss_error *error);
+
 /* 64-bit hash of a byte string (fast, not cryptographic). */
 uint64_t gptoss_tok_hash(const unsigned char *bytes, size_t len);
 

@@ -33,7 +33,7 @@ cd "$work" || exit 1
 unset HF_HUB_CACHE HF_HOME XDG_CACHE_HOME
 
 # info_dir ARGS...: the folder `gptoss info ARGS` loaded ("model: DIR"), or its error.
-info_dir() { "$bin" info "$@" 2>&1 | sed -n 's/^model: //p;s/^gptoss: error: //p' | head -1; }
+info_dir() { "$bin" info "$@" 2>&1 | sed -n 's/^model: \(.*\) (Hugging Face folder)$/\1/p;s/^model: \(.*\) (GGUF file)$/\1/p;s/^gptoss: error: //p' | head -1; }
 [ "$(HF_HOME="$work/hf" info_dir -m openai/gpt-oss-20b)" = "$snap_main" ] ||
     fail "HF_HOME: $(HF_HOME="$work/hf" "$bin" info -m openai/gpt-oss-20b 2>&1 | head -3)"
 [ "$(HF_HUB_CACHE="$hub" HF_HOME="$work/elsewhere" info_dir -m openai/gpt-oss-20b)" = "$snap_main" ] ||

@@ -4,7 +4,8 @@
 # Every `#include "layer/..."` in src/<layer>/ must name the layer itself or one it may use,
 # per the table below. The table is ordered bottom-up and a layer may only use layers listed
 # before it, so an include graph that passes has no cycle between layers. An entry with a
-# slash allows one header only: model/ may see the tensor view of format/, never a reader.
+# slash allows one header only: model/ may see the tensor view of format/, never a reader;
+# tokenizer/ may use the GGUF reader, to take a vocabulary from a GGUF file's metadata.
 # The public headers of include/ (gptoss.h, gptoss_engine.h) may be included anywhere; they may
 # include each other and nothing of src/.
 #
@@ -24,7 +25,7 @@ loader: util format model
 tools: util format model
 backend: util model
 engine: util model backend
-tokenizer: util model/special_tokens.h
+tokenizer: util model/special_tokens.h format/gguf.h
 structured: util tokenizer model/special_tokens.h
 chat: util tokenizer
 server: util tokenizer structured chat engine
