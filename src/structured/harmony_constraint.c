@@ -42,6 +42,7 @@ struct gptoss_harmony_frame {
     trie budgeted;          /* the budgeted targets (n == 0: none) */
     int32_t all_start;      /* node of `all` after "<|start|>assistant" */
     int32_t budgeted_start; /* ... of `budgeted`, or -1 */
+    bool budget_applies;    /* a constrained body exists and a budgeted target to fall back to */
     int32_t max_tokens;     /* 0: no budget */
     int32_t body_reserve;
     int32_t budgeted_depth; /* longest budgeted path from the root */
@@ -232,7 +233,8 @@ gptoss_status gptoss_harmony_frame_create(const gptoss_tokenizer *tokenizer,
     gptoss_tokens_free(&ids);
     /* A budget only matters where a body could otherwise be cut: free text may run to the
      * length limit as it always could. */
-    if (!has_budget_body || f->budgeted.n == 0) f->max_tokens = 0;
+    f->budget_applies = has_budget_body && f->budgeted.n > 0;
+    if (!f->budget_applies) f->max_tokens = 0;
     const int32_t n_vocab = gptoss_tokenizer_n_vocab(tokenizer);
     const int32_t n_text = gptoss_tokenizer_n_ordinary(tokenizer);
     f->text_words = ((size_t)n_vocab + 31) / 32;
@@ -242,6 +244,12 @@ gptoss_status gptoss_harmony_frame_create(const gptoss_tokenizer *tokenizer,
         if (!gptoss_tokenizer_is_special(tokenizer, t)) f->text_mask[t / 32] |= 1u << (t % 32);
     *out = f;
     return GPTOSS_OK;
+}
+
+void gptoss_harmony_frame_set_budget(gptoss_harmony_frame *f, int32_t max_tokens,
+                                     int32_t body_reserve) {
+    f->max_tokens = f->budget_applies && max_tokens > 0 ? max_tokens : 0;
+    f->body_reserve = body_reserve > 0 ? body_reserve : 0;
 }
 
 int32_t gptoss_harmony_frame_reserve(const gptoss_harmony_frame *f) {

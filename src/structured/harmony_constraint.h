@@ -85,6 +85,10 @@ bool gptoss_harmony_constraint_next(gptoss_harmony_constraint *c, const int32_t 
 /* Whether the choice ended a non-reasoning target with its end token. */
 bool gptoss_harmony_constraint_done(const gptoss_harmony_constraint *c);
 
+/* Replaces the budget given to gptoss_harmony_frame_create; only before choice states exist. */
+void gptoss_harmony_frame_set_budget(gptoss_harmony_frame *frame, int32_t max_tokens,
+                                     int32_t body_reserve);
+
 /* The most tokens a budgeted target needs after reasoning ends (for tests and logs). */
 int32_t gptoss_harmony_frame_reserve(const gptoss_harmony_frame *frame);
 
