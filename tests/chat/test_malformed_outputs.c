@@ -117,8 +117,9 @@ static api_call *make_call(bool stream) {
     json_decref(req);
     api_call *c = NULL;
     gptoss_error err = {0};
-    assert_int_equal(api_call_create(&api_chat_encoder, "tiny", tok, &p, 7, 0xabc, 42, NULL, &c, &err),
-                     GPTOSS_OK);
+    assert_int_equal(
+        api_call_create(&api_chat_encoder, "tiny", tok, &p, 7, 0xabc, 42, NULL, &c, &err),
+        GPTOSS_OK);
     return c;
 }
 
@@ -234,7 +235,8 @@ static outcome streamed(const gptoss_tokens *t) {
                 json_t *pair = json_array_get(o.calls, index);
                 if (json_is_string(json_object_get(fn, "name"))) {
                     char joined[512];
-                    snprintf(joined, sizeof joined, "%s%s", json_string_value(json_array_get(pair, 0)),
+                    snprintf(joined, sizeof joined, "%s%s",
+                             json_string_value(json_array_get(pair, 0)),
                              json_string_value(json_object_get(fn, "name")));
                     json_array_set_new(pair, 0, json_string(joined));
                 }
@@ -270,10 +272,9 @@ static void outcome_free(outcome *o) {
     json_decref(o->finish);
 }
 
-static const char *const special_texts[] = {"<|start|>",     "<|end|>",          "<|message|>",
-                                            "<|channel|>",   "<|constrain|>",    "<|return|>",
-                                            "<|call|>",      "<|endoftext|>",    "<|startoftext|>",
-                                            "<|reserved_"};
+static const char *const special_texts[] = {
+    "<|start|>",  "<|end|>",  "<|message|>",   "<|channel|>",     "<|constrain|>",
+    "<|return|>", "<|call|>", "<|endoftext|>", "<|startoftext|>", "<|reserved_"};
 
 /* Failures are gathered so that one run names every case that breaks. */
 static int n_failed;
@@ -296,7 +297,8 @@ static void check_clean(const mcase *k, const char *field, const char *text) {
 static bool valid_tool_name(const char *name) {
     if (!name[0]) return false;
     for (const char *p = name; *p; p++)
-        if (*p == ' ' || *p == '\n' || *p == '\t' || *p == '<' || *p == '>' || *p == '"') return false;
+        if (*p == ' ' || *p == '\n' || *p == '\t' || *p == '<' || *p == '>' || *p == '"')
+            return false;
     return true;
 }
 
@@ -334,9 +336,11 @@ static void test_malformed_outputs(void **state) {
         if (!strncmp(k->expect, "tool ", 5)) {
             check(k, n_calls >= 1, "no tool call", content);
             if (n_calls >= 1) {
-                const char *name = json_string_value(json_array_get(json_array_get(all.calls, 0), 0));
+                const char *name =
+                    json_string_value(json_array_get(json_array_get(all.calls, 0), 0));
                 check(k, strcmp(name, k->expect + 5) == 0, "wrong tool name", name);
-                const char *args = json_string_value(json_array_get(json_array_get(all.calls, 0), 1));
+                const char *args =
+                    json_string_value(json_array_get(json_array_get(all.calls, 0), 1));
                 if (k->args) check(k, strcmp(args, k->args) == 0, "wrong arguments", args);
             }
             check(k, strcmp(str_or_empty(all.finish), "tool_calls") == 0,
@@ -344,7 +348,8 @@ static void test_malformed_outputs(void **state) {
         } else {
             check(k, strcmp(k->expect, "text") == 0, "unknown expectation", k->expect);
             check(k, n_calls == 0, "unexpected tool call",
-                  n_calls ? json_string_value(json_array_get(json_array_get(all.calls, 0), 0)) : "");
+                  n_calls ? json_string_value(json_array_get(json_array_get(all.calls, 0), 0))
+                          : "");
         }
         if (k->content) check(k, strcmp(content, k->content) == 0, "wrong content", content);
         outcome_free(&all);
@@ -378,10 +383,75 @@ static void test_chat_stream_ignores_after_turn_end(void **state) {
     free_cases(cases, n);
 }
 
+/* Random streams of markup tokens and header-like words: whatever the order, streaming and
+ * gathering agree and no special-token text reaches the client. */
+static void test_random_markup_streams(void **state) {
+    (void)state;
+    static const char *const pieces[] = {"<|start|>",
+                                         "<|end|>",
+                                         "<|message|>",
+                                         "<|channel|>",
+                                         "<|constrain|>",
+                                         "<|call|>",
+                                         "<|return|>",
+                                         "<|reserved_200013|>",
+                                         "assistant",
+                                         "user",
+                                         " to=functions.f",
+                                         "functions.g",
+                                         "analysis",
+                                         "final",
+                                         "commentary",
+                                         "json",
+                                         " ",
+                                         "{\"a\":1}",
+                                         "word",
+                                         "\n"};
+    const size_t n_pieces = sizeof pieces / sizeof pieces[0];
+    uint64_t rng = 0x2545F4914F6CDD1Dull;
+    for (int stream = 0; stream < 400; stream++) {
+        char text[2048] = "";
+        size_t len = 0;
+        int n = 1 + (int)(rng % 30);
+        for (int i = 0; i < n; i++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            const char *piece = pieces[rng % n_pieces];
+            size_t plen = strlen(piece);
+            if (len + plen + 1 >= sizeof text) break;
+            memcpy(text + len, piece, plen + 1);
+            len += plen;
+        }
+        mcase k = {0};
+        snprintf(k.name, sizeof k.name, "random %d: %.60s", stream, text);
+        gptoss_tokens t = {0};
+        gptoss_error err = {0};
+        assert_int_equal(gptoss_tokenizer_encode(tok, text, len, true, &t, &err), GPTOSS_OK);
+        outcome all = gathered(&t), live = streamed(&t);
+        check(&k, json_equal(all.content, live.content), "streamed content differs",
+              json_string_value(live.content));
+        check(&k, json_equal(all.calls, live.calls), "streamed tool calls differ", "");
+        check(&k, json_equal(all.finish, live.finish), "streamed finish_reason differs", "");
+        check_clean(&k, "content", json_string_value(all.content));
+        check_clean(&k, "reasoning", json_string_value(all.reasoning));
+        size_t j;
+        json_t *call;
+        json_array_foreach(all.calls, j, call) {
+            const char *name = json_string_value(json_array_get(call, 0));
+            check(&k, valid_tool_name(name), "bad tool name", name);
+            check_clean(&k, "arguments", json_string_value(json_array_get(call, 1)));
+        }
+        outcome_free(&all);
+        outcome_free(&live);
+        gptoss_tokens_free(&t);
+    }
+    if (n_failed) fail_msg("%d checks failed", n_failed);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_malformed_outputs),
         cmocka_unit_test(test_chat_stream_ignores_after_turn_end),
+        cmocka_unit_test(test_random_markup_streams),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
