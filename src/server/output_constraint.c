@@ -39,6 +39,7 @@
 #endif
 
 #define MAX_TOOLS 128
+#define SHORTEST_BODY_MAX 65536 /* a schema whose shortest value needs more is refused */
 #define TOOL_NAME_MAX 64
 
 /* A compiled body: the schema a message's matcher is made from. */
@@ -56,7 +57,8 @@ struct output_constraint {
     int32_t n_choices;
     body *bodies; /* [n_bodies] referenced by the frame's targets */
     int32_t n_bodies;
-    int32_t max_tokens; /* the request's, 0 until known */
+    int32_t max_tokens;    /* the request's, 0 until known */
+    int32_t shortest_body; /* the most tokens any constrained body needs at least */
 };
 
 /* ---- the JSON vocabulary, once per tokenizer ------------------------------------------------ */
@@ -78,7 +80,7 @@ static const gptoss_json_vocab *vocab_for(const gptoss_tokenizer *tokenizer, gpt
         gptoss_json_vocab *made = NULL;
         const double t0 = gptoss_now_seconds();
         if (gptoss_json_vocab_create(tokenizer, &made, error) == GPTOSS_OK) {
-            GPTOSS_LOG_I("structured output: JSON vocabulary built in %.0f ms",
+            GPTOSS_LOG_I("structured", "JSON vocabulary built in %.0f ms",
                          (gptoss_now_seconds() - t0) * 1e3);
             if (i == sizeof vocabs / sizeof vocabs[0]) {
                 i = 0; /* more tokenizers than slots (tests): the oldest goes */
@@ -99,6 +101,46 @@ static gptoss_status body_create(void *user, gptoss_token_constraint **out, gpto
 
 static void body_set_budget(gptoss_token_constraint *matcher, int32_t tokens_left) {
     gptoss_json_matcher_set_budget(matcher, tokens_left);
+}
+
+/* Whether a fresh matcher allows any first token within `budget` body tokens. */
+static bool starts_within(gptoss_token_constraint *m, int32_t budget, uint32_t *mask, size_t words,
+                          int32_t vocab) {
+    memset(mask, 0, words * sizeof *mask);
+    gptoss_json_matcher_set_budget(m, budget);
+    gptoss_constraint_allow(m, mask, vocab);
+    for (size_t w = 0; w < words; w++)
+        if (mask[w]) return true;
+    return false;
+}
+
+/* The fewest body tokens the matcher promises to finish in (its budget unit), found by
+ * search; -1 when even a generous budget allows nothing. */
+static int32_t shortest_body(body *b, const gptoss_tokenizer *tokenizer) {
+    gptoss_token_constraint *m = NULL;
+    gptoss_error err = {0};
+    if (gptoss_json_matcher_create(b->schema, &m, &err) != GPTOSS_OK) return -1;
+    const int32_t vocab = gptoss_tokenizer_n_vocab(tokenizer);
+    const size_t words = ((size_t)vocab + 31) / 32;
+    uint32_t *mask = malloc(words * sizeof *mask);
+    int32_t lo = 0, hi = 16, found = -1; /* lo: too few */
+    while (mask && hi <= SHORTEST_BODY_MAX && !starts_within(m, hi, mask, words, vocab)) {
+        lo = hi;
+        hi *= 2;
+    }
+    if (mask && hi <= SHORTEST_BODY_MAX) {
+        while (hi - lo > 1) {
+            int32_t mid = lo + (hi - lo) / 2;
+            if (starts_within(m, mid, mask, words, vocab))
+                hi = mid;
+            else
+                lo = mid;
+        }
+        found = hi;
+    }
+    free(mask);
+    gptoss_constraint_free(m);
+    return found;
 }
 #endif
 
@@ -327,12 +369,13 @@ void output_constraint_free(output_constraint *c) {
     free(c);
 }
 
-/* The body reserve: what a constrained answer is guaranteed when reasoning runs long. */
-static int32_t body_reserve(int32_t max_tokens) {
+/* The body reserve: what a constrained answer is guaranteed when reasoning runs long: half
+ * the budget within [32, 1024], and never less than the shortest body needs. */
+static int32_t body_reserve(int32_t max_tokens, int32_t shortest_body) {
     int32_t r = max_tokens / 2;
     if (r > 1024) r = 1024;
     if (r < 32) r = 32;
-    return r;
+    return r > shortest_body ? r : shortest_body;
 }
 
 /* Compiles `schema` (NULL: any JSON object) into body k; `field` names it in errors. */
@@ -344,6 +387,11 @@ static bool compile_body(output_constraint *c, int32_t k, const json_t *schema,
     if (!vocab) return field_fail(e, field, "%s: %s", field, err.message);
     if (gptoss_json_schema_compile(schema, vocab, &c->bodies[k].schema, &err) != GPTOSS_OK)
         return field_fail(e, field, "%s: %s", field, err.message);
+    const int32_t shortest = shortest_body(&c->bodies[k], tokenizer);
+    if (shortest < 0)
+        return field_fail(e, field, "%s: no value of this schema can be written within %d tokens",
+                          field, SHORTEST_BODY_MAX);
+    if (shortest > c->shortest_body) c->shortest_body = shortest;
     return true;
 #else
     (void)c, (void)k, (void)schema, (void)tokenizer;
@@ -452,9 +500,19 @@ bool output_constraint_create(const json_t *request, const gptoss_tokenizer *tok
     if (ok) {
         gptoss_error err = {0};
         int32_t budget = max_tokens > 0 ? max_tokens : 0;
-        if (gptoss_harmony_frame_create(tokenizer, targets, n, budget, body_reserve(budget),
-                                        &c->frame, &err) != GPTOSS_OK)
+        if (gptoss_harmony_frame_create(tokenizer, targets, n, budget,
+                                        body_reserve(budget, c->shortest_body), &c->frame,
+                                        &err) != GPTOSS_OK)
             ok = field_fail(e, "", "structured output: %s", err.message);
+        /* The header, the shortest body and the end token must fit. */
+        const int32_t reserve = body_reserve(budget, c->shortest_body);
+        const int32_t need =
+            ok ? gptoss_harmony_frame_reserve(c->frame) - reserve + c->shortest_body : 0;
+        if (ok && budget > 0 && need > budget)
+            ok = field_fail(e, "max_tokens",
+                            "max_tokens: %d is too few for the requested structured output, "
+                            "whose shortest answer takes %d tokens",
+                            budget, need);
         for (int32_t i = 0; ok && i < n_choices; i++)
             if (gptoss_harmony_constraint_create(c->frame, &c->choices[i], &err) != GPTOSS_OK)
                 ok = field_fail(e, "", "structured output: %s", err.message);
@@ -473,7 +531,8 @@ bool output_constraint_create(const json_t *request, const gptoss_tokenizer *tok
 void output_constraint_set_default_max_tokens(output_constraint *c, int32_t max_tokens) {
     if (c->max_tokens > 0 || max_tokens <= 0) return;
     c->max_tokens = max_tokens;
-    gptoss_harmony_frame_set_budget(c->frame, max_tokens, body_reserve(max_tokens));
+    gptoss_harmony_frame_set_budget(c->frame, max_tokens,
+                                    body_reserve(max_tokens, c->shortest_body));
 }
 
 static bool allowed_tokens(void *user, int32_t choice, const int32_t *generated,
