@@ -508,7 +508,7 @@ bool output_constraint_create(const json_t *request, const gptoss_tokenizer *tok
         const int32_t reserve = body_reserve(budget, c->shortest_body);
         const int32_t need =
             ok ? gptoss_harmony_frame_reserve(c->frame) - reserve + c->shortest_body : 0;
-        if (ok && budget > 0 && need > budget)
+        if (ok && budget > 0 && c->n_bodies > 0 && need > budget)
             ok = field_fail(e, "max_tokens",
                             "max_tokens: %d is too few for the requested structured output, "
                             "whose shortest answer takes %d tokens",
