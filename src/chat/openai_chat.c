@@ -17,9 +17,9 @@
  *      message with those instructions, in place.
  *   3. `tools` ([{type:"function", function:{name, description?, parameters?}}]) become the
  *      developer message's "functions" namespace, in the order given (property order of
- *      every schema kept). tool_choice "none" leaves them out; other tool_choice values are
- *      accepted but not enforced. A developer message is emitted when there are
- *      instructions or tools.
+ *      every schema kept). tool_choice "none" leaves them out; the server enforces the
+ *      others on the output (server/output_constraint.c). A developer message is emitted
+ *      when there are instructions or tools.
  *   4. "user": content as a string, or an array of {type:"text", text} parts rendered one
  *      after another with no separator (as harmony renders several content items). Other
  *      part types are refused. `name` is accepted and ignored (harmony's "user:NAME" is not
