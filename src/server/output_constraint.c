@@ -16,8 +16,11 @@
  * Requests that nothing constrains (text, no tools or only non-strict tools under auto) get
  * no constraint at all.
  *
- * Owns: the frame, one state per choice, the compiled schemas, and the per-tokenizer JSON
- * vocabulary (built once, on first use, under a lock; kept for the life of the process).
+ * Owns: the frame and one state per choice; a process-wide cache of compiled schemas (the
+ * last 64 distinct ones, reference counted: a request keeps its schemas until the engine frees
+ * it), so that a schema asked for again reuses its compiled automaton and cached masks; and the
+ * per-tokenizer JSON vocabulary (built once, on first use, under a lock; kept for the life of
+ * the process, as the tokenizer it is keyed by is).
  */
 #include "server/output_constraint.h"
 
@@ -40,15 +43,26 @@
 
 #define MAX_TOOLS 128
 #define SHORTEST_BODY_MAX 65536 /* a schema whose shortest value needs more is refused */
+#define SCHEMA_CACHE_SLOTS 64
+#define SCHEMA_CACHE_MAX_KEY 65536 /* larger schemas are compiled per request, not kept */
 #define TOOL_NAME_MAX 64
 
-/* A compiled body: the schema a message's matcher is made from. */
-typedef struct body {
+/* A compiled schema, shared by the requests that ask for the same one: its matcher caches
+ * (masks of automaton states) then serve them all. */
+typedef struct schema_entry {
+    char *key; /* the schema as compact JSON ("" for json_object) */
 #ifdef HAVE_JSON_SCHEMA
+    const gptoss_json_vocab *vocab;
     gptoss_json_schema *schema;
-#else
-    int unused;
 #endif
+    int32_t shortest;   /* the fewest body tokens a value takes (the matcher's budget unit) */
+    int32_t refs;       /* bodies using it, plus one while the cache holds it */
+    uint64_t last_used; /* cache clock */
+} schema_entry;
+
+/* A message body of the frame: the schema its matcher is made from. */
+typedef struct body {
+    schema_entry *entry;
 } body;
 
 struct output_constraint {
@@ -83,12 +97,14 @@ static const gptoss_json_vocab *vocab_for(const gptoss_tokenizer *tokenizer, gpt
             GPTOSS_LOG_I("structured", "JSON vocabulary built in %.0f ms",
                          (gptoss_now_seconds() - t0) * 1e3);
             if (i == sizeof vocabs / sizeof vocabs[0]) {
-                i = 0; /* more tokenizers than slots (tests): the oldest goes */
-                gptoss_json_vocab_free(vocabs[0].vocab);
+                /* schemas compiled against the others may still be in use: none is freed */
+                gptoss_json_vocab_free(made);
+                gptoss_set_error(error, GPTOSS_ERR_CAPACITY, "too many tokenizers in one process");
+            } else {
+                vocabs[i].tokenizer = tokenizer;
+                vocabs[i].vocab = made;
+                found = made;
             }
-            vocabs[i].tokenizer = tokenizer;
-            vocabs[i].vocab = made;
-            found = made;
         }
     }
     pthread_mutex_unlock(&vocab_lock);
@@ -96,7 +112,7 @@ static const gptoss_json_vocab *vocab_for(const gptoss_tokenizer *tokenizer, gpt
 }
 
 static gptoss_status body_create(void *user, gptoss_token_constraint **out, gptoss_error *error) {
-    return gptoss_json_matcher_create(((body *)user)->schema, out, error);
+    return gptoss_json_matcher_create(((body *)user)->entry->schema, out, error);
 }
 
 static void body_set_budget(gptoss_token_constraint *matcher, int32_t tokens_left) {
@@ -116,10 +132,10 @@ static bool starts_within(gptoss_token_constraint *m, int32_t budget, uint32_t *
 
 /* The fewest body tokens the matcher promises to finish in (its budget unit), found by
  * search; -1 when even a generous budget allows nothing. */
-static int32_t shortest_body(body *b, const gptoss_tokenizer *tokenizer) {
+static int32_t shortest_body(gptoss_json_schema *schema, const gptoss_tokenizer *tokenizer) {
     gptoss_token_constraint *m = NULL;
     gptoss_error err = {0};
-    if (gptoss_json_matcher_create(b->schema, &m, &err) != GPTOSS_OK) return -1;
+    if (gptoss_json_matcher_create(schema, &m, &err) != GPTOSS_OK) return -1;
     const int32_t vocab = gptoss_tokenizer_n_vocab(tokenizer);
     const size_t words = ((size_t)vocab + 31) / 32;
     uint32_t *mask = malloc(words * sizeof *mask);
@@ -141,6 +157,90 @@ static int32_t shortest_body(body *b, const gptoss_tokenizer *tokenizer) {
     free(mask);
     gptoss_constraint_free(m);
     return found;
+}
+
+/* ---- compiled schemas, shared -----------------------------------------------------------------
+ */
+
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static schema_entry *cache[SCHEMA_CACHE_SLOTS];
+static uint64_t cache_clock;
+
+static void entry_free(schema_entry *entry) {
+    gptoss_json_schema_free(entry->schema);
+    free(entry->key);
+    free(entry);
+}
+
+static void entry_release(schema_entry *entry) {
+    if (!entry) return;
+    pthread_mutex_lock(&cache_lock);
+    const bool last = --entry->refs == 0;
+    pthread_mutex_unlock(&cache_lock);
+    if (last) entry_free(entry);
+}
+
+/* The compiled `schema` (NULL: json_object), from the cache or compiled now (outside the
+ * lock) and cached. NULL with *error set when the schema is refused. */
+static schema_entry *entry_acquire(const json_t *schema, const gptoss_tokenizer *tokenizer,
+                                   gptoss_error *error) {
+    const gptoss_json_vocab *vocab = vocab_for(tokenizer, error);
+    if (!vocab) return NULL;
+    char *key = schema ? json_dumps(schema, JSON_COMPACT | JSON_PRESERVE_ORDER) : strdup("");
+    if (!key) {
+        gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_lock(&cache_lock);
+    for (size_t i = 0; i < SCHEMA_CACHE_SLOTS; i++)
+        if (cache[i] && cache[i]->vocab == vocab && strcmp(cache[i]->key, key) == 0) {
+            schema_entry *hit = cache[i];
+            hit->refs++;
+            hit->last_used = ++cache_clock;
+            pthread_mutex_unlock(&cache_lock);
+            free(key);
+            return hit;
+        }
+    pthread_mutex_unlock(&cache_lock);
+    schema_entry *entry = calloc(1, sizeof *entry);
+    if (!entry) {
+        free(key);
+        gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+        return NULL;
+    }
+    entry->key = key;
+    entry->vocab = vocab;
+    entry->refs = 1;
+    if (gptoss_json_schema_compile(schema, vocab, &entry->schema, error) != GPTOSS_OK) {
+        entry_free(entry);
+        return NULL;
+    }
+    entry->shortest = shortest_body(entry->schema, tokenizer);
+    if (entry->shortest < 0) {
+        gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                         "no value of this schema can be written within %d tokens",
+                         SHORTEST_BODY_MAX);
+        entry_free(entry);
+        return NULL;
+    }
+    if (strlen(key) > SCHEMA_CACHE_MAX_KEY) return entry;
+    schema_entry *evicted = NULL;
+    pthread_mutex_lock(&cache_lock);
+    size_t slot = 0;
+    for (size_t i = 0; i < SCHEMA_CACHE_SLOTS; i++) {
+        if (!cache[i]) {
+            slot = i;
+            break;
+        }
+        if (cache[i]->last_used < cache[slot]->last_used) slot = i;
+    }
+    if (cache[slot] && --cache[slot]->refs == 0) evicted = cache[slot];
+    cache[slot] = entry;
+    entry->refs++;
+    entry->last_used = ++cache_clock;
+    pthread_mutex_unlock(&cache_lock);
+    if (evicted) entry_free(evicted);
+    return entry;
 }
 #endif
 
@@ -363,7 +463,7 @@ void output_constraint_free(output_constraint *c) {
     gptoss_harmony_frame_free(c->frame);
 #ifdef HAVE_JSON_SCHEMA
     for (int32_t i = 0; c->bodies && i < c->n_bodies; i++)
-        gptoss_json_schema_free(c->bodies[i].schema);
+        entry_release(c->bodies[i].entry);
 #endif
     free(c->bodies);
     free(c);
@@ -378,20 +478,17 @@ static int32_t body_reserve(int32_t max_tokens, int32_t shortest_body) {
     return r > shortest_body ? r : shortest_body;
 }
 
-/* Compiles `schema` (NULL: any JSON object) into body k; `field` names it in errors. */
+/* Compiles `schema` (NULL: any JSON object) into body k, the next one (c->n_bodies becomes
+ * k + 1); `field` names it in errors. */
 static bool compile_body(output_constraint *c, int32_t k, const json_t *schema,
                          const gptoss_tokenizer *tokenizer, const char *field, field_error *e) {
 #ifdef HAVE_JSON_SCHEMA
     gptoss_error err = {0};
-    const gptoss_json_vocab *vocab = vocab_for(tokenizer, &err);
-    if (!vocab) return field_fail(e, field, "%s: %s", field, err.message);
-    if (gptoss_json_schema_compile(schema, vocab, &c->bodies[k].schema, &err) != GPTOSS_OK)
-        return field_fail(e, field, "%s: %s", field, err.message);
-    const int32_t shortest = shortest_body(&c->bodies[k], tokenizer);
-    if (shortest < 0)
-        return field_fail(e, field, "%s: no value of this schema can be written within %d tokens",
-                          field, SHORTEST_BODY_MAX);
-    if (shortest > c->shortest_body) c->shortest_body = shortest;
+    schema_entry *entry = entry_acquire(schema, tokenizer, &err);
+    if (!entry) return field_fail(e, field, "%s: %s", field, err.message);
+    c->bodies[k].entry = entry;
+    c->n_bodies = k + 1; /* released with c from here on */
+    if (entry->shortest > c->shortest_body) c->shortest_body = entry->shortest;
     return true;
 #else
     (void)c, (void)k, (void)schema, (void)tokenizer;
@@ -462,10 +559,9 @@ bool output_constraint_create(const json_t *request, const gptoss_tokenizer *tok
             ok = compile_body(c, c->n_bodies, p->schema, tokenizer,
                               p->schema ? "response_format.json_schema.schema" : "response_format",
                               e);
-            if (ok) {
-                targets[n++] = body_target(c, c->n_bodies, final_header, GPTOSS_TOKEN_RETURN, true);
-                c->n_bodies++;
-            }
+            if (ok)
+                targets[n++] =
+                    body_target(c, c->n_bodies - 1, final_header, GPTOSS_TOKEN_RETURN, true);
         } else {
             targets[n++] = (gptoss_harmony_target){.header = final_header,
                                                    .kind = GPTOSS_HARMONY_BODY_TEXT,
@@ -492,10 +588,8 @@ bool output_constraint_create(const json_t *request, const gptoss_tokenizer *tok
         char field[96];
         snprintf(field, sizeof field, "tools[%d].function.parameters", i);
         ok = compile_body(c, c->n_bodies, t->strict ? t->parameters : NULL, tokenizer, field, e);
-        if (ok) {
-            targets[n++] = body_target(c, c->n_bodies, headers[i], GPTOSS_TOKEN_CALL, forced);
-            c->n_bodies++;
-        }
+        if (ok)
+            targets[n++] = body_target(c, c->n_bodies - 1, headers[i], GPTOSS_TOKEN_CALL, forced);
     }
     if (ok) {
         gptoss_error err = {0};

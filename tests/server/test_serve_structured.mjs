@@ -115,7 +115,7 @@ async function schemas() {
     const schema = genSchema(i);
     const effort = efforts[i % 3];
     const body = {
-      model, messages: user(`Fill in the form ${i}.`), temperature: 1, max_tokens: 96, seed: i,
+      model, messages: user(`Fill in the form ${i}.`), temperature: 1, max_tokens: 80, seed: i,
       reasoning_effort: effort,
       response_format: { type: 'json_schema', json_schema: { name: `form_${i}`, strict: true, schema } },
     };
@@ -133,7 +133,7 @@ async function schemas() {
       }),
     }));
   }
-  const results = await pool(jobs, 20);
+  const results = await pool(jobs, 30);
   let reasoned = 0;
   for (const res of results) {
     if (res.error) { check(false, `schema request failed: ${res.error}`); continue; }
@@ -149,7 +149,7 @@ async function schemas() {
     check(valid, `schema ${i} (${effort}): ${JSON.stringify(value)} does not validate: ${ajv.errorsText()} schema ${JSON.stringify(schema)}`);
     check(choice.finish_reason === 'stop', `schema ${i}: finish_reason ${choice.finish_reason}`);
     check(!choice.message.tool_calls, `schema ${i}: tool calls`);
-    check(r.json.usage.completion_tokens <= 96, `schema ${i}: ${r.json.usage.completion_tokens} tokens`);
+    check(r.json.usage.completion_tokens <= 80, `schema ${i}: ${r.json.usage.completion_tokens} tokens`);
     if (choice.message.reasoning_content) reasoned++;
   }
   check(reasoned >= nSchemas / 4, `only ${reasoned} answers reasoned first`);
