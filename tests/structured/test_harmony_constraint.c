@@ -13,8 +13,10 @@
 #include "chat/chat.h"
 #include "model/special_tokens.h"
 #include "structured/harmony_constraint.h"
+#include "structured/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -393,6 +395,63 @@ static void test_bad_frames(void **state) {
     assert_null(frame);
 }
 
+/* ---- with the JSON Schema matcher --------------------------------------------------------- */
+
+static gptoss_status matcher_create(void *user, gptoss_token_constraint **out,
+                                    gptoss_error *error) {
+    return gptoss_json_matcher_create(user, out, error);
+}
+
+/* The matcher under the frame's budget: every answer, from the smallest max_tokens that fits
+ * up, parses as JSON and has the schema's shape (checked here by hand: an object with exactly
+ * an integer "a" and a string "b" of at most 5 characters), whether the draw reasons first or
+ * not. */
+static void test_json_matcher_always_closes(void **state) {
+    (void)state;
+    gptoss_json_vocab *jv = NULL;
+    gptoss_error err = {0};
+    assert_int_equal(gptoss_json_vocab_create(tok, &jv, &err), GPTOSS_OK);
+    json_t *schema = json_loads("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+                                "\"integer\"},\"b\":{\"type\":\"string\",\"maxLength\":5}},"
+                                "\"required\":[\"a\",\"b\"],\"additionalProperties\":false}",
+                                0, NULL);
+    gptoss_json_schema *compiled = NULL;
+    assert_int_equal(gptoss_json_schema_compile(schema, jv, &compiled, &err), GPTOSS_OK);
+    gptoss_harmony_target targets[] = {
+        analysis,
+        {.header = "<|channel|>final<|message|>",
+         .kind = GPTOSS_HARMONY_BODY_CONSTRAINED,
+         .end_token = GPTOSS_TOKEN_RETURN,
+         .budgeted = true,
+         .body = {matcher_create, gptoss_json_matcher_set_budget, compiled}}};
+    int n_reasoned = 0;
+    for (int32_t max_tokens = 40; max_tokens <= 160; max_tokens += 8) {
+        gptoss_harmony_frame *frame = NULL;
+        assert_int_equal(gptoss_harmony_frame_create(tok, targets, 2, max_tokens, 30, &frame, &err),
+                         GPTOSS_OK);
+        for (int seed = 1; seed <= 3; seed++) {
+            rng_state = 0xabcdef12345ull * (uint64_t)(seed + 7 * max_tokens);
+            outcome o = generate(frame, max_tokens, seed == 1 ? 0 : 30);
+            json_error_t jerr;
+            json_t *v = json_loads(o.content, 0, &jerr);
+            const json_t *a = json_object_get(v, "a"), *b = json_object_get(v, "b");
+            const bool shaped = json_is_object(v) && json_object_size(v) == 2 &&
+                                json_is_integer(a) && json_is_string(b) &&
+                                json_string_length(b) <= 15; /* <= 5 characters of UTF-8 */
+            if (!shaped || strcmp(o.finish, "stop") != 0 || o.n_tokens > max_tokens)
+                fail_msg("max_tokens %d seed %d: '%s' finish %s after %d tokens", max_tokens, seed,
+                         o.content, o.finish, o.n_tokens);
+            n_reasoned += o.n_tokens > 40;
+            json_decref(v);
+        }
+        gptoss_harmony_frame_free(frame);
+    }
+    assert_true(n_reasoned > 0);
+    gptoss_json_schema_free(compiled);
+    json_decref(schema);
+    gptoss_json_vocab_free(jv);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_final_body_always_fits),
@@ -400,6 +459,7 @@ int main(void) {
         cmocka_unit_test(test_text_answer_no_tool_call),
         cmocka_unit_test(test_rejects_off_frame_tokens),
         cmocka_unit_test(test_bad_frames),
+        cmocka_unit_test(test_json_matcher_always_closes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
