@@ -678,6 +678,161 @@ bool char_nfa_limit_length(char_nfa *nfa, int32_t min_len, int32_t max_len, char
     return true;
 }
 
+/* Edges grouped by source state. */
+static int32_t *edges_by_source(const char_nfa *nfa) {
+    int32_t *start = calloc((size_t)nfa->n_states + 1 + (size_t)nfa->n_edges, sizeof *start);
+    if (!start) return NULL;
+    int32_t *order = start + nfa->n_states + 1;
+    for (int32_t e = 0; e < nfa->n_edges; e++)
+        start[nfa->edges[e].from + 1]++;
+    for (int32_t i = 0; i < nfa->n_states; i++)
+        start[i + 1] += start[i];
+    int32_t *fill = malloc((size_t)nfa->n_states * sizeof *fill);
+    if (!fill) {
+        free(start);
+        return NULL;
+    }
+    memcpy(fill, start, (size_t)nfa->n_states * sizeof *fill);
+    for (int32_t e = 0; e < nfa->n_edges; e++)
+        order[fill[nfa->edges[e].from]++] = e;
+    free(fill);
+    return start;
+}
+
+static int32_t set_intersection(char_nfa *out, const cp_set *x, const cp_set *y) {
+    range_buf b = {0};
+    for (int32_t i = 0, j = 0; i < x->n && j < y->n;) {
+        uint32_t lo = x->ranges[i].lo > y->ranges[j].lo ? x->ranges[i].lo : y->ranges[j].lo;
+        uint32_t hi = x->ranges[i].hi < y->ranges[j].hi ? x->ranges[i].hi : y->ranges[j].hi;
+        if (lo <= hi) rb_add(&b, lo, hi);
+        if (x->ranges[i].hi < y->ranges[j].hi)
+            i++;
+        else
+            j++;
+    }
+    if (b.failed) {
+        free(b.r);
+        out->failed = true;
+        return -1;
+    }
+    if (b.n == 0) {
+        free(b.r);
+        return -2; /* empty */
+    }
+    return cn_set(out, b.r, b.n);
+}
+
+typedef struct pair_map {
+    uint64_t *keys;
+    int32_t *ids;
+    int32_t size, n;
+} pair_map;
+
+/* The id of pair key, adding it (and queueing it) when new; -1 on failure. */
+static int32_t pair_id(pair_map *m, uint64_t key, char_nfa *out, uint64_t **queue, int32_t *n_queue,
+                       int32_t *cap_queue) {
+    if (2 * (m->n + 1) > m->size) {
+        int32_t size = m->size ? m->size * 2 : 256;
+        uint64_t *keys = malloc((size_t)size * sizeof *keys);
+        int32_t *ids = malloc((size_t)size * sizeof *ids);
+        if (!keys || !ids) {
+            free(keys);
+            free(ids);
+            return -1;
+        }
+        memset(keys, 0xFF, (size_t)size * sizeof *keys);
+        for (int32_t i = 0; i < m->size; i++) {
+            if (m->keys[i] == UINT64_MAX) continue;
+            int32_t j = (int32_t)((m->keys[i] * 0x9E3779B97F4A7C15ULL) >> 40) & (size - 1);
+            while (keys[j] != UINT64_MAX)
+                j = (j + 1) & (size - 1);
+            keys[j] = m->keys[i], ids[j] = m->ids[i];
+        }
+        free(m->keys);
+        free(m->ids);
+        m->keys = keys, m->ids = ids, m->size = size;
+    }
+    int32_t j = (int32_t)((key * 0x9E3779B97F4A7C15ULL) >> 40) & (m->size - 1);
+    while (m->keys[j] != UINT64_MAX) {
+        if (m->keys[j] == key) return m->ids[j];
+        j = (j + 1) & (m->size - 1);
+    }
+    int32_t id = cn_state(out);
+    if (out->failed) return -1;
+    if (*n_queue == *cap_queue) {
+        int32_t cap = *cap_queue ? *cap_queue * 2 : 256;
+        uint64_t *q = realloc(*queue, (size_t)cap * sizeof *q);
+        if (!q) return -1;
+        *queue = q, *cap_queue = cap;
+    }
+    (*queue)[(*n_queue)++] = key;
+    m->keys[j] = key, m->ids[j] = id, m->n++;
+    return id;
+}
+
+bool char_nfa_intersect(char_nfa *a, const char_nfa *b, char *message, size_t message_len) {
+    char_nfa p;
+    char_nfa_init(&p, a->max_states);
+    int32_t *ea = edges_by_source(a), *eb = edges_by_source(b);
+    pair_map map = {0};
+    uint64_t *queue = NULL;
+    int32_t n_queue = 0, cap_queue = 0, head = 0;
+    bool ok = ea && eb;
+#define PAIR(x, y) (((uint64_t)(uint32_t)(x) << 32) | (uint32_t)(y))
+    if (ok) p.start = pair_id(&map, PAIR(a->start, b->start), &p, &queue, &n_queue, &cap_queue);
+    ok = ok && p.start >= 0;
+    while (ok && head < n_queue) {
+        uint64_t key = queue[head++];
+        int32_t x = (int32_t)(key >> 32), y = (int32_t)(uint32_t)key;
+        int32_t from = pair_id(&map, key, &p, &queue, &n_queue, &cap_queue);
+        const int32_t *oa = ea + a->n_states + 1, *ob = eb + b->n_states + 1;
+        for (int32_t i = ea[x]; ok && i < ea[x + 1]; i++) {
+            const char_edge *e = &a->edges[oa[i]];
+            if (e->set < 0) {
+                int32_t to = pair_id(&map, PAIR(e->to, y), &p, &queue, &n_queue, &cap_queue);
+                ok = to >= 0;
+                if (ok) cn_edge(&p, from, to, -1);
+                continue;
+            }
+            for (int32_t k = eb[y]; ok && k < eb[y + 1]; k++) {
+                const char_edge *f = &b->edges[ob[k]];
+                if (f->set < 0) continue;
+                int32_t set = set_intersection(&p, &a->sets[e->set], &b->sets[f->set]);
+                if (set == -2) continue;
+                int32_t to =
+                    set >= 0 ? pair_id(&map, PAIR(e->to, f->to), &p, &queue, &n_queue, &cap_queue)
+                             : -1;
+                ok = to >= 0;
+                if (ok) cn_edge(&p, from, to, set);
+            }
+        }
+        for (int32_t k = eb[y]; ok && k < eb[y + 1]; k++) {
+            const char_edge *f = &b->edges[ob[k]];
+            if (f->set >= 0) continue;
+            int32_t to = pair_id(&map, PAIR(x, f->to), &p, &queue, &n_queue, &cap_queue);
+            ok = to >= 0;
+            if (ok) cn_edge(&p, from, to, -1);
+        }
+    }
+    if (ok) p.accept = pair_id(&map, PAIR(a->accept, b->accept), &p, &queue, &n_queue, &cap_queue);
+    ok = ok && p.accept >= 0 && !p.failed;
+#undef PAIR
+    free(ea);
+    free(eb);
+    free(map.keys);
+    free(map.ids);
+    free(queue);
+    if (!ok) {
+        snprintf(message, message_len, "%s",
+                 "pattern and format together too large (their product exceeds the state limit)");
+        char_nfa_free(&p);
+        return false;
+    }
+    char_nfa_free(a);
+    *a = p;
+    return true;
+}
+
 /* ---- UTF-8 ------------------------------------------------------------------------------ */
 
 static int utf8_encode(uint32_t cp, uint8_t *out) {
@@ -760,6 +915,8 @@ void utf8_sequences(uint32_t lo, uint32_t hi, utf8_sequence_fn emit, void *user)
     "0-"                                                                                           \
     "5][0-9])"
 
+#define FMT_LABEL "[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+
 const char *json_format_regex(const char *format) {
     static const struct {
         const char *name, *regex;
@@ -768,6 +925,11 @@ const char *json_format_regex(const char *format) {
         {"time", "^" FMT_TIME "$"},
         {"date-time", "^" FMT_DATE "T" FMT_TIME "$"},
         {"uuid", "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"},
+        {"ipv4", "^(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(?:25[0-5]|2[0-4][0-9]|"
+                 "1[0-9][0-9]|[1-9]?[0-9])$"},
+        {"hostname", "^" FMT_LABEL "(?:\\." FMT_LABEL "){0,2}$"},
+        {"uri", "^https?://" FMT_LABEL "(?:\\." FMT_LABEL ")*(?:/[A-Za-z0-9._~-]*)*$"},
+        {"duration", "^P(?:[0-9]{1,4}Y)?(?:[0-9]{1,4}M)?[0-9]{1,4}D(?:T[0-9]{1,4}H)?$"},
         {"email",
          "^[A-Za-z0-9_%+-]+(?:\\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
          "(?:\\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\\.[A-Za-z]{2,}$"},

@@ -56,6 +56,10 @@ bool char_nfa_any(char_nfa *out, int32_t min_len, int32_t max_len, char *message
 bool char_nfa_limit_length(char_nfa *nfa, int32_t min_len, int32_t max_len, char *message,
                            size_t message_len);
 
+/* Replaces *a by the product of a and b: the strings both accept (a `pattern` beside a
+ * `format`). Only pairs of states reachable from the start are built. */
+bool char_nfa_intersect(char_nfa *a, const char_nfa *b, char *message, size_t message_len);
+
 /* Whether a set is every code point (the unconstrained string character). */
 bool cp_set_is_all(const cp_set *set);
 

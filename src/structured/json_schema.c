@@ -445,12 +445,9 @@ static int32_t build_string(compiler *c, const json_t *schema, int32_t from) {
     get_length(c, schema, "minLength", &min_len);
     get_length(c, schema, "maxLength", &max_len);
     if (c->failed) return from;
-    if (max_len >= 0 && max_len < min_len)
-        return fail(c, "maxLength below minLength at %s", where(c)), from;
-    const char *regex = NULL;
+    if (max_len >= 0 && max_len < min_len) return new_state(c); /* no string: no path */
+    const char *regex = NULL, *pattern_regex = NULL; /* the latter: a pattern beside a format */
     const char *key = NULL;
-    if (format && pattern)
-        return fail(c, "'format' together with 'pattern' is not supported at %s", where(c)), from;
     if (format) {
         key = "format";
         if (!json_is_string(format))
@@ -459,14 +456,19 @@ static int32_t build_string(compiler *c, const json_t *schema, int32_t from) {
         if (!regex)
             return fail(c,
                         "unsupported format '%s' at %s/format (supported: date, time, "
-                        "date-time, uuid, email)",
+                        "date-time, uuid, email, ipv4, hostname, uri, duration)",
                         json_string_value(format), c->pointer),
                    from;
-    } else if (pattern) {
+    }
+    if (pattern) {
         key = "pattern";
         if (!json_is_string(pattern))
             return fail(c, "'pattern' must be a string at %s/pattern", c->pointer), from;
-        regex = json_string_value(pattern);
+        pattern_regex = json_string_value(pattern);
+        if (!regex)
+            regex = pattern_regex, pattern_regex = NULL;
+        else
+            key = "format";
     }
     int32_t at = lit(c, from, "\"");
     if (!regex && min_len == 0 && max_len < 0) {
@@ -478,6 +480,16 @@ static int32_t build_string(compiler *c, const json_t *schema, int32_t from) {
     char message[256];
     bool ok = regex ? json_regex_compile(regex, &cn, message, sizeof message)
                     : char_nfa_any(&cn, min_len, max_len, message, sizeof message);
+    if (ok && pattern_regex) {
+        char_nfa other;
+        char_nfa_init(&other, JSON_MAX_CHAR_STATES);
+        ok = json_regex_compile(pattern_regex, &other, message, sizeof message);
+        if (!ok)
+            key = "pattern";
+        else
+            ok = char_nfa_intersect(&cn, &other, message, sizeof message);
+        char_nfa_free(&other);
+    }
     if (ok && regex) ok = char_nfa_limit_length(&cn, min_len, max_len, message, sizeof message);
     if (!ok) {
         if (key)
@@ -934,7 +946,15 @@ static int32_t build_object(compiler *c, const json_t *schema, int32_t from) {
         size_t k = 0;
         while (k < n && strcmp(names[k], r) != 0)
             k++;
-        if (k == n) names[n++] = r; /* schemas[k] NULL: any value */
+        if (k == n) {
+            /* required but not a property: its value is an additional property's */
+            if (json_is_false(additional)) { /* no object can have it: no path */
+                end = new_state(c);
+                goto done;
+            }
+            names[n++] = r;
+            if (additional && !json_is_true(additional)) schemas[k] = additional;
+        }
         is_required[k] = true;
     }
     int32_t open = lit(c, from, "{");
@@ -954,7 +974,9 @@ static int32_t build_object(compiler *c, const json_t *schema, int32_t from) {
         eps(c, optional_space(c, lit(c, more, ",")), member);
         int32_t at = optional_space(c, lit(c, lit(c, member, encoded), ":"));
         free(encoded);
-        if (schemas[i]) {
+        if (schemas[i] && schemas[i] == additional) {
+            at = compile_child(c, additional, "additionalProperties", at);
+        } else if (schemas[i]) {
             size_t saved = pointer_push(c, "properties");
             at = compile_child(c, schemas[i], names[i], at);
             pointer_pop(c, saved);
@@ -979,7 +1001,7 @@ static int32_t build_object(compiler *c, const json_t *schema, int32_t from) {
         eps(c, optional_space(c, lit(c, more, ",")), member);
         int32_t at = optional_space(c, lit(c, other_key(c, member, &trie), ":"));
         if (additional && !json_is_true(additional))
-            at = compile_child(c, schema, "additionalProperties", at);
+            at = compile_child(c, additional, "additionalProperties", at);
         else
             at = call(c, at, any_machine(c, JSON_ANY_NESTING));
         eps(c, at, after);
@@ -1013,8 +1035,7 @@ static int32_t build_array(compiler *c, const json_t *schema, int32_t from) {
     if (c->failed) return from;
     int32_t n_prefix = prefix ? (int32_t)json_array_size(prefix) : 0;
     if (json_is_false(items) && (max_items < 0 || max_items > n_prefix)) max_items = n_prefix;
-    if (max_items >= 0 && max_items < min_items)
-        return fail(c, "maxItems below minItems at %s", where(c)), from;
+    if (max_items >= 0 && max_items < min_items) return new_state(c); /* no array: no path */
     if (max_items > 4096)
         return fail(c, "maxItems above the supported 4096 at %s/maxItems", c->pointer), from;
     /* elements past prefixItems are calls to the item schema's machine, so unrolling
@@ -1094,7 +1115,8 @@ static bool is_supported_keyword(const char *key) {
                                       "minimum",
                                       "maximum",
                                       "exclusiveMinimum",
-                                      "exclusiveMaximum"};
+                                      "exclusiveMaximum",
+                                      "propertyNames"};
     for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
         if (strcmp(key, supported[i]) == 0) return true;
     return is_ignored_keyword(key);
@@ -1288,6 +1310,20 @@ static int32_t compile_schema(compiler *c, const json_t *schema, int32_t from) {
     json_object_foreach((json_t *)schema, key, value) {
         if (!is_supported_keyword(key))
             return fail(c, "unsupported keyword '%s' at %s", key, where(c)), from;
+    }
+    /* keys are strings anyway: only that trivial propertyNames is accepted (zod emits it) */
+    const json_t *names = json_object_get(schema, "propertyNames");
+    if (names && !json_is_true(names)) {
+        const json_t *type = json_is_object(names) ? json_object_get(names, "type") : NULL;
+        size_t n_constraints = 0;
+        json_object_foreach((json_t *)names, key, value) {
+            if (!is_ignored_keyword(key)) n_constraints++;
+        }
+        if (!json_is_object(names) || n_constraints > (type != NULL) ||
+            (type && (!json_is_string(type) || strcmp(json_string_value(type), "string") != 0)))
+            return fail(c, "unsupported keyword 'propertyNames' at %s (only {\"type\":\"string\"})",
+                        where(c)),
+                   from;
     }
     c->inline_depth++;
     int32_t end = from;
@@ -1913,23 +1949,23 @@ gptoss_status gptoss_json_schema_compile(const json_t *schema, const gptoss_json
         eps(&c, end, m.exit);
     }
     bool ok = !c.failed;
-    if (ok && !take_graph(&c, s)) ok = !fail(&c, "out of memory compiling the schema");
+    if (ok && !take_graph(&c, s)) ok = fail(&c, "out of memory compiling the schema");
     free(c.edges);
     free_machines(c.machines, c.n_machines);
     if (ok) ok = check_progress(&c, s);
-    if (ok && !compute_distances(s)) ok = !fail(&c, "out of memory compiling the schema");
+    if (ok && !compute_distances(s)) ok = fail(&c, "out of memory compiling the schema");
     if (ok && dist_at(s, s->machines[0].start, 0) >= DIST_INF)
-        ok = !fail(&c,
-                   "schema accepts no value (or only values nested deeper than %d "
-                   "references and arrays) at /",
-                   JSON_MAX_STACK);
-    if (ok && !init_runtime(s)) ok = !fail(&c, "out of memory compiling the schema");
+        ok = fail(&c,
+                  "schema accepts no value (or only values nested deeper than %d "
+                  "references and arrays) at /",
+                  JSON_MAX_STACK);
+    if (ok && !init_runtime(s)) ok = fail(&c, "out of memory compiling the schema");
     if (ok) {
         s->work = malloc(256 * sizeof *s->work);
         s->cap_work = s->work ? 256 : 0;
         s->work[0] = (uint32_t)s->machines[0].start;
         s->start = closure(s, 1);
-        if (s->start < 0) ok = !fail(&c, "out of memory compiling the schema");
+        if (s->start < 0) ok = fail(&c, "out of memory compiling the schema");
     }
     if (!ok) {
         gptoss_status status = c.error->status ? c.error->status : GPTOSS_ERR_INVALID_ARGUMENT;
