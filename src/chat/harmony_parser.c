@@ -518,7 +518,7 @@ static char *repair_header(const char *raw, bool has_role) {
     for (size_t i = first; i < n; i++) {
         if (!recipient && strncmp(words[i], "to=", 3) == 0 && valid_recipient(words[i] + 3))
             recipient = strdup(words[i] + 3);
-        else if (is_json_word(words[i]))
+        else if (is_json_word(words[i]) || strcmp(words[i], "code") == 0)
             content_type = words[i];
     }
     if (recipient) {
