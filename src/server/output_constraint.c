@@ -24,7 +24,7 @@
  */
 #include "server/output_constraint.h"
 
-#include "model/special_tokens.h"
+#include "chat/chat.h"
 #include "structured/harmony_constraint.h"
 #include "util/clock.h"
 #include "util/log.h"
