@@ -26,6 +26,7 @@
 
 #include "chat/chat.h"
 #include "structured/harmony_constraint.h"
+#include "structured/json_schema.h"
 #include "util/clock.h"
 #include "util/log.h"
 
@@ -33,13 +34,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#if defined(__has_include)
-#if __has_include("structured/json_schema.h")
-#include "structured/json_schema.h"
-#define HAVE_JSON_SCHEMA 1
-#endif
-#endif
 
 #define MAX_TOOLS 128
 #define SHORTEST_BODY_MAX 65536 /* a schema whose shortest value needs more is refused */
@@ -51,10 +45,8 @@
  * (masks of automaton states) then serve them all. */
 typedef struct schema_entry {
     char *key; /* the schema as compact JSON ("" for json_object) */
-#ifdef HAVE_JSON_SCHEMA
     const gptoss_json_vocab *vocab;
     gptoss_json_schema *schema;
-#endif
     int32_t shortest;   /* the fewest body tokens a value takes (the matcher's budget unit) */
     int32_t refs;       /* bodies using it, plus one while the cache holds it */
     uint64_t last_used; /* cache clock */
@@ -77,7 +69,6 @@ struct output_constraint {
 
 /* ---- the JSON vocabulary, once per tokenizer ------------------------------------------------ */
 
-#ifdef HAVE_JSON_SCHEMA
 static pthread_mutex_t vocab_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
     const gptoss_tokenizer *tokenizer;
@@ -242,7 +233,6 @@ static schema_entry *entry_acquire(const json_t *schema, const gptoss_tokenizer 
     if (evicted) entry_free(evicted);
     return entry;
 }
-#endif
 
 /* ---- request checks ------------------------------------------------------------------------- */
 
@@ -461,10 +451,8 @@ void output_constraint_free(output_constraint *c) {
         gptoss_harmony_constraint_free(c->choices[i]);
     free(c->choices);
     gptoss_harmony_frame_free(c->frame);
-#ifdef HAVE_JSON_SCHEMA
     for (int32_t i = 0; c->bodies && i < c->n_bodies; i++)
         entry_release(c->bodies[i].entry);
-#endif
     free(c->bodies);
     free(c);
 }
@@ -482,7 +470,6 @@ static int32_t body_reserve(int32_t max_tokens, int32_t shortest_body) {
  * k + 1); `field` names it in errors. */
 static bool compile_body(output_constraint *c, int32_t k, const json_t *schema,
                          const gptoss_tokenizer *tokenizer, const char *field, field_error *e) {
-#ifdef HAVE_JSON_SCHEMA
     gptoss_error err = {0};
     schema_entry *entry = entry_acquire(schema, tokenizer, &err);
     if (!entry) return field_fail(e, field, "%s: %s", field, err.message);
@@ -490,10 +477,6 @@ static bool compile_body(output_constraint *c, int32_t k, const json_t *schema,
     c->n_bodies = k + 1; /* released with c from here on */
     if (entry->shortest > c->shortest_body) c->shortest_body = entry->shortest;
     return true;
-#else
-    (void)c, (void)k, (void)schema, (void)tokenizer;
-    return field_fail(e, field, "%s: structured output is not supported by this build", field);
-#endif
 }
 
 static gptoss_harmony_target body_target(output_constraint *c, int32_t k, const char *header,
@@ -502,11 +485,7 @@ static gptoss_harmony_target body_target(output_constraint *c, int32_t k, const 
                                .kind = GPTOSS_HARMONY_BODY_CONSTRAINED,
                                .end_token = end,
                                .budgeted = budgeted};
-#ifdef HAVE_JSON_SCHEMA
     t.body = (gptoss_harmony_body_source){body_create, body_set_budget, &c->bodies[k]};
-#else
-    (void)c, (void)k;
-#endif
     return t;
 }
 
