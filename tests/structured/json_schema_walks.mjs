@@ -54,9 +54,13 @@ function generator(seed) {
     const k = int(0, 4);
     if (k === 1) s.format = pick(FORMATS);
     if (k === 2) s.pattern = pick(PATTERNS);
-    if (k === 3 || (k === 2 && chance(0.3))) {
+    if (k === 3) {
       if (chance(0.7)) s.minLength = int(0, 4);
       if (chance(0.7)) s.maxLength = (s.minLength ?? 0) + int(0, 8);
+    }
+    if (k === 2 && chance(0.3)) { // loose enough for every pattern above
+      if (chance(0.7)) s.minLength = int(0, 2);
+      if (chance(0.7)) s.maxLength = (s.minLength ?? 0) + int(10, 16);
     }
     if (k === 4 && chance(0.5)) s.description = 'free text';
     if (k === 4 && chance(0.3)) return { ...pick(ZOD_STRINGS) };
@@ -106,6 +110,7 @@ function generator(seed) {
     }
     if (chance(0.5)) s.minItems = int(0, 2);
     if (chance(0.5)) s.maxItems = (s.minItems ?? 0) + int(0, 4);
+    if (s.items === false && (s.minItems ?? 0) > s.prefixItems.length) s.minItems = s.prefixItems.length;
     return s;
   }
   function scalar() {
@@ -144,6 +149,13 @@ function generator(seed) {
       const name = `d${Object.keys(defs).length}`;
       defs[name] = schema(depth + 1, null);
       return { $ref: `#/$defs/${name}` };
+    }
+    if (k === 8 && chance(0.5)) {
+      const a = objectSchema(depth + 1, null), b = objectSchema(depth + 1, null);
+      for (const part of [a, b]) delete part.additionalProperties; // parts must not forbid each other's keys
+      for (const name of Object.keys(b.properties)) if (name in a.properties) delete b.properties[name];
+      b.required = (b.required ?? []).filter((n) => n in b.properties || !(n in a.properties));
+      return { allOf: [a, b] };
     }
     if (k === 8) return { allOf: [scalar()] };
     return chance(0.5) ? {} : { description: 'anything' };

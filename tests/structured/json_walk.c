@@ -117,10 +117,10 @@ int main(int argc, char **argv) {
                 /* a schema whose shortest value exceeds the budget offers nothing at the
                  * start: such a walk starts again with twice the budget */
                 int32_t walk_budget = budget;
-            restart:
-                gptoss_json_matcher_set_budget(m, walk_budget);
                 gptoss_token_constraint *shadow = NULL;
                 if (gptoss_json_matcher_create(compiled, &shadow, &err) != GPTOSS_OK) abort();
+            restart:
+                gptoss_json_matcher_set_budget(m, walk_budget);
                 size_t hex_len = 0;
                 char problem[256] = "";
                 for (int step = 0;; step++) {

@@ -9,6 +9,7 @@
 #include "structured/json_schema.h"
 #include "util/clock.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,7 +141,10 @@ static void test_refused_keywords(void **state) {
     expect_refused("{\"type\":\"strin\"}", "unknown type 'strin' at /type");
     expect_refused("{\"type\":\"string\",\"format\":\"ipv6\"}",
                    "unsupported format 'ipv6' at /format");
-    expect_refused("{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", "allOf");
+    expect_refused("{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}",
+                   "merges only object schemas (type, properties, required): 'type' at /allOf");
+    expect_refused("{\"allOf\":[{\"properties\":{\"a\":{}}},{\"properties\":{\"a\":{}}}]}",
+                   "both declare property 'a'");
     expect_refused("{\"type\":\"string\",\"anyOf\":[{\"maxLength\":3}]}",
                    "keyword 'type' beside 'anyOf'");
     expect_refused("{\"type\":\"array\",\"items\":[{}]}", "at /items");
@@ -188,6 +192,9 @@ static void test_refs(void **state) {
         "{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}",
         "accepts no value");
     expect_refused("{\"$ref\":\"other.json#/a\"}", "only local");
+    expect_refused("{\"$defs\":{\"a\":{\"type\":\"object\",\"properties\":{\"b\":{\"not\":{}}}}},"
+                   "\"$ref\":\"#/$defs/a\"}",
+                   "unsupported keyword 'not' at /$defs/a/properties/b");
     expect_refused("{\"$ref\":\"#/$defs/missing\"}",
                    "unresolvable $ref '#/$defs/missing' at /$ref");
     /* recursion unrolled to the stack bound: a linked list */
@@ -230,6 +237,10 @@ static void test_values(void **state) {
     const char *open = "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}}}";
     ACCEPT(open, "{\"id\":1,\"other\":[true,{\"x\":null}]}");
     REJECT(open, "{\"id\":1,\"id\":2}"); /* an extra key never repeats a declared one */
+    const char *quoted = "{\"properties\":{\"q\\\"uote\":{\"type\":\"null\"}}}";
+    ACCEPT(quoted, "{\"q\\\"\":1}");     /* another key may share an escape with a name */
+    REJECT(quoted, "{\"q\\a\":1}");      /* but never leave it inside the escape */
+    REJECT(quoted, "{\"q\\\"uote\":1}"); /* nor be the name */
     ACCEPT("{\"type\":\"integer\",\"exclusiveMinimum\":-20,\"exclusiveMaximum\":1005}", "-19");
     ACCEPT("{\"type\":\"integer\",\"exclusiveMinimum\":-20,\"exclusiveMaximum\":1005}", "1004");
     REJECT("{\"type\":\"integer\",\"exclusiveMinimum\":-20,\"exclusiveMaximum\":1005}", "1005");
@@ -250,11 +261,21 @@ static void test_values(void **state) {
     ACCEPT("{\"type\":\"string\",\"pattern\":\"^\\\\d{3}$\",\"maxLength\":3}", "\"123\"");
     ACCEPT("{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}", "\"\\u00e9\\n\"");
     REJECT("{\"type\":\"string\",\"maxLength\":3}", "\"abcd\"");
+    ACCEPT("{\"type\":\"string\",\"minLength\":2,\"maxLength\":20000}", "\"ab\\u00e9\"");
+    REJECT("{\"type\":\"string\",\"minLength\":3000,\"maxLength\":20000}", "\"ab\"");
     REJECT("{\"type\":\"string\"}", "\"\\ud800\""); /* surrogate escapes are not emitted */
     ACCEPT("{\"enum\":[\"a\",1,null,{\"k\":[1]}]}", "{\"k\":[1]}");
     REJECT("{\"type\":\"string\",\"enum\":[\"a\",1]}", "1");
     ACCEPT("{\"const\":\"x\\\"y\"}", "\"x\\\"y\"");
     ACCEPT("{\"type\":[\"string\",\"null\"]}", "null");
+    const char *merged = "{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+                         "\"integer\"}},\"required\":[\"a\"]},{\"properties\":{\"b\":{\"type\":"
+                         "\"boolean\"}},\"required\":[\"b\"]}],\"title\":\"T\"}";
+    ACCEPT(merged, "{\"a\":1,\"b\":true}");
+    REJECT(merged, "{\"a\":1}");
+    ACCEPT("{\"allOf\":[{\"$ref\":\"#/$defs/s\"}],\"description\":\"d\",\"$defs\":{\"s\":{"
+           "\"type\":\"string\"}}}",
+           "\"x\"");
     ACCEPT("{\"oneOf\":[{\"type\":\"boolean\"},{\"type\":\"array\",\"prefixItems\":[{\"type\":"
            "\"integer\"}],\"items\":false}]}",
            "[7]");
@@ -400,6 +421,74 @@ static void test_large_schemas(void **state) {
     free(text);
 }
 
+typedef struct walker {
+    gptoss_json_schema *schema;
+    uint64_t seed;
+    int walks_ok;
+} walker;
+
+/* Random walks (budget 60) on a schema shared with other threads; counts walks whose text
+ * jansson parses. */
+static void *walk_thread(void *arg) {
+    walker *w = arg;
+    uint32_t *mask = malloc(MASK_WORDS * sizeof *mask);
+    int32_t *allowed = malloc(N_VOCAB * sizeof *allowed);
+    for (int walk = 0; walk < 6; walk++) {
+        gptoss_token_constraint *m = NULL;
+        gptoss_error err = {0};
+        if (gptoss_json_matcher_create(w->schema, &m, &err) != GPTOSS_OK) break;
+        gptoss_json_matcher_set_budget(m, 60);
+        char text[8192];
+        size_t len = 0;
+        for (;;) {
+            memset(mask, 0, MASK_WORDS * sizeof *mask);
+            gptoss_constraint_allow(m, mask, N_VOCAB);
+            int32_t n = 0;
+            for (int32_t t = 0; t < N_VOCAB; t++)
+                if (mask[t / 32] >> (t % 32) & 1) allowed[n++] = t;
+            if (n == 0) break;
+            w->seed = w->seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            int32_t pick = allowed[(w->seed >> 33) % (uint64_t)n];
+            if (!gptoss_constraint_advance(m, pick)) break;
+            size_t tl;
+            const char *b = gptoss_tokenizer_token_bytes(tok, pick, &tl);
+            if (len + tl < sizeof text) memcpy(text + len, b, tl), len += tl;
+        }
+        json_error_t jerr;
+        json_t *v =
+            gptoss_constraint_complete(m) ? json_loadb(text, len, JSON_DECODE_ANY, &jerr) : NULL;
+        if (v) w->walks_ok++;
+        json_decref(v);
+        gptoss_constraint_free(m);
+    }
+    free(mask);
+    free(allowed);
+    return NULL;
+}
+
+/* One compiled schema serves concurrent sequences. */
+static void test_threads(void **state) {
+    (void)state;
+    gptoss_json_schema *schemas[2] = {
+        compile_ok(NULL),
+        compile_ok("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":"
+                   "{\"type\":\"string\",\"maxLength\":4}},\"b\":{\"type\":\"integer\"}},"
+                   "\"required\":[\"a\",\"b\"]}")};
+    for (int k = 0; k < 2; k++) {
+        pthread_t threads[4];
+        walker walkers[4];
+        for (int i = 0; i < 4; i++) {
+            walkers[i] = (walker){.schema = schemas[k], .seed = (uint64_t)(i + 1) * 977};
+            assert_int_equal(pthread_create(&threads[i], NULL, walk_thread, &walkers[i]), 0);
+        }
+        for (int i = 0; i < 4; i++) {
+            pthread_join(threads[i], NULL);
+            assert_int_equal(walkers[i].walks_ok, 6);
+        }
+        gptoss_json_schema_free(schemas[k]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refused_keywords),
@@ -409,6 +498,7 @@ int main(void) {
         cmocka_unit_test(test_json_object_mode),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_large_schemas),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
