@@ -9,6 +9,8 @@
  *   tool call start          -> TOOL_CALL (new index, id prefix+index, name)
  *   tool call argument delta -> TOOL_ARGUMENTS
  *   turn end                 -> remembered; FINISH comes from gptoss_chat_stream_finish.
+ * Text of messages from other authors (a model that goes on to write the user's next turn)
+ * is not the assistant's and is left out. The parser runs in repair mode (harmony_parser.h).
  * Must not sample or run a model.
  */
 #include "chat/chat.h"
@@ -91,8 +93,10 @@ gptoss_status gptoss_chat_stream_create(const gptoss_tokenizer *tokenizer,
     }
     /* The prompt ends in "<|start|>assistant": generation starts inside a header. Non-strict:
      * a model's slip must not lose text or fail the request. */
-    gptoss_harmony_parser_options options = {
-        .strict = false, .has_initial_role = true, .initial_role = GPTOSS_ROLE_ASSISTANT};
+    gptoss_harmony_parser_options options = {.strict = false,
+                                             .repair = true,
+                                             .has_initial_role = true,
+                                             .initial_role = GPTOSS_ROLE_ASSISTANT};
     gptoss_status st = gptoss_harmony_parser_create(tokenizer, &options, &s->parser, error);
     if (st) {
         free(s->call_id_prefix);
@@ -172,7 +176,9 @@ static gptoss_status take_events(gptoss_chat_stream *s, gptoss_error *error) {
         case GPTOSS_CHAT_EVENT_REASONING_DELTA:
         case GPTOSS_CHAT_EVENT_ANSWER_DELTA:
         case GPTOSS_CHAT_EVENT_COMMENTARY_DELTA:
-            if (ev->len == 0) break;
+            /* A message by another author (user, tool, ...) is the model imagining the
+             * conversation going on: not part of the assistant's answer. */
+            if (ev->len == 0 || ev->role != GPTOSS_ROLE_ASSISTANT) break;
             p = new_piece(s,
                           ev->kind == GPTOSS_CHAT_EVENT_REASONING_DELTA
                               ? GPTOSS_CHAT_PIECE_REASONING

@@ -15,7 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum parse_state { EXPECT_START, HEADER, CONTENT };
+/* PROBE (repair mode): text where <|start|> was expected that may be the role "assistant" of
+ * a header whose <|start|> the model left out; held in `probe` until that is decided. */
+enum parse_state { EXPECT_START, HEADER, CONTENT, PROBE };
 
 static const char replacement[] = "\xEF\xBF\xBD"; /* U+FFFD */
 static const char channel_marker[] = "<|channel|>";
@@ -28,6 +30,7 @@ struct gptoss_harmony_parser {
     bool has_next_role;                      /* the next header's role is already known */
     gptoss_harmony_role next_role;           /* ... and this is it */
     gptoss_chat_buf header;                  /* raw bytes of the header being read */
+    gptoss_chat_buf probe;                   /* PROBE: the held text */
     gptoss_harmony_parsed_message current;   /* header fields of the open message */
     gptoss_chat_buf content;                 /* valid UTF-8 content of the open message */
     gptoss_chat_event_kind current_kind;     /* delta kind of the open message */
@@ -110,6 +113,14 @@ static gptoss_chat_end_reason reason_of(int32_t id) {
 
 static bool is_ws(char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+/* Tokens with a meaning in harmony's grammar; other special tokens (<|startoftext|>, the
+ * reserved ones) are noise to the repair mode. */
+static bool is_markup(int32_t id) {
+    return is_stop(id) || id == GPTOSS_TOKEN_START || id == GPTOSS_TOKEN_MESSAGE ||
+           id == GPTOSS_TOKEN_CHANNEL || id == GPTOSS_TOKEN_CONSTRAIN ||
+           id == GPTOSS_TOKEN_ENDOFTEXT;
 }
 
 /* ---- events ------------------------------------------------------------------------------ */
@@ -412,20 +423,178 @@ static char *join_words(char **words, size_t n) {
     return gptoss_chat_buf_take(&out, NULL);
 }
 
+/* ---- repair mode: headers ------------------------------------------------------------------ */
+
+/* Repair: what may name a recipient ("functions.get_weather", "browser.search"); anything else
+ * in that place is text the model put in its header. */
+static bool valid_recipient(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > 128) return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.' || c == ':'))
+            return false;
+    }
+    return true;
+}
+
+/* Removes every "<|channel|>NAME" from s (in place; whitespace after the marker skipped, a
+ * space left in its place); *channel gets the last non-empty NAME, or stays NULL. */
+static void cut_channels(char *s, char **channel) {
+    char *marker;
+    while ((marker = strstr(s, channel_marker))) {
+        char *value = marker + strlen(channel_marker);
+        while (*value && is_ws(*value))
+            value++;
+        size_t n = 0;
+        while (value[n] && !is_ws(value[n]) && value[n] != '<')
+            n++;
+        if (n) {
+            free(*channel);
+            *channel = gptoss_chat_strndup(value, n);
+        }
+        *marker = ' ';
+        memmove(marker + 1, value + n, strlen(value + n) + 1);
+    }
+}
+
+/* A channel that is really a recipient ("to=functions.f", "functions.f",
+ * "commentary.to=functions.f"): returns the recipient (malloc'd) and leaves the channel
+ * that remains ("commentary" when none does). */
+static char *channel_recipient(char **channel) {
+    char *c = *channel;
+    if (!c) return NULL;
+    char *recipient = NULL;
+    char *glued = strstr(c, ".to=");
+    if (strncmp(c, "to=", 3) == 0) {
+        recipient = strdup(c + 3);
+        c[0] = '\0';
+    } else if (glued) {
+        recipient = strdup(glued + 4);
+        *glued = '\0';
+    } else if (strncmp(c, "functions.", 10) == 0) {
+        recipient = strdup(c);
+        c[0] = '\0';
+    }
+    if (recipient && c[0] == '\0') {
+        free(*channel);
+        *channel = strdup("commentary");
+    }
+    return recipient;
+}
+
+static bool is_json_word(const char *w) {
+    return strncmp(w, constrain_marker, strlen(constrain_marker)) == 0 ||
+           ((w[0] == 'j' || w[0] == 'J') && (w[1] == 's' || w[1] == 'S') &&
+            (w[2] == 'o' || w[2] == 'O') && (w[3] == 'n' || w[3] == 'N') && w[4] == '\0');
+}
+
+/* Rewrites a header into the form harmony parses, when it names a recipient or its channel
+ * markers are untidy (see "Repair mode" in harmony_parser.h). Returns a malloc'd string. */
+static char *repair_header(const char *raw, bool has_role) {
+    char *s = strdup(raw);
+    if (!s) return NULL;
+    char *channel = NULL;
+    cut_channels(s, &channel);
+    char *recipient = channel_recipient(&channel);
+    if (recipient && !valid_recipient(recipient)) {
+        free(recipient);
+        recipient = NULL;
+    }
+    char *spaced = strstr(s, constrain_marker) ? space_constrain(s) : strdup(s);
+    free(s);
+    char **words = NULL;
+    size_t n = spaced ? split_words(spaced, &words) : 0;
+    gptoss_chat_buf out = {0};
+    size_t first = 0;
+    if (!has_role && n > 0 && strncmp(words[0], "to=", 3) != 0) {
+        gptoss_chat_buf_puts(&out, words[0]); /* a role, or a tool's name as author */
+        first = 1;
+    } else if (!has_role) {
+        gptoss_chat_buf_puts(&out, "assistant");
+    }
+    const char *content_type = NULL;
+    for (size_t i = first; i < n; i++) {
+        if (!recipient && strncmp(words[i], "to=", 3) == 0 && valid_recipient(words[i] + 3))
+            recipient = strdup(words[i] + 3);
+        else if (is_json_word(words[i]) || strcmp(words[i], "code") == 0)
+            content_type = words[i];
+    }
+    if (recipient) {
+        gptoss_chat_buf_printf(&out, "%sto=%s", out.len ? " " : "", recipient);
+        if (channel) gptoss_chat_buf_printf(&out, "%s%s", channel_marker, channel);
+        if (content_type) gptoss_chat_buf_printf(&out, " %s", content_type);
+    } else {
+        for (size_t i = first; i < n; i++)
+            gptoss_chat_buf_printf(&out, "%s%s", out.len ? " " : "", words[i]);
+        if (channel) gptoss_chat_buf_printf(&out, "%s%s", channel_marker, channel);
+    }
+    free(words);
+    free(spaced);
+    free(channel);
+    free(recipient);
+    char *result = gptoss_chat_buf_take(&out, NULL);
+    return result ? result : calloc(1, 1);
+}
+
+/* Removes channel and constrain markers from recovered text (in place). */
+static void strip_markup(char *s) {
+    static const char *const markers[] = {channel_marker, constrain_marker};
+    for (size_t k = 0; k < 2; k++) {
+        char *hit;
+        const size_t len = strlen(markers[k]);
+        while ((hit = strstr(s, markers[k])))
+            memmove(hit, hit + len, strlen(hit + len) + 1);
+    }
+}
+
+/* The recipient a header cut short names ("to=NAME" as a word), malloc'd, or NULL; *args
+ * gets where arguments start (the first '{' after it; the end of s when none). */
+static char *header_recipient(const char *s, const char **args) {
+    for (const char *w = strstr(s, "to="); w; w = strstr(w + 1, "to=")) {
+        if (w != s && !is_ws(w[-1]) && w[-1] != '.' && w[-1] != '>') continue;
+        const char *name = w + 3;
+        size_t n = 0;
+        while (name[n] && !is_ws(name[n]) && name[n] != '<' && name[n] != '{')
+            n++;
+        if (n == 0) continue;
+        char *found = gptoss_chat_strndup(name, n);
+        if (!found || !valid_recipient(found)) {
+            free(found);
+            continue;
+        }
+        free(found);
+        const char *brace = strchr(name + n, '{');
+        *args = brace ? brace : name + strlen(name);
+        return gptoss_chat_strndup(name, n);
+    }
+    return NULL;
+}
+
 /* Parses the header into p->current (spec 6.7). On failure fills *why and leaves in
  * *leftover (malloc'd, may be NULL) the header words that could not be placed, while
  * p->current keeps what could be (role, channel). */
+static char *header_text(const gptoss_harmony_parser *p) {
+    char *s = header_string(p);
+    if (!s || !p->options.repair || p->options.strict) return s;
+    char *repaired = repair_header(s, p->has_next_role);
+    free(s);
+    return repaired;
+}
+
 static bool parse_header(gptoss_harmony_parser *p, char *why, size_t why_size, char **leftover) {
     *leftover = NULL;
     gptoss_harmony_parsed_message *m = &p->current;
     m->role = p->has_next_role ? p->next_role : GPTOSS_ROLE_ASSISTANT;
-    char *s = header_string(p);
+    char *s = header_text(p);
     if (!s) {
         snprintf(why, why_size, "out of memory");
         return false;
     }
     if (!cut_channel(s, &m->channel, false)) {
         snprintf(why, why_size, "channel marker present but no channel value found in header");
+        if (p->options.repair) strip_markup(s);
         *leftover = s;
         return false;
     }
@@ -469,7 +638,11 @@ static bool parse_header(gptoss_harmony_parser *p, char *why, size_t why_size, c
             char *raw = words[--n];
             m->recipient = strdup(strncmp(raw, "to=", 3) == 0 ? raw + 3 : raw);
         }
-        if (n > first) {
+        if (p->options.repair && !p->options.strict && m->recipient &&
+            !valid_recipient(m->recipient)) {
+            snprintf(why, why_size, "'%.200s' cannot name a recipient", m->recipient);
+            ok = false;
+        } else if (n > first) {
             gptoss_chat_buf list = {0};
             for (size_t i = first; i < n; i++)
                 gptoss_chat_buf_printf(&list, "%s\"%s\"", i > first ? ", " : "", words[i]);
@@ -489,12 +662,13 @@ static bool parse_header(gptoss_harmony_parser *p, char *why, size_t why_size, c
         /* Recount: n may have been decremented above; re-split is simpler. */
         free(words);
         char **all = NULL;
-        char *again = header_string(p);
+        char *again = header_text(p);
         char *dummy = NULL;
         if (again && (cut_channel(again, &dummy, true) || true)) {
             size_t count = split_words(again, &all);
             if (from > count) from = count;
             *leftover = all ? join_words(all + from, count - from) : NULL;
+            if (*leftover && p->options.repair) strip_markup(*leftover);
         }
         free(dummy);
         free(all);
@@ -519,13 +693,82 @@ static gptoss_status fail(gptoss_harmony_parser *p, gptoss_error *error, const c
 
 /* Non-strict: the header read so far becomes a message (harmony's recovery when a stop
  * token arrives before <|message|>): channel kept, other words single-spaced as content. */
+/* Repair: a header cut short that names a recipient becomes that tool call, its arguments the
+ * text from the first '{' on; a close_reason of NONE leaves the message open (CONTENT). */
+static bool recover_tool_call(gptoss_harmony_parser *p, const char *s, int32_t stop_token,
+                              gptoss_chat_end_reason close_reason) {
+    const char *args = NULL;
+    char *recipient = header_recipient(s, &args);
+    if (!recipient) return false;
+    char *copy = strdup(s);
+    char *channel = NULL;
+    if (copy) cut_channels(copy, &channel);
+    free(copy);
+    char *spare = channel ? channel_recipient(&channel) : NULL;
+    free(spare);
+    clear_current(p);
+    p->current.role = GPTOSS_ROLE_ASSISTANT;
+    p->current.channel = channel ? channel : strdup("commentary");
+    p->current.recipient = recipient;
+    p->current.content_type = strdup("<|constrain|>json");
+    begin_message(p);
+    p->current_recovered = true;
+    char *clean = strdup(args);
+    if (clean) {
+        strip_markup(clean);
+        feed_bytes(p, (const unsigned char *)clean, strlen(clean));
+        free(clean);
+    }
+    if (close_reason != GPTOSS_CHAT_END_NONE) close_message(p, stop_token, close_reason);
+    return true;
+}
+
+/* Repair: a header longer than any real one. A tool call when it names a recipient and its
+ * arguments have begun; otherwise its text (channel kept, markup removed) as a message. */
+static void recover_long_header(gptoss_harmony_parser *p) {
+    char *s = header_string(p);
+    gptoss_chat_buf_free(&p->header);
+    const char *args = NULL;
+    char *recipient = s ? header_recipient(s, &args) : NULL;
+    bool call = recipient && *args == '{';
+    free(recipient);
+    if (s && call && recover_tool_call(p, s, -1, GPTOSS_CHAT_END_NONE)) {
+        free(s);
+        return;
+    }
+    char *channel = NULL;
+    if (s) cut_channels(s, &channel);
+    clear_current(p);
+    p->current.role = p->has_next_role ? p->next_role : GPTOSS_ROLE_ASSISTANT;
+    p->current.channel = channel;
+    begin_message(p);
+    p->current_recovered = true;
+    if (s) {
+        strip_markup(s);
+        const char *text = s;
+        while (is_ws(*text))
+            text++;
+        feed_bytes(p, (const unsigned char *)text, strlen(text));
+    }
+    free(s);
+}
+
 static void recover_header(gptoss_harmony_parser *p, int32_t stop_token,
                            gptoss_chat_end_reason reason) {
+    if (p->options.repair) {
+        char *raw = header_string(p);
+        bool done = raw && recover_tool_call(p, raw, stop_token, reason);
+        free(raw);
+        if (done) return;
+    }
     clear_current(p);
     p->current.role = p->has_next_role ? p->next_role : GPTOSS_ROLE_ASSISTANT;
     char *s = header_string(p);
     char *channel = NULL;
-    if (s && !cut_channel(s, &channel, true)) channel = NULL;
+    if (s && p->options.repair)
+        cut_channels(s, &channel);
+    else if (s && !cut_channel(s, &channel, true))
+        channel = NULL;
     p->current.channel = channel;
     char **words = NULL;
     size_t n = s ? split_words(s, &words) : 0;
@@ -537,6 +780,7 @@ static void recover_header(gptoss_harmony_parser *p, int32_t stop_token,
         first = 1;
     }
     char *text = words ? join_words(words + first, n - first) : NULL;
+    if (text && p->options.repair) strip_markup(text);
     free(words);
     free(s);
     begin_message(p);
@@ -608,6 +852,7 @@ void gptoss_harmony_parser_free(gptoss_harmony_parser *p) {
     free(p->events);
     free(p->event_text_offsets);
     gptoss_chat_buf_free(&p->header);
+    gptoss_chat_buf_free(&p->probe);
     gptoss_chat_buf_free(&p->delta);
     gptoss_chat_buf_free(&p->event_text);
     free(p);
@@ -631,14 +876,77 @@ static gptoss_status end_step(gptoss_harmony_parser *p, gptoss_error *error) {
     return GPTOSS_OK;
 }
 
-gptoss_status gptoss_harmony_parser_push(gptoss_harmony_parser *p, int32_t id,
-                                         gptoss_error *error) {
-    if (p->failed) return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s", p->failure.message);
-    begin_step(p);
-    p->last_token = id;
+/* Repair: a header begins without <|start|> (the role is taken as assistant unless text
+ * before it named one). */
+static void begin_header(gptoss_harmony_parser *p, bool assistant) {
+    p->state = HEADER;
+    gptoss_chat_buf_free(&p->header);
+    if (assistant) {
+        p->has_next_role = true;
+        p->next_role = GPTOSS_ROLE_ASSISTANT;
+    }
+}
+
+static const char probe_role[] = "assistant";
+
+/* Whether the bytes of id, after the held probe text, still spell a prefix of "assistant". */
+static bool probe_extends(const gptoss_harmony_parser *p, int32_t id) {
+    size_t len = 0;
+    const char *bytes = gptoss_tokenizer_token_bytes(p->tokenizer, id, &len);
+    if (!bytes || len == 0 || p->probe.len + len > strlen(probe_role)) return false;
+    return memcmp(probe_role, p->probe.data ? p->probe.data : "", p->probe.len) == 0 &&
+           memcmp(probe_role + p->probe.len, bytes, len) == 0;
+}
+
+static void append_token_bytes(gptoss_harmony_parser *p, gptoss_chat_buf *buf, int32_t id) {
+    size_t len = 0;
+    const char *bytes = gptoss_tokenizer_token_bytes(p->tokenizer, id, &len);
+    if (!bytes) {
+        bytes = replacement;
+        len = 3;
+    }
+    if (!gptoss_chat_buf_append(buf, bytes, len)) p->out_of_memory = true;
+}
+
+/* Repair: the held probe text was not a role: it becomes the text of an implicit message. */
+static void flush_probe(gptoss_harmony_parser *p) {
+    gptoss_chat_buf held = p->probe;
+    memset(&p->probe, 0, sizeof p->probe);
+    begin_implicit(p);
+    if (held.len) feed_bytes(p, (const unsigned char *)held.data, held.len);
+    gptoss_chat_buf_free(&held);
+}
+
+static gptoss_status step(gptoss_harmony_parser *p, int32_t id, gptoss_error *error) {
     bool strict = p->options.strict;
+    bool repair = p->options.repair && !strict;
     char detail[64];
+    /* Special tokens outside harmony's grammar are never text nor header in repair mode. */
+    if (repair && !is_markup(id) && gptoss_tokenizer_is_special(p->tokenizer, id)) return GPTOSS_OK;
     switch (p->state) {
+    case PROBE:
+        if (probe_extends(p, id)) {
+            append_token_bytes(p, &p->probe, id);
+            break;
+        }
+        if (p->probe.len == strlen(probe_role) && !is_stop(id) && id != GPTOSS_TOKEN_START &&
+            id != GPTOSS_TOKEN_ENDOFTEXT) {
+            size_t len = 0;
+            const char *bytes = gptoss_tokenizer_token_bytes(p->tokenizer, id, &len);
+            const bool header_next = id == GPTOSS_TOKEN_CHANNEL || id == GPTOSS_TOKEN_MESSAGE ||
+                                     id == GPTOSS_TOKEN_CONSTRAIN ||
+                                     (bytes && len > 0 && is_ws(bytes[0]));
+            if (header_next) {
+                gptoss_chat_buf held = p->probe;
+                memset(&p->probe, 0, sizeof p->probe);
+                begin_header(p, false);
+                p->has_next_role = false;
+                p->header = held; /* "assistant": the role word */
+                return step(p, id, error);
+            }
+        }
+        flush_probe(p);
+        return step(p, id, error);
     case EXPECT_START:
         if (id == GPTOSS_TOKEN_START) {
             p->state = HEADER;
@@ -648,6 +956,15 @@ gptoss_status gptoss_harmony_parser_push(gptoss_harmony_parser *p, int32_t id,
             return fail(p, error, "unexpected token %s while expecting start token 200006", detail);
         } else if (is_stop(id) || id == GPTOSS_TOKEN_ENDOFTEXT) {
             if (id != GPTOSS_TOKEN_END) turn_end(p, reason_of(id));
+        } else if (repair && (id == GPTOSS_TOKEN_CHANNEL || id == GPTOSS_TOKEN_MESSAGE)) {
+            begin_header(p, true);
+            return step(p, id, error);
+        } else if (repair && id == GPTOSS_TOKEN_CONSTRAIN) {
+            /* stray markup: dropped */
+        } else if (repair && probe_extends(p, id)) {
+            gptoss_chat_buf_free(&p->probe);
+            append_token_bytes(p, &p->probe, id);
+            p->state = PROBE;
         } else {
             begin_implicit(p);
             content_token(p, id);
@@ -664,20 +981,18 @@ gptoss_status gptoss_harmony_parser_push(gptoss_harmony_parser *p, int32_t id,
             recover_header(p, -1, GPTOSS_CHAT_END_END);
             p->state = HEADER;
         } else {
-            size_t len = 0;
-            const char *bytes = gptoss_tokenizer_token_bytes(p->tokenizer, id, &len);
-            if (!bytes) {
-                bytes = replacement;
-                len = 3;
-            }
-            if (!gptoss_chat_buf_append(&p->header, bytes, len)) p->out_of_memory = true;
+            append_token_bytes(p, &p->header, id);
             if (!strict && p->header.len > GPTOSS_HARMONY_MAX_HEADER_BYTES) {
-                /* A model that never writes <|message|>: surface what it wrote as text. */
-                gptoss_chat_buf raw = p->header;
-                memset(&p->header, 0, sizeof p->header);
-                begin_implicit(p);
-                feed_bytes(p, (const unsigned char *)raw.data, raw.len);
-                gptoss_chat_buf_free(&raw);
+                if (repair) {
+                    recover_long_header(p);
+                } else {
+                    /* A model that never writes <|message|>: surface what it wrote as text. */
+                    gptoss_chat_buf raw = p->header;
+                    memset(&p->header, 0, sizeof p->header);
+                    begin_implicit(p);
+                    feed_bytes(p, (const unsigned char *)raw.data, raw.len);
+                    gptoss_chat_buf_free(&raw);
+                }
             }
         }
         break;
@@ -689,11 +1004,28 @@ gptoss_status gptoss_harmony_parser_push(gptoss_harmony_parser *p, int32_t id,
             close_message(p, -1, GPTOSS_CHAT_END_END);
             p->state = HEADER;
             gptoss_chat_buf_free(&p->header);
+        } else if (repair && id == GPTOSS_TOKEN_CHANNEL) {
+            /* the model began its next message without <|end|><|start|>assistant */
+            close_message(p, -1, GPTOSS_CHAT_END_END);
+            begin_header(p, true);
+            return step(p, id, error);
+        } else if (repair && (id == GPTOSS_TOKEN_MESSAGE || id == GPTOSS_TOKEN_CONSTRAIN)) {
+            /* stray markup: dropped */
         } else {
             content_token(p, id);
         }
         break;
     }
+    return GPTOSS_OK;
+}
+
+gptoss_status gptoss_harmony_parser_push(gptoss_harmony_parser *p, int32_t id,
+                                         gptoss_error *error) {
+    if (p->failed) return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s", p->failure.message);
+    begin_step(p);
+    p->last_token = id;
+    gptoss_status st = step(p, id, error);
+    if (st) return st;
     if (p->n_events == 0) p->last_event_turn_end = false;
     return end_step(p, error);
 }
@@ -701,6 +1033,7 @@ gptoss_status gptoss_harmony_parser_push(gptoss_harmony_parser *p, int32_t id,
 gptoss_status gptoss_harmony_parser_finish(gptoss_harmony_parser *p, gptoss_error *error) {
     if (p->failed) return gptoss_set_error(error, GPTOSS_ERR_FORMAT, "%s", p->failure.message);
     begin_step(p);
+    if (p->state == PROBE) flush_probe(p);
     if (p->state == HEADER) {
         if (p->options.strict)
             return fail(p, error, "%s",

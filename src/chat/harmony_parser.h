@@ -35,6 +35,21 @@
  *   - <|start|> inside content: the open message ends (reason END) and a header begins;
  *   - <|endoftext|>: ends the open message and the turn (reason EOS);
  *   - stop tokens between messages: no message; <|return|>/<|call|> still end the turn.
+ * Repair mode (non-strict, for a server facing real model output) adds what gpt-oss models are
+ * seen to get wrong, so that a tool call survives and no markup leaks into text:
+ *   - <|channel|> where <|start|> was expected, or inside content: a new assistant header
+ *     begins (the model skipped <|end|><|start|>assistant); text "assistant" where <|start|>
+ *     was expected, followed by a header token, is that role (held until it is known);
+ *   - <|message|> where <|start|> was expected: an assistant message without a channel;
+ *   - <|message|>, <|constrain|>, <|startoftext|> and reserved tokens inside content, and
+ *     those other than <|channel|>/<|constrain|> inside a header, are dropped (never text);
+ *   - headers: whitespace after <|channel|> is skipped, the last of several channel markers
+ *     wins, a channel that is really a recipient ("to=functions.f", "functions.f",
+ *     "commentary.to=functions.f") becomes the recipient; with a "to=" word present, words
+ *     that do not fit are ignored (the content type is the <|constrain|> or "json" word);
+ *   - a header cut short (stop token, end of input, a header too long) that names a
+ *     recipient becomes that tool call, its arguments the text from the first '{' on;
+ *     otherwise the text surfaces without <|channel|>/<|constrain|> markup.
  * Event classification: a recipient other than all/user/assistant makes a tool call (any
  * channel); otherwise analysis -> reasoning, commentary -> commentary (a preamble), final ->
  * answer; no channel, an unknown channel, or a non-assistant author -> answer text with
@@ -95,6 +110,7 @@ typedef struct gptoss_chat_event {
 
 typedef struct gptoss_harmony_parser_options {
     bool strict;           /* harmony's strict mode (errors) vs recovery */
+    bool repair;           /* non-strict only: the repairs below, beyond harmony's recoveries */
     bool has_initial_role; /* the prompt ended in "<|start|>ROLE": input starts in a header */
     gptoss_harmony_role initial_role;
 } gptoss_harmony_parser_options;

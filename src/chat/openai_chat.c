@@ -17,9 +17,9 @@
  *      message with those instructions, in place.
  *   3. `tools` ([{type:"function", function:{name, description?, parameters?}}]) become the
  *      developer message's "functions" namespace, in the order given (property order of
- *      every schema kept). tool_choice "none" leaves them out; other tool_choice values are
- *      accepted but not enforced. A developer message is emitted when there are
- *      instructions or tools.
+ *      every schema kept). tool_choice "none" leaves them out; the server enforces the
+ *      others on the output (server/output_constraint.c). A developer message is emitted
+ *      when there are instructions or tools.
  *   4. "user": content as a string, or an array of {type:"text", text} parts rendered one
  *      after another with no separator (as harmony renders several content items). Other
  *      part types are refused. `name` is accepted and ignored (harmony's "user:NAME" is not
@@ -35,6 +35,8 @@
  *      (spec 6.5), content verbatim.
  *   7. Earlier reasoning is dropped by the renderer exactly as harmony does (spec 6.6); the
  *      mapping keeps every message.
+ *   8. response_format json_schema: "# Response Formats", "## NAME", "// DESCRIPTION" and the
+ *      schema (compact JSON) end the developer message's instructions.
  */
 #include "chat/openai_chat.h"
 
@@ -324,6 +326,32 @@ static gptoss_status map_tool_result(mapping *m, const json_t *msg, const char *
     return st;
 }
 
+/* response_format json_schema: the schema is shown to the model as harmony's guide does, in a
+ * "# Response Formats" section of the developer message (after the instructions; the server
+ * constrains the answer to it either way). Field checks are the server's (output_constraint). */
+static void append_response_format(const json_t *request, gptoss_chat_buf *instructions) {
+    const json_t *format = json_object_get(request, "response_format");
+    const json_t *type = json_is_object(format) ? json_object_get(format, "type") : NULL;
+    if (!json_is_string(type) || strcmp(json_string_value(type), "json_schema") != 0) return;
+    const json_t *js = json_object_get(format, "json_schema");
+    const json_t *schema = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+    if (!json_is_object(schema)) return;
+    char *text = json_dumps(schema, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!text) {
+        instructions->failed = true;
+        return;
+    }
+    const char *name = json_string_value(json_object_get(js, "name"));
+    const char *description = json_string_value(json_object_get(js, "description"));
+    if (instructions->len) gptoss_chat_buf_puts(instructions, "\n\n");
+    gptoss_chat_buf_printf(instructions, "# Response Formats\n\n## %s\n\n",
+                           name ? name : "response");
+    if (description) gptoss_chat_buf_printf(instructions, "// %s\n", description);
+    gptoss_chat_buf_puts(instructions, text);
+    gptoss_chat_buf_terminate(instructions);
+    free(text);
+}
+
 static gptoss_status map_messages(mapping *m, const json_t *messages,
                                   const gptoss_openai_chat_options *options) {
     gptoss_error *error = m->error;
@@ -401,11 +429,12 @@ static gptoss_status map_messages(mapping *m, const json_t *messages,
         gptoss_chat_buf_terminate(&instructions);
         gptoss_chat_buf_free(&text);
     }
+    append_response_format(request, &instructions);
     if (instructions.failed)
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     /* Leading system/developer messages that are all empty give no "# Instructions" section
      * (an empty section is noise to the model; the template omits it too). */
-    bool has_instructions = first > 0 && instructions.len > 0;
+    bool has_instructions = instructions.len > 0;
     if (has_instructions || use_tools) {
         gptoss_harmony_message *dev_msg;
         gptoss_harmony_developer_content *dev;

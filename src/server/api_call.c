@@ -389,7 +389,12 @@ server_reply api_call_serve(gptoss_server *s, const server_request *http,
     }
     double t_submit = gptoss_now_seconds();
     gptoss_request_options ro = {.notify = waiter_notify, .notify_user = w};
-    if (params->constraint) output_constraint_bind(params->constraint, &ro);
+    if (params->constraint) {
+        if (params->sampling.max_tokens == 0)
+            output_constraint_set_default_max_tokens(params->constraint,
+                                                     s->max_model_len - n_prompt);
+        output_constraint_bind(params->constraint, &ro);
+    }
     gptoss_request *request = NULL;
     gptoss_error err = {0};
     int32_t engine_index = -1;

@@ -30,6 +30,10 @@ bool output_constraint_create(const json_t *request, const gptoss_tokenizer *tok
                               int32_t n_choices, int32_t max_tokens, output_constraint **out,
                               field_error *e);
 
+/* When the request gave no max_tokens (0 at create), the engine's default for it
+ * (max_model_len - prompt): the budget that keeps a constrained body whole. */
+void output_constraint_set_default_max_tokens(output_constraint *c, int32_t max_tokens);
+
 /* Points options->allowed_tokens at the constraint (which must outlive the engine request). */
 void output_constraint_bind(output_constraint *c, gptoss_request_options *options);
 

@@ -179,11 +179,37 @@ static void test_text_and_tool_choice(void **state) {
     free(text);
 }
 
+/* response_format json_schema: the schema is shown in the developer message, after the
+ * instructions, as harmony's guide lays out response formats; json_object adds nothing. */
+static void test_response_format_in_prompt(void **state) {
+    (void)state;
+    gptoss_error err = {0};
+    char *text = render_request(
+        "{\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"person\","
+        "\"description\":\"A person\",\"schema\":{\"type\":\"object\",\"properties\":{\"b\":{},"
+        "\"a\":{}}}}},\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+        "{\"role\":\"user\",\"content\":\"hi\"}]}",
+        &err);
+    assert_non_null(text);
+    assert_non_null(strstr(text,
+                           "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n"
+                           "# Response Formats\n\n## person\n\n// A person\n"
+                           "{\"type\":\"object\",\"properties\":{\"b\":{},\"a\":{}}}<|end|>"));
+    free(text);
+    text = render_request("{\"response_format\":{\"type\":\"json_object\"},\"messages\":"
+                          "[{\"role\":\"user\",\"content\":\"hi\"}]}",
+                          &err);
+    assert_non_null(text);
+    assert_null(strstr(text, "<|start|>developer"));
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worked_example),
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_text_and_tool_choice),
+        cmocka_unit_test(test_response_format_in_prompt),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
