@@ -54,7 +54,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
     gptoss_server_options so = gptoss_server_options_default();
     int64_t max_num_seqs = 0, max_batched = 2048, kv_blocks = 0, max_queue = 1024,
             max_body = (int64_t)so.max_body_bytes, port = so.port, drain_s = 60, max_model_len = 0,
-            idle_s = so.connection_timeout_s, admit_headroom = -1;
+            idle_s = so.connection_timeout_s, admit_headroom = -1,
+            store_bytes = (int64_t)so.responses_store_bytes;
     double memory_fraction = 0;
     bool no_prefix_cache = false;
     cli_model_options mo = cli_model_options_default();
@@ -174,6 +175,16 @@ int gptoss_cmd_serve(int argc, char **argv) {
                  "while its request is read (default 120); a request\n"
                  "that is queued or generating is never timed out",
          .error = "--idle-timeout needs seconds in [1, 86400]"},
+        {.name = "responses-store-bytes",
+         .kind = CLI_INT,
+         .target = &store_bytes,
+         .value = "N",
+         .lo = 0,
+         .hi = (int64_t)1 << 40,
+         .help = "memory for /v1/responses kept for GET and\n"
+                 "previous_response_id, least recently used dropped\n"
+                 "first (default 67108864; 0 keeps none)",
+         .error = "--responses-store-bytes needs an integer in [0, 2^40]"},
         {.name = "random-weights",
          .kind = CLI_STRING,
          .target = &shape,
@@ -244,6 +255,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
     so.port = (int)port;
     so.max_body_bytes = (size_t)max_body;
     so.connection_timeout_s = (unsigned)idle_s;
+    so.responses_store_bytes = (size_t)store_bytes;
 
     signal(SIGPIPE, SIG_IGN);
     struct sigaction sa;

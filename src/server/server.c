@@ -11,6 +11,8 @@
  */
 #include "server/server_internal.h"
 
+#include "server/response_store.h"
+
 #include "util/utf8.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -37,6 +39,7 @@ gptoss_server_options gptoss_server_options_default(void) {
     o.served_model_name = "gpt-oss";
     o.max_body_bytes = 8u << 20;
     o.connection_timeout_s = 120;
+    o.responses_store_bytes = (size_t)64 << 20;
     return o;
 }
 
@@ -265,9 +268,9 @@ static server_reply models_route(gptoss_server *s, const server_request *r) {
 }
 
 typedef struct route_entry {
-    const char *path; /* exact, or a prefix when it ends in '/' */
-    const char *method;
-    bool api; /* API key, body limit, draining and readiness apply */
+    const char *path;   /* exact, or a prefix when it ends in '/' */
+    const char *method; /* NULL: the handler tells the methods apart */
+    bool api;           /* API key, body limit, draining and readiness apply */
     route_fn handler;
 } route_entry;
 
@@ -278,6 +281,8 @@ static const route_entry routes[] = {
     {"/v1/models/", "GET", true, models_route},
     {"/v1/chat/completions", "POST", true, server_chat_completions},
     {"/v1/completions", "POST", true, server_completions},
+    {"/v1/responses", "POST", true, server_responses_create},
+    {"/v1/responses/", NULL, true, server_responses_item},
 };
 
 static const route_entry *find_route(const char *url) {
@@ -295,10 +300,12 @@ static server_reply route(gptoss_server *s, struct MHD_Connection *c, const char
     const route_entry *r = find_route(url);
     if (!r)
         return server_error(404, "invalid_request_error", NULL, "not_found",
-                            "No route %s %s; try POST /v1/chat/completions, POST /v1/completions, "
+                            "No route %s %s; try POST /v1/chat/completions, POST /v1/responses, "
+                            "POST /v1/completions, "
                             "GET /v1/models, GET /health or GET /metrics",
                             method, url);
-    if (strcmp(method, r->method) != 0) return method_not_allowed(r->method, method, url);
+    if (r->method && strcmp(method, r->method) != 0)
+        return method_not_allowed(r->method, method, url);
     if (r->api) {
         if (!authorized(s, c))
             return server_error(
@@ -319,6 +326,7 @@ static server_reply route(gptoss_server *s, struct MHD_Connection *c, const char
     }
     server_request request = {.connection = c,
                               .url = url,
+                              .method = method,
                               .body = st->body ? st->body : "",
                               .len = st->len,
                               .access = st->access};
@@ -448,7 +456,8 @@ gptoss_status gptoss_server_start(const gptoss_server_options *o, gptoss_server 
     atomic_init(&s->active_requests, 0);
     for (int i = 0; i < 6; i++)
         atomic_init(&s->responses_by_class[i], 0);
-    if (!s->host || !s->model_name || (o->api_key && *o->api_key && !s->api_key)) {
+    s->responses = response_store_create(o->responses_store_bytes, 256);
+    if (!s->host || !s->model_name || (o->api_key && *o->api_key && !s->api_key) || !s->responses) {
         freeaddrinfo(addr);
         gptoss_server_stop(s);
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
@@ -500,6 +509,7 @@ int64_t gptoss_server_active_requests(const gptoss_server *s) {
 void gptoss_server_stop(gptoss_server *s) {
     if (!s) return;
     if (s->daemon) MHD_stop_daemon(s->daemon);
+    response_store_free(s->responses); /* after the daemon: no handler can reach it */
     free(s->host);
     free(s->model_name);
     free(s->api_key);

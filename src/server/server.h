@@ -2,8 +2,8 @@
  * server.h - the OpenAI-compatible HTTP server (libmicrohttpd + jansson).
  *
  * Owns: the listening socket, the HTTP routes (/v1/chat/completions, /v1/completions,
- * /v1/models, /health, /metrics), API-key checks, request bodies and their limits, and the
- * per-connection streaming state. It turns HTTP requests into engine submissions and engine
+ * /v1/responses, /v1/models, /health, /metrics), API-key checks, request bodies and their limits,
+ * and the per-connection streaming state. It turns HTTP requests into engine submissions and engine
  * events into OpenAI JSON / server-sent events. Must not load models or run forward passes:
  * the caller (cmd_serve.c) owns the model, backend, tokenizer and engine and hands them over
  * once they are ready.
@@ -30,9 +30,11 @@ typedef struct gptoss_server_options {
     const char *served_model_name; /* the model id clients must name */
     size_t max_body_bytes;         /* larger request bodies get 413 */
     unsigned connection_timeout_s; /* idle connections (slow clients) are closed after this */
+    size_t responses_store_bytes;  /* /v1/responses records kept for GET and chaining */
 } gptoss_server_options;
 
-/* Defaults: 127.0.0.1:8000, no key, model "gpt-oss", 8 MiB bodies, 120 s idle timeout. */
+/* Defaults: 127.0.0.1:8000, no key, model "gpt-oss", 8 MiB bodies, 120 s idle timeout, 64 MiB
+ * of stored responses. */
 gptoss_server_options gptoss_server_options_default(void);
 
 typedef struct gptoss_server gptoss_server;

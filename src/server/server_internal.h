@@ -30,6 +30,7 @@ struct gptoss_server {
     atomic_bool draining;                /* SIGTERM seen */
     atomic_llong active_requests;        /* HTTP requests not yet completed */
     atomic_ullong responses_by_class[6]; /* [1xx..5xx] counts, index status/100 */
+    struct response_store *responses;    /* /v1/responses records (response_store.h) */
 };
 
 /* An HTTP answer built by an endpoint: status + response (owned by the caller). */
@@ -69,7 +70,8 @@ void server_access_set_note(server_access *access, const char *note); /* static 
 typedef struct server_request {
     struct MHD_Connection *connection;
     const char *url;
-    const char *body; /* NUL-terminated, [len] bytes */
+    const char *method; /* "GET", "POST", ... */
+    const char *body;   /* NUL-terminated, [len] bytes */
     size_t len;
     server_access *access;
 } server_request;
@@ -78,6 +80,8 @@ typedef struct server_request {
 server_reply server_chat_completions(gptoss_server *server, const server_request *request);
 server_reply server_completions(gptoss_server *server, const server_request *request);
 server_reply server_metrics(gptoss_server *server, const server_request *request);
+server_reply server_responses_create(gptoss_server *server, const server_request *request);
+server_reply server_responses_item(gptoss_server *server, const server_request *request);
 
 /* A response over a copy of `text`. */
 struct MHD_Response *server_buffer_response(const char *text, size_t len, const char *content_type);
