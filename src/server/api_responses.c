@@ -10,9 +10,8 @@
  * detached thread per response, bounded by the store's job limit). Records live in
  * response_store.c.
  */
-#include "server/api_call.h"
+#include "server/api_responses.h"
 #include "server/output_constraint.h"
-#include "server/response_store.h"
 #include "server/responses_input.h"
 
 #include "chat/chat.h"
@@ -376,7 +375,7 @@ static json_t *resp_response(api_call *call, void *state) {
     return finish(call, state);
 }
 
-static const api_encoder api_responses_encoder = {
+const api_encoder api_responses_encoder = {
     .name = "responses",
     .id_prefix = "resp",
     .text_mode = GEN_TEXT_HARMONY,
@@ -387,6 +386,22 @@ static const api_encoder api_responses_encoder = {
     .stream_end = resp_stream_end,
     .response = resp_response,
 };
+
+bool api_responses_prepare(const json_t *echo, const json_t *items, response_store *store,
+                           bool store_it, bool background) {
+    resp_request *rr = calloc(1, sizeof *rr);
+    if (!rr) return false;
+    rr->echo = json_deep_copy(echo);
+    rr->items = json_deep_copy(items);
+    rr->store = store, rr->store_it = store_it, rr->background = background;
+    if (!rr->echo || !rr->items) {
+        resp_request_free(rr);
+        return false;
+    }
+    resp_request_free(handoff);
+    handoff = rr;
+    return true;
+}
 
 /* ---- request fields -> the Chat Completions shape ------------------------------------------- */
 
