@@ -93,13 +93,14 @@ static void evict_for(response_store *s, size_t incoming) {
     }
 }
 
-/* Replaces or adds a record (lock held). The texts are copied. */
+/* Replaces or adds a record (lock held). The texts are copied. `force`: kept even when it
+ * alone is over the budget (a running job's record, which polling must find). */
 static record *put_locked(response_store *s, const char *id, const char *response,
-                          const char *items) {
+                          const char *items, bool force) {
     size_t bytes = record_bytes(id, response, items);
     record *old = find(s, id);
     if (old) unlink_record(s, old);
-    if (bytes > s->max_bytes) {
+    if (bytes > s->max_bytes && !force) {
         if (old) free_record(old);
         return NULL;
     }
@@ -130,9 +131,9 @@ static record *put_locked(response_store *s, const char *id, const char *respons
 bool response_store_put(response_store *s, const char *id, const char *response,
                         const char *items) {
     pthread_mutex_lock(&s->lock);
-    record *r = put_locked(s, id, response, items);
+    record *r = put_locked(s, id, response, items, false);
     pthread_mutex_unlock(&s->lock);
-    if (!r)
+    if (!r && s->max_bytes > 0)
         GPTOSS_LOG_W("responses",
                      "response %s (%zu bytes) is larger than the store "
                      "(--responses-store-bytes %zu): not kept",
@@ -178,7 +179,7 @@ bool response_store_job_begin(response_store *s, const char *id, const char *res
                               const char *items, gptoss_request *request) {
     pthread_mutex_lock(&s->lock);
     record *r = NULL;
-    if (s->jobs < s->max_jobs) r = put_locked(s, id, response, items);
+    if (s->jobs < s->max_jobs) r = put_locked(s, id, response, items, true);
     if (r) {
         r->background = true;
         r->running = request;
@@ -194,7 +195,7 @@ void response_store_job_end(response_store *s, const char *id, const char *respo
     record *r = find(s, id);
     if (r) {
         r->running = NULL;
-        r = put_locked(s, id, response, items);
+        r = put_locked(s, id, response, items, false);
         if (r) r->background = true;
     }
     s->jobs--;

@@ -38,12 +38,14 @@ bool response_store_get(response_store *store, const char *id, char **response, 
 /* Removes record `id` (cancelling its job, if running); false when there is none. */
 bool response_store_delete(response_store *store, const char *id);
 
-/* A background job starts: its pinned record and its engine request (borrowed until
- * job_end). false when max_jobs are running or memory ran out (nothing kept). */
+/* A background job starts: its pinned record (kept even over the budget, so that polling finds
+ * it) and its engine request (borrowed until job_end). false when max_jobs are running or
+ * memory ran out (nothing kept). */
 bool response_store_job_begin(response_store *store, const char *id, const char *response,
                               const char *items, gptoss_request *request);
 
-/* The job ended: its final record (kept unless it was deleted meanwhile), unpinned. */
+/* The job ended: its final record, unpinned (kept unless it was deleted meanwhile or is over
+ * the budget alone). */
 void response_store_job_end(response_store *store, const char *id, const char *response,
                             const char *items);
 

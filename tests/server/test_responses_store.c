@@ -252,6 +252,15 @@ static void test_store_jobs(void **state) {
     assert_false(response_store_get(s, "b2", NULL, NULL, NULL));
     response_store_job_end(s, "b3", "{}", "[]");
     response_store_free(s); /* no job left: returns at once */
+
+    /* a store of no bytes keeps a running job's record (polling must find it), not its end */
+    s = response_store_create(0, 2);
+    assert_false(response_store_put(s, "f1", "{}", "[]"));
+    assert_true(response_store_job_begin(s, "j1", "{}", "[]", NULL));
+    assert_true(response_store_get(s, "j1", NULL, NULL, NULL));
+    response_store_job_end(s, "j1", "{\"status\":\"completed\"}", "[]");
+    assert_false(response_store_get(s, "j1", NULL, NULL, NULL));
+    response_store_free(s);
 }
 
 int main(void) {

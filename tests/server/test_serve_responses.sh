@@ -5,6 +5,9 @@
 . "$(dirname "$0")/serve_lib.sh"
 make_tiny
 
+"$bin" serve --responses-store-bytes -5 >"$work/out" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "responses-store-bytes" "$work/out" || fail "serve --responses-store-bytes -5 is not refused: $(cat "$work/out")"
+
 start_server a --api-key "$key" || exit 1
 a_pid=$pid a_url="http://127.0.0.1:$port"
 timeout $((240 * slow)) node "$here/responses_client.mjs" "$a_url" "$key" tiny || fail "responses_client.mjs"
