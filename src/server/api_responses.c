@@ -647,6 +647,23 @@ static bool read_request(gptoss_server *s, const json_t *req, json_t *chat, resp
     json_object_set_new(chat, "top_p", json_real(top_p));
     if (has_max) json_object_set_new(chat, "max_tokens", json_integer(max_output));
     json_object_set_new(chat, "stream", json_boolean(stream));
+    /* The sampling extensions both other endpoints take pass through under their own names
+     * (request_params.c checks them): the Responses API has no field for these. */
+    static const char *const extensions[] = {"seed",
+                                             "top_k",
+                                             "min_p",
+                                             "presence_penalty",
+                                             "frequency_penalty",
+                                             "repetition_penalty",
+                                             "stop",
+                                             "stop_token_ids",
+                                             "min_tokens",
+                                             "ignore_eos",
+                                             "logit_bias"};
+    for (size_t i = 0; i < sizeof extensions / sizeof extensions[0]; i++) {
+        json_t *v = json_member(req, extensions[i]);
+        if (v) json_object_set(chat, extensions[i], v);
+    }
 
     const json_t *instructions = json_member(req, "instructions");
     if (instructions && !json_is_string(instructions))
