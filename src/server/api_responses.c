@@ -860,6 +860,22 @@ server_reply server_responses_create(gptoss_server *s, const server_request *htt
         return server_error(status, status == 500 ? "server_error" : "invalid_request_error",
                             fe.param[0] ? fe.param : NULL, NULL, "%s", fe.message);
     }
+    /* The engine would name max_tokens: say it in this request's words. */
+    int64_t n_prompt = (int64_t)prompt.tokens.n, max_new = params.sampling.max_tokens;
+    if (n_prompt >= s->max_model_len ||
+        (params.has_max_tokens && n_prompt + max_new > s->max_model_len)) {
+        request_params_free(&params);
+        resp_request_free(rr);
+        gptoss_chat_prompt_free(&prompt);
+        bool prompt_alone = n_prompt >= s->max_model_len;
+        return server_error(
+            400, "invalid_request_error", prompt_alone ? "input" : "max_output_tokens",
+            "context_length_exceeded",
+            "%s: the input has %lld tokens%s; the context holds %d (--max-model-len)",
+            prompt_alone ? "input" : "max_output_tokens", (long long)n_prompt,
+            prompt_alone ? "" : " and max_output_tokens asks for more than fits",
+            (int)s->max_model_len);
+    }
     if (rr->background) {
         reply = serve_background(s, http, prompt.tokens.ids, (int32_t)prompt.tokens.n, &params, rr);
     } else {

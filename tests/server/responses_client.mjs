@@ -246,6 +246,7 @@ async function badRequests() {
     [{ input: [{ type: 'function_call', call_id: 'c', name: 'bad name', arguments: '{}' }] }, 400, 'input[0].name'],
     [{ input: 'x', temperature: 'hot' }, 400, 'temperature'],
     [{ input: 'x', max_output_tokens: 0 }, 400, 'max_output_tokens'],
+    [{ input: 'x', max_output_tokens: 1000000 }, 400, 'max_output_tokens'],
     [{ input: 'x', tools: [{ type: 'web_search' }] }, 400, 'tools[0].type'],
     [{ input: 'x', tools: [{ type: 'function', name: 'f' }], tool_choice: { type: 'function', name: 'g' } }, 400, 'tool_choice.name'],
     [{ input: 'x', text: { format: { type: 'xml' } } }, 400, 'text.format.type'],
