@@ -674,8 +674,10 @@ static bool read_request(gptoss_server *s, const json_t *req, json_t *chat, resp
                         has_max ? json_integer(max_output) : json_null());
     json_object_set_new(echo, "model", json_string(s->model_name));
     json_object_set_new(echo, "store", json_boolean(rr->store_it));
-    json_object_set_new(echo, "temperature", json_real(temperature));
-    json_object_set_new(echo, "top_p", json_real(top_p));
+    /* echoed as sent (a float would turn 0.7 into 0.699999988) */
+    json_t *t = json_member(req, "temperature"), *p = json_member(req, "top_p");
+    json_object_set_new(echo, "temperature", t ? json_incref(t) : json_real(1.0));
+    json_object_set_new(echo, "top_p", p ? json_incref(p) : json_real(1.0));
     const json_t *truncation = json_member(req, "truncation");
     json_object_set_new(
         echo, "truncation",

@@ -70,12 +70,12 @@ function checkResponseShape(r, what) {
 async function basics() {
   const r = await client.responses.create({
     model, input: 'Say hi', instructions: 'Be brief.', max_output_tokens: 5, temperature: 0,
-    metadata: { run: 'ci' },
+    top_p: 0.7, metadata: { run: 'ci' },
   });
   checkResponseShape(r, 'create');
   check(r.status === 'incomplete' && r.incomplete_details?.reason === 'max_output_tokens' && r.usage.output_tokens === 5,
     `max_output_tokens 5: status ${r.status}, ${JSON.stringify(r.incomplete_details)}, ${r.usage.output_tokens} tokens`);
-  check(r.instructions === 'Be brief.' && r.metadata.run === 'ci' && r.temperature === 0 && r.max_output_tokens === 5 &&
+  check(r.instructions === 'Be brief.' && r.metadata.run === 'ci' && r.temperature === 0 && r.top_p === 0.7 && r.max_output_tokens === 5 &&
     r.store === true && r.background === false && r.previous_response_id === null && r.tool_choice === 'auto' &&
     Array.isArray(r.tools) && r.text?.format?.type === 'text' && r.parallel_tool_calls === true, 'create: echo fields');
   // the instructions are the developer message; the chat endpoint renders the same prompt
