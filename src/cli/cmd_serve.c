@@ -33,7 +33,8 @@ static void on_signal(int sig) {
 static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
     fprintf(out, "usage: gptoss serve (-m DIR | --random-weights SHAPE) [options]\n\n"
                  "Serves the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions,\n"
-                 "POST /v1/completions, GET /v1/models, GET /health, GET /metrics (Prometheus).\n\n"
+                 "POST /v1/responses, POST /v1/completions, GET /v1/models, GET /health,\n"
+                 "GET /metrics (Prometheus).\n\n"
                  "options:\n");
     cli_print_options(out, groups, n_groups, 33);
 }

@@ -4,10 +4,10 @@
  * and /v1/models.
  *
  * Owns: connection state (the body being uploaded), the route table, the access log and the
- * server's counters. The generation endpoints live in api_chat.c and api_completions.c (over
- * api_call.c and generation.c), /metrics in metrics.c. A connection thread blocks only on its
- * client and its request's events; every request, however malformed, gets an OpenAI-style
- * error.
+ * server's counters. The generation endpoints live in api_chat.c, api_completions.c and
+ * api_responses.c (over api_call.c and generation.c), /metrics in metrics.c. A connection thread
+ * blocks only on its client and its request's events; every request, however malformed, gets an
+ * OpenAI-style error.
  */
 #include "server/server_internal.h"
 
