@@ -1,9 +1,9 @@
 /*
  * response_store.c - the /v1/responses record store (see response_store.h).
  *
- * Records sit on one doubly linked list, most recently used first; a lookup walks it (a store
- * of tens of thousands of records costs microseconds per request, far below a generation).
- * Eviction takes unpinned records from the tail until the bytes fit the budget.
+ * Records sit on one doubly linked list, most recently used first, and in a hash table by id
+ * (chained, doubled when it holds twice as many records as buckets). Eviction takes unpinned
+ * records from the tail of the list until the bytes fit the budget.
  */
 #include "server/response_store.h"
 
@@ -11,12 +11,14 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 typedef struct record {
     struct record *prev, *next;  /* the LRU list, head = most recently used */
+    struct record *hash_next;    /* the next record of its hash bucket */
     char *id, *response, *items; /* malloc'd; items may be NULL */
     size_t bytes;                /* what this record counts against the budget */
     bool background;             /* made by a background request (may be cancelled) */
@@ -27,6 +29,8 @@ struct response_store {
     pthread_mutex_t lock;
     pthread_cond_t changed; /* a job ended */
     record *head, *tail;
+    record **buckets; /* [n_buckets], a power of two; NULL until the first record */
+    size_t n_buckets, n_records;
     size_t bytes, max_bytes;
     int jobs, max_jobs;
 };
@@ -72,10 +76,62 @@ static void free_record(record *r) {
     free(r);
 }
 
+static size_t hash_id(const char *id) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)id; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    return (size_t)h;
+}
+
 static record *find(response_store *s, const char *id) {
-    for (record *r = s->head; r; r = r->next)
+    if (!s->buckets) return NULL;
+    for (record *r = s->buckets[hash_id(id) & (s->n_buckets - 1)]; r; r = r->hash_next)
         if (!strcmp(r->id, id)) return r;
     return NULL;
+}
+
+/* Adds r to the table, doubling it first when it is full (a failed doubling only makes the
+ * chains longer). false: no table could be allocated at all. */
+static bool hash_insert(response_store *s, record *r) {
+    if (!s->buckets || s->n_records + 1 > 2 * s->n_buckets) {
+        size_t n = s->buckets ? s->n_buckets * 2 : 64;
+        record **grown = calloc(n, sizeof *grown);
+        if (grown) {
+            for (size_t i = 0; i < s->n_buckets; i++)
+                for (record *e = s->buckets[i], *next; e; e = next) {
+                    next = e->hash_next;
+                    size_t b = hash_id(e->id) & (n - 1);
+                    e->hash_next = grown[b];
+                    grown[b] = e;
+                }
+            free(s->buckets);
+            s->buckets = grown, s->n_buckets = n;
+        }
+        if (!s->buckets) return false;
+    }
+    size_t b = hash_id(r->id) & (s->n_buckets - 1);
+    r->hash_next = s->buckets[b];
+    s->buckets[b] = r;
+    s->n_records++;
+    return true;
+}
+
+static void hash_remove(response_store *s, record *r) {
+    if (!s->buckets) return;
+    record **link = &s->buckets[hash_id(r->id) & (s->n_buckets - 1)];
+    while (*link && *link != r)
+        link = &(*link)->hash_next;
+    if (*link) {
+        *link = r->hash_next;
+        s->n_records--;
+    }
+}
+
+/* Takes r out of the list and the table and frees it. */
+static void drop_record(response_store *s, record *r) {
+    unlink_record(s, r);
+    hash_remove(s, r);
+    free_record(r);
 }
 
 /* Drops least recently used unpinned records until `incoming` more bytes fit. */
@@ -86,8 +142,7 @@ static void evict_for(response_store *s, size_t incoming) {
         if (!r->running) {
             GPTOSS_LOG_D("responses", "evicting %s (%zu bytes) from the response store", r->id,
                          r->bytes);
-            unlink_record(s, r);
-            free_record(r);
+            drop_record(s, r);
         }
         r = prev;
     }
@@ -99,11 +154,12 @@ static record *put_locked(response_store *s, const char *id, const char *respons
                           const char *items, bool force) {
     size_t bytes = record_bytes(id, response, items);
     record *old = find(s, id);
-    if (old) unlink_record(s, old);
-    if (bytes > s->max_bytes && !force) {
-        if (old) free_record(old);
+    if (old && bytes > s->max_bytes && !force) {
+        drop_record(s, old);
         return NULL;
     }
+    if (bytes > s->max_bytes && !force) return NULL;
+    if (old) unlink_record(s, old); /* out of the list while the others are evicted */
     evict_for(s, bytes);
     record *r = old ? old : calloc(1, sizeof *r);
     char *resp = strdup(response), *its = items ? strdup(items) : NULL;
@@ -111,9 +167,10 @@ static record *put_locked(response_store *s, const char *id, const char *respons
     if (!r || !resp || (items && !its) || !rid) {
         free(resp);
         free(its);
-        if (old)
-            free_record(old);
-        else {
+        if (old) {
+            push_front(s, old);
+            drop_record(s, old);
+        } else {
             free(rid);
             free(r);
         }
@@ -125,6 +182,10 @@ static record *put_locked(response_store *s, const char *id, const char *respons
     }
     r->id = rid, r->response = resp, r->items = its, r->bytes = bytes;
     push_front(s, r);
+    if (!old && !hash_insert(s, r)) {
+        drop_record(s, r);
+        return NULL;
+    }
     return r;
 }
 
@@ -168,8 +229,7 @@ bool response_store_delete(response_store *s, const char *id) {
     record *r = find(s, id);
     if (r) {
         if (r->running) gptoss_request_cancel(r->running);
-        unlink_record(s, r);
-        free_record(r);
+        drop_record(s, r);
     }
     pthread_mutex_unlock(&s->lock);
     return r != NULL;
@@ -251,6 +311,7 @@ void response_store_free(response_store *s) {
         next = r->next;
         free_record(r);
     }
+    free(s->buckets);
     pthread_cond_destroy(&s->changed);
     pthread_mutex_destroy(&s->lock);
     free(s);

@@ -232,6 +232,36 @@ static void test_store_lru(void **state) {
     response_store_free(s);
 }
 
+/* Enough records to grow the id table several times; each is found with its own text, the
+ * deleted ones are not, and a replaced one keeps a single copy. */
+static void test_store_many(void **state) {
+    (void)state;
+    response_store *s = response_store_create(64 << 20, 4);
+    char id[32], text[32];
+    for (int i = 0; i < 2000; i++) {
+        snprintf(id, sizeof id, "resp_%d", i);
+        snprintf(text, sizeof text, "{\"n\":%d}", i);
+        assert_true(response_store_put(s, id, text, NULL));
+    }
+    for (int i = 0; i < 2000; i += 2) {
+        snprintf(id, sizeof id, "resp_%d", i);
+        assert_true(response_store_delete(s, id));
+    }
+    for (int i = 0; i < 2000; i++) {
+        snprintf(id, sizeof id, "resp_%d", i);
+        snprintf(text, sizeof text, "{\"n\":%d}", i);
+        char *got = NULL;
+        bool found = response_store_get(s, id, &got, NULL, NULL);
+        assert_int_equal(found, i % 2 == 1);
+        if (found) assert_string_equal(got, text);
+        free(got);
+    }
+    assert_true(response_store_put(s, "resp_1", "{}", NULL));
+    assert_true(response_store_delete(s, "resp_1"));
+    assert_false(response_store_get(s, "resp_1", NULL, NULL, NULL));
+    response_store_free(s);
+}
+
 static void test_store_jobs(void **state) {
     (void)state;
     response_store *s = response_store_create(1 << 20, 2);
@@ -270,6 +300,7 @@ int main(void) {
         cmocka_unit_test(test_prior_chain),
         cmocka_unit_test(test_bad_items),
         cmocka_unit_test(test_store_lru),
+        cmocka_unit_test(test_store_many),
         cmocka_unit_test(test_store_jobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
