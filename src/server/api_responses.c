@@ -269,7 +269,21 @@ static json_t *finish(api_call *call, resp_state *st) {
     json_t *r = response_json(call, st, final_status(st), true);
     resp_request *req = st->req;
     if (!req->store_it || !req->store) return r;
-    json_t *items = json_copy(req->items);
+    json_t *items = json_deep_copy(req->items);
+    /* every item gets an id once, here, so that input_items can name it and page by it */
+    size_t k;
+    json_t *it;
+    json_array_foreach(items, k, it) {
+        if (json_object_get(it, "id")) continue;
+        const char *type = json_string_value(json_object_get(it, "type"));
+        const char *prefix = !strcmp(type, "message")         ? "msg"
+                             : !strcmp(type, "reasoning")     ? "rs"
+                             : !strcmp(type, "function_call") ? "fc"
+                                                              : "fco";
+        char id[128];
+        snprintf(id, sizeof id, "%s_%s_in%zu", prefix, call->id + 5, k);
+        json_object_set_new(it, "id", json_string(id));
+    }
     for (size_t i = 0; i < st->n_items; i++)
         json_array_append_new(items, item_normalized(&st->items[i]));
     char *response_text = json_dumps(r, JSON_COMPACT);
@@ -899,6 +913,89 @@ static server_reply not_found(const char *id) {
                         id);
 }
 
+/* A normalized item (responses_input.h) as the API lists it. */
+static json_t *item_listed(const json_t *it) {
+    const char *type = json_string_value(json_object_get(it, "type"));
+    json_t *id = json_object_get(it, "id");
+    if (!strcmp(type, "message")) {
+        const char *role = json_string_value(json_object_get(it, "role"));
+        bool assistant = !strcmp(role, "assistant");
+        json_t *part = json_pack("{s:s, s:O}", "type", assistant ? "output_text" : "input_text",
+                                 "text", json_object_get(it, "content"));
+        if (assistant) json_object_set_new(part, "annotations", json_array());
+        return json_pack("{s:O, s:s, s:s, s:s, s:[o]}", "id", id, "type", "message", "role", role,
+                         "status", "completed", "content", part);
+    }
+    if (!strcmp(type, "reasoning"))
+        return json_pack("{s:O, s:s, s:[], s:[{s:s, s:O}]}", "id", id, "type", "reasoning",
+                         "summary", "content", "type", "reasoning_text", "text",
+                         json_object_get(it, "text"));
+    json_t *listed = json_deep_copy(it);
+    json_object_set_new(listed, "status", json_string("completed"));
+    return listed;
+}
+
+/* GET /v1/responses/{id}/input_items: the conversation the response answered (the previous
+ * chain's items included), paged by item id: after, limit (1..100, default 20), order
+ * (asc, or desc: the default). */
+static server_reply list_input_items(gptoss_server *s, const server_request *http, const char *id) {
+    struct MHD_Connection *c = http->connection;
+    const char *limit_text = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
+    const char *order = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "order");
+    const char *after = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after");
+    long limit = 20;
+    if (limit_text) {
+        char *end = NULL;
+        limit = strtol(limit_text, &end, 10);
+        if (!*limit_text || *end || limit < 1 || limit > 100)
+            return server_error(400, "invalid_request_error", "limit", NULL,
+                                "limit: expected an integer in [1, 100]");
+    }
+    if (order && strcmp(order, "asc") && strcmp(order, "desc"))
+        return server_error(400, "invalid_request_error", "order", NULL,
+                            "order: expected \"asc\" or \"desc\"");
+    bool ascending = order && !strcmp(order, "asc");
+    char *response_text = NULL, *items_text = NULL;
+    if (!response_store_get(s->responses, id, &response_text, &items_text, NULL))
+        return not_found(id);
+    json_t *response = json_loads(response_text, 0, NULL);
+    json_t *items = items_text ? json_loads(items_text, 0, NULL) : NULL;
+    free(response_text);
+    free(items_text);
+    size_t n_output = json_array_size(json_object_get(response, "output"));
+    size_t n = json_array_size(items) >= n_output ? json_array_size(items) - n_output : 0;
+    json_decref(response);
+    /* positions in listing order; `after` starts past the item it names */
+    size_t start = 0;
+    if (after) {
+        size_t i;
+        for (i = 0; i < n; i++) {
+            size_t at = ascending ? i : n - 1 - i;
+            const char *item_id =
+                json_string_value(json_object_get(json_array_get(items, at), "id"));
+            if (item_id && !strcmp(item_id, after)) break;
+        }
+        if (i == n) {
+            json_decref(items);
+            return server_error(400, "invalid_request_error", "after", NULL,
+                                "after: no input item '%.100s' in response '%.100s'", after, id);
+        }
+        start = i + 1;
+    }
+    json_t *data = json_array();
+    for (size_t i = start; i < n && json_array_size(data) < (size_t)limit; i++)
+        json_array_append_new(data, item_listed(json_array_get(items, ascending ? i : n - 1 - i)));
+    size_t got = json_array_size(data);
+    json_t *body =
+        json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", start + got < n);
+    json_object_set(body, "first_id",
+                    got ? json_object_get(json_array_get(data, 0), "id") : json_null());
+    json_object_set(body, "last_id",
+                    got ? json_object_get(json_array_get(data, got - 1), "id") : json_null());
+    json_decref(items);
+    return server_json(200, body);
+}
+
 static server_reply stored_json(char *text) {
     server_reply r = {200, server_buffer_response(text, strlen(text), "application/json")};
     free(text);
@@ -932,10 +1029,16 @@ server_reply server_responses_item(gptoss_server *s, const server_request *http)
         if (!text) return not_found(id); /* deleted while cancelling */
         return stored_json(text);
     }
+    if (!strcmp(tail, "/input_items")) {
+        if (strcmp(m, "GET") != 0)
+            return server_error(405, "invalid_request_error", NULL, "method_not_allowed",
+                                "Method %s is not allowed on %s; use GET", m, http->url);
+        return list_input_items(s, http, id);
+    }
     if (tail[0])
         return server_error(404, "invalid_request_error", NULL, "not_found",
-                            "No route %s %s: expected /v1/responses/{id} or "
-                            "/v1/responses/{id}/cancel",
+                            "No route %s %s: expected /v1/responses/{id}, "
+                            "/v1/responses/{id}/input_items or /v1/responses/{id}/cancel",
                             m, http->url);
     if (!strcmp(m, "GET")) {
         char *text = NULL;

@@ -175,6 +175,19 @@ async function conversations() {
     { role: 'assistant', content: outputText(first) },
     { role: 'user', content: 'And the sky?' }]);
   check(second.usage.input_tokens === expected, `chained prompt: ${second.usage.input_tokens} tokens, chat counts ${expected}`);
+  // input_items: the conversation the second turn answered, the first turn's output included,
+  // paged one item at a time in both orders
+  const asc = [];
+  for await (const item of client.responses.inputItems.list(second.id, { order: 'asc', limit: 1 })) asc.push(item);
+  const want = [['message', 'user', 'Tell me about the sea in a few words'],
+    ...first.output.map((o) => [o.type, o.role, o.type === 'message' ? outputText({ output: [o] }) : undefined]),
+    ['message', 'user', 'And the sky?']];
+  const got = asc.map((i) => [i.type, i.role, i.type === 'message' ? i.content.map((c) => c.text).join('') : undefined]);
+  check(JSON.stringify(got) === JSON.stringify(want), `input_items asc: ${JSON.stringify(got)}`);
+  check(new Set(asc.map((i) => i.id)).size === asc.length && asc.every((i) => typeof i.id === 'string'), 'input_items: distinct ids');
+  const page = await client.responses.inputItems.list(second.id);
+  check(JSON.stringify(page.data.map((i) => i.id)) === JSON.stringify(asc.map((i) => i.id).reverse()) && page.has_more === false,
+    'input_items: desc by default, one page');
   const third = await client.responses.create({ model, input: 'And the land?', previous_response_id: second.id, max_output_tokens: 2 });
   check(third.usage.input_tokens > second.usage.input_tokens, 'a third turn grows the prompt');
 
@@ -266,6 +279,11 @@ async function badRequests() {
   check(raw.status === 400 && isErrorShape(await raw.json()), 'bad JSON: 400');
   const unknown = await post('/v1/responses/resp_nothing', undefined, 'GET');
   check(unknown.status === 404 && isErrorShape(unknown.json) && /evicted/.test(unknown.json.error.message), `GET unknown id: ${unknown.status}`);
+  const stored = await client.responses.create({ model, input: 'x', max_output_tokens: 1 });
+  for (const [query, param] of [['limit=0', 'limit'], ['order=up', 'order'], ['after=nope', 'after']]) {
+    const r = await post(`/v1/responses/${stored.id}/input_items?${query}`, undefined, 'GET');
+    check(r.status === 400 && r.json?.error?.param === param, `input_items?${query}: ${r.status} ${r.json?.error?.param}`);
+  }
   const put = await post('/v1/responses/resp_nothing', {}, 'PUT');
   check(put.status === 405 && isErrorShape(put.json), `PUT: ${put.status}`);
   const h = await fetch(`${base}/health`, { signal: AbortSignal.timeout(10000) });
