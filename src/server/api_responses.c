@@ -1,6 +1,6 @@
 /*
  * api_responses.c - the OpenAI Responses API: POST /v1/responses, GET and DELETE
- * /v1/responses/{id}, POST /v1/responses/{id}/cancel.
+ * /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel.
  *
  * Owns: the request fields of a response (input items through responses_input.c, tools,
  * tool_choice, text.format, reasoning, store, previous_response_id, background), their
@@ -15,6 +15,7 @@
 #include "server/responses_input.h"
 
 #include "chat/chat.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 #include <pthread.h>
@@ -747,13 +748,20 @@ static bool read_request(gptoss_server *s, const json_t *req, json_t *chat, resp
 
 static void *background_main(void *arg) {
     api_call *call = arg;
+    double start = gptoss_now_seconds();
     gptoss_engine_event ev;
     for (;;) {
         int r = gptoss_request_next_event(call->request, &ev, 1000);
         if (r < 0) break;
         if (r == 1) generation_push(call->gen, &ev);
     }
-    json_decref(finish(call, call->state));
+    json_t *r = finish(call, call->state);
+    /* its HTTP request was logged when it was accepted: the outcome gets a line of its own */
+    GPTOSS_LOG_I("responses", "background %s %s prompt_tokens=%d completion_tokens=%d %.1f ms",
+                 call->id, json_string_value(json_object_get(r, "status")), call->n_prompt,
+                 generation_usage(call->gen).completion_tokens,
+                 (gptoss_now_seconds() - start) * 1000.0);
+    json_decref(r);
     api_call_free(call);
     return NULL;
 }
