@@ -853,8 +853,8 @@ server_reply server_responses_create(gptoss_server *s, const server_request *htt
     bool ok = read_request(s, req, chat, rr, &status, &fe);
     json_decref(req);
     int32_t vocab = gptoss_tokenizer_n_vocab(s->tokenizer);
-    bool parsed = ok && request_params_parse(chat, vocab, 1, &params, &fe);
-    ok = parsed && request_params_finish(&params, vocab, &fe) &&
+    ok = ok && request_params_parse(chat, vocab, 1, &params, &fe);
+    ok = ok && request_params_finish(&params, vocab, &fe) &&
          output_constraint_create(chat, s->tokenizer, 1, params.sampling.max_tokens,
                                   &params.constraint, &fe);
     gptoss_chat_prompt prompt = {0};
@@ -874,7 +874,7 @@ server_reply server_responses_create(gptoss_server *s, const server_request *htt
     }
     json_decref(chat);
     if (!ok) {
-        if (parsed) request_params_free(&params);
+        request_params_free(&params); /* safe on the zeroed struct, and after a failed parse */
         resp_request_free(rr);
         gptoss_chat_prompt_free(&prompt);
         rename_param(&fe);
