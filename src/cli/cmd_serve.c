@@ -47,8 +47,9 @@ static void on_signal(int sig) {
 static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
     fprintf(out, "usage: gptoss serve (-m DIR | --random-weights SHAPE) [options]\n\n"
                  "Serves the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions,\n"
-                 "POST /v1/completions, GET /v1/models, GET /health, GET /metrics (Prometheus),\n"
-                 "and a chat page at GET / (open http://HOST:PORT/ in a browser).\n\n"
+                 "POST /v1/responses, POST /v1/completions, GET /v1/models, GET /health,\n"
+                 "GET /metrics (Prometheus), and a chat page at GET / (open http://HOST:PORT/ in\n"
+                 "a browser).\n\n"
                  "options:\n");
     cli_print_options(out, groups, n_groups, 33);
 }
@@ -70,7 +71,8 @@ int gptoss_cmd_serve(int argc, char **argv) {
     int64_t max_num_seqs = 0, max_batched = 2048, kv_blocks = 0, max_queue = 1024,
             max_body = (int64_t)so.max_body_bytes, port = so.port, drain_s = 60, max_model_len = 0,
             idle_s = so.connection_timeout_s, admit_headroom = -1, data_parallel = 1,
-            max_connections = so.max_connections, max_connections_per_ip = 0;
+            max_connections = so.max_connections, max_connections_per_ip = 0,
+            store_bytes = (int64_t)so.responses_store_bytes;
     gptoss_dist_flags dist = gptoss_dist_flags_default();
     int log_format = GPTOSS_LOG_FORMAT_TEXT;
     static const char *const log_format_names[] = {"text", "json", NULL};
@@ -279,6 +281,16 @@ int gptoss_cmd_serve(int argc, char **argv) {
          .target = &log_format,
          .choices = log_format_names,
          .help = "log lines as text (default) or one JSON object each"},
+        {.name = "responses-store-bytes",
+         .kind = CLI_INT,
+         .target = &store_bytes,
+         .value = "N",
+         .lo = 0,
+         .hi = (int64_t)1 << 40,
+         .help = "memory for /v1/responses kept for GET and\n"
+                 "previous_response_id, least recently used dropped\n"
+                 "first (default 67108864; 0 keeps none)",
+         .error = "--responses-store-bytes needs an integer in [0, 2^40]"},
         {.name = "random-weights",
          .kind = CLI_STRING,
          .target = &shape,
@@ -392,6 +404,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
     so.max_connections = (unsigned)max_connections;
     so.max_connections_per_ip = (unsigned)max_connections_per_ip;
     gptoss_log_set_format((gptoss_log_format)log_format);
+    so.responses_store_bytes = (size_t)store_bytes;
 
     signal(SIGPIPE, SIG_IGN);
     struct sigaction sa;

@@ -107,7 +107,8 @@ static int wait_for_events(api_call *c) {
 
 static void to_encoder(void *user, const gen_event *ev) {
     api_call *c = user;
-    if (ev->kind == GEN_FINISH && !strcmp(ev->finish_reason, "abort")) {
+    if (ev->kind == GEN_FINISH && !strcmp(ev->finish_reason, "abort") &&
+        !c->encoder->reports_abort) {
         /* A cancel the client can see is the server's own (the drain timed out, or the engine
          * shut down): OpenAI has no "abort", and "length" says what happened, the answer
          * was cut before the model ended it. */

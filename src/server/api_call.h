@@ -22,6 +22,10 @@ typedef struct api_encoder {
     const char *name;        /* for log lines: "chat.completions" */
     const char *id_prefix;   /* response ids: "chatcmpl" -> "chatcmpl-<hex>" */
     gen_text_mode text_mode; /* how tokens become text */
+    /* The endpoint has a status of its own for a request the server cut (Responses:
+     * "cancelled"/"incomplete"); others get finish_reason "length" for it (OpenAI has no
+     * "abort"). */
+    bool reports_abort;
     /* Per-call encoder state (calloc'd by the caller with state_size bytes, n_choices known);
      * init may allocate more (false: out of memory), fini frees what init allocated. */
     size_t state_size;

@@ -4,14 +4,15 @@
  * and /v1/models.
  *
  * Owns: connection state (the body being uploaded), the route table, the access log and the
- * server's counters. The generation endpoints live in api_chat.c and api_completions.c (over
- * api_call.c and generation.c), /metrics in metrics.c. A connection thread blocks only on its
- * client and its request's events; every request, however malformed, gets an OpenAI-style
- * error.
+ * server's counters. The generation endpoints live in api_chat.c, api_completions.c and
+ * api_responses.c (over api_call.c and generation.c), /metrics in metrics.c. A connection thread
+ * blocks only on its client and its request's events; every request, however malformed, gets an
+ * OpenAI-style error.
  */
 #include "server/server_internal.h"
 
 #include "server/engines.h"
+#include "server/response_store.h"
 
 #include "util/utf8.h"
 #include "util/clock.h"
@@ -41,6 +42,7 @@ gptoss_server_options gptoss_server_options_default(void) {
     o.connection_timeout_s = 120;
     o.webui = true;
     o.max_connections = 2048;
+    o.responses_store_bytes = (size_t)64 << 20;
     return o;
 }
 
@@ -350,9 +352,9 @@ static server_reply models_route(gptoss_server *s, const server_request *r) {
 }
 
 typedef struct route_entry {
-    const char *path; /* exact, or a prefix when it ends in '/' (but "/" itself is exact) */
-    const char *method;
-    bool api; /* API key, body limit, draining and readiness apply */
+    const char *path;   /* exact, or a prefix when it ends in '/' (but "/" itself is exact) */
+    const char *method; /* NULL: the handler tells the methods apart */
+    bool api;           /* API key, body limit, draining and readiness apply */
     route_fn handler;
 } route_entry;
 
@@ -364,6 +366,8 @@ static const route_entry routes[] = {
     {"/v1/models/", "GET", true, models_route},
     {"/v1/chat/completions", "POST", true, server_chat_completions},
     {"/v1/completions", "POST", true, server_completions},
+    {"/v1/responses", "POST", true, server_responses_create},
+    {"/v1/responses/", NULL, true, server_responses_item},
 };
 
 static const route_entry *find_route(const char *url) {
@@ -411,8 +415,11 @@ static bool header_value_ok(const char *v) {
 static server_reply options_reply(gptoss_server *s, struct MHD_Connection *c, const route_entry *r,
                                   const char *url) {
     char methods[64];
-    snprintf(methods, sizeof methods, "%s%s, OPTIONS", r->method,
-             strcmp(r->method, "GET") ? "" : ", HEAD");
+    if (!r->method) /* /v1/responses/{id}[/cancel|/input_items]: the handler's methods */
+        snprintf(methods, sizeof methods, "GET, HEAD, POST, DELETE, OPTIONS");
+    else
+        snprintf(methods, sizeof methods, "%s%s, OPTIONS", r->method,
+                 strcmp(r->method, "GET") ? "" : ", HEAD");
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
     if (origin && !allowed_origin(s, c))
         return server_error(403, "invalid_request_error", NULL, "origin_not_allowed",
@@ -441,13 +448,15 @@ static server_reply route(gptoss_server *s, struct MHD_Connection *c, const char
     const route_entry *r = find_route(url);
     if (!r)
         return server_error(404, "invalid_request_error", NULL, "not_found",
-                            "No route %s %s; try POST /v1/chat/completions, POST /v1/completions, "
+                            "No route %s %s; try POST /v1/chat/completions, POST /v1/responses, "
+                            "POST /v1/completions, "
                             "GET /v1/models, GET /health or GET /metrics",
                             method, url);
     if (!strcmp(method, "OPTIONS")) return options_reply(s, c, r, url);
-    /* HEAD is GET without the body (libmicrohttpd leaves the body out). */
-    bool head_of_get = !strcmp(method, "HEAD") && !strcmp(r->method, "GET");
-    if (strcmp(method, r->method) != 0 && !head_of_get)
+    /* HEAD is GET without the body (libmicrohttpd leaves the body out). A route without a
+     * method tells the methods apart itself. */
+    bool head_of_get = r->method && !strcmp(method, "HEAD") && !strcmp(r->method, "GET");
+    if (r->method && strcmp(method, r->method) != 0 && !head_of_get)
         return method_not_allowed(strcmp(r->method, "GET") ? r->method : "GET, HEAD", method, url);
     if (r->api) {
         if (!authorized(s, c)) {
@@ -478,6 +487,7 @@ static server_reply route(gptoss_server *s, struct MHD_Connection *c, const char
     }
     server_request request = {.connection = c,
                               .url = url,
+                              .method = method,
                               .body = st->body ? st->body : "",
                               .len = st->len,
                               .access = st->access};
@@ -668,7 +678,9 @@ gptoss_status gptoss_server_start(const gptoss_server_options *o, gptoss_server 
         atomic_init(&s->responses_by_class[i], 0);
     atomic_init(&s->next_request_id, 1);
     server_metrics_init(s);
-    if (!s->host || !s->model_name || (o->api_key && *o->api_key && !s->api_key)) {
+    s->responses = response_store_create(o->responses_store_bytes, 256);
+    if (!s->host || !s->model_name || (o->api_key && *o->api_key && !s->api_key) ||
+        !s->responses) {
         freeaddrinfo(addr);
         gptoss_server_stop(s);
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
@@ -723,6 +735,7 @@ void gptoss_server_stop(gptoss_server *s) {
     if (s->daemon) MHD_stop_daemon(s->daemon);
     server_engines_free(s);
     pthread_mutex_destroy(&s->calls_lock);
+    response_store_free(s->responses); /* after the daemon: no handler can reach it */
     free(s->host);
     free(s->model_name);
     free(s->api_key);

@@ -2,8 +2,8 @@
  * server.h - the OpenAI-compatible HTTP server (libmicrohttpd + jansson).
  *
  * Owns: the listening socket, the HTTP routes (/v1/chat/completions, /v1/completions,
- * /v1/models, /health, /metrics), API-key checks, request bodies and their limits, and the
- * per-connection streaming state. It turns HTTP requests into engine submissions and engine
+ * /v1/responses, /v1/models, /health, /metrics), API-key checks, request bodies and their limits,
+ * and the per-connection streaming state. It turns HTTP requests into engine submissions and engine
  * events into OpenAI JSON / server-sent events. Must not load models or run forward passes:
  * the caller (cmd_serve.c) owns the model, backends, tokenizer and engines (one, or one per
  * GPU for data parallel serving) and hands them over once they are ready. GET / is the chat
@@ -35,10 +35,12 @@ typedef struct gptoss_server_options {
     unsigned max_connections_per_ip; /* per client address; 0: no limit of its own */
     const char *allowed_origins;     /* CORS: "a,b", "*", or NULL/"" for none */
     bool webui;                      /* GET / serves the chat page; false: 404 */
+    size_t responses_store_bytes;    /* /v1/responses records kept for GET and chaining */
 } gptoss_server_options;
 
 /* Defaults: 127.0.0.1:8000, no key, model "gpt-oss", 8 MiB bodies, 120 s idle timeout, 2048
- * connections, no CORS origins, the chat page on. */
+ * connections, no CORS origins, the chat page on,
+ * 64 MiB of stored responses. */
 gptoss_server_options gptoss_server_options_default(void);
 
 typedef struct gptoss_server gptoss_server;

@@ -52,6 +52,7 @@ struct gptoss_server {
     struct {
         server_histogram e2e, queue, tpot, prompt_tokens, generation_tokens;
     } hist; /* finished generation requests (metrics.c) */
+    struct response_store *responses;    /* /v1/responses records (response_store.h) */
 };
 
 /* The statistics of every engine summed (counters, gauges and histograms; `draining` when any
@@ -103,7 +104,8 @@ void server_access_first_token(server_access *access); /* a token arrived (the f
 typedef struct server_request {
     struct MHD_Connection *connection;
     const char *url;
-    const char *body; /* NUL-terminated, [len] bytes */
+    const char *method; /* "GET", "POST", ... */
+    const char *body;   /* NUL-terminated, [len] bytes */
     size_t len;
     server_access *access;
 } server_request;
@@ -120,6 +122,8 @@ void server_metrics_init(gptoss_server *server);
 /* A generation request ended: its latencies (a negative one is left out) and token counts. */
 void server_metrics_observe(gptoss_server *server, double e2e_seconds, double queue_seconds,
                             double tpot_seconds, int32_t prompt_tokens, int32_t generation_tokens);
+server_reply server_responses_create(gptoss_server *server, const server_request *request);
+server_reply server_responses_item(gptoss_server *server, const server_request *request);
 
 /* A response over a copy of `text`. */
 struct MHD_Response *server_buffer_response(const char *text, size_t len, const char *content_type);

@@ -1,0 +1,1078 @@
+/*
+ * api_responses.c - the OpenAI Responses API: POST /v1/responses, GET and DELETE
+ * /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel.
+ *
+ * Owns: the request fields of a response (input items through responses_input.c, tools,
+ * tool_choice, text.format, reasoning, store, previous_response_id, background), their
+ * translation to the Chat Completions shape that chat/ renders and output_constraint.h reads,
+ * the encoder that turns the neutral generation events into output items (reasoning, message,
+ * function_call) and the typed response.* server-sent events, and background generations (a
+ * detached thread per response, bounded by the store's job limit). Records live in
+ * response_store.c.
+ */
+#include "server/api_responses.h"
+#include "server/engines.h"
+#include "server/output_constraint.h"
+#include "server/responses_input.h"
+
+#include "chat/chat.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- what a response repeats of its request, and its conversation -------------------------- */
+
+/* Built by the endpoint, owned by the encoder state once the call took it. */
+typedef struct resp_request {
+    json_t *echo;  /* request fields every Response object repeats (instructions, tools, ...) */
+    json_t *items; /* normalized conversation items: the previous chain, then this input */
+    response_store *store;
+    bool store_it;   /* `store`: keep the response for GET and previous_response_id */
+    bool background; /* a job thread drives the generation */
+} resp_request;
+
+static void resp_request_free(resp_request *r) {
+    if (!r) return;
+    json_decref(r->echo);
+    json_decref(r->items);
+    free(r);
+}
+
+/* api_call_serve and api_call_create make the call (and run the encoder's init) in the thread
+ * that calls them: the endpoint leaves its request here, init takes it. */
+static _Thread_local resp_request *handoff;
+
+/* ---- the encoder ------------------------------------------------------------------------------
+ */
+
+typedef enum item_kind { ITEM_REASONING, ITEM_MESSAGE, ITEM_FUNCTION_CALL } item_kind;
+
+typedef struct out_item {
+    item_kind kind;
+    char id[96];
+    gptoss_chat_buf text; /* reasoning text, message text, or function arguments */
+    char *call_id, *name; /* function calls */
+    const char *status;   /* once closed: "completed" or "incomplete" */
+} out_item;
+
+typedef struct resp_state {
+    resp_request *req;
+    out_item *items; /* [n_items] output items in order; the last may be open */
+    size_t n_items, cap;
+    bool open;                 /* items[n_items - 1] still receives text */
+    int64_t seq;               /* next sequence_number (streaming) */
+    const char *finish_reason; /* once the generation finished */
+} resp_state;
+
+static void emit(api_call *call, resp_state *st, const char *type, json_t *fields) {
+    json_t *ev = json_pack("{s:s, s:I}", "type", type, "sequence_number", (json_int_t)st->seq++);
+    json_object_update(ev, fields);
+    json_decref(fields);
+    char *text = json_dumps(ev, JSON_COMPACT);
+    json_decref(ev);
+    if (!text) {
+        call->out.failed = true;
+        return;
+    }
+    api_sse_text(call, "event: ");
+    api_sse_text(call, type);
+    api_sse_text(call, "\ndata: ");
+    api_sse_text(call, text);
+    api_sse_text(call, "\n\n");
+    free(text);
+}
+
+static json_t *buf_json(const gptoss_chat_buf *b) {
+    return server_json_text(b->data ? b->data : "", b->len);
+}
+
+/* An output item as the API shows it; `full`: with its text (else as when it was added). */
+static json_t *item_json(const out_item *it, bool full) {
+    const char *status = full && it->status ? it->status : "in_progress";
+    switch (it->kind) {
+    case ITEM_REASONING: {
+        json_t *content = json_array();
+        if (full)
+            json_array_append_new(content, json_pack("{s:s, s:o}", "type", "reasoning_text", "text",
+                                                     buf_json(&it->text)));
+        return json_pack("{s:s, s:s, s:[], s:o, s:s}", "id", it->id, "type", "reasoning", "summary",
+                         "content", content, "status", status);
+    }
+    case ITEM_MESSAGE: {
+        json_t *content = json_array();
+        if (full)
+            json_array_append_new(content,
+                                  json_pack("{s:s, s:o, s:[], s:[]}", "type", "output_text", "text",
+                                            buf_json(&it->text), "annotations", "logprobs"));
+        return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", it->id, "type", "message", "status",
+                         status, "role", "assistant", "content", content);
+    }
+    case ITEM_FUNCTION_CALL:
+        return json_pack("{s:s, s:s, s:s, s:o, s:o, s:o}", "id", it->id, "type", "function_call",
+                         "status", status, "arguments",
+                         full ? buf_json(&it->text) : json_string(""), "call_id",
+                         server_json_text(it->call_id, strlen(it->call_id)), "name",
+                         server_json_text(it->name, strlen(it->name)));
+    }
+    return json_null();
+}
+
+/* The item in the normalized form the store keeps for previous_response_id. */
+static json_t *item_normalized(const out_item *it) {
+    switch (it->kind) {
+    case ITEM_REASONING:
+        return json_pack("{s:s, s:s, s:o}", "type", "reasoning", "id", it->id, "text",
+                         buf_json(&it->text));
+    case ITEM_MESSAGE:
+        return json_pack("{s:s, s:s, s:s, s:o}", "type", "message", "id", it->id, "role",
+                         "assistant", "content", buf_json(&it->text));
+    case ITEM_FUNCTION_CALL:
+        return json_pack("{s:s, s:s, s:o, s:o, s:o}", "type", "function_call", "id", it->id,
+                         "call_id", server_json_text(it->call_id, strlen(it->call_id)), "name",
+                         server_json_text(it->name, strlen(it->name)), "arguments",
+                         buf_json(&it->text));
+    }
+    return json_null();
+}
+
+static void close_item(api_call *call, resp_state *st) {
+    if (!st->open) return;
+    st->open = false;
+    size_t index = st->n_items - 1;
+    out_item *it = &st->items[index];
+    bool cut = st->finish_reason &&
+               (!strcmp(st->finish_reason, "length") || !strcmp(st->finish_reason, "abort") ||
+                !strcmp(st->finish_reason, "error"));
+    it->status = cut ? "incomplete" : "completed";
+    if (!call->params.stream) return;
+    json_int_t oi = (json_int_t)index;
+    if (it->kind == ITEM_REASONING) {
+        emit(call, st, "response.reasoning_text.done",
+             json_pack("{s:s, s:I, s:i, s:o}", "item_id", it->id, "output_index", oi,
+                       "content_index", 0, "text", buf_json(&it->text)));
+        emit(call, st, "response.content_part.done",
+             json_pack("{s:s, s:I, s:i, s:{s:s, s:o}}", "item_id", it->id, "output_index", oi,
+                       "content_index", 0, "part", "type", "reasoning_text", "text",
+                       buf_json(&it->text)));
+    } else if (it->kind == ITEM_MESSAGE) {
+        emit(call, st, "response.output_text.done",
+             json_pack("{s:s, s:I, s:i, s:o, s:[]}", "item_id", it->id, "output_index", oi,
+                       "content_index", 0, "text", buf_json(&it->text), "logprobs"));
+        emit(call, st, "response.content_part.done",
+             json_pack("{s:s, s:I, s:i, s:{s:s, s:o, s:[], s:[]}}", "item_id", it->id,
+                       "output_index", oi, "content_index", 0, "part", "type", "output_text",
+                       "text", buf_json(&it->text), "annotations", "logprobs"));
+    } else {
+        emit(call, st, "response.function_call_arguments.done",
+             json_pack("{s:s, s:I, s:o}", "item_id", it->id, "output_index", oi, "arguments",
+                       buf_json(&it->text)));
+    }
+    emit(call, st, "response.output_item.done",
+         json_pack("{s:I, s:o}", "output_index", oi, "item", item_json(it, true)));
+}
+
+static out_item *open_item(api_call *call, resp_state *st, item_kind kind, const char *call_id,
+                           const char *name) {
+    close_item(call, st);
+    if (st->n_items == st->cap) {
+        size_t cap = st->cap ? st->cap * 2 : 4;
+        out_item *grown = realloc(st->items, cap * sizeof *grown);
+        if (!grown) {
+            call->out.failed = true;
+            return NULL;
+        }
+        st->items = grown, st->cap = cap;
+    }
+    size_t index = st->n_items++;
+    out_item *it = &st->items[index];
+    memset(it, 0, sizeof *it);
+    it->kind = kind;
+    static const char *const prefix[] = {"rs", "msg", "fc"};
+    /* call->id is "resp_<hex>": items share its hex, then their index */
+    snprintf(it->id, sizeof it->id, "%s_%s_%zu", prefix[kind], call->id + 5, index);
+    if (kind == ITEM_FUNCTION_CALL) {
+        it->call_id = strdup(call_id);
+        it->name = strdup(name);
+        if (!it->call_id || !it->name) call->out.failed = true;
+    }
+    st->open = true;
+    if (!call->params.stream) return it;
+    json_int_t oi = (json_int_t)index;
+    emit(call, st, "response.output_item.added",
+         json_pack("{s:I, s:o}", "output_index", oi, "item", item_json(it, false)));
+    if (kind == ITEM_REASONING)
+        emit(call, st, "response.content_part.added",
+             json_pack("{s:s, s:I, s:i, s:{s:s, s:s}}", "item_id", it->id, "output_index", oi,
+                       "content_index", 0, "part", "type", "reasoning_text", "text", ""));
+    else if (kind == ITEM_MESSAGE)
+        emit(call, st, "response.content_part.added",
+             json_pack("{s:s, s:I, s:i, s:{s:s, s:s, s:[], s:[]}}", "item_id", it->id,
+                       "output_index", oi, "content_index", 0, "part", "type", "output_text",
+                       "text", "", "annotations", "logprobs"));
+    return it;
+}
+
+static out_item *current(resp_state *st, item_kind kind) {
+    return st->open && st->items[st->n_items - 1].kind == kind ? &st->items[st->n_items - 1] : NULL;
+}
+
+/* "completed", "incomplete", "cancelled" or "failed", from how the generation finished. */
+static const char *final_status(const resp_state *st) {
+    const char *f = st->finish_reason ? st->finish_reason : "stop";
+    if (!strcmp(f, "length")) return "incomplete";
+    if (!strcmp(f, "abort")) return "cancelled";
+    if (!strcmp(f, "error")) return "failed";
+    return "completed";
+}
+
+static json_t *usage_json(api_call *call) {
+    gen_usage u = generation_usage(call->gen);
+    int32_t cached = call->request ? gptoss_request_cached_prompt_tokens(call->request) : 0;
+    call->cached_prompt_tokens = cached;
+    return json_pack("{s:i, s:{s:i}, s:i, s:{s:i}, s:i}", "input_tokens", call->n_prompt,
+                     "input_tokens_details", "cached_tokens", cached, "output_tokens",
+                     u.completion_tokens, "output_tokens_details", "reasoning_tokens",
+                     u.reasoning_tokens, "total_tokens", call->n_prompt + u.completion_tokens);
+}
+
+/* The Response object; `final`: with every output item and the usage. */
+static json_t *response_json(api_call *call, resp_state *st, const char *status, bool final) {
+    json_t *r =
+        json_pack("{s:s, s:s, s:I, s:s, s:b}", "id", call->id, "object", "response", "created_at",
+                  (json_int_t)call->created, "status", status, "background", st->req->background);
+    json_t *error = json_null();
+    if (!strcmp(status, "failed")) {
+        const char *m = generation_error(call->gen);
+        error = json_pack("{s:s, s:o}", "code", "server_error", "message",
+                          server_json_text(m, strlen(m)));
+    }
+    json_object_set_new(r, "error", error);
+    json_object_set_new(r, "incomplete_details",
+                        !strcmp(status, "incomplete")
+                            ? json_pack("{s:s}", "reason", "max_output_tokens")
+                            : json_null());
+    json_object_update(r, st->req->echo);
+    json_t *output = json_array();
+    for (size_t i = 0; final && i < st->n_items; i++)
+        json_array_append_new(output, item_json(&st->items[i], true));
+    json_object_set_new(r, "output", output);
+    json_object_set_new(r, "usage", final ? usage_json(call) : json_null());
+    return r;
+}
+
+/* Ends the response: closes the open item, builds the final object and keeps it in the store
+ * (with the conversation, for previous_response_id) when the request asked for that. */
+static json_t *finish(api_call *call, resp_state *st) {
+    close_item(call, st);
+    json_t *r = response_json(call, st, final_status(st), true);
+    resp_request *req = st->req;
+    if (!req->store_it || !req->store) return r;
+    json_t *items = json_deep_copy(req->items);
+    /* every item gets an id once, here, so that input_items can name it and page by it */
+    size_t k;
+    json_t *it;
+    json_array_foreach(items, k, it) {
+        if (json_object_get(it, "id")) continue;
+        const char *type = json_string_value(json_object_get(it, "type"));
+        const char *prefix = !strcmp(type, "message")         ? "msg"
+                             : !strcmp(type, "reasoning")     ? "rs"
+                             : !strcmp(type, "function_call") ? "fc"
+                                                              : "fco";
+        char id[128];
+        snprintf(id, sizeof id, "%s_%s_in%zu", prefix, call->id + 5, k);
+        json_object_set_new(it, "id", json_string(id));
+    }
+    for (size_t i = 0; i < st->n_items; i++)
+        json_array_append_new(items, item_normalized(&st->items[i]));
+    char *response_text = json_dumps(r, JSON_COMPACT);
+    char *items_text = json_dumps(items, JSON_COMPACT);
+    json_decref(items);
+    if (response_text && items_text) {
+        if (req->background)
+            response_store_job_end(req->store, call->id, response_text, items_text);
+        else
+            response_store_put(req->store, call->id, response_text, items_text);
+    } else if (req->background) {
+        response_store_job_end(req->store, call->id, "{}", NULL);
+    }
+    free(response_text);
+    free(items_text);
+    return r;
+}
+
+static bool resp_init(api_call *call, void *state) {
+    resp_state *st = state;
+    st->req = handoff;
+    handoff = NULL;
+    if (!st->req) return false;
+    char *dash = strchr(call->id, '-'); /* OpenAI's ids read "resp_<hex>" */
+    if (dash) *dash = '_';
+    if (call->params.stream) {
+        emit(call, st, "response.created",
+             json_pack("{s:o}", "response", response_json(call, st, "in_progress", false)));
+        emit(call, st, "response.in_progress",
+             json_pack("{s:o}", "response", response_json(call, st, "in_progress", false)));
+    }
+    return true;
+}
+
+static void resp_fini(api_call *call, void *state) {
+    (void)call;
+    resp_state *st = state;
+    for (size_t i = 0; i < st->n_items; i++) {
+        gptoss_chat_buf_free(&st->items[i].text);
+        free(st->items[i].call_id);
+        free(st->items[i].name);
+    }
+    free(st->items);
+    resp_request_free(st->req);
+}
+
+static void resp_event(api_call *call, void *state, const gen_event *ev) {
+    resp_state *st = state;
+    bool stream = call->params.stream;
+    out_item *it;
+    switch (ev->kind) {
+    case GEN_REASONING:
+    case GEN_CONTENT: {
+        item_kind kind = ev->kind == GEN_REASONING ? ITEM_REASONING : ITEM_MESSAGE;
+        if (!(it = current(st, kind)) && !(it = open_item(call, st, kind, NULL, NULL))) return;
+        gptoss_chat_buf_append(&it->text, ev->text, ev->len);
+        if (stream)
+            emit(call, st,
+                 kind == ITEM_REASONING ? "response.reasoning_text.delta"
+                                        : "response.output_text.delta",
+                 kind == ITEM_REASONING
+                     ? json_pack("{s:s, s:I, s:i, s:o}", "item_id", it->id, "output_index",
+                                 (json_int_t)(st->n_items - 1), "content_index", 0, "delta",
+                                 server_json_text(ev->text, ev->len))
+                     : json_pack("{s:s, s:I, s:i, s:o, s:[]}", "item_id", it->id, "output_index",
+                                 (json_int_t)(st->n_items - 1), "content_index", 0, "delta",
+                                 server_json_text(ev->text, ev->len), "logprobs"));
+        break;
+    }
+    case GEN_TOOL_CALL:
+        open_item(call, st, ITEM_FUNCTION_CALL, ev->call_id, ev->name);
+        break;
+    case GEN_TOOL_ARGUMENTS:
+        if (!(it = current(st, ITEM_FUNCTION_CALL))) return;
+        gptoss_chat_buf_append(&it->text, ev->text, ev->len);
+        if (stream)
+            emit(call, st, "response.function_call_arguments.delta",
+                 json_pack("{s:s, s:I, s:o}", "item_id", it->id, "output_index",
+                           (json_int_t)(st->n_items - 1), "delta",
+                           server_json_text(ev->text, ev->len)));
+        break;
+    case GEN_FINISH:
+        st->finish_reason = ev->finish_reason;
+        close_item(call, st);
+        break;
+    case GEN_LOGPROB:
+    case GEN_END_OF_EVENT:
+        break;
+    }
+}
+
+static void resp_stream_end(api_call *call, void *state) {
+    resp_state *st = state;
+    json_t *r = finish(call, st);
+    const char *status = json_string_value(json_object_get(r, "status"));
+    const char *type = !strcmp(status, "completed")    ? "response.completed"
+                       : !strcmp(status, "incomplete") ? "response.incomplete"
+                                                       : "response.failed";
+    emit(call, st, type, json_pack("{s:o}", "response", r));
+}
+
+static json_t *resp_response(api_call *call, void *state) {
+    return finish(call, state);
+}
+
+const api_encoder api_responses_encoder = {
+    .name = "responses",
+    .id_prefix = "resp",
+    .text_mode = GEN_TEXT_HARMONY,
+    .reports_abort = true,
+    .state_size = sizeof(resp_state),
+    .init = resp_init,
+    .fini = resp_fini,
+    .event = resp_event,
+    .stream_end = resp_stream_end,
+    .response = resp_response,
+};
+
+bool api_responses_prepare(const json_t *echo, const json_t *items, response_store *store,
+                           bool store_it, bool background) {
+    resp_request *rr = calloc(1, sizeof *rr);
+    if (!rr) return false;
+    rr->echo = json_deep_copy(echo);
+    rr->items = json_deep_copy(items);
+    rr->store = store, rr->store_it = store_it, rr->background = background;
+    if (!rr->echo || !rr->items) {
+        resp_request_free(rr);
+        return false;
+    }
+    resp_request_free(handoff);
+    handoff = rr;
+    return true;
+}
+
+/* ---- request fields -> the Chat Completions shape ------------------------------------------- */
+
+/* Errors of chat/, request_params and output_constraint name Chat Completions fields: say
+ * them as this request spelled them. */
+static void rename_param(field_error *e) {
+    static const char *const renames[][2] = {
+        {"response_format.json_schema", "text.format"},
+        {"response_format", "text.format"},
+        {"max_tokens", "max_output_tokens"},
+        {"reasoning_effort", "reasoning.effort"},
+        {"messages", "input"},
+    };
+    char param[128];
+    param_of_message(e->message, param, sizeof param);
+    if (!param[0]) snprintf(param, sizeof param, "%s", e->param);
+    char renamed[160] = "";
+    for (size_t i = 0; i < sizeof renames / sizeof renames[0] && !renamed[0]; i++) {
+        size_t n = strlen(renames[i][0]);
+        if (!strncmp(param, renames[i][0], n))
+            snprintf(renamed, sizeof renamed, "%s%s", renames[i][1],
+                     !strcmp(renames[i][0], "messages") ? "" : param + n);
+    }
+    const char *fn = strstr(param, "].function.");
+    if (!renamed[0] && !strncmp(param, "tools[", 6) && fn)
+        snprintf(renamed, sizeof renamed, "%.*s]%s", (int)(fn - param), param, fn + 10);
+    if (!renamed[0]) return;
+    size_t plen = strlen(param);
+    char message[sizeof e->message];
+    if (!strncmp(e->message, param, plen))
+        snprintf(message, sizeof message, "%s%s", renamed, e->message + plen);
+    else
+        snprintf(message, sizeof message, "%s", e->message);
+    snprintf(e->message, sizeof e->message, "%s", message);
+    snprintf(e->param, sizeof e->param, "%s", renamed);
+}
+
+static bool read_tools(const json_t *req, json_t *chat, json_t *echo, field_error *e) {
+    const json_t *tools = json_member(req, "tools");
+    json_t *echo_tools = json_array();
+    json_object_set_new(echo, "tools", echo_tools);
+    if (tools && !json_is_array(tools)) return field_fail(e, "tools", "tools: expected an array");
+    json_t *chat_tools = json_array();
+    json_object_set_new(chat, "tools", chat_tools);
+    size_t i;
+    const json_t *tool;
+    json_array_foreach(tools, i, tool) {
+        char w[64], f[96];
+        snprintf(w, sizeof w, "tools[%zu]", i);
+        if (!json_is_object(tool)) return field_fail(e, w, "%s: expected an object", w);
+        const char *type = json_string_value(json_object_get(tool, "type"));
+        snprintf(f, sizeof f, "%s.type", w);
+        if (!type) return field_fail(e, f, "%s: expected a string", f);
+        if (strcmp(type, "function") != 0)
+            return field_fail(e, f, "%s: '%.64s' is not supported (only 'function')", f, type);
+        const char *name = json_string_value(json_object_get(tool, "name"));
+        snprintf(f, sizeof f, "%s.name", w);
+        if (!name || !responses_valid_function_name(name))
+            return field_fail(
+                e, f, "%s: expected 1 to 64 characters from a-z, A-Z, 0-9, '_', '-', '.'", f);
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(json_string_value(json_object_get(json_array_get(tools, j), "name")), name))
+                return field_fail(e, f, "%s: '%s' is defined twice", f, name);
+        json_t *desc = json_member(tool, "description");
+        json_t *params = json_member(tool, "parameters");
+        json_t *strict = json_member(tool, "strict");
+        snprintf(f, sizeof f, "%s.description", w);
+        if (desc && !json_is_string(desc)) return field_fail(e, f, "%s: expected a string", f);
+        snprintf(f, sizeof f, "%s.parameters", w);
+        if (params && !json_is_object(params))
+            return field_fail(e, f, "%s: expected a JSON Schema object", f);
+        snprintf(f, sizeof f, "%s.strict", w);
+        if (strict && !json_is_boolean(strict))
+            return field_fail(e, f, "%s: expected a boolean", f);
+        json_t *fn = json_pack("{s:s}", "name", name);
+        if (desc) json_object_set(fn, "description", desc);
+        if (params) json_object_set(fn, "parameters", params);
+        if (strict) json_object_set(fn, "strict", strict);
+        json_array_append_new(chat_tools,
+                              json_pack("{s:s, s:o}", "type", "function", "function", fn));
+        json_array_append_new(echo_tools,
+                              json_pack("{s:s, s:s, s:O, s:O, s:O}", "type", "function", "name",
+                                        name, "description", desc ? desc : json_null(),
+                                        "parameters", params ? params : json_null(), "strict",
+                                        strict ? strict : json_null()));
+    }
+    const json_t *choice = json_member(req, "tool_choice");
+    if (!choice) {
+        json_object_set_new(echo, "tool_choice", json_string("auto"));
+    } else if (json_is_string(choice)) {
+        const char *c = json_string_value(choice);
+        if (strcmp(c, "auto") && strcmp(c, "none") && strcmp(c, "required"))
+            return field_fail(e, "tool_choice",
+                              "tool_choice: expected \"auto\", \"none\", \"required\" or "
+                              "{\"type\": \"function\", \"name\": ...}");
+        if (!strcmp(c, "required") && json_array_size(tools) == 0)
+            return field_fail(e, "tool_choice", "tool_choice: \"required\" needs tools");
+        json_object_set(chat, "tool_choice", (json_t *)choice);
+        json_object_set(echo, "tool_choice", (json_t *)choice);
+    } else {
+        const char *type = json_string_value(json_object_get(choice, "type"));
+        const char *name = json_string_value(json_object_get(choice, "name"));
+        if (!json_is_object(choice) || !type || strcmp(type, "function") != 0)
+            return field_fail(e, "tool_choice.type",
+                              "tool_choice.type: only \"function\" choices are supported");
+        bool known = false;
+        for (size_t j = 0; name && j < json_array_size(tools); j++)
+            known =
+                known ||
+                !strcmp(json_string_value(json_object_get(json_array_get(tools, j), "name")), name);
+        if (!known)
+            return field_fail(e, "tool_choice.name", "tool_choice.name: no tool named '%.64s'",
+                              name ? name : "");
+        json_object_set_new(
+            chat, "tool_choice",
+            json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", name));
+        json_object_set_new(echo, "tool_choice",
+                            json_pack("{s:s, s:s}", "type", "function", "name", name));
+    }
+    bool parallel = true;
+    if (!param_bool(req, "parallel_tool_calls", &parallel, e)) return false;
+    json_object_set_new(echo, "parallel_tool_calls", json_boolean(parallel));
+    if (json_member(req, "parallel_tool_calls"))
+        json_object_set_new(chat, "parallel_tool_calls", json_boolean(parallel));
+    return true;
+}
+
+static bool read_text_format(const json_t *req, json_t *chat, json_t *echo, field_error *e) {
+    const json_t *text = json_member(req, "text");
+    if (text && !json_is_object(text)) return field_fail(e, "text", "text: expected an object");
+    const json_t *format = text ? json_member(text, "format") : NULL;
+    json_t *echo_text = text ? json_deep_copy(text) : json_object();
+    json_object_set_new(echo, "text", echo_text);
+    if (!format) {
+        json_object_set_new(echo_text, "format", json_pack("{s:s}", "type", "text"));
+        return true;
+    }
+    const char *type = json_string_value(json_object_get(format, "type"));
+    if (!json_is_object(format) || !type)
+        return field_fail(e, "text.format", "text.format: expected an object with a string 'type'");
+    if (!strcmp(type, "text") || !strcmp(type, "json_object")) {
+        json_object_set_new(chat, "response_format", json_pack("{s:s}", "type", type));
+        return true;
+    }
+    if (strcmp(type, "json_schema") != 0)
+        return field_fail(e, "text.format.type",
+                          "text.format.type: '%.64s' is not supported (text, json_object, "
+                          "json_schema)",
+                          type);
+    const json_t *name = json_object_get(format, "name");
+    const json_t *schema = json_object_get(format, "schema");
+    const json_t *strict = json_member(format, "strict");
+    const json_t *desc = json_member(format, "description");
+    if (!json_is_string(name))
+        return field_fail(e, "text.format.name", "text.format.name: expected a string");
+    if (!json_is_object(schema))
+        return field_fail(e, "text.format.schema",
+                          "text.format.schema: expected a JSON Schema object");
+    if (strict && !json_is_boolean(strict))
+        return field_fail(e, "text.format.strict", "text.format.strict: expected a boolean");
+    if (desc && !json_is_string(desc))
+        return field_fail(e, "text.format.description",
+                          "text.format.description: expected a string");
+    json_t *js = json_pack("{s:O, s:O}", "name", name, "schema", schema);
+    if (strict) json_object_set(js, "strict", (json_t *)strict);
+    if (desc) json_object_set(js, "description", (json_t *)desc);
+    json_object_set_new(chat, "response_format",
+                        json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js));
+    return true;
+}
+
+static bool read_reasoning(const json_t *req, json_t *chat, json_t *echo, field_error *e) {
+    const json_t *reasoning = json_member(req, "reasoning");
+    if (reasoning && !json_is_object(reasoning))
+        return field_fail(e, "reasoning", "reasoning: expected an object");
+    const json_t *effort = reasoning ? json_member(reasoning, "effort") : NULL;
+    const char *level = "medium";
+    if (effort) {
+        const char *w = json_string_value(effort);
+        /* harmony knows low, medium and high: lighter requests get low */
+        if (w && (!strcmp(w, "minimal") || !strcmp(w, "none") || !strcmp(w, "low")))
+            level = "low";
+        else if (w && (!strcmp(w, "medium") || !strcmp(w, "high")))
+            level = w;
+        else
+            return field_fail(e, "reasoning.effort",
+                              "reasoning.effort: expected \"minimal\", \"low\", \"medium\" or "
+                              "\"high\"");
+    }
+    json_object_set_new(chat, "reasoning_effort", json_string(level));
+    json_object_set_new(echo, "reasoning", json_pack("{s:s, s:n}", "effort", level, "summary"));
+    return true;
+}
+
+static bool read_metadata(const json_t *req, json_t *echo, field_error *e) {
+    const json_t *metadata = json_member(req, "metadata");
+    if (!metadata) {
+        json_object_set_new(echo, "metadata", json_object());
+        return true;
+    }
+    if (!json_is_object(metadata) || json_object_size(metadata) > 16)
+        return field_fail(e, "metadata", "metadata: expected an object of at most 16 pairs");
+    const char *key;
+    const json_t *value;
+    json_object_foreach((json_t *)metadata, key, value) {
+        if (strlen(key) > 64 || !json_is_string(value) || json_string_length(value) > 512)
+            return field_fail(e, "metadata",
+                              "metadata.%.64s: keys are at most 64 characters, values strings "
+                              "of at most 512",
+                              key);
+    }
+    json_object_set(echo, "metadata", (json_t *)metadata);
+    return true;
+}
+
+/* Reads every field; builds the Chat Completions request in *chat and the echo. On failure
+ * *status is the HTTP status (400, or 404 for an unknown previous_response_id). */
+static bool read_request(gptoss_server *s, const json_t *req, json_t *chat, resp_request *rr,
+                         unsigned *status, field_error *e) {
+    json_t *echo = rr->echo;
+    *status = 400;
+    float temperature = 1.0f, top_p = 1.0f;
+    int32_t max_output = 0;
+    bool has_max = false, stream = false;
+    rr->store_it = true;
+    if (!param_number(req, "temperature", 0, 2, &temperature, e) ||
+        !param_number(req, "top_p", 0, 1, &top_p, e) ||
+        !param_int(req, "max_output_tokens", 1, INT32_MAX, &max_output, &has_max, e) ||
+        !param_bool(req, "stream", &stream, e) || !param_bool(req, "store", &rr->store_it, e) ||
+        !param_bool(req, "background", &rr->background, e))
+        return false;
+    if (rr->background && stream)
+        return field_fail(e, "background",
+                          "background: streaming a background response is not supported; poll "
+                          "GET /v1/responses/{id} instead");
+    if (rr->background && !rr->store_it)
+        return field_fail(e, "store", "store: a background response must be stored");
+    if (json_member(req, "conversation"))
+        return field_fail(e, "conversation",
+                          "conversation: not supported; chain responses with "
+                          "previous_response_id");
+    json_object_set_new(chat, "temperature", json_real(temperature));
+    json_object_set_new(chat, "top_p", json_real(top_p));
+    if (has_max) json_object_set_new(chat, "max_tokens", json_integer(max_output));
+    json_object_set_new(chat, "stream", json_boolean(stream));
+    /* The sampling extensions both other endpoints take pass through under their own names
+     * (request_params.c checks them): the Responses API has no field for these. */
+    static const char *const extensions[] = {"seed",
+                                             "top_k",
+                                             "min_p",
+                                             "presence_penalty",
+                                             "frequency_penalty",
+                                             "repetition_penalty",
+                                             "stop",
+                                             "stop_token_ids",
+                                             "min_tokens",
+                                             "ignore_eos",
+                                             "logit_bias"};
+    for (size_t i = 0; i < sizeof extensions / sizeof extensions[0]; i++) {
+        json_t *v = json_member(req, extensions[i]);
+        if (v) json_object_set(chat, extensions[i], v);
+    }
+
+    const json_t *instructions = json_member(req, "instructions");
+    if (instructions && !json_is_string(instructions))
+        return field_fail(e, "instructions", "instructions: expected a string");
+    json_object_set_new(echo, "instructions",
+                        instructions ? json_incref((json_t *)instructions) : json_null());
+    json_object_set_new(echo, "max_output_tokens",
+                        has_max ? json_integer(max_output) : json_null());
+    json_object_set_new(echo, "model", json_string(s->model_name));
+    json_object_set_new(echo, "store", json_boolean(rr->store_it));
+    /* echoed as sent (a float would turn 0.7 into 0.699999988) */
+    json_t *t = json_member(req, "temperature"), *p = json_member(req, "top_p");
+    json_object_set_new(echo, "temperature", t ? json_incref(t) : json_real(1.0));
+    json_object_set_new(echo, "top_p", p ? json_incref(p) : json_real(1.0));
+    const json_t *truncation = json_member(req, "truncation");
+    json_object_set_new(
+        echo, "truncation",
+        json_string(json_is_string(truncation) ? json_string_value(truncation) : "disabled"));
+    if (!read_tools(req, chat, echo, e) || !read_text_format(req, chat, echo, e) ||
+        !read_reasoning(req, chat, echo, e) || !read_metadata(req, echo, e))
+        return false;
+
+    /* the conversation: the previous chain's items, then this input */
+    const json_t *previous = json_member(req, "previous_response_id");
+    json_t *prior = NULL;
+    json_object_set_new(echo, "previous_response_id",
+                        previous ? json_incref((json_t *)previous) : json_null());
+    if (previous) {
+        if (!json_is_string(previous))
+            return field_fail(e, "previous_response_id", "previous_response_id: expected a string");
+        char *items_text = NULL;
+        bool running = false;
+        const char *id = json_string_value(previous);
+        bool found = response_store_get(s->responses, id, NULL, &items_text, &running);
+        if (found && running) {
+            free(items_text);
+            return field_fail(e, "previous_response_id",
+                              "previous_response_id: response '%.100s' is still in progress", id);
+        }
+        prior = items_text ? json_loads(items_text, 0, NULL) : NULL;
+        free(items_text);
+        if (!json_is_array(prior)) {
+            json_decref(prior);
+            *status = 404;
+            return field_fail(e, "previous_response_id",
+                              "Previous response with id '%.100s' not found: it was stored with "
+                              "store: false, deleted, evicted from the response store "
+                              "(--responses-store-bytes), or never existed",
+                              id);
+        }
+        json_array_extend(rr->items, prior);
+    }
+    const json_t *input = json_member(req, "input");
+    bool ok = input ? responses_input_read(input, prior, rr->items, e)
+                    : field_fail(e, "input", "input: required (a string or an array of items)");
+    json_decref(prior);
+    if (!ok) return false;
+    if (json_array_size(rr->items) == 0)
+        return field_fail(e, "input", "input: must contain at least one item");
+    json_object_set_new(chat, "messages",
+                        responses_items_to_messages(
+                            instructions ? json_string_value(instructions) : NULL, rr->items));
+    return true;
+}
+
+/* ---- background responses -------------------------------------------------------------------- */
+
+static void *background_main(void *arg) {
+    api_call *call = arg;
+    double start = gptoss_now_seconds();
+    gptoss_engine_event ev;
+    for (;;) {
+        int r = gptoss_request_next_event(call->request, &ev, 1000);
+        if (r < 0) break;
+        if (r == 1) generation_push(call->gen, &ev);
+    }
+    json_t *r = finish(call, call->state);
+    /* its HTTP request was logged when it was accepted: the outcome gets a line of its own */
+    GPTOSS_LOG_I("responses", "background %s %s prompt_tokens=%d completion_tokens=%d %.1f ms",
+                 call->id, json_string_value(json_object_get(r, "status")), call->n_prompt,
+                 generation_usage(call->gen).completion_tokens,
+                 (gptoss_now_seconds() - start) * 1000.0);
+    json_decref(r);
+    api_call_free(call);
+    return NULL;
+}
+
+static server_reply serve_background(gptoss_server *s, const server_request *http,
+                                     const int32_t *prompt, int32_t n_prompt,
+                                     request_params *params, resp_request *rr) {
+    server_access_set_tokens(http->access, n_prompt, 0);
+    gptoss_request_options ro = {0};
+    if (params->constraint) {
+        if (params->sampling.max_tokens == 0) /* as api_call_serve does */
+            output_constraint_set_default_max_tokens(params->constraint,
+                                                     s->max_model_len - n_prompt);
+        output_constraint_bind(params->constraint, &ro);
+    }
+    gptoss_request *request = NULL;
+    gptoss_error err = {0};
+    int32_t engine_index = -1;
+    gptoss_status st = server_submit(s, prompt, n_prompt, &params->sampling, &ro, &request,
+                                     &engine_index, &err);
+    if (st != GPTOSS_OK) {
+        request_params_free(params);
+        resp_request_free(rr);
+        if (st == GPTOSS_ERR_CAPACITY && server_queue_full(s, engine_index)) {
+            server_reply r = server_error(429, "rate_limit_error", NULL, "queue_full",
+                                          "The server is at capacity: %s", err.message);
+            if (r.response)
+                MHD_add_response_header(r.response, "Retry-After", SERVER_RETRY_AFTER_SECONDS);
+            return r;
+        }
+        if (st == GPTOSS_ERR_CAPACITY || st == GPTOSS_ERR_INVALID_ARGUMENT)
+            return server_error(400, "invalid_request_error", NULL, NULL,
+                                "%s (the prompt has %d tokens)", err.message, n_prompt);
+        return server_error(500, "server_error", NULL, NULL, "%s", err.message);
+    }
+    params->constraint = NULL; /* the engine request owns it now */
+    handoff = rr;
+    api_call *call = NULL;
+    st = api_call_create(&api_responses_encoder, s->model_name, s->tokenizer, params, n_prompt,
+                         s->id_salt, server_response_number(s, request, engine_index), request,
+                         &call, &err);
+    if (handoff) { /* init did not run */
+        resp_request_free(handoff);
+        handoff = NULL;
+    }
+    if (st != GPTOSS_OK) {
+        gptoss_request_release(request);
+        server_engine_done(s, engine_index);
+        return server_error(500, "server_error", NULL, NULL, "%s", err.message);
+    }
+    call->server = s;
+    call->engine_index = engine_index;
+    json_t *first = response_json(call, call->state, "in_progress", false);
+    char *first_text = json_dumps(first, JSON_COMPACT);
+    char *items_text = json_dumps(rr->items, JSON_COMPACT);
+    bool begun = first_text && items_text &&
+                 response_store_job_begin(s->responses, call->id, first_text, items_text, request);
+    free(first_text);
+    free(items_text);
+    if (!begun) {
+        json_decref(first);
+        api_call_free(call); /* releases the request, which cancels it */
+        return server_error(429, "rate_limit_error", "background", "too_many_background",
+                            "Too many background responses are running; retry later");
+    }
+    pthread_t thread;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&thread, &attr, background_main, call);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        gptoss_request_cancel(request);
+        json_decref(finish(call, call->state));
+        api_call_free(call);
+        json_decref(first);
+        return server_error(500, "server_error", NULL, NULL, "cannot start a background thread");
+    }
+    return server_json(200, first);
+}
+
+/* ---- endpoints ---------------------------------------------------------------------------------
+ */
+
+server_reply server_responses_create(gptoss_server *s, const server_request *http) {
+    json_t *req = NULL;
+    server_reply reply = api_parse_body(s, http, &req);
+    if (!req) return reply;
+    resp_request *rr = calloc(1, sizeof *rr);
+    json_t *chat = json_object();
+    if (!rr || !chat || !(rr->echo = json_object()) || !(rr->items = json_array())) {
+        resp_request_free(rr);
+        json_decref(chat);
+        json_decref(req);
+        return server_error(500, "server_error", NULL, NULL, "out of memory");
+    }
+    rr->store = s->responses;
+    field_error fe = {0};
+    unsigned status = 400;
+    request_params params;
+    memset(&params, 0, sizeof params);
+    bool ok = read_request(s, req, chat, rr, &status, &fe);
+    json_decref(req);
+    int32_t vocab = gptoss_tokenizer_n_vocab(s->tokenizer);
+    ok = ok && request_params_parse(chat, vocab, 1, &params, &fe);
+    ok = ok && request_params_finish(&params, vocab, &fe) &&
+         output_constraint_create(chat, s->tokenizer, 1, params.sampling.max_tokens,
+                                  &params.constraint, &fe);
+    gptoss_chat_prompt prompt = {0};
+    if (ok) {
+        gptoss_openai_chat_options chat_options = {0};
+        gptoss_error err = {0};
+        gptoss_status st =
+            gptoss_chat_prompt_from_request(s->tokenizer, chat, &chat_options, &prompt, &err);
+        if (st == GPTOSS_ERR_OUT_OF_MEMORY) {
+            ok = false, status = 500;
+            field_fail(&fe, "", "out of memory");
+        } else if (st != GPTOSS_OK) {
+            ok = false;
+            snprintf(fe.message, sizeof fe.message, "%s", err.message);
+            param_of_message(err.message, fe.param, sizeof fe.param);
+        }
+    }
+    json_decref(chat);
+    if (!ok) {
+        request_params_free(&params); /* safe on the zeroed struct, and after a failed parse */
+        resp_request_free(rr);
+        gptoss_chat_prompt_free(&prompt);
+        rename_param(&fe);
+        if (status == 404)
+            return server_error(404, "invalid_request_error", fe.param,
+                                "previous_response_not_found", "%s", fe.message);
+        return server_error(status, status == 500 ? "server_error" : "invalid_request_error",
+                            fe.param[0] ? fe.param : NULL, NULL, "%s", fe.message);
+    }
+    /* The engine would name max_tokens: say it in this request's words. */
+    int64_t n_prompt = (int64_t)prompt.tokens.n, max_new = params.sampling.max_tokens;
+    if (n_prompt >= s->max_model_len ||
+        (params.has_max_tokens && n_prompt + max_new > s->max_model_len)) {
+        request_params_free(&params);
+        resp_request_free(rr);
+        gptoss_chat_prompt_free(&prompt);
+        bool prompt_alone = n_prompt >= s->max_model_len;
+        return server_error(
+            400, "invalid_request_error", prompt_alone ? "input" : "max_output_tokens",
+            "context_length_exceeded",
+            "%s: the input has %lld tokens%s; the context holds %d (--max-model-len)",
+            prompt_alone ? "input" : "max_output_tokens", (long long)n_prompt,
+            prompt_alone ? "" : " and max_output_tokens asks for more than fits",
+            (int)s->max_model_len);
+    }
+    if (rr->background) {
+        reply = serve_background(s, http, prompt.tokens.ids, (int32_t)prompt.tokens.n, &params, rr);
+    } else {
+        handoff = rr;
+        reply = api_call_serve(s, http, &api_responses_encoder, prompt.tokens.ids,
+                               (int32_t)prompt.tokens.n, &params);
+        resp_request_free(handoff); /* still here when the call was never made */
+        handoff = NULL;
+    }
+    gptoss_chat_prompt_free(&prompt);
+    return reply;
+}
+
+static server_reply not_found(const char *id) {
+    return server_error(404, "invalid_request_error", NULL, "not_found",
+                        "Response with id '%.100s' not found: it was stored with store: false, "
+                        "deleted, evicted from the response store (--responses-store-bytes), or "
+                        "never existed",
+                        id);
+}
+
+/* A normalized item (responses_input.h) as the API lists it. */
+static json_t *item_listed(const json_t *it) {
+    const char *type = json_string_value(json_object_get(it, "type"));
+    json_t *id = json_object_get(it, "id");
+    if (!strcmp(type, "message")) {
+        const char *role = json_string_value(json_object_get(it, "role"));
+        bool assistant = !strcmp(role, "assistant");
+        json_t *part = json_pack("{s:s, s:O}", "type", assistant ? "output_text" : "input_text",
+                                 "text", json_object_get(it, "content"));
+        if (assistant) json_object_set_new(part, "annotations", json_array());
+        return json_pack("{s:O, s:s, s:s, s:s, s:[o]}", "id", id, "type", "message", "role", role,
+                         "status", "completed", "content", part);
+    }
+    if (!strcmp(type, "reasoning"))
+        return json_pack("{s:O, s:s, s:[], s:[{s:s, s:O}]}", "id", id, "type", "reasoning",
+                         "summary", "content", "type", "reasoning_text", "text",
+                         json_object_get(it, "text"));
+    json_t *listed = json_deep_copy(it);
+    json_object_set_new(listed, "status", json_string("completed"));
+    return listed;
+}
+
+/* GET /v1/responses/{id}/input_items: the conversation the response answered (the previous
+ * chain's items included), paged by item id: after, limit (1..100, default 20), order
+ * (asc, or desc: the default). */
+static server_reply list_input_items(gptoss_server *s, const server_request *http, const char *id) {
+    struct MHD_Connection *c = http->connection;
+    const char *limit_text = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
+    const char *order = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "order");
+    const char *after = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after");
+    long limit = 20;
+    if (limit_text) {
+        char *end = NULL;
+        limit = strtol(limit_text, &end, 10);
+        if (!*limit_text || *end || limit < 1 || limit > 100)
+            return server_error(400, "invalid_request_error", "limit", NULL,
+                                "limit: expected an integer in [1, 100]");
+    }
+    if (order && strcmp(order, "asc") && strcmp(order, "desc"))
+        return server_error(400, "invalid_request_error", "order", NULL,
+                            "order: expected \"asc\" or \"desc\"");
+    bool ascending = order && !strcmp(order, "asc");
+    char *response_text = NULL, *items_text = NULL;
+    if (!response_store_get(s->responses, id, &response_text, &items_text, NULL))
+        return not_found(id);
+    json_t *response = json_loads(response_text, 0, NULL);
+    json_t *items = items_text ? json_loads(items_text, 0, NULL) : NULL;
+    free(response_text);
+    free(items_text);
+    size_t n_output = json_array_size(json_object_get(response, "output"));
+    size_t n = json_array_size(items) >= n_output ? json_array_size(items) - n_output : 0;
+    json_decref(response);
+    /* positions in listing order; `after` starts past the item it names */
+    size_t start = 0;
+    if (after) {
+        size_t i;
+        for (i = 0; i < n; i++) {
+            size_t at = ascending ? i : n - 1 - i;
+            const char *item_id =
+                json_string_value(json_object_get(json_array_get(items, at), "id"));
+            if (item_id && !strcmp(item_id, after)) break;
+        }
+        if (i == n) {
+            json_decref(items);
+            return server_error(400, "invalid_request_error", "after", NULL,
+                                "after: no input item '%.100s' in response '%.100s'", after, id);
+        }
+        start = i + 1;
+    }
+    json_t *data = json_array();
+    for (size_t i = start; i < n && json_array_size(data) < (size_t)limit; i++)
+        json_array_append_new(data, item_listed(json_array_get(items, ascending ? i : n - 1 - i)));
+    size_t got = json_array_size(data);
+    json_t *body =
+        json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", start + got < n);
+    json_object_set(body, "first_id",
+                    got ? json_object_get(json_array_get(data, 0), "id") : json_null());
+    json_object_set(body, "last_id",
+                    got ? json_object_get(json_array_get(data, got - 1), "id") : json_null());
+    json_decref(items);
+    return server_json(200, body);
+}
+
+static server_reply stored_json(char *text) {
+    server_reply r = {200, server_buffer_response(text, strlen(text), "application/json")};
+    free(text);
+    return r;
+}
+
+/* GET|DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel. */
+server_reply server_responses_item(gptoss_server *s, const server_request *http) {
+    const char *rest = http->url + strlen("/v1/responses/");
+    char id[128];
+    size_t n = strcspn(rest, "/");
+    if (n == 0 || n >= sizeof id)
+        return server_error(404, "invalid_request_error", NULL, "not_found",
+                            "No route %s %s: expected /v1/responses/{id}", http->method, http->url);
+    memcpy(id, rest, n);
+    id[n] = '\0';
+    const char *tail = rest + n;
+    const char *m = http->method;
+    if (!strcmp(tail, "/cancel")) {
+        if (strcmp(m, "POST") != 0)
+            return server_error(405, "invalid_request_error", NULL, "method_not_allowed",
+                                "Method %s is not allowed on %s; use POST", m, http->url);
+        char *text = NULL;
+        response_cancel_result r = response_store_cancel(s->responses, id, 10.0, &text);
+        if (r == RESPONSE_CANCEL_NOT_FOUND) return not_found(id);
+        if (r == RESPONSE_CANCEL_NOT_BACKGROUND)
+            return server_error(400, "invalid_request_error", NULL, NULL,
+                                "Only background responses can be cancelled; '%.100s' was not "
+                                "made with background: true",
+                                id);
+        if (!text) return not_found(id); /* deleted while cancelling */
+        return stored_json(text);
+    }
+    if (!strcmp(tail, "/input_items")) {
+        if (strcmp(m, "GET") != 0)
+            return server_error(405, "invalid_request_error", NULL, "method_not_allowed",
+                                "Method %s is not allowed on %s; use GET", m, http->url);
+        return list_input_items(s, http, id);
+    }
+    if (tail[0])
+        return server_error(404, "invalid_request_error", NULL, "not_found",
+                            "No route %s %s: expected /v1/responses/{id}, "
+                            "/v1/responses/{id}/input_items or /v1/responses/{id}/cancel",
+                            m, http->url);
+    if (!strcmp(m, "GET")) {
+        char *text = NULL;
+        if (!response_store_get(s->responses, id, &text, NULL, NULL)) return not_found(id);
+        return stored_json(text);
+    }
+    if (!strcmp(m, "DELETE")) {
+        if (!response_store_delete(s->responses, id)) return not_found(id);
+        return server_json(
+            200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response", "deleted", 1));
+    }
+    return server_error(405, "invalid_request_error", NULL, "method_not_allowed",
+                        "Method %s is not allowed on %s; use GET or DELETE", m, http->url);
+}
