@@ -782,8 +782,8 @@ static server_reply serve_background(gptoss_server *s, const server_request *htt
     gptoss_request *request = NULL;
     gptoss_error err = {0};
     int32_t engine_index = -1;
-    gptoss_status st = server_submit(s, prompt, n_prompt, &params->sampling, &ro, &request,
-                                     &engine_index, &err);
+    gptoss_status st =
+        server_submit(s, prompt, n_prompt, &params->sampling, &ro, &request, &engine_index, &err);
     if (st != GPTOSS_OK) {
         request_params_free(params);
         resp_request_free(rr);

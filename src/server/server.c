@@ -679,8 +679,7 @@ gptoss_status gptoss_server_start(const gptoss_server_options *o, gptoss_server 
     atomic_init(&s->next_request_id, 1);
     server_metrics_init(s);
     s->responses = response_store_create(o->responses_store_bytes, 256);
-    if (!s->host || !s->model_name || (o->api_key && *o->api_key && !s->api_key) ||
-        !s->responses) {
+    if (!s->host || !s->model_name || (o->api_key && *o->api_key && !s->api_key) || !s->responses) {
         freeaddrinfo(addr);
         gptoss_server_stop(s);
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");

@@ -51,8 +51,8 @@ struct gptoss_server {
     atomic_ullong next_request_id;       /* generated x-request-id values */
     struct {
         server_histogram e2e, queue, tpot, prompt_tokens, generation_tokens;
-    } hist; /* finished generation requests (metrics.c) */
-    struct response_store *responses;    /* /v1/responses records (response_store.h) */
+    } hist;                           /* finished generation requests (metrics.c) */
+    struct response_store *responses; /* /v1/responses records (response_store.h) */
 };
 
 /* The statistics of every engine summed (counters, gauges and histograms; `draining` when any
