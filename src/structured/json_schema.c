@@ -355,8 +355,9 @@ static const uint32_t *state_mask(gptoss_json_schema *s, int32_t state) {
     if (n_up >= 0 && n_up + n_down > 0) {
         d->moves = malloc((size_t)(n_up + n_down) * sizeof *d->moves);
         if (d->moves) {
-            memcpy(d->moves, s->up, (size_t)n_up * sizeof *d->moves);
-            memcpy(d->moves + n_up, s->down, (size_t)n_down * sizeof *d->moves);
+            /* either list may be empty (and its buffer never allocated) */
+            if (n_up > 0) memcpy(d->moves, s->up, (size_t)n_up * sizeof *d->moves);
+            if (n_down > 0) memcpy(d->moves + n_up, s->down, (size_t)n_down * sizeof *d->moves);
             d->n_up = n_up, d->n_down = n_down;
             bytes += (size_t)(n_up + n_down) * sizeof *d->moves;
         }
