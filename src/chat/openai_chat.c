@@ -39,6 +39,7 @@
  *      schema (compact JSON) end the developer message's instructions.
  */
 #include "chat/openai_chat.h"
+#include "util/json_type.h"
 
 #include "util/error.h"
 
@@ -64,26 +65,6 @@ typedef struct mapping {
 static gptoss_status bad(gptoss_error *error, const char *fmt, const char *field,
                          const char *detail) {
     return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, fmt, field, detail);
-}
-
-static const char *json_type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-    case JSON_REAL:
-        return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    case JSON_NULL:
-        return "null";
-    }
-    return "unknown";
 }
 
 /* Function names end up in a harmony header ("to=functions.NAME"): whitespace or '<' there
@@ -114,7 +95,7 @@ static gptoss_status read_text_content(const json_t *content, const char *field,
     }
     if (!json_is_array(content))
         return bad(error, "%s: expected a string or an array of text parts, got %s", field,
-                   json_type_name(content));
+                   gptoss_json_type_name(content));
     size_t i;
     const json_t *part;
     json_array_foreach(content, i, part) {
@@ -123,7 +104,7 @@ static gptoss_status read_text_content(const json_t *content, const char *field,
         char where[128];
         snprintf(where, sizeof where, "%s[%zu]", field, i);
         if (!json_is_object(part))
-            return bad(error, "%s: expected an object, got %s", where, json_type_name(part));
+            return bad(error, "%s: expected an object, got %s", where, gptoss_json_type_name(part));
         if (!type) return bad(error, "%s.type: %s", where, "expected a string");
         if (strcmp(type, "text") != 0)
             return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
@@ -164,7 +145,7 @@ static gptoss_status map_tools(const json_t *tools, gptoss_harmony_developer_con
         char where[64];
         snprintf(where, sizeof where, "tools[%zu]", i);
         if (!json_is_object(tool))
-            return bad(error, "%s: expected an object, got %s", where, json_type_name(tool));
+            return bad(error, "%s: expected an object, got %s", where, gptoss_json_type_name(tool));
         const char *type = json_string_value(json_object_get(tool, "type"));
         if (!type || strcmp(type, "function") != 0)
             return bad(error, "%s.type: %s", where, "expected \"function\"");
@@ -206,7 +187,7 @@ static gptoss_status map_assistant(mapping *m, const json_t *msg, const char *wh
     if (has_reasoning && !json_is_string(reasoning))
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                 "%s.%s: expected a string, got %s", where, reasoning_key,
-                                json_type_name(reasoning));
+                                gptoss_json_type_name(reasoning));
     char field[128];
     snprintf(field, sizeof field, "%s.content", where);
     gptoss_chat_buf content = {0};
@@ -222,7 +203,7 @@ static gptoss_status map_assistant(mapping *m, const json_t *msg, const char *wh
         gptoss_chat_buf_free(&content);
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                 "%s.tool_calls: expected an array, got %s", where,
-                                json_type_name(calls));
+                                gptoss_json_type_name(calls));
     }
     bool has_calls = calls && json_array_size(calls) > 0;
     if (!has_reasoning && !has_content && !has_calls) {
@@ -249,7 +230,7 @@ static gptoss_status map_assistant(mapping *m, const json_t *msg, const char *wh
         char cw[160];
         snprintf(cw, sizeof cw, "%s.tool_calls[%zu]", where, i);
         if (!json_is_object(call))
-            return bad(error, "%s: expected an object, got %s", cw, json_type_name(call));
+            return bad(error, "%s: expected an object, got %s", cw, gptoss_json_type_name(call));
         const char *type = json_string_value(json_object_get(call, "type"));
         if (type && strcmp(type, "function") != 0)
             return bad(error, "%s.type: %s", cw, "expected \"function\"");
@@ -395,7 +376,7 @@ static gptoss_status map_messages(mapping *m, const json_t *messages,
     const json_t *tools = json_object_get(request, "tools");
     if (tools && !json_is_null(tools) && !json_is_array(tools))
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                "tools: expected an array, got %s", json_type_name(tools));
+                                "tools: expected an array, got %s", gptoss_json_type_name(tools));
     const json_t *choice = json_object_get(request, "tool_choice");
     if (choice && !json_is_null(choice) && !json_is_string(choice) && !json_is_object(choice))
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
@@ -478,7 +459,8 @@ static gptoss_status map_messages(mapping *m, const json_t *messages,
         snprintf(where, sizeof where, "messages[%zu]", i);
         if (!json_is_object(msg))
             return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                    "%s: expected an object, got %s", where, json_type_name(msg));
+                                    "%s: expected an object, got %s", where,
+                                    gptoss_json_type_name(msg));
         const char *role = json_string_value(json_object_get(msg, "role"));
         if (!role)
             return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,

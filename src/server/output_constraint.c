@@ -23,6 +23,7 @@
  * the process, as the tokenizer it is keyed by is).
  */
 #include "server/output_constraint.h"
+#include "util/json_type.h"
 
 #include "chat/chat.h"
 #include "structured/harmony_constraint.h"
@@ -236,26 +237,6 @@ static schema_entry *entry_acquire(const json_t *schema, const gptoss_tokenizer 
 
 /* ---- request checks ------------------------------------------------------------------------- */
 
-static const char *type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-    case JSON_REAL:
-        return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    case JSON_NULL:
-        return "null";
-    }
-    return "unknown";
-}
-
 /* OpenAI's name alphabet (plus '.' for tools, as the prompt accepts): a name ends up in a
  * harmony header, where whitespace or '<' would change how it parses. */
 static bool valid_name(const char *name, bool dot) {
@@ -295,7 +276,7 @@ static bool read_format(const json_t *request, parsed *p, field_error *e) {
     if (!json_is_object(format))
         return field_fail(e, "response_format",
                           "response_format: expected an object with a string 'type', got %s",
-                          type_name(format));
+                          gptoss_json_type_name(format));
     const json_t *type = json_object_get(format, "type");
     if (!json_is_string(type))
         return field_fail(e, "response_format.type",
@@ -335,7 +316,7 @@ static bool read_format(const json_t *request, parsed *p, field_error *e) {
         return field_fail(e, "response_format.json_schema.schema",
                           "response_format.json_schema.schema: expected a JSON Schema object, "
                           "got %s",
-                          type_name(schema));
+                          gptoss_json_type_name(schema));
     p->format = FORMAT_JSON;
     p->schema = json_is_object(schema) ? schema : NULL;
     return true;
@@ -345,7 +326,8 @@ static bool read_tools(const json_t *request, parsed *p, field_error *e) {
     const json_t *tools = json_member(request, "tools");
     if (!tools) return true;
     if (!json_is_array(tools))
-        return field_fail(e, "tools", "tools: expected an array, got %s", type_name(tools));
+        return field_fail(e, "tools", "tools: expected an array, got %s",
+                          gptoss_json_type_name(tools));
     if (json_array_size(tools) > MAX_TOOLS)
         return field_fail(e, "tools", "tools: at most %d tools are supported", MAX_TOOLS);
     size_t i;
@@ -427,7 +409,7 @@ static bool read_tool_choice(const json_t *request, parsed *p, field_error *e) {
         p->named = json_string_value(name);
     } else {
         return field_fail(e, "tool_choice", "tool_choice: expected a string or an object, got %s",
-                          type_name(choice));
+                          gptoss_json_type_name(choice));
     }
     if ((p->choice == CHOICE_REQUIRED || p->choice == CHOICE_NAMED) && p->n_tools == 0)
         return field_fail(e, "tool_choice",

@@ -10,30 +10,11 @@
  * preamble, text alone -> final, a call -> commentary to=functions.NAME.
  */
 #include "server/responses_input.h"
+#include "util/json_type.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-    case JSON_REAL:
-        return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    case JSON_NULL:
-        return "null";
-    }
-    return "unknown";
-}
 
 bool responses_valid_function_name(const char *name) {
     size_t n = strlen(name);
@@ -54,7 +35,7 @@ static json_t *read_text(const json_t *content, const char *field, const char *c
     if (json_is_string(content)) return json_incref((json_t *)content);
     if (!json_is_array(content)) {
         field_fail(e, field, "%s: expected a string or an array of content parts, got %s", field,
-                   content ? type_name(content) : "nothing");
+                   content ? gptoss_json_type_name(content) : "nothing");
         return NULL;
     }
     json_t *text = json_string("");
@@ -140,7 +121,8 @@ static const char *need_string(const json_t *item, const char *key, const char *
     char field[160];
     snprintf(field, sizeof field, "%s.%s", where, key);
     if (!json_is_string(v)) {
-        field_fail(e, field, "%s: expected a string, got %s", field, v ? type_name(v) : "nothing");
+        field_fail(e, field, "%s: expected a string, got %s", field,
+                   v ? gptoss_json_type_name(v) : "nothing");
         return NULL;
     }
     return json_string_value(v);
@@ -186,7 +168,7 @@ static json_t *read_function_call(const json_t *item, const char *where, field_e
     if (args && !json_is_string(args)) {
         snprintf(field, sizeof field, "%s.arguments", where);
         field_fail(e, field, "%s: expected a JSON text in a string, got %s", field,
-                   type_name(args));
+                   gptoss_json_type_name(args));
         return NULL;
     }
     return json_pack("{s:s, s:s, s:s, s:s}", "type", "function_call", "call_id", call_id, "name",
@@ -249,7 +231,7 @@ bool responses_input_read(const json_t *input, const json_t *prior, json_t *item
     }
     if (!json_is_array(input))
         return field_fail(e, "input", "input: expected a string or an array of items, got %s",
-                          input ? type_name(input) : "nothing");
+                          input ? gptoss_json_type_name(input) : "nothing");
     size_t i;
     const json_t *item;
     json_array_foreach(input, i, item) {
@@ -257,7 +239,7 @@ bool responses_input_read(const json_t *input, const json_t *prior, json_t *item
         snprintf(where, sizeof where, "input[%zu]", i);
         if (!json_is_object(item))
             return field_fail(e, where, "%s: expected an item object, got %s", where,
-                              type_name(item));
+                              gptoss_json_type_name(item));
         const json_t *type_json = json_object_get(item, "type");
         const char *type = json_string_value(type_json);
         char field[96];
