@@ -26,6 +26,9 @@ const ajv2020 = new Ajv2020({ strict: false });
 addFormats(ajv2020);
 const user = (content) => [{ role: 'user', content }];
 const efforts = ['low', 'medium', 'high'];
+// Requests per kind: a sanitizer build runs the CPU backend several times slower, so it sends
+// 3 of each (still every effort), the release run 6.
+const reps = process.env.GPTOSS_SANITIZE === '1' ? 3 : 6;
 // The random model almost always picks "final" over "analysis" after <|channel|>; a bias
 // against the token "final" (id 17196 in o200k_harmony) makes it reason first, so that the
 // budget has to cut the reasoning short. The header is forced, so "final" still comes when due.
@@ -129,7 +132,7 @@ async function schemas() {
     jobs.push(async () => ({ i, schema, effort, r: await post('/v1/chat/completions', body) }));
   }
   // json_object: any object
-  for (let i = 0; i < 6; i++) {
+  for (let i = 0; i < reps; i++) {
     jobs.push(async () => ({
       i: `json_object ${i}`, schema: { type: 'object' }, effort: efforts[i % 3],
       r: await post('/v1/chat/completions', {
@@ -195,7 +198,7 @@ async function toolChoice() {
     ['none', 'none'],
   ];
   for (const [kind, tool_choice] of kinds)
-    for (let i = 0; i < 6; i++)
+    for (let i = 0; i < reps; i++)
       jobs.push(async () => ({
         kind, i, r: await post('/v1/chat/completions', {
           model, messages: user('Weather in Paris?'), temperature: 1, max_tokens: 80, seed: 200 + i,
