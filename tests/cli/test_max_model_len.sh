@@ -17,13 +17,17 @@ if start_serve "$work/default.log" "$bin" -m "$work/tiny" --kv-blocks 8192; then
     [ "$(max_len)" = 131072 ] || fail "default: max_model_len $(max_len), want 131072"
     grep -q "context 131072$" "$work/default.log" || fail "default: start-up line: $(cat "$work/default.log")"
     grep -q "max model length" "$work/default.log" && fail "default: a cap was logged: $(cat "$work/default.log")"
-    # 8200 prompt tokens (ids 100..1099 repeated) and one generated token.
-    ids=$(seq 0 8199 | awk '{printf "%s%d", (NR > 1 ? "," : ""), 100 + $1 % 1000}')
-    printf '{"model":"tiny","prompt":[%s],"max_tokens":1}' "$ids" >"$work/long.json"
-    code=$(curl -s -m $((300 * slow)) -o "$work/long.out" -w '%{http_code}' \
-        "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' -d @"$work/long.json")
-    [ "$code" = 200 ] && grep -q '"prompt_tokens":8200' "$work/long.out" ||
-        fail "an 8200-token prompt: $code $(head -c 300 "$work/long.out")"
+    # 8200 prompt tokens (ids 100..1099 repeated) and one generated token. Not under the
+    # sanitizers: the prefill alone takes minutes there, and it tests no memory handling the
+    # shorter requests of the suite do not.
+    if [ "$slow" -eq 1 ]; then
+        ids=$(seq 0 8199 | awk '{printf "%s%d", (NR > 1 ? "," : ""), 100 + $1 % 1000}')
+        printf '{"model":"tiny","prompt":[%s],"max_tokens":1}' "$ids" >"$work/long.json"
+        code=$(curl -s -m 300 -o "$work/long.out" -w '%{http_code}' \
+            "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' -d @"$work/long.json")
+        [ "$code" = 200 ] && grep -q '"prompt_tokens":8200' "$work/long.out" ||
+            fail "an 8200-token prompt: $code $(head -c 300 "$work/long.out")"
+    fi
     stop_serve
 else
     fail "default server did not start"
