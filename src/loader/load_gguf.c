@@ -230,6 +230,7 @@ typedef struct gguf_loader {
     char (*names)[96];
     size_t n_views;
     bool *used[MAX_SPLITS]; /* [files[i]->n_tensors] tensors taken */
+    double t_experts;       /* seconds spent on the expert tensors (load-stage timing) */
 } gguf_loader;
 
 static const gptoss_gguf_tensor *find_any(const gguf_loader *ld, const char *name, int *file) {
@@ -439,6 +440,7 @@ static gptoss_status add_experts(gguf_loader *ld, int32_t l, gptoss_error *error
     snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", l);
     if ((st = find_mxfp4(ld, name, E, H, I, &down, error))) return st;
 
+    double t0 = gptoss_now_seconds();
     uint8_t *blocks, *scales;
     size_t gu_scales = (size_t)(E * 2 * I * (H / 32));
     if ((st = model_buffer(ld, gu_scales * 16, (void **)&blocks, error)) ||
@@ -464,6 +466,7 @@ static gptoss_status add_experts(gguf_loader *ld, int32_t l, gptoss_error *error
     snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.down_proj_scales", l);
     v = new_view(ld, hf, 3, (int64_t[]){E, H, I / 32});
     v->dtype = GPTOSS_DTYPE_U8, v->data = scales, v->n_bytes = d_scales;
+    ld->t_experts += gptoss_now_seconds() - t0;
 
     /* Biases: gate and up [E, I] interleave into gate_up [E, 2I]. */
     float *gb = NULL, *ub = NULL, *both = NULL;
@@ -623,6 +626,7 @@ gptoss_status gptoss_gguf_model_load(const char *path, gptoss_model **out, gptos
             gptoss_error_prefix(error, "%s: ", path);
         return st;
     }
+    double t_open = gptoss_now_seconds();
     ld.config = gptoss_model_config(ld.model);
     size_t n_expected = (size_t)gptoss_weights_expected_count(ld.config);
     ld.views = calloc(n_expected, sizeof *ld.views);
@@ -654,6 +658,7 @@ gptoss_status gptoss_gguf_model_load(const char *path, gptoss_model **out, gptos
                                       "this metadata)",
                                       (int)(name->len > 80 ? 80 : name->len), name->ptr);
             }
+    double t_tensors = gptoss_now_seconds();
     if (!st) st = gptoss_model_bind(ld.model, ld.views, NULL, ld.n_views, error);
     free(ld.views);
     free(ld.names);
@@ -663,8 +668,12 @@ gptoss_status gptoss_gguf_model_load(const char *path, gptoss_model **out, gptos
         gptoss_model_free(ld.model);
         return gptoss_error_prefix(error, "%s: ", path);
     }
-    GPTOSS_LOG_I("gguf", "%s: %d layers, %d experts, %d file(s), converted in %.2f s", path,
-                 c->n_layers, c->n_experts, ld.n_files, gptoss_now_seconds() - t0);
+    double t_end = gptoss_now_seconds();
+    GPTOSS_LOG_I("gguf",
+                 "%s: %d layers, %d experts, %d file(s), loaded in %.2f s: open %.2f s, experts "
+                 "%.2f s, other tensors %.2f s, bind %.2f s",
+                 path, c->n_layers, c->n_experts, ld.n_files, t_end - t0, t_open - t0, ld.t_experts,
+                 t_tensors - t_open - ld.t_experts, t_end - t_tensors);
     *out = ld.model;
     return GPTOSS_OK;
 }
