@@ -5,7 +5,8 @@
  * Owns the storage list for the model's lifetime; gptoss_weights points into it. Binding
  * reports every missing and unexpected tensor at once, and the first tensor whose dtype or
  * shape disagrees with config.json, with both shapes. Knows nothing of files: loaders
- * (loader/) open them and pass tensor views.
+ * (loader/) open them and pass tensor views, and may leave the experts for a conversion the
+ * model runs once, when a reader asks (gptoss_model_unpack_experts).
  */
 #include "model/model.h"
 #include "model/config.h"
