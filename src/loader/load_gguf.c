@@ -341,7 +341,9 @@ static gptoss_status add_matrix(gguf_loader *ld, const char *gguf_name, const ch
     uint16_t *out;
     if ((st = model_buffer(ld->model, v->n_bytes, (void **)&out, error))) return st;
     int64_t n = rows * cols;
-#pragma omp parallel for schedule(static)
+    /* Threads only for large matrices: waking the team for a router matrix (92k values) costs
+     * more than converting it, and its spinning threads slow the rest of the load. */
+#pragma omp parallel for schedule(static) if (n >= (1 << 22))
     for (int64_t i = 0; i < n; i++)
         out[i] = gptoss_f32_to_bf16(dense_at(t, (uint64_t)i));
     v->data = out;
