@@ -9,9 +9,10 @@
  *     become HF blocks (byte b = lane 2b | lane 2b+1 << 4) and a separate scale array, and
  *     ffn_gate_exps / ffn_up_exps rows are interleaved back into gate_up (gate, up, gate, ...).
  *     The loader binds them without data and hands the file's bytes to the model
- *     (gptoss_weights.ggml_experts); gptoss_model_unpack_experts converts them for the CPU
- *     backend, while the CUDA backend uploads the bytes and converts them on the device, so
- *     serving on a GPU makes no host copy of the experts (most of a GGUF load's time);
+ *     (gptoss_weights.ggml_experts): the CPU backend reads that layout in place, the CUDA
+ *     backend uploads the bytes and converts them on the device, and
+ *     gptoss_model_unpack_experts converts them for any other reader; so serving makes no host
+ *     copy of the experts (which was most of a GGUF load's time);
  *   - F32/F16/Q8_0 matrices become BF16 (round to nearest even: exact for values that were BF16,
  *     else within 2^-9 relative);
  *   - vectors become BF16 when every value is exactly a BF16, else stay F32 (both exact).
