@@ -240,7 +240,8 @@ gptoss_status gptoss_backend_create(const gptoss_model *model,
     if (st != GPTOSS_OK) return st;
     b->model = model;
     b->config = *gptoss_model_config(model);
-    st = b->ops->create(model, &b->options, &b->state, error);
+    if (!b->ops->converts_ggml_experts) st = gptoss_model_unpack_experts(model, error);
+    if (st == GPTOSS_OK) st = b->ops->create(model, &b->options, &b->state, error);
     if (st != GPTOSS_OK) {
         free(b);
         return st;

@@ -33,6 +33,9 @@ typedef struct gptoss_backend_ops {
      * host reference, sampling_ref.h). */
     gptoss_status (*forward_sample)(void *state, const gptoss_batch_plan *plan,
                                     const gptoss_sample_batch *batch, gptoss_error *error);
+    /* Whether create reads gptoss_weights.ggml_experts itself (false: backend.c unpacks the
+     * experts into the Hugging Face layout before create, gptoss_model_unpack_experts). */
+    bool converts_ggml_experts;
 } gptoss_backend_ops;
 
 extern const gptoss_backend_ops gptoss_cpu_backend_ops;

@@ -3,10 +3,16 @@
  *
  * Owns: reading the gpt-oss metadata into gptoss_config, and turning llama.cpp's tensors into
  * the Hugging Face views the model binds. BF16 tensors stay zero-copy views into the mapping;
- * everything else is converted once at load into buffers the model owns:
+ * the MXFP4 experts are converted when a reader asks, everything else once at load, into
+ * buffers the model owns:
  *   - MXFP4 experts: ggml's 17-byte blocks (scale byte, then qs[j] = lane j | lane j+16 << 4)
  *     become HF blocks (byte b = lane 2b | lane 2b+1 << 4) and a separate scale array, and
- *     ffn_gate_exps / ffn_up_exps rows are interleaved back into gate_up (gate, up, gate, ...);
+ *     ffn_gate_exps / ffn_up_exps rows are interleaved back into gate_up (gate, up, gate, ...).
+ *     The loader binds them without data and hands the file's bytes to the model
+ *     (gptoss_weights.ggml_experts): the CPU backend reads that layout in place, the CUDA
+ *     backend uploads the bytes and converts them on the device, and
+ *     gptoss_model_unpack_experts converts them for any other reader; so serving makes no host
+ *     copy of the experts (which was most of a GGUF load's time);
  *   - F32/F16/Q8_0 matrices become BF16 (round to nearest even: exact for values that were BF16,
  *     else within 2^-9 relative);
  *   - vectors become BF16 when every value is exactly a BF16, else stay F32 (both exact).
@@ -229,7 +235,9 @@ typedef struct gguf_loader {
     gptoss_tensor *views; /* HF-named views for gptoss_model_bind */
     char (*names)[96];
     size_t n_views;
-    bool *used[MAX_SPLITS]; /* [files[i]->n_tensors] tensors taken */
+    bool *used[MAX_SPLITS];    /* [files[i]->n_tensors] tensors taken */
+    gptoss_ggml_experts *ggml; /* [n_layers] the expert tensors as the file holds them */
+    double t_experts;          /* seconds spent on the expert tensors (load-stage timing) */
 } gguf_loader;
 
 static const gptoss_gguf_tensor *find_any(const gguf_loader *ld, const char *name, int *file) {
@@ -249,7 +257,8 @@ static void free_buffer(void *p) {
 
 /* A buffer the model will own. Large ones (the experts) ask for huge pages: filling tens of GB
  * in 4 KiB pages costs millions of page faults at load. */
-static gptoss_status model_buffer(gguf_loader *ld, size_t bytes, void **out, gptoss_error *error) {
+static gptoss_status model_buffer(gptoss_model *model, size_t bytes, void **out,
+                                  gptoss_error *error) {
     const size_t huge = (size_t)2 << 20;
     *out = NULL;
     if (bytes >= 32 * huge) {
@@ -263,7 +272,7 @@ static gptoss_status model_buffer(gguf_loader *ld, size_t bytes, void **out, gpt
     if (!*out)
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
                                 "out of memory (%zu bytes) converting the GGUF tensors", bytes);
-    return gptoss_model_add_storage(ld->model, *out, free_buffer, error);
+    return gptoss_model_add_storage(model, *out, free_buffer, error);
 }
 
 static gptoss_tensor *new_view(gguf_loader *ld, const char *hf_name, int32_t n_dims,
@@ -331,9 +340,11 @@ static gptoss_status add_matrix(gguf_loader *ld, const char *gguf_name, const ch
         return GPTOSS_OK;
     }
     uint16_t *out;
-    if ((st = model_buffer(ld, v->n_bytes, (void **)&out, error))) return st;
+    if ((st = model_buffer(ld->model, v->n_bytes, (void **)&out, error))) return st;
     int64_t n = rows * cols;
-#pragma omp parallel for schedule(static)
+    /* Threads only for large matrices: waking the team for a router matrix (92k values) costs
+     * more than converting it, and its spinning threads slow the rest of the load. */
+#pragma omp parallel for schedule(static) if (n >= (1 << 22))
     for (int64_t i = 0; i < n; i++)
         out[i] = gptoss_f32_to_bf16(dense_at(t, (uint64_t)i));
     v->data = out;
@@ -352,7 +363,7 @@ static gptoss_status add_vector_values(gguf_loader *ld, const char *hf_name, int
     v->dtype = exact ? GPTOSS_DTYPE_BF16 : GPTOSS_DTYPE_F32;
     v->n_bytes = (size_t)n * (exact ? 2 : 4);
     void *out;
-    gptoss_status st = model_buffer(ld, v->n_bytes, &out, error);
+    gptoss_status st = model_buffer(ld->model, v->n_bytes, &out, error);
     if (st) return st;
     if (exact)
         for (int64_t i = 0; i < n; i++)
@@ -393,13 +404,13 @@ static gptoss_status add_vector(gguf_loader *ld, const char *gguf_name, const ch
 
 /* The MXFP4 expert tensor src (ne [K, R, E]) into HF blocks/scales rows: source row r of
  * expert e goes to destination row r * row_step + row_offset of [E, R * row_step, K/32]. */
-static void repack_mxfp4(const gptoss_gguf_tensor *src, int64_t E, int64_t R, int64_t K,
-                         int64_t row_step, int64_t row_offset, uint8_t *blocks, uint8_t *scales) {
+static void repack_mxfp4(const uint8_t *src, int64_t E, int64_t R, int64_t K, int64_t row_step,
+                         int64_t row_offset, uint8_t *blocks, uint8_t *scales) {
     int64_t G = K / 32, dst_rows = R * row_step;
 #pragma omp parallel for schedule(static)
     for (int64_t er = 0; er < E * R; er++) {
         int64_t e = er / R, r = er % R;
-        const uint8_t *in = src->data + (size_t)er * (size_t)G * 17;
+        const uint8_t *in = src + (size_t)er * (size_t)G * 17;
         int64_t drow = e * dst_rows + r * row_step + row_offset;
         uint8_t *ob = blocks + (size_t)drow * (size_t)G * 16;
         uint8_t *os = scales + (size_t)drow * (size_t)G;
@@ -439,31 +450,22 @@ static gptoss_status add_experts(gguf_loader *ld, int32_t l, gptoss_error *error
     snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", l);
     if ((st = find_mxfp4(ld, name, E, H, I, &down, error))) return st;
 
-    uint8_t *blocks, *scales;
-    size_t gu_scales = (size_t)(E * 2 * I * (H / 32));
-    if ((st = model_buffer(ld, gu_scales * 16, (void **)&blocks, error)) ||
-        (st = model_buffer(ld, gu_scales, (void **)&scales, error)))
-        return st;
-    repack_mxfp4(gate, E, I, H, 2, 0, blocks, scales);
-    repack_mxfp4(up, E, I, H, 2, 1, blocks, scales);
+    /* The blocks stay in the file until a reader asks (gptoss_model_unpack_experts): a backend
+     * that converts ggml's layout itself uploads the mapped bytes without a host copy. */
+    ld->ggml[l] = (gptoss_ggml_experts){gate->data, up->data, down->data};
+    size_t gu_scales = (size_t)(E * 2 * I * (H / 32)), d_scales = (size_t)(E * H * (I / 32));
     snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_blocks", l);
     gptoss_tensor *v = new_view(ld, hf, 4, (int64_t[]){E, 2 * I, H / 32, 16});
-    v->dtype = GPTOSS_DTYPE_U8, v->data = blocks, v->n_bytes = gu_scales * 16;
+    v->dtype = GPTOSS_DTYPE_U8, v->n_bytes = gu_scales * 16;
     snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_scales", l);
     v = new_view(ld, hf, 3, (int64_t[]){E, 2 * I, H / 32});
-    v->dtype = GPTOSS_DTYPE_U8, v->data = scales, v->n_bytes = gu_scales;
-
-    size_t d_scales = (size_t)(E * H * (I / 32));
-    if ((st = model_buffer(ld, d_scales * 16, (void **)&blocks, error)) ||
-        (st = model_buffer(ld, d_scales, (void **)&scales, error)))
-        return st;
-    repack_mxfp4(down, E, H, I, 1, 0, blocks, scales);
+    v->dtype = GPTOSS_DTYPE_U8, v->n_bytes = gu_scales;
     snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.down_proj_blocks", l);
     v = new_view(ld, hf, 4, (int64_t[]){E, H, I / 32, 16});
-    v->dtype = GPTOSS_DTYPE_U8, v->data = blocks, v->n_bytes = d_scales * 16;
+    v->dtype = GPTOSS_DTYPE_U8, v->n_bytes = d_scales * 16;
     snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.down_proj_scales", l);
     v = new_view(ld, hf, 3, (int64_t[]){E, H, I / 32});
-    v->dtype = GPTOSS_DTYPE_U8, v->data = scales, v->n_bytes = d_scales;
+    v->dtype = GPTOSS_DTYPE_U8, v->n_bytes = d_scales;
 
     /* Biases: gate and up [E, I] interleave into gate_up [E, 2I]. */
     float *gb = NULL, *ub = NULL, *both = NULL;
@@ -489,6 +491,40 @@ static gptoss_status add_experts(gguf_loader *ld, int32_t l, gptoss_error *error
     snprintf(name, sizeof name, "blk.%d.ffn_down_exps.bias", l);
     snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.down_proj_bias", l);
     return add_vector(ld, name, hf, 2, E, H, error);
+}
+
+/* gptoss_model_unpack_fn: every layer's ggml experts into Hugging Face blocks and scales (a
+ * layer that a failed earlier call finished is kept). Filling the new buffers (about the
+ * experts' size) is mostly the kernel zeroing fresh pages, then the nibble shuffle. */
+static gptoss_status unpack_experts(gptoss_model *model, gptoss_weights *w, gptoss_error *error) {
+    const gptoss_config *c = gptoss_model_config(model);
+    int64_t E = c->n_experts, H = c->hidden_size, I = c->intermediate_size;
+    double t0 = gptoss_now_seconds();
+    size_t total = 0;
+    for (int32_t l = 0; l < w->n_layers; l++) {
+        gptoss_layer_weights *L = &w->layers[l];
+        const gptoss_ggml_experts *g = &w->ggml_experts[l];
+        if (L->down_scales.data) continue;
+        uint8_t *gu_blocks, *gu_scales, *d_blocks, *d_scales;
+        gptoss_status st;
+        if ((st = model_buffer(model, L->gate_up_blocks.n_bytes, (void **)&gu_blocks, error)) ||
+            (st = model_buffer(model, L->gate_up_scales.n_bytes, (void **)&gu_scales, error)) ||
+            (st = model_buffer(model, L->down_blocks.n_bytes, (void **)&d_blocks, error)) ||
+            (st = model_buffer(model, L->down_scales.n_bytes, (void **)&d_scales, error)))
+            return st;
+        repack_mxfp4(g->gate, E, I, H, 2, 0, gu_blocks, gu_scales);
+        repack_mxfp4(g->up, E, I, H, 2, 1, gu_blocks, gu_scales);
+        repack_mxfp4(g->down, E, H, I, 1, 0, d_blocks, d_scales);
+        L->gate_up_blocks.data = gu_blocks;
+        L->gate_up_scales.data = gu_scales;
+        L->down_blocks.data = d_blocks;
+        L->down_scales.data = d_scales;
+        total += L->gate_up_blocks.n_bytes + L->gate_up_scales.n_bytes + L->down_blocks.n_bytes +
+                 L->down_scales.n_bytes;
+    }
+    GPTOSS_LOG_I("gguf", "experts unpacked into the Hugging Face layout: %.2f GB in %.2f s",
+                 (double)total / 1e9, gptoss_now_seconds() - t0);
+    return GPTOSS_OK;
 }
 
 static gptoss_status add_layer(gguf_loader *ld, int32_t l, gptoss_error *error) {
@@ -525,7 +561,9 @@ static gptoss_status add_layer(gguf_loader *ld, int32_t l, gptoss_error *error) 
 #undef VEC
 #undef MAT
 #undef NAMES
+    double t0 = gptoss_now_seconds();
     if (!st) st = add_experts(ld, l, error);
+    ld->t_experts += gptoss_now_seconds() - t0;
     return st;
 }
 
@@ -623,15 +661,19 @@ gptoss_status gptoss_gguf_model_load(const char *path, gptoss_model **out, gptos
             gptoss_error_prefix(error, "%s: ", path);
         return st;
     }
+    double t_open = gptoss_now_seconds();
     ld.config = gptoss_model_config(ld.model);
     size_t n_expected = (size_t)gptoss_weights_expected_count(ld.config);
     ld.views = calloc(n_expected, sizeof *ld.views);
     ld.names = calloc(n_expected, sizeof *ld.names);
+    void *ggml = NULL;
+    if (!(st = model_buffer(ld.model, (size_t)ld.config->n_layers * sizeof *ld.ggml, &ggml, error)))
+        ld.ggml = ggml;
     bool used_ok = true;
     for (int f = 0; f < ld.n_files; f++)
         used_ok &= (ld.used[f] = calloc(ld.files[f]->n_tensors ? ld.files[f]->n_tensors : 1,
                                         sizeof *ld.used[f])) != NULL;
-    if (!ld.views || !ld.names || !used_ok)
+    if (!st && (!ld.views || !ld.names || !used_ok))
         st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     const gptoss_config *c = ld.config;
     if (!st)
@@ -654,7 +696,9 @@ gptoss_status gptoss_gguf_model_load(const char *path, gptoss_model **out, gptos
                                       "this metadata)",
                                       (int)(name->len > 80 ? 80 : name->len), name->ptr);
             }
+    double t_tensors = gptoss_now_seconds();
     if (!st) st = gptoss_model_bind(ld.model, ld.views, NULL, ld.n_views, error);
+    if (!st) gptoss_model_defer_experts(ld.model, ld.ggml, unpack_experts);
     free(ld.views);
     free(ld.names);
     for (int f = 0; f < ld.n_files; f++)
@@ -663,8 +707,12 @@ gptoss_status gptoss_gguf_model_load(const char *path, gptoss_model **out, gptos
         gptoss_model_free(ld.model);
         return gptoss_error_prefix(error, "%s: ", path);
     }
-    GPTOSS_LOG_I("gguf", "%s: %d layers, %d experts, %d file(s), converted in %.2f s", path,
-                 c->n_layers, c->n_experts, ld.n_files, gptoss_now_seconds() - t0);
+    double t_end = gptoss_now_seconds();
+    GPTOSS_LOG_I("gguf",
+                 "%s: %d layers, %d experts, %d file(s), loaded in %.2f s: open %.2f s, experts "
+                 "%.2f s, other tensors %.2f s, bind %.2f s",
+                 path, c->n_layers, c->n_experts, ld.n_files, t_end - t0, t_open - t0, ld.t_experts,
+                 t_tensors - t_open - ld.t_experts, t_end - t_tensors);
     *out = ld.model;
     return GPTOSS_OK;
 }

@@ -5,13 +5,15 @@
  * Owns the storage list for the model's lifetime; gptoss_weights points into it. Binding
  * reports every missing and unexpected tensor at once, and the first tensor whose dtype or
  * shape disagrees with config.json, with both shapes. Knows nothing of files: loaders
- * (loader/) open them and pass tensor views.
+ * (loader/) open them and pass tensor views, and may leave the experts for a conversion the
+ * model runs once, when a reader asks (gptoss_model_unpack_experts).
  */
 #include "model/model.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "util/error.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +31,8 @@ struct gptoss_model {
     size_t n_storage;
     char **tensor_names; /* [n_bound] names the views point at (owned) */
     size_t n_bound;
+    gptoss_model_unpack_fn unpack; /* pending expert conversion (NULL: none or done) */
+    pthread_mutex_t unpack_lock;
 };
 
 const float gptoss_fp4_e2m1_values[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
@@ -59,6 +63,7 @@ gptoss_status gptoss_model_create(const char *dir, const gptoss_config *config, 
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     }
     m->config = *config;
+    pthread_mutex_init(&m->unpack_lock, NULL);
     *out = m;
     return GPTOSS_OK;
 }
@@ -303,5 +308,26 @@ void gptoss_model_free(gptoss_model *m) {
     free(m->tensor_names);
     free(m->weights.layers);
     free(m->dir);
+    pthread_mutex_destroy(&m->unpack_lock);
     free(m);
+}
+
+void gptoss_model_defer_experts(gptoss_model *m, const gptoss_ggml_experts *ggml,
+                                gptoss_model_unpack_fn unpack) {
+    m->weights.ggml_experts = ggml;
+    m->unpack = unpack;
+}
+
+gptoss_status gptoss_model_unpack_experts(const gptoss_model *model, gptoss_error *error) {
+    /* The conversion fills views the model already owns: it completes the model rather than
+     * changing it, so it is offered on a const model (backends receive one). */
+    gptoss_model *m = (gptoss_model *)model;
+    gptoss_status st = GPTOSS_OK;
+    pthread_mutex_lock(&m->unpack_lock);
+    if (m->unpack) {
+        st = m->unpack(m, &m->weights, error);
+        if (st == GPTOSS_OK) m->unpack = NULL;
+    }
+    pthread_mutex_unlock(&m->unpack_lock);
+    return st;
 }

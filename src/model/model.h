@@ -11,6 +11,7 @@
 #define GPTOSS_MODEL_MODEL_H
 
 #include "format/tensor.h"
+#include "model/weights.h"
 #include "gptoss.h"
 
 #include <stddef.h>
@@ -34,5 +35,16 @@ gptoss_status gptoss_model_add_storage(gptoss_model *model, void *handle,
  * tensor i came from, for the duplicate-name message. */
 gptoss_status gptoss_model_bind(gptoss_model *model, const gptoss_tensor *tensors,
                                 const char *const *origins, size_t n_tensors, gptoss_error *error);
+
+/* Converts the expert tensors a loader bound with data NULL (see gptoss_weights.ggml_experts)
+ * into storage it adds to the model, setting each view's data. */
+typedef gptoss_status (*gptoss_model_unpack_fn)(gptoss_model *model, gptoss_weights *weights,
+                                                gptoss_error *error);
+
+/* For a loader that binds the experts without converting them: ggml ([n_layers], in storage the
+ * model owns) becomes weights.ggml_experts, and unpack runs on the first
+ * gptoss_model_unpack_experts. Call after gptoss_model_bind. */
+void gptoss_model_defer_experts(gptoss_model *model, const gptoss_ggml_experts *ggml,
+                                gptoss_model_unpack_fn unpack);
 
 #endif

@@ -1,8 +1,9 @@
 /*
  * test_gguf_model.c - gpt-oss GGUF files end to end on the CPU backend:
  *   - `convert` of every test checkpoint shape (the golden configs, the CUDA test configs, the
- *     tiny preset) gives a file whose logits are bit-identical to the folder's, and whose
- *     config equals config.json's;
+ *     tiny preset) gives a file whose logits are bit-identical to the folder's (the CPU
+ *     backend reading the experts in ggml's layout), whose config equals config.json's, and
+ *     whose experts, once unpacked into the Hugging Face layout, are the folder's bytes;
  *   - the tokenizer read from the file equals tokenizer.json's: every id's bytes and kind, and
  *     every id of the >= 2 MB tokenizer corpus (tests/tokenizer/corpus.mjs) in both modes;
  *   - the load-time conversions of other ggml types: F16 and Q8_0 matrices match an
@@ -45,6 +46,35 @@ static char *tiny_dir, *tiny_gguf;
 
 /* ---- logits ------------------------------------------------------------------------------- */
 
+/* A GGUF model's experts stay in the file's layout until gptoss_model_unpack_experts, which
+ * must give exactly the folder's blocks and scales (gate and up rows interleaved again), once. */
+static void check_unpacked_experts(gptoss_model *folder, gptoss_model *gguf) {
+    const gptoss_weights *wa = gptoss_model_weights(folder), *wb = gptoss_model_weights(gguf);
+    assert_null(wa->ggml_experts);
+    assert_non_null(wb->ggml_experts);
+    assert_null(wb->layers[0].gate_up_blocks.data);
+    gptoss_error err = {0};
+    if (gptoss_model_unpack_experts(folder, &err) != GPTOSS_OK ||
+        gptoss_model_unpack_experts(gguf, &err) != GPTOSS_OK)
+        fail_msg("unpack: %s", err.message);
+    const void *first = wb->layers[0].gate_up_blocks.data;
+    for (int32_t l = 0; l < wa->n_layers; l++) {
+        const gptoss_layer_weights *la = &wa->layers[l], *lb = &wb->layers[l];
+        const gptoss_tensor *ta[] = {&la->gate_up_blocks, &la->gate_up_scales, &la->down_blocks,
+                                     &la->down_scales};
+        const gptoss_tensor *tb[] = {&lb->gate_up_blocks, &lb->gate_up_scales, &lb->down_blocks,
+                                     &lb->down_scales};
+        for (int i = 0; i < 4; i++) {
+            assert_non_null(tb[i]->data);
+            assert_int_equal(ta[i]->n_bytes, tb[i]->n_bytes);
+            if (memcmp(ta[i]->data, tb[i]->data, ta[i]->n_bytes) != 0)
+                fail_msg("layer %d: unpacked %s differs from the folder's", l, ta[i]->name);
+        }
+    }
+    if (gptoss_model_unpack_experts(gguf, &err) != GPTOSS_OK) fail_msg("%s", err.message);
+    assert_ptr_equal(first, wb->layers[0].gate_up_blocks.data);
+}
+
 /* dir and gguf, when given, are an existing checkpoint and its conversion (kept). */
 static void check_same_logits(const char *config, const char *given_dir, const char *given_gguf) {
     char *dir = given_dir ? strdup(given_dir) : tm_make_model(NULL, config, 7);
@@ -71,6 +101,7 @@ static void check_same_logits(const char *config, const char *given_dir, const c
     }
     free(la);
     free(lb);
+    check_unpacked_experts(a, b);
     gptoss_model_free(a);
     gptoss_model_free(b);
     if (!given_dir) ts_rmtree(dir);

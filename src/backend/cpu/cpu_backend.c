@@ -216,6 +216,21 @@ static void dequant_mxfp4_row(float *out, const uint8_t *blocks, const uint8_t *
     }
 }
 
+/* The same from ggml's layout (a GGUF file's experts, gptoss_ggml_experts): 17-byte blocks, the
+ * scale byte then qs[j] = lane j | lane j+16 << 4. Same codes and scales, so the same values. */
+static void dequant_mxfp4_row_ggml(float *out, const uint8_t *row, int32_t cols,
+                                   const float *scale_table) {
+    int32_t groups = cols / 32;
+    for (int32_t g = 0; g < groups; g++) {
+        const uint8_t *b = row + (size_t)g * 17;
+        float scale = scale_table[b[0]];
+        for (int32_t i = 0; i < 16; i++) {
+            out[32 * g + i] = gptoss_fp4_e2m1_values[b[1 + i] & 0x0f] * scale;
+            out[32 * g + 16 + i] = gptoss_fp4_e2m1_values[b[1 + i] >> 4] * scale;
+        }
+    }
+}
+
 /* ---- KV pages ------------------------------------------------------------------------------ */
 
 /* Address of the K (or V) vector of `pos` for layer slot `slot` in a pool. */
@@ -444,6 +459,10 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
     size_t dn_row_bytes = (size_t)I / 32 * 16, dn_scale_row = (size_t)I / 32;
     const uint8_t *gu_blocks = w->gate_up_blocks.data, *gu_scales = w->gate_up_scales.data;
     const uint8_t *dn_blocks = w->down_blocks.data, *dn_scales = w->down_scales.data;
+    /* A GGUF model's experts are read where the file holds them (no converted copy). */
+    const gptoss_ggml_experts *gg =
+        st->weights->ggml_experts ? &st->weights->ggml_experts[l] : NULL;
+    size_t gg_gu_row = (size_t)H / 32 * 17, gg_dn_row = (size_t)I / 32 * 17;
     int32_t max_width = H > I ? H : I;
 
     /* Each expert's weights are visited once for all tokens routed to it: row by row,
@@ -464,8 +483,14 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
             for (int32_t i = 0; i < I; i++) {
                 for (int32_t half = 0; half < 2; half++) {
                     size_t r = (size_t)e * 2 * I + 2 * (size_t)i + half;
-                    dequant_mxfp4_row(row, gu_blocks + r * gu_row_bytes,
-                                      gu_scales + r * gu_scale_row, H, st->mxfp4_scale);
+                    if (gg)
+                        dequant_mxfp4_row_ggml(row,
+                                               (half ? gg->up : gg->gate) +
+                                                   ((size_t)e * I + (size_t)i) * gg_gu_row,
+                                               H, st->mxfp4_scale);
+                    else
+                        dequant_mxfp4_row(row, gu_blocks + r * gu_row_bytes,
+                                          gu_scales + r * gu_scale_row, H, st->mxfp4_scale);
                     for (int32_t t = 0; t < n; t++)
                         for (int32_t k = 0; k < K; k++)
                             if (s->expert[(size_t)t * K + k] == e)
@@ -488,8 +513,11 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
 #pragma omp for schedule(static)
             for (int32_t h = 0; h < H; h++) {
                 size_t r = (size_t)e * H + h;
-                dequant_mxfp4_row(row, dn_blocks + r * dn_row_bytes, dn_scales + r * dn_scale_row,
-                                  I, st->mxfp4_scale);
+                if (gg)
+                    dequant_mxfp4_row_ggml(row, gg->down + r * gg_dn_row, I, st->mxfp4_scale);
+                else
+                    dequant_mxfp4_row(row, dn_blocks + r * dn_row_bytes,
+                                      dn_scales + r * dn_scale_row, I, st->mxfp4_scale);
                 for (int32_t t = 0; t < n; t++)
                     for (int32_t k = 0; k < K; k++)
                         if (s->expert[(size_t)t * K + k] == e)
@@ -616,4 +644,5 @@ const gptoss_backend_ops gptoss_cpu_backend_ops = {
     .create = cpu_create,
     .destroy = cpu_destroy,
     .forward = cpu_forward,
+    .converts_ggml_experts = true, /* moe() reads them in place */
 };

@@ -250,4 +250,14 @@ void gptoss_cuda_fill_normal_f32(float *out, size_t n, uint64_t seed, float mean
 void gptoss_cuda_fill_uniform_u8(uint8_t *out, size_t n, uint64_t seed, int lo, int hi,
                                  cudaStream_t stream);
 
+/* MXFP4 expert rows [row0, row0 + n_rows) of a ggml tensor [E, R, G blocks] (src: those rows,
+ * 17 bytes a block: the E8M0 scale, then qs[j] = lane j | lane j + 16 << 4) into the Hugging
+ * Face blocks [.., G, 16] (byte b = lane 2b | lane 2b + 1 << 4) and scales [.., G]: row r of
+ * expert e goes to row e * R * row_step + r * row_step + row_offset (row_step 2 interleaves
+ * gate and up). blocks must be 16-byte aligned; returns nonzero (nothing launched) otherwise
+ * or for a bad row_step / row_offset. */
+int gptoss_cuda_mxfp4_from_ggml(const uint8_t *src, int64_t row0, int64_t n_rows, int64_t R,
+                                int64_t G, int64_t row_step, int64_t row_offset, uint8_t *blocks,
+                                uint8_t *scales, cudaStream_t stream);
+
 #endif

@@ -269,5 +269,11 @@ gptoss_status gptoss_cuda_summary_step(gptoss_cuda_state *s, const gptoss_batch_
 }
 
 extern "C" const gptoss_backend_ops gptoss_cuda_backend_ops = {
-    "cuda",       cuda_create,          cuda_create_random,        cuda_destroy,
-    cuda_forward, cuda_forward_summary, gptoss_cuda_forward_sample};
+    "cuda",
+    cuda_create,
+    cuda_create_random,
+    cuda_destroy,
+    cuda_forward,
+    cuda_forward_summary,
+    gptoss_cuda_forward_sample,
+    true /* converts_ggml_experts: weights.cu converts them on the device */};

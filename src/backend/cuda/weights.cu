@@ -13,6 +13,7 @@
 
 extern "C" {
 #include "model/config.h"
+#include "util/clock.h"
 #include "util/log.h"
 }
 
@@ -273,6 +274,69 @@ static gptoss_status upload_vector_f32(upload_ctx *u, float *dst, const gptoss_t
     return GPTOSS_OK;
 }
 
+/* A layer's experts from the ggml layout (a GGUF file's mapped bytes, gptoss_ggml_experts):
+ * each tensor goes up as it is, in pieces through a device staging buffer, and is converted on
+ * the device (gptoss_cuda_mxfp4_from_ggml), so no converted copy is made in host memory. */
+static gptoss_status upload_ggml_experts(upload_ctx *u, cuda_layer *L,
+                                         const gptoss_layer_weights *lw,
+                                         const gptoss_ggml_experts *g, gptoss_error *error) {
+    gptoss_cuda_state *s = u->s;
+    const int64_t E = s->config.n_experts, H = s->config.hidden_size,
+                  I = s->config.intermediate_size;
+    struct {
+        const uint8_t *src;
+        int64_t R, G, step, offset;
+        uint8_t *blocks, *scales;
+        const gptoss_tensor *hf_blocks, *hf_scales;
+    } parts[3] = {
+        {g->gate, I, H / 32, 2, 0, (uint8_t *)L->moe.gate_up_blocks,
+         (uint8_t *)L->moe.gate_up_scales, &lw->gate_up_blocks, &lw->gate_up_scales},
+        {g->up, I, H / 32, 2, 1, (uint8_t *)L->moe.gate_up_blocks, (uint8_t *)L->moe.gate_up_scales,
+         NULL, NULL},
+        {g->down, H, I / 32, 1, 0, (uint8_t *)L->moe.down_blocks, (uint8_t *)L->moe.down_scales,
+         &lw->down_blocks, &lw->down_scales},
+    };
+    if (lw->gate_up_blocks.n_bytes != (size_t)(E * 2 * I * (H / 32) * 16) ||
+        lw->down_blocks.n_bytes != (size_t)(E * H * (I / 32) * 16) || !g->gate || !g->up ||
+        !g->down)
+        return gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                "CUDA upload: the ggml expert tensors do not match the config");
+    const size_t stage_cap = (size_t)64 << 20;
+    uint8_t *stage = NULL;
+    gptoss_status st =
+        gptoss_cuda_alloc((void **)&stage, stage_cap, "the expert upload staging buffer", error);
+    if (st) return st;
+    for (int p = 0; p < 3 && !st; p++) {
+        const size_t row_bytes = (size_t)parts[p].G * 17, rows = (size_t)(E * parts[p].R);
+        const size_t piece = stage_cap / row_bytes;
+        if (!piece) {
+            st = gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                  "CUDA upload: expert rows of %zu bytes are too long", row_bytes);
+            break;
+        }
+        for (size_t r = 0; r < rows && !st; r += piece) {
+            size_t n = rows - r < piece ? rows - r : piece;
+            cudaError_t ce = cudaMemcpyAsync(stage, parts[p].src + r * row_bytes, n * row_bytes,
+                                             cudaMemcpyHostToDevice, s->stream);
+            if (ce != cudaSuccess) {
+                st = gptoss_cuda_error(error, ce, "weight upload");
+            } else if (gptoss_cuda_mxfp4_from_ggml(stage, (int64_t)r, (int64_t)n, parts[p].R,
+                                                   parts[p].G, parts[p].step, parts[p].offset,
+                                                   parts[p].blocks, parts[p].scales, s->stream)) {
+                st = gptoss_set_error(error, GPTOSS_ERR_BACKEND,
+                                      "CUDA upload: expert buffers are not 16-byte aligned");
+            }
+        }
+        if (!st && parts[p].hf_blocks)
+            upload_progress(u, parts[p].hf_blocks->n_bytes + parts[p].hf_scales->n_bytes);
+    }
+    cudaError_t ce = cudaStreamSynchronize(s->stream);
+    if (ce == cudaSuccess) ce = cudaGetLastError();
+    cudaFree(stage);
+    if (!st && ce != cudaSuccess) st = gptoss_cuda_error(error, ce, "expert conversion");
+    return st;
+}
+
 gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weights *w,
                                          const gptoss_backend_options *options,
                                          gptoss_error *error) {
@@ -280,6 +344,7 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
     size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
     size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
     upload_ctx u = {s, options, 0, 0, NULL, 0};
+    const double t0 = gptoss_now_seconds();
     u.total = w->embedding.n_bytes + w->lm_head.n_bytes + w->final_norm.n_bytes;
     for (int l = 0; l < w->n_layers; l++) {
         const gptoss_tensor *ts = &w->layers[l].attn_norm;
@@ -317,18 +382,26 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
         TRY(upload_vector_f32(&u, L->sinks, &lw->sinks, NH, error));
         TRY(upload_bf16_matrix(&u, L->router_weight, &lw->router_weight, E * H, error));
         TRY(upload_vector_f32(&u, L->router_bias, &lw->router_bias, E, error));
-        TRY(upload_raw(&u, (void *)L->moe.gate_up_blocks, &lw->gate_up_blocks,
-                       E * 2 * I * (H / 32) * 16, error));
-        TRY(upload_raw(&u, (void *)L->moe.gate_up_scales, &lw->gate_up_scales, E * 2 * I * (H / 32),
-                       error));
+        if (w->ggml_experts) {
+            TRY(upload_ggml_experts(&u, L, lw, &w->ggml_experts[l], error));
+        } else {
+            TRY(upload_raw(&u, (void *)L->moe.gate_up_blocks, &lw->gate_up_blocks,
+                           E * 2 * I * (H / 32) * 16, error));
+            TRY(upload_raw(&u, (void *)L->moe.gate_up_scales, &lw->gate_up_scales,
+                           E * 2 * I * (H / 32), error));
+            TRY(upload_raw(&u, (void *)L->moe.down_blocks, &lw->down_blocks, E * H * (I / 32) * 16,
+                           error));
+            TRY(upload_raw(&u, (void *)L->moe.down_scales, &lw->down_scales, E * H * (I / 32),
+                           error));
+        }
         TRY(upload_vector_f32(&u, (float *)L->moe.gate_up_bias, &lw->gate_up_bias, E * 2 * I,
                               error));
-        TRY(upload_raw(&u, (void *)L->moe.down_blocks, &lw->down_blocks, E * H * (I / 32) * 16,
-                       error));
-        TRY(upload_raw(&u, (void *)L->moe.down_scales, &lw->down_scales, E * H * (I / 32), error));
         TRY(upload_vector_f32(&u, (float *)L->moe.down_bias, &lw->down_bias, E * H, error));
     }
 #undef TRY
+    GPTOSS_LOG_I("cuda", "weights uploaded: %.2f GB in %.2f s%s", (double)u.total / 1e9,
+                 gptoss_now_seconds() - t0,
+                 w->ggml_experts ? " (experts converted from ggml's layout on the device)" : "");
 done:
     free(u.host_f32);
     return st;
