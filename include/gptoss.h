@@ -348,6 +348,13 @@ typedef struct gptoss_sample_batch {
     /* [n_allowed_rows, (vocab + 31) / 32]: token j allowed iff bit j % 32 of word j / 32 */
     const uint32_t *allowed_masks;
     int32_t n_allowed_rows;
+    /* Optional, instead of allowed_masks (which is then NULL): writes every word of the
+     * n_allowed_rows masks (the layout above) into `masks` once the forward is under way, so
+     * building them on the host overlaps the device's work. The backend calls it exactly once
+     * per call with rows to draw, after launching the forward and before any row is drawn or
+     * any mask is read. An error it returns is the call's error (no token is drawn). */
+    gptoss_status (*fill_masks)(void *user, uint32_t *masks, gptoss_error *error);
+    void *fill_masks_user;
     int32_t *token_ids;  /* out [n_logits] */
     float *logprobs;     /* out [n_logits]: raw logprob of the drawn token (n_top_logprobs >= 0) */
     int32_t *top_ids;    /* out [n_logits, GPTOSS_MAX_SAMPLE_LOGPROBS], or NULL */

@@ -46,7 +46,8 @@ extern "C" {
 /* ---------------------------------------------------------------------------------------- */
 
 /* The function the engine calls once per step, with gptoss_backend_forward_sample's contract:
- * run the plan and draw one token per logits row by the rule of the batch's rows. Tests
+ * run the plan and draw one token per logits row by the rule of the batch's rows, calling the
+ * batch's fill_masks (when set) once the forward is under way and before drawing. Tests
  * inject fakes. */
 typedef gptoss_status (*gptoss_forward_sample_fn)(void *user, const gptoss_batch_plan *plan,
                                                   const gptoss_sample_batch *batch,
@@ -241,7 +242,8 @@ typedef void (*gptoss_request_notify_fn)(void *user, gptoss_request *request);
 /* Constrains the next draw of one choice (structured output): fills mask[(vocab_size + 31) / 32]
  * (token t may be drawn iff bit t % 32 of word t / 32 is set; the engine zeroes the words
  * first) given the tokens the choice generated so far. Called on the engine thread before
- * every draw of every choice of the request, without any lock held; must be quick and must
+ * every draw of every choice of the request (while the device runs the step's forward pass,
+ * through gptoss_sample_batch.fill_masks), without any lock held; must be quick and must
  * not call into the engine. Returning false, or allowing no token, ends the choice with
  * GPTOSS_FINISH_ERROR. */
 typedef bool (*gptoss_allowed_tokens_fn)(void *user, int32_t choice, const int32_t *generated,

@@ -24,6 +24,8 @@ struct gptoss_backend {
     size_t scratch_floats;
     gptoss_sample_scratch **samplers; /* [n_samplers] one per drawing thread (no forward_sample) */
     int32_t n_samplers;
+    uint32_t *masks; /* [mask_rows, (vocab + 31) / 32] a batch's fill_masks target (same) */
+    int32_t mask_rows;
 };
 
 static gptoss_status ensure_logits(gptoss_backend *b, int32_t n_logits, gptoss_error *error);
@@ -434,9 +436,22 @@ gptoss_status gptoss_backend_forward_sample(gptoss_backend *b, const gptoss_batc
     if (b->ops->forward_sample) return b->ops->forward_sample(b->state, plan, batch, error);
     if ((st = ensure_logits(b, NL, error)) != GPTOSS_OK) return st;
     if (NL > 0 && (st = ensure_samplers(b, error)) != GPTOSS_OK) return st;
+    if (NL > 0 && batch->fill_masks && batch->n_allowed_rows > b->mask_rows) {
+        const size_t words = ((size_t)V + 31) / 32;
+        uint32_t *masks = realloc(b->masks, (size_t)batch->n_allowed_rows * words * sizeof *masks);
+        if (!masks)
+            return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (masks)");
+        b->masks = masks;
+        b->mask_rows = batch->n_allowed_rows;
+    }
     st = b->ops->forward(b->state, plan, b->scratch, error);
-    if (st != GPTOSS_OK) return st;
-    if (NL > 0) gptoss_sample_rows(b->scratch, V, NL, batch, b->samplers, b->n_samplers);
+    if (st != GPTOSS_OK || NL == 0) return st;
+    /* The masks are built once the logits exist, as the CUDA backend builds them while its
+     * forward runs: the same order on every backend. */
+    gptoss_sample_batch filled;
+    if ((st = gptoss_sample_batch_fill_masks(batch, b->masks, &filled, error)) != GPTOSS_OK)
+        return st;
+    gptoss_sample_rows(b->scratch, V, NL, &filled, b->samplers, b->n_samplers);
     return GPTOSS_OK;
 }
 
@@ -450,6 +465,7 @@ void gptoss_backend_free(gptoss_backend *b) {
     for (int32_t i = 0; i < b->n_samplers; i++)
         gptoss_sample_scratch_free(b->samplers[i]);
     free(b->samplers);
+    free(b->masks);
     free(b->scratch);
     free(b);
 }

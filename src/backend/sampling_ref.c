@@ -563,10 +563,11 @@ gptoss_status gptoss_sample_batch_validate(const gptoss_sample_batch *b, int32_t
     if (b->n_edits < 0 || (b->n_edits > 0 && !b->edits))
         return gptoss_set_error(error, bad, "sample batch: n_edits = %d without an edits array",
                                 b->n_edits);
-    if (b->n_allowed_rows < 0 || (b->n_allowed_rows > 0 && !b->allowed_masks))
-        return gptoss_set_error(error, bad,
-                                "sample batch: n_allowed_rows = %d without allowed_masks",
-                                b->n_allowed_rows);
+    if (b->n_allowed_rows < 0 || (b->n_allowed_rows > 0 && !b->allowed_masks == !b->fill_masks))
+        return gptoss_set_error(
+            error, bad,
+            "sample batch: n_allowed_rows = %d needs exactly one of allowed_masks and fill_masks",
+            b->n_allowed_rows);
     for (int32_t i = 0; i < n_rows; i++) {
         const gptoss_sample_row *r = &b->rows[i];
         const float T = r->temperature;
@@ -626,6 +627,18 @@ gptoss_status gptoss_sample_batch_validate(const gptoss_sample_batch *b, int32_t
                     ed->token, (double)ed->bias, ed->output_count);
         }
     }
+    return GPTOSS_OK;
+}
+
+gptoss_status gptoss_sample_batch_fill_masks(const gptoss_sample_batch *batch, uint32_t *masks,
+                                             gptoss_sample_batch *out, gptoss_error *error) {
+    *out = *batch;
+    if (!batch->fill_masks) return GPTOSS_OK;
+    gptoss_status st = batch->fill_masks(batch->fill_masks_user, masks, error);
+    if (st != GPTOSS_OK) return st;
+    out->allowed_masks = masks;
+    out->fill_masks = NULL;
+    out->fill_masks_user = NULL;
     return GPTOSS_OK;
 }
 

@@ -54,6 +54,12 @@ float gptoss_sample_logprobs(const float *logits, int32_t vocab, int32_t token, 
 gptoss_status gptoss_sample_batch_validate(const gptoss_sample_batch *batch, int32_t n_rows,
                                            int32_t vocab, gptoss_error *error);
 
+/* The batch with its masks in host memory: *out = *batch, and when batch->fill_masks is set,
+ * the hook is run into masks (room for batch->n_allowed_rows rows of (vocab + 31) / 32 words)
+ * and *out reads them instead. Call it after the logits exist, before drawing. */
+gptoss_status gptoss_sample_batch_fill_masks(const gptoss_sample_batch *batch, uint32_t *masks,
+                                             gptoss_sample_batch *out, gptoss_error *error);
+
 /* Samples n_rows host rows (logits [n_rows, vocab]) into batch's outputs, rows spread over
  * up to n_scratch threads (OpenMP), thread t using scratch[t]. The batch must be valid. */
 void gptoss_sample_rows(const float *logits, int32_t vocab, int32_t n_rows,

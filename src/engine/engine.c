@@ -23,6 +23,7 @@
 #include "util/error.h"
 #include "util/sha256.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -89,6 +90,7 @@ typedef struct sample_job {
     gptoss_seq *seq;           /* its request is seq->user */
     int32_t choice;            /* != seq->index: a choice to fork from seq */
     bool refused;              /* the allowed-token callback refused: end the choice */
+    int32_t n_ahead;           /* drafts between the choice's tokens and this row's draw */
     int32_t n_group;           /* on the first row of a decode with drafts: its rows (1 + the
                                   drafts, consecutive); 0 elsewhere */
     gptoss_engine_event event; /* filled from the batch's outputs */
@@ -109,8 +111,7 @@ struct gptoss_engine {
     float *top_logprobs;       /* same */
     gptoss_sample_edit *edits; /* [cap_edits] */
     int32_t n_edits, cap_edits;
-    uint32_t *masks; /* [cap_masks, (vocab + 31) / 32] allowed-token rows */
-    int32_t n_masks, cap_masks;
+    int32_t n_masks; /* allowed-token rows of the batch, filled by fill_masks_hook */
     /* Token events of the last step not yet handed to their requests: pushing one locks the
      * request and may wake its reader, about 2 us, so a step of 1000 sequences would leave
      * the GPU idle for 2 ms. They are pushed while the device runs the next step (the
@@ -660,7 +661,7 @@ static bool grow_rows(gptoss_engine *e, int32_t need) {
     return true;
 }
 
-/* Room for `need` edits / allowed-token rows. */
+/* Room for `need` edits. */
 static bool grow_edits(gptoss_engine *e, int32_t need) {
     if (need <= e->cap_edits) return true;
     int32_t cap = e->cap_edits ? e->cap_edits : 1024;
@@ -670,19 +671,6 @@ static bool grow_edits(gptoss_engine *e, int32_t need) {
     if (!edits) return false;
     e->edits = edits;
     e->cap_edits = cap;
-    return true;
-}
-
-static bool grow_masks(gptoss_engine *e, int32_t need) {
-    if (need <= e->cap_masks) return true;
-    int32_t cap = e->cap_masks ? e->cap_masks * 2 : 16;
-    while (cap < need)
-        cap *= 2;
-    const size_t words = ((size_t)e->options.vocab_size + 31) / 32;
-    uint32_t *masks = realloc(e->masks, (size_t)cap * words * sizeof *masks);
-    if (!masks) return false;
-    e->masks = masks;
-    e->cap_masks = cap;
     return true;
 }
 
@@ -714,27 +702,52 @@ static bool build_edits(gptoss_engine *e, const gptoss_seq *seq, int32_t n_ahead
     return true;
 }
 
-/* Asks the request's callback which tokens choice may draw next (after n_ahead drafts, which
- * follow the sequence's tokens); fills a new allowed row. Returns its index, -1 without a
- * callback, -2 when the callback refused or allowed nothing (or no memory for the row). */
-static int32_t build_mask(gptoss_engine *e, const gptoss_seq *seq, int32_t choice,
-                          int32_t n_ahead) {
-    const gptoss_request *r = seq->user;
-    if (!r->allowed_tokens) return -1;
-    if (!grow_masks(e, e->n_masks + 1)) return -2;
+/* The allowed row of job k's draw (n_ahead drafts after its choice's tokens): a new row of
+ * the batch when its request has a callback (filled later, by fill_masks_hook), else -1. */
+static int32_t reserve_mask(gptoss_engine *e, int32_t k, int32_t n_ahead) {
+    sample_job *job = &e->jobs[k];
+    const gptoss_request *r = job->seq->user;
+    job->refused = false;
+    job->n_ahead = n_ahead;
+    return r->allowed_tokens ? e->n_masks++ : -1;
+}
+
+/* The batch's fill_masks, run by the backend once the step's forward is launched, so the
+ * callbacks' work (a first visit of an automaton state walks the token trie, ~2 ms) overlaps
+ * the device's. Asks each constrained row's callback which tokens it may draw, given its
+ * choice's tokens and the drafts before the row. A refusal, or a mask that allows nothing,
+ * marks the job refused (its choice ends with an error when the step is delivered) and
+ * allows every token, so the draw itself goes on harmlessly. Never fails: a refusal is the
+ * request's error, not the step's. */
+static gptoss_status fill_masks_hook(void *user, uint32_t *masks, gptoss_error *error) {
+    (void)error;
+    gptoss_engine *e = user;
     const int32_t V = e->options.vocab_size;
     const size_t words = ((size_t)V + 31) / 32;
-    uint32_t *mask = e->masks + (size_t)e->n_masks * words;
-    memset(mask, 0, words * sizeof *mask);
-    if (!r->allowed_tokens(r->allowed_tokens_user, choice, seq->tokens + seq->n_prompt,
-                           seq->n_tokens - seq->n_prompt + n_ahead, mask, V))
-        return -2;
-    if (V % 32) mask[words - 1] &= (1u << (V % 32)) - 1u; /* bits past the vocabulary */
-    uint32_t any = 0;
-    for (size_t w = 0; w < words; w++)
-        any |= mask[w];
-    if (!any) return -2;
-    return e->n_masks++;
+    const uint32_t tail = V % 32 ? (1u << (V % 32)) - 1u : ~0u; /* bits past the vocabulary */
+    for (int32_t k = 0; k < e->n_jobs; k++) {
+        const int32_t row = e->rows[k].allowed_row;
+        if (row < 0) continue;
+        assert(row < e->n_masks);
+        sample_job *job = &e->jobs[k];
+        const gptoss_seq *seq = job->seq;
+        const gptoss_request *r = seq->user;
+        uint32_t *mask = masks + (size_t)row * words;
+        memset(mask, 0, words * sizeof *mask);
+        bool ok =
+            r->allowed_tokens(r->allowed_tokens_user, job->choice, seq->tokens + seq->n_prompt,
+                              seq->n_tokens - seq->n_prompt + job->n_ahead, mask, V);
+        mask[words - 1] &= tail;
+        uint32_t any = 0;
+        for (size_t w = 0; ok && w < words; w++)
+            any |= mask[w];
+        if (!ok || !any) {
+            job->refused = true;
+            memset(mask, 0xff, words * sizeof *mask);
+            mask[words - 1] &= tail;
+        }
+    }
+    return GPTOSS_OK;
 }
 
 /* The sample batch of a scheduled plan: one row per logits row, and at the end of a prompt
@@ -744,7 +757,7 @@ static int32_t build_mask(gptoss_engine *e, const gptoss_seq *seq, int32_t choic
 static bool build_rows(gptoss_engine *e, gptoss_batch_plan *plan) {
     e->n_jobs = 0;
     e->n_edits = 0;
-    e->n_masks = 0;
+    e->n_masks = 0; /* (rows reserved here, filled by the backend through fill_masks_hook) */
     for (int32_t i = 0; i < plan->n_logits; i++) {
         gptoss_seq *seq = gptoss_scheduler_logit_seq(e->sched, i);
         gptoss_request *r = seq->user;
@@ -770,9 +783,7 @@ static bool build_rows(gptoss_engine *e, gptoss_batch_plan *plan) {
             gptoss_sample_row row = gptoss_sampler_row(&r->params, r->seed, seq->n_tokens, choice);
             row.edit_start = edit_start; /* forks share the prompt's history */
             row.n_edits = n_edits;
-            const int32_t allowed = build_mask(e, seq, choice, 0);
-            row.allowed_row = allowed >= 0 ? allowed : -1;
-            job->refused = allowed == -2;
+            row.allowed_row = reserve_mask(e, k, 0);
             e->rows[k] = row;
             e->logit_index[k] = plan->logit_token_index[i];
         }
@@ -982,9 +993,7 @@ static bool build_draft_rows(gptoss_engine *e, gptoss_seq *seq, const int32_t *l
         row.n_edits = n_edits;
         /* A refusal matters only if the drafts before this row are accepted: delivery stops
          * there, as the draw without drafts would. */
-        const int32_t allowed = build_mask(e, seq, seq->index, j);
-        row.allowed_row = allowed >= 0 ? allowed : -1;
-        job->refused = allowed == -2;
+        row.allowed_row = reserve_mask(e, k, j);
         e->rows[k] = row;
         e->logit_index[k] = logit_index[j];
     }
@@ -1133,7 +1142,8 @@ static bool step(gptoss_engine *e) {
         return false;
     }
     /* Each row's parameters, seed and edits; the backend draws where the logits are, and
-     * pushes the last step's tokens (while_running) while its device computes. */
+     * builds the allowed-token masks (fill_masks) and pushes the last step's tokens
+     * (while_running) while its device computes. */
     if (!build_rows(e, &plan)) {
         st = gptoss_set_error(&err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (sample rows)");
     } else {
@@ -1141,8 +1151,9 @@ static bool step(gptoss_engine *e) {
             .rows = e->rows,
             .edits = e->edits,
             .n_edits = e->n_edits,
-            .allowed_masks = e->masks,
             .n_allowed_rows = e->n_masks,
+            .fill_masks = e->n_masks > 0 ? fill_masks_hook : NULL,
+            .fill_masks_user = e,
             .token_ids = e->token_ids,
             .logprobs = e->logprobs,
             .top_ids = e->top_ids,
@@ -1342,7 +1353,6 @@ void gptoss_engine_free(gptoss_engine *e) {
     free(e->top_ids);
     free(e->top_logprobs);
     free(e->edits);
-    free(e->masks);
     free(e->pending);
     free(e->active);
     gptoss_drafter_free(e->drafter);

@@ -2,13 +2,15 @@
  * test_forward_sample.c - gptoss_backend_forward_sample on the CPU backend (no device sampler:
  * forward, then the host reference per row): the tokens and logprobs equal the reference
  * applied to the logits gptoss_backend_forward returns for the same plan, with rows asked for
- * more than once, edits and allowed-token masks; and every malformed batch is refused with a
- * message naming the problem, before anything runs (outputs untouched).
+ * more than once, edits and allowed-token masks (given, or written by the batch's fill_masks
+ * hook once the logits exist); and every malformed batch is refused with a message naming the
+ * problem, before anything runs (outputs untouched).
  */
 #include "model_fixture.h"
 #include "test_support.h"
 
 #include "backend/sampling_ref.h"
+#include "util/error.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -269,10 +271,70 @@ static void test_bad_batches_refused(void **state) {
     fixture_free(&f);
 }
 
+/* A batch's fill_masks: writes the fixture's mask (or fails), counting its calls. */
+typedef struct fill_state {
+    const uint32_t *mask;
+    size_t words;
+    int calls;
+    bool fail;
+} fill_state;
+
+static gptoss_status fill_from_fixture(void *user, uint32_t *masks, gptoss_error *error) {
+    fill_state *fs = user;
+    fs->calls++;
+    if (fs->fail)
+        return gptoss_set_error(error, GPTOSS_ERR_BACKEND, "constraint state out of memory");
+    memcpy(masks, fs->mask, fs->words * sizeof *masks);
+    return GPTOSS_OK;
+}
+
+/* Masks written through fill_masks draw exactly what the same masks in allowed_masks draw,
+ * the hook runs once per call; a failing hook is the call's error, with no token drawn; a
+ * batch with both or neither of allowed_masks / fill_masks is refused. */
+static void test_fill_masks(void **state) {
+    (void)state;
+    fixture f;
+    fixture_init(&f);
+    gptoss_error err = {0};
+    int32_t want[ROWS];
+    assert_int_equal(gptoss_backend_forward_sample(f.backend, &f.plan, &f.batch, &err), GPTOSS_OK);
+    memcpy(want, f.token_ids, sizeof want);
+
+    fill_state fs = {.mask = f.mask, .words = ((size_t)f.vocab + 31) / 32};
+    f.batch.allowed_masks = NULL;
+    f.batch.fill_masks = fill_from_fixture;
+    f.batch.fill_masks_user = &fs;
+    for (int32_t i = 0; i < ROWS; i++)
+        f.token_ids[i] = -7;
+    assert_int_equal(gptoss_backend_forward_sample(f.backend, &f.plan, &f.batch, &err), GPTOSS_OK);
+    assert_int_equal(fs.calls, 1);
+    assert_memory_equal(f.token_ids, want, sizeof want);
+    assert_int_equal(f.token_ids[4] % 5, 0);
+
+    fs.fail = true;
+    for (int32_t i = 0; i < ROWS; i++)
+        f.token_ids[i] = -7;
+    assert_int_equal(gptoss_backend_forward_sample(f.backend, &f.plan, &f.batch, &err),
+                     GPTOSS_ERR_BACKEND);
+    assert_int_equal(fs.calls, 2);
+    assert_non_null(strstr(err.message, "constraint state out of memory"));
+    for (int32_t i = 0; i < ROWS; i++)
+        assert_int_equal(f.token_ids[i], -7);
+
+    f.batch.allowed_masks = f.mask; /* both */
+    expect_refused(&f, "fill_masks");
+    f.batch.allowed_masks = NULL;
+    f.batch.fill_masks = NULL; /* neither */
+    expect_refused(&f, "fill_masks");
+    assert_int_equal(fs.calls, 2);
+    fixture_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equals_reference_on_forward_logits),
         cmocka_unit_test(test_bad_batches_refused),
+        cmocka_unit_test(test_fill_masks),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

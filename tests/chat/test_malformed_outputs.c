@@ -42,6 +42,8 @@ typedef struct mcase {
     char name[96];
     char expect[96]; /* "text" or "tool NAME" */
     char *args;      /* or NULL */
+    char *args2;     /* the second call's arguments, or NULL */
+    char *calls;     /* every call's name, in order, one space between; or NULL */
     char *content;   /* or NULL */
     char *text;
 } mcase;
@@ -78,6 +80,10 @@ static mcase *load_cases(size_t *n_out) {
                 snprintf(c->expect, sizeof c->expect, "%.*s", (int)(eol - p - 8), p + 8);
             else if (!strncmp(p, "args: ", 6) || !strncmp(p, "args:\n", 6))
                 c->args = dup_range(p + 6, eol > p + 6 ? (size_t)(eol - p - 6) : 0);
+            else if (!strncmp(p, "args2: ", 7) || !strncmp(p, "args2:\n", 7))
+                c->args2 = dup_range(p + 7, eol > p + 7 ? (size_t)(eol - p - 7) : 0);
+            else if (!strncmp(p, "calls: ", 7))
+                c->calls = dup_range(p + 7, (size_t)(eol - p - 7));
             else if (!strncmp(p, "content: ", 9) || !strncmp(p, "content:\n", 9))
                 c->content = dup_range(p + 9, eol > p + 9 ? (size_t)(eol - p - 9) : 0);
             else
@@ -100,6 +106,8 @@ static mcase *load_cases(size_t *n_out) {
 static void free_cases(mcase *cases, size_t n) {
     for (size_t i = 0; i < n; i++) {
         free(cases[i].args);
+        free(cases[i].args2);
+        free(cases[i].calls);
         free(cases[i].content);
         free(cases[i].text);
     }
@@ -340,6 +348,22 @@ static void test_malformed_outputs(void **state) {
                 const char *args =
                     json_string_value(json_array_get(json_array_get(all.calls, 0), 1));
                 if (k->args) check(k, strcmp(args, k->args) == 0, "wrong arguments", args);
+            }
+            if (k->calls) {
+                char names[512] = "";
+                json_array_foreach(all.calls, j, call) {
+                    const size_t used = strlen(names);
+                    snprintf(names + used, sizeof names - used, "%s%s", used ? " " : "",
+                             json_string_value(json_array_get(call, 0)));
+                }
+                check(k, strcmp(names, k->calls) == 0, "wrong calls", names);
+            }
+            if (k->args2) {
+                const char *args2 =
+                    n_calls >= 2
+                        ? json_string_value(json_array_get(json_array_get(all.calls, 1), 1))
+                        : "(no second call)";
+                check(k, strcmp(args2, k->args2) == 0, "wrong arguments of the second call", args2);
             }
             check(k, strcmp(str_or_empty(all.finish), "tool_calls") == 0,
                   "finish_reason is not tool_calls", str_or_empty(all.finish));

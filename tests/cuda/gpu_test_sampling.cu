@@ -15,7 +15,8 @@
  * and walks the kept tokens in id order; its float operations are sampling_rule.h's helpers,
  * which is the point: host and GPU must agree bit for bit.
  * And the backend's hook (gptoss_cuda_forward_sample) on a tiny random-weight model: the
- * tokens it returns are the reference's on the logits the step left on the device.
+ * tokens it returns are the reference's on the logits the step left on the device, with the
+ * masks given up front or written through the batch's fill_masks while the forward runs.
  * Then timing (CUDA events, warm-up, median) for 1, 8, 64, 256 rows at V = 201,088, unless
  * --no-timing. Prints a summary table last; exits 1 on any failure.
  */
@@ -479,9 +480,33 @@ static void test_repeatable(void) {
     gpu_free(g);
 }
 
+/* A batch's fill_masks: copies the step's masks into the backend's buffer (or fails). */
+struct fill_source {
+    const std::vector<uint32_t> *masks;
+    int calls;
+    bool fail;
+};
+
+static gptoss_status fill_from_source(void *user, uint32_t *dst, gptoss_error *error) {
+    fill_source *f = (fill_source *)user;
+    f->calls++;
+    if (f->fail) {
+        if (error) {
+            error->status = GPTOSS_ERR_BACKEND;
+            snprintf(error->message, sizeof error->message, "masks refused on purpose");
+        }
+        return GPTOSS_ERR_BACKEND;
+    }
+    if (!f->masks->empty()) memcpy(dst, f->masks->data(), f->masks->size() * sizeof(uint32_t));
+    return GPTOSS_OK;
+}
+
 /* The backend's forward_sample: B one-token sequences, two steps; each step's tokens against
- * the reference on the logits the step left on the device (the hook must not change them). */
-static void test_forward_sample(int B) {
+ * the reference on the logits the step left on the device (the hook must not change them).
+ * via_fill: the masks come through fill_masks, written while the forward runs; each step
+ * first runs once with a hook that fails (the call's error, no token written, nothing left
+ * in flight), then again with the masks. */
+static void test_forward_sample(int B, bool via_fill) {
     gptoss_error err;
     gptoss_config c;
     if (gptoss_config_preset("tiny", &c, &err) != GPTOSS_OK) {
@@ -500,7 +525,7 @@ static void test_forward_sample(int B) {
         return;
     }
     const int V = s->config.vocab_size;
-    long mismatches = 0, lp_bad = 0, top_bad = 0;
+    long mismatches = 0, lp_bad = 0, top_bad = 0, fill_bad = 0;
     for (int step = 0; step < 2; step++) {
         std::vector<int32_t> ids(B), pos(B, step), start(B + 1), cached(B, step), tables(B),
             logit(B);
@@ -547,12 +572,26 @@ static void test_forward_sample(int B) {
         b.logprobs = lp.data();
         b.top_ids = top_ids.data();
         b.top_logprobs = top_lp.data();
+        fill_source source = {&masks, 0, true};
+        if (via_fill) {
+            b.allowed_masks = NULL;
+            b.fill_masks = fill_from_source;
+            b.fill_masks_user = &source;
+            const gptoss_status failed = gptoss_cuda_forward_sample(s, &plan, &b, &err);
+            bool untouched = true;
+            for (int i = 0; i < B; i++)
+                untouched = untouched && out_ids[i] == -1;
+            fill_bad += failed != GPTOSS_ERR_BACKEND || !strstr(err.message, "on purpose") ||
+                        !untouched || source.calls != 1;
+            source.fail = false;
+        }
         if (gptoss_cuda_forward_sample(s, &plan, &b, &err) != GPTOSS_OK) {
             printf("forward_sample: %s\n", err.message);
             check_true("forward_sample: the call succeeds", false);
             gptoss_cuda_state_free(s);
             return;
         }
+        fill_bad += via_fill && source.calls != 2;
         std::vector<float> logits((size_t)B * V);
         CK(cudaMemcpy(logits.data(), s->ws.logits, logits.size() * sizeof(float),
                       cudaMemcpyDeviceToHost));
@@ -577,10 +616,12 @@ static void test_forward_sample(int B) {
     gptoss_cuda_state_free(s);
     char name[160];
     snprintf(name, sizeof name,
-             "forward_sample, tiny model, %d rows x 2 steps: tokens, logprobs, top-20", B);
-    printf("%s: %ld token mismatches, %ld logprobs off, %ld top entries off\n", name, mismatches,
-           lp_bad, top_bad);
-    check_true(name, mismatches == 0 && lp_bad == 0 && top_bad == 0);
+             "forward_sample, tiny model, %d rows x 2 steps%s: tokens, logprobs, top-20", B,
+             via_fill ? ", masks through fill_masks" : "");
+    printf("%s: %ld token mismatches, %ld logprobs off, %ld top entries off, %ld fill_masks "
+           "faults\n",
+           name, mismatches, lp_bad, top_bad, fill_bad);
+    check_true(name, mismatches == 0 && lp_bad == 0 && top_bad == 0 && fill_bad == 0);
 }
 
 /* ---- timing ------------------------------------------------------------------------------- */
@@ -715,8 +756,9 @@ int main(int argc, char **argv) {
         test_vocab(201088, 1, {64, 1, 33, 64, 5});
         test_repeatable();
     }
-    test_forward_sample(1);
-    test_forward_sample(16);
+    test_forward_sample(1, false);
+    test_forward_sample(16, false);
+    test_forward_sample(16, true);
 
     std::vector<timing_row> table;
     if (timing) time_sampling(table);

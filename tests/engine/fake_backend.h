@@ -9,8 +9,9 @@
  * are a hash of what it read. So any bookkeeping bug in the engine (a wrong page, a page reused or
  * shared while still needed, a missing window page, a bad prefix-cache hit) changes the logits and
  * the greedy output, while a correct engine reproduces fake_reference_logits(), which is computed
- * from the token list alone. fake_forward_sample() is the engine's seam: the logits, then each
- * row drawn by the host reference sampler, as a backend without a device sampler does.
+ * from the token list alone. fake_forward_sample() is the engine's seam: the logits, then the
+ * batch's masks (fill_masks), then each row drawn by the host reference sampler, as a backend
+ * without a device sampler does.
  */
 #ifndef GPTOSS_TESTS_FAKE_BACKEND_H
 #define GPTOSS_TESTS_FAKE_BACKEND_H
@@ -45,6 +46,9 @@ typedef struct fake_backend {
     bool run_hook;              /* run the batch's while_running hook before computing */
     float *rows;                /* [cap_rows, vocab] logits of the last forward_sample */
     int32_t cap_rows;
+    uint32_t *masks; /* [cap_masks, (vocab + 31) / 32] what the batch's fill_masks writes */
+    int32_t cap_masks;
+    int forward_done; /* calls whose forward finished before their masks were asked for */
     gptoss_sample_scratch *scratch;
 } fake_backend;
 
@@ -190,9 +194,21 @@ static inline gptoss_status fake_forward_sample(void *user, const gptoss_batch_p
     if (!f->scratch && gptoss_sample_scratch_create(f->vocab, &f->scratch, error) != GPTOSS_OK)
         return error ? error->status : GPTOSS_ERR_OUT_OF_MEMORY;
     if (f->run_hook && batch->while_running) batch->while_running(batch->while_running_user);
+    if (batch && batch->fill_masks && batch->n_allowed_rows > f->cap_masks) {
+        free(f->masks);
+        f->cap_masks = batch->n_allowed_rows;
+        f->masks = malloc((size_t)f->cap_masks * (((size_t)f->vocab + 31) / 32) * sizeof(uint32_t));
+        if (!f->masks) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
+    }
     st = fake_forward(user, plan, f->rows, error);
+    if (st != GPTOSS_OK || plan->n_logits == 0) return st;
+    /* the logits exist: the masks are built now, as a device backend builds them while its
+     * forward runs */
+    f->forward_done = atomic_load(&f->calls);
+    gptoss_sample_batch filled;
+    st = gptoss_sample_batch_fill_masks(batch, f->masks, &filled, error);
     if (st != GPTOSS_OK) return st;
-    gptoss_sample_rows(f->rows, f->vocab, plan->n_logits, batch, &f->scratch, 1);
+    gptoss_sample_rows(f->rows, f->vocab, plan->n_logits, &filled, &f->scratch, 1);
     return GPTOSS_OK;
 }
 
@@ -230,6 +246,7 @@ static inline void fake_free(fake_backend *f) {
     free(f->full_slots);
     if (!f->shared) free(f->sliding_slots);
     free(f->rows);
+    free(f->masks);
     gptoss_sample_scratch_free(f->scratch);
     free(f);
 }

@@ -948,6 +948,69 @@ static void test_allowed_tokens(void **state) {
     fake_free(f);
 }
 
+/* The masks are asked for inside the backend, once the step's forward has run (as the CUDA
+ * backend asks while its forward runs), never before the step is handed to it; a refusing
+ * callback ends its own request with an error while the requests beside it in the same
+ * steps, constrained or not, go on to their references. */
+typedef struct ordered_allow {
+    allow_state allow;
+    const fake_backend *f;
+    atomic_int early; /* masks asked for before the current call's forward finished */
+} ordered_allow;
+
+static bool allow_after_forward(void *user, int32_t choice, const int32_t *generated,
+                                int32_t n_generated, uint32_t *mask, int32_t vocab) {
+    ordered_allow *o = user;
+    if (o->f->forward_done != atomic_load(&o->f->calls)) atomic_fetch_add(&o->early, 1);
+    return allow_multiples_of_3(&o->allow, choice, generated, n_generated, mask, vocab);
+}
+
+static void test_masks_after_forward(void **state) {
+    (void)state;
+    fake_backend *f = fake_create(VOCAB, 8, 256, 0, 0);
+    gptoss_engine_options o = fake_options(f);
+    ordered_allow keep = {.f = f}, refuse = {.f = f};
+    atomic_init(&keep.allow.calls, 0);
+    atomic_init(&keep.early, 0);
+    keep.allow.refuse_after = -1;
+    atomic_init(&refuse.allow.calls, 0);
+    atomic_init(&refuse.early, 0);
+    refuse.allow.refuse_after = 3;
+    job jobs[3];
+    for (int i = 0; i < 3; i++) {
+        greedy_job(&jobs[i], 8);
+        random_prompt(&jobs[i], 10 + i);
+    }
+    jobs[0].ropts.allowed_tokens = allow_after_forward;
+    jobs[0].ropts.allowed_tokens_user = &keep;
+    jobs[2].ropts.allowed_tokens = allow_after_forward;
+    jobs[2].ropts.allowed_tokens_user = &refuse;
+    run_jobs(&o, jobs, 3, NULL);
+
+    assert_int_equal(atomic_load(&keep.early) + atomic_load(&refuse.early), 0);
+    assert_int_equal(atomic_load(&keep.allow.calls), 8);
+    assert_int_equal(atomic_load(&refuse.allow.calls), 4);
+    int32_t ctx[64];
+    float row[VOCAB];
+    memcpy(ctx, jobs[0].prompt, (size_t)jobs[0].n_prompt * sizeof(int32_t));
+    assert_int_equal(jobs[0].n_out[0], 8);
+    for (int32_t k = 0; k < 8; k++) {
+        fake_reference_logits(ctx, jobs[0].n_prompt + k, 0, VOCAB, row);
+        int32_t best = 0;
+        for (int32_t t = 0; t < VOCAB; t += 3)
+            if (row[t] > row[best]) best = t;
+        assert_int_equal(jobs[0].out[0][k], best);
+        ctx[jobs[0].n_prompt + k] = best;
+    }
+    assert_int_equal(jobs[0].finish[0], GPTOSS_FINISH_LENGTH);
+    expect_reference(&jobs[1], 0, f);
+    assert_int_equal(jobs[2].n_out[0], 3);
+    assert_int_equal(jobs[2].finish[0], GPTOSS_FINISH_ERROR);
+    for (int32_t k = 0; k < 3; k++)
+        assert_int_equal(jobs[2].out[0][k] % 3, 0);
+    fake_free(f);
+}
+
 /* Logprobs are those of the raw model distribution (reference: log-softmax in the test). */
 static void test_logprobs(void **state) {
     (void)state;
@@ -1042,6 +1105,7 @@ int main(void) {
         cmocka_unit_test(test_backend_error),
         cmocka_unit_test(test_seeded_request_any_batch),
         cmocka_unit_test(test_allowed_tokens),
+        cmocka_unit_test(test_masks_after_forward),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_notify_callback),
     };

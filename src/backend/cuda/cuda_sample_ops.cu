@@ -5,6 +5,9 @@
  *
  * Per call: the batch packed into pinned memory and copied on a side stream while the forward
  * runs (the main stream waits for it before sampling), the kernels, one copy of the outputs.
+ * A batch with fill_masks has its allowed-token masks written straight into the pinned input
+ * once the forward is launched (the host builds them while the GPU computes), then uploaded
+ * on the side stream; the sampling kernels wait for that copy.
  * Owns the sampler (gptoss_cuda_sampler): device scratch, input and output buffers and their
  * pinned host twins, grown to the largest batch seen, freed with the state. Must not: touch
  * the logits (they stay as the forward left them) or leave a copy in flight on return.
@@ -125,13 +128,34 @@ gptoss_status gptoss_cuda_forward_sample(void *state, const gptoss_batch_plan *p
     struct gptoss_cuda_sampler *sp = s->sampler;
     uint32_t flags = 0;
     const size_t packed = gptoss_cuda_sample_pack(sp->input_host, batch, NL, V, &flags);
+    /* Masks from fill_masks are the packed input's last part, written while the forward runs:
+     * what comes before them goes up now. */
+    const size_t masks_at =
+        batch->fill_masks ? gptoss_cuda_sample_masks_offset(NL, batch->n_edits) : packed;
     SAMPLE_TRY(
-        cudaMemcpyAsync(sp->input, sp->input_host, packed, cudaMemcpyHostToDevice, sp->upload),
+        cudaMemcpyAsync(sp->input, sp->input_host, masks_at, cudaMemcpyHostToDevice, sp->upload),
         "sampling input upload");
     SAMPLE_TRY(cudaEventRecord(sp->uploaded, sp->upload), "cudaEventRecord");
 
     st = gptoss_cuda_forward_device(s, plan, error);
     if (st) return st;
+    if (batch->fill_masks) {
+        st = batch->fill_masks(batch->fill_masks_user,
+                               (uint32_t *)((char *)sp->input_host + masks_at), error);
+        if (st) {
+            /* nothing may stay in flight: the forward and the first upload end here */
+            cudaStreamSynchronize(s->stream);
+            cudaEventSynchronize(sp->uploaded);
+            return st;
+        }
+        if (packed > masks_at) {
+            SAMPLE_TRY(cudaMemcpyAsync((char *)sp->input + masks_at,
+                                       (const char *)sp->input_host + masks_at, packed - masks_at,
+                                       cudaMemcpyHostToDevice, sp->upload),
+                       "allowed-token masks upload");
+            SAMPLE_TRY(cudaEventRecord(sp->uploaded, sp->upload), "cudaEventRecord");
+        }
+    }
     SAMPLE_TRY(cudaStreamWaitEvent(s->stream, sp->uploaded, 0), "cudaStreamWaitEvent");
     if (gptoss_cuda_sample(s->ws.logits, NL, V, sp->input, sp->scratch, sp->scratch_rows,
                            sp->output, flags, s->stream) != 0)

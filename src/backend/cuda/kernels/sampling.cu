@@ -586,14 +586,21 @@ size_t gptoss_cuda_sample_input_bytes(int32_t n_rows, int32_t n_edits, int32_t n
     return bytes;
 }
 
+size_t gptoss_cuda_sample_masks_offset(int32_t n_rows, int32_t n_edits) {
+    return sp_align(sizeof(sp_header), 16) +
+           sp_align((size_t)n_rows * sizeof(gptoss_sample_row), 16) +
+           sp_align((size_t)(n_edits > 0 ? n_edits : 0) * sizeof(gptoss_sample_edit), 16);
+}
+
 size_t gptoss_cuda_sample_pack(void *host, const gptoss_sample_batch *batch, int32_t n_rows,
                                int32_t vocab, uint32_t *flags) {
     sp_header h;
     memset(&h, 0, sizeof h);
     h.n_rows = n_rows;
     h.n_edits = batch->n_edits > 0 ? batch->n_edits : 0;
-    h.n_allowed_rows =
-        batch->allowed_masks && batch->n_allowed_rows > 0 ? batch->n_allowed_rows : 0;
+    h.n_allowed_rows = (batch->allowed_masks || batch->fill_masks) && batch->n_allowed_rows > 0
+                           ? batch->n_allowed_rows
+                           : 0;
     h.mask_words = (vocab + 31) / 32;
     size_t at = sp_align(sizeof h, 16);
     h.rows_offset = (uint32_t)at;
@@ -609,7 +616,8 @@ size_t gptoss_cuda_sample_pack(void *host, const gptoss_sample_batch *batch, int
     memcpy(dst + h.rows_offset, batch->rows, (size_t)n_rows * sizeof(gptoss_sample_row));
     if (h.n_edits)
         memcpy(dst + h.edits_offset, batch->edits, (size_t)h.n_edits * sizeof(gptoss_sample_edit));
-    if (mask_bytes) memcpy(dst + h.masks_offset, batch->allowed_masks, mask_bytes);
+    if (mask_bytes && batch->allowed_masks)
+        memcpy(dst + h.masks_offset, batch->allowed_masks, mask_bytes);
     uint32_t f = 0;
     for (int32_t i = 0; i < n_rows; i++) {
         const gptoss_sample_row *p = &batch->rows[i];

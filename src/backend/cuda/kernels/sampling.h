@@ -41,9 +41,13 @@ size_t gptoss_cuda_sample_input_bytes(int32_t n_rows, int32_t n_edits, int32_t n
 
 /* Packs rows [n_rows], the edits and the allowed masks of batch into host (at least
  * gptoss_cuda_sample_input_bytes bytes, 16-byte aligned). Returns the bytes written (the size of
- * the one copy to the device) and the flags the batch needs in *flags. */
+ * the one copy to the device) and the flags the batch needs in *flags. A batch with fill_masks
+ * gets room for its masks, unwritten, at gptoss_cuda_sample_masks_offset: the last part. */
 size_t gptoss_cuda_sample_pack(void *host, const gptoss_sample_batch *batch, int32_t n_rows,
                                int32_t vocab, uint32_t *flags);
+
+/* Byte offset of the masks in the packed input of a batch of n_rows rows and n_edits edits. */
+size_t gptoss_cuda_sample_masks_offset(int32_t n_rows, int32_t n_edits);
 
 /* Device scratch for up to scratch_rows rows (grown with the row count; zeroed once when
  * allocated: the kernels leave their counters and histograms at zero when they finish, and
