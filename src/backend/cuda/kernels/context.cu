@@ -33,8 +33,13 @@ cudaError_t gptoss_cuda_query_caps(int ordinal, gptoss_cuda_caps *caps, char *na
     cudaDeviceProp prop;
     cudaError_t e = cudaGetDeviceProperties(&prop, ordinal);
     if (e != cudaSuccess) return e;
+    /* integrated: the driver says so, or the GPU walks the host's page tables and is no
+     * datacenter part with memory of its own (GH200 and GB200 walk them too, but their HBM is
+     * several times faster than their host memory; GB10 and Thor have one memory) */
+    const bool integrated = prop.integrated != 0 ||
+                            (prop.pageableMemoryAccessUsesHostPageTables != 0 && prop.major >= 11);
     *caps = gptoss_cuda_caps_of(prop.major, prop.minor, prop.sharedMemPerBlockOptin,
-                                prop.sharedMemPerMultiprocessor, prop.integrated != 0);
+                                prop.sharedMemPerMultiprocessor, integrated);
     if (name && name_size) snprintf(name, name_size, "%s", prop.name);
     return cudaSuccess;
 }
