@@ -77,6 +77,8 @@ const gptoss_cuda_caps *gptoss_cuda_caps_current(void);
 cudaError_t gptoss_cuda_kernel_smem(const void *kernel, size_t bytes);
 /* Makes kc the calling thread's current context (NULL: the thread's default one). */
 void gptoss_cuda_kernel_ctx_bind(gptoss_cuda_kernel_ctx *kc);
+/* Unbinds kc if it is the calling thread's current context (never makes a default one). */
+void gptoss_cuda_kernel_ctx_unbind(const gptoss_cuda_kernel_ctx *kc);
 /* The calling thread's current context. */
 gptoss_cuda_kernel_ctx *gptoss_cuda_kernel_ctx_current(void);
 

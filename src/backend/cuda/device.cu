@@ -150,5 +150,5 @@ gptoss_status gptoss_cuda_device_bind(gptoss_cuda_device *dev, gptoss_error *err
 }
 
 void gptoss_cuda_device_unbind(gptoss_cuda_device *dev) {
-    if (gptoss_cuda_kernel_ctx_current() == &dev->kernels) gptoss_cuda_kernel_ctx_bind(NULL);
+    gptoss_cuda_kernel_ctx_unbind(&dev->kernels);
 }

@@ -73,6 +73,10 @@ void gptoss_cuda_kernel_ctx_bind(gptoss_cuda_kernel_ctx *kc) {
     current_ctx = kc;
 }
 
+void gptoss_cuda_kernel_ctx_unbind(const gptoss_cuda_kernel_ctx *kc) {
+    if (current_ctx == kc) current_ctx = NULL;
+}
+
 gptoss_cuda_kernel_ctx *gptoss_cuda_kernel_ctx_current(void) {
     if (current_ctx) return current_ctx;
     if (!default_ready) { /* no backend here (the GPU tests): the tuning variables, or defaults */
