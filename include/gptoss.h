@@ -186,6 +186,25 @@ typedef enum gptoss_kv_cache_dtype {
     GPTOSS_KV_CACHE_FP8 = 1,
 } gptoss_kv_cache_dtype;
 
+/* Which GPU's kernel paths the CUDA backend takes (gptoss_backend_options.cuda_profile). AUTO
+ * takes every path this GPU runs. A named profile limits the capabilities the backend sees to
+ * that GPU's, so a newer GPU runs exactly the kernel choices the older one would (the way the
+ * lower GPUs are tested on an H100):
+ *   AMPERE (A100, sm_80): no FP8 conversion, bulk copies (TMA), wgmma or programmatic
+ *     dependent launch; 163 KB of shared memory per block.
+ *   ADA (RTX 4090, sm_89): FP8 conversion, but no TMA, wgmma or PDL; 99 KB per block.
+ *   HOPPER (H100/H200, sm_90): everything; 227 KB per block.
+ * A profile above what the GPU has (ada on an A100, hopper on anything but compute capability
+ * 9.0) fails creation. cuBLAS picks its own kernels for the GPU it runs on whatever the
+ * profile. The tuning key device_profile (variable GPTOSS_CUDA_DEVICE_PROFILE: auto, ampere,
+ * ada, hopper), when given, overrides the option. */
+typedef enum gptoss_cuda_profile {
+    GPTOSS_CUDA_PROFILE_AUTO = 0,
+    GPTOSS_CUDA_PROFILE_AMPERE = 1,
+    GPTOSS_CUDA_PROFILE_ADA = 2,
+    GPTOSS_CUDA_PROFILE_HOPPER = 3,
+} gptoss_cuda_profile;
+
 typedef struct gptoss_backend_options {
     gptoss_backend_kind kind;
     int32_t n_threads;           /* CPU: worker threads, 0 = all cores */
@@ -224,6 +243,17 @@ typedef struct gptoss_backend_options {
      * outlive that call; gptoss_backend_get_options returns NULL here); ignored by the CPU
      * backend. NULL = the defaults. */
     const char *cuda_tuning;
+    /* CUDA: the kernel paths' profile (see gptoss_cuda_profile; default AUTO). */
+    gptoss_cuda_profile cuda_profile;
+    /* CUDA: use the weights in place in host memory instead of copying them to the GPU: the
+     * checkpoint's mapped pages are registered with the driver (read-only) and the kernels
+     * read them through their device addresses. On an integrated GPU (DGX Spark) that is the
+     * same memory, so a model is held once; it is the default there. On a discrete GPU the
+     * kernels read over PCIe (slow; for tests of this path). The matrices the backend
+     * converts at load (QKV joined from q, k and v, FP8 layers, fp32 vectors and the router's
+     * fp32 copy) stay in device memory, as does every tensor whose address is not 16-byte
+     * aligned. Random weights are generated into pinned host memory. */
+    bool weights_in_host_memory;
     /* Tests and diagnostics only; defaults off. */
     struct {
         /* CPU: print each layer's residual RMS and max to stderr (the one thing in this API

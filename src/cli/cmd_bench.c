@@ -60,9 +60,9 @@ static void print_table(const char *label, const gptoss_bench_report *r, uint32_
     char fp8[64];
     printf("device: %s, measured copy bandwidth %.0f GB/s (read + write)\n", r->device_name,
            r->copy_gb_per_s);
-    printf("dense layers in FP8: %s; KV cache: %s\n",
+    printf("dense layers in FP8: %s; KV cache: %s; kernel profile: %s\n",
            cli_fp8_layers_name(fp8_layers, fp8, sizeof fp8),
-           gptoss_kv_cache_dtype_name(kv_cache_dtype));
+           gptoss_kv_cache_dtype_name(kv_cache_dtype), r->cuda_profile);
     printf("device memory: weights %.2f GiB, workspace %.2f GiB, KV cache %.2f GiB\n\n",
            r->weight_bytes / 1073741824.0, r->workspace_bytes / 1073741824.0,
            r->kv_bytes / 1073741824.0);
@@ -108,12 +108,12 @@ static void print_json(const char *label, const gptoss_bench_report *r, uint32_t
     char fp8[64];
     printf(
         "{\"model\": \"%s\", \"device\": \"%s\", \"copy_gb_per_s\": %.1f, \"fp8_layers\": \"%s\", "
-        "\"kv_cache_dtype\": \"%s\", \"weight_bytes\": %.0f, \"workspace_bytes\": %.0f, "
-        "\"kv_bytes\": %.0f, "
+        "\"kv_cache_dtype\": \"%s\", \"cuda_profile\": \"%s\", \"weight_bytes\": %.0f, "
+        "\"workspace_bytes\": %.0f, \"kv_bytes\": %.0f, "
         "\"results\": [",
         label, r->device_name, r->copy_gb_per_s, cli_fp8_layers_name(fp8_layers, fp8, sizeof fp8),
-        gptoss_kv_cache_dtype_name(kv_cache_dtype), r->weight_bytes, r->workspace_bytes,
-        r->kv_bytes);
+        gptoss_kv_cache_dtype_name(kv_cache_dtype), r->cuda_profile, r->weight_bytes,
+        r->workspace_bytes, r->kv_bytes);
     for (int i = 0; i < r->n_cases; i++) {
         const gptoss_bench_case *c = &r->cases[i];
         printf("%s\n  {\"test\": \"%s\", \"n_tokens\": %d, \"depth\": %d, \"batch\": %d, "
@@ -272,6 +272,8 @@ int gptoss_cmd_bench(int argc, char **argv) {
     rq.device = (int32_t)mo.device;
     rq.fp8_layers = mo.fp8_layers;
     rq.kv_cache_dtype = mo.kv_cache_dtype;
+    rq.cuda_profile = (gptoss_cuda_profile)mo.cuda_profile;
+    rq.weights_in_host_memory = mo.weights_in_host_memory;
     rq.progress = cli_stderr_is_tty() ? cli_progress : NULL;
     gptoss_bench_report *report = malloc(sizeof *report);
     gptoss_status st = report ? gptoss_cuda_bench(&rq, report, &err)

@@ -24,6 +24,13 @@ const char cli_kv_cache_dtype_help[] = "KV cache format: bf16 (default) or fp8 (
                                        "value moves by up to 2^-4 of itself. The CPU backend\n"
                                        "emulates fp8 (same values, fp32 pages).";
 
+const char cli_cuda_profile_help[] = "CUDA: the kernel paths of this GPU (auto, the default)\n"
+                                     "or of an older one on a newer GPU: ampere (A100:\n"
+                                     "no FP8, TMA, wgmma or PDL; 163 KB shared memory per\n"
+                                     "block), ada (RTX 4090: FP8 but no TMA, wgmma or PDL;\n"
+                                     "99 KB), hopper (H100: everything). A profile above\n"
+                                     "the GPU is refused. Start-up logs the paths chosen.";
+
 static const cli_option *find_long(const cli_option_group *groups, size_t n_groups,
                                    const char *name) {
     for (size_t g = 0; g < n_groups; g++)
@@ -188,6 +195,8 @@ static int parse_kv_cache_dtype(const char *cmd, const char *value, void *target
 }
 
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
+/* in the order of gptoss_cuda_profile */
+static const char *const cuda_profile_names[] = {"auto", "ampere", "ada", "hopper", NULL};
 
 cli_model_options cli_model_options_default(void) {
     return (cli_model_options){.backend = -1, .kv_cache_dtype = GPTOSS_KV_CACHE_BF16};
@@ -237,6 +246,19 @@ void cli_model_option_table(cli_model_options *m, cli_option table[CLI_MODEL_N_O
                             .value = "bf16|fp8",
                             .parse = parse_kv_cache_dtype,
                             .help = cli_kv_cache_dtype_help};
+    table[6] = (cli_option){.name = "cuda-profile",
+                            .kind = CLI_ENUM,
+                            .target = &m->cuda_profile,
+                            .choices = cuda_profile_names,
+                            .help = cli_cuda_profile_help,
+                            .error = "--cuda-profile must be auto, ampere, ada or hopper"};
+    table[7] = (cli_option){.name = "weights-in-host-memory",
+                            .kind = CLI_FLAG,
+                            .target = &m->weights_in_host_memory,
+                            .help = "CUDA: use the weights in place in host memory (the\n"
+                                    "mapped checkpoint, registered with the driver) instead\n"
+                                    "of copying them to the GPU; the default on integrated\n"
+                                    "GPUs (DGX Spark), slow over PCIe elsewhere"};
 }
 
 int cli_model_options_apply(const char *cmd, const cli_model_options *m,
@@ -246,6 +268,14 @@ int cli_model_options_apply(const char *cmd, const cli_model_options *m,
     else
         bo->kind = m->backend == 1 ? GPTOSS_BACKEND_CUDA : GPTOSS_BACKEND_CPU;
     if (cli_check_fp8_layers(cmd, m->fp8_layers, bo->kind)) return 2;
+    if (bo->kind == GPTOSS_BACKEND_CPU && (m->cuda_profile != 0 || m->weights_in_host_memory))
+        return cli_usage_error(cmd,
+                               "%s is a CUDA backend option (use --backend cuda, or leave it "
+                               "out)",
+                               m->cuda_profile != 0 ? "--cuda-profile"
+                                                    : "--weights-in-host-memory");
+    bo->cuda_profile = (gptoss_cuda_profile)m->cuda_profile;
+    bo->weights_in_host_memory = m->weights_in_host_memory;
     bo->n_threads = (int32_t)m->threads;
     bo->device = (int32_t)m->device;
     bo->fp8_layers = m->fp8_layers;

@@ -63,9 +63,10 @@ void cli_print_options(FILE *out, const cli_option_group *groups, size_t n_group
  * label's line when the label fits before it, else on the lines below). */
 void cli_print_option_help(FILE *out, int column, const char *label, const char *text);
 
-/* The help of --fp8-layers and --kv-cache-dtype, the same in every command. */
+/* The help of --fp8-layers, --kv-cache-dtype and --cuda-profile, the same in every command. */
 extern const char cli_fp8_layers_help[];
 extern const char cli_kv_cache_dtype_help[];
+extern const char cli_cuda_profile_help[];
 
 /* The shared model and backend options. */
 typedef struct cli_model_options {
@@ -77,9 +78,11 @@ typedef struct cli_model_options {
     int64_t device;
     uint32_t fp8_layers;
     gptoss_kv_cache_dtype kv_cache_dtype;
+    int cuda_profile;            /* gptoss_cuda_profile: an index of auto, ampere, ada, hopper */
+    bool weights_in_host_memory; /* CUDA: weights used in place in host memory */
 } cli_model_options;
 
-enum { CLI_MODEL_N_OPTIONS = 6 };
+enum { CLI_MODEL_N_OPTIONS = 8 };
 
 cli_model_options cli_model_options_default(void);
 

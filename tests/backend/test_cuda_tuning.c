@@ -19,7 +19,8 @@ static const char *const all_env[] = {
     "GPTOSS_CUDA_ROUTER_FUSED_MAX", "GPTOSS_CUDA_MOE_PATH",     "GPTOSS_CUDA_MOE_PAIR_KERNEL",
     "GPTOSS_CUDA_MOE_PAIR_TOKENS",  "GPTOSS_CUDA_MOE_INFLIGHT", "GPTOSS_CUDA_MOE_WG_MIN",
     "GPTOSS_CUDA_MOE_MAX_TILE",     "GPTOSS_CUDA_MOE_TILE_PCT", "GPTOSS_CUDA_PROFILE",
-    "GPTOSS_STEP_TIMING",           "GPTOSS_CUDA_ABLATE"};
+    "GPTOSS_STEP_TIMING",           "GPTOSS_CUDA_ABLATE",       "GPTOSS_CUDA_DEVICE_PROFILE",
+    "GPTOSS_CUDA_HOST_WEIGHTS"};
 
 static int clear_env(void **state) {
     (void)state;
@@ -48,6 +49,8 @@ static void test_defaults(void **state) {
     assert_int_equal(t.moe_tile_pct, 125);
     assert_false(t.profile || t.step_timing);
     assert_int_equal(t.ablate, 0);
+    assert_int_equal(t.device_profile, -1); /* not given: the backend option decides */
+    assert_false(t.host_weights);
 }
 
 static void test_string(void **state) {

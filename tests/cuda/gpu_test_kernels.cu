@@ -1177,14 +1177,14 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path,
                  wide_scales ? " wide" : "");
         check_true(nm, false);
     }
-    /* path 6 runs on every sm_90 device for widths that are multiples of 64 */
+    /* path 6 runs wherever the capabilities (the device's, or the forced profile's) have wgmma,
+     * for widths that are multiples of 64 */
     if (path == 6 && H % 64 == 0 && I % 64 == 0 && !wide_scales) {
-        cudaDeviceProp prop;
-        CK(cudaGetDeviceProperties(&prop, 0));
-        if ((prop.major == 9 && prop.minor == 0) != w.wg_ok) {
+        const gptoss_cuda_caps *caps = gptoss_cuda_caps_current();
+        if (caps->wgmma != w.wg_ok) {
             char nm[96];
-            snprintf(nm, sizeof nm, "moe wgmma check H=%d I=%d: wg_ok=%d on sm_%d%d", H, I,
-                     (int)w.wg_ok, prop.major, prop.minor);
+            snprintf(nm, sizeof nm, "moe wgmma check H=%d I=%d: wg_ok=%d on sm_%d", H, I,
+                     (int)w.wg_ok, (int)caps->sm);
             check_true(nm, false);
         }
     }
@@ -2042,18 +2042,18 @@ int main(int argc, char **argv) {
     if (want("gemv")) {
         /* both kernels: bulk copies (the default from compute capability 9.0) and loads */
         CK(gptoss_cuda_gemv_prepare());
-        cudaDeviceProp prop;
-        CK(cudaGetDeviceProperties(&prop, 0));
+        const gptoss_cuda_caps *caps = gptoss_cuda_caps_current();
         gptoss_cuda_gemv_set_kernel(0);
-        /* by default the bulk-copy kernel from sm_90 where one wave holds the grid: on an H100 or
-         * H200 (132 SMs) the 20b/120b O projection, not QKV */
-        const bool sm90 = prop.major >= 9;
+        /* by default the bulk-copy kernel where the capabilities have TMA (sm_90 and newer, not
+         * under the ampere or ada profile) and one wave holds the grid: on an H100 or H200
+         * (132 SMs) the 20b/120b O projection, not QKV */
+        const bool sm90 = caps->tma;
         char nm[128];
-        snprintf(nm, sizeof nm, "gemv kernel by default on sm_%d%d: O %s, QKV %s", prop.major,
-                 prop.minor, gptoss_cuda_gemv_kernel(1, 2880, 4096) == 2 ? "tma" : "ld",
+        snprintf(nm, sizeof nm, "gemv kernel by default on sm_%d: O %s, QKV %s", (int)caps->sm,
+                 gptoss_cuda_gemv_kernel(1, 2880, 4096) == 2 ? "tma" : "ld",
                  gptoss_cuda_gemv_kernel(1, 5120, 2880) == 2 ? "tma" : "ld");
         check_true(nm, gptoss_cuda_gemv_kernel(1, 2880, 4096) == (sm90 ? 2 : 1) &&
-                           (prop.major != 9 || gptoss_cuda_gemv_kernel(1, 5120, 2880) == 1));
+                           (caps->sm / 10 != 9 || gptoss_cuda_gemv_kernel(1, 5120, 2880) == 1));
         for (int kernel : {2, 1}) {
             gptoss_cuda_gemv_set_kernel(kernel);
             if (gptoss_cuda_gemv_kernel(1, 1, 8) != kernel)
@@ -2159,14 +2159,13 @@ int main(int argc, char **argv) {
     if (want("moe") || want("pair")) {
         /* path 5: one decode token on the tensor cores (the default for one token), with each
          * of its kernels: TMA (the default from compute capability 9.0) and wide (elsewhere) */
-        cudaDeviceProp prop;
-        CK(cudaGetDeviceProperties(&prop, 0));
+        const gptoss_cuda_caps *caps = gptoss_cuda_caps_current();
         gptoss_cuda_moe_set_pair_kernel(0);
         test_moe(1, 64, 64, 4, 4, 0, 5); /* prepares the MoE kernels, which decides the default */
         char nm[96];
-        snprintf(nm, sizeof nm, "moe pair kernel by default on sm_%d%d: %s", prop.major, prop.minor,
+        snprintf(nm, sizeof nm, "moe pair kernel by default on sm_%d: %s", (int)caps->sm,
                  gptoss_cuda_moe_pair_kernel() == 2 ? "tma" : "wide");
-        check_true(nm, gptoss_cuda_moe_pair_kernel() == (prop.major >= 9 ? 2 : 1));
+        check_true(nm, gptoss_cuda_moe_pair_kernel() == (caps->tma ? 2 : 1));
         for (int kernel : {3, 2, 1}) {
             gptoss_cuda_moe_set_pair_kernel(kernel);
             if (gptoss_cuda_moe_pair_kernel() != kernel)

@@ -7,6 +7,8 @@
 #ifndef GPTOSS_GPU_TEST_UTIL_H
 #define GPTOSS_GPU_TEST_UTIL_H
 
+#include "backend/cuda/cuda_kernels.h"
+
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -93,6 +95,11 @@ static inline cudaDeviceProp open_device(void) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount);
+    /* the kernels choose by these: the device's, or GPTOSS_CUDA_DEVICE_PROFILE's */
+    char caps[160];
+    gptoss_cuda_caps_describe(gptoss_cuda_caps_current(), caps, sizeof caps);
+    const char *profile = getenv("GPTOSS_CUDA_DEVICE_PROFILE");
+    printf("kernel profile: %s (%s)\n", profile ? profile : "auto", caps);
     return prop;
 }
 

@@ -119,6 +119,12 @@ typedef struct gptoss_cuda_state {
     size_t summary_dev_bytes; /* of summary_dev */
     void *summary_scratch;
     size_t weight_bytes; /* device bytes of weights */
+    /* weights in host memory (weights.cu): the large matrices used in place through device
+     * addresses of host memory, registered checkpoint ranges or pinned buffers */
+    bool weights_host;
+    size_t host_weight_bytes;                   /* bytes of weights read from host memory */
+    struct gptoss_cuda_host_block *host_blocks; /* what to unregister or free, [n_host_blocks] */
+    int32_t n_host_blocks;
     uint32_t fp8_layers; /* gptoss_fp8_layer bits: matrices held as e4m3 + row scales */
     bf16 *dense_scratch; /* fp8 layers: bf16 rows on their way to e4m3 at load, then the
                           * prefill GEMM's decoded rows (dense_lowp.h); NULL without */
@@ -165,9 +171,12 @@ gptoss_status gptoss_cublas_check(cublasStatus_t status, const char *what, gptos
 
 /* ---- weights.cu ---- */
 
-/* Device bytes the weights of config take (before allocation, for the memory check). */
-size_t gptoss_cuda_weights_bytes(const gptoss_config *config, uint32_t fp8_layers);
-/* Allocates every weight buffer (contents undefined) and the FP8 layers' scratch. */
+/* Device bytes the weights of config take (before allocation, for the memory check); with
+ * weights_host, without the matrices held in host memory. */
+size_t gptoss_cuda_weights_bytes(const gptoss_config *config, uint32_t fp8_layers,
+                                 bool weights_host);
+/* Allocates every weight buffer (contents undefined) and the FP8 layers' scratch; with
+ * s->weights_host, not those of the matrices held in host memory (placed by upload or random). */
 gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *error);
 /* Copies a model's weights in (FP8 matrices quantized on the way). */
 gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weights *w,

@@ -227,6 +227,8 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     opt.device = rq->device;
     opt.fp8_layers = rq->fp8_layers;
     opt.kv_cache_dtype = rq->kv_cache_dtype;
+    opt.cuda_profile = rq->cuda_profile;
+    opt.weights_in_host_memory = rq->weights_in_host_memory;
     opt.kv_block_size = 16;
     const int32_t seq_blocks = (max_ctx + 15) / 16;
     /* batched decode: sequence 0 is the one prefill cases use, b > 0 own the next ranges */
@@ -255,6 +257,8 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     if (st) return st;
     c = &s->config;
     snprintf(report->device_name, sizeof report->device_name, "%s", s->dev.name);
+    snprintf(report->cuda_profile, sizeof report->cuda_profile, "%s",
+             gptoss_cuda_profile_name(s->dev.profile));
     s->tuning.graphs = rq->use_graphs;
     if (rq->profile) {
         for (int i = 0; i < GPTOSS_CUDA_MAX_PROF_EVENTS; i++) {

@@ -50,12 +50,15 @@ typedef struct gptoss_bench_request {
     int32_t device;
     uint32_t fp8_layers;                  /* gptoss_fp8_layer bits: dense layers held in FP8 */
     gptoss_kv_cache_dtype kv_cache_dtype; /* what the KV pages hold */
+    gptoss_cuda_profile cuda_profile;     /* the kernel paths' profile (gptoss.h) */
+    bool weights_in_host_memory;          /* weights in pinned host memory (gptoss.h) */
     gptoss_progress_fn progress;
     void *progress_user;
 } gptoss_bench_request;
 
 typedef struct gptoss_bench_report {
     char device_name[256];
+    char cuda_profile[16];  /* the kernel paths' profile in effect ("auto", "ampere", ...) */
     double copy_gb_per_s;   /* device-to-device copy, (read + write) bytes / s */
     double weight_bytes;    /* device memory of weights */
     double workspace_bytes; /* step workspace at the largest case (and FP8 layers' scratch) */

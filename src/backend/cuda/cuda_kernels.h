@@ -10,6 +10,8 @@
 #ifndef GPTOSS_CUDA_KERNELS_H
 #define GPTOSS_CUDA_KERNELS_H
 
+#include "backend/cuda/profile.h"
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdbool.h>
@@ -30,6 +32,9 @@ typedef __nv_bfloat16 bf16;
  * alignment is not taken and nothing was launched (the caller then uses another kernel).
  */
 typedef struct gptoss_cuda_kernel_ctx {
+    /* what the kernels may use: the device's capabilities limited to the profile (profile.h);
+     * every *_prepare decision below follows from these, not from the device itself */
+    gptoss_cuda_caps caps;
     bool pdl; /* programmatic dependent launch (sm_90) for launch_pdl's kernels */
     /* bf16 GEMV (kernels/gemv_bf16.cu) */
     int gemv_kernel;            /* tuning: 0 by the rule, 1 ld, 2 tma */
@@ -43,6 +48,8 @@ typedef struct gptoss_cuda_kernel_ctx {
     int adc_warps;          /* tuning: 0 by the rule, 4 or 8 */
     /* MoE (kernels/moe/) */
     int32_t moe_prepared_width; /* the mma kernels' shared-memory limits cover widths up to this */
+    int32_t moe_mma_max_tile;   /* the tallest mma GEMM route tile whose shared memory fits (8..128;
+                                 * 32 with 99 KB per block, as on an RTX 4090) */
     bool moe_wg_ok;             /* the wgmma GEMM runs here (sm_90, its shared memory granted) */
     bool moe_pair_tma_ok;       /* the pair mma's TMA kernel runs here */
     bool moe_pair_fp8_ok;       /* the pair mma's FP8 kernel runs here */
@@ -57,13 +64,27 @@ struct gptoss_cuda_tuning;
 /* Capabilities cleared (nothing prepared), knobs from the tuning (NULL: its defaults). */
 void gptoss_cuda_kernel_ctx_init(gptoss_cuda_kernel_ctx *kc,
                                  const struct gptoss_cuda_tuning *tuning);
+/* The capabilities of device `ordinal` as the driver reports them (no profile applied). */
+cudaError_t gptoss_cuda_query_caps(int ordinal, gptoss_cuda_caps *caps, char *name,
+                                   size_t name_size);
+/* The current context's capabilities. A thread's default context takes the current device's,
+ * limited to the tuning's device_profile (the GPTOSS_CUDA_DEVICE_PROFILE variable: the GPU
+ * tests run that way; an invalid or too high profile there stops the process with a message). */
+const gptoss_cuda_caps *gptoss_cuda_caps_current(void);
+/* Sets kernel's dynamic shared-memory limit to bytes, refused (cudaErrorInvalidValue, nothing
+ * set) above the current context's smem_per_block, as a device with that limit refuses it.
+ * Every kernel that opts in to more than 48 KB goes through here. */
+cudaError_t gptoss_cuda_kernel_smem(const void *kernel, size_t bytes);
 /* Makes kc the calling thread's current context (NULL: the thread's default one). */
 void gptoss_cuda_kernel_ctx_bind(gptoss_cuda_kernel_ctx *kc);
+/* Unbinds kc if it is the calling thread's current context (never makes a default one). */
+void gptoss_cuda_kernel_ctx_unbind(const gptoss_cuda_kernel_ctx *kc);
 /* The calling thread's current context. */
 gptoss_cuda_kernel_ctx *gptoss_cuda_kernel_ctx_current(void);
 
 /* Programmatic dependent launch (sm_90) for the kernels launched through launch_pdl
- * (kernels/ptx.cuh says what a kernel must do), in the current context; off until set. */
+ * (kernels/ptx.cuh says what a kernel must do), in the current context; off until set, and
+ * off whatever is asked where the context's capabilities have no PDL. */
 void gptoss_cuda_set_pdl(bool on);
 bool gptoss_cuda_pdl_enabled(void);
 

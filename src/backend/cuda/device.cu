@@ -10,6 +10,10 @@
 
 #include <stdio.h>
 
+extern "C" {
+#include "util/log.h"
+}
+
 gptoss_status gptoss_cuda_error(gptoss_error *error, cudaError_t code, const char *what) {
     gptoss_status status =
         (code == cudaErrorMemoryAllocation) ? GPTOSS_ERR_OUT_OF_MEMORY : GPTOSS_ERR_BACKEND;
@@ -65,7 +69,8 @@ extern "C" gptoss_status gptoss_cuda_check_device(int32_t ordinal, gptoss_error 
 }
 
 gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal,
-                                      const gptoss_cuda_tuning *tuning, gptoss_error *error) {
+                                      gptoss_cuda_profile profile, const gptoss_cuda_tuning *tuning,
+                                      gptoss_error *error) {
     gptoss_status st = gptoss_cuda_check_device(ordinal, error);
     if (st) return st;
     CUDA_TRY(cudaSetDevice(ordinal), "cudaSetDevice");
@@ -73,13 +78,24 @@ gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal,
     CUDA_TRY(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
     dev->ordinal = ordinal;
     snprintf(dev->name, sizeof dev->name, "%s", prop.name);
-    dev->sm = 10 * prop.major + prop.minor;
+    CUDA_TRY(gptoss_cuda_query_caps(ordinal, &dev->device_caps, NULL, 0), "device capabilities");
+    st = gptoss_cuda_profile_resolve(profile, tuning->device_profile, &dev->profile, error);
+    if (st) return st;
+    gptoss_cuda_caps caps;
+    st = gptoss_cuda_caps_limit(&dev->device_caps, dev->profile, dev->name, &caps, error);
+    if (st) return st;
+    dev->sm = caps.sm;
     dev->n_sms = prop.multiProcessorCount;
-    dev->smem_per_block = prop.sharedMemPerBlockOptin;
-    dev->smem_per_sm = prop.sharedMemPerMultiprocessor;
-    dev->has_pdl = prop.major >= 9;
+    dev->smem_per_block = caps.smem_per_block;
+    dev->smem_per_sm = caps.smem_per_sm;
+    dev->has_pdl = caps.pdl;
+    dev->fp8 = caps.fp8;
+    dev->tma = caps.tma;
+    dev->wgmma = caps.wgmma;
+    dev->integrated = caps.integrated;
     dev->pdl = dev->has_pdl && tuning->pdl;
     gptoss_cuda_kernel_ctx_init(&dev->kernels, tuning);
+    dev->kernels.caps = caps;
     dev->kernels.pdl = dev->pdl;
     return GPTOSS_OK;
 }
@@ -104,6 +120,29 @@ gptoss_status gptoss_cuda_device_prepare(gptoss_cuda_device *dev, const gptoss_c
     return GPTOSS_OK;
 }
 
+void gptoss_cuda_device_log_paths(const gptoss_cuda_device *dev, const gptoss_config *config,
+                                  bool fp8_layers, bool kv_fp8) {
+    const gptoss_cuda_kernel_ctx *kc = &dev->kernels; /* bound by gptoss_cuda_device_prepare */
+    char caps[160];
+    gptoss_cuda_caps_describe(&kc->caps, caps, sizeof caps);
+    const int D = config->head_dim;
+    const bool wide = D >= 0 && D <= 128 && kc->adc_wide_ok[D];
+    const int pair = gptoss_cuda_moe_pair_kernel();
+    GPTOSS_LOG_I("cuda",
+                 "%s (sm_%d), profile %s: %s; paths: GEMV %s, decode attention %s, MoE pair "
+                 "kernel %s, MoE GEMM %s (tiles up to %d rows), FP8 layers %s, KV pages %s",
+                 dev->name, dev->device_caps.sm, gptoss_cuda_profile_name(dev->profile), caps,
+                 kc->gemv_tma_ok ? "tma+ld" : "ld",
+                 !dev->attn_decode ? "scalar"
+                 : wide            ? "tensor cores (4/8 warps)"
+                                   : "tensor cores (4 warps)",
+                 pair == GPTOSS_MOE_PAIR_FP8   ? "fp8"
+                 : pair == GPTOSS_MOE_PAIR_TMA ? "tma"
+                                               : "wide",
+                 kc->moe_wg_ok ? "wgmma+mma" : "mma", (int)kc->moe_mma_max_tile,
+                 fp8_layers ? "e4m3" : "off", kv_fp8 ? "e4m3" : "bf16");
+}
+
 gptoss_status gptoss_cuda_device_bind(gptoss_cuda_device *dev, gptoss_error *error) {
     CUDA_TRY(cudaSetDevice(dev->ordinal), "cudaSetDevice");
     gptoss_cuda_kernel_ctx_bind(&dev->kernels);
@@ -111,5 +150,5 @@ gptoss_status gptoss_cuda_device_bind(gptoss_cuda_device *dev, gptoss_error *err
 }
 
 void gptoss_cuda_device_unbind(gptoss_cuda_device *dev) {
-    if (gptoss_cuda_kernel_ctx_current() == &dev->kernels) gptoss_cuda_kernel_ctx_bind(NULL);
+    gptoss_cuda_kernel_ctx_unbind(&dev->kernels);
 }

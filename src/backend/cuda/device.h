@@ -25,13 +25,21 @@ extern "C" {
 }
 
 typedef struct gptoss_cuda_device {
-    int32_t ordinal;                /* CUDA device ordinal */
-    char name[256];                 /* as the driver reports it */
+    int32_t ordinal;              /* CUDA device ordinal */
+    char name[256];               /* as the driver reports it */
+    gptoss_cuda_profile profile;  /* the profile asked for (AUTO: the device's own paths) */
+    gptoss_cuda_caps device_caps; /* what the device has */
+    /* What the kernels may use: device_caps limited to the profile. Every kernel choice
+     * follows from these (copied into kernels.caps), never from the device directly. */
     int sm;                         /* compute capability as 10 * major + minor (80, 90, ...) */
-    int32_t n_sms;                  /* multiprocessors */
+    int32_t n_sms;                  /* multiprocessors (the device's, whatever the profile) */
     size_t smem_per_block;          /* shared memory a block may opt in to, bytes */
     size_t smem_per_sm;             /* shared memory per multiprocessor, bytes */
     bool has_pdl;                   /* programmatic dependent launch (sm_90 or newer) */
+    bool fp8;                       /* FP8 conversion / tensor cores (sm_89 or newer) */
+    bool tma;                       /* bulk copies (sm_90 or newer) */
+    bool wgmma;                     /* warpgroup MMA (9.0 only) */
+    bool integrated;                /* shares the host's memory */
     bool pdl;                       /* launches use it: has_pdl and the pdl knob */
     bool attn_decode;               /* the tensor-core decode attention kernel is set up for this
                                      * model's head_dim (and the attn_decode knob is on) */
@@ -40,10 +48,12 @@ typedef struct gptoss_cuda_device {
 } gptoss_cuda_device;
 
 /* Checks that ordinal exists and is compute capability 8.0 or newer, makes it current, and
- * fills dev from its properties and the tuning (launch settings). Binds nothing: dev may be
- * copied before gptoss_cuda_device_bind. */
+ * fills dev from its properties limited to the profile (refused when the profile is above the
+ * device; the tuning's device_profile, when given, overrides `profile`) and the tuning (launch
+ * settings). Binds nothing: dev may be copied before gptoss_cuda_device_bind. */
 gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal,
-                                      const gptoss_cuda_tuning *tuning, gptoss_error *error);
+                                      gptoss_cuda_profile profile, const gptoss_cuda_tuning *tuning,
+                                      gptoss_error *error);
 
 /* Binds dev, sets the kernels' function attributes (shared-memory limits) for a model of
  * config's shape and records in dev->kernels which kernels can run; before any launch or
@@ -51,6 +61,10 @@ gptoss_status gptoss_cuda_device_open(gptoss_cuda_device *dev, int32_t ordinal,
 gptoss_status gptoss_cuda_device_prepare(gptoss_cuda_device *dev, const gptoss_config *config,
                                          const gptoss_cuda_tuning *tuning, bool fp8_layers,
                                          gptoss_error *error);
+
+/* Logs (INFO) the profile and the kernel paths prepare chose, one line. */
+void gptoss_cuda_device_log_paths(const gptoss_cuda_device *dev, const gptoss_config *config,
+                                  bool fp8_layers, bool kv_fp8);
 
 /* Makes dev the calling thread's current device, with its kernel context. */
 gptoss_status gptoss_cuda_device_bind(gptoss_cuda_device *dev, gptoss_error *error);

@@ -15,6 +15,7 @@
 
 extern "C" {
 #include "model/config.h"
+#include "model/model.h"
 #include "util/clock.h"
 }
 
@@ -64,7 +65,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     if (st) return st;
     gptoss_cuda_device dev;
     memset(&dev, 0, sizeof dev);
-    st = gptoss_cuda_device_open(&dev, options->device, &tuning, error);
+    st = gptoss_cuda_device_open(&dev, options->device, options->cuda_profile, &tuning, error);
     if (st) return st;
 
     gptoss_cuda_state *s = (gptoss_cuda_state *)calloc(1, sizeof *s);
@@ -83,7 +84,13 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     if (st) return st;
     st = gptoss_cuda_device_prepare(&s->dev, config, &s->tuning, options->fp8_layers != 0, error);
     if (st) return st;
-    st = gptoss_cuda_kv_plan(s, options, gptoss_cuda_weights_bytes(config, s->fp8_layers), error);
+    gptoss_cuda_device_log_paths(&s->dev, config, options->fp8_layers != 0,
+                                 options->kv_cache_dtype == GPTOSS_KV_CACHE_FP8);
+    /* weights in host memory: asked for, or an integrated GPU (one memory: no copy) */
+    s->weights_host =
+        options->weights_in_host_memory || s->tuning.host_weights || s->dev.integrated;
+    st = gptoss_cuda_kv_plan(
+        s, options, gptoss_cuda_weights_bytes(config, s->fp8_layers, s->weights_host), error);
     if (st) return st;
     st = gptoss_cuda_weights_alloc(s, error);
     if (st) return st;
@@ -137,6 +144,10 @@ static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_optio
                                  void **state, gptoss_error *error) {
     gptoss_cuda_state *s = NULL;
     gptoss_status st = state_alloc(gptoss_model_config(model), options, &s, error);
+    /* weights used in place from host memory need the experts in our layout there: a GGUF
+     * file's are converted into host buffers once (else the upload converts on the device) */
+    if (st == GPTOSS_OK && s->weights_host && gptoss_model_weights(model)->ggml_experts)
+        st = gptoss_model_unpack_experts(model, error);
     if (st == GPTOSS_OK)
         st = gptoss_cuda_weights_upload(s, gptoss_model_weights(model), options, error);
     if (st == GPTOSS_OK) st = gptoss_cuda_weights_finish(s, error);

@@ -51,6 +51,9 @@ static const knob knobs[] = {
     {"profile", "GPTOSS_CUDA_PROFILE", KIND_BOOL, FIELD(profile), 0, 0, NULL},
     {"step_timing", "GPTOSS_STEP_TIMING", KIND_BOOL, FIELD(step_timing), 0, 0, NULL},
     {"ablate", "GPTOSS_CUDA_ABLATE", KIND_INT, FIELD(ablate), 0, 255, NULL},
+    {"device_profile", "GPTOSS_CUDA_DEVICE_PROFILE", KIND_NAMED, FIELD(device_profile), 0, 0,
+     "auto=0 ampere=1 ada=2 hopper=3"},
+    {"host_weights", "GPTOSS_CUDA_HOST_WEIGHTS", KIND_BOOL, FIELD(host_weights), 0, 0, NULL},
 };
 
 #undef FIELD
@@ -78,6 +81,7 @@ void gptoss_cuda_tuning_default(gptoss_cuda_tuning *t) {
     t->moe_wg_min = 24;
     t->moe_max_tile = 64;
     t->moe_tile_pct = 125;
+    t->device_profile = -1;
 }
 
 /* What a knob accepts, for error messages. */

@@ -9,35 +9,61 @@
  * kernels' choices are copied into its device's kernel context (cuda_kernels.h). The knobs
  * are developer switches for A/B measurements and tests; the defaults are what a user runs.
  *
- *  key               variable                       default  meaning
- *  graphs            GPTOSS_CUDA_GRAPHS             1     replay steps of up to 64 tokens as CUDA
- * graphs pdl               GPTOSS_CUDA_PDL                1     programmatic dependent launch
- * (sm_90 or newer only) gemv              GPTOSS_CUDA_GEMV               1     decode projections
- * on our GEMV (0: cuBLAS; all: every GEMM and lm_head on it, no cuBLAS) gemv_kernel
- * GPTOSS_CUDA_GEMV_KERNEL        auto  bf16 GEMV kernel: auto, ld (the one older GPUs run) or tma
- * (bulk copies, sm_90) attn_tc           GPTOSS_CUDA_ATTN_TC            1     tensor-core attention
- * for prefill runs attn_decode       GPTOSS_CUDA_ATTN_DECODE        1     tensor-core split-K
- * attention for decode tokens adc_warps         GPTOSS_CUDA_ADC_WARPS          0     warps per
- * decode-attention block: 0 chosen per launch, 4 or 8 everywhere (8 where it fits) norm_router
- * GPTOSS_CUDA_NORM_ROUTER        1     one decode token: norm after attention + router in one
- * kernel qkv_rope          GPTOSS_CUDA_QKV_ROPE           1     one decode token: RoPE + KV write
- * in the QKV projection's epilogue router_fused_max  GPTOSS_CUDA_ROUTER_FUSED_MAX   8     steps of
- * up to this many tokens (0..64) use the fused router; larger ones an SGEMM + top-k moe_path
- * GPTOSS_CUDA_MOE_PATH           auto  MoE path forced, by name or number (enum gptoss_moe_path,
- * kernels/moe/moe.h): auto (0, chosen per step), route_gemv, wmma_gemm, pair_gemv, mma_gemm,
- * pair_mma, wgmma_gemm (1..6) moe_pair_kernel   GPTOSS_CUDA_MOE_PAIR_KERNEL    auto  path 5 kernel:
- * auto, wide (the one older GPUs run), tma or fp8 (sm_90a) moe_pair_tokens
- * GPTOSS_CUDA_MOE_PAIR_TOKENS    0     path 5 for steps of up to N tokens (0: the rule by pairs per
- * expert) moe_inflight      GPTOSS_CUDA_MOE_INFLIGHT       3     path 5 TMA copies in flight per SM
- * (0: no limit); given explicitly, the give-ups print at exit moe_wg_min GPTOSS_CUDA_MOE_WG_MIN 24
- * path 6 where experts average >= N rows (>= 1) moe_max_tile      GPTOSS_CUDA_MOE_MAX_TILE       64
- * largest path 4 route tile (8..128 rows) moe_tile_pct      GPTOSS_CUDA_MOE_TILE_PCT       125 path
- * 4 tiles grow while under pct% of the average rows per expert (50..800) profile
- * GPTOSS_CUDA_PROFILE            0     time every served step's components (no graphs), totals
- * printed when the backend is freed step_timing       GPTOSS_STEP_TIMING             0     where a
- * served step's wall time goes, printed when the backend is freed ablate GPTOSS_CUDA_ABLATE 0
- * diagnostics builds only (-DGPTOSS_DIAGNOSTICS=ON): bits of components one-token steps leave out
- *                                                         (diagnostics.h); the logits are wrong
+ *  key               variable                      default  meaning
+ *  graphs            GPTOSS_CUDA_GRAPHS            1     replay steps of up to 64 tokens as CUDA
+ *                                                        graphs
+ *  pdl               GPTOSS_CUDA_PDL               1     programmatic dependent launch (sm_90 or
+ *                                                        newer only)
+ *  gemv              GPTOSS_CUDA_GEMV              1     decode projections on our GEMV (0: cuBLAS;
+ *                                                        all: every GEMM and lm_head on it, no
+ *                                                        cuBLAS)
+ *  gemv_kernel       GPTOSS_CUDA_GEMV_KERNEL       auto  bf16 GEMV kernel: auto, ld (the one older
+ *                                                        GPUs run) or tma (bulk copies, sm_90)
+ *  attn_tc           GPTOSS_CUDA_ATTN_TC           1     tensor-core attention for prefill runs
+ *  attn_decode       GPTOSS_CUDA_ATTN_DECODE       1     tensor-core split-K attention for decode
+ *                                                        tokens
+ *  adc_warps         GPTOSS_CUDA_ADC_WARPS         0     warps per decode-attention block: 0 chosen
+ *                                                        per launch, 4 or 8 everywhere (8 where it
+ *                                                        fits)
+ *  norm_router       GPTOSS_CUDA_NORM_ROUTER       1     one decode token: norm after attention +
+ *                                                        router in one kernel
+ *  qkv_rope          GPTOSS_CUDA_QKV_ROPE          1     one decode token: RoPE + KV write in the
+ *                                                        QKV projection's epilogue
+ *  router_fused_max  GPTOSS_CUDA_ROUTER_FUSED_MAX  8     steps of up to this many tokens (0..64)
+ *                                                        use the fused router; larger ones an SGEMM
+ *                                                        + top-k
+ *  moe_path          GPTOSS_CUDA_MOE_PATH          auto  MoE path forced, by name or number (enum
+ *                                                        gptoss_moe_path, kernels/moe/moe.h): auto
+ *                                                        (0, chosen per step), route_gemv,
+ *                                                        wmma_gemm, pair_gemv, mma_gemm, pair_mma,
+ *                                                        wgmma_gemm (1..6)
+ *  moe_pair_kernel   GPTOSS_CUDA_MOE_PAIR_KERNEL   auto  path 5 kernel: auto, wide (the one older
+ *                                                        GPUs run), tma or fp8 (sm_90a)
+ *  moe_pair_tokens   GPTOSS_CUDA_MOE_PAIR_TOKENS   0     path 5 for steps of up to N tokens (0: the
+ *                                                        rule by pairs per expert)
+ *  moe_inflight      GPTOSS_CUDA_MOE_INFLIGHT      3     path 5 TMA copies in flight per SM (0: no
+ *                                                        limit); given explicitly, the give-ups
+ *                                                        print at exit
+ *  moe_wg_min        GPTOSS_CUDA_MOE_WG_MIN        24    path 6 where experts average >= N rows (>=
+ *                                                        1)
+ *  moe_max_tile      GPTOSS_CUDA_MOE_MAX_TILE      64    largest path 4 route tile (8..128 rows;
+ *                                                        also capped by what shared memory holds)
+ *  moe_tile_pct      GPTOSS_CUDA_MOE_TILE_PCT      125   path 4 tiles grow while under pct% of the
+ *                                                        average rows per expert (50..800)
+ *  profile           GPTOSS_CUDA_PROFILE           0     time every served step's components (no
+ *                                                        graphs), totals printed when the backend
+ *                                                        is freed
+ *  step_timing       GPTOSS_STEP_TIMING            0     where a served step's wall time goes,
+ *                                                        printed when the backend is freed
+ *  ablate            GPTOSS_CUDA_ABLATE            0     diagnostics builds only
+ *                                                        (-DGPTOSS_DIAGNOSTICS=ON): bits of
+ *                                                        components one-token steps leave out
+ *                                                        (diagnostics.h); the logits are wrong
+ *  device_profile    GPTOSS_CUDA_DEVICE_PROFILE    -     kernel paths of auto, ampere, ada or
+ *                                                        hopper (gptoss_cuda_profile, gptoss.h);
+ *                                                        overrides the backend option cuda_profile
+ *  host_weights      GPTOSS_CUDA_HOST_WEIGHTS      0     weights in host memory, as the backend
+ *                                                        option weights_in_host_memory (for tests)
  *
  * Values: booleans take 0/1 (also off/on, false/true, no/yes); integers are decimal and must lie
  * in the range given; named choices take the names listed. Anything else, and any unknown key,
@@ -91,6 +117,8 @@ typedef struct gptoss_cuda_tuning {
     bool profile;
     bool step_timing;
     int ablate;
+    int device_profile; /* gptoss_cuda_profile, or -1: not given (the backend option decides) */
+    bool host_weights;  /* weights in host memory, as gptoss_backend_options asks for it */
 } gptoss_cuda_tuning;
 
 /* The defaults of the table above. */

@@ -3,13 +3,23 @@
  * for the FP8 dense layers), upload from a loaded model (FP8 matrices quantized on the way
  * through a bf16 scratch), random weights for the bench, and what is derived once they are
  * in place. Owns the weight buffers of a state and the FP8 layers' scratch (freed by
- * gptoss_cuda_weights_free).
+ * gptoss_cuda_weights_free), and the host blocks of weights in host memory.
+ *
+ * Weights in host memory (s->weights_host: an integrated GPU, or weights_in_host_memory):
+ * the large matrices the kernels read as stored (embedding, lm_head and O in bf16, the
+ * router matrix, the MXFP4 expert blocks and scales) are used in place: the checkpoint's
+ * mapped ranges are registered with the driver (read-only, mapped) and the kernels get their
+ * device addresses; a matrix not 16-byte aligned in the file, or in a range the driver does
+ * not register, is copied into pinned host memory instead. What the backend converts at load
+ * stays in device memory: QKV (joined from q, k and v), FP8 matrices, the fp32 norms, biases
+ * and sinks, and the router's fp32 copy. Random weights go to pinned host memory.
  */
 #include "backend/cuda/cuda_backend.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 extern "C" {
 #include "model/config.h"
@@ -69,11 +79,217 @@ static size_t dense_scratch_elems(const gptoss_config *c, uint32_t fp8_layers) {
     return e;
 }
 
-size_t gptoss_cuda_weights_bytes(const gptoss_config *c, uint32_t fp8_layers) {
+/* Bytes of the matrices held in host memory with weights_host (host_slots lists them). */
+static size_t host_matrix_bytes(const gptoss_config *c, uint32_t fp8_layers) {
+    size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
+    size_t q = (size_t)c->n_heads * c->head_dim;
+    size_t layer = E * H * 2 + E * 2 * I * (H / 32) * 17 + E * H * (I / 32) * 17;
+    if (!(fp8_layers & GPTOSS_FP8_O)) layer += H * q * 2;
+    return V * H * 2 + (fp8_layers & GPTOSS_FP8_LM_HEAD ? 0 : V * H * 2) +
+           (size_t)c->n_layers * layer;
+}
+
+size_t gptoss_cuda_weights_bytes(const gptoss_config *c, uint32_t fp8_layers, bool weights_host) {
     size_t H = c->hidden_size, V = c->vocab_size;
     return V * H * 2 + dense_bytes(V, H, fp8_layers & GPTOSS_FP8_LM_HEAD) +
            (size_t)c->n_layers * layer_weight_bytes(c, fp8_layers) +
-           dense_scratch_elems(c, fp8_layers) * 2;
+           dense_scratch_elems(c, fp8_layers) * 2 -
+           (weights_host ? host_matrix_bytes(c, fp8_layers) : 0);
+}
+
+/* ---- weights in host memory ------------------------------------------------------------- */
+
+/* Something weights_free gives back: a registered range, or a pinned buffer. */
+typedef struct gptoss_cuda_host_block {
+    void *p;
+    bool registered; /* cudaHostUnregister; else cudaFreeHost */
+} gptoss_cuda_host_block;
+
+/* One matrix held in host memory: the pointer the kernels use, its bytes, its tensor (NULL
+ * for random weights) and whether it must be bf16. */
+typedef struct host_slot {
+    void **dst;
+    size_t bytes;
+    const gptoss_tensor *src;
+    bool bf16;
+} host_slot;
+
+/* The matrices held in host memory, in a fixed order; out (may be NULL) gets them. Returns how
+ * many. w may be NULL (random weights, or freeing). */
+static int32_t host_slots(gptoss_cuda_state *s, const gptoss_weights *w, host_slot *out) {
+    const gptoss_config *c = &s->config;
+    size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
+    size_t q = (size_t)c->n_heads * c->head_dim;
+    int32_t n = 0;
+#define SLOT(ptr, nbytes, tensor, is_bf16)                                                         \
+    do {                                                                                           \
+        if (out) out[n] = (host_slot){(void **)&(ptr), (nbytes), w ? &(tensor) : NULL, (is_bf16)}; \
+        n++;                                                                                       \
+    } while (0)
+    SLOT(s->embedding, V * H * 2, w->embedding, true);
+    if (!(s->fp8_layers & GPTOSS_FP8_LM_HEAD)) SLOT(s->lm_head.w_bf16, V * H * 2, w->lm_head, true);
+    for (int l = 0; l < c->n_layers && s->layers; l++) {
+        cuda_layer *L = &s->layers[l];
+        const gptoss_layer_weights *lw = w ? &w->layers[l] : NULL;
+        if (!(s->fp8_layers & GPTOSS_FP8_O))
+            SLOT(L->o_weight.w_bf16, H * q * 2, lw->o_weight, true);
+        SLOT(L->router_weight, E * H * 2, lw->router_weight, true);
+        SLOT(L->moe.gate_up_blocks, E * 2 * I * (H / 32) * 16, lw->gate_up_blocks, false);
+        SLOT(L->moe.gate_up_scales, E * 2 * I * (H / 32), lw->gate_up_scales, false);
+        SLOT(L->moe.down_blocks, E * H * (I / 32) * 16, lw->down_blocks, false);
+        SLOT(L->moe.down_scales, E * H * (I / 32), lw->down_scales, false);
+    }
+#undef SLOT
+    return n;
+}
+
+static gptoss_status host_block_add(gptoss_cuda_state *s, void *p, bool registered,
+                                    gptoss_error *error) {
+    gptoss_cuda_host_block *grown = (gptoss_cuda_host_block *)realloc(
+        s->host_blocks, (size_t)(s->n_host_blocks + 1) * sizeof *grown);
+    if (!grown) {
+        if (registered)
+            cudaHostUnregister(p);
+        else
+            cudaFreeHost(p);
+        return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    s->host_blocks = grown;
+    s->host_blocks[s->n_host_blocks++] = (gptoss_cuda_host_block){p, registered};
+    return GPTOSS_OK;
+}
+
+/* A pinned, mapped host buffer of bytes for slot (copied from its tensor when it has one). */
+static gptoss_status host_pinned(gptoss_cuda_state *s, const host_slot *slot, gptoss_error *error) {
+    void *h = NULL, *d = NULL;
+    CUDA_TRY(cudaHostAlloc(&h, slot->bytes ? slot->bytes : 16, cudaHostAllocMapped),
+             "cudaHostAlloc (weights in host memory)");
+    gptoss_status st = host_block_add(s, h, false, error);
+    if (st) return st;
+    if (slot->src) memcpy(h, slot->src->data, slot->bytes);
+    CUDA_TRY(cudaHostGetDevicePointer(&d, h, 0), "cudaHostGetDevicePointer");
+    *slot->dst = d;
+    s->host_weight_bytes += slot->bytes;
+    return GPTOSS_OK;
+}
+
+static const host_slot *sort_slots_base;
+static int by_address(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t)sort_slots_base[*(const int32_t *)a].src->data,
+              y = (uintptr_t)sort_slots_base[*(const int32_t *)b].src->data;
+    return x < y ? -1 : x > y;
+}
+
+/* The checkpoint's matrices in place: every 16-byte aligned one through a registered range
+ * (the page-rounded spans of overlapping matrices merged into one range), the rest copied
+ * into pinned host memory. Checks each tensor's size and dtype as the upload does. */
+static gptoss_status place_host_checkpoint(gptoss_cuda_state *s, const gptoss_weights *w,
+                                           gptoss_error *error) {
+    const int32_t n = host_slots(s, w, NULL);
+    host_slot *slots = (host_slot *)calloc((size_t)n, sizeof *slots);
+    int32_t *order = (int32_t *)calloc((size_t)n, sizeof *order);
+    bool *placed = (bool *)calloc((size_t)n, sizeof *placed);
+    gptoss_status st = GPTOSS_OK;
+    if (!slots || !order || !placed) {
+        st = gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
+        goto done;
+    }
+    host_slots(s, w, slots);
+    for (int32_t i = 0; i < n && !st; i++) {
+        const gptoss_tensor *t = slots[i].src;
+        if (slots[i].bf16 && t->dtype != GPTOSS_DTYPE_BF16)
+            st = gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                  "CUDA upload: tensor %s is %s; the CUDA backend needs BF16 for "
+                                  "dense matrices",
+                                  t->name ? t->name : "?", gptoss_dtype_name(t->dtype));
+        else if (t->n_bytes != slots[i].bytes)
+            st = gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                  "CUDA upload: tensor %s has %zu bytes, expected %zu",
+                                  t->name ? t->name : "?", t->n_bytes, slots[i].bytes);
+    }
+    if (st) goto done;
+    {
+        int ro = 0;
+        if (cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, s->dev.ordinal) !=
+            cudaSuccess)
+            ro = 0;
+        const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE) > 0
+                                   ? (uintptr_t)sysconf(_SC_PAGESIZE)
+                                   : (uintptr_t)4096;
+        int32_t m = 0;
+        for (int32_t i = 0; i < n; i++)
+            if ((uintptr_t)slots[i].src->data % 16 == 0 && slots[i].bytes > 0) order[m++] = i;
+        sort_slots_base = slots;
+        qsort(order, (size_t)m, sizeof *order, by_address);
+        int32_t n_ranges = 0;
+        size_t registered = 0;
+        for (int32_t a = 0; a < m;) {
+            uintptr_t lo = (uintptr_t)slots[order[a]].src->data & ~(page - 1);
+            uintptr_t hi =
+                ((uintptr_t)slots[order[a]].src->data + slots[order[a]].bytes + page - 1) &
+                ~(page - 1);
+            int32_t b = a + 1;
+            for (; b < m && ((uintptr_t)slots[order[b]].src->data & ~(page - 1)) < hi; b++) {
+                uintptr_t end =
+                    ((uintptr_t)slots[order[b]].src->data + slots[order[b]].bytes + page - 1) &
+                    ~(page - 1);
+                if (end > hi) hi = end;
+            }
+            void *base = (void *)lo, *dbase = NULL;
+            unsigned flags = cudaHostRegisterMapped | (ro ? cudaHostRegisterReadOnly : 0u);
+            if (cudaHostRegister(base, hi - lo, flags) == cudaSuccess) {
+                st = host_block_add(s, base, true, error);
+                if (st) goto done;
+                cudaError_t ce = cudaHostGetDevicePointer(&dbase, base, 0);
+                if (ce != cudaSuccess) {
+                    st = gptoss_cuda_error(error, ce, "cudaHostGetDevicePointer");
+                    goto done;
+                }
+                for (int32_t k = a; k < b; k++) {
+                    const host_slot *sl = &slots[order[k]];
+                    *sl->dst = (char *)dbase + ((uintptr_t)sl->src->data - lo);
+                    placed[order[k]] = true;
+                    registered += sl->bytes;
+                }
+                n_ranges++;
+            } else {
+                (void)cudaGetLastError(); /* copied below */
+            }
+            a = b;
+        }
+        s->host_weight_bytes += registered;
+        size_t copied = 0;
+        for (int32_t i = 0; i < n && !st; i++)
+            if (!placed[i]) {
+                st = host_pinned(s, &slots[i], error);
+                copied += slots[i].bytes;
+            }
+        if (st) goto done;
+        GPTOSS_LOG_I("cuda",
+                     "weights in host memory: %.2f GiB used in place from the checkpoint (%d "
+                     "ranges registered%s), %.2f GiB copied to pinned memory (unaligned or not "
+                     "registered), %.2f GiB in device memory",
+                     registered / 1073741824.0, n_ranges, ro ? " read-only" : "",
+                     copied / 1073741824.0, s->weight_bytes / 1073741824.0);
+    }
+done:
+    free(slots);
+    free(order);
+    free(placed);
+    return st;
+}
+
+/* Random weights in host memory: pinned buffers for the matrices, generated in place. */
+static gptoss_status place_host_random(gptoss_cuda_state *s, gptoss_error *error) {
+    const int32_t n = host_slots(s, NULL, NULL);
+    host_slot *slots = (host_slot *)calloc((size_t)n, sizeof *slots);
+    if (!slots) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
+    host_slots(s, NULL, slots);
+    gptoss_status st = GPTOSS_OK;
+    for (int32_t i = 0; i < n && !st; i++)
+        st = host_pinned(s, &slots[i], error);
+    free(slots);
+    return st;
 }
 
 gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *error) {
@@ -88,9 +304,17 @@ gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *erro
         if (st) return st;                                                                         \
         s->weight_bytes += (bytes);                                                                \
     } while (0)
-    ALLOC(s->embedding, V * H * 2, "the embedding");
-    st = dense_alloc(s, &s->lm_head, V, H, s->fp8_layers & GPTOSS_FP8_LM_HEAD, "lm_head", error);
-    if (st) return st;
+/* a matrix host_slots lists: placed later when the weights are in host memory */
+#define ALLOC_DEV(ptr, bytes, what)                                                                \
+    do {                                                                                           \
+        if (!s->weights_host) ALLOC(ptr, bytes, what);                                             \
+    } while (0)
+    ALLOC_DEV(s->embedding, V * H * 2, "the embedding");
+    if (!s->weights_host || (s->fp8_layers & GPTOSS_FP8_LM_HEAD)) {
+        st =
+            dense_alloc(s, &s->lm_head, V, H, s->fp8_layers & GPTOSS_FP8_LM_HEAD, "lm_head", error);
+        if (st) return st;
+    }
     ALLOC(s->final_norm, H * 4, "the final norm");
     ALLOC(s->inv_freq, D / 2 * 4, "RoPE tables");
     s->layers = (cuda_layer *)calloc((size_t)c->n_layers, sizeof(cuda_layer));
@@ -104,20 +328,22 @@ gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *erro
                          error);
         if (st) return st;
         ALLOC(L->qkv_bias, QKV * 4, "QKV bias");
-        st = dense_alloc(s, &L->o_weight, H, NH * D, s->fp8_layers & GPTOSS_FP8_O, "O weights",
-                         error);
-        if (st) return st;
+        if (!s->weights_host || (s->fp8_layers & GPTOSS_FP8_O)) {
+            st = dense_alloc(s, &L->o_weight, H, NH * D, s->fp8_layers & GPTOSS_FP8_O, "O weights",
+                             error);
+            if (st) return st;
+        }
         ALLOC(L->o_bias, H * 4, "O bias");
         ALLOC(L->sinks, NH * 4, "sinks");
-        ALLOC(L->router_weight, E * H * 2, "router");
+        ALLOC_DEV(L->router_weight, E * H * 2, "router");
         ALLOC(L->router_weight_f32, E * H * 4, "router");
         ALLOC(L->router_bias, E * 4, "router bias");
         gptoss_cuda_moe_weights *m = &L->moe;
-        ALLOC(m->gate_up_blocks, E * 2 * I * (H / 32) * 16, "expert gate_up blocks");
-        ALLOC(m->gate_up_scales, E * 2 * I * (H / 32), "expert gate_up scales");
+        ALLOC_DEV(m->gate_up_blocks, E * 2 * I * (H / 32) * 16, "expert gate_up blocks");
+        ALLOC_DEV(m->gate_up_scales, E * 2 * I * (H / 32), "expert gate_up scales");
         ALLOC(m->gate_up_bias, E * 2 * I * 4, "expert gate_up bias");
-        ALLOC(m->down_blocks, E * H * (I / 32) * 16, "expert down blocks");
-        ALLOC(m->down_scales, E * H * (I / 32), "expert down scales");
+        ALLOC_DEV(m->down_blocks, E * H * (I / 32) * 16, "expert down blocks");
+        ALLOC_DEV(m->down_scales, E * H * (I / 32), "expert down scales");
         ALLOC(m->down_bias, E * H * 4, "expert down bias");
         m->n_experts = (int32_t)E;
         m->hidden = (int32_t)H;
@@ -125,6 +351,7 @@ gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *erro
         m->swiglu_limit = (float)c->swiglu_limit;
         m->swiglu_alpha = (float)c->swiglu_alpha;
     }
+#undef ALLOC_DEV
 #undef ALLOC
     s->dense_scratch_elems = dense_scratch_elems(c, s->fp8_layers);
     if (s->dense_scratch_elems) {
@@ -142,6 +369,25 @@ gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *erro
 }
 
 void gptoss_cuda_weights_free(gptoss_cuda_state *s) {
+    if (s->weights_host) { /* the host slots' pointers are no device allocations */
+        const int32_t n = host_slots(s, NULL, NULL);
+        host_slot *slots = (host_slot *)calloc((size_t)n, sizeof *slots);
+        if (slots) {
+            host_slots(s, NULL, slots);
+            for (int32_t i = 0; i < n; i++)
+                *slots[i].dst = NULL;
+            free(slots);
+        }
+    }
+    for (int32_t i = 0; i < s->n_host_blocks; i++) {
+        if (s->host_blocks[i].registered)
+            cudaHostUnregister(s->host_blocks[i].p);
+        else
+            cudaFreeHost(s->host_blocks[i].p);
+    }
+    free(s->host_blocks);
+    s->host_blocks = NULL;
+    s->n_host_blocks = 0;
     cudaFree(s->embedding);
     dense_free(&s->lm_head);
     cudaFree(s->dense_scratch);
@@ -352,6 +598,9 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
             u.total += ts[i].n_bytes;
     }
     gptoss_status st = GPTOSS_OK;
+    const bool host = s->weights_host;
+    const bool host_lm = host && !(s->fp8_layers & GPTOSS_FP8_LM_HEAD),
+               host_o = host && !(s->fp8_layers & GPTOSS_FP8_O);
 #define TRY(x)                                                                                     \
     do {                                                                                           \
         st = (x);                                                                                  \
@@ -363,8 +612,10 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
                               c->n_layers);
         goto done;
     }
-    TRY(upload_bf16_matrix(&u, s->embedding, &w->embedding, V * H, error));
-    TRY(upload_dense(&u, &s->lm_head, 0, V, H, &w->lm_head, error));
+    /* with the weights in host memory, host_slots' matrices are placed here, not uploaded */
+    if (host) TRY(place_host_checkpoint(s, w, error));
+    if (!host) TRY(upload_bf16_matrix(&u, s->embedding, &w->embedding, V * H, error));
+    if (!host_lm) TRY(upload_dense(&u, &s->lm_head, 0, V, H, &w->lm_head, error));
     TRY(upload_vector_f32(&u, s->final_norm, &w->final_norm, H, error));
     for (int l = 0; l < c->n_layers; l++) {
         const gptoss_layer_weights *lw = &w->layers[l];
@@ -377,12 +628,15 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
         TRY(upload_vector_f32(&u, L->qkv_bias, &lw->q_bias, NH * D, error));
         TRY(upload_vector_f32(&u, L->qkv_bias + NH * D, &lw->k_bias, NKV * D, error));
         TRY(upload_vector_f32(&u, L->qkv_bias + (NH + NKV) * D, &lw->v_bias, NKV * D, error));
-        TRY(upload_dense(&u, &L->o_weight, 0, H, NH * D, &lw->o_weight, error));
+        if (!host_o) TRY(upload_dense(&u, &L->o_weight, 0, H, NH * D, &lw->o_weight, error));
         TRY(upload_vector_f32(&u, L->o_bias, &lw->o_bias, H, error));
         TRY(upload_vector_f32(&u, L->sinks, &lw->sinks, NH, error));
-        TRY(upload_bf16_matrix(&u, L->router_weight, &lw->router_weight, E * H, error));
+        if (!host) TRY(upload_bf16_matrix(&u, L->router_weight, &lw->router_weight, E * H, error));
         TRY(upload_vector_f32(&u, L->router_bias, &lw->router_bias, E, error));
-        if (w->ggml_experts) {
+        if (host) {
+            /* placed from the checkpoint by place_host_checkpoint (GGUF experts were unpacked
+             * into host buffers first: cuda_create) */
+        } else if (w->ggml_experts) {
             TRY(upload_ggml_experts(&u, L, lw, &w->ggml_experts[l], error));
         } else {
             TRY(upload_raw(&u, (void *)L->moe.gate_up_blocks, &lw->gate_up_blocks,
@@ -401,7 +655,8 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
 #undef TRY
     GPTOSS_LOG_I("cuda", "weights uploaded: %.2f GB in %.2f s%s", (double)u.total / 1e9,
                  gptoss_now_seconds() - t0,
-                 w->ggml_experts ? " (experts converted from ggml's layout on the device)" : "");
+                 w->ggml_experts && !host ? " (experts converted from ggml's layout on the device)"
+                                          : "");
 done:
     free(u.host_f32);
     return st;
@@ -466,6 +721,12 @@ gptoss_status gptoss_cuda_weights_random(gptoss_cuda_state *s,
     size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads, QKV = (NH + 2 * NKV) * D;
     cudaStream_t k = s->stream;
     uint64_t n = seed * 1000003ull;
+    if (s->weights_host) {
+        gptoss_status st = place_host_random(s, error);
+        if (st) return st;
+        GPTOSS_LOG_I("cuda", "random weights: %.2f GiB in pinned host memory, %.2f GiB on the GPU",
+                     s->host_weight_bytes / 1073741824.0, s->weight_bytes / 1073741824.0);
+    }
     /* make-model's distributions (model/random_init.h): embedding N(0, 1), Linear weights
      * N(0, 1/sqrt(in)), biases N(0, 0.02), norm gains 1 + N(0, 0.05), sinks N(0, 1), MXFP4
      * codes uniform, scale bytes s0 + {-1, 0, 1} with s0 = 127 + round(log2(1/(2.93 sqrt(in)))).

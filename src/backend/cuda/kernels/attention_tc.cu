@@ -916,9 +916,8 @@ cudaError_t gptoss_cuda_attention_decode_prepare(int32_t head_dim) {
     cudaError_t e = cudaSuccess;
     if (head_dim >= 0 && head_dim <= 128 && kc->adc_prepared[head_dim]) return cudaSuccess;
 #define SET_SMEM(DIM, E4M3, W)                                                                     \
-    cudaFuncSetAttribute(attention_decode_kernel<DIM, E4M3, W>,                                    \
-                         cudaFuncAttributeMaxDynamicSharedMemorySize,                              \
-                         (int)(W * sizeof(adc_warp_smem<DIM, E4M3>)))
+    gptoss_cuda_kernel_smem((const void *)attention_decode_kernel<DIM, E4M3, W>,                   \
+                            W * sizeof(adc_warp_smem<DIM, E4M3>))
 #define PREPARE_DEC(DIM)                                                                           \
     e = SET_SMEM(DIM, false, 4);                                                                   \
     if (e == cudaSuccess) e = SET_SMEM(DIM, true, 4);                                              \

@@ -233,6 +233,12 @@ cudaError_t gptoss_cuda_dense_lowp_prepare(void) {
     if (e == cudaSuccess)
         e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e4_blocks_per_sm[2], gemv_e4m3_kernel<4>,
                                                           threads, 4 * x_row);
+    /* no more blocks than the profile's shared memory per SM holds (1 KB reserved per block) */
+    const size_t sm_smem = gptoss_cuda_caps_current()->smem_per_sm;
+    for (int v = 0; v < 3 && sm_smem > 0; v++) {
+        const int fit = (int)(sm_smem / (((size_t)1 << v) * x_row + 1024));
+        if (e4_blocks_per_sm[v] > fit) e4_blocks_per_sm[v] = fit > 0 ? fit : 1;
+    }
     return e;
 }
 

@@ -205,15 +205,15 @@ cudaError_t gptoss_cuda_gemv_prepare(void) {
     gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
     const int bytes = (int)gemv_tma_smem(GPTOSS_GEMV_MAX_ROWS, 4096);
     int dev = 0;
+    /* the bulk-copy kernel only where the context's capabilities have TMA (not under the
+     * ampere or ada profile) and the code that runs was built for it */
     bool ok =
-        cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&kc->gemv_sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&kc->gemv_sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
-                               dev) == cudaSuccess;
+        kc->caps.tma && cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&kc->gemv_sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess;
+    kc->gemv_sm_smem = (int)kc->caps.smem_per_sm;
 #define PREP(M)                                                                                    \
     ok = ok && gptoss_cuda_runs_sm90_code((const void *)dense_gemv_tma_kernel<M>) &&               \
-         cudaFuncSetAttribute(dense_gemv_tma_kernel<M>,                                            \
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+         gptoss_cuda_kernel_smem((const void *)dense_gemv_tma_kernel<M>, bytes) == cudaSuccess;
     PREP(1)
     PREP(2)
     PREP(4)

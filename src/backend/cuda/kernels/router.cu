@@ -265,8 +265,8 @@ int gptoss_cuda_norm_router_one(float *x, const float *add, const float *add_bia
 }
 
 cudaError_t gptoss_cuda_router_prepare(int32_t hidden) {
-    return cudaFuncSetAttribute(router_logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ROUTER_TOKENS_PER_BLOCK * hidden * sizeof(float)));
+    return gptoss_cuda_kernel_smem((const void *)router_logits_kernel,
+                                   ROUTER_TOKENS_PER_BLOCK * hidden * sizeof(float));
 }
 
 /* ---- router top-k --------------------------------------------------------------------- */

@@ -200,19 +200,15 @@ cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate) {
     gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
     if (err == cudaSuccess)
         kc->moe_prepared_width = widest; /* the mma kernels' shared-memory limits */
-    /* GPTOSS_MOE_WGMMA_GEMM: compute capability 9.0 only (its kernels are built for sm_90a
-     * alone), and only where the device grants the shared memory; otherwise the other paths run */
-    int dev = 0, major = 0, minor = 0;
-    bool wg =
-        err == cudaSuccess && cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-        major == 9 && minor == 0 && hidden % 64 == 0 && intermediate % 64 == 0;
+    /* GPTOSS_MOE_WGMMA_GEMM: where the context's capabilities have wgmma (compute capability
+     * 9.0, its kernels are built for sm_90a alone; not under a lower profile), and only where
+     * the shared memory is granted; otherwise the other paths run */
+    bool wg = err == cudaSuccess && kc->caps.wgmma && hidden % 64 == 0 && intermediate % 64 == 0;
     if (wg) wg = gptoss_moe_wgmma_gemm_prepare(widest);
     if (err == cudaSuccess)
         (void)cudaGetLastError(); /* a refused wgmma attribute is not an error */
     kc->moe_wg_ok = wg; /* the wgmma GEMM runs here: sm_90, widths multiple of 64, smem granted */
-    gptoss_moe_pair_mma_prepare(err == cudaSuccess, major, minor);
+    gptoss_moe_pair_mma_prepare(err == cudaSuccess);
     if (err == cudaSuccess) (void)cudaGetLastError();
     return err;
 }

@@ -275,7 +275,10 @@ int32_t gptoss_moe_mma_tile_rows(int32_t n_tokens, int32_t k_top, int32_t n_expe
      * rows per expert (120b), 32-row tiles instead of 16 were 5% slower (see bench/CUDA.md, "MoE
      * mma GEMM: route tile height"). */
     const gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
-    const int32_t cap = kc->moe_max_tile, pct = kc->moe_tile_pct;
+    const int32_t pct = kc->moe_tile_pct;
+    const int32_t cap = kc->moe_mma_max_tile > 0 && kc->moe_mma_max_tile < kc->moe_max_tile
+                            ? kc->moe_mma_max_tile
+                            : kc->moe_max_tile;
     int32_t bn = GPTOSS_MOE_MIN_TILE;
     while (bn * 100 < avg * pct && bn < cap)
         bn *= 2;
@@ -326,23 +329,28 @@ void gptoss_moe_mma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_
     }
 }
 
-/* Raises the kernels' dynamic shared-memory limits for widths up to `widest`. */
+/* Raises the kernels' dynamic shared-memory limits for widths up to `widest`, tile by tile
+ * while they fit (the tall tiles need 102 KB (64 rows) and 153 KB (128) at width 2880, more
+ * than an RTX 4090's 99 KB per block), and records the tallest in the current context; the
+ * tile rule stays under it. Fails only when not even the 8-row tile fits. */
 cudaError_t gptoss_moe_mma_gemm_prepare(int32_t widest) {
     cudaError_t err = cudaSuccess;
+    gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
+    kc->moe_mma_max_tile = 0;
 #define RAISE_MMA(BN)                                                                              \
     if (err == cudaSuccess)                                                                        \
-        err = cudaFuncSetAttribute(moe_mma_kernel<true, BN>,                                       \
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize,                    \
-                                   (int)mma_cfg<BN>::smem(widest / 32));                           \
+        err = gptoss_cuda_kernel_smem((const void *)moe_mma_kernel<true, BN>,                      \
+                                      mma_cfg<BN>::smem(widest / 32));                             \
     if (err == cudaSuccess)                                                                        \
-        err = cudaFuncSetAttribute(moe_mma_kernel<false, BN>,                                      \
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize,                    \
-                                   (int)mma_cfg<BN>::smem(widest / 32));
+        err = gptoss_cuda_kernel_smem((const void *)moe_mma_kernel<false, BN>,                     \
+                                      mma_cfg<BN>::smem(widest / 32));                             \
+    if (err == cudaSuccess) kc->moe_mma_max_tile = BN;
     RAISE_MMA(8)
     RAISE_MMA(16)
     RAISE_MMA(32)
     RAISE_MMA(64)
     RAISE_MMA(128)
 #undef RAISE_MMA
-    return err;
+    (void)cudaGetLastError(); /* a tall tile refused is not an error */
+    return kc->moe_mma_max_tile > 0 ? cudaSuccess : err;
 }

@@ -36,8 +36,8 @@ bool gptoss_moe_wgmma_gemm_prepare(int32_t widest);
 void gptoss_moe_wgmma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
                            int32_t k_top, const gptoss_cuda_route *route, __half *h, float *y,
                            cudaStream_t stream);
-/* pair_mma.cu: ok = the other paths prepared; major.minor = the device's compute capability */
-void gptoss_moe_pair_mma_prepare(bool ok, int major, int minor);
+/* pair_mma.cu: ok = the other paths prepared; the kernels follow the context's capabilities */
+void gptoss_moe_pair_mma_prepare(bool ok);
 void gptoss_moe_pair_mma(const gptoss_cuda_moe_weights *w, const bf16 *t, const int32_t *topk_idx,
                          int32_t n_pairs, int32_t k_top, __half *h, float *y, cudaStream_t stream);
 

@@ -183,12 +183,10 @@ void gptoss_moe_pair_gemv(const gptoss_cuda_moe_weights *w, const bf16 *t, const
 }
 
 cudaError_t gptoss_moe_pair_gemv_prepare(int32_t widest) {
-    cudaError_t err = cudaFuncSetAttribute(moe_pair_gemv_kernel<true>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)(widest * sizeof(float)));
+    cudaError_t err =
+        gptoss_cuda_kernel_smem((const void *)moe_pair_gemv_kernel<true>, widest * sizeof(float));
     if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(moe_pair_gemv_kernel<false>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)(widest * sizeof(float)));
+        err = gptoss_cuda_kernel_smem((const void *)moe_pair_gemv_kernel<false>,
+                                      widest * sizeof(float));
     return err;
 }

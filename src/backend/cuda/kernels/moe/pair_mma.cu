@@ -864,21 +864,23 @@ void gptoss_moe_pair_mma(const gptoss_cuda_moe_weights *w, const bf16 *t, const 
                            n_pairs, k_top, I, H, w, (__half *)nullptr, y, stream);
 }
 
-void gptoss_moe_pair_mma_prepare(bool ok, int major, int minor) {
+void gptoss_moe_pair_mma_prepare(bool ok) {
 #ifdef GPTOSS_MOE_TRACE
     trace_init();
 #endif
-    /* the TMA pair kernel wherever the code that runs was built for compute capability 9.0 or
-     * later (its body is a trap below that, as in a JIT of older PTX) */
+    /* the TMA pair kernel where the context's capabilities have TMA and the code that runs was
+     * built for compute capability 9.0 or later (its body is a trap below that, as in a JIT of
+     * older PTX) */
     gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
     kc->moe_pair_tma_ok =
-        ok && gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true, true>) &&
+        ok && kc->caps.tma &&
+        gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true, true>) &&
         gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, true>) &&
         gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true, false>) &&
         gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, false>);
     /* the FP8 pair kernel: wgmma, so compute capability 9.0 with sm_90a code, as the wgmma GEMM */
     kc->moe_pair_fp8_ok =
-        kc->moe_pair_tma_ok && major == 9 && minor == 0 &&
+        kc->moe_pair_tma_ok && kc->caps.wgmma && kc->caps.fp8 &&
         gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<true, true>) &&
         gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<false, true>) &&
         gptoss_cuda_runs_sm90_code((const void *)moe_pair_fp8_kernel<true, false>) &&

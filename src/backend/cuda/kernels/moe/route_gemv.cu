@@ -182,8 +182,7 @@ cudaError_t gptoss_moe_route_gemv_prepare(int32_t widest) {
     cudaError_t err = cudaSuccess;
 #define RAISE(GU, T)                                                                               \
     if (err == cudaSuccess)                                                                        \
-        err = cudaFuncSetAttribute(moe_gemv_kernel<GU, T>,                                         \
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        err = gptoss_cuda_kernel_smem((const void *)moe_gemv_kernel<GU, T>, bytes);
     RAISE(true, 1)
     RAISE(true, 2)
     RAISE(true, 4)

@@ -299,11 +299,8 @@ void gptoss_moe_wgmma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int3
 }
 
 bool gptoss_moe_wgmma_gemm_prepare(int32_t widest) {
-    return cudaFuncSetAttribute(moe_wg_kernel<true, MOE_WGMMA_TILE_ROWS>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)wg_cfg<MOE_WGMMA_TILE_ROWS>::smem(widest / 32)) ==
-               cudaSuccess &&
-           cudaFuncSetAttribute(moe_wg_kernel<false, MOE_WGMMA_TILE_ROWS>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)wg_cfg<MOE_WGMMA_TILE_ROWS>::smem(widest / 32)) == cudaSuccess;
+    return gptoss_cuda_kernel_smem((const void *)moe_wg_kernel<true, MOE_WGMMA_TILE_ROWS>,
+                                   wg_cfg<MOE_WGMMA_TILE_ROWS>::smem(widest / 32)) == cudaSuccess &&
+           gptoss_cuda_kernel_smem((const void *)moe_wg_kernel<false, MOE_WGMMA_TILE_ROWS>,
+                                   wg_cfg<MOE_WGMMA_TILE_ROWS>::smem(widest / 32)) == cudaSuccess;
 }
