@@ -6,9 +6,11 @@
  * tool_choice, text.format, reasoning, store, previous_response_id, background), their
  * translation to the Chat Completions shape that chat/ renders and output_constraint.h reads,
  * the encoder that turns the neutral generation events into output items (reasoning, message,
- * function_call) and the typed response.* server-sent events, and background generations (a
- * detached thread per response, bounded by the store's job limit). Records live in
- * response_store.c.
+ * function_call) and the typed response.* server-sent events, background generations (a
+ * detached thread per response, bounded by the store's job limit, whose events go to the
+ * store's log of the response) and the streams that follow such a log (the creating request's
+ * own with stream: true, and GET /v1/responses/{id}?stream=true&starting_after=N). Records and
+ * logs live in response_store.c.
  */
 #include "server/api_responses.h"
 #include "server/engines.h"
@@ -19,10 +21,15 @@
 #include "util/clock.h"
 #include "util/log.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 /* ---- what a response repeats of its request, and its conversation -------------------------- */
 
@@ -33,6 +40,7 @@ typedef struct resp_request {
     response_store *store;
     bool store_it;   /* `store`: keep the response for GET and previous_response_id */
     bool background; /* a job thread drives the generation */
+    bool stream;     /* the client asked for server-sent events */
 } resp_request;
 
 static void resp_request_free(resp_request *r) {
@@ -264,12 +272,33 @@ static json_t *response_json(api_call *call, resp_state *st, const char *status,
     return r;
 }
 
+/* The last event of a stream, named after the response's final status. */
+static void emit_final(api_call *call, resp_state *st, json_t *r) {
+    const char *status = json_string_value(json_object_get(r, "status"));
+    const char *type = !strcmp(status, "completed")    ? "response.completed"
+                       : !strcmp(status, "incomplete") ? "response.incomplete"
+                                                       : "response.failed";
+    emit(call, st, type, json_pack("{s:O}", "response", r));
+}
+
+/* A background job's events so far go to its log in the store (call->out is only a buffer). */
+static void flush_events(api_call *call, resp_state *st) {
+    if (call->out.len && !call->out.failed)
+        response_store_job_events(st->req->store, call->id, call->out.data, call->out.len);
+    call->out.len = 0;
+}
+
 /* Ends the response: closes the open item, builds the final object and keeps it in the store
- * (with the conversation, for previous_response_id) when the request asked for that. */
+ * (with the conversation, for previous_response_id) when the request asked for that. A
+ * background response's log gets its last event before the job ends. */
 static json_t *finish(api_call *call, resp_state *st) {
     close_item(call, st);
     json_t *r = response_json(call, st, final_status(st), true);
     resp_request *req = st->req;
+    if (req->background) {
+        emit_final(call, st, r);
+        flush_events(call, st);
+    }
     if (!req->store_it || !req->store) return r;
     json_t *items = json_deep_copy(req->items);
     /* every item gets an id once, here, so that input_items can name it and page by it */
@@ -380,11 +409,8 @@ static void resp_event(api_call *call, void *state, const gen_event *ev) {
 static void resp_stream_end(api_call *call, void *state) {
     resp_state *st = state;
     json_t *r = finish(call, st);
-    const char *status = json_string_value(json_object_get(r, "status"));
-    const char *type = !strcmp(status, "completed")    ? "response.completed"
-                       : !strcmp(status, "incomplete") ? "response.incomplete"
-                                                       : "response.failed";
-    emit(call, st, type, json_pack("{s:o}", "response", r));
+    emit_final(call, st, r);
+    json_decref(r);
 }
 
 static json_t *resp_response(api_call *call, void *state) {
@@ -650,10 +676,7 @@ static bool read_request(gptoss_server *s, const json_t *req, json_t *chat, resp
         !param_bool(req, "stream", &stream, e) || !param_bool(req, "store", &rr->store_it, e) ||
         !param_bool(req, "background", &rr->background, e))
         return false;
-    if (rr->background && stream)
-        return field_fail(e, "background",
-                          "background: streaming a background response is not supported; poll "
-                          "GET /v1/responses/{id} instead");
+    rr->stream = stream;
     if (rr->background && !rr->store_it)
         return field_fail(e, "store", "store: a background response must be stored");
     if (json_member(req, "conversation"))
@@ -748,16 +771,28 @@ static bool read_request(gptoss_server *s, const json_t *req, json_t *chat, resp
 
 /* ---- background responses -------------------------------------------------------------------- */
 
+/* The job: feeds the engine's events to the encoder, whose server-sent events go to the
+ * response's log in the store after each one (readers follow the log, never the job). Nobody
+ * waits on it: it ends with the generation, a cancel, or the server's cut at shutdown. */
 static void *background_main(void *arg) {
     api_call *call = arg;
+    resp_state *st = call->state;
     double start = gptoss_now_seconds();
+    bool cut = false;
     gptoss_engine_event ev;
     for (;;) {
+        if (!cut && atomic_load(&call->server->cut)) { /* the drain ran out: end it now */
+            gptoss_request_cancel(call->request);
+            cut = true;
+        }
         int r = gptoss_request_next_event(call->request, &ev, 1000);
         if (r < 0) break;
-        if (r == 1) generation_push(call->gen, &ev);
+        if (r == 1) {
+            generation_push(call->gen, &ev);
+            flush_events(call, st);
+        }
     }
-    json_t *r = finish(call, call->state);
+    json_t *r = finish(call, st);
     /* its HTTP request was logged when it was accepted: the outcome gets a line of its own */
     GPTOSS_LOG_I("responses", "background %s %s prompt_tokens=%d completion_tokens=%d %.1f ms",
                  call->id, json_string_value(json_object_get(r, "status")), call->n_prompt,
@@ -768,10 +803,127 @@ static void *background_main(void *arg) {
     return NULL;
 }
 
+static server_reply not_found(const char *id);
+
+/* ---- streams that follow a log: a background response's own, and GET ?stream=true ---------- */
+
+typedef struct log_stream {
+    response_store *store;
+    response_reader *reader;
+    int wake_fd; /* eventfd the store writes to when the log changes */
+    struct MHD_Connection *connection;
+} log_stream;
+
+/* Sleeps until the log changed -> 0, or the client hung up -> 1. */
+static int log_stream_wait(log_stream *ls) {
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(ls->connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!info) return 1;
+    for (;;) {
+        struct pollfd p[2] = {{.fd = ls->wake_fd, .events = POLLIN},
+                              {.fd = info->connect_fd, .events = POLLRDHUP}};
+        int r = poll(p, 2, -1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return 1;
+        if (p[1].revents && server_client_gone(ls->connection)) return 1;
+        if (p[0].revents & POLLIN) {
+            uint64_t count;
+            ssize_t n = read(ls->wake_fd, &count, sizeof count);
+            (void)n;
+            return 0;
+        }
+        if (p[1].revents) { /* a hang-up flag without EOF: do not spin on it */
+            struct pollfd only = {.fd = ls->wake_fd, .events = POLLIN};
+            if (poll(&only, 1, 1000) > 0) {
+                uint64_t count;
+                ssize_t n = read(ls->wake_fd, &count, sizeof count);
+                (void)n;
+                return 0;
+            }
+        }
+    }
+}
+
+static ssize_t log_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    log_stream *ls = cls;
+    for (;;) {
+        long n = response_store_reader_read(ls->store, ls->reader, buf, max);
+        if (n > 0) return (ssize_t)n;
+        if (n == RESPONSE_READ_END) return MHD_CONTENT_READER_END_OF_STREAM;
+        /* lost events: ending the stream early tells the client to reconnect (and learn why) */
+        if (n < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        /* the client leaving ends its stream only: the job goes on */
+        if (log_stream_wait(ls)) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+}
+
+static void log_stream_free(void *cls) {
+    log_stream *ls = cls;
+    response_store_reader_close(ls->store, ls->reader);
+    close(ls->wake_fd);
+    free(ls);
+}
+
+/* A stream of the events of response `id` after sequence number `after` (-1: all). */
+static server_reply open_log_stream(gptoss_server *s, const server_request *http, const char *id,
+                                    int64_t after) {
+    log_stream *ls = calloc(1, sizeof *ls);
+    if (!ls) return server_error(500, "server_error", NULL, NULL, "out of memory");
+    ls->store = s->responses, ls->connection = http->connection;
+    ls->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ls->wake_fd < 0) {
+        free(ls);
+        return server_error(500, "server_error", NULL, NULL, "out of event descriptors");
+    }
+    int64_t n_events = 0;
+    response_open_result r =
+        response_store_reader_open(s->responses, id, after, ls->wake_fd, &ls->reader, &n_events);
+    if (r != RESPONSE_OPEN_OK) {
+        close(ls->wake_fd);
+        free(ls);
+    }
+    switch (r) {
+    case RESPONSE_OPEN_OK:
+        break;
+    case RESPONSE_OPEN_NOT_FOUND:
+        return not_found(id);
+    case RESPONSE_OPEN_NO_LOG:
+        return server_error(400, "invalid_request_error", "stream", NULL,
+                            "stream: response '%.100s' was not made with background: true; only "
+                            "background responses can be streamed again",
+                            id);
+    case RESPONSE_OPEN_TRIMMED:
+        return server_error(400, "invalid_request_error", "starting_after", NULL,
+                            "starting_after: the events after %lld of response '%.100s' are no "
+                            "longer all kept (the store keeps the newest within "
+                            "--responses-store-bytes); retrieve it without stream",
+                            (long long)after, id);
+    case RESPONSE_OPEN_PAST_END:
+        return server_error(400, "invalid_request_error", "starting_after", NULL,
+                            "starting_after: response '%.100s' has no event %lld (its events so "
+                            "far are numbered 0 to %lld)",
+                            id, (long long)after, (long long)n_events - 1);
+    }
+    struct MHD_Response *resp = MHD_create_response_from_callback(
+        MHD_SIZE_UNKNOWN, 16 * 1024, log_stream_read, ls, log_stream_free);
+    if (!resp) {
+        log_stream_free(ls);
+        return server_error(500, "server_error", NULL, NULL, "out of memory");
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    /* a long generation may send nothing for longer than the idle timeout */
+    server_hold_connection(http->connection);
+    return (server_reply){200, resp};
+}
+
 static server_reply serve_background(gptoss_server *s, const server_request *http,
                                      const int32_t *prompt, int32_t n_prompt,
                                      request_params *params, resp_request *rr) {
     server_access_set_tokens(http->access, n_prompt, 0);
+    /* every background response logs its events, so that any of them can be streamed */
+    params->stream = true;
     gptoss_request_options ro = {0};
     if (params->constraint) {
         if (params->sampling.max_tokens == 0) /* as api_call_serve does */
@@ -829,6 +981,19 @@ static server_reply serve_background(gptoss_server *s, const server_request *htt
         return server_error(429, "rate_limit_error", "background", "too_many_background",
                             "Too many background responses are running; retry later");
     }
+    flush_events(call, call->state); /* response.created, response.in_progress */
+    /* A stream follows the log from its first event, attached before the job can end. */
+    server_reply reply = {0, NULL};
+    if (rr->stream) {
+        reply = open_log_stream(s, http, call->id, -1);
+        if (!reply.response || reply.status != 200) {
+            gptoss_request_cancel(request);
+            json_decref(finish(call, call->state));
+            api_call_free(call);
+            json_decref(first);
+            return reply;
+        }
+    }
     pthread_t thread;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -840,7 +1005,12 @@ static server_reply serve_background(gptoss_server *s, const server_request *htt
         json_decref(finish(call, call->state));
         api_call_free(call);
         json_decref(first);
+        if (reply.response) MHD_destroy_response(reply.response);
         return server_error(500, "server_error", NULL, NULL, "cannot start a background thread");
+    }
+    if (reply.response) {
+        json_decref(first);
+        return reply;
     }
     return server_json(200, first);
 }
@@ -1064,6 +1234,25 @@ server_reply server_responses_item(gptoss_server *s, const server_request *http)
                             "/v1/responses/{id}/input_items or /v1/responses/{id}/cancel",
                             m, http->url);
     if (!strcmp(m, "GET")) {
+        struct MHD_Connection *c = http->connection;
+        const char *stream = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "stream");
+        const char *after = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "starting_after");
+        if (stream && strcmp(stream, "true") && strcmp(stream, "false"))
+            return server_error(400, "invalid_request_error", "stream", NULL,
+                                "stream: expected true or false");
+        if (stream && !strcmp(stream, "true")) {
+            long long n = -1;
+            if (after) {
+                char *end = NULL;
+                errno = 0;
+                n = strtoll(after, &end, 10);
+                if (!*after || *end || errno || n < 0)
+                    return server_error(400, "invalid_request_error", "starting_after", NULL,
+                                        "starting_after: expected a sequence number (an integer "
+                                        ">= 0)");
+            }
+            return open_log_stream(s, http, id, (int64_t)n);
+        }
         char *text = NULL;
         if (!response_store_get(s->responses, id, &text, NULL, NULL)) return not_found(id);
         return stored_json(text);

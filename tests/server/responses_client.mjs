@@ -244,8 +244,43 @@ async function background() {
   const fg = await client.responses.create({ model, input: 'hi', max_output_tokens: 1 });
   const r = await post(`/v1/responses/${fg.id}/cancel`, {});
   check(r.status === 400 && isErrorShape(r.json), `cancel of a foreground response: ${r.status}`);
-  const s = await post('/v1/responses', { model, input: 'x', background: true, stream: true });
-  check(s.status === 400 && s.json?.error?.param === 'background', `background + stream: ${s.status}`);
+  const s = await post(`/v1/responses/${fg.id}?stream=true`, undefined, 'GET');
+  check(s.status === 400 && s.json?.error?.param === 'stream', `stream again a foreground response: ${s.status}`);
+}
+
+// ---- background + stream: the client leaves after the first event, the response goes on; a
+// reconnect replays from a sequence number (raw iterator) or from the start (typed helper) ---
+async function backgroundStream() {
+  const n = 24;
+  const first = client.responses.stream({ model, input: 'Write a poem', background: true, max_output_tokens: n, temperature: 0 });
+  let id = null;
+  const head = [];
+  for await (const e of first) { head.push(e); id = e.response?.id; break; } // aborts the connection
+  check(head[0]?.type === 'response.created' && head[0].response.background === true && id, `background stream starts created: ${head[0]?.type}`);
+  // the disconnect did not cancel it: the raw iterator resumes after event 0 and follows it to the end
+  const rest = [];
+  const resumed = await client.responses.retrieve(id, { stream: true, starting_after: 0 });
+  for await (const e of resumed) rest.push(e);
+  const all = [head[0], ...rest];
+  checkEventOrder(all, 'resumed background stream');
+  const last = all.at(-1).response;
+  check(last?.status === 'incomplete' && last.usage.output_tokens === n, `resumed stream ends incomplete after ${n} tokens: ${last?.status} ${last?.usage?.output_tokens}`);
+  const stored = await client.responses.retrieve(id);
+  check(JSON.stringify(stored.output) === JSON.stringify(last.output) && stored.status === last.status, 'background stream: stored = the last event');
+  // the typed helper replays from the start and hands on only the events after starting_after
+  const replay = client.responses.stream({ response_id: id, starting_after: 2 });
+  const seen = [];
+  replay.on('event', (e) => seen.push(e.sequence_number));
+  for await (const e of replay) { /* accumulated by the helper */ void e; }
+  check(seen.length === all.length - 3 && seen[0] === 3 && seen.at(-1) === all.length - 1, `helper replay after 2: ${seen.slice(0, 3)}..${seen.at(-1)}`);
+  // same stream again, same bytes (temperature 0 and a replay, not a new generation)
+  const again = [];
+  for await (const e of await client.responses.retrieve(id, { stream: true })) again.push(e);
+  check(JSON.stringify(again) === JSON.stringify(all), 'a second replay gives the same events');
+  const past = await post(`/v1/responses/${id}?stream=true&starting_after=${all.length - 1 + 5}`, undefined, 'GET');
+  check(past.status === 400 && past.json?.error?.param === 'starting_after', `starting_after past the end: ${past.status}`);
+  const bad = await post(`/v1/responses/${id}?stream=true&starting_after=x`, undefined, 'GET');
+  check(bad.status === 400 && bad.json?.error?.param === 'starting_after', `starting_after not a number: ${bad.status}`);
 }
 
 // ---- bad requests: OpenAI's error shape naming the field; the server stays up ---------------
@@ -344,7 +379,7 @@ async function agents() {
 }
 
 for (const [name, fn] of [['basics', basics], ['streaming', streaming], ['conversations', conversations],
-  ['background', background], ['bad requests', badRequests], ['agents', agents]]) {
+  ['background', background], ['background stream', backgroundStream], ['bad requests', badRequests], ['agents', agents]]) {
   try { await fn(); } catch (e) { check(false, `${name}: threw ${e?.stack || e}`); }
 }
 if (failures.length) { console.log(`${failures.length} failure(s)`); process.exit(1); }
