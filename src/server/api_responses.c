@@ -41,6 +41,10 @@ typedef struct resp_request {
     bool store_it;   /* `store`: keep the response for GET and previous_response_id */
     bool background; /* a job thread drives the generation */
     bool stream;     /* the client asked for server-sent events */
+    /* include: message.output_text.logprobs (with top_logprobs alternatives each), and
+     * reasoning.encrypted_content */
+    bool logprobs, encrypted_reasoning;
+    int32_t top_logprobs;
 } resp_request;
 
 static void resp_request_free(resp_request *r) {
@@ -65,6 +69,7 @@ typedef struct out_item {
     gptoss_chat_buf text; /* reasoning text, message text, or function arguments */
     char *call_id, *name; /* function calls */
     const char *status;   /* once closed: "completed" or "incomplete" */
+    json_t *logprobs;     /* messages, with include logprobs: an entry per token of the text */
 } out_item;
 
 typedef struct resp_state {
@@ -74,6 +79,9 @@ typedef struct resp_state {
     bool open;                 /* items[n_items - 1] still receives text */
     int64_t seq;               /* next sequence_number (streaming) */
     const char *finish_reason; /* once the generation finished */
+    /* logprob entries of tokens whose text has not come yet (held back for a stop string, or
+     * half a UTF-8 character): they go with the next text of a message */
+    json_t *pending;
 } resp_state;
 
 static void emit(api_call *call, resp_state *st, const char *type, json_t *fields) {
@@ -98,8 +106,12 @@ static json_t *buf_json(const gptoss_chat_buf *b) {
     return server_json_text(b->data ? b->data : "", b->len);
 }
 
+static json_t *item_logprobs(const out_item *it) {
+    return it->logprobs ? json_incref(it->logprobs) : json_array();
+}
+
 /* An output item as the API shows it; `full`: with its text (else as when it was added). */
-static json_t *item_json(const out_item *it, bool full) {
+static json_t *item_json(const resp_state *st, const out_item *it, bool full) {
     const char *status = full && it->status ? it->status : "in_progress";
     switch (it->kind) {
     case ITEM_REASONING: {
@@ -107,15 +119,24 @@ static json_t *item_json(const out_item *it, bool full) {
         if (full)
             json_array_append_new(content, json_pack("{s:s, s:o}", "type", "reasoning_text", "text",
                                                      buf_json(&it->text)));
-        return json_pack("{s:s, s:s, s:[], s:o, s:s}", "id", it->id, "type", "reasoning", "summary",
-                         "content", content, "status", status);
+        json_t *item = json_pack("{s:s, s:s, s:[], s:o, s:s}", "id", it->id, "type", "reasoning",
+                                 "summary", "content", content, "status", status);
+        if (full && st->req->encrypted_reasoning) {
+            /* nothing is encrypted: the text, marked, for a client to hand back */
+            gptoss_chat_buf mark = {0};
+            gptoss_chat_buf_puts(&mark, RESPONSES_REASONING_MARK);
+            gptoss_chat_buf_append(&mark, it->text.data ? it->text.data : "", it->text.len);
+            json_object_set_new(item, "encrypted_content", buf_json(&mark));
+            gptoss_chat_buf_free(&mark);
+        }
+        return item;
     }
     case ITEM_MESSAGE: {
         json_t *content = json_array();
         if (full)
-            json_array_append_new(content,
-                                  json_pack("{s:s, s:o, s:[], s:[]}", "type", "output_text", "text",
-                                            buf_json(&it->text), "annotations", "logprobs"));
+            json_array_append_new(content, json_pack("{s:s, s:o, s:[], s:o}", "type", "output_text",
+                                                     "text", buf_json(&it->text), "annotations",
+                                                     "logprobs", item_logprobs(it)));
         return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", it->id, "type", "message", "status",
                          status, "role", "assistant", "content", content);
     }
@@ -168,19 +189,20 @@ static void close_item(api_call *call, resp_state *st) {
                        buf_json(&it->text)));
     } else if (it->kind == ITEM_MESSAGE) {
         emit(call, st, "response.output_text.done",
-             json_pack("{s:s, s:I, s:i, s:o, s:[]}", "item_id", it->id, "output_index", oi,
-                       "content_index", 0, "text", buf_json(&it->text), "logprobs"));
+             json_pack("{s:s, s:I, s:i, s:o, s:o}", "item_id", it->id, "output_index", oi,
+                       "content_index", 0, "text", buf_json(&it->text), "logprobs",
+                       item_logprobs(it)));
         emit(call, st, "response.content_part.done",
-             json_pack("{s:s, s:I, s:i, s:{s:s, s:o, s:[], s:[]}}", "item_id", it->id,
+             json_pack("{s:s, s:I, s:i, s:{s:s, s:o, s:[], s:o}}", "item_id", it->id,
                        "output_index", oi, "content_index", 0, "part", "type", "output_text",
-                       "text", buf_json(&it->text), "annotations", "logprobs"));
+                       "text", buf_json(&it->text), "annotations", "logprobs", item_logprobs(it)));
     } else {
         emit(call, st, "response.function_call_arguments.done",
              json_pack("{s:s, s:I, s:o}", "item_id", it->id, "output_index", oi, "arguments",
                        buf_json(&it->text)));
     }
     emit(call, st, "response.output_item.done",
-         json_pack("{s:I, s:o}", "output_index", oi, "item", item_json(it, true)));
+         json_pack("{s:I, s:o}", "output_index", oi, "item", item_json(st, it, true)));
 }
 
 static out_item *open_item(api_call *call, resp_state *st, item_kind kind, const char *call_id,
@@ -211,7 +233,7 @@ static out_item *open_item(api_call *call, resp_state *st, item_kind kind, const
     if (!call->params.stream) return it;
     json_int_t oi = (json_int_t)index;
     emit(call, st, "response.output_item.added",
-         json_pack("{s:I, s:o}", "output_index", oi, "item", item_json(it, false)));
+         json_pack("{s:I, s:o}", "output_index", oi, "item", item_json(st, it, false)));
     if (kind == ITEM_REASONING)
         emit(call, st, "response.content_part.added",
              json_pack("{s:s, s:I, s:i, s:{s:s, s:s}}", "item_id", it->id, "output_index", oi,
@@ -266,7 +288,7 @@ static json_t *response_json(api_call *call, resp_state *st, const char *status,
     json_object_update(r, st->req->echo);
     json_t *output = json_array();
     for (size_t i = 0; final && i < st->n_items; i++)
-        json_array_append_new(output, item_json(&st->items[i], true));
+        json_array_append_new(output, item_json(st, &st->items[i], true));
     json_object_set_new(r, "output", output);
     json_object_set_new(r, "usage", final ? usage_json(call) : json_null());
     return r;
@@ -356,7 +378,9 @@ static void resp_fini(api_call *call, void *state) {
         gptoss_chat_buf_free(&st->items[i].text);
         free(st->items[i].call_id);
         free(st->items[i].name);
+        json_decref(st->items[i].logprobs);
     }
+    json_decref(st->pending);
     free(st->items);
     resp_request_free(st->req);
 }
@@ -371,6 +395,13 @@ static void resp_event(api_call *call, void *state, const gen_event *ev) {
         item_kind kind = ev->kind == GEN_REASONING ? ITEM_REASONING : ITEM_MESSAGE;
         if (!(it = current(st, kind)) && !(it = open_item(call, st, kind, NULL, NULL))) return;
         gptoss_chat_buf_append(&it->text, ev->text, ev->len);
+        /* the tokens since the last text made this text (reasoning keeps no logprobs) */
+        json_t *logprobs = st->pending ? st->pending : json_array();
+        st->pending = NULL;
+        if (kind == ITEM_MESSAGE && st->req->logprobs) {
+            if (!it->logprobs) it->logprobs = json_array();
+            json_array_extend(it->logprobs, logprobs);
+        }
         if (stream)
             emit(call, st,
                  kind == ITEM_REASONING ? "response.reasoning_text.delta"
@@ -379,15 +410,20 @@ static void resp_event(api_call *call, void *state, const gen_event *ev) {
                      ? json_pack("{s:s, s:I, s:i, s:o}", "item_id", it->id, "output_index",
                                  (json_int_t)(st->n_items - 1), "content_index", 0, "delta",
                                  server_json_text(ev->text, ev->len))
-                     : json_pack("{s:s, s:I, s:i, s:o, s:[]}", "item_id", it->id, "output_index",
+                     : json_pack("{s:s, s:I, s:i, s:o, s:O}", "item_id", it->id, "output_index",
                                  (json_int_t)(st->n_items - 1), "content_index", 0, "delta",
-                                 server_json_text(ev->text, ev->len), "logprobs"));
+                                 server_json_text(ev->text, ev->len), "logprobs", logprobs));
+        json_decref(logprobs);
         break;
     }
     case GEN_TOOL_CALL:
+        json_decref(st->pending);
+        st->pending = NULL;
         open_item(call, st, ITEM_FUNCTION_CALL, ev->call_id, ev->name);
         break;
     case GEN_TOOL_ARGUMENTS:
+        json_decref(st->pending);
+        st->pending = NULL;
         if (!(it = current(st, ITEM_FUNCTION_CALL))) return;
         gptoss_chat_buf_append(&it->text, ev->text, ev->len);
         if (stream)
@@ -401,6 +437,17 @@ static void resp_event(api_call *call, void *state, const gen_event *ev) {
         close_item(call, st);
         break;
     case GEN_LOGPROB:
+        /* A special token (a harmony header or end) is no text of any item: the ordinary
+         * tokens of a header ("final") are dropped with it, as the header's <|message|>
+         * comes after them. */
+        if (gptoss_tokenizer_is_special(call->tokenizer, ev->token->token_id)) {
+            json_decref(st->pending);
+            st->pending = NULL;
+        } else if (st->req->logprobs) {
+            if (!st->pending) st->pending = json_array();
+            json_array_append_new(st->pending, api_logprob_entry(call, ev->token));
+        }
+        break;
     case GEN_END_OF_EVENT:
         break;
     }
@@ -431,12 +478,14 @@ const api_encoder api_responses_encoder = {
 };
 
 bool api_responses_prepare(const json_t *echo, const json_t *items, response_store *store,
-                           bool store_it, bool background) {
+                           bool store_it, bool background, bool logprobs,
+                           bool encrypted_reasoning) {
     resp_request *rr = calloc(1, sizeof *rr);
     if (!rr) return false;
     rr->echo = json_deep_copy(echo);
     rr->items = json_deep_copy(items);
     rr->store = store, rr->store_it = store_it, rr->background = background;
+    rr->logprobs = logprobs, rr->encrypted_reasoning = encrypted_reasoning;
     if (!rr->echo || !rr->items) {
         resp_request_free(rr);
         return false;
@@ -660,6 +709,51 @@ static bool read_metadata(const json_t *req, json_t *echo, field_error *e) {
     return true;
 }
 
+/* include: what the output adds. The values OpenAI defines for its hosted tools and image
+ * inputs name things this server never makes: refused, as are unknown ones. */
+static bool read_include(const json_t *req, resp_request *rr, json_t *echo, field_error *e) {
+    const json_t *include = json_member(req, "include");
+    bool present = false;
+    if (!param_int(req, "top_logprobs", 0, GPTOSS_MAX_TOP_LOGPROBS, &rr->top_logprobs, &present, e))
+        return false;
+    json_object_set_new(echo, "top_logprobs",
+                        present ? json_integer(rr->top_logprobs) : json_null());
+    if (!include) return true;
+    if (!json_is_array(include))
+        return field_fail(e, "include", "include: expected an array of strings");
+    static const char *const hosted[] = {"file_search_call.results",
+                                         "web_search_call.results",
+                                         "web_search_call.action.sources",
+                                         "message.input_image.image_url",
+                                         "computer_call_output.output.image_url",
+                                         "code_interpreter_call.outputs"};
+    size_t i;
+    const json_t *v;
+    json_array_foreach(include, i, v) {
+        const char *w = json_string_value(v);
+        if (!w) return field_fail(e, "include", "include[%zu]: expected a string", i);
+        if (!strcmp(w, "message.output_text.logprobs")) {
+            rr->logprobs = true;
+            continue;
+        }
+        if (!strcmp(w, "reasoning.encrypted_content")) {
+            rr->encrypted_reasoning = true;
+            continue;
+        }
+        for (size_t k = 0; k < sizeof hosted / sizeof hosted[0]; k++)
+            if (!strcmp(w, hosted[k]))
+                return field_fail(e, "include",
+                                  "include[%zu]: '%.64s' is not supported: this server has no "
+                                  "hosted tools or image inputs",
+                                  i, w);
+        return field_fail(e, "include",
+                          "include[%zu]: unknown value '%.64s' (supported: "
+                          "\"message.output_text.logprobs\", \"reasoning.encrypted_content\")",
+                          i, w);
+    }
+    return true;
+}
+
 /* Reads every field; builds the Chat Completions request in *chat and the echo. On failure
  * *status is the HTTP status (400, or 404 for an unknown previous_response_id). */
 static bool read_request(gptoss_server *s, const json_t *req, json_t *chat, resp_request *rr,
@@ -723,7 +817,8 @@ static bool read_request(gptoss_server *s, const json_t *req, json_t *chat, resp
         echo, "truncation",
         json_string(json_is_string(truncation) ? json_string_value(truncation) : "disabled"));
     if (!read_tools(req, chat, echo, e) || !read_text_format(req, chat, echo, e) ||
-        !read_reasoning(req, chat, echo, e) || !read_metadata(req, echo, e))
+        !read_reasoning(req, chat, echo, e) || !read_metadata(req, echo, e) ||
+        !read_include(req, rr, echo, e))
         return false;
 
     /* the conversation: the previous chain's items, then this input */
@@ -1039,6 +1134,10 @@ server_reply server_responses_create(gptoss_server *s, const server_request *htt
     json_decref(req);
     int32_t vocab = gptoss_tokenizer_n_vocab(s->tokenizer);
     ok = ok && request_params_parse(chat, vocab, 1, &params, &fe);
+    if (ok && rr->logprobs) {
+        params.sampling.logprobs = true;
+        params.sampling.top_logprobs = rr->top_logprobs;
+    }
     ok = ok && request_params_finish(&params, vocab, &fe) &&
          output_constraint_create(chat, s->tokenizer, 1, params.sampling.max_tokens,
                                   &params.constraint, &fe);
