@@ -355,11 +355,18 @@ async function badRequests() {
     [{ input: 'x', include: ['nope.nothing'] }, 400, 'include'],
     [{ input: 'x', include: ['file_search_call.results'] }, 400, 'include'],
     [{ input: 'x', include: 'reasoning.encrypted_content' }, 400, 'include'],
+    [{ input: 'x', stop: ['}'], text: { format: { type: 'json_schema', name: 'o', schema: { type: 'object' } } } }, 400, 'stop'],
   ];
   for (const [body, status, param] of cases) {
     const r = await post('/v1/responses', { model, ...body });
     check(r.status === status && isErrorShape(r.json) && r.json.error.param === param,
       `${JSON.stringify(body).slice(0, 90)}: ${r.status} param ${r.json?.error?.param}, expected ${status} ${param}`);
+  }
+  // the same refusal on Chat Completions (the shared request fields), for both JSON formats
+  for (const format of [{ type: 'json_object' }, { type: 'json_schema', json_schema: { name: 'o', schema: { type: 'object' } } }]) {
+    const r = await post('/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], stop: '"', response_format: format });
+    check(r.status === 400 && isErrorShape(r.json) && r.json.error.param === 'stop' && r.json.error.message.includes(format.type),
+      `chat: stop + ${format.type}: ${r.status} ${r.json?.error?.param}`);
   }
   const raw = await fetch(`${base}/v1/responses`, { method: 'POST', headers: auth, body: '{"model":', signal: AbortSignal.timeout(10000) });
   check(raw.status === 400 && isErrorShape(await raw.json()), 'bad JSON: 400');
