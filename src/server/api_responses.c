@@ -873,12 +873,17 @@ static void *background_main(void *arg) {
     api_call *call = arg;
     resp_state *st = call->state;
     double start = gptoss_now_seconds();
-    bool cut = false;
     gptoss_engine_event ev;
     for (;;) {
-        if (!cut && atomic_load(&call->server->cut)) { /* the drain ran out: end it now */
+        if (atomic_load(&call->server->cut)) {
+            /* The drain ran out: end it now, as a foreground stream is cut (the answer stops
+             * where it is, "incomplete"), so that its readers get their last event. */
             gptoss_request_cancel(call->request);
-            cut = true;
+            memset(&ev, 0, sizeof ev);
+            ev.token_id = -1;
+            ev.finish = GPTOSS_FINISH_LENGTH;
+            generation_push(call->gen, &ev);
+            break;
         }
         int r = gptoss_request_next_event(call->request, &ev, 1000);
         if (r < 0) break;
