@@ -348,7 +348,7 @@ void response_store_job_events(response_store *s, const char *id, const char *ev
         }
         if (l->partial >= 2 && events[i] == '\n' && l->bytes[l->len - 2] == '\n') l->partial = 0;
     }
-    if (r && !ok) GPTOSS_LOG_W("responses", "out of memory: events of %s were lost", id);
+    if (l && !ok) GPTOSS_LOG_W("responses", "out of memory: events of %s were lost", id);
     if (r) {
         recount(s, r);
         while (l && l->n > 1 && r->bytes > s->max_bytes)
