@@ -6,9 +6,11 @@
  * tool_choice, text.format, reasoning, store, previous_response_id, background), their
  * translation to the Chat Completions shape that chat/ renders and output_constraint.h reads,
  * the encoder that turns the neutral generation events into output items (reasoning, message,
- * function_call) and the typed response.* server-sent events, and background generations (a
- * detached thread per response, bounded by the store's job limit). Records live in
- * response_store.c.
+ * function_call) and the typed response.* server-sent events, background generations (a
+ * detached thread per response, bounded by the store's job limit, whose events go to the
+ * store's log of the response) and the streams that follow such a log (the creating request's
+ * own with stream: true, and GET /v1/responses/{id}?stream=true&starting_after=N). Records and
+ * logs live in response_store.c.
  */
 #include "server/api_responses.h"
 #include "server/engines.h"
@@ -19,10 +21,15 @@
 #include "util/clock.h"
 #include "util/log.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 /* ---- what a response repeats of its request, and its conversation -------------------------- */
 
@@ -33,6 +40,11 @@ typedef struct resp_request {
     response_store *store;
     bool store_it;   /* `store`: keep the response for GET and previous_response_id */
     bool background; /* a job thread drives the generation */
+    bool stream;     /* the client asked for server-sent events */
+    /* include: message.output_text.logprobs (with top_logprobs alternatives each), and
+     * reasoning.encrypted_content */
+    bool logprobs, encrypted_reasoning;
+    int32_t top_logprobs;
 } resp_request;
 
 static void resp_request_free(resp_request *r) {
@@ -57,6 +69,7 @@ typedef struct out_item {
     gptoss_chat_buf text; /* reasoning text, message text, or function arguments */
     char *call_id, *name; /* function calls */
     const char *status;   /* once closed: "completed" or "incomplete" */
+    json_t *logprobs;     /* messages, with include logprobs: an entry per token of the text */
 } out_item;
 
 typedef struct resp_state {
@@ -66,6 +79,9 @@ typedef struct resp_state {
     bool open;                 /* items[n_items - 1] still receives text */
     int64_t seq;               /* next sequence_number (streaming) */
     const char *finish_reason; /* once the generation finished */
+    /* logprob entries of tokens whose text has not come yet (held back for a stop string, or
+     * half a UTF-8 character): they go with the next text of a message */
+    json_t *pending;
 } resp_state;
 
 static void emit(api_call *call, resp_state *st, const char *type, json_t *fields) {
@@ -90,8 +106,12 @@ static json_t *buf_json(const gptoss_chat_buf *b) {
     return server_json_text(b->data ? b->data : "", b->len);
 }
 
+static json_t *item_logprobs(const out_item *it) {
+    return it->logprobs ? json_incref(it->logprobs) : json_array();
+}
+
 /* An output item as the API shows it; `full`: with its text (else as when it was added). */
-static json_t *item_json(const out_item *it, bool full) {
+static json_t *item_json(const resp_state *st, const out_item *it, bool full) {
     const char *status = full && it->status ? it->status : "in_progress";
     switch (it->kind) {
     case ITEM_REASONING: {
@@ -99,15 +119,24 @@ static json_t *item_json(const out_item *it, bool full) {
         if (full)
             json_array_append_new(content, json_pack("{s:s, s:o}", "type", "reasoning_text", "text",
                                                      buf_json(&it->text)));
-        return json_pack("{s:s, s:s, s:[], s:o, s:s}", "id", it->id, "type", "reasoning", "summary",
-                         "content", content, "status", status);
+        json_t *item = json_pack("{s:s, s:s, s:[], s:o, s:s}", "id", it->id, "type", "reasoning",
+                                 "summary", "content", content, "status", status);
+        if (full && st->req->encrypted_reasoning) {
+            /* nothing is encrypted: the text, marked, for a client to hand back */
+            gptoss_chat_buf mark = {0};
+            gptoss_chat_buf_puts(&mark, RESPONSES_REASONING_MARK);
+            gptoss_chat_buf_append(&mark, it->text.data ? it->text.data : "", it->text.len);
+            json_object_set_new(item, "encrypted_content", buf_json(&mark));
+            gptoss_chat_buf_free(&mark);
+        }
+        return item;
     }
     case ITEM_MESSAGE: {
         json_t *content = json_array();
         if (full)
-            json_array_append_new(content,
-                                  json_pack("{s:s, s:o, s:[], s:[]}", "type", "output_text", "text",
-                                            buf_json(&it->text), "annotations", "logprobs"));
+            json_array_append_new(content, json_pack("{s:s, s:o, s:[], s:o}", "type", "output_text",
+                                                     "text", buf_json(&it->text), "annotations",
+                                                     "logprobs", item_logprobs(it)));
         return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", it->id, "type", "message", "status",
                          status, "role", "assistant", "content", content);
     }
@@ -160,19 +189,20 @@ static void close_item(api_call *call, resp_state *st) {
                        buf_json(&it->text)));
     } else if (it->kind == ITEM_MESSAGE) {
         emit(call, st, "response.output_text.done",
-             json_pack("{s:s, s:I, s:i, s:o, s:[]}", "item_id", it->id, "output_index", oi,
-                       "content_index", 0, "text", buf_json(&it->text), "logprobs"));
+             json_pack("{s:s, s:I, s:i, s:o, s:o}", "item_id", it->id, "output_index", oi,
+                       "content_index", 0, "text", buf_json(&it->text), "logprobs",
+                       item_logprobs(it)));
         emit(call, st, "response.content_part.done",
-             json_pack("{s:s, s:I, s:i, s:{s:s, s:o, s:[], s:[]}}", "item_id", it->id,
+             json_pack("{s:s, s:I, s:i, s:{s:s, s:o, s:[], s:o}}", "item_id", it->id,
                        "output_index", oi, "content_index", 0, "part", "type", "output_text",
-                       "text", buf_json(&it->text), "annotations", "logprobs"));
+                       "text", buf_json(&it->text), "annotations", "logprobs", item_logprobs(it)));
     } else {
         emit(call, st, "response.function_call_arguments.done",
              json_pack("{s:s, s:I, s:o}", "item_id", it->id, "output_index", oi, "arguments",
                        buf_json(&it->text)));
     }
     emit(call, st, "response.output_item.done",
-         json_pack("{s:I, s:o}", "output_index", oi, "item", item_json(it, true)));
+         json_pack("{s:I, s:o}", "output_index", oi, "item", item_json(st, it, true)));
 }
 
 static out_item *open_item(api_call *call, resp_state *st, item_kind kind, const char *call_id,
@@ -203,7 +233,7 @@ static out_item *open_item(api_call *call, resp_state *st, item_kind kind, const
     if (!call->params.stream) return it;
     json_int_t oi = (json_int_t)index;
     emit(call, st, "response.output_item.added",
-         json_pack("{s:I, s:o}", "output_index", oi, "item", item_json(it, false)));
+         json_pack("{s:I, s:o}", "output_index", oi, "item", item_json(st, it, false)));
     if (kind == ITEM_REASONING)
         emit(call, st, "response.content_part.added",
              json_pack("{s:s, s:I, s:i, s:{s:s, s:s}}", "item_id", it->id, "output_index", oi,
@@ -258,18 +288,39 @@ static json_t *response_json(api_call *call, resp_state *st, const char *status,
     json_object_update(r, st->req->echo);
     json_t *output = json_array();
     for (size_t i = 0; final && i < st->n_items; i++)
-        json_array_append_new(output, item_json(&st->items[i], true));
+        json_array_append_new(output, item_json(st, &st->items[i], true));
     json_object_set_new(r, "output", output);
     json_object_set_new(r, "usage", final ? usage_json(call) : json_null());
     return r;
 }
 
+/* The last event of a stream, named after the response's final status. */
+static void emit_final(api_call *call, resp_state *st, json_t *r) {
+    const char *status = json_string_value(json_object_get(r, "status"));
+    const char *type = !strcmp(status, "completed")    ? "response.completed"
+                       : !strcmp(status, "incomplete") ? "response.incomplete"
+                                                       : "response.failed";
+    emit(call, st, type, json_pack("{s:O}", "response", r));
+}
+
+/* A background job's events so far go to its log in the store (call->out is only a buffer). */
+static void flush_events(api_call *call, resp_state *st) {
+    if (call->out.len && !call->out.failed)
+        response_store_job_events(st->req->store, call->id, call->out.data, call->out.len);
+    call->out.len = 0;
+}
+
 /* Ends the response: closes the open item, builds the final object and keeps it in the store
- * (with the conversation, for previous_response_id) when the request asked for that. */
+ * (with the conversation, for previous_response_id) when the request asked for that. A
+ * background response's log gets its last event before the job ends. */
 static json_t *finish(api_call *call, resp_state *st) {
     close_item(call, st);
     json_t *r = response_json(call, st, final_status(st), true);
     resp_request *req = st->req;
+    if (req->background) {
+        emit_final(call, st, r);
+        flush_events(call, st);
+    }
     if (!req->store_it || !req->store) return r;
     json_t *items = json_deep_copy(req->items);
     /* every item gets an id once, here, so that input_items can name it and page by it */
@@ -327,7 +378,9 @@ static void resp_fini(api_call *call, void *state) {
         gptoss_chat_buf_free(&st->items[i].text);
         free(st->items[i].call_id);
         free(st->items[i].name);
+        json_decref(st->items[i].logprobs);
     }
+    json_decref(st->pending);
     free(st->items);
     resp_request_free(st->req);
 }
@@ -342,6 +395,13 @@ static void resp_event(api_call *call, void *state, const gen_event *ev) {
         item_kind kind = ev->kind == GEN_REASONING ? ITEM_REASONING : ITEM_MESSAGE;
         if (!(it = current(st, kind)) && !(it = open_item(call, st, kind, NULL, NULL))) return;
         gptoss_chat_buf_append(&it->text, ev->text, ev->len);
+        /* the tokens since the last text made this text (reasoning keeps no logprobs) */
+        json_t *logprobs = st->pending ? st->pending : json_array();
+        st->pending = NULL;
+        if (kind == ITEM_MESSAGE && st->req->logprobs) {
+            if (!it->logprobs) it->logprobs = json_array();
+            json_array_extend(it->logprobs, logprobs);
+        }
         if (stream)
             emit(call, st,
                  kind == ITEM_REASONING ? "response.reasoning_text.delta"
@@ -350,15 +410,20 @@ static void resp_event(api_call *call, void *state, const gen_event *ev) {
                      ? json_pack("{s:s, s:I, s:i, s:o}", "item_id", it->id, "output_index",
                                  (json_int_t)(st->n_items - 1), "content_index", 0, "delta",
                                  server_json_text(ev->text, ev->len))
-                     : json_pack("{s:s, s:I, s:i, s:o, s:[]}", "item_id", it->id, "output_index",
+                     : json_pack("{s:s, s:I, s:i, s:o, s:O}", "item_id", it->id, "output_index",
                                  (json_int_t)(st->n_items - 1), "content_index", 0, "delta",
-                                 server_json_text(ev->text, ev->len), "logprobs"));
+                                 server_json_text(ev->text, ev->len), "logprobs", logprobs));
+        json_decref(logprobs);
         break;
     }
     case GEN_TOOL_CALL:
+        json_decref(st->pending);
+        st->pending = NULL;
         open_item(call, st, ITEM_FUNCTION_CALL, ev->call_id, ev->name);
         break;
     case GEN_TOOL_ARGUMENTS:
+        json_decref(st->pending);
+        st->pending = NULL;
         if (!(it = current(st, ITEM_FUNCTION_CALL))) return;
         gptoss_chat_buf_append(&it->text, ev->text, ev->len);
         if (stream)
@@ -372,6 +437,17 @@ static void resp_event(api_call *call, void *state, const gen_event *ev) {
         close_item(call, st);
         break;
     case GEN_LOGPROB:
+        /* A special token (a harmony header or end) is no text of any item: the ordinary
+         * tokens of a header ("final") are dropped with it, as the header's <|message|>
+         * comes after them. */
+        if (gptoss_tokenizer_is_special(call->tokenizer, ev->token->token_id)) {
+            json_decref(st->pending);
+            st->pending = NULL;
+        } else if (st->req->logprobs) {
+            if (!st->pending) st->pending = json_array();
+            json_array_append_new(st->pending, api_logprob_entry(call, ev->token));
+        }
+        break;
     case GEN_END_OF_EVENT:
         break;
     }
@@ -380,11 +456,8 @@ static void resp_event(api_call *call, void *state, const gen_event *ev) {
 static void resp_stream_end(api_call *call, void *state) {
     resp_state *st = state;
     json_t *r = finish(call, st);
-    const char *status = json_string_value(json_object_get(r, "status"));
-    const char *type = !strcmp(status, "completed")    ? "response.completed"
-                       : !strcmp(status, "incomplete") ? "response.incomplete"
-                                                       : "response.failed";
-    emit(call, st, type, json_pack("{s:o}", "response", r));
+    emit_final(call, st, r);
+    json_decref(r);
 }
 
 static json_t *resp_response(api_call *call, void *state) {
@@ -405,12 +478,14 @@ const api_encoder api_responses_encoder = {
 };
 
 bool api_responses_prepare(const json_t *echo, const json_t *items, response_store *store,
-                           bool store_it, bool background) {
+                           bool store_it, bool background, bool logprobs,
+                           bool encrypted_reasoning) {
     resp_request *rr = calloc(1, sizeof *rr);
     if (!rr) return false;
     rr->echo = json_deep_copy(echo);
     rr->items = json_deep_copy(items);
     rr->store = store, rr->store_it = store_it, rr->background = background;
+    rr->logprobs = logprobs, rr->encrypted_reasoning = encrypted_reasoning;
     if (!rr->echo || !rr->items) {
         resp_request_free(rr);
         return false;
@@ -634,6 +709,51 @@ static bool read_metadata(const json_t *req, json_t *echo, field_error *e) {
     return true;
 }
 
+/* include: what the output adds. The values OpenAI defines for its hosted tools and image
+ * inputs name things this server never makes: refused, as are unknown ones. */
+static bool read_include(const json_t *req, resp_request *rr, json_t *echo, field_error *e) {
+    const json_t *include = json_member(req, "include");
+    bool present = false;
+    if (!param_int(req, "top_logprobs", 0, GPTOSS_MAX_TOP_LOGPROBS, &rr->top_logprobs, &present, e))
+        return false;
+    json_object_set_new(echo, "top_logprobs",
+                        present ? json_integer(rr->top_logprobs) : json_null());
+    if (!include) return true;
+    if (!json_is_array(include))
+        return field_fail(e, "include", "include: expected an array of strings");
+    static const char *const hosted[] = {"file_search_call.results",
+                                         "web_search_call.results",
+                                         "web_search_call.action.sources",
+                                         "message.input_image.image_url",
+                                         "computer_call_output.output.image_url",
+                                         "code_interpreter_call.outputs"};
+    size_t i;
+    const json_t *v;
+    json_array_foreach(include, i, v) {
+        const char *w = json_string_value(v);
+        if (!w) return field_fail(e, "include", "include[%zu]: expected a string", i);
+        if (!strcmp(w, "message.output_text.logprobs")) {
+            rr->logprobs = true;
+            continue;
+        }
+        if (!strcmp(w, "reasoning.encrypted_content")) {
+            rr->encrypted_reasoning = true;
+            continue;
+        }
+        for (size_t k = 0; k < sizeof hosted / sizeof hosted[0]; k++)
+            if (!strcmp(w, hosted[k]))
+                return field_fail(e, "include",
+                                  "include[%zu]: '%.64s' is not supported: this server has no "
+                                  "hosted tools or image inputs",
+                                  i, w);
+        return field_fail(e, "include",
+                          "include[%zu]: unknown value '%.64s' (supported: "
+                          "\"message.output_text.logprobs\", \"reasoning.encrypted_content\")",
+                          i, w);
+    }
+    return true;
+}
+
 /* Reads every field; builds the Chat Completions request in *chat and the echo. On failure
  * *status is the HTTP status (400, or 404 for an unknown previous_response_id). */
 static bool read_request(gptoss_server *s, const json_t *req, json_t *chat, resp_request *rr,
@@ -650,10 +770,7 @@ static bool read_request(gptoss_server *s, const json_t *req, json_t *chat, resp
         !param_bool(req, "stream", &stream, e) || !param_bool(req, "store", &rr->store_it, e) ||
         !param_bool(req, "background", &rr->background, e))
         return false;
-    if (rr->background && stream)
-        return field_fail(e, "background",
-                          "background: streaming a background response is not supported; poll "
-                          "GET /v1/responses/{id} instead");
+    rr->stream = stream;
     if (rr->background && !rr->store_it)
         return field_fail(e, "store", "store: a background response must be stored");
     if (json_member(req, "conversation"))
@@ -700,7 +817,8 @@ static bool read_request(gptoss_server *s, const json_t *req, json_t *chat, resp
         echo, "truncation",
         json_string(json_is_string(truncation) ? json_string_value(truncation) : "disabled"));
     if (!read_tools(req, chat, echo, e) || !read_text_format(req, chat, echo, e) ||
-        !read_reasoning(req, chat, echo, e) || !read_metadata(req, echo, e))
+        !read_reasoning(req, chat, echo, e) || !read_metadata(req, echo, e) ||
+        !read_include(req, rr, echo, e))
         return false;
 
     /* the conversation: the previous chain's items, then this input */
@@ -748,16 +866,33 @@ static bool read_request(gptoss_server *s, const json_t *req, json_t *chat, resp
 
 /* ---- background responses -------------------------------------------------------------------- */
 
+/* The job: feeds the engine's events to the encoder, whose server-sent events go to the
+ * response's log in the store after each one (readers follow the log, never the job). Nobody
+ * waits on it: it ends with the generation, a cancel, or the server's cut at shutdown. */
 static void *background_main(void *arg) {
     api_call *call = arg;
+    resp_state *st = call->state;
     double start = gptoss_now_seconds();
     gptoss_engine_event ev;
     for (;;) {
+        if (atomic_load(&call->server->cut)) {
+            /* The drain ran out: end it now, as a foreground stream is cut (the answer stops
+             * where it is, "incomplete"), so that its readers get their last event. */
+            gptoss_request_cancel(call->request);
+            memset(&ev, 0, sizeof ev);
+            ev.token_id = -1;
+            ev.finish = GPTOSS_FINISH_LENGTH;
+            generation_push(call->gen, &ev);
+            break;
+        }
         int r = gptoss_request_next_event(call->request, &ev, 1000);
         if (r < 0) break;
-        if (r == 1) generation_push(call->gen, &ev);
+        if (r == 1) {
+            generation_push(call->gen, &ev);
+            flush_events(call, st);
+        }
     }
-    json_t *r = finish(call, call->state);
+    json_t *r = finish(call, st);
     /* its HTTP request was logged when it was accepted: the outcome gets a line of its own */
     GPTOSS_LOG_I("responses", "background %s %s prompt_tokens=%d completion_tokens=%d %.1f ms",
                  call->id, json_string_value(json_object_get(r, "status")), call->n_prompt,
@@ -768,10 +903,127 @@ static void *background_main(void *arg) {
     return NULL;
 }
 
+static server_reply not_found(const char *id);
+
+/* ---- streams that follow a log: a background response's own, and GET ?stream=true ---------- */
+
+typedef struct log_stream {
+    response_store *store;
+    response_reader *reader;
+    int wake_fd; /* eventfd the store writes to when the log changes */
+    struct MHD_Connection *connection;
+} log_stream;
+
+/* Sleeps until the log changed -> 0, or the client hung up -> 1. */
+static int log_stream_wait(log_stream *ls) {
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(ls->connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!info) return 1;
+    for (;;) {
+        struct pollfd p[2] = {{.fd = ls->wake_fd, .events = POLLIN},
+                              {.fd = info->connect_fd, .events = POLLRDHUP}};
+        int r = poll(p, 2, -1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return 1;
+        if (p[1].revents && server_client_gone(ls->connection)) return 1;
+        if (p[0].revents & POLLIN) {
+            uint64_t count;
+            ssize_t n = read(ls->wake_fd, &count, sizeof count);
+            (void)n;
+            return 0;
+        }
+        if (p[1].revents) { /* a hang-up flag without EOF: do not spin on it */
+            struct pollfd only = {.fd = ls->wake_fd, .events = POLLIN};
+            if (poll(&only, 1, 1000) > 0) {
+                uint64_t count;
+                ssize_t n = read(ls->wake_fd, &count, sizeof count);
+                (void)n;
+                return 0;
+            }
+        }
+    }
+}
+
+static ssize_t log_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    log_stream *ls = cls;
+    for (;;) {
+        long n = response_store_reader_read(ls->store, ls->reader, buf, max);
+        if (n > 0) return (ssize_t)n;
+        if (n == RESPONSE_READ_END) return MHD_CONTENT_READER_END_OF_STREAM;
+        /* lost events: ending the stream early tells the client to reconnect (and learn why) */
+        if (n < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        /* the client leaving ends its stream only: the job goes on */
+        if (log_stream_wait(ls)) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+}
+
+static void log_stream_free(void *cls) {
+    log_stream *ls = cls;
+    response_store_reader_close(ls->store, ls->reader);
+    close(ls->wake_fd);
+    free(ls);
+}
+
+/* A stream of the events of response `id` after sequence number `after` (-1: all). */
+static server_reply open_log_stream(gptoss_server *s, const server_request *http, const char *id,
+                                    int64_t after) {
+    log_stream *ls = calloc(1, sizeof *ls);
+    if (!ls) return server_error(500, "server_error", NULL, NULL, "out of memory");
+    ls->store = s->responses, ls->connection = http->connection;
+    ls->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ls->wake_fd < 0) {
+        free(ls);
+        return server_error(500, "server_error", NULL, NULL, "out of event descriptors");
+    }
+    int64_t n_events = 0;
+    response_open_result r =
+        response_store_reader_open(s->responses, id, after, ls->wake_fd, &ls->reader, &n_events);
+    if (r != RESPONSE_OPEN_OK) {
+        close(ls->wake_fd);
+        free(ls);
+    }
+    switch (r) {
+    case RESPONSE_OPEN_OK:
+        break;
+    case RESPONSE_OPEN_NOT_FOUND:
+        return not_found(id);
+    case RESPONSE_OPEN_NO_LOG:
+        return server_error(400, "invalid_request_error", "stream", NULL,
+                            "stream: response '%.100s' was not made with background: true; only "
+                            "background responses can be streamed again",
+                            id);
+    case RESPONSE_OPEN_TRIMMED:
+        return server_error(400, "invalid_request_error", "starting_after", NULL,
+                            "starting_after: the events after %lld of response '%.100s' are no "
+                            "longer all kept (the store keeps the newest within "
+                            "--responses-store-bytes); retrieve it without stream",
+                            (long long)after, id);
+    case RESPONSE_OPEN_PAST_END:
+        return server_error(400, "invalid_request_error", "starting_after", NULL,
+                            "starting_after: response '%.100s' has no event %lld (its events so "
+                            "far are numbered 0 to %lld)",
+                            id, (long long)after, (long long)n_events - 1);
+    }
+    struct MHD_Response *resp = MHD_create_response_from_callback(
+        MHD_SIZE_UNKNOWN, 16 * 1024, log_stream_read, ls, log_stream_free);
+    if (!resp) {
+        log_stream_free(ls);
+        return server_error(500, "server_error", NULL, NULL, "out of memory");
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    /* a long generation may send nothing for longer than the idle timeout */
+    server_hold_connection(http->connection);
+    return (server_reply){200, resp};
+}
+
 static server_reply serve_background(gptoss_server *s, const server_request *http,
                                      const int32_t *prompt, int32_t n_prompt,
                                      request_params *params, resp_request *rr) {
     server_access_set_tokens(http->access, n_prompt, 0);
+    /* every background response logs its events, so that any of them can be streamed */
+    params->stream = true;
     gptoss_request_options ro = {0};
     if (params->constraint) {
         if (params->sampling.max_tokens == 0) /* as api_call_serve does */
@@ -829,6 +1081,19 @@ static server_reply serve_background(gptoss_server *s, const server_request *htt
         return server_error(429, "rate_limit_error", "background", "too_many_background",
                             "Too many background responses are running; retry later");
     }
+    flush_events(call, call->state); /* response.created, response.in_progress */
+    /* A stream follows the log from its first event, attached before the job can end. */
+    server_reply reply = {0, NULL};
+    if (rr->stream) {
+        reply = open_log_stream(s, http, call->id, -1);
+        if (!reply.response || reply.status != 200) {
+            gptoss_request_cancel(request);
+            json_decref(finish(call, call->state));
+            api_call_free(call);
+            json_decref(first);
+            return reply;
+        }
+    }
     pthread_t thread;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -840,7 +1105,12 @@ static server_reply serve_background(gptoss_server *s, const server_request *htt
         json_decref(finish(call, call->state));
         api_call_free(call);
         json_decref(first);
+        if (reply.response) MHD_destroy_response(reply.response);
         return server_error(500, "server_error", NULL, NULL, "cannot start a background thread");
+    }
+    if (reply.response) {
+        json_decref(first);
+        return reply;
     }
     return server_json(200, first);
 }
@@ -869,6 +1139,10 @@ server_reply server_responses_create(gptoss_server *s, const server_request *htt
     json_decref(req);
     int32_t vocab = gptoss_tokenizer_n_vocab(s->tokenizer);
     ok = ok && request_params_parse(chat, vocab, 1, &params, &fe);
+    if (ok && rr->logprobs) {
+        params.sampling.logprobs = true;
+        params.sampling.top_logprobs = rr->top_logprobs;
+    }
     ok = ok && request_params_finish(&params, vocab, &fe) &&
          output_constraint_create(chat, s->tokenizer, 1, params.sampling.max_tokens,
                                   &params.constraint, &fe);
@@ -1064,6 +1338,25 @@ server_reply server_responses_item(gptoss_server *s, const server_request *http)
                             "/v1/responses/{id}/input_items or /v1/responses/{id}/cancel",
                             m, http->url);
     if (!strcmp(m, "GET")) {
+        struct MHD_Connection *c = http->connection;
+        const char *stream = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "stream");
+        const char *after = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "starting_after");
+        if (stream && strcmp(stream, "true") && strcmp(stream, "false"))
+            return server_error(400, "invalid_request_error", "stream", NULL,
+                                "stream: expected true or false");
+        if (stream && !strcmp(stream, "true")) {
+            long long n = -1;
+            if (after) {
+                char *end = NULL;
+                errno = 0;
+                n = strtoll(after, &end, 10);
+                if (!*after || *end || errno || n < 0)
+                    return server_error(400, "invalid_request_error", "starting_after", NULL,
+                                        "starting_after: expected a sequence number (an integer "
+                                        ">= 0)");
+            }
+            return open_log_stream(s, http, id, (int64_t)n);
+        }
         char *text = NULL;
         if (!response_store_get(s->responses, id, &text, NULL, NULL)) return not_found(id);
         return stored_json(text);

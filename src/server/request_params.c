@@ -299,6 +299,17 @@ bool request_params_parse(const json_t *req, int32_t vocab, int32_t max_n, reque
         }
     }
     if (!parse_stop(req, o, e)) return false;
+    /* A JSON answer is constrained to end where its value does; a stop string matched inside
+     * it would cut it into JSON that does not parse. */
+    const json_t *format = json_member(req, "response_format");
+    const char *format_type = json_string_value(json_object_get(format, "type"));
+    if (o->n_stops > 0 && format_type &&
+        (!strcmp(format_type, "json_schema") || !strcmp(format_type, "json_object")))
+        return field_fail(e, "stop",
+                          "stop: cannot be combined with a JSON response format (%s): a stop "
+                          "string inside the JSON would cut it, and the answer already ends "
+                          "where the JSON value does",
+                          format_type);
     return parse_logit_bias(req, vocab, o, e);
 }
 

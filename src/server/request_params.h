@@ -57,10 +57,11 @@ typedef struct request_params {
 
 /* Reads the shared fields of `req`: stream, stream_options, temperature, top_p, top_k, min_p,
  * the penalties, seed, max_tokens, min_tokens, ignore_eos, n (1..max_n), stop_token_ids and
- * stop, and logit_bias ({"token id": bias in [-100, 100]}, ids in [0, vocab)); and checks the
- * OpenAI fields that need no work (user, metadata, store, service_tier, parallel_tool_calls,
- * modalities, ...), refusing those the server does not do (audio, prediction, ...). *out is
- * initialized first, so request_params_free is always safe. */
+ * stop (refused beside a JSON response_format, whose answer it would cut), and logit_bias ({"token
+ * id": bias in [-100, 100]}, ids in [0, vocab)); and checks the OpenAI fields that need no work
+ * (user, metadata, store, service_tier, parallel_tool_calls, modalities, ...), refusing those the
+ * server does not do (audio, prediction, ...). *out is initialized first, so request_params_free is
+ * always safe. */
 bool request_params_parse(const json_t *req, int32_t vocab, int32_t max_n, request_params *out,
                           field_error *e);
 

@@ -11,10 +11,28 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+typedef struct event_log {
+    char *bytes; /* [len] of [cap] */
+    size_t len, cap;
+    uint64_t base;    /* absolute position of bytes[0] */
+    uint64_t *starts; /* [n] absolute positions of the kept events, of [starts_cap] */
+    size_t n, starts_cap;
+    int64_t first_seq; /* sequence number of starts[0] */
+    size_t partial;    /* bytes at the end not yet ended by "\n\n" */
+} event_log;
+
+struct response_reader {
+    struct record *record; /* NULL once the record went */
+    int wake_fd;
+    uint64_t pos; /* absolute position of the next byte to read */
+    response_reader *next;
+};
 
 typedef struct record {
     struct record *prev, *next;  /* the LRU list, head = most recently used */
@@ -22,7 +40,11 @@ typedef struct record {
     char *id, *response, *items; /* malloc'd; items may be NULL */
     size_t bytes;                /* what this record counts against the budget */
     bool background;             /* made by a background request (may be cancelled) */
-    gptoss_request *running;     /* the job's engine request while it runs (pinned), else NULL */
+    gptoss_request *running;     /* the job's engine request while it runs, else NULL */
+    bool in_job;                 /* a job is writing it (pinned) */
+    bool has_log;                /* background responses keep their events */
+    event_log log;
+    response_reader *readers; /* attached to this record */
 } record;
 
 struct response_store {
@@ -69,7 +91,24 @@ static void push_front(response_store *s, record *r) {
     s->bytes += r->bytes;
 }
 
+static size_t log_bytes(const record *r) {
+    return r->log.cap + r->log.starts_cap * sizeof(uint64_t);
+}
+
+static void wake_readers(record *r) {
+    uint64_t one = 1;
+    for (response_reader *rd = r->readers; rd; rd = rd->next) {
+        ssize_t n = write(rd->wake_fd, &one, sizeof one); /* EAGAIN: already signalled */
+        (void)n;
+    }
+}
+
 static void free_record(record *r) {
+    for (response_reader *rd = r->readers; rd; rd = rd->next)
+        rd->record = NULL;
+    wake_readers(r);
+    free(r->log.bytes);
+    free(r->log.starts);
     free(r->id);
     free(r->response);
     free(r->items);
@@ -139,7 +178,7 @@ static void evict_for(response_store *s, size_t incoming) {
     record *r = s->tail;
     while (r && s->bytes + incoming > s->max_bytes) {
         record *prev = r->prev;
-        if (!r->running) {
+        if (!r->in_job) {
             GPTOSS_LOG_D("responses", "evicting %s (%zu bytes) from the response store", r->id,
                          r->bytes);
             drop_record(s, r);
@@ -152,8 +191,8 @@ static void evict_for(response_store *s, size_t incoming) {
  * alone is over the budget (a running job's record, which polling must find). */
 static record *put_locked(response_store *s, const char *id, const char *response,
                           const char *items, bool force) {
-    size_t bytes = record_bytes(id, response, items);
     record *old = find(s, id);
+    size_t bytes = record_bytes(id, response, items) + (old ? log_bytes(old) : 0);
     if (old && bytes > s->max_bytes && !force) {
         drop_record(s, old);
         return NULL;
@@ -212,7 +251,7 @@ bool response_store_get(response_store *s, const char *id, char **response, char
     if (r) {
         unlink_record(s, r);
         push_front(s, r);
-        if (running) *running = r->running != NULL;
+        if (running) *running = r->in_job;
         if (response) ok = ok && (*response = strdup(r->response)) != NULL;
         if (items && r->items) ok = ok && (*items = strdup(r->items)) != NULL;
     }
@@ -243,10 +282,161 @@ bool response_store_job_begin(response_store *s, const char *id, const char *res
     if (r) {
         r->background = true;
         r->running = request;
+        r->in_job = true;
+        r->has_log = true;
         s->jobs++;
     }
     pthread_mutex_unlock(&s->lock);
     return r != NULL;
+}
+
+/* Recounts r's bytes after its log changed (r is on the list). */
+static void recount(response_store *s, record *r) {
+    s->bytes -= r->bytes;
+    r->bytes = record_bytes(r->id, r->response, r->items) + log_bytes(r);
+    s->bytes += r->bytes;
+}
+
+/* Drops the older half of r's events (at least one; never the last one), shrinking the
+ * buffers so that the budget sees the bytes go. */
+static void trim_log(response_store *s, record *r) {
+    event_log *l = &r->log;
+    size_t k = l->n / 2 ? l->n / 2 : 1;
+    if (k >= l->n) return;
+    size_t cut = (size_t)(l->starts[k] - l->base);
+    memmove(l->bytes, l->bytes + cut, l->len - cut);
+    memmove(l->starts, l->starts + k, (l->n - k) * sizeof *l->starts);
+    l->len -= cut, l->base += cut, l->n -= k, l->first_seq += (int64_t)k;
+    char *b = realloc(l->bytes, l->len ? l->len : 1);
+    if (b) l->bytes = b, l->cap = l->len ? l->len : 1;
+    uint64_t *st = realloc(l->starts, l->n * sizeof *st);
+    if (st) l->starts = st, l->starts_cap = l->n;
+    recount(s, r);
+}
+
+void response_store_job_events(response_store *s, const char *id, const char *events, size_t len) {
+    pthread_mutex_lock(&s->lock);
+    record *r = find(s, id);
+    event_log *l = r && r->has_log ? &r->log : NULL;
+    bool ok = l != NULL;
+    if (ok && l->len + len > l->cap) {
+        size_t cap = l->cap ? l->cap : 4096;
+        while (cap < l->len + len)
+            cap *= 2;
+        char *b = realloc(l->bytes, cap);
+        if (b)
+            l->bytes = b, l->cap = cap;
+        else
+            ok = false;
+    }
+    for (size_t i = 0; ok && i < len; i++) {
+        /* an event starts where the previous one ended with an empty line */
+        bool starts = l->partial == 0;
+        l->bytes[l->len++] = events[i];
+        l->partial++;
+        if (starts) {
+            if (l->n == l->starts_cap) {
+                size_t cap = l->starts_cap ? l->starts_cap * 2 : 64;
+                uint64_t *st = realloc(l->starts, cap * sizeof *st);
+                if (!st) {
+                    ok = false;
+                    break;
+                }
+                l->starts = st, l->starts_cap = cap;
+            }
+            l->starts[l->n++] = l->base + l->len - 1;
+        }
+        if (l->partial >= 2 && events[i] == '\n' && l->bytes[l->len - 2] == '\n') l->partial = 0;
+    }
+    if (l && !ok) GPTOSS_LOG_W("responses", "out of memory: events of %s were lost", id);
+    if (r) {
+        recount(s, r);
+        while (l && l->n > 1 && r->bytes > s->max_bytes)
+            trim_log(s, r);
+        evict_for(s, 0);
+        wake_readers(r);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+response_open_result response_store_reader_open(response_store *s, const char *id, int64_t after,
+                                                int wake_fd, response_reader **out,
+                                                int64_t *n_events) {
+    *out = NULL;
+    *n_events = 0;
+    pthread_mutex_lock(&s->lock);
+    record *r = find(s, id);
+    response_open_result result = RESPONSE_OPEN_NOT_FOUND;
+    if (r) {
+        event_log *l = &r->log;
+        int64_t total = l->first_seq + (int64_t)l->n;
+        *n_events = total;
+        int64_t want = after + 1; /* the first event to send */
+        result = RESPONSE_OPEN_OK;
+        if (!r->has_log)
+            result = RESPONSE_OPEN_NO_LOG;
+        else if (want < l->first_seq)
+            result = RESPONSE_OPEN_TRIMMED;
+        else if (want > total)
+            result = RESPONSE_OPEN_PAST_END;
+        if (result == RESPONSE_OPEN_OK) {
+            response_reader *rd = calloc(1, sizeof *rd);
+            if (!rd) {
+                result = RESPONSE_OPEN_NOT_FOUND;
+            } else {
+                rd->record = r, rd->wake_fd = wake_fd;
+                /* past the last event: the end of the log (a partial event included, which
+                 * is completed by the next append) */
+                rd->pos =
+                    want < total ? l->starts[want - l->first_seq] : l->base + l->len - l->partial;
+                rd->next = r->readers;
+                r->readers = rd;
+                *out = rd;
+                unlink_record(s, r); /* recently used */
+                push_front(s, r);
+            }
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return result;
+}
+
+long response_store_reader_read(response_store *s, response_reader *rd, char *buf, size_t max) {
+    pthread_mutex_lock(&s->lock);
+    long n = 0;
+    record *r = rd->record;
+    if (!r) {
+        n = RESPONSE_READ_LOST;
+    } else if (rd->pos < r->log.base) {
+        n = RESPONSE_READ_LOST;
+    } else {
+        /* only whole events: the last one may still be partial */
+        uint64_t end = r->log.base + r->log.len - r->log.partial;
+        if (rd->pos < end) {
+            size_t avail = (size_t)(end - rd->pos);
+            if (avail > max) avail = max;
+            memcpy(buf, r->log.bytes + (rd->pos - r->log.base), avail);
+            rd->pos += avail;
+            n = (long)avail;
+        } else if (!r->in_job) {
+            n = RESPONSE_READ_END;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
+void response_store_reader_close(response_store *s, response_reader *rd) {
+    if (!rd) return;
+    pthread_mutex_lock(&s->lock);
+    if (rd->record) {
+        response_reader **link = &rd->record->readers;
+        while (*link && *link != rd)
+            link = &(*link)->next;
+        if (*link) *link = rd->next;
+    }
+    pthread_mutex_unlock(&s->lock);
+    free(rd);
 }
 
 void response_store_job_end(response_store *s, const char *id, const char *response,
@@ -255,8 +445,15 @@ void response_store_job_end(response_store *s, const char *id, const char *respo
     record *r = find(s, id);
     if (r) {
         r->running = NULL;
+        r->in_job = false;
+        size_t texts = record_bytes(id, response, items);
+        while (r->log.n > 1 && texts + log_bytes(r) > s->max_bytes)
+            trim_log(s, r);
         r = put_locked(s, id, response, items, false);
-        if (r) r->background = true;
+        if (r) {
+            r->background = true;
+            wake_readers(r); /* the log ended */
+        }
     }
     s->jobs--;
     pthread_cond_broadcast(&s->changed);
@@ -284,7 +481,7 @@ response_cancel_result response_store_cancel(response_store *s, const char *id, 
         result = RESPONSE_CANCEL_DONE;
         if (r->running) gptoss_request_cancel(r->running);
         /* The job notices the cancel at the engine's next step and writes the final record. */
-        while ((r = find(s, id)) && r->running)
+        while ((r = find(s, id)) && r->in_job)
             if (pthread_cond_timedwait(&s->changed, &s->lock, &until) == ETIMEDOUT) break;
         if (r && response) *response = strdup(r->response);
     }

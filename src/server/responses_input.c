@@ -186,9 +186,21 @@ static json_t *read_reasoning(const json_t *item, const char *where, field_error
         return NULL;
     }
     /* The summary is a rewrite for people, not what the model thought: only `content` is
-     * rendered back as the turn's analysis. No content (e.g. only encrypted_content): none. */
+     * rendered back as the turn's analysis, or, without it, the text in an encrypted_content
+     * this server made. Other encrypted_content (another server's) means nothing here. */
+    const json_t *encrypted = json_object_get(item, "encrypted_content");
+    const char *mark = RESPONSES_REASONING_MARK;
+    bool ours =
+        json_is_string(encrypted) && !strncmp(json_string_value(encrypted), mark, strlen(mark));
+    bool no_content = !content || json_is_null(content) ||
+                      (json_is_array(content) && json_array_size(content) == 0);
     json_t *text = NULL;
-    if (content && !json_is_null(content)) {
+    if (no_content && ours) {
+        text = json_stringn(json_string_value(encrypted) + strlen(mark),
+                            json_string_length(encrypted) - strlen(mark));
+    } else if (no_content) {
+        text = json_string("");
+    } else {
         snprintf(field, sizeof field, "%s.content", where);
         if (!json_is_array(content)) {
             field_fail(e, field, "%s: expected an array of reasoning_text parts", field);
@@ -196,8 +208,6 @@ static json_t *read_reasoning(const json_t *item, const char *where, field_error
         }
         text = read_text(content, field, parts, e);
         if (!text) return NULL;
-    } else {
-        text = json_string("");
     }
     return json_pack("{s:s, s:o}", "type", "reasoning", "text", text);
 }

@@ -22,6 +22,11 @@
 #include <jansson.h>
 #include <stdbool.h>
 
+/* How a reasoning item's encrypted_content (include: ["reasoning.encrypted_content"]) starts:
+ * the server encrypts nothing, the reasoning text follows as it is. An input reasoning item
+ * without content whose encrypted_content starts so is read back as that text. */
+#define RESPONSES_REASONING_MARK "gptoss-reasoning-v1:"
+
 /* Reads `input` (a string: one user message; or an array of items) and appends its normalized
  * items to `items`. `prior` (normalized items of the previous response chain, or NULL) answers
  * call ids and item references. A bad item fails naming it ("input[3].type: ..."). */

@@ -244,8 +244,90 @@ async function background() {
   const fg = await client.responses.create({ model, input: 'hi', max_output_tokens: 1 });
   const r = await post(`/v1/responses/${fg.id}/cancel`, {});
   check(r.status === 400 && isErrorShape(r.json), `cancel of a foreground response: ${r.status}`);
-  const s = await post('/v1/responses', { model, input: 'x', background: true, stream: true });
-  check(s.status === 400 && s.json?.error?.param === 'background', `background + stream: ${s.status}`);
+  const s = await post(`/v1/responses/${fg.id}?stream=true`, undefined, 'GET');
+  check(s.status === 400 && s.json?.error?.param === 'stream', `stream again a foreground response: ${s.status}`);
+}
+
+// ---- background + stream: the client leaves after the first event, the response goes on; a
+// reconnect replays from a sequence number (raw iterator) or from the start (typed helper) ---
+async function backgroundStream() {
+  const n = 24;
+  const first = client.responses.stream({ model, input: 'Write a poem', background: true, max_output_tokens: n, temperature: 0 });
+  let id = null;
+  const head = [];
+  for await (const e of first) { head.push(e); id = e.response?.id; break; } // aborts the connection
+  check(head[0]?.type === 'response.created' && head[0].response.background === true && id, `background stream starts created: ${head[0]?.type}`);
+  // the disconnect did not cancel it: the raw iterator resumes after event 0 and follows it to the end
+  const rest = [];
+  const resumed = await client.responses.retrieve(id, { stream: true, starting_after: 0 });
+  for await (const e of resumed) rest.push(e);
+  const all = [head[0], ...rest];
+  checkEventOrder(all, 'resumed background stream');
+  const last = all.at(-1).response;
+  check(last?.status === 'incomplete' && last.usage.output_tokens === n, `resumed stream ends incomplete after ${n} tokens: ${last?.status} ${last?.usage?.output_tokens}`);
+  const stored = await client.responses.retrieve(id);
+  check(JSON.stringify(stored.output) === JSON.stringify(last.output) && stored.status === last.status, 'background stream: stored = the last event');
+  // the typed helper replays from the start and hands on only the events after starting_after
+  const replay = client.responses.stream({ response_id: id, starting_after: 2 });
+  const seen = [];
+  replay.on('event', (e) => seen.push(e.sequence_number));
+  for await (const e of replay) { /* accumulated by the helper */ void e; }
+  check(seen.length === all.length - 3 && seen[0] === 3 && seen.at(-1) === all.length - 1, `helper replay after 2: ${seen.slice(0, 3)}..${seen.at(-1)}`);
+  // same stream again, same bytes (temperature 0 and a replay, not a new generation)
+  const again = [];
+  for await (const e of await client.responses.retrieve(id, { stream: true })) again.push(e);
+  check(JSON.stringify(again) === JSON.stringify(all), 'a second replay gives the same events');
+  const past = await post(`/v1/responses/${id}?stream=true&starting_after=${all.length - 1 + 5}`, undefined, 'GET');
+  check(past.status === 400 && past.json?.error?.param === 'starting_after', `starting_after past the end: ${past.status}`);
+  const bad = await post(`/v1/responses/${id}?stream=true&starting_after=x`, undefined, 'GET');
+  check(bad.status === 400 && bad.json?.error?.param === 'starting_after', `starting_after not a number: ${bad.status}`);
+}
+
+// ---- include: logprobs of the answer's tokens, reasoning handed out and back ---------------
+async function include() {
+  const body = { model, input: 'Name a color', max_output_tokens: 6, temperature: 0,
+    include: ['message.output_text.logprobs', 'reasoning.encrypted_content'], top_logprobs: 2 };
+  const r = await client.responses.create(body);
+  checkResponseShape(r, 'include logprobs');
+  check(r.usage.output_tokens === 6 && r.top_logprobs === 2, `include logprobs: ${r.usage.output_tokens} tokens, top_logprobs ${r.top_logprobs}`);
+  const parts = r.output.filter((i) => i.type === 'message').flatMap((i) => i.content);
+  const lps = parts.flatMap((p) => p.logprobs);
+  check(lps.length > 0 && lps.length <= 6, `include logprobs: ${lps.length} entries for 6 tokens`);
+  // the tokens' bytes are the text's; at temperature 0 each drawn token is its own best alternative
+  // (the harmony parser drops the whitespace a message starts with)
+  const spelled = Buffer.from(lps.flatMap((l) => l.bytes)).toString('utf8');
+  check(spelled.trimStart() === parts.map((p) => p.text).join('').trimStart(), `logprob tokens spell the output text: ${JSON.stringify(spelled)}`);
+  check(lps.every((l) => l.top_logprobs.length === 2 && l.top_logprobs[0].token === l.token &&
+    l.top_logprobs[0].logprob === l.logprob && l.top_logprobs[1].logprob <= l.logprob && l.logprob <= 0),
+  `top_logprobs: 2 each, the greedy token first (${JSON.stringify(lps[0]).slice(0, 160)})`);
+  // the same prompt through Chat Completions, whose logprobs path this reuses, draws the same tokens
+  const chat = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Name a color' }],
+    max_tokens: 6, temperature: 0, logprobs: true, top_logprobs: 2 });
+  const chatLps = chat.choices[0].logprobs.content;
+  if (chat.choices[0].message.content === outputText(r)) {
+    check(JSON.stringify(chatLps) === JSON.stringify(lps), 'responses logprobs = chat completions logprobs');
+  }
+  // streamed: the deltas carry the same entries as the final part
+  const stream = client.responses.stream(body);
+  const deltaLps = [];
+  let doneLps = null;
+  for await (const e of stream) {
+    if (e.type === 'response.output_text.delta') deltaLps.push(...e.logprobs);
+    if (e.type === 'response.output_text.done') doneLps = e.logprobs;
+  }
+  check(JSON.stringify(deltaLps) === JSON.stringify(lps) && JSON.stringify(doneLps) === JSON.stringify(lps),
+    `streamed logprobs: ${deltaLps.length} in deltas, ${doneLps?.length} at done, ${lps.length} expected`);
+  // reasoning handed back as encrypted_content (this server's mark) is the same prompt as its text
+  const user = { role: 'user', content: 'Weather in Paris?' };
+  const text = 'The user wants the weather; call get_weather for Paris.';
+  const call = { type: 'function_call', call_id: 'call_e1', name: 'get_weather', arguments: '{"city":"Paris"}' };
+  const tools = [{ type: 'function', name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } }, strict: false }];
+  const plain = await client.responses.create({ model, tools, max_output_tokens: 1,
+    input: [user, { type: 'reasoning', summary: [], content: [{ type: 'reasoning_text', text }] }, call] });
+  const sealed = await client.responses.create({ model, tools, max_output_tokens: 1, store: false,
+    include: ['reasoning.encrypted_content'],
+    input: [user, { type: 'reasoning', id: 'rs_e1', summary: [], encrypted_content: `gptoss-reasoning-v1:${text}` }, call] });
+  check(sealed.usage.input_tokens === plain.usage.input_tokens, `encrypted_content read back: ${sealed.usage.input_tokens} vs ${plain.usage.input_tokens} tokens`);
 }
 
 // ---- bad requests: OpenAI's error shape naming the field; the server stays up ---------------
@@ -269,11 +351,22 @@ async function badRequests() {
     [{ input: 'x', top_k: 'many' }, 400, 'top_k'],
     [{ input: 'x', logit_bias: { 99999999: 1 } }, 400, 'logit_bias'],
     [{ input: 'x', previous_response_id: 'resp_doesnotexist' }, 404, 'previous_response_id'],
+    [{ input: 'x', include: ['message.output_text.logprobs'], top_logprobs: 21 }, 400, 'top_logprobs'],
+    [{ input: 'x', include: ['nope.nothing'] }, 400, 'include'],
+    [{ input: 'x', include: ['file_search_call.results'] }, 400, 'include'],
+    [{ input: 'x', include: 'reasoning.encrypted_content' }, 400, 'include'],
+    [{ input: 'x', stop: ['}'], text: { format: { type: 'json_schema', name: 'o', schema: { type: 'object' } } } }, 400, 'stop'],
   ];
   for (const [body, status, param] of cases) {
     const r = await post('/v1/responses', { model, ...body });
     check(r.status === status && isErrorShape(r.json) && r.json.error.param === param,
       `${JSON.stringify(body).slice(0, 90)}: ${r.status} param ${r.json?.error?.param}, expected ${status} ${param}`);
+  }
+  // the same refusal on Chat Completions (the shared request fields), for both JSON formats
+  for (const format of [{ type: 'json_object' }, { type: 'json_schema', json_schema: { name: 'o', schema: { type: 'object' } } }]) {
+    const r = await post('/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], stop: '"', response_format: format });
+    check(r.status === 400 && isErrorShape(r.json) && r.json.error.param === 'stop' && r.json.error.message.includes(format.type),
+      `chat: stop + ${format.type}: ${r.status} ${r.json?.error?.param}`);
   }
   const raw = await fetch(`${base}/v1/responses`, { method: 'POST', headers: auth, body: '{"model":', signal: AbortSignal.timeout(10000) });
   check(raw.status === 400 && isErrorShape(await raw.json()), 'bad JSON: 400');
@@ -344,7 +437,7 @@ async function agents() {
 }
 
 for (const [name, fn] of [['basics', basics], ['streaming', streaming], ['conversations', conversations],
-  ['background', background], ['bad requests', badRequests], ['agents', agents]]) {
+  ['background', background], ['background stream', backgroundStream], ['include', include], ['bad requests', badRequests], ['agents', agents]]) {
   try { await fn(); } catch (e) { check(false, `${name}: threw ${e?.stack || e}`); }
 }
 if (failures.length) { console.log(`${failures.length} failure(s)`); process.exit(1); }

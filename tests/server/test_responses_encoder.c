@@ -1,9 +1,10 @@
 /*
  * test_responses_encoder.c - the /v1/responses encoder (api_responses.c) driven by hand-made
  * engine events, without an engine or HTTP: a harmony turn with reasoning and a tool call
- * becomes a reasoning item and a function_call item, streamed as the typed event sequence
- * OpenAI documents (every event named in its "event:" line and its "type", sequence numbers
- * 0, 1, 2, ...), and the stored conversation lets a later input answer the call.
+ * becomes a reasoning item and a function_call item (with include: logprobs of the answer's
+ * tokens, the reasoning handed out as encrypted_content and read back), streamed as the typed event
+ * sequence OpenAI documents (every event named in its "event:" line and its "type", sequence
+ * numbers 0, 1, 2, ...), and the stored conversation lets a later input answer the call.
  *
  * References: the token ids come from the real tokenizer encoding a harmony text written
  * here; the expected reasoning and arguments are that text cut by hand; the expected event
@@ -42,17 +43,20 @@ static const char *tool_turn =
     "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
     "<|message|>{\"city\": \"Paris\"}<|call|>";
 
-static api_call *make_call(bool stream, response_store *store, bool store_it) {
+static api_call *make_call_with(bool stream, response_store *store, bool store_it, bool include,
+                                const char *stop) {
     json_t *req = json_pack("{s:b}", "stream", stream);
+    if (stop) json_object_set_new(req, "stop", json_string(stop));
     request_params p;
     field_error fe = {0};
     if (!request_params_parse(req, vocab, 1, &p, &fe)) fail_msg("%s", fe.message);
+    p.sampling.logprobs = include;
     assert_true(request_params_finish(&p, vocab, &fe));
     json_decref(req);
     json_t *echo = json_pack("{s:s, s:n}", "model", "tiny", "instructions");
     json_t *items = json_pack("[{s:s, s:s, s:s}]", "type", "message", "role", "user", "content",
                               "Weather in Paris?");
-    assert_true(api_responses_prepare(echo, items, store, store_it, false));
+    assert_true(api_responses_prepare(echo, items, store, store_it, false, include, include));
     json_decref(echo);
     json_decref(items);
     api_call *c = NULL;
@@ -61,6 +65,10 @@ static api_call *make_call(bool stream, response_store *store, bool store_it) {
         api_call_create(&api_responses_encoder, "tiny", tok, &p, 9, 0xabc, 42, NULL, &c, &err),
         GPTOSS_OK);
     return c;
+}
+
+static api_call *make_call(bool stream, response_store *store, bool store_it) {
+    return make_call_with(stream, store, store_it, false, NULL);
 }
 
 static void push_turn(api_call *c, const char *text) {
@@ -259,10 +267,91 @@ static void test_plain_incomplete(void **state) {
     response_store_free(store);
 }
 
+/* include: message.output_text.logprobs gives the answer's tokens (not the reasoning's, not
+ * the header's) an entry each, in the deltas and in the final part, also when a stop string
+ * holds text back; reasoning.encrypted_content carries the reasoning text, marked, and reads
+ * back as that reasoning. Reference: the answer's tokens are the tokenizer's encoding of the
+ * answer text alone; each event's logprob is made from its position. */
+static void test_include(void **state) {
+    (void)state;
+    api_call *c = make_call_with(true, NULL, false, true, "zzz");
+    const char *head = "<|channel|>analysis<|message|>Think first.<|end|><|start|>assistant"
+                       "<|channel|>final<|message|>";
+    const char *answer = "Hello there, friend";
+    gptoss_tokens h = {0}, a = {0};
+    gptoss_error err = {0};
+    assert_int_equal(gptoss_tokenizer_encode(tok, head, strlen(head), true, &h, &err), GPTOSS_OK);
+    assert_int_equal(gptoss_tokenizer_encode(tok, answer, strlen(answer), true, &a, &err),
+                     GPTOSS_OK);
+    int32_t ret = gptoss_tokenizer_special_id(tok, "<|return|>");
+    int32_t n = (int32_t)(h.n + a.n + 1);
+    for (int32_t i = 0; i < n; i++) {
+        gptoss_engine_event ev;
+        memset(&ev, 0, sizeof ev);
+        ev.token_id = i < (int32_t)h.n ? h.ids[i] : i < n - 1 ? a.ids[i - h.n] : ret;
+        ev.stop_token_id = -1;
+        ev.logprob = -0.25f * (float)i;
+        ev.n_top_logprobs = 1;
+        ev.top_logprobs[0] = (gptoss_token_logprob){ev.token_id, ev.logprob};
+        if (i == n - 1) ev.finish = GPTOSS_FINISH_STOP, ev.stop_token_id = ret;
+        generation_push(c->gen, &ev);
+    }
+    c->encoder->stream_end(c, c->state);
+    json_t *events = take_events(c);
+    json_t *delta_lp = json_array(), *done = NULL, *reasoning = NULL;
+    size_t i;
+    json_t *e;
+    json_array_foreach(events, i, e) {
+        const char *type = str(e, "type");
+        if (!strcmp(type, "response.output_text.delta"))
+            json_array_extend(delta_lp, json_object_get(e, "logprobs"));
+        if (!strcmp(type, "response.output_text.done")) done = json_object_get(e, "logprobs");
+        if (!strcmp(type, "response.output_item.done") &&
+            !strcmp(str(json_object_get(e, "item"), "type"), "reasoning"))
+            reasoning = json_object_get(e, "item");
+    }
+    assert_int_equal(json_array_size(delta_lp), a.n);
+    assert_true(json_equal(delta_lp, done));
+    json_array_foreach(delta_lp, i, e) {
+        size_t len = 0;
+        const char *bytes = gptoss_tokenizer_token_bytes(tok, a.ids[i], &len);
+        assert_int_equal(strlen(str(e, "token")), len);
+        assert_memory_equal(str(e, "token"), bytes, len);
+        double want = -0.25 * (double)(h.n + i);
+        assert_true(json_real_value(json_object_get(e, "logprob")) == want);
+        json_t *top = json_object_get(e, "top_logprobs");
+        assert_int_equal(json_array_size(top), 1);
+        assert_string_equal(str(json_array_get(top, 0), "token"), str(e, "token"));
+    }
+    assert_non_null(reasoning);
+    assert_string_equal(str(reasoning, "encrypted_content"),
+                        RESPONSES_REASONING_MARK "Think first.");
+    /* handed back without content, it is the reasoning text again */
+    json_t *input = json_pack("[{s:s, s:s, s:[], s:s}]", "type", "reasoning", "id", "rs_x",
+                              "summary", "encrypted_content", str(reasoning, "encrypted_content"));
+    json_t *items = json_array();
+    field_error fe = {0};
+    assert_true(responses_input_read(input, NULL, items, &fe));
+    assert_string_equal(str(json_array_get(items, 0), "text"), "Think first.");
+    /* another server's encrypted_content means nothing here */
+    json_object_set_new(json_array_get(input, 0), "encrypted_content", json_string("gAAAAB..."));
+    json_array_clear(items);
+    assert_true(responses_input_read(input, NULL, items, &fe));
+    assert_string_equal(str(json_array_get(items, 0), "text"), "");
+    json_decref(items);
+    json_decref(input);
+    json_decref(delta_lp);
+    json_decref(events);
+    gptoss_tokens_free(&h);
+    gptoss_tokens_free(&a);
+    api_call_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stream_tool_turn),
         cmocka_unit_test(test_plain_incomplete),
+        cmocka_unit_test(test_include),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -2,7 +2,8 @@
  * test_responses_store.c - the two pieces of /v1/responses that need no engine:
  * responses_input.c (input items -> normalized items -> Chat Completions messages, and the
  * field each bad item is reported under) and response_store.c (byte budget, least recently
- * used eviction, delete, the background job limit, cancel of a foreground response).
+ * used eviction, delete, the background job limit, cancel of a foreground response, the event
+ * logs of background responses and their readers).
  *
  * References: the expected messages are written out by hand from the grouping rule (one
  * assistant message per turn: reasoning_content, content, tool_calls) and compared with
@@ -293,6 +294,90 @@ static void test_store_jobs(void **state) {
     response_store_free(s);
 }
 
+/* Reads everything a reader has now (NUL-ended); returns the last read result. */
+static long read_all(response_store *s, response_reader *rd, char *buf, size_t cap) {
+    size_t len = 0;
+    long n;
+    while ((n = response_store_reader_read(s, rd, buf + len, 7)) > 0) /* small reads */
+        len += (size_t)n;
+    assert_true(len < cap);
+    buf[len] = '\0';
+    return n;
+}
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+/* Events go in as whole events or in pieces; readers start after any sequence number, follow
+ * the log live (woken through their eventfd), get END once the job ended, and LOST when the
+ * record goes or their events were trimmed for the budget. */
+static void test_store_event_log(void **state) {
+    (void)state;
+    response_store *s = response_store_create(1 << 20, 2);
+    int fd = eventfd(0, EFD_NONBLOCK);
+    assert_true(fd >= 0);
+    response_reader *rd = NULL;
+    int64_t n = 0;
+    assert_true(response_store_put(s, "fg", "{}", "[]"));
+    assert_int_equal(response_store_reader_open(s, "fg", -1, fd, &rd, &n), RESPONSE_OPEN_NO_LOG);
+    assert_int_equal(response_store_reader_open(s, "zz", -1, fd, &rd, &n), RESPONSE_OPEN_NOT_FOUND);
+    assert_true(response_store_job_begin(s, "b", "{}", "[]", NULL));
+    response_store_job_events(s, "b", "event: a\ndata: 0\n\nevent: b\ndata: 1\n\n", 36);
+    response_store_job_events(s, "b", "event: c\nda", 11); /* a partial event stays unread */
+    response_reader *live = NULL;
+    assert_int_equal(response_store_reader_open(s, "b", 0, fd, &live, &n), RESPONSE_OPEN_OK);
+    assert_int_equal(n, 3);
+    char buf[256];
+    assert_int_equal(read_all(s, live, buf, sizeof buf), 0);
+    assert_string_equal(buf, "event: b\ndata: 1\n\n");
+    uint64_t count = 0;
+    assert_int_equal(read(fd, &count, sizeof count), -1); /* nothing new yet */
+    response_store_job_events(s, "b", "ta: 2\n\n", 7);
+    assert_int_equal(read(fd, &count, sizeof count), (ssize_t)sizeof count); /* woken */
+    assert_int_equal(read_all(s, live, buf, sizeof buf), 0);
+    assert_string_equal(buf, "event: c\ndata: 2\n\n");
+    /* numbers: 3 events (0..2); after 2 is the (empty, live) end, after 3 is past it */
+    assert_int_equal(response_store_reader_open(s, "b", 3, fd, &rd, &n), RESPONSE_OPEN_PAST_END);
+    assert_int_equal(response_store_reader_open(s, "b", 2, fd, &rd, &n), RESPONSE_OPEN_OK);
+    assert_int_equal(response_store_reader_read(s, rd, buf, sizeof buf), 0);
+    response_store_job_end(s, "b", "{\"done\":1}", "[]");
+    assert_int_equal(response_store_reader_read(s, rd, buf, sizeof buf), RESPONSE_READ_END);
+    assert_int_equal(read_all(s, live, buf, sizeof buf), RESPONSE_READ_END);
+    response_store_reader_close(s, rd);
+    /* a replay from the start after the end: every event */
+    assert_int_equal(response_store_reader_open(s, "b", -1, fd, &rd, &n), RESPONSE_OPEN_OK);
+    assert_int_equal(read_all(s, rd, buf, sizeof buf), RESPONSE_READ_END);
+    assert_string_equal(buf, "event: a\ndata: 0\n\nevent: b\ndata: 1\n\nevent: c\ndata: 2\n\n");
+    response_store_reader_close(s, rd);
+    /* the record goes: its reader is told */
+    assert_true(response_store_delete(s, "b"));
+    assert_int_equal(response_store_reader_read(s, live, buf, sizeof buf), RESPONSE_READ_LOST);
+    response_store_reader_close(s, live);
+    response_store_free(s);
+
+    /* a small store: a long log keeps its newest events, a reader left behind loses */
+    s = response_store_create(8192, 2);
+    assert_true(response_store_job_begin(s, "c", "{}", "[]", NULL));
+    assert_int_equal(response_store_reader_open(s, "c", -1, fd, &rd, &n), RESPONSE_OPEN_OK);
+    char event[120];
+    for (int i = 0; i < 400; i++) {
+        int len = snprintf(event, sizeof event, "event: e\ndata: %d\n\n", i);
+        response_store_job_events(s, "c", event, (size_t)len);
+    }
+    assert_int_equal(response_store_reader_read(s, rd, buf, sizeof buf), RESPONSE_READ_LOST);
+    response_store_reader_close(s, rd);
+    assert_int_equal(response_store_reader_open(s, "c", -1, fd, &rd, &n), RESPONSE_OPEN_TRIMMED);
+    assert_int_equal(n, 400);
+    assert_int_equal(response_store_reader_open(s, "c", 398, fd, &rd, &n), RESPONSE_OPEN_OK);
+    assert_int_equal(read_all(s, rd, buf, sizeof buf), 0);
+    assert_string_equal(buf, "event: e\ndata: 399\n\n");
+    response_store_job_end(s, "c", "{}", "[]");
+    assert_int_equal(response_store_reader_read(s, rd, buf, sizeof buf), RESPONSE_READ_END);
+    response_store_reader_close(s, rd);
+    response_store_free(s);
+    close(fd);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_input_string_and_messages),
@@ -302,6 +387,7 @@ int main(void) {
         cmocka_unit_test(test_store_lru),
         cmocka_unit_test(test_store_many),
         cmocka_unit_test(test_store_jobs),
+        cmocka_unit_test(test_store_event_log),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

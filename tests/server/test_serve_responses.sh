@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_serve_responses.sh - /v1/responses end to end (responses_client.mjs: the openai npm
 # client and the Agents SDK), then the response store's byte budget: a small store evicts the
-# oldest responses, which then answer 404, while the newest stay.
+# oldest responses, which then answer 404, while the newest stay; and a background stream
+# at shutdown.
 . "$(dirname "$0")/serve_lib.sh"
 make_tiny
 
@@ -36,5 +37,20 @@ c=$(curl -s -m 30 -o "$work/chain.json" -w '%{http_code}' "$b_url/v1/responses" 
   -d "{\"model\":\"tiny\",\"input\":\"again\",\"previous_response_id\":\"${ids[0]}\"}")
 [ "$c" = 404 ] && grep -q 'previous_response_not_found' "$work/chain.json" || fail "previous_response_id of an evicted response: $c"
 stop_server "$pid" b
+
+# a background stream at shutdown: the drain timeout cuts its job, which ends incomplete at
+# once; the stream gets that last event and the server exits in time
+start_server c --drain-timeout 1 || exit 1
+c_pid=$pid c_url="http://127.0.0.1:$port"
+curl -sN -m $((60 * slow)) "$c_url/v1/responses" -H 'Content-Type: application/json' \
+  -d '{"model":"tiny","input":"hi","stream":true,"background":true,"ignore_eos":true}' >"$work/cut.txt" &
+curl_pid=$!
+grown() { [ "$(wc -c <"$work/cut.txt")" -gt 8000 ]; }
+wait_until 30 "background stream: no events" grown
+stop_server "$c_pid" c
+wait "$curl_pid"
+[ "$(grep '^event: ' "$work/cut.txt" | tail -1)" = "event: response.incomplete" ] ||
+  fail "background stream cut at shutdown: last event $(grep '^event: ' "$work/cut.txt" | tail -1)"
+grep -q "background resp_[0-9a-f]* incomplete" "$work/c.log" || fail "cut background job: no log line"
 
 finish
