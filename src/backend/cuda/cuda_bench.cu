@@ -227,6 +227,7 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     opt.device = rq->device;
     opt.fp8_layers = rq->fp8_layers;
     opt.kv_cache_dtype = rq->kv_cache_dtype;
+    opt.batch_invariant = rq->batch_invariant;
     opt.kv_block_size = 16;
     const int32_t seq_blocks = (max_ctx + 15) / 16;
     /* batched decode: sequence 0 is the one prefill cases use, b > 0 own the next ranges */

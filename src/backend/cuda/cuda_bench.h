@@ -50,6 +50,7 @@ typedef struct gptoss_bench_request {
     int32_t device;
     uint32_t fp8_layers;                  /* gptoss_fp8_layer bits: dense layers held in FP8 */
     gptoss_kv_cache_dtype kv_cache_dtype; /* what the KV pages hold */
+    bool batch_invariant;                 /* gptoss_backend_options.batch_invariant */
     gptoss_progress_fn progress;
     void *progress_user;
 } gptoss_bench_request;

@@ -7,6 +7,9 @@
  * tokens, else cuBLAS), bias+RoPE+KV write, paged sink attention, O GEMM (likewise),
  * residual+mlp-norm, router logits (fp32 input) + top-k in one launch, route (not for a
  * single token), MoE (MXFP4)] -> residual+final norm of the logit rows only -> lm_head GEMM.
+ * With batch_invariant set each of these takes one path for every step (docs/batch-invariance.md):
+ * the GEMMs on kernels/batch_invariant.cu, the router logits there too, the WMMA MoE path, the
+ * scalar attention kernel unsplit, no fused one-token kernels.
  * The residual stream is fp32; GEMM inputs are bf16 (as the references round them), except
  * the router, whose discrete choice is made from fp32 activations; every reduction
  * accumulates in fp32. KV pages are bf16, or with kv_cache_dtype FP8 e4m3 codes with one fp32
@@ -23,6 +26,7 @@
  * an error message.
  */
 #include "backend/cuda/kernels/attention_tc.h"
+#include "backend/cuda/kernels/batch_invariant.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/diagnostics.h"
 
@@ -39,6 +43,11 @@ static gptoss_status gemm_bf16(gptoss_cuda_state *s, gptoss_cuda_dense_weight wt
                                float *y, int32_t m, int32_t n, int32_t k, bool allow_gemv,
                                gptoss_error *error) {
     if (m <= 0) return GPTOSS_OK;
+    if (s->batch_invariant) /* one kernel for every m (batch_invariant.h) */
+        return gptoss_cuda_bi_gemm(wt, x, y, m, n, k, s->stream) == 0
+                   ? GPTOSS_OK
+                   : gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                      "CUDA: batch-invariant GEMM refuses width %d", (int)k);
     const bool gemv = s->tuning.gemv != GPTOSS_CUDA_GEMV_OFF,
                gemv_all = s->tuning.gemv == GPTOSS_CUDA_GEMV_ALL;
     if (wt.w_e4m3) {
@@ -212,7 +221,9 @@ static bool layer_attention_try_launch(gptoss_cuda_state *s, const cuda_layer *L
         if (rc != 0) scalar_end = T;
     }
     if (scalar_end == 0) return true;
-    if (s->dev.attn_decode) { /* tensor cores; the scalar kernel below for shapes it refuses */
+    /* tensor cores; the scalar kernel below for shapes it refuses and, unsplit, for every token
+     * in the batch-invariant mode */
+    if (s->dev.attn_decode && !s->batch_invariant) {
         int rc = s->kv_fp8
                      ? gptoss_cuda_attention_decode_fp8(
                            w->q, L->k_fp8, L->v_fp8, L->k_scale, L->v_scale, d_pos, d_seq, table,
@@ -241,8 +252,8 @@ static bool qkv_rope_fused(gptoss_cuda_state *s, const cuda_layer *L, const cuda
                            const int32_t *d_pos, const int32_t *d_seq, const int32_t *table) {
     const gptoss_config *c = &s->config;
     cuda_workspace *w = &s->ws;
-    return key->n_tokens == 1 && s->tuning.qkv_rope && s->tuning.gemv != GPTOSS_CUDA_GEMV_OFF &&
-           !s->kv_fp8 && L->qkv_weight.w_bf16 &&
+    return key->n_tokens == 1 && s->tuning.qkv_rope && !s->batch_invariant &&
+           s->tuning.gemv != GPTOSS_CUDA_GEMV_OFF && !s->kv_fp8 && L->qkv_weight.w_bf16 &&
            !GPTOSS_CUDA_ABLATED(s, key, GPTOSS_CUDA_ABLATE_ROPE | GPTOSS_CUDA_ABLATE_QKV) &&
            gptoss_cuda_qkv_rope_one(L->qkv_weight.w_bf16, w->t, L->qkv_bias, d_pos, d_seq,
                                     s->inv_freq, s->concentration, c->n_heads, c->n_kv_heads,
@@ -274,7 +285,7 @@ static bool norm_router_fused(gptoss_cuda_state *s, const cuda_layer *L, const c
     const gptoss_config *c = &s->config;
     cuda_workspace *w = &s->ws;
     const int32_t H = c->hidden_size, E = c->n_experts;
-    return key->n_tokens == 1 && s->tuning.norm_router &&
+    return key->n_tokens == 1 && s->tuning.norm_router && !s->batch_invariant &&
            !GPTOSS_CUDA_ABLATED(s, key, GPTOSS_CUDA_ABLATE_ROUTER) &&
            (int64_t)w->cap_tokens * H >= E &&
            gptoss_cuda_norm_router_one(w->x, w->proj, L->o_bias, L->mlp_norm,
@@ -292,6 +303,12 @@ static gptoss_status route_tokens(gptoss_cuda_state *s, const cuda_layer *L,
     cuda_workspace *w = &s->ws;
     const int32_t T = key->n_tokens, H = c->hidden_size, E = c->n_experts,
                   K = c->n_experts_per_token;
+    if (s->batch_invariant) { /* one kernel for every step; bias added by the top-k kernel */
+        gptoss_cuda_bi_router_logits(w->t_f32, L->router_weight_f32, T, E, H, w->proj, s->stream);
+        gptoss_cuda_router_topk(w->proj, L->router_bias, T, E, K, w->topk_idx, w->topk_weight,
+                                s->stream);
+        return GPTOSS_OK;
+    }
     if (T <= s->tuning.router_fused_max) {
         gptoss_cuda_router(w->t_f32, L->router_weight, L->router_bias, T, E, H, K, w->proj,
                            w->router_done, w->topk_idx, w->topk_weight, s->stream);
@@ -386,8 +403,10 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps,
                                          NULL, T, H, w->t, w->t_f32, k);
         if (!normed_routed && !ABLATED(ROUTER)) TRY(route_tokens(s, L, key, error));
-        const enum gptoss_moe_path moe_path =
-            gptoss_cuda_moe_choose_path(s->tuning.moe_path, T, K, &L->moe);
+        /* batch-invariant: the one path that takes every layer and step, each row's sums in
+         * one order whatever the tile (kernels/moe/wmma_gemm.cu) */
+        const enum gptoss_moe_path moe_path = gptoss_cuda_moe_choose_path(
+            s->batch_invariant ? GPTOSS_MOE_WMMA_GEMM : s->tuning.moe_path, T, K, &L->moe);
         if (moe_path != GPTOSS_MOE_PAIR_GEMV &&
             moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
             gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
@@ -461,12 +480,13 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
      * sized steps keep the plan order and one kernel (tensor cores when the step is
      * prefill-shaped). */
     const int32_t *start = plan->seq_token_start;
-    int32_t n_short = T;
-    if (s->tuning.attn_tc && T > GRAPH_MAX_TOKENS) {
+    int32_t n_short = T; /* batch-invariant: every token on the scalar kernel, one split */
+    const bool attn_tc = s->tuning.attn_tc && !s->batch_invariant;
+    if (attn_tc && T > GRAPH_MAX_TOKENS) {
         n_short = 0;
         for (int32_t sq = 0; sq < plan->n_seqs; sq++)
             if (start[sq + 1] - start[sq] < ATTN_TC_MIN_RUN) n_short += start[sq + 1] - start[sq];
-    } else if (s->tuning.attn_tc && T >= 64 && T >= 16 * plan->n_seqs) {
+    } else if (attn_tc && T >= 64 && T >= 16 * plan->n_seqs) {
         n_short = 0;
     }
     const bool reorder = n_short > 0 && n_short < T;
@@ -538,6 +558,7 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     key.splits_full = gptoss_cuda_attention_splits(NS, NKV, max_pos + 1, s->dev.n_sms);
     int32_t win_span = (max_pos + 1 < c->sliding_window) ? max_pos + 1 : c->sliding_window;
     key.splits_sliding = gptoss_cuda_attention_splits(NS, NKV, win_span, s->dev.n_sms);
+    if (s->batch_invariant) key.splits_full = key.splits_sliding = 1;
     while ((size_t)T * NH * key.splits_full * (D + 2) > w->partial_floats && key.splits_full > 1)
         key.splits_full /= 2;
     while ((size_t)T * NH * key.splits_sliding * (D + 2) > w->partial_floats &&

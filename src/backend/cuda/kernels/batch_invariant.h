@@ -1,0 +1,30 @@
+/*
+ * batch_invariant.h - the kernels of the CUDA backend's batch-invariant mode
+ * (gptoss_backend_options.batch_invariant): one dense GEMM and one router-logits kernel whose
+ * every output is reduced in an order fixed by the matrix shape alone, never by the number of
+ * rows in the step, the tile a row lands in or its position in the batch.
+ *
+ * Owns nothing: the launchers take device pointers and a stream and only enqueue.
+ */
+#ifndef GPTOSS_CUDA_BATCH_INVARIANT_H
+#define GPTOSS_CUDA_BATCH_INVARIANT_H
+
+#include "backend/cuda/kernels/dense_lowp.h"
+
+/*
+ * Y[m, n] f32 = X[m, k] bf16 . W[n, k]^T on the tensor cores (bf16 WMMA, fp32 accumulation),
+ * W in bf16 or e4m3 with row scales (dense_lowp.h; the scale multiplies the finished dot
+ * product). Every output accumulates k in chunks of 16 in ascending order from zero, with no
+ * split of k, whatever m is: a row's result is bitwise the same in any step. Returns 0, or -1
+ * (nothing launched) when k is not a multiple of 8 or a pointer is missing.
+ */
+int gptoss_cuda_bi_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m, int32_t n,
+                        int32_t k, cudaStream_t stream);
+
+/* logits[t, e] = sum_h x[t, h] * w[e, h] in fp32 (no bias), one warp per output: lane l adds
+ * h = l, l + 32, ... in order, then a fixed butterfly over the lanes. */
+void gptoss_cuda_bi_router_logits(const float *x, const float *w, int32_t n_tokens,
+                                  int32_t n_experts, int32_t hidden, float *logits,
+                                  cudaStream_t stream);
+
+#endif
