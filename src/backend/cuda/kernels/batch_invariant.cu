@@ -3,7 +3,7 @@
  * GEMM on bf16 WMMA tiles and the router logits, each output reduced in one fixed order.
  *
  * Why the GEMM is invariant: a block owns a 64x64 output tile and walks all of k itself
- * (no split-K), 32 inputs per step, two 16-wide WMMA products per step in ascending k; the
+ * (no split-K), 64 inputs per step, four 16-wide WMMA products per step in ascending k; the
  * tile a row lands in and the other rows of the tile take no part in that row's sums (a
  * tensor-core product computes each output from its own row and column). Rows past m and
  * inputs past k load as zero. The launch shape depends on m only through the number of row
@@ -18,10 +18,39 @@ using namespace nvcuda;
 
 #define BI_BM 64
 #define BI_BN 64
-#define BI_BK 32
-#define BI_LDS (BI_BK + 8) /* bf16: rows 80 bytes apart, a multiple of 16 as WMMA wants */
+#define BI_BK 64
+#define BI_LDS (BI_BK + 8) /* bf16: rows 144 bytes apart, 16-row steps 32-byte aligned */
 #define BI_LDC (BI_BN + 4)
+#define BI_CHUNKS (BI_BM * BI_BK / 8 / 128) /* 16-byte chunks per thread and operand */
 
+/* The operands' next k-step into registers: chunk idx is row idx / 8, inputs 8 * (idx % 8). */
+template <bool E4M3>
+static __device__ __forceinline__ void bi_load(const bf16 *w, const uint8_t *codes, const bf16 *x,
+                                               int32_t m, int32_t n, int32_t k, int32_t m0,
+                                               int32_t n0, int32_t k0, uint4 *ra, uint4 *rb) {
+#pragma unroll
+    for (int c = 0; c < BI_CHUNKS; c++) {
+        const int idx = threadIdx.x + 128 * c, r = idx >> 3;
+        const int32_t kk = k0 + (idx & 7) * 8;
+        uint4 a = make_uint4(0, 0, 0, 0), b = a;
+        if (m0 + r < m && kk < k) a = *(const uint4 *)(x + (size_t)(m0 + r) * k + kk);
+        if (n0 + r < n && kk < k) {
+            if constexpr (E4M3) {
+                uint2 q = *(const uint2 *)(codes + (size_t)(n0 + r) * k + kk);
+                __nv_bfloat162 v[4] = {e4m3x2_to_bf16x2(q.x), e4m3x2_to_bf16x2(q.x >> 16),
+                                       e4m3x2_to_bf16x2(q.y), e4m3x2_to_bf16x2(q.y >> 16)};
+                b = *(const uint4 *)v;
+            } else {
+                b = *(const uint4 *)(w + (size_t)(n0 + r) * k + kk);
+            }
+        }
+        ra[c] = a;
+        rb[c] = b;
+    }
+}
+
+/* Grid (column tiles, row tiles), 4 warps each owning a 32x32 quarter of the 64x64 tile as
+ * 2x2 WMMA fragments; the next k-step's loads are in flight while this one multiplies. */
 template <bool E4M3>
 static __global__ void __launch_bounds__(128)
     bi_gemm_kernel(const bf16 *w, const uint8_t *codes, const float *row_scale, const bf16 *x,
@@ -40,28 +69,17 @@ static __global__ void __launch_bounds__(128)
         for (int j = 0; j < 2; j++)
             wmma::fill_fragment(acc[i][j], 0.0f);
 
+    uint4 ra[BI_CHUNKS], rb[BI_CHUNKS];
+    bi_load<E4M3>(w, codes, x, m, n, k, m0, n0, 0, ra, rb);
     for (int32_t k0 = 0; k0 < k; k0 += BI_BK) {
-        /* 64 rows x 4 chunks of 8 inputs per operand: two chunks of each per thread */
 #pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const int idx = tid + 128 * c, r = idx >> 2, col = (idx & 3) * 8;
-            const int32_t kk = k0 + col;
-            uint4 a = make_uint4(0, 0, 0, 0), b = a;
-            if (m0 + r < m && kk < k) a = *(const uint4 *)(x + (size_t)(m0 + r) * k + kk);
-            if (n0 + r < n && kk < k) {
-                if constexpr (E4M3) {
-                    uint2 q = *(const uint2 *)(codes + (size_t)(n0 + r) * k + kk);
-                    __nv_bfloat162 v[4] = {e4m3x2_to_bf16x2(q.x), e4m3x2_to_bf16x2(q.x >> 16),
-                                           e4m3x2_to_bf16x2(q.y), e4m3x2_to_bf16x2(q.y >> 16)};
-                    b = *(const uint4 *)v;
-                } else {
-                    b = *(const uint4 *)(w + (size_t)(n0 + r) * k + kk);
-                }
-            }
-            *(uint4 *)(As + r * BI_LDS + col) = a;
-            *(uint4 *)(Bs + r * BI_LDS + col) = b;
+        for (int c = 0; c < BI_CHUNKS; c++) {
+            const int idx = tid + 128 * c, r = idx >> 3, col = (idx & 7) * 8;
+            *(uint4 *)(As + r * BI_LDS + col) = ra[c];
+            *(uint4 *)(Bs + r * BI_LDS + col) = rb[c];
         }
         __syncthreads();
+        if (k0 + BI_BK < k) bi_load<E4M3>(w, codes, x, m, n, k, m0, n0, k0 + BI_BK, ra, rb);
 #pragma unroll
         for (int kk = 0; kk < BI_BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
