@@ -125,8 +125,8 @@ static void router_case(int32_t e, int32_t h) {
 
 int main(void) {
     open_device();
-    /* 20b QKV and O, a partial last k-step (2880 = 45 * 64 is whole; 200 and 72 are not),
-     * widths that end in a partial column tile */
+    /* 20b QKV and O (k 2880 ends in half a 128-input step, 4096 in whole ones), short partial
+     * k-steps (200, 72), widths that end in a partial column tile */
     static const int32_t shapes[][2] = {{5120, 2880}, {2880, 4096}, {100, 200}, {70, 72}};
     for (const auto &s : shapes) {
         gemm_case(s[0], s[1], false);

@@ -3,7 +3,7 @@
  * GEMM on bf16 WMMA tiles and the router logits, each output reduced in one fixed order.
  *
  * Why the GEMM is invariant: a block owns a 64x64 output tile and walks all of k itself
- * (no split-K), 64 inputs per step, four 16-wide WMMA products per step in ascending k; the
+ * (no split-K), 128 inputs per step, 16-wide WMMA products in ascending k; the
  * tile a row lands in and the other rows of the tile take no part in that row's sums (a
  * tensor-core product computes each output from its own row and column). Rows past m and
  * inputs past k load as zero. The launch shape depends on m only through the number of row
@@ -18,20 +18,25 @@ using namespace nvcuda;
 
 #define BI_BM 64
 #define BI_BN 64
-#define BI_BK 64
-#define BI_LDS (BI_BK + 8) /* bf16: rows 144 bytes apart, 16-row steps 32-byte aligned */
+#define BI_BK 128          /* inputs per step: 16 KB of weights in flight per block */
+#define BI_LDS (BI_BK + 8) /* bf16: rows 272 bytes apart, 16-row steps 32-byte aligned */
 #define BI_LDC (BI_BN + 4)
-#define BI_CHUNKS (BI_BM * BI_BK / 8 / 128) /* 16-byte chunks per thread and operand */
+#define BI_ROW_CHUNKS (BI_BK / 8)               /* 16-byte chunks per tile row */
+#define BI_CHUNKS (BI_BM * BI_ROW_CHUNKS / 128) /* ... per thread and operand */
+#define BI_SMEM (2 * BI_BM * BI_LDS * 2)        /* As and Bs; Cs reuses them at the end */
+static_assert(BI_BM == BI_BN, "one chunk index addresses a row of A and a row of B");
+static_assert(BI_BM * BI_LDC * 4 <= BI_SMEM, "Cs fits where As and Bs were");
 
-/* The operands' next k-step into registers: chunk idx is row idx / 8, inputs 8 * (idx % 8). */
+/* The operands' next k-step into registers: chunk idx is row idx / BI_ROW_CHUNKS, inputs
+ * 8 * (idx % BI_ROW_CHUNKS). */
 template <bool E4M3>
 static __device__ __forceinline__ void bi_load(const bf16 *w, const uint8_t *codes, const bf16 *x,
                                                int32_t m, int32_t n, int32_t k, int32_t m0,
                                                int32_t n0, int32_t k0, uint4 *ra, uint4 *rb) {
 #pragma unroll
     for (int c = 0; c < BI_CHUNKS; c++) {
-        const int idx = threadIdx.x + 128 * c, r = idx >> 3;
-        const int32_t kk = k0 + (idx & 7) * 8;
+        const int idx = threadIdx.x + 128 * c, r = idx / BI_ROW_CHUNKS;
+        const int32_t kk = k0 + (idx % BI_ROW_CHUNKS) * 8;
         uint4 a = make_uint4(0, 0, 0, 0), b = a;
         if (m0 + r < m && kk < k) a = *(const uint4 *)(x + (size_t)(m0 + r) * k + kk);
         if (n0 + r < n && kk < k) {
@@ -55,9 +60,9 @@ template <bool E4M3>
 static __global__ void __launch_bounds__(128)
     bi_gemm_kernel(const bf16 *w, const uint8_t *codes, const float *row_scale, const bf16 *x,
                    float *y, int32_t m, int32_t n, int32_t k) {
-    __shared__ __align__(128) bf16 As[BI_BM * BI_LDS];
-    __shared__ __align__(128) bf16 Bs[BI_BN * BI_LDS];
-    __shared__ __align__(128) float Cs[BI_BM * BI_LDC];
+    __shared__ __align__(128) unsigned char smem[BI_SMEM];
+    bf16 *As = (bf16 *)smem, *Bs = As + BI_BM * BI_LDS;
+    float *Cs = (float *)smem; /* after the last k-step's barrier */
     const int tid = threadIdx.x, warp = tid >> 5;
     const int32_t m0 = blockIdx.y * BI_BM, n0 = blockIdx.x * BI_BN;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
@@ -74,7 +79,7 @@ static __global__ void __launch_bounds__(128)
     for (int32_t k0 = 0; k0 < k; k0 += BI_BK) {
 #pragma unroll
         for (int c = 0; c < BI_CHUNKS; c++) {
-            const int idx = tid + 128 * c, r = idx >> 3, col = (idx & 7) * 8;
+            const int idx = tid + 128 * c, r = idx / BI_ROW_CHUNKS, col = (idx % BI_ROW_CHUNKS) * 8;
             *(uint4 *)(As + r * BI_LDS + col) = ra[c];
             *(uint4 *)(Bs + r * BI_LDS + col) = rb[c];
         }
