@@ -19,7 +19,8 @@ static const char *const all_env[] = {
     "GPTOSS_CUDA_ROUTER_FUSED_MAX", "GPTOSS_CUDA_MOE_PATH",     "GPTOSS_CUDA_MOE_PAIR_KERNEL",
     "GPTOSS_CUDA_MOE_PAIR_TOKENS",  "GPTOSS_CUDA_MOE_INFLIGHT", "GPTOSS_CUDA_MOE_WG_MIN",
     "GPTOSS_CUDA_MOE_MAX_TILE",     "GPTOSS_CUDA_MOE_TILE_PCT", "GPTOSS_CUDA_PROFILE",
-    "GPTOSS_STEP_TIMING",           "GPTOSS_CUDA_ABLATE"};
+    "GPTOSS_STEP_TIMING",           "GPTOSS_CUDA_ABLATE",       "GPTOSS_CUDA_BI_DENSE_MAX",
+    "GPTOSS_CUDA_BI_MOE_MAX"};
 
 static int clear_env(void **state) {
     (void)state;
@@ -46,6 +47,8 @@ static void test_defaults(void **state) {
     assert_int_equal(t.moe_wg_min, 24);
     assert_int_equal(t.moe_max_tile, 64);
     assert_int_equal(t.moe_tile_pct, 125);
+    assert_int_equal(t.bi_dense_max, 64);
+    assert_int_equal(t.bi_moe_max, 64);
     assert_false(t.profile || t.step_timing);
     assert_int_equal(t.ablate, 0);
 }
@@ -59,7 +62,7 @@ static void test_string(void **state) {
                                 " gemv=all, norm_router=0,moe_path = 1,attn_tc=off,,"
                                 "attn_decode=false,gemv_kernel=ld,moe_pair_kernel=fp8,"
                                 "adc_warps=8,router_fused_max=0,moe_inflight=1,graphs=no,"
-                                "moe_path=route_gemv",
+                                "moe_path=route_gemv,bi_dense_max=0,bi_moe_max=300",
                                 &err),
         GPTOSS_OK);
     assert_int_equal(t.gemv, GPTOSS_CUDA_GEMV_ALL);
@@ -74,6 +77,8 @@ static void test_string(void **state) {
     assert_int_equal(t.moe_inflight, 1);
     assert_true(t.moe_inflight_report);
     assert_false(t.graphs);
+    assert_int_equal(t.bi_dense_max, 0);
+    assert_int_equal(t.bi_moe_max, 300);
     /* untouched keys keep their defaults */
     assert_true(t.qkv_rope && t.pdl);
     assert_int_equal(t.moe_tile_pct, 125);

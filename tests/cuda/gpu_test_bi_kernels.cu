@@ -7,11 +7,17 @@
  * partial k-step: all 300 rows in one launch against a double-precision host reference (fp32
  * accumulation of exact bf16 products: relative L2 under 1e-5), then the same rows again in
  * launches of 1, 2, 7, 63, 64, 65 and 130 rows starting at other offsets, every row equal bit
- * for bit to the 300-row launch. The router logits likewise. Exits 1 on failure.
+ * for bit to the 300-row launch, and the skinny variant in launches of every size 1..300 bit for
+ * bit to it too. The streaming experts kernel (gptoss_cuda_bi_moe) against the WMMA path on the
+ * same route: h and y bitwise, for steps of 1..100 tokens, with an expert in every token (passes
+ * of 16 rows, two route tiles) and a token alone against its batch. The router logits likewise.
+ * Exits 1 on failure.
  */
 #include "backend/cuda/kernels/batch_invariant.h"
 #include "backend/kv_fp8.h"
 #include "gpu_test_util.h"
+
+#include <cmath>
 
 #define ROWS 300
 
@@ -84,6 +90,26 @@ static void gemm_case(int32_t n, int32_t k, bool e4m3) {
     snprintf(name, sizeof name, "bi_gemm %s n %d k %d, rows bitwise equal in launches of 1..130",
              e4m3 ? "e4m3" : "bf16", (int)n, (int)k);
     check_true(name, same);
+    /* the skinny variant: every launch size 1..300, rows from other offsets, bitwise the tile
+     * variant's 300-row launch */
+    same = true;
+    int32_t first_bad = 0;
+    for (int32_t m = 1; m <= ROWS; m++) {
+        int32_t r0 = (int32_t)((m * 37) % (ROWS - m + 1));
+        CK(cudaMemset(dy, 0xff, (size_t)ROWS * n * sizeof(float)));
+        bool ok = gptoss_cuda_bi_gemm_variant(wt, dx + (size_t)r0 * k, dy, m, n, k,
+                                              GPTOSS_BI_GEMM_SKINNY, 0) == 0;
+        std::vector<float> part = dev_download(dy, (size_t)m * n);
+        if (!ok || !rows_equal(full, part, r0, m, n)) {
+            if (same) first_bad = m;
+            same = false;
+        }
+    }
+    if (!same) printf("  skinny: first differing launch has %d rows\n", (int)first_bad);
+    snprintf(name, sizeof name,
+             "bi_gemm skinny %s n %d k %d, launches of 1..%d rows bitwise the tile kernel's",
+             e4m3 ? "e4m3" : "bf16", (int)n, (int)k, ROWS);
+    check_true(name, same);
     cudaFree(dx), cudaFree(dw), cudaFree(dc), cudaFree(ds), cudaFree(dy);
 }
 
@@ -123,6 +149,107 @@ static void router_case(int32_t e, int32_t h) {
     cudaFree(dx), cudaFree(dw), cudaFree(dy);
 }
 
+/* ---- experts: the streaming kernel against the WMMA path ------------------------------- */
+
+struct moe_case_weights {
+    gptoss_cuda_moe_weights w;
+    std::vector<void *> allocs;
+};
+
+static moe_case_weights moe_weights(int32_t E, int32_t H, int32_t I) {
+    std::vector<uint8_t> gub((size_t)E * 2 * I * H / 2), gus((size_t)E * 2 * I * (H / 32));
+    std::vector<uint8_t> dnb((size_t)E * H * I / 2), dns((size_t)E * H * (I / 32));
+    std::vector<float> gubias((size_t)E * 2 * I), dnbias((size_t)E * H);
+    for (auto &v : gub)
+        v = (uint8_t)rnd_int(256);
+    for (auto &v : dnb)
+        v = (uint8_t)rnd_int(256);
+    for (auto &v : gus) /* 2^-9 .. 2^2, and now and then 2^3 (lo != 1 there) */
+        v = (uint8_t)(rnd_int(50) == 0 ? 130 : 118 + rnd_int(12));
+    for (auto &v : dns)
+        v = (uint8_t)(118 + rnd_int(10));
+    for (auto &v : gubias)
+        v = rnd_nz(0.5f);
+    for (auto &v : dnbias)
+        v = rnd_nz(0.5f);
+    moe_case_weights m = {};
+    uint8_t *a = dev_upload(gub), *b = dev_upload(gus), *c = dev_upload(dnb), *d = dev_upload(dns);
+    float *e = dev_upload(gubias), *f = dev_upload(dnbias);
+    m.allocs = {a, b, c, d, e, f};
+    m.w.gate_up_blocks = a;
+    m.w.gate_up_scales = b;
+    m.w.gate_up_bias = e;
+    m.w.down_blocks = c;
+    m.w.down_scales = d;
+    m.w.down_bias = f;
+    m.w.n_experts = E;
+    m.w.hidden = H;
+    m.w.intermediate = I;
+    m.w.swiglu_limit = 7.0f;
+    m.w.swiglu_alpha = 1.702f;
+    return m;
+}
+
+/* Runs T tokens' experts (K distinct each; skew: every token also picks expert 0, so its tile
+ * holds T rows) on the WMMA path and on gptoss_cuda_bi_moe; h and y must match bit for bit. */
+static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew) {
+    const gptoss_cuda_moe_weights &w = mw.w;
+    const int32_t E = w.n_experts, H = w.hidden, I = w.intermediate, P = T * K;
+    std::vector<int32_t> topk((size_t)P);
+    for (int32_t t = 0; t < T; t++)
+        for (int32_t j = 0; j < K; j++) {
+            int32_t e;
+            bool dup;
+            do {
+                e = (skew && j == 0) ? 0 : rnd_int(E);
+                dup = false;
+                for (int32_t i = 0; i < j; i++)
+                    dup = dup || topk[(size_t)t * K + i] == e;
+            } while (dup);
+            topk[(size_t)t * K + j] = e;
+        }
+    std::vector<uint16_t> act((size_t)T * H);
+    for (auto &v : act)
+        v = f2bf(rnd_nz(1.0f));
+    int32_t *d_topk = dev_upload(topk);
+    bf16 *d_t = (bf16 *)dev_upload(act);
+    void *route_mem = nullptr;
+    CK(cudaMalloc(&route_mem, gptoss_cuda_route_bytes(P, E)));
+    gptoss_cuda_route route;
+    gptoss_cuda_route_bind(route_mem, P, E, &route);
+    gptoss_cuda_moe_route(d_topk, T, K, E, GPTOSS_MOE_WMMA_GEMM, &route, 0);
+    bf16 *d_h = dev_poisoned<bf16>((size_t)P * I);
+    float *d_y = dev_poisoned<float>((size_t)P * H);
+    gptoss_cuda_moe(&w, d_t, T, K, d_topk, &route, d_h, d_y, GPTOSS_MOE_WMMA_GEMM, 0);
+    std::vector<bf16> h_ref = dev_download(d_h, (size_t)P * I);
+    std::vector<float> y_ref = dev_download(d_y, (size_t)P * H);
+    CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(bf16)));
+    CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
+    gptoss_cuda_bi_moe(&w, d_t, P, &route, d_h, d_y, 0);
+    std::vector<bf16> h = dev_download(d_h, (size_t)P * I);
+    std::vector<float> y = dev_download(d_y, (size_t)P * H);
+    bool finite = true;
+    for (float v : y_ref)
+        finite = finite && std::isfinite(v);
+    char name[160];
+    snprintf(name, sizeof name,
+             "bi_moe E %d H %d I %d T %d K %d%s: h and y bitwise the WMMA path's", (int)E, (int)H,
+             (int)I, (int)T, (int)K, skew ? " (one expert in every token)" : "");
+    check_true(name, finite && memcmp(h.data(), h_ref.data(), h.size() * sizeof(bf16)) == 0 &&
+                         memcmp(y.data(), y_ref.data(), y.size() * sizeof(float)) == 0);
+    /* token 0 alone: its rows as in the batch */
+    if (T > 1) {
+        gptoss_cuda_moe_route(d_topk, 1, K, E, GPTOSS_MOE_WMMA_GEMM, &route, 0);
+        CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
+        gptoss_cuda_bi_moe(&w, d_t, K, &route, d_h, d_y, 0);
+        std::vector<float> y1 = dev_download(d_y, (size_t)K * H);
+        snprintf(name, sizeof name, "bi_moe E %d T %d: token 0 alone bitwise as in the batch",
+                 (int)E, (int)T);
+        check_true(name, memcmp(y1.data(), y_ref.data(), y1.size() * sizeof(float)) == 0);
+    }
+    cudaFree(d_topk), cudaFree(d_t), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y);
+}
+
 int main(void) {
     open_device();
     /* 20b QKV and O (k 2880 ends in half a 128-input step, 4096 in whole ones), short partial
@@ -141,6 +268,20 @@ int main(void) {
         check_true("bi_gemm refuses k = 12",
                    gptoss_cuda_bi_gemm(wt, dx, (float *)dx, 4, 4, 12, 0) != 0);
         cudaFree(dx);
+    }
+    {
+        moe_case_weights big = moe_weights(16, 2880, 2880);
+        for (int32_t T : {1, 2, 3, 8, 16, 33, 64})
+            moe_case(big, T, 4, false);
+        moe_case(big, 40, 4, true);  /* 40 rows of expert 0: passes of 16 rows */
+        moe_case(big, 100, 4, true); /* 100: two route tiles of one expert */
+        for (void *p : big.allocs)
+            cudaFree(p);
+        moe_case_weights small = moe_weights(16, 256, 192);
+        for (int32_t T : {1, 5, 70})
+            moe_case(small, T, 4, T == 70);
+        for (void *p : small.allocs)
+            cudaFree(p);
     }
     router_case(32, 2880);
     router_case(128, 2880);

@@ -8,8 +8,9 @@
  * residual+mlp-norm, router logits (fp32 input) + top-k in one launch, route (not for a
  * single token), MoE (MXFP4)] -> residual+final norm of the logit rows only -> lm_head GEMM.
  * With batch_invariant set each of these takes one path for every step (docs/batch-invariance.md):
- * the GEMMs on kernels/batch_invariant.cu, the router logits there too, the WMMA MoE path, the
- * scalar attention kernel unsplit, no fused one-token kernels.
+ * the GEMMs on kernels/batch_invariant.cu, the router logits there too, the WMMA MoE path's
+ * results (from its streaming twin there for small steps), the scalar attention kernel
+ * unsplit, no fused one-token kernels.
  * The residual stream is fp32; GEMM inputs are bf16 (as the references round them), except
  * the router, whose discrete choice is made from fp32 activations; every reduction
  * accumulates in fp32. KV pages are bf16, or with kv_cache_dtype FP8 e4m3 codes with one fp32
@@ -44,7 +45,10 @@ static gptoss_status gemm_bf16(gptoss_cuda_state *s, gptoss_cuda_dense_weight wt
                                gptoss_error *error) {
     if (m <= 0) return GPTOSS_OK;
     if (s->batch_invariant) /* one kernel for every m (batch_invariant.h) */
-        return gptoss_cuda_bi_gemm(wt, x, y, m, n, k, s->stream) == 0
+        return gptoss_cuda_bi_gemm_variant(wt, x, y, m, n, k,
+                                           m <= s->tuning.bi_dense_max ? GPTOSS_BI_GEMM_SKINNY
+                                                                       : GPTOSS_BI_GEMM_TILE,
+                                           s->stream) == 0
                    ? GPTOSS_OK
                    : gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
                                       "CUDA: batch-invariant GEMM refuses width %d", (int)k);
@@ -411,7 +415,9 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
             gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
         MARK(PART_SMALL);
-        if (!ABLATED(MOE))
+        if (!ABLATED(MOE) && s->batch_invariant && T <= s->tuning.bi_moe_max)
+            gptoss_cuda_bi_moe(&L->moe, w->t, T * K, &route, w->h, w->y, k); /* the same h, y */
+        else if (!ABLATED(MOE))
             gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
         MARK(PART_MOE);
         if (!ABLATED(NORMS)) residual_next_norm(s, l, key, d_logit);

@@ -48,6 +48,8 @@ static const knob knobs[] = {
     {"moe_wg_min", "GPTOSS_CUDA_MOE_WG_MIN", KIND_INT, FIELD(moe_wg_min), 1, 1 << 20, NULL},
     {"moe_max_tile", "GPTOSS_CUDA_MOE_MAX_TILE", KIND_INT, FIELD(moe_max_tile), 8, 128, NULL},
     {"moe_tile_pct", "GPTOSS_CUDA_MOE_TILE_PCT", KIND_INT, FIELD(moe_tile_pct), 50, 800, NULL},
+    {"bi_dense_max", "GPTOSS_CUDA_BI_DENSE_MAX", KIND_INT, FIELD(bi_dense_max), 0, 65536, NULL},
+    {"bi_moe_max", "GPTOSS_CUDA_BI_MOE_MAX", KIND_INT, FIELD(bi_moe_max), 0, 65536, NULL},
     {"profile", "GPTOSS_CUDA_PROFILE", KIND_BOOL, FIELD(profile), 0, 0, NULL},
     {"step_timing", "GPTOSS_STEP_TIMING", KIND_BOOL, FIELD(step_timing), 0, 0, NULL},
     {"ablate", "GPTOSS_CUDA_ABLATE", KIND_INT, FIELD(ablate), 0, 255, NULL},
@@ -78,6 +80,8 @@ void gptoss_cuda_tuning_default(gptoss_cuda_tuning *t) {
     t->moe_wg_min = 24;
     t->moe_max_tile = 64;
     t->moe_tile_pct = 125;
+    t->bi_dense_max = 64;
+    t->bi_moe_max = 64;
 }
 
 /* What a knob accepts, for error messages. */
