@@ -7,12 +7,15 @@
  * partial k-step: all 300 rows in one launch against a double-precision host reference (fp32
  * accumulation of exact bf16 products: relative L2 under 1e-5), then the same rows again in
  * launches of 1, 2, 7, 63, 64, 65 and 130 rows starting at other offsets, every row equal bit
- * for bit to the 300-row launch, and the skinny variant in launches of every size 1..300 bit for
- * bit to it too. The streaming experts kernel (gptoss_cuda_bi_moe) against the WMMA path on the
- * same route: h and y bitwise, for steps of 1..100 tokens, with an expert in every token (passes
- * of 16 rows, two route tiles) and a token alone against its batch. The router logits likewise.
+ * for bit to the 300-row launch, and the skinny and wide variants in launches of every size
+ * 1..300 bit for bit to it too. The streaming experts kernel (gptoss_cuda_bi_moe) against the WMMA
+ * path on the same route: h and y bitwise (both launch shapes), for steps of 1..512 tokens, with an
+ * expert in every token (passes of 16 rows, two route tiles) and a token alone against its batch.
+ * The tensor-core attention (full and sliding windows): each query's output bitwise the same by
+ * token, in chunks, beside another sequence and as a decode token. The router logits likewise.
  * Exits 1 on failure.
  */
+#include "backend/cuda/kernels/attention_tc.h"
 #include "backend/cuda/kernels/batch_invariant.h"
 #include "backend/kv_fp8.h"
 #include "gpu_test_util.h"
@@ -90,26 +93,29 @@ static void gemm_case(int32_t n, int32_t k, bool e4m3) {
     snprintf(name, sizeof name, "bi_gemm %s n %d k %d, rows bitwise equal in launches of 1..130",
              e4m3 ? "e4m3" : "bf16", (int)n, (int)k);
     check_true(name, same);
-    /* the skinny variant: every launch size 1..300, rows from other offsets, bitwise the tile
-     * variant's 300-row launch */
-    same = true;
-    int32_t first_bad = 0;
-    for (int32_t m = 1; m <= ROWS; m++) {
-        int32_t r0 = (int32_t)((m * 37) % (ROWS - m + 1));
-        CK(cudaMemset(dy, 0xff, (size_t)ROWS * n * sizeof(float)));
-        bool ok = gptoss_cuda_bi_gemm_variant(wt, dx + (size_t)r0 * k, dy, m, n, k,
-                                              GPTOSS_BI_GEMM_SKINNY, 0) == 0;
-        std::vector<float> part = dev_download(dy, (size_t)m * n);
-        if (!ok || !rows_equal(full, part, r0, m, n)) {
-            if (same) first_bad = m;
-            same = false;
+    /* the skinny and wide variants: every launch size 1..300, rows from other offsets,
+     * bitwise the tile variant's 300-row launch */
+    for (int variant : {GPTOSS_BI_GEMM_SKINNY, GPTOSS_BI_GEMM_WIDE}) {
+        const char *vname = variant == GPTOSS_BI_GEMM_WIDE ? "wide" : "skinny";
+        same = true;
+        int32_t first_bad = 0;
+        for (int32_t m = 1; m <= ROWS; m++) {
+            int32_t r0 = (int32_t)((m * 37) % (ROWS - m + 1));
+            CK(cudaMemset(dy, 0xff, (size_t)ROWS * n * sizeof(float)));
+            bool ok =
+                gptoss_cuda_bi_gemm_variant(wt, dx + (size_t)r0 * k, dy, m, n, k, variant, 0) == 0;
+            std::vector<float> part = dev_download(dy, (size_t)m * n);
+            if (!ok || !rows_equal(full, part, r0, m, n)) {
+                if (same) first_bad = m;
+                same = false;
+            }
         }
+        if (!same) printf("  %s: first differing launch has %d rows\n", vname, (int)first_bad);
+        snprintf(name, sizeof name,
+                 "bi_gemm %s %s n %d k %d, launches of 1..%d rows bitwise the tile kernel's", vname,
+                 e4m3 ? "e4m3" : "bf16", (int)n, (int)k, ROWS);
+        check_true(name, same);
     }
-    if (!same) printf("  skinny: first differing launch has %d rows\n", (int)first_bad);
-    snprintf(name, sizeof name,
-             "bi_gemm skinny %s n %d k %d, launches of 1..%d rows bitwise the tile kernel's",
-             e4m3 ? "e4m3" : "bf16", (int)n, (int)k, ROWS);
-    check_true(name, same);
     cudaFree(dx), cudaFree(dw), cudaFree(dc), cudaFree(ds), cudaFree(dy);
 }
 
@@ -223,31 +229,140 @@ static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew
     gptoss_cuda_moe(&w, d_t, T, K, d_topk, &route, d_h, d_y, GPTOSS_MOE_WMMA_GEMM, 0);
     std::vector<bf16> h_ref = dev_download(d_h, (size_t)P * I);
     std::vector<float> y_ref = dev_download(d_y, (size_t)P * H);
-    CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(bf16)));
-    CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
-    gptoss_cuda_bi_moe(&w, d_t, P, &route, d_h, d_y, 0);
-    std::vector<bf16> h = dev_download(d_h, (size_t)P * I);
-    std::vector<float> y = dev_download(d_y, (size_t)P * H);
     bool finite = true;
     for (float v : y_ref)
         finite = finite && std::isfinite(v);
     char name[160];
-    snprintf(name, sizeof name,
-             "bi_moe E %d H %d I %d T %d K %d%s: h and y bitwise the WMMA path's", (int)E, (int)H,
-             (int)I, (int)T, (int)K, skew ? " (one expert in every token)" : "");
-    check_true(name, finite && memcmp(h.data(), h_ref.data(), h.size() * sizeof(bf16)) == 0 &&
-                         memcmp(y.data(), y_ref.data(), y.size() * sizeof(float)) == 0);
+    for (int variant : {GPTOSS_BI_MOE_SMALL, GPTOSS_BI_MOE_WIDE}) {
+        CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(bf16)));
+        CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
+        gptoss_cuda_bi_moe(&w, d_t, P, &route, d_h, d_y, variant, 0);
+        std::vector<bf16> h = dev_download(d_h, (size_t)P * I);
+        std::vector<float> y = dev_download(d_y, (size_t)P * H);
+        snprintf(name, sizeof name, "bi_moe %s E %d H %d I %d T %d K %d%s: h, y bitwise WMMA's",
+                 variant == GPTOSS_BI_MOE_WIDE ? "wide" : "small", (int)E, (int)H, (int)I, (int)T,
+                 (int)K, skew ? " (expert 0 in every token)" : "");
+        check_true(name, finite && memcmp(h.data(), h_ref.data(), h.size() * sizeof(bf16)) == 0 &&
+                             memcmp(y.data(), y_ref.data(), y.size() * sizeof(float)) == 0);
+    }
     /* token 0 alone: its rows as in the batch */
     if (T > 1) {
         gptoss_cuda_moe_route(d_topk, 1, K, E, GPTOSS_MOE_WMMA_GEMM, &route, 0);
         CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
-        gptoss_cuda_bi_moe(&w, d_t, K, &route, d_h, d_y, 0);
+        gptoss_cuda_bi_moe(&w, d_t, K, &route, d_h, d_y, GPTOSS_BI_MOE_SMALL, 0);
         std::vector<float> y1 = dev_download(d_y, (size_t)K * H);
         snprintf(name, sizeof name, "bi_moe E %d T %d: token 0 alone bitwise as in the batch",
                  (int)E, (int)T);
         check_true(name, memcmp(y1.data(), y_ref.data(), y1.size() * sizeof(float)) == 0);
     }
     cudaFree(d_topk), cudaFree(d_t), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y);
+}
+
+/* ---- attention: the tensor-core kernel, by tile and by token ------------------------------ */
+
+/* Launches the tensor-core attention (tiles of 16 tokens, or one token per block) for the
+ * queries `rows` of q (positions pos, sequences seq) and returns their outputs. */
+static std::vector<uint16_t> attn_run(const std::vector<float> &q_all, const bf16 *d_k,
+                                      const bf16 *d_v, const int32_t *d_tables, int32_t max_blocks,
+                                      const float *d_sinks, const std::vector<int32_t> &rows,
+                                      const std::vector<int32_t> &pos,
+                                      const std::vector<int32_t> &seq, int32_t window, bool each,
+                                      bool *ok) {
+    const int32_t NH = 64, NKV = 8, D = 64, n = (int32_t)rows.size();
+    std::vector<float> qs((size_t)n * NH * D);
+    for (int32_t i = 0; i < n; i++)
+        memcpy(&qs[(size_t)i * NH * D], &q_all[(size_t)rows[i] * NH * D], NH * D * sizeof(float));
+    float *dq = dev_upload(qs);
+    int32_t *dp = dev_upload(pos), *ds = dev_upload(seq);
+    bf16 *dout = dev_poisoned<bf16>((size_t)n * NH * D);
+    int rc = each ? gptoss_cuda_attention_tc_each(dq, d_k, d_v, dp, ds, d_tables, max_blocks, 16,
+                                                  d_sinks, n, NH, NKV, D, window, dout, 0)
+                  : gptoss_cuda_attention_tc(dq, d_k, d_v, dp, ds, d_tables, max_blocks, 16,
+                                             d_sinks, n, NH, NKV, D, window, dout, 0);
+    *ok = *ok && rc == 0;
+    std::vector<uint16_t> out((size_t)n * NH * D);
+    CK(cudaMemcpy(out.data(), dout, out.size() * 2, cudaMemcpyDeviceToHost));
+    cudaFree(dq), cudaFree(dp), cudaFree(ds), cudaFree(dout);
+    return out;
+}
+
+/* Sequence 0 holds 300 keys, sequence 1 200 (16-key pages, sequence 0's in reverse order);
+ * q rows 0..299 are sequence 0's positions, 300..499 sequence 1's. Every output of sequence 0
+ * must equal, bit for bit, the one-launch prefill of its 300 tokens: by token, in chunks of
+ * 1, 7, 64 and 100, beside another sequence's tokens in shared tiles, and as decode tokens. */
+static void attention_case(int32_t window) {
+    const int32_t NH = 64, NKV = 8, D = 64, BS = 16, MB = 19, NB = 32;
+    std::vector<uint16_t> kc((size_t)NB * BS * NKV * D), vc(kc.size());
+    for (auto &v : kc)
+        v = f2bf(rnd_nz(1.0f));
+    for (auto &v : vc)
+        v = f2bf(rnd_nz(1.0f));
+    std::vector<float> q((size_t)500 * NH * D), sinks(NH);
+    for (auto &v : q)
+        v = rnd_nz(0.3f);
+    for (auto &v : sinks)
+        v = rnd_nz(1.0f);
+    std::vector<int32_t> tables((size_t)2 * MB, 0);
+    for (int32_t b = 0; b < MB; b++)
+        tables[b] = NB - 1 - b;
+    for (int32_t b = 0; b < 13; b++)
+        tables[MB + b] = b;
+    bf16 *dk = (bf16 *)dev_upload(kc), *dv = (bf16 *)dev_upload(vc);
+    float *dsk = dev_upload(sinks);
+    int32_t *dt = dev_upload(tables);
+    bool ok = true;
+    auto run = [&](const std::vector<int32_t> &rows, bool each) {
+        std::vector<int32_t> pos(rows.size()), seq(rows.size());
+        for (size_t i = 0; i < rows.size(); i++) {
+            seq[i] = rows[i] < 300 ? 0 : 1;
+            pos[i] = rows[i] < 300 ? rows[i] : rows[i] - 300;
+        }
+        return attn_run(q, dk, dv, dt, MB, dsk, rows, pos, seq, window, each, &ok);
+    };
+    const size_t RW = (size_t)NH * D;
+    std::vector<int32_t> all(300);
+    for (int32_t i = 0; i < 300; i++)
+        all[i] = i;
+    std::vector<uint16_t> ref = run(all, false);
+    /* every output of sequence 0 in `rows` against ref */
+    auto same_as_ref = [&](const std::vector<int32_t> &rows, const std::vector<uint16_t> &out) {
+        for (size_t i = 0; i < rows.size(); i++)
+            if (rows[i] < 300 &&
+                memcmp(&out[i * RW], &ref[(size_t)rows[i] * RW], RW * sizeof(uint16_t)) != 0)
+                return false;
+        return true;
+    };
+    char name[160];
+    snprintf(name, sizeof name, "attention_tc window %d: one token per block bitwise the tiles",
+             (int)window);
+    check_true(name, same_as_ref(all, run(all, true)) && ok);
+    bool same = true;
+    for (int32_t cs : {1, 7, 64, 100})
+        for (int32_t c0 = 0; c0 < 300; c0 += cs) {
+            std::vector<int32_t> rows;
+            for (int32_t i = c0; i < 300 && i < c0 + cs; i++)
+                rows.push_back(i);
+            same = same && same_as_ref(rows, run(rows, false));
+        }
+    snprintf(name, sizeof name, "attention_tc window %d: chunks of 1, 7, 64, 100 bitwise",
+             (int)window);
+    check_true(name, same && ok);
+    std::vector<int32_t> mixed;
+    for (int32_t i = 450; i < 470; i++)
+        mixed.push_back(i);
+    for (int32_t i = 100; i < 137; i++)
+        mixed.push_back(i);
+    mixed.push_back(470);
+    for (int32_t i = 137; i < 150; i++)
+        mixed.push_back(i);
+    std::vector<int32_t> decode = {299, 499, 5, 333, 160, 31, 32};
+    snprintf(name, sizeof name,
+             "attention_tc window %d: beside another sequence in tiles, and as decode tokens",
+             (int)window);
+    check_true(name, same_as_ref(mixed, run(mixed, false)) &&
+                         same_as_ref(decode, run(decode, true)) &&
+                         same_as_ref(decode, run(decode, false)) && ok);
+    cudaFree(dk), cudaFree(dv), cudaFree(dsk), cudaFree(dt);
 }
 
 int main(void) {
@@ -273,8 +388,9 @@ int main(void) {
         moe_case_weights big = moe_weights(16, 2880, 2880);
         for (int32_t T : {1, 2, 3, 8, 16, 33, 64})
             moe_case(big, T, 4, false);
-        moe_case(big, 40, 4, true);  /* 40 rows of expert 0: passes of 16 rows */
-        moe_case(big, 100, 4, true); /* 100: two route tiles of one expert */
+        moe_case(big, 40, 4, true);   /* 40 rows of expert 0: passes of 16 rows */
+        moe_case(big, 100, 4, true);  /* 100: two route tiles of one expert */
+        moe_case(big, 512, 4, false); /* prefill-sized: 128 rows per expert */
         for (void *p : big.allocs)
             cudaFree(p);
         moe_case_weights small = moe_weights(16, 256, 192);
@@ -283,6 +399,9 @@ int main(void) {
         for (void *p : small.allocs)
             cudaFree(p);
     }
+    attention_case(0);
+    attention_case(128);
+    attention_case(40); /* a window that is no multiple of the 32-key steps */
     router_case(32, 2880);
     router_case(128, 2880);
     router_case(8, 128);

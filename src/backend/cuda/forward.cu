@@ -7,10 +7,11 @@
  * tokens, else cuBLAS), bias+RoPE+KV write, paged sink attention, O GEMM (likewise),
  * residual+mlp-norm, router logits (fp32 input) + top-k in one launch, route (not for a
  * single token), MoE (MXFP4)] -> residual+final norm of the logit rows only -> lm_head GEMM.
- * With batch_invariant set each of these takes one path for every step (docs/batch-invariance.md):
- * the GEMMs on kernels/batch_invariant.cu, the router logits there too, the WMMA MoE path's
- * results (from its streaming twin there for small steps), the scalar attention kernel
- * unsplit, no fused one-token kernels.
+ * With batch_invariant set each of these sums in one order for every step
+ * (docs/batch-invariance.md): the GEMMs on kernels/batch_invariant.cu (skinny or wide launch
+ * shapes by rows, same bits), the router logits there too, the WMMA experts path's arithmetic
+ * (its streaming and wide forms there), tensor-core attention unsplit for every token (one
+ * token per block for short runs), no fused one-token kernels.
  * The residual stream is fp32; GEMM inputs are bf16 (as the references round them), except
  * the router, whose discrete choice is made from fp32 activations; every reduction
  * accumulates in fp32. KV pages are bf16, or with kv_cache_dtype FP8 e4m3 codes with one fp32
@@ -47,6 +48,7 @@ static gptoss_status gemm_bf16(gptoss_cuda_state *s, gptoss_cuda_dense_weight wt
     if (s->batch_invariant) /* one kernel for every m (batch_invariant.h) */
         return gptoss_cuda_bi_gemm_variant(wt, x, y, m, n, k,
                                            m <= s->tuning.bi_dense_max ? GPTOSS_BI_GEMM_SKINNY
+                                           : s->tuning.bi_dense_wide   ? GPTOSS_BI_GEMM_WIDE
                                                                        : GPTOSS_BI_GEMM_TILE,
                                            s->stream) == 0
                    ? GPTOSS_OK
@@ -225,8 +227,23 @@ static bool layer_attention_try_launch(gptoss_cuda_state *s, const cuda_layer *L
         if (rc != 0) scalar_end = T;
     }
     if (scalar_end == 0) return true;
-    /* tensor cores; the scalar kernel below for shapes it refuses and, unsplit, for every token
-     * in the batch-invariant mode */
+    /* batch-invariant: the short runs on the same tensor-core kernel, one token per block, each
+     * row bitwise what a tile gives it; the scalar kernel, unsplit, for every token where
+     * attn_tc is off or the kernel refuses the shape */
+    if (s->batch_invariant && s->tuning.attn_tc && scalar_end == NS) {
+        int rc =
+            s->kv_fp8
+                ? gptoss_cuda_attention_tc_fp8_each(w->q, L->k_fp8, L->v_fp8, L->k_scale,
+                                                    L->v_scale, d_pos, d_seq, table,
+                                                    key->max_blocks, s->kv_block_size, L->sinks, NS,
+                                                    NH, NKV, D, window, w->attn, s->stream)
+                : gptoss_cuda_attention_tc_each(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table,
+                                                key->max_blocks, s->kv_block_size, L->sinks, NS, NH,
+                                                NKV, D, window, w->attn, s->stream);
+        if (rc == 0) return true;
+        scalar_end = T; /* refused: every token on the scalar kernel */
+    }
+    /* tensor cores; the scalar kernel below for shapes it refuses */
     if (s->dev.attn_decode && !s->batch_invariant) {
         int rc = s->kv_fp8
                      ? gptoss_cuda_attention_decode_fp8(
@@ -415,8 +432,10 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
             gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
         MARK(PART_SMALL);
-        if (!ABLATED(MOE) && s->batch_invariant && T <= s->tuning.bi_moe_max)
-            gptoss_cuda_bi_moe(&L->moe, w->t, T * K, &route, w->h, w->y, k); /* the same h, y */
+        const bool bi_small = T <= s->tuning.bi_moe_max;
+        if (!ABLATED(MOE) && s->batch_invariant && (bi_small || s->tuning.bi_moe_wide))
+            gptoss_cuda_bi_moe(&L->moe, w->t, T * K, &route, w->h, w->y, /* the same h and y */
+                               bi_small ? GPTOSS_BI_MOE_SMALL : GPTOSS_BI_MOE_WIDE, k);
         else if (!ABLATED(MOE))
             gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
         MARK(PART_MOE);
@@ -486,8 +505,9 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
      * sized steps keep the plan order and one kernel (tensor cores when the step is
      * prefill-shaped). */
     const int32_t *start = plan->seq_token_start;
-    int32_t n_short = T; /* batch-invariant: every token on the scalar kernel, one split */
-    const bool attn_tc = s->tuning.attn_tc && !s->batch_invariant;
+    int32_t n_short = T; /* batch-invariant: the short runs take the tensor-core kernel too, one
+                            token per block (layer_attention_try_launch) */
+    const bool attn_tc = s->tuning.attn_tc;
     if (attn_tc && T > GRAPH_MAX_TOKENS) {
         n_short = 0;
         for (int32_t sq = 0; sq < plan->n_seqs; sq++)

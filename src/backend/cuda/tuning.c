@@ -49,7 +49,9 @@ static const knob knobs[] = {
     {"moe_max_tile", "GPTOSS_CUDA_MOE_MAX_TILE", KIND_INT, FIELD(moe_max_tile), 8, 128, NULL},
     {"moe_tile_pct", "GPTOSS_CUDA_MOE_TILE_PCT", KIND_INT, FIELD(moe_tile_pct), 50, 800, NULL},
     {"bi_dense_max", "GPTOSS_CUDA_BI_DENSE_MAX", KIND_INT, FIELD(bi_dense_max), 0, 65536, NULL},
+    {"bi_dense_wide", "GPTOSS_CUDA_BI_DENSE_WIDE", KIND_BOOL, FIELD(bi_dense_wide), 0, 0, NULL},
     {"bi_moe_max", "GPTOSS_CUDA_BI_MOE_MAX", KIND_INT, FIELD(bi_moe_max), 0, 65536, NULL},
+    {"bi_moe_wide", "GPTOSS_CUDA_BI_MOE_WIDE", KIND_BOOL, FIELD(bi_moe_wide), 0, 0, NULL},
     {"profile", "GPTOSS_CUDA_PROFILE", KIND_BOOL, FIELD(profile), 0, 0, NULL},
     {"step_timing", "GPTOSS_STEP_TIMING", KIND_BOOL, FIELD(step_timing), 0, 0, NULL},
     {"ablate", "GPTOSS_CUDA_ABLATE", KIND_INT, FIELD(ablate), 0, 255, NULL},
@@ -82,6 +84,8 @@ void gptoss_cuda_tuning_default(gptoss_cuda_tuning *t) {
     t->moe_tile_pct = 125;
     t->bi_dense_max = 64;
     t->bi_moe_max = 64;
+    t->bi_moe_wide = true;
+    t->bi_dense_wide = true;
 }
 
 /* What a knob accepts, for error messages. */

@@ -135,28 +135,31 @@ int gptoss_cuda_bi_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int
     return 0;
 }
 
-/* ---- the skinny GEMM: decode-sized steps ---------------------------------------------- */
+/* ---- the skinny and wide GEMMs -------------------------------------------------------------- */
 
 /*
- * The same products for a few rows: a block owns 16 output columns (two warps of 8) and
- * 16 * MT rows, and streams its columns' weights through a BIS_STAGES-deep cp.async pipeline
- * of 128-input steps (the first steps' weights issued before the PDL wait, as they depend on
- * no earlier kernel), so a one-row step reads the weights at the memory's bandwidth from
- * hundreds of blocks instead of a few dozen 64-column tiles. Each warp multiplies with
- * mma.sync m16n8k16 (the instruction the WMMA 16x16x16 product compiles to) over exactly
- * ceil(k / 16) chunks in ascending order into one fp32 accumulator per output, and applies the
- * same epilogue: bitwise the tile kernel's result for every row (gpu_test_bi_kernels).
+ * The same products in other launch shapes. A block of WARPS warps owns BN = 8 * NT * WARPS
+ * output columns (each warp NT column tiles of 8) and 16 * MT rows, and streams its columns'
+ * weights and its rows' inputs through an S-deep cp.async pipeline of 128-input steps (the
+ * first steps' weights issued before the PDL wait, as they depend on no earlier kernel).
+ * Skinny (decode-sized steps): 2 warps, NT = 1, MT 1, 2 or 4 by m, 6 to 4 stages, so a one-row
+ * step reads the weights at the memory's bandwidth from hundreds of blocks instead of a few
+ * dozen 64-column tiles. Wide (prefill): 8 warps, NT = 2, MT = 4, 64 x 128 outputs per block,
+ * 3 stages. Each warp multiplies with mma.sync m16n8k16 (the instruction the WMMA 16x16x16
+ * product compiles to) over exactly ceil(k / 16) chunks in ascending order into one fp32
+ * accumulator per output, and applies the same epilogue: bitwise the tile kernel's result for
+ * every row (gpu_test_bi_kernels).
  */
-#define BIS_WARPS 2
-#define BIS_BN (8 * BIS_WARPS)
 #define BIS_BK 128
 #define BIS_LDA (BIS_BK + 8)  /* bf16 per row of the A and bf16 B tiles: 272 bytes */
 #define BIS_LDQ (BIS_BK + 16) /* bytes per row of the e4m3 B tile */
-#define BIS_STAGES(MT) ((MT) == 1 ? 6 : (MT) == 2 ? 5 : 4)
 
-template <int MT, bool E4M3> static size_t bis_stage_bytes(void) {
-    return (size_t)16 * MT * BIS_LDA * 2 + (size_t)BIS_BN * (E4M3 ? BIS_LDQ : BIS_LDA * 2);
-}
+template <int MT, int NT, int WARPS, int S, bool E4M3> struct bis_shape {
+    static constexpr int BN = 8 * NT * WARPS, ROWS = 16 * MT, THREADS = 32 * WARPS;
+    static constexpr int A_BYTES = ROWS * BIS_LDA * 2;
+    static constexpr int STAGE = A_BYTES + BN * (E4M3 ? BIS_LDQ : BIS_LDA * 2);
+    static constexpr size_t SMEM = (size_t)S * STAGE;
+};
 
 static __device__ __forceinline__ void bis_mma(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                                uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -184,36 +187,32 @@ template <int N> static __device__ __forceinline__ void bis_wait(void) {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
-/* The weights of k-step `step` into a stage: BIS_BN rows of 128 inputs, zeros past n and k. */
-template <bool E4M3>
+/* The weights of k-step `step` into a stage: BN rows of 128 inputs, zeros past n and k. */
+template <int BN, int THREADS, bool E4M3>
 static __device__ __forceinline__ void bis_load_b(unsigned char *bs, const bf16 *w,
                                                   const uint8_t *codes, int32_t n, int32_t k,
                                                   int32_t n0, int32_t step) {
     const int32_t k0 = step * BIS_BK;
-    if constexpr (E4M3) { /* 8-byte copies: a row of codes is only 8-byte aligned */
-        for (int i = threadIdx.x; i < BIS_BN * (BIS_BK / 8); i += BIS_WARPS * 32) {
-            const int r = i / (BIS_BK / 8), c = i % (BIS_BK / 8);
-            const int32_t kk = k0 + 8 * c;
-            const bool ok = n0 + r < n && kk < k;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < BN * (BIS_BK / 8); i += THREADS) {
+        const int r = i / (BIS_BK / 8), c = i % (BIS_BK / 8);
+        const int32_t kk = k0 + 8 * c;
+        const bool ok = n0 + r < n && kk < k;
+        if constexpr (E4M3) /* 8-byte copies: a row of codes is only 8-byte aligned */
             bis_cp<8>(bs + r * BIS_LDQ + 8 * c, ok ? codes + (size_t)(n0 + r) * k + kk : codes,
                       ok ? 8 : 0);
-        }
-    } else {
-        for (int i = threadIdx.x; i < BIS_BN * (BIS_BK / 8); i += BIS_WARPS * 32) {
-            const int r = i / (BIS_BK / 8), c = i % (BIS_BK / 8);
-            const int32_t kk = k0 + 8 * c;
-            const bool ok = n0 + r < n && kk < k;
+        else
             bis_cp<16>(bs + r * BIS_LDA * 2 + 16 * c, ok ? w + (size_t)(n0 + r) * k + kk : w,
                        ok ? 16 : 0);
-        }
     }
 }
 
 /* Rows [m0, m0 + rows) of x for k-step `step`; rows past them are never read. */
+template <int THREADS>
 static __device__ __forceinline__ void bis_load_a(bf16 *as, const bf16 *x, int32_t k, int32_t m0,
                                                   int rows, int32_t step) {
     const int32_t k0 = step * BIS_BK;
-    for (int i = threadIdx.x; i < rows * (BIS_BK / 8); i += BIS_WARPS * 32) {
+    for (int i = threadIdx.x; i < rows * (BIS_BK / 8); i += THREADS) {
         const int r = i / (BIS_BK / 8), c = i % (BIS_BK / 8);
         const int32_t kk = k0 + 8 * c;
         const bool ok = kk < k;
@@ -221,42 +220,45 @@ static __device__ __forceinline__ void bis_load_a(bf16 *as, const bf16 *x, int32
     }
 }
 
-/* Grid (ceil(n / BIS_BN), ceil(m / (16 * MT))); dynamic shared memory BIS_STAGES(MT) stages. */
-template <int MT, bool E4M3>
-static __global__ void __launch_bounds__(BIS_WARPS * 32)
+/* Grid (ceil(n / BN), ceil(m / (16 * MT))); dynamic shared memory S stages. */
+template <int MT, int NT, int WARPS, int S, bool E4M3>
+static __global__ void __launch_bounds__(WARPS * 32)
     bis_gemm_kernel(const bf16 *w, const uint8_t *codes, const float *row_scale, const bf16 *x,
                     float *y, int32_t m, int32_t n, int32_t k) {
-    constexpr int S = BIS_STAGES(MT), ROWS = 16 * MT;
-    constexpr int A_BYTES = ROWS * BIS_LDA * 2;
-    constexpr int STAGE = A_BYTES + BIS_BN * (E4M3 ? BIS_LDQ : BIS_LDA * 2);
+    typedef bis_shape<MT, NT, WARPS, S, E4M3> sh;
+    constexpr int BN = sh::BN, TH = sh::THREADS, A_BYTES = sh::A_BYTES, STAGE = sh::STAGE;
     extern __shared__ __align__(128) unsigned char bis_smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const int32_t n0 = blockIdx.x * BIS_BN, m0 = blockIdx.y * ROWS;
-    const int rows = min(ROWS, m - m0);
+    const int32_t n0 = blockIdx.x * BN, m0 = blockIdx.y * sh::ROWS;
+    const int rows = min(sh::ROWS, m - m0);
     const int32_t steps = (k + BIS_BK - 1) / BIS_BK;
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (s < steps) bis_load_b<E4M3>(bis_smem + s * STAGE + A_BYTES, w, codes, n, k, n0, s);
+        if (s < steps)
+            bis_load_b<BN, TH, E4M3>(bis_smem + s * STAGE + A_BYTES, w, codes, n, k, n0, s);
         bis_commit();
     }
     pdl_wait(); /* x comes from an earlier kernel */
 #pragma unroll
     for (int s = 0; s < S - 1; s++)
-        if (s < steps) bis_load_a((bf16 *)(bis_smem + s * STAGE), x, k, m0, rows, s);
+        if (s < steps) bis_load_a<TH>((bf16 *)(bis_smem + s * STAGE), x, k, m0, rows, s);
     bis_commit();
     bis_wait<0>();
     __syncthreads();
 
-    float acc[MT][4];
+    float acc[MT][NT][4];
 #pragma unroll
     for (int t = 0; t < MT; t++)
-        acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+#pragma unroll
+        for (int u = 0; u < NT; u++)
+            acc[t][u][0] = acc[t][u][1] = acc[t][u][2] = acc[t][u][3] = 0.0f;
+    const int wc = warp * 8 * NT; /* the warp's first column in the block */
     for (int32_t i = 0; i < steps; i++) {
         const int32_t next = i + S - 1;
         if (next < steps) {
             unsigned char *st = bis_smem + (next % S) * STAGE;
-            bis_load_b<E4M3>(st + A_BYTES, w, codes, n, k, n0, next);
-            bis_load_a((bf16 *)st, x, k, m0, rows, next);
+            bis_load_b<BN, TH, E4M3>(st + A_BYTES, w, codes, n, k, n0, next);
+            bis_load_a<TH>((bf16 *)st, x, k, m0, rows, next);
         }
         bis_commit();
         const unsigned char *st = bis_smem + (i % S) * STAGE;
@@ -265,18 +267,22 @@ static __global__ void __launch_bounds__(BIS_WARPS * 32)
 #pragma unroll
         for (int kk = 0; kk < BIS_BK; kk += 16) {
             if (k0 + kk >= k) break;
-            uint32_t b0, b1;
-            if constexpr (E4M3) {
-                const unsigned char *bp = st + A_BYTES + (warp * 8 + g) * BIS_LDQ + kk + 2 * q;
-                __nv_bfloat162 v0 = e4m3x2_to_bf16x2(*(const uint16_t *)bp),
-                               v1 = e4m3x2_to_bf16x2(*(const uint16_t *)(bp + 8));
-                b0 = *(const uint32_t *)&v0;
-                b1 = *(const uint32_t *)&v1;
-            } else {
-                const bf16 *bp =
-                    (const bf16 *)(st + A_BYTES) + (warp * 8 + g) * BIS_LDA + kk + 2 * q;
-                b0 = *(const uint32_t *)bp;
-                b1 = *(const uint32_t *)(bp + 8);
+            uint32_t b[NT][2];
+#pragma unroll
+            for (int u = 0; u < NT; u++) {
+                if constexpr (E4M3) {
+                    const unsigned char *bp =
+                        st + A_BYTES + (wc + 8 * u + g) * BIS_LDQ + kk + 2 * q;
+                    __nv_bfloat162 v0 = e4m3x2_to_bf16x2(*(const uint16_t *)bp),
+                                   v1 = e4m3x2_to_bf16x2(*(const uint16_t *)(bp + 8));
+                    b[u][0] = *(const uint32_t *)&v0;
+                    b[u][1] = *(const uint32_t *)&v1;
+                } else {
+                    const bf16 *bp =
+                        (const bf16 *)(st + A_BYTES) + (wc + 8 * u + g) * BIS_LDA + kk + 2 * q;
+                    b[u][0] = *(const uint32_t *)bp;
+                    b[u][1] = *(const uint32_t *)(bp + 8);
+                }
             }
 #pragma unroll
             for (int t = 0; t < MT; t++) {
@@ -287,63 +293,65 @@ static __global__ void __launch_bounds__(BIS_WARPS * 32)
                                a2 = r0 ? *(const uint32_t *)(ap + 8) : 0u,
                                a1 = r1 ? *(const uint32_t *)(ap + 8 * BIS_LDA) : 0u,
                                a3 = r1 ? *(const uint32_t *)(ap + 8 * BIS_LDA + 8) : 0u;
-                bis_mma(acc[t], a0, a1, a2, a3, b0, b1);
+#pragma unroll
+                for (int u = 0; u < NT; u++)
+                    bis_mma(acc[t][u], a0, a1, a2, a3, b[u][0], b[u][1]);
             }
         }
         bis_wait<S - 2>();
         __syncthreads();
     }
-    const int32_t col = n0 + warp * 8 + 2 * q;
 #pragma unroll
     for (int t = 0; t < MT; t++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = 16 * t + g + 8 * h;
-            if (r >= rows) continue;
+        for (int u = 0; u < NT; u++)
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                if (col + j >= n) continue;
-                float v = acc[t][2 * h + j];
-                if constexpr (E4M3) v *= row_scale[col + j];
-                y[(size_t)(m0 + r) * n + col + j] = v;
+            for (int h = 0; h < 2; h++) {
+                const int r = 16 * t + g + 8 * h;
+                const int32_t col = n0 + wc + 8 * u + 2 * q;
+                if (r >= rows) continue;
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    if (col + j >= n) continue;
+                    float v = acc[t][u][2 * h + j];
+                    if constexpr (E4M3) v *= row_scale[col + j];
+                    y[(size_t)(m0 + r) * n + col + j] = v;
+                }
             }
-        }
 }
 
-template <int MT, bool E4M3>
-static void bis_launch(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m, int32_t n,
-                       int32_t k, cudaStream_t stream) {
-    const size_t smem = (size_t)BIS_STAGES(MT) * bis_stage_bytes<MT, E4M3>();
-    cudaFuncSetAttribute(bis_gemm_kernel<MT, E4M3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)smem);
-    dim3 grid((unsigned)((n + BIS_BN - 1) / BIS_BN), (unsigned)((m + 16 * MT - 1) / (16 * MT)));
-    launch_pdl(bis_gemm_kernel<MT, E4M3>, grid, dim3(BIS_WARPS * 32), smem, stream,
+template <int MT, int NT, int WARPS, int S, bool E4M3>
+static int bis_launch(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m, int32_t n,
+                      int32_t k, cudaStream_t stream) {
+    typedef bis_shape<MT, NT, WARPS, S, E4M3> sh;
+    if ((m + sh::ROWS - 1) / sh::ROWS > 65535) return -1;
+    cudaFuncSetAttribute(bis_gemm_kernel<MT, NT, WARPS, S, E4M3>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh::SMEM);
+    dim3 grid((unsigned)((n + sh::BN - 1) / sh::BN), (unsigned)((m + sh::ROWS - 1) / sh::ROWS));
+    launch_pdl(bis_gemm_kernel<MT, NT, WARPS, S, E4M3>, grid, dim3(sh::THREADS), sh::SMEM, stream,
                (const bf16 *)w.w_bf16, (const uint8_t *)w.w_e4m3, (const float *)w.row_scale, x, y,
                m, n, k);
+    return 0;
 }
 
 template <bool E4M3>
-static void bis_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m, int32_t n,
-                     int32_t k, cudaStream_t stream) {
-    if (m <= 16)
-        bis_launch<1, E4M3>(w, x, y, m, n, k, stream);
-    else if (m <= 32)
-        bis_launch<2, E4M3>(w, x, y, m, n, k, stream);
-    else
-        bis_launch<4, E4M3>(w, x, y, m, n, k, stream);
+static int bis_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m, int32_t n,
+                    int32_t k, int variant, cudaStream_t stream) {
+    if (variant == GPTOSS_BI_GEMM_WIDE)
+        return bis_launch<4, 2, 8, 3, E4M3>(w, x, y, m, n, k, stream);
+    if (m <= 16) return bis_launch<1, 1, 2, 6, E4M3>(w, x, y, m, n, k, stream);
+    if (m <= 32) return bis_launch<2, 1, 2, 5, E4M3>(w, x, y, m, n, k, stream);
+    return bis_launch<4, 1, 2, 4, E4M3>(w, x, y, m, n, k, stream);
 }
 
 int gptoss_cuda_bi_gemm_variant(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m,
                                 int32_t n, int32_t k, int variant, cudaStream_t stream) {
-    if (variant != GPTOSS_BI_GEMM_SKINNY) return gptoss_cuda_bi_gemm(w, x, y, m, n, k, stream);
+    if (variant != GPTOSS_BI_GEMM_SKINNY && variant != GPTOSS_BI_GEMM_WIDE)
+        return gptoss_cuda_bi_gemm(w, x, y, m, n, k, stream);
     if (m <= 0 || n <= 0) return 0;
     if (k <= 0 || k % 8 != 0 || !x || !y || (!w.w_bf16 && !(w.w_e4m3 && w.row_scale))) return -1;
-    if ((m + 15) / 16 > 65535) return -1;
-    if (w.w_bf16)
-        bis_gemm<false>(w, x, y, m, n, k, stream);
-    else
-        bis_gemm<true>(w, x, y, m, n, k, stream);
-    return 0;
+    return w.w_bf16 ? bis_gemm<false>(w, x, y, m, n, k, variant, stream)
+                    : bis_gemm<true>(w, x, y, m, n, k, variant, stream);
 }
 
 /* Grid (tokens, ceil(experts / 8)), 8 warps: warp i scores expert 8 * blockIdx.y + i. */
@@ -371,27 +379,35 @@ void gptoss_cuda_bi_router_logits(const float *x, const float *w, int32_t n_toke
     bi_router_logits_kernel<<<grid, 256, 0, stream>>>(x, w, n_experts, hidden, logits);
 }
 
-/* ---- the experts for decode-sized steps --------------------------------------------------- */
+/* ---- the experts ---------------------------------------------------------------------------- */
 
 /*
- * GPTOSS_MOE_WMMA_GEMM's products (kernels/moe/wmma_gemm.cu) for steps whose experts hold a
- * few rows each: the same route (64-row tiles), but a block owns 32 weight rows of one tile's
- * expert (4 warps of 8) and streams them through a BIM_STAGES-deep cp.async pipeline of 4
- * MXFP4 groups per step, taking the tile's rows 16 at a time. Every weight is dequantized as
- * the WMMA path does it (fp4 * hi, then * lo, rounded to bf16), each output sums its groups in
- * ascending order as two m16n8k16 chunks each into one fp32 accumulator, and the epilogue is
- * the WMMA path's (bias, clamped SwiGLU, bf16 h; bias and the scatter to the pair's row for
- * down): h and y bitwise that path's (gpu_test_bi_kernels). Only the route's active tiles
- * (at most one per pair) are launched.
+ * GPTOSS_MOE_WMMA_GEMM's products (kernels/moe/wmma_gemm.cu) over the same route (64-row
+ * tiles), in two launch shapes. A block owns 8 * NT * 4 weight rows of one tile's expert (4
+ * warps of NT column tiles of 8) and takes the tile's rows 16 * MT at a time, streaming its
+ * weight rows through a cp.async pipeline of 4 MXFP4 groups per step: MT = NT = 1, 6 stages,
+ * for steps whose experts hold a few rows each (decode: hundreds of blocks, each keeping 12 KB
+ * of weights in flight), and MT = NT = 4, 3 stages, 64 x 128 outputs per block, for prefill.
+ * Every weight is dequantized as the WMMA path does it (fp4 * hi, then * lo, rounded to bf16),
+ * each output sums its groups in ascending order as two m16n8k16 chunks each into one fp32
+ * accumulator, and the epilogue is the WMMA path's (bias, clamped SwiGLU, bf16 h; bias and the
+ * scatter to the pair's row for down): h and y bitwise that path's (gpu_test_bi_kernels).
+ * Only the route's active tiles (at most one per pair) are launched.
  */
 #define BIM_WARPS 4
-#define BIM_BN (8 * BIM_WARPS)
 #define BIM_GROUPS 4 /* MXFP4 groups (32 inputs) per k-step */
 #define BIM_BK (32 * BIM_GROUPS)
 #define BIM_LDB (16 * BIM_GROUPS + 16) /* bytes per weight row of a stage */
-#define BIM_STAGES 6
-#define BIM_A_BYTES (16 * BIS_LDA * 2)
-#define BIM_STAGE (BIM_A_BYTES + BIM_BN * BIM_LDB)
+
+template <int MT, int NT> struct bim_shape {
+    static constexpr int BN = 8 * NT * BIM_WARPS, ROWS = 16 * MT;
+    static constexpr int STAGES = MT * NT == 1 ? 6 : 3;
+    static constexpr int A_BYTES = ROWS * BIS_LDA * 2;
+    static constexpr int STAGE = A_BYTES + BN * BIM_LDB;
+    static size_t smem(int32_t k_in) {
+        return (size_t)STAGES * STAGE + (size_t)BN * (k_in / 32);
+    }
+};
 
 /* bf16(fp4 * hi * lo) of the two codes of byte b (low nibble first), as fp4x8_to_float and the
  * WMMA path's rounding compute them. */
@@ -402,41 +418,42 @@ static __device__ __forceinline__ uint32_t bim_pair(uint32_t b, float hi, float 
     return *(const uint32_t *)&p;
 }
 
-template <bool GATE_UP>
+template <bool GATE_UP, int MT, int NT>
 static __global__ void __launch_bounds__(BIM_WARPS * 32)
     bim_moe_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const bf16 *act,
                    int32_t k_in, int32_t n_out_rows, gptoss_cuda_route route, float limit,
                    float alpha, bf16 *h_out, float *y_out) {
+    typedef bim_shape<MT, NT> sh;
+    constexpr int S = sh::STAGES, BN = sh::BN;
     extern __shared__ __align__(128) unsigned char bim_smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int n_groups = k_in / 32, steps = (n_groups + BIM_GROUPS - 1) / BIM_GROUPS;
-    uint8_t *sc = bim_smem + BIM_STAGES * BIM_STAGE; /* [BIM_BN][n_groups] scale bytes */
+    uint8_t *sc = bim_smem + S * sh::STAGE; /* [BN][n_groups] scale bytes */
     pdl_wait(); /* the route and the activations come from earlier kernels */
     const int tile = blockIdx.y, e = route.tile_expert[tile];
     if (e < 0) return;
     const int32_t r_begin = route.tile_row[tile],
                   r_end = min(r_begin + route.tile_rows, route.expert_offsets[e + 1]);
-    const int32_t n0 = blockIdx.x * BIM_BN;
+    const int32_t n0 = blockIdx.x * BN;
     const size_t row_bytes = (size_t)n_groups * 16;
     const uint8_t *eb = blocks + (size_t)e * n_out_rows * row_bytes;
     const uint8_t *es = scales + (size_t)e * n_out_rows * n_groups;
-    for (int i = threadIdx.x; i < BIM_BN * n_groups; i += blockDim.x) {
+    for (int i = threadIdx.x; i < BN * n_groups; i += blockDim.x) {
         const int r = i / n_groups;
         sc[i] = n0 + r < n_out_rows ? es[(size_t)(n0 + r) * n_groups + i % n_groups] : 127;
     }
     const float *ebias = bias + (size_t)e * n_out_rows;
-    const int cl = warp * 8 + g;               /* this lane's weight row in the block */
-    const int32_t col = n0 + warp * 8 + 2 * q; /* its outputs' first column */
+    const int wc = warp * 8 * NT; /* the warp's first weight row in the block */
 
-    for (int32_t p0 = r_begin; p0 < r_end; p0 += 16) {
-        const int rows = min(16, r_end - p0);
-        /* stage `step`: BIM_BN weight rows x BIM_GROUPS groups and the pass's rows of input */
+    for (int32_t p0 = r_begin; p0 < r_end; p0 += sh::ROWS) {
+        const int rows = min(sh::ROWS, r_end - p0);
+        /* stage `step`: BN weight rows x BIM_GROUPS groups and the pass's rows of input */
         auto load = [&](int step) {
-            unsigned char *st = bim_smem + (step % BIM_STAGES) * BIM_STAGE;
-            for (int i = threadIdx.x; i < BIM_BN * BIM_GROUPS; i += blockDim.x) {
+            unsigned char *st = bim_smem + (step % S) * sh::STAGE;
+            for (int i = threadIdx.x; i < BN * BIM_GROUPS; i += blockDim.x) {
                 const int r = i / BIM_GROUPS, gi = step * BIM_GROUPS + i % BIM_GROUPS;
                 const bool ok = n0 + r < n_out_rows && gi < n_groups;
-                bis_cp<16>(st + BIM_A_BYTES + r * BIM_LDB + 16 * (i % BIM_GROUPS),
+                bis_cp<16>(st + sh::A_BYTES + r * BIM_LDB + 16 * (i % BIM_GROUPS),
                            ok ? eb + (size_t)(n0 + r) * row_bytes + (size_t)gi * 16 : eb,
                            ok ? 16 : 0);
             }
@@ -452,79 +469,115 @@ static __global__ void __launch_bounds__(BIM_WARPS * 32)
             }
         };
 #pragma unroll 1
-        for (int s = 0; s < BIM_STAGES - 1; s++) {
+        for (int s = 0; s < S - 1; s++) {
             if (s < steps) load(s);
             bis_commit();
         }
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float acc[MT][NT][4];
+#pragma unroll
+        for (int t = 0; t < MT; t++)
+#pragma unroll
+            for (int u = 0; u < NT; u++)
+                acc[t][u][0] = acc[t][u][1] = acc[t][u][2] = acc[t][u][3] = 0.0f;
         for (int i = 0; i < steps; i++) {
-            if (i + BIM_STAGES - 1 < steps) load(i + BIM_STAGES - 1);
+            if (i + S - 1 < steps) load(i + S - 1);
             bis_commit();
-            bis_wait<BIM_STAGES - 1>(); /* this step's copies have landed */
+            bis_wait<S - 1>(); /* this step's copies have landed */
             __syncthreads();
-            const unsigned char *st = bim_smem + (i % BIM_STAGES) * BIM_STAGE;
+            const unsigned char *st = bim_smem + (i % S) * sh::STAGE;
             const bf16 *as = (const bf16 *)st;
 #pragma unroll
             for (int gl = 0; gl < BIM_GROUPS; gl++) {
                 const int gi = i * BIM_GROUPS + gl;
                 if (gi >= n_groups) break;
-                const uint4 cw = *(const uint4 *)(st + BIM_A_BYTES + cl * BIM_LDB + 16 * gl);
-                float hi, lo;
-                e8m0_split(sc[cl * n_groups + gi], &hi, &lo);
-                const uint32_t sh = 8 * q;
-                /* values 2q, 2q+1 | 2q+8, 2q+9 of each 16-input half: byte q of each word */
-                const uint32_t b[4] = {
-                    bim_pair((cw.x >> sh) & 0xffu, hi, lo), bim_pair((cw.y >> sh) & 0xffu, hi, lo),
-                    bim_pair((cw.z >> sh) & 0xffu, hi, lo), bim_pair((cw.w >> sh) & 0xffu, hi, lo)};
+                /* values 2q, 2q+1 | 2q+8, 2q+9 of each 16-input half of the group: byte q of
+                 * each of its 4 words, for this lane's weight row of each column tile */
+                uint32_t b[NT][4];
 #pragma unroll
-                for (int half = 0; half < 2; half++) {
-                    const bf16 *ap = as + g * BIS_LDA + 32 * gl + 16 * half + 2 * q;
-                    const bool r0 = g < rows, r1 = g + 8 < rows;
-                    const uint32_t a0 = r0 ? *(const uint32_t *)ap : 0u,
-                                   a2 = r0 ? *(const uint32_t *)(ap + 8) : 0u,
-                                   a1 = r1 ? *(const uint32_t *)(ap + 8 * BIS_LDA) : 0u,
-                                   a3 = r1 ? *(const uint32_t *)(ap + 8 * BIS_LDA + 8) : 0u;
-                    bis_mma(acc, a0, a1, a2, a3, b[2 * half], b[2 * half + 1]);
+                for (int u = 0; u < NT; u++) {
+                    const int cl = wc + 8 * u + g;
+                    const uint4 cw = *(const uint4 *)(st + sh::A_BYTES + cl * BIM_LDB + 16 * gl);
+                    float hi, lo;
+                    e8m0_split(sc[cl * n_groups + gi], &hi, &lo);
+                    const uint32_t sh8 = 8 * q;
+                    b[u][0] = bim_pair((cw.x >> sh8) & 0xffu, hi, lo);
+                    b[u][1] = bim_pair((cw.y >> sh8) & 0xffu, hi, lo);
+                    b[u][2] = bim_pair((cw.z >> sh8) & 0xffu, hi, lo);
+                    b[u][3] = bim_pair((cw.w >> sh8) & 0xffu, hi, lo);
                 }
+#pragma unroll
+                for (int half = 0; half < 2; half++)
+#pragma unroll
+                    for (int t = 0; t < MT; t++) {
+                        if (16 * t >= rows) break;
+                        const bf16 *ap = as + (16 * t + g) * BIS_LDA + 32 * gl + 16 * half + 2 * q;
+                        const bool r0 = 16 * t + g < rows, r1 = 16 * t + g + 8 < rows;
+                        const uint32_t a0 = r0 ? *(const uint32_t *)ap : 0u,
+                                       a2 = r0 ? *(const uint32_t *)(ap + 8) : 0u,
+                                       a1 = r1 ? *(const uint32_t *)(ap + 8 * BIS_LDA) : 0u,
+                                       a3 = r1 ? *(const uint32_t *)(ap + 8 * BIS_LDA + 8) : 0u;
+#pragma unroll
+                        for (int u = 0; u < NT; u++)
+                            bis_mma(acc[t][u], a0, a1, a2, a3, b[u][2 * half], b[u][2 * half + 1]);
+                    }
             }
             __syncthreads(); /* before the next iteration's copies overwrite a stage */
         }
         bis_wait<0>();
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int r = g + 8 * hh;
-            if (r >= rows || col >= n_out_rows) continue;
-            if constexpr (GATE_UP) {
-                const float gate = acc[2 * hh] + ebias[col], up = acc[2 * hh + 1] + ebias[col + 1];
-                h_out[(size_t)(p0 + r) * (n_out_rows / 2) + col / 2] =
-                    __float2bfloat16(swiglu(gate, up, limit, alpha));
-            } else {
-                float *yr = y_out + (size_t)route.sorted_pair[p0 + r] * n_out_rows;
-                yr[col] = acc[2 * hh] + ebias[col];
-                if (col + 1 < n_out_rows) yr[col + 1] = acc[2 * hh + 1] + ebias[col + 1];
-            }
-        }
+        for (int t = 0; t < MT; t++)
+#pragma unroll
+            for (int u = 0; u < NT; u++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int r = 16 * t + g + 8 * hh;
+                    const int32_t col = n0 + wc + 8 * u + 2 * q;
+                    if (r >= rows || col >= n_out_rows) continue;
+                    const float c0 = acc[t][u][2 * hh], c1 = acc[t][u][2 * hh + 1];
+                    if constexpr (GATE_UP) {
+                        const float gate = c0 + ebias[col], up = c1 + ebias[col + 1];
+                        h_out[(size_t)(p0 + r) * (n_out_rows / 2) + col / 2] =
+                            __float2bfloat16(swiglu(gate, up, limit, alpha));
+                    } else {
+                        float *yr = y_out + (size_t)route.sorted_pair[p0 + r] * n_out_rows;
+                        yr[col] = c0 + ebias[col];
+                        if (col + 1 < n_out_rows) yr[col + 1] = c1 + ebias[col + 1];
+                    }
+                }
+        __syncthreads(); /* the next pass's first copies overwrite the stages */
     }
 }
 
-void gptoss_cuda_bi_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_pairs,
-                        const gptoss_cuda_route *route, bf16 *h, float *y, cudaStream_t stream) {
-    if (n_pairs <= 0) return;
+template <int MT, int NT>
+static void bim_launch(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t tiles,
+                       const gptoss_cuda_route *route, bf16 *h, float *y, cudaStream_t stream) {
+    typedef bim_shape<MT, NT> sh;
     const int32_t H = w->hidden, I = w->intermediate;
-    int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, route->tile_rows);
-    if (tiles > n_pairs) tiles = n_pairs; /* the active tiles come first, each with a pair */
-    const size_t smem1 = (size_t)BIM_STAGES * BIM_STAGE + (size_t)BIM_BN * (H / 32),
-                 smem2 = (size_t)BIM_STAGES * BIM_STAGE + (size_t)BIM_BN * (I / 32);
-    cudaFuncSetAttribute(bim_moe_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const size_t smem1 = sh::smem(H), smem2 = sh::smem(I);
+    cudaFuncSetAttribute(bim_moe_kernel<true, MT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)smem1);
-    cudaFuncSetAttribute(bim_moe_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(bim_moe_kernel<false, MT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)smem2);
-    launch_pdl(bim_moe_kernel<true>, dim3((unsigned)((2 * I + BIM_BN - 1) / BIM_BN), tiles),
+    launch_pdl(bim_moe_kernel<true, MT, NT>,
+               dim3((unsigned)((2 * I + sh::BN - 1) / sh::BN), (unsigned)tiles),
                dim3(BIM_WARPS * 32), smem1, stream, (const uint8_t *)w->gate_up_blocks,
                (const uint8_t *)w->gate_up_scales, (const float *)w->gate_up_bias, t, H, 2 * I,
                *route, w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
-    launch_pdl(bim_moe_kernel<false>, dim3((unsigned)((H + BIM_BN - 1) / BIM_BN), tiles),
-               dim3(BIM_WARPS * 32), smem2, stream, (const uint8_t *)w->down_blocks,
-               (const uint8_t *)w->down_scales, (const float *)w->down_bias, (const bf16 *)h, I, H,
-               *route, w->swiglu_limit, w->swiglu_alpha, (bf16 *)nullptr, y);
+    launch_pdl(bim_moe_kernel<false, MT, NT>,
+               dim3((unsigned)((H + sh::BN - 1) / sh::BN), (unsigned)tiles), dim3(BIM_WARPS * 32),
+               smem2, stream, (const uint8_t *)w->down_blocks, (const uint8_t *)w->down_scales,
+               (const float *)w->down_bias, (const bf16 *)h, I, H, *route, w->swiglu_limit,
+               w->swiglu_alpha, (bf16 *)nullptr, y);
+}
+
+void gptoss_cuda_bi_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_pairs,
+                        const gptoss_cuda_route *route, bf16 *h, float *y, int variant,
+                        cudaStream_t stream) {
+    if (n_pairs <= 0) return;
+    int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, route->tile_rows);
+    if (tiles > n_pairs) tiles = n_pairs; /* the active tiles come first, each with a pair */
+    if (variant == GPTOSS_BI_MOE_WIDE)
+        bim_launch<4, 4>(w, t, tiles, route, h, y, stream);
+    else
+        bim_launch<1, 1>(w, t, tiles, route, h, y, stream);
 }

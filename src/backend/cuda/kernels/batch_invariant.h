@@ -21,10 +21,11 @@
 int gptoss_cuda_bi_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m, int32_t n,
                         int32_t k, cudaStream_t stream);
 
-/* The GEMM's launch shapes, every one with the same results row for row: 64x64 tiles (the one
- * for prefill), or 16 columns and up to 64 rows per block with deep weight streaming (for
- * decode-sized steps; any m works, every 64 rows re-reading the weights). */
-enum { GPTOSS_BI_GEMM_TILE = 0, GPTOSS_BI_GEMM_SKINNY = 1 };
+/* The GEMM's launch shapes, every one with the same results row for row: 64x64 WMMA tiles (the
+ * first form), 16 columns and up to 64 rows per block with deep weight streaming (for
+ * decode-sized steps; any m works, every 64 rows re-reading the weights), or 64 x 128 tiles
+ * on a 3-stage pipeline (prefill). */
+enum { GPTOSS_BI_GEMM_TILE = 0, GPTOSS_BI_GEMM_SKINNY = 1, GPTOSS_BI_GEMM_WIDE = 2 };
 
 /* gptoss_cuda_bi_gemm with the launch shape chosen: bitwise the same outputs. */
 int gptoss_cuda_bi_gemm_variant(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m,
@@ -32,11 +33,14 @@ int gptoss_cuda_bi_gemm_variant(gptoss_cuda_dense_weight w, const bf16 *x, float
 
 /*
  * The experts of a step over a route built for GPTOSS_MOE_WMMA_GEMM (64-row tiles): h and y
- * bitwise what that path writes (gptoss_cuda_moe with it), streamed for steps whose experts
- * hold a few rows each. Hidden and intermediate widths multiples of 32 (MXFP4 groups).
+ * bitwise what that path writes (gptoss_cuda_moe with it), in either launch shape: SMALL
+ * streams the weights for steps whose experts hold a few rows each, WIDE takes 64 rows x 128
+ * outputs per block for prefill. Hidden and intermediate widths multiples of 32 (MXFP4 groups).
  */
+enum { GPTOSS_BI_MOE_SMALL = 0, GPTOSS_BI_MOE_WIDE = 1 };
 void gptoss_cuda_bi_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_pairs,
-                        const gptoss_cuda_route *route, bf16 *h, float *y, cudaStream_t stream);
+                        const gptoss_cuda_route *route, bf16 *h, float *y, int variant,
+                        cudaStream_t stream);
 
 /* logits[t, e] = sum_h x[t, h] * w[e, h] in fp32 (no bias), one warp per output: lane l adds
  * h = l, l + 32, ... in order, then a fixed butterfly over the lanes. */
