@@ -236,20 +236,23 @@ static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew
     for (int variant : {GPTOSS_BI_MOE_SMALL, GPTOSS_BI_MOE_WIDE}) {
         CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(bf16)));
         CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
-        gptoss_cuda_bi_moe(&w, d_t, P, &route, d_h, d_y, variant, 0);
+        const bool launched = gptoss_cuda_bi_moe(&w, d_t, P, &route, d_h, d_y, variant, 0) == 0;
         std::vector<bf16> h = dev_download(d_h, (size_t)P * I);
         std::vector<float> y = dev_download(d_y, (size_t)P * H);
         snprintf(name, sizeof name, "bi_moe %s E %d H %d I %d T %d K %d%s: h, y bitwise WMMA's",
                  variant == GPTOSS_BI_MOE_WIDE ? "wide" : "small", (int)E, (int)H, (int)I, (int)T,
                  (int)K, skew ? " (expert 0 in every token)" : "");
-        check_true(name, finite && memcmp(h.data(), h_ref.data(), h.size() * sizeof(bf16)) == 0 &&
+        check_true(name, launched && finite &&
+                             memcmp(h.data(), h_ref.data(), h.size() * sizeof(bf16)) == 0 &&
                              memcmp(y.data(), y_ref.data(), y.size() * sizeof(float)) == 0);
     }
     /* token 0 alone: its rows as in the batch */
     if (T > 1) {
         gptoss_cuda_moe_route(d_topk, 1, K, E, GPTOSS_MOE_WMMA_GEMM, &route, 0);
         CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
-        gptoss_cuda_bi_moe(&w, d_t, K, &route, d_h, d_y, GPTOSS_BI_MOE_SMALL, 0);
+        CK(gptoss_cuda_bi_moe(&w, d_t, K, &route, d_h, d_y, GPTOSS_BI_MOE_SMALL, 0) == 0
+               ? cudaSuccess
+               : cudaErrorInvalidValue);
         std::vector<float> y1 = dev_download(d_y, (size_t)K * H);
         snprintf(name, sizeof name, "bi_moe E %d T %d: token 0 alone bitwise as in the batch",
                  (int)E, (int)T);

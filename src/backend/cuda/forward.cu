@@ -432,11 +432,13 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
             gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
         MARK(PART_SMALL);
+        /* batch-invariant: the WMMA path's h and y from the kernels of batch_invariant.cu (the
+         * WMMA path itself where they refuse the widths, or for large steps with bi_moe_wide=0) */
         const bool bi_small = T <= s->tuning.bi_moe_max;
-        if (!ABLATED(MOE) && s->batch_invariant && (bi_small || s->tuning.bi_moe_wide))
-            gptoss_cuda_bi_moe(&L->moe, w->t, T * K, &route, w->h, w->y, /* the same h and y */
-                               bi_small ? GPTOSS_BI_MOE_SMALL : GPTOSS_BI_MOE_WIDE, k);
-        else if (!ABLATED(MOE))
+        if (!ABLATED(MOE) &&
+            !(s->batch_invariant && (bi_small || s->tuning.bi_moe_wide) &&
+              gptoss_cuda_bi_moe(&L->moe, w->t, T * K, &route, w->h, w->y,
+                                 bi_small ? GPTOSS_BI_MOE_SMALL : GPTOSS_BI_MOE_WIDE, k) == 0))
             gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
         MARK(PART_MOE);
         if (!ABLATED(NORMS)) residual_next_norm(s, l, key, d_logit);

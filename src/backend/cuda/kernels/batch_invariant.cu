@@ -151,6 +151,17 @@ int gptoss_cuda_bi_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int
  * every row (gpu_test_bi_kernels).
  */
 #define BIS_BK 128
+#define BI_MOE_MAX_WIDTH 8192 /* hidden and intermediate widths the expert kernels take */
+
+/* Per device: prepared, and whether the wide shapes got their shared memory (157 KB for the
+ * GEMM, 115 KB for the experts). Where they did not, their launches take the tile GEMM and the
+ * streaming experts kernel instead: the same results. */
+#define BI_MAX_DEVICES 64
+typedef struct bi_device {
+    bool done, gemm_wide, moe_wide;
+} bi_device;
+static bi_device bi_dev[BI_MAX_DEVICES];
+static const bi_device *bi_prepare_once(void);
 #define BIS_LDA (BIS_BK + 8)  /* bf16 per row of the A and bf16 B tiles: 272 bytes */
 #define BIS_LDQ (BIS_BK + 16) /* bytes per row of the e4m3 B tile */
 
@@ -325,8 +336,6 @@ static int bis_launch(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32
                       int32_t k, cudaStream_t stream) {
     typedef bis_shape<MT, NT, WARPS, S, E4M3> sh;
     if ((m + sh::ROWS - 1) / sh::ROWS > 65535) return -1;
-    cudaFuncSetAttribute(bis_gemm_kernel<MT, NT, WARPS, S, E4M3>,
-                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh::SMEM);
     dim3 grid((unsigned)((n + sh::BN - 1) / sh::BN), (unsigned)((m + sh::ROWS - 1) / sh::ROWS));
     launch_pdl(bis_gemm_kernel<MT, NT, WARPS, S, E4M3>, grid, dim3(sh::THREADS), sh::SMEM, stream,
                (const bf16 *)w.w_bf16, (const uint8_t *)w.w_e4m3, (const float *)w.row_scale, x, y,
@@ -350,6 +359,10 @@ int gptoss_cuda_bi_gemm_variant(gptoss_cuda_dense_weight w, const bf16 *x, float
         return gptoss_cuda_bi_gemm(w, x, y, m, n, k, stream);
     if (m <= 0 || n <= 0) return 0;
     if (k <= 0 || k % 8 != 0 || !x || !y || (!w.w_bf16 && !(w.w_e4m3 && w.row_scale))) return -1;
+    const bi_device *d = bi_prepare_once();
+    if (!d) return -1;
+    if (variant == GPTOSS_BI_GEMM_WIDE && !d->gemm_wide)
+        return gptoss_cuda_bi_gemm(w, x, y, m, n, k, stream); /* the same results */
     return w.w_bf16 ? bis_gemm<false>(w, x, y, m, n, k, variant, stream)
                     : bis_gemm<true>(w, x, y, m, n, k, variant, stream);
 }
@@ -554,10 +567,6 @@ static void bim_launch(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t 
     typedef bim_shape<MT, NT> sh;
     const int32_t H = w->hidden, I = w->intermediate;
     const size_t smem1 = sh::smem(H), smem2 = sh::smem(I);
-    cudaFuncSetAttribute(bim_moe_kernel<true, MT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)smem1);
-    cudaFuncSetAttribute(bim_moe_kernel<false, MT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)smem2);
     launch_pdl(bim_moe_kernel<true, MT, NT>,
                dim3((unsigned)((2 * I + sh::BN - 1) / sh::BN), (unsigned)tiles),
                dim3(BIM_WARPS * 32), smem1, stream, (const uint8_t *)w->gate_up_blocks,
@@ -570,14 +579,60 @@ static void bim_launch(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t 
                w->swiglu_alpha, (bf16 *)nullptr, y);
 }
 
-void gptoss_cuda_bi_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_pairs,
-                        const gptoss_cuda_route *route, bf16 *h, float *y, int variant,
-                        cudaStream_t stream) {
-    if (n_pairs <= 0) return;
+int gptoss_cuda_bi_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_pairs,
+                       const gptoss_cuda_route *route, bf16 *h, float *y, int variant,
+                       cudaStream_t stream) {
+    if (n_pairs <= 0) return 0;
+    if (w->hidden % 32 != 0 || w->intermediate % 32 != 0 || w->hidden > BI_MOE_MAX_WIDTH ||
+        w->intermediate > BI_MOE_MAX_WIDTH || route->tile_rows != GPTOSS_MOE_TILE_M)
+        return -1;
+    const bi_device *d = bi_prepare_once();
+    if (!d) return -1;
+    if (!d->moe_wide) variant = GPTOSS_BI_MOE_SMALL; /* the same results */
     int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, route->tile_rows);
     if (tiles > n_pairs) tiles = n_pairs; /* the active tiles come first, each with a pair */
     if (variant == GPTOSS_BI_MOE_WIDE)
         bim_launch<4, 4>(w, t, tiles, route, h, y, stream);
     else
         bim_launch<1, 1>(w, t, tiles, route, h, y, stream);
+    return 0;
+}
+
+/* ---- shared-memory limits ------------------------------------------------------------------ */
+
+cudaError_t gptoss_cuda_bi_prepare(void) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    if (dev < 0 || dev >= BI_MAX_DEVICES) return cudaErrorInvalidDevice;
+#define BI_SET(KERNEL, BYTES)                                                                      \
+    (cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(BYTES)) ==    \
+     cudaSuccess)
+#define BI_SET_GEMM(MT, NT, WARPS, S)                                                              \
+    (BI_SET((bis_gemm_kernel<MT, NT, WARPS, S, false>),                                            \
+            (bis_shape<MT, NT, WARPS, S, false>::SMEM)) &&                                         \
+     BI_SET((bis_gemm_kernel<MT, NT, WARPS, S, true>), (bis_shape<MT, NT, WARPS, S, true>::SMEM)))
+    const bool base =
+        BI_SET_GEMM(1, 1, 2, 6) && BI_SET_GEMM(2, 1, 2, 5) && BI_SET_GEMM(4, 1, 2, 4) &&
+        BI_SET((bim_moe_kernel<true, 1, 1>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH))) &&
+        BI_SET((bim_moe_kernel<false, 1, 1>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH)));
+    bi_dev[dev].gemm_wide = BI_SET_GEMM(4, 2, 8, 3);
+    bi_dev[dev].moe_wide =
+        BI_SET((bim_moe_kernel<true, 4, 4>), (bim_shape<4, 4>::smem(BI_MOE_MAX_WIDTH))) &&
+        BI_SET((bim_moe_kernel<false, 4, 4>), (bim_shape<4, 4>::smem(BI_MOE_MAX_WIDTH)));
+#undef BI_SET_GEMM
+#undef BI_SET
+    (void)cudaGetLastError(); /* a refused wide size is not an error */
+    bi_dev[dev].done = base;
+    return base ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+/* For callers that did not prepare (the kernel tests): once per device, before the first
+ * launch (a graph capture may be open; the backend prepares when it starts, see device.cu).
+ * Returns the device's entry, NULL where it cannot be prepared. */
+static const bi_device *bi_prepare_once(void) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BI_MAX_DEVICES) return nullptr;
+    if (!bi_dev[dev].done) gptoss_cuda_bi_prepare();
+    return bi_dev[dev].done ? &bi_dev[dev] : nullptr;
 }

@@ -35,12 +35,17 @@ int gptoss_cuda_bi_gemm_variant(gptoss_cuda_dense_weight w, const bf16 *x, float
  * The experts of a step over a route built for GPTOSS_MOE_WMMA_GEMM (64-row tiles): h and y
  * bitwise what that path writes (gptoss_cuda_moe with it), in either launch shape: SMALL
  * streams the weights for steps whose experts hold a few rows each, WIDE takes 64 rows x 128
- * outputs per block for prefill. Hidden and intermediate widths multiples of 32 (MXFP4 groups).
+ * outputs per block for prefill. Returns 0, or -1 (nothing launched) unless the widths are
+ * multiples of 32 (MXFP4 groups) up to 8192 and the route has 64-row tiles.
  */
 enum { GPTOSS_BI_MOE_SMALL = 0, GPTOSS_BI_MOE_WIDE = 1 };
-void gptoss_cuda_bi_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_pairs,
-                        const gptoss_cuda_route *route, bf16 *h, float *y, int variant,
-                        cudaStream_t stream);
+int gptoss_cuda_bi_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_pairs,
+                       const gptoss_cuda_route *route, bf16 *h, float *y, int variant,
+                       cudaStream_t stream);
+
+/* Raises the kernels' shared-memory limits (once per device, before the first launch, which
+ * may sit inside a graph capture; the launchers do it themselves where nobody did). */
+cudaError_t gptoss_cuda_bi_prepare(void);
 
 /* logits[t, e] = sum_h x[t, h] * w[e, h] in fp32 (no bias), one warp per output: lane l adds
  * h = l, l + 32, ... in order, then a fixed butterfly over the lanes. */
