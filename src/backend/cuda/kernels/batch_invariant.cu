@@ -367,17 +367,21 @@ int gptoss_cuda_bi_gemm_variant(gptoss_cuda_dense_weight w, const bf16 *x, float
                     : bis_gemm<true>(w, x, y, m, n, k, variant, stream);
 }
 
-/* Grid (tokens, ceil(experts / 8)), 8 warps: warp i scores expert 8 * blockIdx.y + i. */
-static __global__ void __launch_bounds__(256)
+/* Grid (tokens, ceil(experts / BI_ROUTER_WARPS)), BI_ROUTER_WARPS warps: warp i scores expert
+ * BI_ROUTER_WARPS * blockIdx.y + i. Small blocks spread one token's experts over many SMs; the
+ * unrolled loop keeps several loads in flight, the sums still in lane order. */
+#define BI_ROUTER_WARPS 2
+static __global__ void __launch_bounds__(BI_ROUTER_WARPS * 32)
     bi_router_logits_kernel(const float *x, const float *w, int32_t n_experts, int32_t hidden,
                             float *logits) {
     const int lane = threadIdx.x & 31;
-    const int32_t t = blockIdx.x, e = blockIdx.y * 8 + (threadIdx.x >> 5);
+    const int32_t t = blockIdx.x, e = blockIdx.y * BI_ROUTER_WARPS + (threadIdx.x >> 5);
     if (e >= n_experts) return;
     const float *xr = x + (size_t)t * hidden, *wr = w + (size_t)e * hidden;
     float sum = 0.0f;
+#pragma unroll 8
     for (int32_t h = lane; h < hidden; h += 32)
-        sum = fmaf(xr[h], wr[h], sum);
+        sum = fmaf(xr[h], __ldg(wr + h), sum);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -388,8 +392,9 @@ void gptoss_cuda_bi_router_logits(const float *x, const float *w, int32_t n_toke
                                   int32_t n_experts, int32_t hidden, float *logits,
                                   cudaStream_t stream) {
     if (n_tokens <= 0 || n_experts <= 0) return;
-    dim3 grid((unsigned)n_tokens, (unsigned)((n_experts + 7) / 8));
-    bi_router_logits_kernel<<<grid, 256, 0, stream>>>(x, w, n_experts, hidden, logits);
+    dim3 grid((unsigned)n_tokens, (unsigned)((n_experts + BI_ROUTER_WARPS - 1) / BI_ROUTER_WARPS));
+    bi_router_logits_kernel<<<grid, BI_ROUTER_WARPS * 32, 0, stream>>>(x, w, n_experts, hidden,
+                                                                       logits);
 }
 
 /* ---- the experts ---------------------------------------------------------------------------- */
