@@ -82,7 +82,9 @@ void gptoss_cuda_tuning_default(gptoss_cuda_tuning *t) {
     t->moe_wg_min = 24;
     t->moe_max_tile = 64;
     t->moe_tile_pct = 125;
-    t->bi_dense_max = 64;
+    /* the skinny GEMM up to 128 rows: a 64 x 128 tile grid gives QKV (5120 columns) only 40
+     * blocks per 64 rows, the skinny one 320 */
+    t->bi_dense_max = 128;
     t->bi_moe_max = 64;
     t->bi_moe_wide = true;
     t->bi_dense_wide = true;

@@ -231,7 +231,8 @@ static __device__ __forceinline__ void bis_load_a(bf16 *as, const bf16 *x, int32
     }
 }
 
-/* Grid (ceil(n / BN), ceil(m / (16 * MT))); dynamic shared memory S stages. */
+/* Grid (ceil(m / (16 * MT)), ceil(n / BN)): the row tiles that share a column block's weights
+ * run side by side, so all but the first read them from L2. Dynamic shared memory: S stages. */
 template <int MT, int NT, int WARPS, int S, bool E4M3>
 static __global__ void __launch_bounds__(WARPS * 32)
     bis_gemm_kernel(const bf16 *w, const uint8_t *codes, const float *row_scale, const bf16 *x,
@@ -240,7 +241,7 @@ static __global__ void __launch_bounds__(WARPS * 32)
     constexpr int BN = sh::BN, TH = sh::THREADS, A_BYTES = sh::A_BYTES, STAGE = sh::STAGE;
     extern __shared__ __align__(128) unsigned char bis_smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const int32_t n0 = blockIdx.x * BN, m0 = blockIdx.y * sh::ROWS;
+    const int32_t n0 = blockIdx.y * BN, m0 = blockIdx.x * sh::ROWS;
     const int rows = min(sh::ROWS, m - m0);
     const int32_t steps = (k + BIS_BK - 1) / BIS_BK;
 #pragma unroll
@@ -335,8 +336,8 @@ template <int MT, int NT, int WARPS, int S, bool E4M3>
 static int bis_launch(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m, int32_t n,
                       int32_t k, cudaStream_t stream) {
     typedef bis_shape<MT, NT, WARPS, S, E4M3> sh;
-    if ((m + sh::ROWS - 1) / sh::ROWS > 65535) return -1;
-    dim3 grid((unsigned)((n + sh::BN - 1) / sh::BN), (unsigned)((m + sh::ROWS - 1) / sh::ROWS));
+    if ((n + sh::BN - 1) / sh::BN > 65535) return -1;
+    dim3 grid((unsigned)((m + sh::ROWS - 1) / sh::ROWS), (unsigned)((n + sh::BN - 1) / sh::BN));
     launch_pdl(bis_gemm_kernel<MT, NT, WARPS, S, E4M3>, grid, dim3(sh::THREADS), sh::SMEM, stream,
                (const bf16 *)w.w_bf16, (const uint8_t *)w.w_e4m3, (const float *)w.row_scale, x, y,
                m, n, k);
