@@ -20,7 +20,8 @@ static const char *const all_env[] = {
     "GPTOSS_CUDA_MOE_PAIR_TOKENS",  "GPTOSS_CUDA_MOE_INFLIGHT", "GPTOSS_CUDA_MOE_WG_MIN",
     "GPTOSS_CUDA_MOE_MAX_TILE",     "GPTOSS_CUDA_MOE_TILE_PCT", "GPTOSS_CUDA_PROFILE",
     "GPTOSS_STEP_TIMING",           "GPTOSS_CUDA_ABLATE",       "GPTOSS_CUDA_BI_DENSE_MAX",
-    "GPTOSS_CUDA_BI_MOE_MAX",       "GPTOSS_CUDA_BI_MOE_WIDE",  "GPTOSS_CUDA_BI_DENSE_WIDE"};
+    "GPTOSS_CUDA_BI_MOE_MAX",       "GPTOSS_CUDA_BI_MOE_WIDE",  "GPTOSS_CUDA_BI_DENSE_WIDE",
+    "GPTOSS_CUDA_BI_MOE_PAIRS"};
 
 static int clear_env(void **state) {
     (void)state;
@@ -50,6 +51,7 @@ static void test_defaults(void **state) {
     assert_int_equal(t.bi_dense_max, 128);
     assert_int_equal(t.bi_moe_max, 64);
     assert_true(t.bi_moe_wide && t.bi_dense_wide);
+    assert_int_equal(t.bi_moe_pairs, 4);
     assert_false(t.profile || t.step_timing);
     assert_int_equal(t.ablate, 0);
 }

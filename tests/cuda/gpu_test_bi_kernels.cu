@@ -9,10 +9,10 @@
  * launches of 1, 2, 7, 63, 64, 65 and 130 rows starting at other offsets, every row equal bit
  * for bit to the 300-row launch, and the skinny and wide variants in launches of every size
  * 1..300 bit for bit to it too. The streaming experts kernel (gptoss_cuda_bi_moe) against the WMMA
- * path on the same route: h and y bitwise (both launch shapes), for steps of 1..512 tokens, with an
- * expert in every token (passes of 16 rows, two route tiles) and a token alone against its batch.
- * The tensor-core attention (full and sliding windows): each query's output bitwise the same by
- * token, in chunks, beside another sequence and as a decode token. The router logits likewise.
+ * path on the same route: h and y bitwise (the three launch shapes), for steps of 1..512 tokens,
+ * with an expert in every token (passes of 16 rows, two route tiles) and a token alone against its
+ * batch. The tensor-core attention (full and sliding windows): each query's output bitwise the same
+ * by token, in chunks, beside another sequence and as a decode token. The router logits likewise.
  * Exits 1 on failure.
  */
 #include "backend/cuda/kernels/attention_tc.h"
@@ -126,7 +126,7 @@ static void router_case(int32_t e, int32_t h) {
     for (auto &v : w)
         v = rnd_nz(0.05f);
     float *dx = dev_upload(x), *dw = dev_upload(w), *dy = dev_poisoned<float>((size_t)ROWS * e);
-    gptoss_cuda_bi_router_logits(dx, dw, ROWS, e, h, dy, 0);
+    bool launched = gptoss_cuda_bi_router_logits(dx, dw, ROWS, e, h, dy, 0) == 0;
     std::vector<float> full = dev_download(dy, (size_t)ROWS * e);
     std::vector<double> got((size_t)ROWS * e), ref((size_t)ROWS * e);
     for (int32_t r = 0; r < ROWS; r++)
@@ -141,13 +141,14 @@ static void router_case(int32_t e, int32_t h) {
     snprintf(name, sizeof name, "bi_router_logits E %d H %d, %d rows vs host", (int)e, (int)h,
              ROWS);
     check(name, got, ref, 1e-5);
-    bool same = true;
+    bool same = launched;
     for (int32_t m : row_counts) {
         int32_t r0 = (int32_t)((m * 37) % (ROWS - m + 1));
         CK(cudaMemset(dy, 0xff, (size_t)ROWS * e * sizeof(float)));
-        gptoss_cuda_bi_router_logits(dx + (size_t)r0 * h, dw, m, e, h, dy, 0);
+        launched =
+            launched && gptoss_cuda_bi_router_logits(dx + (size_t)r0 * h, dw, m, e, h, dy, 0) == 0;
         std::vector<float> part = dev_download(dy, (size_t)m * e);
-        same = same && rows_equal(full, part, r0, m, e);
+        same = same && launched && rows_equal(full, part, r0, m, e);
     }
     snprintf(name, sizeof name, "bi_router_logits E %d H %d, rows bitwise equal in launches",
              (int)e, (int)h);
@@ -233,24 +234,36 @@ static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew
     for (float v : y_ref)
         finite = finite && std::isfinite(v);
     char name[160];
-    for (int variant : {GPTOSS_BI_MOE_SMALL, GPTOSS_BI_MOE_WIDE}) {
+    /* h of the pair shape is by pair: row p there is row pos of the sorted order, where
+     * sorted_pair[pos] = p */
+    std::vector<int32_t> sorted_pair = dev_download(route.sorted_pair, (size_t)P);
+    std::vector<bf16> h_ref_by_pair(h_ref.size());
+    for (int32_t pos = 0; pos < P; pos++)
+        memcpy(&h_ref_by_pair[(size_t)sorted_pair[pos] * I], &h_ref[(size_t)pos * I],
+               (size_t)I * sizeof(bf16));
+    for (int variant : {GPTOSS_BI_MOE_SMALL, GPTOSS_BI_MOE_WIDE, GPTOSS_BI_MOE_PAIRS}) {
         CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(bf16)));
         CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
-        const bool launched = gptoss_cuda_bi_moe(&w, d_t, P, &route, d_h, d_y, variant, 0) == 0;
+        const bool launched = gptoss_cuda_bi_moe(&w, d_t, T, K, d_topk,
+                                                 variant == GPTOSS_BI_MOE_PAIRS ? nullptr : &route,
+                                                 d_h, d_y, variant, 0) == 0;
         std::vector<bf16> h = dev_download(d_h, (size_t)P * I);
         std::vector<float> y = dev_download(d_y, (size_t)P * H);
+        const std::vector<bf16> &h_want = variant == GPTOSS_BI_MOE_PAIRS ? h_ref_by_pair : h_ref;
         snprintf(name, sizeof name, "bi_moe %s E %d H %d I %d T %d K %d%s: h, y bitwise WMMA's",
-                 variant == GPTOSS_BI_MOE_WIDE ? "wide" : "small", (int)E, (int)H, (int)I, (int)T,
-                 (int)K, skew ? " (expert 0 in every token)" : "");
+                 variant == GPTOSS_BI_MOE_WIDE    ? "wide"
+                 : variant == GPTOSS_BI_MOE_PAIRS ? "pairs"
+                                                  : "small",
+                 (int)E, (int)H, (int)I, (int)T, (int)K, skew ? " (expert 0 in every token)" : "");
         check_true(name, launched && finite &&
-                             memcmp(h.data(), h_ref.data(), h.size() * sizeof(bf16)) == 0 &&
+                             memcmp(h.data(), h_want.data(), h.size() * sizeof(bf16)) == 0 &&
                              memcmp(y.data(), y_ref.data(), y.size() * sizeof(float)) == 0);
     }
     /* token 0 alone: its rows as in the batch */
     if (T > 1) {
         gptoss_cuda_moe_route(d_topk, 1, K, E, GPTOSS_MOE_WMMA_GEMM, &route, 0);
         CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
-        CK(gptoss_cuda_bi_moe(&w, d_t, K, &route, d_h, d_y, GPTOSS_BI_MOE_SMALL, 0) == 0
+        CK(gptoss_cuda_bi_moe(&w, d_t, 1, K, d_topk, &route, d_h, d_y, GPTOSS_BI_MOE_SMALL, 0) == 0
                ? cudaSuccess
                : cudaErrorInvalidValue);
         std::vector<float> y1 = dev_download(d_y, (size_t)K * H);

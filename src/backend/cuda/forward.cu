@@ -325,7 +325,10 @@ static gptoss_status route_tokens(gptoss_cuda_state *s, const cuda_layer *L,
     const int32_t T = key->n_tokens, H = c->hidden_size, E = c->n_experts,
                   K = c->n_experts_per_token;
     if (s->batch_invariant) { /* one kernel for every step; bias added by the top-k kernel */
-        gptoss_cuda_bi_router_logits(w->t_f32, L->router_weight_f32, T, E, H, w->proj, s->stream);
+        if (gptoss_cuda_bi_router_logits(w->t_f32, L->router_weight_f32, T, E, H, w->proj,
+                                         s->stream) != 0)
+            return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                    "CUDA: batch-invariant router refuses width %d", (int)H);
         gptoss_cuda_router_topk(w->proj, L->router_bias, T, E, K, w->topk_idx, w->topk_weight,
                                 s->stream);
         return GPTOSS_OK;
@@ -424,22 +427,32 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps,
                                          NULL, T, H, w->t, w->t_f32, k);
         if (!normed_routed && !ABLATED(ROUTER)) TRY(route_tokens(s, L, key, error));
-        /* batch-invariant: the one path that takes every layer and step, each row's sums in
-         * one order whatever the tile (kernels/moe/wmma_gemm.cu) */
+        /* batch-invariant: the WMMA path's arithmetic from the kernels of batch_invariant.cu,
+         * per (token, expert) pair for the smallest steps (no route), streaming or wide over
+         * the WMMA path's route otherwise; the WMMA path itself where they refuse the widths,
+         * or for large steps with bi_moe_wide=0. Each row's sums in one order whatever the
+         * launch shape. */
         const enum gptoss_moe_path moe_path = gptoss_cuda_moe_choose_path(
             s->batch_invariant ? GPTOSS_MOE_WMMA_GEMM : s->tuning.moe_path, T, K, &L->moe);
-        if (moe_path != GPTOSS_MOE_PAIR_GEMV &&
+        int bi_moe = -1; /* the batch-invariant launch shape, or none */
+        if (s->batch_invariant)
+            bi_moe = T <= s->tuning.bi_moe_pairs ? GPTOSS_BI_MOE_PAIRS
+                     : T <= s->tuning.bi_moe_max ? GPTOSS_BI_MOE_SMALL
+                     : s->tuning.bi_moe_wide     ? GPTOSS_BI_MOE_WIDE
+                                                 : -1;
+        const bool bi_pairs = bi_moe == GPTOSS_BI_MOE_PAIRS;
+        if (!bi_pairs && moe_path != GPTOSS_MOE_PAIR_GEMV &&
             moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
             gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
         MARK(PART_SMALL);
-        /* batch-invariant: the WMMA path's h and y from the kernels of batch_invariant.cu (the
-         * WMMA path itself where they refuse the widths, or for large steps with bi_moe_wide=0) */
-        const bool bi_small = T <= s->tuning.bi_moe_max;
-        if (!ABLATED(MOE) &&
-            !(s->batch_invariant && (bi_small || s->tuning.bi_moe_wide) &&
-              gptoss_cuda_bi_moe(&L->moe, w->t, T * K, &route, w->h, w->y,
-                                 bi_small ? GPTOSS_BI_MOE_SMALL : GPTOSS_BI_MOE_WIDE, k) == 0))
-            gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
+        if (!ABLATED(MOE)) {
+            const bool done = bi_moe >= 0 && gptoss_cuda_bi_moe(&L->moe, w->t, T, K, w->topk_idx,
+                                                                bi_pairs ? NULL : &route, w->h,
+                                                                w->y, bi_moe, k) == 0;
+            if (!done && bi_pairs) gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
+            if (!done)
+                gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
+        }
         MARK(PART_MOE);
         if (!ABLATED(NORMS)) residual_next_norm(s, l, key, d_logit);
         MARK(PART_SMALL);

@@ -51,6 +51,7 @@ static const knob knobs[] = {
     {"bi_dense_max", "GPTOSS_CUDA_BI_DENSE_MAX", KIND_INT, FIELD(bi_dense_max), 0, 65536, NULL},
     {"bi_dense_wide", "GPTOSS_CUDA_BI_DENSE_WIDE", KIND_BOOL, FIELD(bi_dense_wide), 0, 0, NULL},
     {"bi_moe_max", "GPTOSS_CUDA_BI_MOE_MAX", KIND_INT, FIELD(bi_moe_max), 0, 65536, NULL},
+    {"bi_moe_pairs", "GPTOSS_CUDA_BI_MOE_PAIRS", KIND_INT, FIELD(bi_moe_pairs), 0, 64, NULL},
     {"bi_moe_wide", "GPTOSS_CUDA_BI_MOE_WIDE", KIND_BOOL, FIELD(bi_moe_wide), 0, 0, NULL},
     {"profile", "GPTOSS_CUDA_PROFILE", KIND_BOOL, FIELD(profile), 0, 0, NULL},
     {"step_timing", "GPTOSS_STEP_TIMING", KIND_BOOL, FIELD(step_timing), 0, 0, NULL},
@@ -87,6 +88,7 @@ void gptoss_cuda_tuning_default(gptoss_cuda_tuning *t) {
     t->bi_dense_max = 128;
     t->bi_moe_max = 64;
     t->bi_moe_wide = true;
+    t->bi_moe_pairs = 4;
     t->bi_dense_wide = true;
 }
 

@@ -369,33 +369,48 @@ int gptoss_cuda_bi_gemm_variant(gptoss_cuda_dense_weight w, const bf16 *x, float
 }
 
 /* Grid (tokens, ceil(experts / BI_ROUTER_WARPS)), BI_ROUTER_WARPS warps: warp i scores expert
- * BI_ROUTER_WARPS * blockIdx.y + i. Small blocks spread one token's experts over many SMs; the
- * unrolled loop keeps several loads in flight, the sums still in lane order. */
+ * BI_ROUTER_WARPS * blockIdx.y + i; lane l takes the 4-input chunks l, l + 32, ... (fmaf in
+ * input order), then a fixed butterfly. Small blocks spread one token's experts over many SMs;
+ * the weights are prefetched to L2 before the PDL wait and the unrolled loop keeps several
+ * loads in flight. hidden % 4 == 0 (the launcher checks). */
 #define BI_ROUTER_WARPS 2
 static __global__ void __launch_bounds__(BI_ROUTER_WARPS * 32)
     bi_router_logits_kernel(const float *x, const float *w, int32_t n_experts, int32_t hidden,
                             float *logits) {
     const int lane = threadIdx.x & 31;
     const int32_t t = blockIdx.x, e = blockIdx.y * BI_ROUTER_WARPS + (threadIdx.x >> 5);
-    if (e >= n_experts) return;
-    const float *xr = x + (size_t)t * hidden, *wr = w + (size_t)e * hidden;
+    const bool live = e < n_experts;
+    const float4 *wr = (const float4 *)(w + (size_t)(live ? e : 0) * hidden);
+    if (live && t == 0) /* the router matrix depends on no earlier kernel */
+        for (int32_t off = lane * 32; off < hidden; off += 32 * 32)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (size_t)e * hidden + off));
+    pdl_wait(); /* x comes from the norm */
+    if (!live) return;
+    const float4 *xr = (const float4 *)(x + (size_t)t * hidden);
     float sum = 0.0f;
-#pragma unroll 8
-    for (int32_t h = lane; h < hidden; h += 32)
-        sum = fmaf(xr[h], __ldg(wr + h), sum);
+#pragma unroll 6
+    for (int32_t c = lane; c < hidden / 4; c += 32) {
+        const float4 a = xr[c], b = __ldg(wr + c);
+        sum = fmaf(a.x, b.x, sum);
+        sum = fmaf(a.y, b.y, sum);
+        sum = fmaf(a.z, b.z, sum);
+        sum = fmaf(a.w, b.w, sum);
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane == 0) logits[(size_t)t * n_experts + e] = sum;
 }
 
-void gptoss_cuda_bi_router_logits(const float *x, const float *w, int32_t n_tokens,
-                                  int32_t n_experts, int32_t hidden, float *logits,
-                                  cudaStream_t stream) {
-    if (n_tokens <= 0 || n_experts <= 0) return;
+int gptoss_cuda_bi_router_logits(const float *x, const float *w, int32_t n_tokens,
+                                 int32_t n_experts, int32_t hidden, float *logits,
+                                 cudaStream_t stream) {
+    if (n_tokens <= 0 || n_experts <= 0) return 0;
+    if (hidden <= 0 || hidden % 4 != 0 || ((uintptr_t)x | (uintptr_t)w) % 16 != 0) return -1;
     dim3 grid((unsigned)n_tokens, (unsigned)((n_experts + BI_ROUTER_WARPS - 1) / BI_ROUTER_WARPS));
-    bi_router_logits_kernel<<<grid, BI_ROUTER_WARPS * 32, 0, stream>>>(x, w, n_experts, hidden,
-                                                                       logits);
+    launch_pdl(bi_router_logits_kernel, grid, dim3(BI_ROUTER_WARPS * 32), 0, stream, x, w,
+               n_experts, hidden, logits);
+    return 0;
 }
 
 /* ---- the experts ---------------------------------------------------------------------------- */
@@ -437,22 +452,32 @@ static __device__ __forceinline__ uint32_t bim_pair(uint32_t b, float hi, float 
     return *(const uint32_t *)&p;
 }
 
-template <bool GATE_UP, int MT, int NT>
+template <bool GATE_UP, int MT, int NT, bool PAIRS>
 static __global__ void __launch_bounds__(BIM_WARPS * 32)
     bim_moe_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const bf16 *act,
-                   int32_t k_in, int32_t n_out_rows, gptoss_cuda_route route, float limit,
-                   float alpha, bf16 *h_out, float *y_out) {
+                   int32_t k_in, int32_t n_out_rows, gptoss_cuda_route route,
+                   const int32_t *topk_idx, int32_t k_top, float limit, float alpha, bf16 *h_out,
+                   float *y_out) {
     typedef bim_shape<MT, NT> sh;
     constexpr int S = sh::STAGES, BN = sh::BN;
     extern __shared__ __align__(128) unsigned char bim_smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int n_groups = k_in / 32, steps = (n_groups + BIM_GROUPS - 1) / BIM_GROUPS;
     uint8_t *sc = bim_smem + S * sh::STAGE; /* [BN][n_groups] scale bytes */
-    pdl_wait(); /* the route and the activations come from earlier kernels */
-    const int tile = blockIdx.y, e = route.tile_expert[tile];
-    if (e < 0) return;
-    const int32_t r_begin = route.tile_row[tile],
-                  r_end = min(r_begin + route.tile_rows, route.expert_offsets[e + 1]);
+    pdl_wait(); /* the route (or top-k) and the activations come from earlier kernels */
+    int e;
+    int32_t r_begin, r_end;
+    if constexpr (PAIRS) { /* block y: pair y, row y of h and y */
+        r_begin = blockIdx.y;
+        r_end = r_begin + 1;
+        e = topk_idx[r_begin];
+    } else {
+        const int tile = blockIdx.y;
+        e = route.tile_expert[tile];
+        if (e < 0) return;
+        r_begin = route.tile_row[tile];
+        r_end = min(r_begin + route.tile_rows, route.expert_offsets[e + 1]);
+    }
     const int32_t n0 = blockIdx.x * BN;
     const size_t row_bytes = (size_t)n_groups * 16;
     const uint8_t *eb = blocks + (size_t)e * n_out_rows * row_bytes;
@@ -480,8 +505,9 @@ static __global__ void __launch_bounds__(BIM_WARPS * 32)
             for (int i = threadIdx.x; i < rows * (BIM_BK / 8); i += blockDim.x) {
                 const int r = i / (BIM_BK / 8), c = i % (BIM_BK / 8);
                 const int32_t kk = step * BIM_BK + 8 * c;
-                const size_t src_row =
-                    GATE_UP ? (size_t)route.sorted_token[p0 + r] : (size_t)(p0 + r);
+                const size_t src_row = !GATE_UP ? (size_t)(p0 + r)
+                                       : PAIRS  ? (size_t)((p0 + r) / k_top)
+                                                : (size_t)route.sorted_token[p0 + r];
                 const bool ok = kk < k_in;
                 bis_cp<16>(as + r * BIS_LDA + 8 * c, ok ? act + src_row * k_in + kk : act,
                            ok ? 16 : 0);
@@ -558,7 +584,8 @@ static __global__ void __launch_bounds__(BIM_WARPS * 32)
                         h_out[(size_t)(p0 + r) * (n_out_rows / 2) + col / 2] =
                             __float2bfloat16(swiglu(gate, up, limit, alpha));
                     } else {
-                        float *yr = y_out + (size_t)route.sorted_pair[p0 + r] * n_out_rows;
+                        const int32_t pair = PAIRS ? p0 + r : route.sorted_pair[p0 + r];
+                        float *yr = y_out + (size_t)pair * n_out_rows;
                         yr[col] = c0 + ebias[col];
                         if (col + 1 < n_out_rows) yr[col + 1] = c1 + ebias[col + 1];
                     }
@@ -567,40 +594,50 @@ static __global__ void __launch_bounds__(BIM_WARPS * 32)
     }
 }
 
-template <int MT, int NT>
-static void bim_launch(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t tiles,
-                       const gptoss_cuda_route *route, bf16 *h, float *y, cudaStream_t stream) {
+template <int MT, int NT, bool PAIRS>
+static void bim_launch(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t blocks_y,
+                       const gptoss_cuda_route *route, const int32_t *topk_idx, int32_t k_top,
+                       bf16 *h, float *y, cudaStream_t stream) {
     typedef bim_shape<MT, NT> sh;
     const int32_t H = w->hidden, I = w->intermediate;
     const size_t smem1 = sh::smem(H), smem2 = sh::smem(I);
-    launch_pdl(bim_moe_kernel<true, MT, NT>,
-               dim3((unsigned)((2 * I + sh::BN - 1) / sh::BN), (unsigned)tiles),
+    gptoss_cuda_route r = {};
+    if (route) r = *route;
+    launch_pdl(bim_moe_kernel<true, MT, NT, PAIRS>,
+               dim3((unsigned)((2 * I + sh::BN - 1) / sh::BN), (unsigned)blocks_y),
                dim3(BIM_WARPS * 32), smem1, stream, (const uint8_t *)w->gate_up_blocks,
-               (const uint8_t *)w->gate_up_scales, (const float *)w->gate_up_bias, t, H, 2 * I,
-               *route, w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
-    launch_pdl(bim_moe_kernel<false, MT, NT>,
-               dim3((unsigned)((H + sh::BN - 1) / sh::BN), (unsigned)tiles), dim3(BIM_WARPS * 32),
-               smem2, stream, (const uint8_t *)w->down_blocks, (const uint8_t *)w->down_scales,
-               (const float *)w->down_bias, (const bf16 *)h, I, H, *route, w->swiglu_limit,
-               w->swiglu_alpha, (bf16 *)nullptr, y);
+               (const uint8_t *)w->gate_up_scales, (const float *)w->gate_up_bias, t, H, 2 * I, r,
+               topk_idx, k_top, w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
+    launch_pdl(bim_moe_kernel<false, MT, NT, PAIRS>,
+               dim3((unsigned)((H + sh::BN - 1) / sh::BN), (unsigned)blocks_y),
+               dim3(BIM_WARPS * 32), smem2, stream, (const uint8_t *)w->down_blocks,
+               (const uint8_t *)w->down_scales, (const float *)w->down_bias, (const bf16 *)h, I, H,
+               r, topk_idx, k_top, w->swiglu_limit, w->swiglu_alpha, (bf16 *)nullptr, y);
 }
 
-int gptoss_cuda_bi_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_pairs,
-                       const gptoss_cuda_route *route, bf16 *h, float *y, int variant,
-                       cudaStream_t stream) {
+int gptoss_cuda_bi_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
+                       int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route,
+                       bf16 *h, float *y, int variant, cudaStream_t stream) {
+    const int32_t n_pairs = n_tokens * k_top;
     if (n_pairs <= 0) return 0;
     if (w->hidden % 32 != 0 || w->intermediate % 32 != 0 || w->hidden > BI_MOE_MAX_WIDTH ||
-        w->intermediate > BI_MOE_MAX_WIDTH || route->tile_rows != GPTOSS_MOE_TILE_M)
+        w->intermediate > BI_MOE_MAX_WIDTH)
+        return -1;
+    if (variant == GPTOSS_BI_MOE_PAIRS ? !topk_idx
+                                       : !route || route->tile_rows != GPTOSS_MOE_TILE_M)
         return -1;
     const bi_device *d = bi_prepare_once();
     if (!d) return -1;
-    if (!d->moe_wide) variant = GPTOSS_BI_MOE_SMALL; /* the same results */
+    if (variant == GPTOSS_BI_MOE_PAIRS) {
+        bim_launch<1, 1, true>(w, t, n_pairs, nullptr, topk_idx, k_top, h, y, stream);
+        return 0;
+    }
     int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, route->tile_rows);
     if (tiles > n_pairs) tiles = n_pairs; /* the active tiles come first, each with a pair */
-    if (variant == GPTOSS_BI_MOE_WIDE)
-        bim_launch<4, 4>(w, t, tiles, route, h, y, stream);
+    if (variant == GPTOSS_BI_MOE_WIDE && d->moe_wide)
+        bim_launch<4, 4, false>(w, t, tiles, route, nullptr, k_top, h, y, stream);
     else
-        bim_launch<1, 1>(w, t, tiles, route, h, y, stream);
+        bim_launch<1, 1, false>(w, t, tiles, route, nullptr, k_top, h, y, stream);
     return 0;
 }
 
@@ -620,12 +657,14 @@ cudaError_t gptoss_cuda_bi_prepare(void) {
      BI_SET((bis_gemm_kernel<MT, NT, WARPS, S, true>), (bis_shape<MT, NT, WARPS, S, true>::SMEM)))
     const bool base =
         BI_SET_GEMM(1, 1, 2, 6) && BI_SET_GEMM(2, 1, 2, 5) && BI_SET_GEMM(4, 1, 2, 4) &&
-        BI_SET((bim_moe_kernel<true, 1, 1>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH))) &&
-        BI_SET((bim_moe_kernel<false, 1, 1>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH)));
+        BI_SET((bim_moe_kernel<true, 1, 1, false>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH))) &&
+        BI_SET((bim_moe_kernel<false, 1, 1, false>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH))) &&
+        BI_SET((bim_moe_kernel<true, 1, 1, true>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH))) &&
+        BI_SET((bim_moe_kernel<false, 1, 1, true>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH)));
     bi_dev[dev].gemm_wide = BI_SET_GEMM(4, 2, 8, 3);
     bi_dev[dev].moe_wide =
-        BI_SET((bim_moe_kernel<true, 4, 4>), (bim_shape<4, 4>::smem(BI_MOE_MAX_WIDTH))) &&
-        BI_SET((bim_moe_kernel<false, 4, 4>), (bim_shape<4, 4>::smem(BI_MOE_MAX_WIDTH)));
+        BI_SET((bim_moe_kernel<true, 4, 4, false>), (bim_shape<4, 4>::smem(BI_MOE_MAX_WIDTH))) &&
+        BI_SET((bim_moe_kernel<false, 4, 4, false>), (bim_shape<4, 4>::smem(BI_MOE_MAX_WIDTH)));
 #undef BI_SET_GEMM
 #undef BI_SET
     (void)cudaGetLastError(); /* a refused wide size is not an error */

@@ -32,25 +32,29 @@ int gptoss_cuda_bi_gemm_variant(gptoss_cuda_dense_weight w, const bf16 *x, float
                                 int32_t n, int32_t k, int variant, cudaStream_t stream);
 
 /*
- * The experts of a step over a route built for GPTOSS_MOE_WMMA_GEMM (64-row tiles): h and y
- * bitwise what that path writes (gptoss_cuda_moe with it), in either launch shape: SMALL
- * streams the weights for steps whose experts hold a few rows each, WIDE takes 64 rows x 128
- * outputs per block for prefill. Returns 0, or -1 (nothing launched) unless the widths are
- * multiples of 32 (MXFP4 groups) up to 8192 and the route has 64-row tiles.
+ * The experts of a step (n_tokens * k_top pairs): h and y bitwise what GPTOSS_MOE_WMMA_GEMM
+ * writes (gptoss_cuda_moe with that path and this route), in three launch shapes. SMALL streams
+ * the weights for steps whose experts hold a few rows each, WIDE takes 64 rows x 128 outputs
+ * per block for prefill; both read a route built for the WMMA path (64-row tiles) and leave h
+ * in its sorted order. PAIRS is SMALL with one block row per (token, slot) pair straight from
+ * topk_idx (no route; route may be NULL), h by pair: for steps of a few tokens, where an expert
+ * two pairs share is read twice. Returns 0, or -1 (nothing launched) unless the widths are
+ * multiples of 32 (MXFP4 groups) up to 8192 and the route or topk_idx is there.
  */
-enum { GPTOSS_BI_MOE_SMALL = 0, GPTOSS_BI_MOE_WIDE = 1 };
-int gptoss_cuda_bi_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_pairs,
-                       const gptoss_cuda_route *route, bf16 *h, float *y, int variant,
-                       cudaStream_t stream);
+enum { GPTOSS_BI_MOE_SMALL = 0, GPTOSS_BI_MOE_WIDE = 1, GPTOSS_BI_MOE_PAIRS = 2 };
+int gptoss_cuda_bi_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
+                       int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route,
+                       bf16 *h, float *y, int variant, cudaStream_t stream);
 
 /* Raises the kernels' shared-memory limits (once per device, before the first launch, which
  * may sit inside a graph capture; the launchers do it themselves where nobody did). */
 cudaError_t gptoss_cuda_bi_prepare(void);
 
 /* logits[t, e] = sum_h x[t, h] * w[e, h] in fp32 (no bias), one warp per output: lane l adds
- * h = l, l + 32, ... in order, then a fixed butterfly over the lanes. */
-void gptoss_cuda_bi_router_logits(const float *x, const float *w, int32_t n_tokens,
-                                  int32_t n_experts, int32_t hidden, float *logits,
-                                  cudaStream_t stream);
+ * the 4-input chunks l, l + 32, ... in order, then a fixed butterfly over the lanes. Returns 0,
+ * or -1 (nothing launched) unless hidden % 4 == 0 and x, w are 16-byte aligned. */
+int gptoss_cuda_bi_router_logits(const float *x, const float *w, int32_t n_tokens,
+                                 int32_t n_experts, int32_t hidden, float *logits,
+                                 cudaStream_t stream);
 
 #endif
