@@ -7,13 +7,16 @@
  * partial k-step: all 300 rows in one launch against a double-precision host reference (fp32
  * accumulation of exact bf16 products: relative L2 under 1e-5), then the same rows again in
  * launches of 1, 2, 7, 63, 64, 65 and 130 rows starting at other offsets, every row equal bit
- * for bit to the 300-row launch, and the skinny and wide variants in launches of every size
- * 1..300 bit for bit to it too. The streaming experts kernel (gptoss_cuda_bi_moe) against the WMMA
- * path on the same route: h and y bitwise (the three launch shapes), for steps of 1..512 tokens,
- * with an expert in every token (passes of 16 rows, two route tiles) and a token alone against its
- * batch. The tensor-core attention (full and sliding windows): each query's output bitwise the same
- * by token, in chunks, beside another sequence and as a decode token. The router logits likewise.
- * Exits 1 on failure.
+ * for bit to the 300-row launch; the skinny variant's 300-row launch bit for bit the same, and
+ * the skinny and wide variants in launches of every size 1..300 bit for bit to that.
+ *
+ * The experts kernels (gptoss_cuda_bi_moe, three launch shapes) against the WMMA path on the
+ * same route, h and y bit for bit, and against each other: steps of 1..512 tokens, an expert in
+ * every token (passes of 16 rows, two route tiles), a token alone against its batch.
+ *
+ * The tensor-core attention (full and sliding windows): each query's output bitwise the same by
+ * token, in chunks, beside another sequence and as a decode token. The router logits against a
+ * host reference and across launch sizes. Exits 1 on failure.
  */
 #include "backend/cuda/kernels/attention_tc.h"
 #include "backend/cuda/kernels/batch_invariant.h"
@@ -93,8 +96,15 @@ static void gemm_case(int32_t n, int32_t k, bool e4m3) {
     snprintf(name, sizeof name, "bi_gemm %s n %d k %d, rows bitwise equal in launches of 1..130",
              e4m3 ? "e4m3" : "bf16", (int)n, (int)k);
     check_true(name, same);
-    /* the skinny and wide variants: every launch size 1..300, rows from other offsets,
-     * bitwise the tile variant's 300-row launch */
+    /* the skinny and wide variants (mma.sync): the skinny 300-row launch bitwise the tile
+     * kernel's (WMMA), and every launch size 1..300 of either, rows from other offsets, bitwise
+     * the skinny 300-row launch (so a WMMA difference alone shows as the first check only) */
+    CK(cudaMemset(dy, 0xff, (size_t)ROWS * n * sizeof(float)));
+    same = gptoss_cuda_bi_gemm_variant(wt, dx, dy, ROWS, n, k, GPTOSS_BI_GEMM_SKINNY, 0) == 0;
+    std::vector<float> sk_full = dev_download(dy, (size_t)ROWS * n);
+    snprintf(name, sizeof name, "bi_gemm skinny %s n %d k %d, %d rows bitwise the tile kernel's",
+             e4m3 ? "e4m3" : "bf16", (int)n, (int)k, ROWS);
+    check_true(name, same && rows_equal(full, sk_full, 0, ROWS, n));
     for (int variant : {GPTOSS_BI_GEMM_SKINNY, GPTOSS_BI_GEMM_WIDE}) {
         const char *vname = variant == GPTOSS_BI_GEMM_WIDE ? "wide" : "skinny";
         same = true;
@@ -105,15 +115,15 @@ static void gemm_case(int32_t n, int32_t k, bool e4m3) {
             bool ok =
                 gptoss_cuda_bi_gemm_variant(wt, dx + (size_t)r0 * k, dy, m, n, k, variant, 0) == 0;
             std::vector<float> part = dev_download(dy, (size_t)m * n);
-            if (!ok || !rows_equal(full, part, r0, m, n)) {
+            if (!ok || !rows_equal(sk_full, part, r0, m, n)) {
                 if (same) first_bad = m;
                 same = false;
             }
         }
         if (!same) printf("  %s: first differing launch has %d rows\n", vname, (int)first_bad);
         snprintf(name, sizeof name,
-                 "bi_gemm %s %s n %d k %d, launches of 1..%d rows bitwise the tile kernel's", vname,
-                 e4m3 ? "e4m3" : "bf16", (int)n, (int)k, ROWS);
+                 "bi_gemm %s %s n %d k %d, launches of 1..%d rows bitwise the skinny 300-row one",
+                 vname, e4m3 ? "e4m3" : "bf16", (int)n, (int)k, ROWS);
         check_true(name, same);
     }
     cudaFree(dx), cudaFree(dw), cudaFree(dc), cudaFree(ds), cudaFree(dy);
@@ -241,6 +251,8 @@ static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew
     for (int32_t pos = 0; pos < P; pos++)
         memcpy(&h_ref_by_pair[(size_t)sorted_pair[pos] * I], &h_ref[(size_t)pos * I],
                (size_t)I * sizeof(bf16));
+    std::vector<float> y_small; /* the bi shapes against each other too (all mma.sync) */
+    bool bi_same = true;
     for (int variant : {GPTOSS_BI_MOE_SMALL, GPTOSS_BI_MOE_WIDE, GPTOSS_BI_MOE_PAIRS}) {
         CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(bf16)));
         CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
@@ -250,6 +262,11 @@ static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew
         std::vector<bf16> h = dev_download(d_h, (size_t)P * I);
         std::vector<float> y = dev_download(d_y, (size_t)P * H);
         const std::vector<bf16> &h_want = variant == GPTOSS_BI_MOE_PAIRS ? h_ref_by_pair : h_ref;
+        if (variant == GPTOSS_BI_MOE_SMALL)
+            y_small = y;
+        else
+            bi_same = bi_same && launched &&
+                      memcmp(y.data(), y_small.data(), y.size() * sizeof(float)) == 0;
         snprintf(name, sizeof name, "bi_moe %s E %d H %d I %d T %d K %d%s: h, y bitwise WMMA's",
                  variant == GPTOSS_BI_MOE_WIDE    ? "wide"
                  : variant == GPTOSS_BI_MOE_PAIRS ? "pairs"
@@ -259,6 +276,9 @@ static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew
                              memcmp(h.data(), h_want.data(), h.size() * sizeof(bf16)) == 0 &&
                              memcmp(y.data(), y_ref.data(), y.size() * sizeof(float)) == 0);
     }
+    snprintf(name, sizeof name, "bi_moe E %d T %d%s: wide and pairs y bitwise small's", (int)E,
+             (int)T, skew ? " (expert 0 in every token)" : "");
+    check_true(name, bi_same);
     /* token 0 alone: its rows as in the batch */
     if (T > 1) {
         gptoss_cuda_moe_route(d_topk, 1, K, E, GPTOSS_MOE_WMMA_GEMM, &route, 0);
