@@ -51,7 +51,7 @@ static void test_defaults(void **state) {
     assert_int_equal(t.bi_dense_max, 128);
     assert_int_equal(t.bi_moe_max, 64);
     assert_true(t.bi_moe_wide && t.bi_dense_wide);
-    assert_int_equal(t.bi_moe_pairs, 4);
+    assert_int_equal(t.bi_moe_pairs, 1);
     assert_false(t.profile || t.step_timing);
     assert_int_equal(t.ablate, 0);
 }

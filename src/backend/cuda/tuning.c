@@ -88,7 +88,7 @@ void gptoss_cuda_tuning_default(gptoss_cuda_tuning *t) {
     t->bi_dense_max = 128;
     t->bi_moe_max = 64;
     t->bi_moe_wide = true;
-    t->bi_moe_pairs = 4;
+    t->bi_moe_pairs = 1; /* distinct experts for one token; more pairs may share one */
     t->bi_dense_wide = true;
 }
 
