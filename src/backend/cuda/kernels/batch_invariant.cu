@@ -433,10 +433,12 @@ int gptoss_cuda_bi_router_logits(const float *x, const float *w, int32_t n_token
 #define BIM_BK (32 * BIM_GROUPS)
 #define BIM_LDB (16 * BIM_GROUPS + 16) /* bytes per weight row of a stage */
 
-template <int MT, int NT> struct bim_shape {
-    static constexpr int BN = 8 * NT * BIM_WARPS, ROWS = 16 * MT;
+/* PAIRS: one row per block, so the A tile holds 8 rows (fragment rows g + 8 are never read):
+ * 31 KB in all for 2880-wide layers, 7 blocks per SM. */
+template <int MT, int NT, bool PAIRS = false> struct bim_shape {
+    static constexpr int BN = 8 * NT * BIM_WARPS, ROWS = PAIRS ? 1 : 16 * MT;
     static constexpr int STAGES = MT * NT == 1 ? 6 : 3;
-    static constexpr int A_BYTES = ROWS * BIS_LDA * 2;
+    static constexpr int A_BYTES = (PAIRS ? 8 : ROWS) * BIS_LDA * 2;
     static constexpr int STAGE = A_BYTES + BN * BIM_LDB;
     static size_t smem(int32_t k_in) {
         return (size_t)STAGES * STAGE + (size_t)BN * (k_in / 32);
@@ -458,7 +460,7 @@ static __global__ void __launch_bounds__(BIM_WARPS * 32)
                    int32_t k_in, int32_t n_out_rows, gptoss_cuda_route route,
                    const int32_t *topk_idx, int32_t k_top, float limit, float alpha, bf16 *h_out,
                    float *y_out) {
-    typedef bim_shape<MT, NT> sh;
+    typedef bim_shape<MT, NT, PAIRS> sh;
     constexpr int S = sh::STAGES, BN = sh::BN;
     extern __shared__ __align__(128) unsigned char bim_smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -598,7 +600,7 @@ template <int MT, int NT, bool PAIRS>
 static void bim_launch(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t blocks_y,
                        const gptoss_cuda_route *route, const int32_t *topk_idx, int32_t k_top,
                        bf16 *h, float *y, cudaStream_t stream) {
-    typedef bim_shape<MT, NT> sh;
+    typedef bim_shape<MT, NT, PAIRS> sh;
     const int32_t H = w->hidden, I = w->intermediate;
     const size_t smem1 = sh::smem(H), smem2 = sh::smem(I);
     gptoss_cuda_route r = {};
@@ -659,8 +661,10 @@ cudaError_t gptoss_cuda_bi_prepare(void) {
         BI_SET_GEMM(1, 1, 2, 6) && BI_SET_GEMM(2, 1, 2, 5) && BI_SET_GEMM(4, 1, 2, 4) &&
         BI_SET((bim_moe_kernel<true, 1, 1, false>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH))) &&
         BI_SET((bim_moe_kernel<false, 1, 1, false>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH))) &&
-        BI_SET((bim_moe_kernel<true, 1, 1, true>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH))) &&
-        BI_SET((bim_moe_kernel<false, 1, 1, true>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH)));
+        BI_SET((bim_moe_kernel<true, 1, 1, true>),
+               (bim_shape<1, 1, true>::smem(BI_MOE_MAX_WIDTH))) &&
+        BI_SET((bim_moe_kernel<false, 1, 1, true>),
+               (bim_shape<1, 1, true>::smem(BI_MOE_MAX_WIDTH)));
     bi_dev[dev].gemm_wide = BI_SET_GEMM(4, 2, 8, 3);
     bi_dev[dev].moe_wide =
         BI_SET((bim_moe_kernel<true, 4, 4, false>), (bim_shape<4, 4>::smem(BI_MOE_MAX_WIDTH))) &&
