@@ -236,6 +236,11 @@ typedef struct gptoss_backend_options {
      * the CUDA backend sizes its pool from gpu_memory_utilization, FP8 fits about twice the
      * tokens. */
     gptoss_kv_cache_dtype kv_cache_dtype;
+    /* Both backends: every logits row depends only on its own sequence, bitwise, whatever else
+     * shares the step, however its prompt was split into steps, and whether its prefix came
+     * from the prefix cache (docs/batch-invariance.md). CUDA: one kernel per operation with
+     * fixed reduction orders, slower than the default paths; the CPU backend is so already. */
+    bool batch_invariant;
     /* CUDA: "key=value,key=value" overrides of the backend's tuning knobs (kernel choices and
      * A/B switches; the keys, values and defaults are listed in src/backend/cuda/tuning.h).
      * The GPTOSS_CUDA_* variable of a key, when set, overrides the string. An unknown key or

@@ -254,6 +254,8 @@ int gptoss_cmd_bench(int argc, char **argv) {
         }
         snprintf(label, sizeof label, "%.40s random", shape);
     }
+    if (mo.batch_invariant) /* the model column says which mode ran */
+        snprintf(label + strlen(label), sizeof label - strlen(label), " batch-invariant");
     gptoss_bench_request rq;
     memset(&rq, 0, sizeof rq);
     rq.config = &config;
@@ -274,6 +276,7 @@ int gptoss_cmd_bench(int argc, char **argv) {
     rq.kv_cache_dtype = mo.kv_cache_dtype;
     rq.cuda_profile = (gptoss_cuda_profile)mo.cuda_profile;
     rq.weights_in_host_memory = mo.weights_in_host_memory;
+    rq.batch_invariant = mo.batch_invariant;
     rq.progress = cli_stderr_is_tty() ? cli_progress : NULL;
     gptoss_bench_report *report = malloc(sizeof *report);
     gptoss_status st = report ? gptoss_cuda_bench(&rq, report, &err)

@@ -554,6 +554,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
         GPTOSS_LOG_I("serve", "dense layers in FP8 (e4m3, row scales): %s",
                      cli_fp8_layers_name(mo.fp8_layers, names, sizeof names));
     }
+    if (bo.batch_invariant)
+        GPTOSS_LOG_I("serve", "batch-invariant: a request's logits do not depend on what else "
+                              "shares its steps (docs/batch-invariance.md)");
     GPTOSS_LOG_I("serve", "ready in %.1f s: model '%s' at http://%s:%d/v1",
                  gptoss_now_seconds() - t0, served_name, so.host, gptoss_server_port(server));
 

@@ -259,6 +259,12 @@ void cli_model_option_table(cli_model_options *m, cli_option table[CLI_MODEL_N_O
                                     "mapped checkpoint, registered with the driver) instead\n"
                                     "of copying them to the GPU; the default on integrated\n"
                                     "GPUs (DGX Spark), slow over PCIe elsewhere"};
+    table[8] = (cli_option){.name = "batch-invariant",
+                            .kind = CLI_FLAG,
+                            .target = &m->batch_invariant,
+                            .help = "every request's logits bitwise the same whatever else\n"
+                                    "shares its steps (one kernel per operation; slower on\n"
+                                    "CUDA, see docs/batch-invariance.md)"};
 }
 
 int cli_model_options_apply(const char *cmd, const cli_model_options *m,
@@ -280,6 +286,7 @@ int cli_model_options_apply(const char *cmd, const cli_model_options *m,
     bo->device = (int32_t)m->device;
     bo->fp8_layers = m->fp8_layers;
     bo->kv_cache_dtype = m->kv_cache_dtype;
+    bo->batch_invariant = m->batch_invariant;
     gptoss_error probe = {0};
     if (gptoss_backend_check_device(bo->kind, bo->device, &probe) != GPTOSS_OK)
         return cli_device_unusable(cmd, m->backend >= 0, &probe);

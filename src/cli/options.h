@@ -80,9 +80,10 @@ typedef struct cli_model_options {
     gptoss_kv_cache_dtype kv_cache_dtype;
     int cuda_profile;            /* gptoss_cuda_profile: an index of auto, ampere, ada, hopper */
     bool weights_in_host_memory; /* CUDA: weights used in place in host memory */
+    bool batch_invariant;
 } cli_model_options;
 
-enum { CLI_MODEL_N_OPTIONS = 8 };
+enum { CLI_MODEL_N_OPTIONS = 9 };
 
 cli_model_options cli_model_options_default(void);
 
@@ -94,7 +95,8 @@ void cli_model_option_table(cli_model_options *m, cli_option table[CLI_MODEL_N_O
  * (also without -m), or 1 after printing why nothing was found. */
 int cli_model_options_resolve(cli_model_options *m);
 
-/* Copies the parsed options into *bo (kind, threads, device, fp8 layers, KV dtype) and checks
+/* Copies the parsed options into *bo (kind, threads, device, fp8 layers, KV dtype, batch
+ * invariance) and checks
  * that the backend can run here, before any model is loaded. Returns 0, 2 after a usage
  * error (FP8 layers asked of the CPU backend), or 1 when the CUDA backend has no usable GPU
  * (cli_device_unusable). */

@@ -13,14 +13,15 @@
 
 /* Every variable of the table, so that the runner's environment cannot leak into a case. */
 static const char *const all_env[] = {
-    "GPTOSS_CUDA_GRAPHS",           "GPTOSS_CUDA_PDL",          "GPTOSS_CUDA_GEMV",
-    "GPTOSS_CUDA_GEMV_KERNEL",      "GPTOSS_CUDA_ATTN_TC",      "GPTOSS_CUDA_ATTN_DECODE",
-    "GPTOSS_CUDA_ADC_WARPS",        "GPTOSS_CUDA_NORM_ROUTER",  "GPTOSS_CUDA_QKV_ROPE",
-    "GPTOSS_CUDA_ROUTER_FUSED_MAX", "GPTOSS_CUDA_MOE_PATH",     "GPTOSS_CUDA_MOE_PAIR_KERNEL",
-    "GPTOSS_CUDA_MOE_PAIR_TOKENS",  "GPTOSS_CUDA_MOE_INFLIGHT", "GPTOSS_CUDA_MOE_WG_MIN",
-    "GPTOSS_CUDA_MOE_MAX_TILE",     "GPTOSS_CUDA_MOE_TILE_PCT", "GPTOSS_CUDA_PROFILE",
-    "GPTOSS_STEP_TIMING",           "GPTOSS_CUDA_ABLATE",       "GPTOSS_CUDA_DEVICE_PROFILE",
-    "GPTOSS_CUDA_HOST_WEIGHTS"};
+    "GPTOSS_CUDA_GRAPHS",           "GPTOSS_CUDA_PDL",           "GPTOSS_CUDA_GEMV",
+    "GPTOSS_CUDA_GEMV_KERNEL",      "GPTOSS_CUDA_ATTN_TC",       "GPTOSS_CUDA_ATTN_DECODE",
+    "GPTOSS_CUDA_ADC_WARPS",        "GPTOSS_CUDA_NORM_ROUTER",   "GPTOSS_CUDA_QKV_ROPE",
+    "GPTOSS_CUDA_ROUTER_FUSED_MAX", "GPTOSS_CUDA_MOE_PATH",      "GPTOSS_CUDA_MOE_PAIR_KERNEL",
+    "GPTOSS_CUDA_MOE_PAIR_TOKENS",  "GPTOSS_CUDA_MOE_INFLIGHT",  "GPTOSS_CUDA_MOE_WG_MIN",
+    "GPTOSS_CUDA_MOE_MAX_TILE",     "GPTOSS_CUDA_MOE_TILE_PCT",  "GPTOSS_CUDA_PROFILE",
+    "GPTOSS_STEP_TIMING",           "GPTOSS_CUDA_ABLATE",        "GPTOSS_CUDA_DEVICE_PROFILE",
+    "GPTOSS_CUDA_HOST_WEIGHTS",     "GPTOSS_CUDA_BI_DENSE_MAX",  "GPTOSS_CUDA_BI_MOE_MAX",
+    "GPTOSS_CUDA_BI_MOE_WIDE",      "GPTOSS_CUDA_BI_DENSE_WIDE", "GPTOSS_CUDA_BI_MOE_PAIRS"};
 
 static int clear_env(void **state) {
     (void)state;
@@ -47,6 +48,10 @@ static void test_defaults(void **state) {
     assert_int_equal(t.moe_wg_min, 24);
     assert_int_equal(t.moe_max_tile, 64);
     assert_int_equal(t.moe_tile_pct, 125);
+    assert_int_equal(t.bi_dense_max, 128);
+    assert_int_equal(t.bi_moe_max, 64);
+    assert_true(t.bi_moe_wide && t.bi_dense_wide);
+    assert_int_equal(t.bi_moe_pairs, 1);
     assert_false(t.profile || t.step_timing);
     assert_int_equal(t.ablate, 0);
     assert_int_equal(t.device_profile, -1); /* not given: the backend option decides */
@@ -62,7 +67,8 @@ static void test_string(void **state) {
                                 " gemv=all, norm_router=0,moe_path = 1,attn_tc=off,,"
                                 "attn_decode=false,gemv_kernel=ld,moe_pair_kernel=fp8,"
                                 "adc_warps=8,router_fused_max=0,moe_inflight=1,graphs=no,"
-                                "moe_path=route_gemv",
+                                "moe_path=route_gemv,bi_dense_max=0,bi_moe_max=300,"
+                                "bi_moe_wide=0",
                                 &err),
         GPTOSS_OK);
     assert_int_equal(t.gemv, GPTOSS_CUDA_GEMV_ALL);
@@ -77,6 +83,9 @@ static void test_string(void **state) {
     assert_int_equal(t.moe_inflight, 1);
     assert_true(t.moe_inflight_report);
     assert_false(t.graphs);
+    assert_int_equal(t.bi_dense_max, 0);
+    assert_int_equal(t.bi_moe_max, 300);
+    assert_false(t.bi_moe_wide);
     /* untouched keys keep their defaults */
     assert_true(t.qkv_rope && t.pdl);
     assert_int_equal(t.moe_tile_pct, 125);

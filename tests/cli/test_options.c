@@ -180,15 +180,24 @@ int main(void) {
     cli_option shared[CLI_MODEL_N_OPTIONS];
     cli_model_option_table(&mo, shared);
     cli_option_group g = {shared, CLI_MODEL_N_OPTIONS, NULL};
-    char *args[] = {"x", "-m",           "dir",  "--backend",        "cpu", "-t", "3", "--device",
-                    "2", "--fp8-layers", "none", "--kv-cache-dtype", "fp8"};
-    CHECK(cli_parse_options("x", 13, args, &g, 1, &help) == 0 && !help);
+    CHECK(!mo.batch_invariant);
+    char *args[] = {"x",    "-m",
+                    "dir",  "--backend",
+                    "cpu",  "-t",
+                    "3",    "--device",
+                    "2",    "--fp8-layers",
+                    "none", "--kv-cache-dtype",
+                    "fp8",  "--batch-invariant"};
+    CHECK(cli_parse_options("x", 14, args, &g, 1, &help) == 0 && !help);
     CHECK(mo.model_dir && !strcmp(mo.model_dir, "dir") && mo.backend == 0 && mo.threads == 3 &&
-          mo.device == 2 && mo.fp8_layers == 0 && mo.kv_cache_dtype == GPTOSS_KV_CACHE_FP8);
+          mo.device == 2 && mo.fp8_layers == 0 && mo.kv_cache_dtype == GPTOSS_KV_CACHE_FP8 &&
+          mo.batch_invariant);
     gptoss_backend_options bo = gptoss_backend_options_default();
+    CHECK(!bo.batch_invariant);
+    /* the CPU backend takes --batch-invariant (it is batch-invariant already) */
     CHECK(cli_model_options_apply("x", &mo, &bo) == 0);
     CHECK(bo.kind == GPTOSS_BACKEND_CPU && bo.n_threads == 3 && bo.device == 2 &&
-          bo.kv_cache_dtype == GPTOSS_KV_CACHE_FP8);
+          bo.kv_cache_dtype == GPTOSS_KV_CACHE_FP8 && bo.batch_invariant);
     char *bad_threads[] = {"x", "-t", "0"};
     CHECK(cli_parse_options("x", 3, bad_threads, &g, 1, &help) == 2);
     char *bad_device[] = {"x", "--device", "65"};

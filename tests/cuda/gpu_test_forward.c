@@ -98,6 +98,10 @@
  * 6.9e-2 with top-k routing (mid: rows up to 75% after routing flips, raw top-1 72%); the
  * golden models measured 1.8e-2 to 7.1e-2 (tests/backend/test_cpu_kv_fp8.c).
  *
+ * With --batch-invariant (last argument) every tested CUDA backend runs in the batch-invariant
+ * mode (gptoss_backend_options.batch_invariant) against the same references and bars; the
+ * noise floor keeps the default mode.
+ *
  * Prints one line per scenario, one for the FP8 comparison, and a table; exits 1 on failure.
  */
 #include "gptoss.h"
@@ -503,8 +507,15 @@ static int shared_pages_check(const gptoss_model *model, const gptoss_config *c,
 }
 
 int main(int argc, char **argv) {
+    /* --batch-invariant: the tested CUDA backends (not the noise floor) run in that mode, and
+     * must meet the same bars */
+    bool batch_invariant = false;
+    if (argc > 1 && strcmp(argv[argc - 1], "--batch-invariant") == 0) {
+        batch_invariant = true;
+        argc--;
+    }
     if (argc < 2) {
-        fprintf(stderr, "usage: gpu_test_forward MODEL_DIR [LABEL]\n");
+        fprintf(stderr, "usage: gpu_test_forward MODEL_DIR [LABEL] [--batch-invariant]\n");
         return 2;
     }
     const char *label = argc > 2 ? argv[2] : argv[1];
@@ -577,6 +588,7 @@ int main(int argc, char **argv) {
             o.kv_cache_dtype = GPTOSS_KV_CACHE_BF16;
         }
         o.cuda_tuning = NULL;
+        o.batch_invariant = batch_invariant;
         if (floor_st) {
             fprintf(stderr, "cuda backend (noise floor): %s\n", err.message);
             return 1;

@@ -146,6 +146,9 @@ typedef struct gptoss_cuda_state {
     cudaEvent_t timing_events[3];
     double timing_ms[5], timing_steps;
     struct gptoss_cuda_sampler *sampler; /* NULL until the first forward_sample */
+    /* gptoss_backend_options.batch_invariant: one kernel per operation for every step, each
+     * with a fixed reduction order (forward.cu, kernels/batch_invariant.cu) */
+    bool batch_invariant;
 } gptoss_cuda_state;
 
 /* Components of a step for profiling (index into gptoss_bench_part_names). */

@@ -229,6 +229,7 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     opt.kv_cache_dtype = rq->kv_cache_dtype;
     opt.cuda_profile = rq->cuda_profile;
     opt.weights_in_host_memory = rq->weights_in_host_memory;
+    opt.batch_invariant = rq->batch_invariant;
     opt.kv_block_size = 16;
     const int32_t seq_blocks = (max_ctx + 15) / 16;
     /* batched decode: sequence 0 is the one prefill cases use, b > 0 own the next ranges */

@@ -52,6 +52,7 @@ typedef struct gptoss_bench_request {
     gptoss_kv_cache_dtype kv_cache_dtype; /* what the KV pages hold */
     gptoss_cuda_profile cuda_profile;     /* the kernel paths' profile (gptoss.h) */
     bool weights_in_host_memory;          /* weights in pinned host memory (gptoss.h) */
+    bool batch_invariant;                 /* gptoss_backend_options.batch_invariant */
     gptoss_progress_fn progress;
     void *progress_user;
 } gptoss_bench_request;

@@ -5,6 +5,7 @@
  */
 #include "backend/cuda/device.h"
 #include "backend/cuda/kernels/attention_tc.h"
+#include "backend/cuda/kernels/batch_invariant.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernels/dense_lowp.h"
 
@@ -117,6 +118,9 @@ gptoss_status gptoss_cuda_device_prepare(gptoss_cuda_device *dev, const gptoss_c
         dev->attn_decode = false;
     }
     if (fp8_layers) CUDA_TRY(gptoss_cuda_dense_lowp_prepare(), "FP8 GEMV setup");
+    /* the batch-invariant kernels' shared memory, before any graph capture (their launchers
+     * refuse where it was not granted, and the mode's GEMM then reports it) */
+    if (gptoss_cuda_bi_prepare() != cudaSuccess) cudaGetLastError();
     return GPTOSS_OK;
 }
 

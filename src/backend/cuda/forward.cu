@@ -7,6 +7,11 @@
  * tokens, else cuBLAS), bias+RoPE+KV write, paged sink attention, O GEMM (likewise),
  * residual+mlp-norm, router logits (fp32 input) + top-k in one launch, route (not for a
  * single token), MoE (MXFP4)] -> residual+final norm of the logit rows only -> lm_head GEMM.
+ * With batch_invariant set each of these sums in one order for every step
+ * (docs/batch-invariance.md): the GEMMs on kernels/batch_invariant.cu (skinny or wide launch
+ * shapes by rows, same bits), the router logits there too, the WMMA experts path's arithmetic
+ * (its streaming and wide forms there), tensor-core attention unsplit for every token (one
+ * token per block for short runs), no fused one-token kernels.
  * The residual stream is fp32; GEMM inputs are bf16 (as the references round them), except
  * the router, whose discrete choice is made from fp32 activations; every reduction
  * accumulates in fp32. KV pages are bf16, or with kv_cache_dtype FP8 e4m3 codes with one fp32
@@ -23,6 +28,7 @@
  * an error message.
  */
 #include "backend/cuda/kernels/attention_tc.h"
+#include "backend/cuda/kernels/batch_invariant.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/diagnostics.h"
 
@@ -39,6 +45,15 @@ static gptoss_status gemm_bf16(gptoss_cuda_state *s, gptoss_cuda_dense_weight wt
                                float *y, int32_t m, int32_t n, int32_t k, bool allow_gemv,
                                gptoss_error *error) {
     if (m <= 0) return GPTOSS_OK;
+    if (s->batch_invariant) /* one kernel for every m (batch_invariant.h) */
+        return gptoss_cuda_bi_gemm_variant(wt, x, y, m, n, k,
+                                           m <= s->tuning.bi_dense_max ? GPTOSS_BI_GEMM_SKINNY
+                                           : s->tuning.bi_dense_wide   ? GPTOSS_BI_GEMM_WIDE
+                                                                       : GPTOSS_BI_GEMM_TILE,
+                                           s->stream) == 0
+                   ? GPTOSS_OK
+                   : gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                      "CUDA: batch-invariant GEMM refuses width %d", (int)k);
     const bool gemv = s->tuning.gemv != GPTOSS_CUDA_GEMV_OFF,
                gemv_all = s->tuning.gemv == GPTOSS_CUDA_GEMV_ALL;
     if (wt.w_e4m3) {
@@ -212,7 +227,24 @@ static bool layer_attention_try_launch(gptoss_cuda_state *s, const cuda_layer *L
         if (rc != 0) scalar_end = T;
     }
     if (scalar_end == 0) return true;
-    if (s->dev.attn_decode) { /* tensor cores; the scalar kernel below for shapes it refuses */
+    /* batch-invariant: the short runs on the same tensor-core kernel, one token per block, each
+     * row bitwise what a tile gives it; the scalar kernel, unsplit, for every token where
+     * attn_tc is off or the kernel refuses the shape */
+    if (s->batch_invariant && s->tuning.attn_tc && scalar_end == NS) {
+        int rc =
+            s->kv_fp8
+                ? gptoss_cuda_attention_tc_fp8_each(w->q, L->k_fp8, L->v_fp8, L->k_scale,
+                                                    L->v_scale, d_pos, d_seq, table,
+                                                    key->max_blocks, s->kv_block_size, L->sinks, NS,
+                                                    NH, NKV, D, window, w->attn, s->stream)
+                : gptoss_cuda_attention_tc_each(w->q, L->k_cache, L->v_cache, d_pos, d_seq, table,
+                                                key->max_blocks, s->kv_block_size, L->sinks, NS, NH,
+                                                NKV, D, window, w->attn, s->stream);
+        if (rc == 0) return true;
+        scalar_end = T; /* refused: every token on the scalar kernel */
+    }
+    /* tensor cores; the scalar kernel below for shapes it refuses */
+    if (s->dev.attn_decode && !s->batch_invariant) {
         int rc = s->kv_fp8
                      ? gptoss_cuda_attention_decode_fp8(
                            w->q, L->k_fp8, L->v_fp8, L->k_scale, L->v_scale, d_pos, d_seq, table,
@@ -241,8 +273,8 @@ static bool qkv_rope_fused(gptoss_cuda_state *s, const cuda_layer *L, const cuda
                            const int32_t *d_pos, const int32_t *d_seq, const int32_t *table) {
     const gptoss_config *c = &s->config;
     cuda_workspace *w = &s->ws;
-    return key->n_tokens == 1 && s->tuning.qkv_rope && s->tuning.gemv != GPTOSS_CUDA_GEMV_OFF &&
-           !s->kv_fp8 && L->qkv_weight.w_bf16 &&
+    return key->n_tokens == 1 && s->tuning.qkv_rope && !s->batch_invariant &&
+           s->tuning.gemv != GPTOSS_CUDA_GEMV_OFF && !s->kv_fp8 && L->qkv_weight.w_bf16 &&
            !GPTOSS_CUDA_ABLATED(s, key, GPTOSS_CUDA_ABLATE_ROPE | GPTOSS_CUDA_ABLATE_QKV) &&
            gptoss_cuda_qkv_rope_one(L->qkv_weight.w_bf16, w->t, L->qkv_bias, d_pos, d_seq,
                                     s->inv_freq, s->concentration, c->n_heads, c->n_kv_heads,
@@ -274,7 +306,7 @@ static bool norm_router_fused(gptoss_cuda_state *s, const cuda_layer *L, const c
     const gptoss_config *c = &s->config;
     cuda_workspace *w = &s->ws;
     const int32_t H = c->hidden_size, E = c->n_experts;
-    return key->n_tokens == 1 && s->tuning.norm_router &&
+    return key->n_tokens == 1 && s->tuning.norm_router && !s->batch_invariant &&
            !GPTOSS_CUDA_ABLATED(s, key, GPTOSS_CUDA_ABLATE_ROUTER) &&
            (int64_t)w->cap_tokens * H >= E &&
            gptoss_cuda_norm_router_one(w->x, w->proj, L->o_bias, L->mlp_norm,
@@ -292,6 +324,15 @@ static gptoss_status route_tokens(gptoss_cuda_state *s, const cuda_layer *L,
     cuda_workspace *w = &s->ws;
     const int32_t T = key->n_tokens, H = c->hidden_size, E = c->n_experts,
                   K = c->n_experts_per_token;
+    if (s->batch_invariant) { /* one kernel for every step; bias added by the top-k kernel */
+        if (gptoss_cuda_bi_router_logits(w->t_f32, L->router_weight_f32, T, E, H, w->proj,
+                                         s->stream) != 0)
+            return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                    "CUDA: batch-invariant router refuses width %d", (int)H);
+        gptoss_cuda_router_topk(w->proj, L->router_bias, T, E, K, w->topk_idx, w->topk_weight,
+                                s->stream);
+        return GPTOSS_OK;
+    }
     if (T <= s->tuning.router_fused_max) {
         gptoss_cuda_router(w->t_f32, L->router_weight, L->router_bias, T, E, H, K, w->proj,
                            w->router_done, w->topk_idx, w->topk_weight, s->stream);
@@ -386,14 +427,32 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps,
                                          NULL, T, H, w->t, w->t_f32, k);
         if (!normed_routed && !ABLATED(ROUTER)) TRY(route_tokens(s, L, key, error));
-        const enum gptoss_moe_path moe_path =
-            gptoss_cuda_moe_choose_path(s->tuning.moe_path, T, K, &L->moe);
-        if (moe_path != GPTOSS_MOE_PAIR_GEMV &&
+        /* batch-invariant: the WMMA path's arithmetic from the kernels of batch_invariant.cu,
+         * per (token, expert) pair for the smallest steps (no route), streaming or wide over
+         * the WMMA path's route otherwise; the WMMA path itself where they refuse the widths,
+         * or for large steps with bi_moe_wide=0. Each row's sums in one order whatever the
+         * launch shape. */
+        const enum gptoss_moe_path moe_path = gptoss_cuda_moe_choose_path(
+            s->batch_invariant ? GPTOSS_MOE_WMMA_GEMM : s->tuning.moe_path, T, K, &L->moe);
+        int bi_moe = -1; /* the batch-invariant launch shape, or none */
+        if (s->batch_invariant)
+            bi_moe = T <= s->tuning.bi_moe_pairs ? GPTOSS_BI_MOE_PAIRS
+                     : T <= s->tuning.bi_moe_max ? GPTOSS_BI_MOE_SMALL
+                     : s->tuning.bi_moe_wide     ? GPTOSS_BI_MOE_WIDE
+                                                 : -1;
+        const bool bi_pairs = bi_moe == GPTOSS_BI_MOE_PAIRS;
+        if (!bi_pairs && moe_path != GPTOSS_MOE_PAIR_GEMV &&
             moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
             gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
         MARK(PART_SMALL);
-        if (!ABLATED(MOE))
-            gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
+        if (!ABLATED(MOE)) {
+            const bool done = bi_moe >= 0 && gptoss_cuda_bi_moe(&L->moe, w->t, T, K, w->topk_idx,
+                                                                bi_pairs ? NULL : &route, w->h,
+                                                                w->y, bi_moe, k) == 0;
+            if (!done && bi_pairs) gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
+            if (!done)
+                gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
+        }
         MARK(PART_MOE);
         if (!ABLATED(NORMS)) residual_next_norm(s, l, key, d_logit);
         MARK(PART_SMALL);
@@ -461,12 +520,14 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
      * sized steps keep the plan order and one kernel (tensor cores when the step is
      * prefill-shaped). */
     const int32_t *start = plan->seq_token_start;
-    int32_t n_short = T;
-    if (s->tuning.attn_tc && T > GRAPH_MAX_TOKENS) {
+    int32_t n_short = T; /* batch-invariant: the short runs take the tensor-core kernel too, one
+                            token per block (layer_attention_try_launch) */
+    const bool attn_tc = s->tuning.attn_tc;
+    if (attn_tc && T > GRAPH_MAX_TOKENS) {
         n_short = 0;
         for (int32_t sq = 0; sq < plan->n_seqs; sq++)
             if (start[sq + 1] - start[sq] < ATTN_TC_MIN_RUN) n_short += start[sq + 1] - start[sq];
-    } else if (s->tuning.attn_tc && T >= 64 && T >= 16 * plan->n_seqs) {
+    } else if (attn_tc && T >= 64 && T >= 16 * plan->n_seqs) {
         n_short = 0;
     }
     const bool reorder = n_short > 0 && n_short < T;
@@ -538,6 +599,7 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     key.splits_full = gptoss_cuda_attention_splits(NS, NKV, max_pos + 1, s->dev.n_sms);
     int32_t win_span = (max_pos + 1 < c->sliding_window) ? max_pos + 1 : c->sliding_window;
     key.splits_sliding = gptoss_cuda_attention_splits(NS, NKV, win_span, s->dev.n_sms);
+    if (s->batch_invariant) key.splits_full = key.splits_sliding = 1;
     while ((size_t)T * NH * key.splits_full * (D + 2) > w->partial_floats && key.splits_full > 1)
         key.splits_full /= 2;
     while ((size_t)T * NH * key.splits_sliding * (D + 2) > w->partial_floats &&

@@ -75,6 +75,7 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     s->dev = dev;
     s->tuning = tuning;
     s->fp8_layers = options->fp8_layers;
+    s->batch_invariant = options->batch_invariant;
     st = gptoss_cuda_diagnostics_init(s, error);
     if (st) return st;
     CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");

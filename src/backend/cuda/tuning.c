@@ -48,6 +48,11 @@ static const knob knobs[] = {
     {"moe_wg_min", "GPTOSS_CUDA_MOE_WG_MIN", KIND_INT, FIELD(moe_wg_min), 1, 1 << 20, NULL},
     {"moe_max_tile", "GPTOSS_CUDA_MOE_MAX_TILE", KIND_INT, FIELD(moe_max_tile), 8, 128, NULL},
     {"moe_tile_pct", "GPTOSS_CUDA_MOE_TILE_PCT", KIND_INT, FIELD(moe_tile_pct), 50, 800, NULL},
+    {"bi_dense_max", "GPTOSS_CUDA_BI_DENSE_MAX", KIND_INT, FIELD(bi_dense_max), 0, 65536, NULL},
+    {"bi_dense_wide", "GPTOSS_CUDA_BI_DENSE_WIDE", KIND_BOOL, FIELD(bi_dense_wide), 0, 0, NULL},
+    {"bi_moe_max", "GPTOSS_CUDA_BI_MOE_MAX", KIND_INT, FIELD(bi_moe_max), 0, 65536, NULL},
+    {"bi_moe_pairs", "GPTOSS_CUDA_BI_MOE_PAIRS", KIND_INT, FIELD(bi_moe_pairs), 0, 64, NULL},
+    {"bi_moe_wide", "GPTOSS_CUDA_BI_MOE_WIDE", KIND_BOOL, FIELD(bi_moe_wide), 0, 0, NULL},
     {"profile", "GPTOSS_CUDA_PROFILE", KIND_BOOL, FIELD(profile), 0, 0, NULL},
     {"step_timing", "GPTOSS_STEP_TIMING", KIND_BOOL, FIELD(step_timing), 0, 0, NULL},
     {"ablate", "GPTOSS_CUDA_ABLATE", KIND_INT, FIELD(ablate), 0, 255, NULL},
@@ -82,6 +87,13 @@ void gptoss_cuda_tuning_default(gptoss_cuda_tuning *t) {
     t->moe_max_tile = 64;
     t->moe_tile_pct = 125;
     t->device_profile = -1;
+    /* the skinny GEMM up to 128 rows: a 64 x 128 tile grid gives QKV (5120 columns) only 40
+     * blocks per 64 rows, the skinny one 320 */
+    t->bi_dense_max = 128;
+    t->bi_moe_max = 64;
+    t->bi_moe_wide = true;
+    t->bi_moe_pairs = 1; /* distinct experts for one token; more pairs may share one */
+    t->bi_dense_wide = true;
 }
 
 /* What a knob accepts, for error messages. */

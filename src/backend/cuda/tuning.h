@@ -114,6 +114,20 @@ typedef struct gptoss_cuda_tuning {
     int moe_wg_min;
     int moe_max_tile;
     int moe_tile_pct;
+    /* batch-invariant mode (gptoss_backend_options.batch_invariant): steps of up to
+     * bi_dense_max rows (GPTOSS_CUDA_BI_DENSE_MAX, default 128, 0..65536; 0 never) take the skinny
+     * dense GEMM, larger ones its wide form (bi_dense_wide, GPTOSS_CUDA_BI_DENSE_WIDE, default 1;
+     * 0: the 64x64 WMMA tiles), steps of up to bi_moe_max tokens (GPTOSS_CUDA_BI_MOE_MAX, default
+     * 64, 0..65536) the streaming expert kernel (kernels/batch_invariant.cu; up to bi_moe_pairs
+     * tokens, GPTOSS_CUDA_BI_MOE_PAIRS, default 1, 0..64, one block row per (token, expert)
+     * pair without the route kernel), larger ones its wide
+     * form (bi_moe_wide, GPTOSS_CUDA_BI_MOE_WIDE, default 1; 0: the WMMA path); the others the
+     * tile kernels. The results are the same either way; only the time differs. */
+    int bi_dense_max;
+    bool bi_dense_wide;
+    int bi_moe_max;
+    int bi_moe_pairs;
+    bool bi_moe_wide;
     bool profile;
     bool step_timing;
     int ablate;

@@ -189,10 +189,10 @@ static __device__ __forceinline__ void split_bf16x2_n(float a, float b, uint32_t
  * thread i copies chunk i % CHUNKS of rows i / CHUNKS, + NT / CHUNKS, ...: 8 consecutive
  * threads read one 128-byte row (D = 64). */
 template <int D, int KEYS, int NT>
-static __device__ __forceinline__ void load_kv_tile(bf16 *k_dst, bf16 *v_dst, const bf16 *k_cache,
-                                                    const bf16 *v_cache, const int32_t *table,
-                                                    int32_t block_size, int32_t n_kv_heads,
-                                                    int kv_head, int k0, int khi, int tid) {
+static __device__ __forceinline__ void
+load_kv_tile(bf16 *k_dst, bf16 *v_dst, const bf16 *k_cache, const bf16 *v_cache,
+             const int32_t *table, int32_t block_size, int32_t n_kv_heads, int kv_head, int k0,
+             int khi, int tid, int kmin = 0) {
     typedef atc_traits<D> tr;
     static_assert(NT % tr::CHUNKS == 0, "whole rows per pass");
     constexpr int ROWS_PER_PASS = NT / tr::CHUNKS;
@@ -202,7 +202,7 @@ static __device__ __forceinline__ void load_kv_tile(bf16 *k_dst, bf16 *v_dst, co
         int j = k0 + r;
         uint32_t kd = smem_addr(k_dst + r * tr::ROW + ch * 8),
                  vd = smem_addr(v_dst + r * tr::ROW + ch * 8);
-        if (j < khi) {
+        if (j >= kmin && j < khi) {
             int blk = table[j / block_size];
             size_t off =
                 (((size_t)blk * block_size + j % block_size) * n_kv_heads + kv_head) * D + ch * 8;
@@ -216,19 +216,19 @@ static __device__ __forceinline__ void load_kv_tile(bf16 *k_dst, bf16 *v_dst, co
 }
 
 /* The e4m3 form of load_kv_tile: the codes of keys [k0, k0 + KEYS) (16-byte chunks) and
- * their scales (4 bytes each) into one stage; keys at or past khi are zero-filled (code 0,
- * scale 0). */
+ * their scales (4 bytes each) into one stage; keys at or past khi or before kmin are
+ * zero-filled (code 0, scale 0). */
 template <int D, int KEYS, int NT>
 static __device__ __forceinline__ void
 load_kv_codes(uint8_t *k_dst, uint8_t *v_dst, float *ks_dst, float *vs_dst, const uint8_t *k_cache,
               const uint8_t *v_cache, const float *k_scale, const float *v_scale,
               const int32_t *table, int32_t block_size, int32_t n_kv_heads, int kv_head, int k0,
-              int khi, int tid) {
+              int khi, int tid, int kmin = 0) {
     typedef atc_traits<D> tr;
     for (int i = tid; i < KEYS * tr::CODE_CHUNKS; i += NT) {
         int r = i / tr::CODE_CHUNKS, ch = i % tr::CODE_CHUNKS, j = k0 + r;
         uint32_t kd = smem_addr(k_dst + r * D + ch * 16), vd = smem_addr(v_dst + r * D + ch * 16);
-        if (j < khi) {
+        if (j >= kmin && j < khi) {
             size_t off =
                 (((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads +
                  kv_head) *
@@ -242,12 +242,13 @@ load_kv_codes(uint8_t *k_dst, uint8_t *v_dst, float *ks_dst, float *vs_dst, cons
     }
     for (int r = tid; r < KEYS; r += NT) {
         int j = k0 + r;
+        const bool in = j >= kmin && j < khi;
         size_t slot = 0;
-        if (j < khi)
+        if (in)
             slot = ((size_t)table[j / block_size] * block_size + j % block_size) * n_kv_heads +
                    kv_head;
-        cp_async4(smem_addr(ks_dst + r), k_scale + slot, j < khi ? 4 : 0);
-        cp_async4(smem_addr(vs_dst + r), v_scale + slot, j < khi ? 4 : 0);
+        cp_async4(smem_addr(ks_dst + r), k_scale + slot, in ? 4 : 0);
+        cp_async4(smem_addr(vs_dst + r), v_scale + slot, in ? 4 : 0);
     }
 }
 
@@ -423,9 +424,9 @@ static __device__ __forceinline__ void q_fragments(uint32_t (&qf)[NQ][D / 16][4]
     }
 }
 
-/* Grid (ceil(n_tokens / (16 * subtiles)), n_kv_heads), ATTN_TC_PREFILL_THREADS threads. E4M3: the
- * pages hold e4m3 codes with scales k_scale, v_scale [n_blocks, block_size, n_kv_heads] (else the
- * scales are unused). */
+/* Grid (ceil(n_tokens / tokens_per_block), n_kv_heads) (tokens_per_block 16 * subtiles, or 1),
+ * ATTN_TC_PREFILL_THREADS threads. E4M3: the pages hold e4m3 codes with scales k_scale, v_scale
+ * [n_blocks, block_size, n_kv_heads] (else the scales are unused). */
 template <int D, bool E4M3>
 static __global__ void __launch_bounds__(ATTN_TC_PREFILL_THREADS, atc_traits<D>::MIN_BLOCKS)
     attention_tc_kernel(const float *q, const atc_kv_t<E4M3> *k_cache,
@@ -433,7 +434,8 @@ static __global__ void __launch_bounds__(ATTN_TC_PREFILL_THREADS, atc_traits<D>:
                         const int32_t *positions, const int32_t *token_seq,
                         const int32_t *block_tables, int32_t max_blocks, int32_t block_size,
                         const float *sinks, int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
-                        int32_t group, int32_t subtiles, int32_t window, bf16 *out) {
+                        int32_t group, int32_t subtiles, int32_t tokens_per_block, int32_t window,
+                        bf16 *out) {
     typedef atc_traits<D> tr;
     constexpr int KT = tr::KEYS, SUB = tr::SUB, ROW = tr::ROW;
     __shared__ atc_smem<D, E4M3> sm;
@@ -446,7 +448,6 @@ static __global__ void __launch_bounds__(ATTN_TC_PREFILL_THREADS, atc_traits<D>:
     const int frag_row = lane >> 2; /* g: fragment row of this lane (column of a B fragment) */
     const int frag_col = lane & 3;  /* q: fragment column pair */
     const int kv_head = blockIdx.y;
-    const int tokens_per_block = 16 * subtiles;
     const int n_tiles = (n_tokens + tokens_per_block - 1) / tokens_per_block;
     const int tb =
         (n_tiles - 1 - (int)blockIdx.x) * tokens_per_block; /* the block's tokens [tb, te) */
@@ -493,6 +494,12 @@ static __global__ void __launch_bounds__(ATTN_TC_PREFILL_THREADS, atc_traits<D>:
             klo = min(klo, window > 0 ? max(0, p - window + 1) : 0);
             khi = max(khi, p + 1);
         }
+        /* The online-softmax steps at absolute multiples of SUB keys, whatever the segment's
+         * first key: a row's sums then take the same steps in every tile, step and launch shape
+         * (batch invariance; full layers start at key 0 anyway). Keys before kfirst are
+         * zero-filled and masked, never read: their pages may be gone. */
+        const int kfirst = klo;
+        klo -= klo % SUB;
         /* this lane's rows see keys [lo(hi), hi), hi = p + 1; hi = 0 outside the segment */
         int hi0 = row0 >= seg_start && row0 < seg_end ? tile_pos[row0 - tb] + 1 : 0;
         int hi1 = row1 >= seg_start && row1 < seg_end ? tile_pos[row1 - tb] + 1 : 0;
@@ -518,11 +525,11 @@ static __global__ void __launch_bounds__(ATTN_TC_PREFILL_THREADS, atc_traits<D>:
                 load_kv_codes<D, KT, ATTN_TC_PREFILL_THREADS>(
                     sm.k_codes[st], sm.v_codes[st], sm.k_scale[st], sm.v_scale[st], k_cache,
                     v_cache, k_scale, v_scale, table, block_size, n_kv_heads, kv_head, k1, khi,
-                    threadIdx.x);
+                    threadIdx.x, kfirst);
             else
                 load_kv_tile<D, KT, ATTN_TC_PREFILL_THREADS>(sm.k[st], sm.v[st], k_cache, v_cache,
                                                              table, block_size, n_kv_heads, kv_head,
-                                                             k1, khi, threadIdx.x);
+                                                             k1, khi, threadIdx.x, kfirst);
         };
         load_stage(0, klo);
         cp_async_commit();
@@ -838,13 +845,13 @@ static __global__ void __launch_bounds__(32 * W)
 
 /* Checks the shape and launches the kernel for either page type (scales NULL for bf16). */
 template <bool E4M3>
-static int attention_tc_launch(const float *q, const atc_kv_t<E4M3> *k_cache,
-                               const atc_kv_t<E4M3> *v_cache, const float *k_scale,
-                               const float *v_scale, const int32_t *positions,
-                               const int32_t *token_seq, const int32_t *block_tables,
-                               int32_t max_blocks, int32_t block_size, const float *sinks,
-                               int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
-                               int32_t head_dim, int32_t window, bf16 *out, cudaStream_t stream) {
+static int
+attention_tc_launch(const float *q, const atc_kv_t<E4M3> *k_cache, const atc_kv_t<E4M3> *v_cache,
+                    const float *k_scale, const float *v_scale, const int32_t *positions,
+                    const int32_t *token_seq, const int32_t *block_tables, int32_t max_blocks,
+                    int32_t block_size, const float *sinks, int32_t n_tokens, int32_t n_heads,
+                    int32_t n_kv_heads, int32_t head_dim, int32_t window, bf16 *out, bool one_token,
+                    cudaStream_t stream) {
     if (n_tokens <= 0) return 0;
     if (n_heads <= 0 || n_kv_heads <= 0 || n_kv_heads > 65535 || n_heads % n_kv_heads != 0)
         return -1;
@@ -856,14 +863,15 @@ static int attention_tc_launch(const float *q, const atc_kv_t<E4M3> *k_cache,
     if (E4M3 && (((uintptr_t)k_scale | (uintptr_t)v_scale) & 3) != 0) return -1;
     int32_t subtiles =
         ATTN_TC_PREFILL_MAX_WARPS / group; /* token tiles of 16 per block: 8 warps when group | 8 */
-    int32_t tokens_per_block = 16 * subtiles;
+    int32_t tokens_per_block = one_token ? 1 : 16 * subtiles;
     dim3 grid((unsigned)((n_tokens + tokens_per_block - 1) / tokens_per_block),
               (unsigned)n_kv_heads);
     dim3 block(ATTN_TC_PREFILL_THREADS);
 #define LAUNCH_ATT_TC(DIM)                                                                         \
     launch_pdl(attention_tc_kernel<DIM, E4M3>, grid, block, 0, stream, q, k_cache, v_cache,        \
                k_scale, v_scale, positions, token_seq, block_tables, max_blocks, block_size,       \
-               sinks, n_tokens, n_heads, n_kv_heads, group, subtiles, window, out)
+               sinks, n_tokens, n_heads, n_kv_heads, group, subtiles, tokens_per_block, window,    \
+               out)
     switch (head_dim) {
     case 16:
         LAUNCH_ATT_TC(16);
@@ -892,7 +900,18 @@ int gptoss_cuda_attention_tc(const float *q, const bf16 *k_cache, const bf16 *v_
                              cudaStream_t stream) {
     return attention_tc_launch<false>(q, k_cache, v_cache, nullptr, nullptr, positions, token_seq,
                                       block_tables, max_blocks, block_size, sinks, n_tokens,
-                                      n_heads, n_kv_heads, head_dim, window, out, stream);
+                                      n_heads, n_kv_heads, head_dim, window, out, false, stream);
+}
+
+int gptoss_cuda_attention_tc_each(const float *q, const bf16 *k_cache, const bf16 *v_cache,
+                                  const int32_t *positions, const int32_t *token_seq,
+                                  const int32_t *block_tables, int32_t max_blocks,
+                                  int32_t block_size, const float *sinks, int32_t n_tokens,
+                                  int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                  int32_t window, bf16 *out, cudaStream_t stream) {
+    return attention_tc_launch<false>(q, k_cache, v_cache, nullptr, nullptr, positions, token_seq,
+                                      block_tables, max_blocks, block_size, sinks, n_tokens,
+                                      n_heads, n_kv_heads, head_dim, window, out, true, stream);
 }
 
 int gptoss_cuda_attention_tc_fp8(const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
@@ -904,7 +923,20 @@ int gptoss_cuda_attention_tc_fp8(const float *q, const uint8_t *k_cache, const u
                                  int32_t window, bf16 *out, cudaStream_t stream) {
     return attention_tc_launch<true>(q, k_cache, v_cache, k_scale, v_scale, positions, token_seq,
                                      block_tables, max_blocks, block_size, sinks, n_tokens, n_heads,
-                                     n_kv_heads, head_dim, window, out, stream);
+                                     n_kv_heads, head_dim, window, out, false, stream);
+}
+
+int gptoss_cuda_attention_tc_fp8_each(const float *q, const uint8_t *k_cache,
+                                      const uint8_t *v_cache, const float *k_scale,
+                                      const float *v_scale, const int32_t *positions,
+                                      const int32_t *token_seq, const int32_t *block_tables,
+                                      int32_t max_blocks, int32_t block_size, const float *sinks,
+                                      int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                                      int32_t head_dim, int32_t window, bf16 *out,
+                                      cudaStream_t stream) {
+    return attention_tc_launch<true>(q, k_cache, v_cache, k_scale, v_scale, positions, token_seq,
+                                     block_tables, max_blocks, block_size, sinks, n_tokens, n_heads,
+                                     n_kv_heads, head_dim, window, out, true, stream);
 }
 
 /* Raises the kernels' dynamic shared-memory limit (73 KB for D = 64 with 4 warps, 147 KB with

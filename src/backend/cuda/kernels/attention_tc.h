@@ -46,6 +46,28 @@ int gptoss_cuda_attention_tc_fp8(const float *q, const uint8_t *k_cache, const u
                                  int32_t window, bf16 *out, cudaStream_t stream);
 
 /*
+ * The same two with one token per block (the _each forms): a query row's result does not
+ * depend on the rows that share its tile, nor on the tile's first key (the softmax steps sit
+ * at absolute multiples of 32 keys), so these give every token bitwise what the tiled launch
+ * gives it. For decode tokens, where a tile of one-token sequences would walk every
+ * sequence's keys in turn; the batch-invariant mode's attention for short runs.
+ */
+int gptoss_cuda_attention_tc_each(const float *q, const bf16 *k_cache, const bf16 *v_cache,
+                                  const int32_t *positions, const int32_t *token_seq,
+                                  const int32_t *block_tables, int32_t max_blocks,
+                                  int32_t block_size, const float *sinks, int32_t n_tokens,
+                                  int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                  int32_t window, bf16 *out, cudaStream_t stream);
+int gptoss_cuda_attention_tc_fp8_each(const float *q, const uint8_t *k_cache,
+                                      const uint8_t *v_cache, const float *k_scale,
+                                      const float *v_scale, const int32_t *positions,
+                                      const int32_t *token_seq, const int32_t *block_tables,
+                                      int32_t max_blocks, int32_t block_size, const float *sinks,
+                                      int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                                      int32_t head_dim, int32_t window, bf16 *out,
+                                      cudaStream_t stream);
+
+/*
  * Decode tokens (any number of them, one block per token and KV head): what
  * gptoss_cuda_attention computes, split-K partials and their merge included (1 <= n_splits <= 256,
  * partial [n_tokens, n_heads, n_splits, head_dim + 2] f32 when n_splits > 1), on tensor cores

@@ -157,6 +157,7 @@ void gptoss_moe_wmma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32
                           const gptoss_cuda_route *route, bf16 *h, float *y, cudaStream_t stream) {
     int32_t H = w->hidden, I = w->intermediate;
     int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, GPTOSS_MOE_TILE_M);
+    if (tiles > n_pairs) tiles = n_pairs; /* the active tiles come first, each with a pair */
     dim3 g1((2 * I + MOE_WMMA_TILE_N - 1) / MOE_WMMA_TILE_N, tiles);
     moe_gemm_kernel<true><<<g1, 128, 0, stream>>>(w->gate_up_blocks, w->gate_up_scales,
                                                   w->gate_up_bias, t, H, 2 * I, *route,

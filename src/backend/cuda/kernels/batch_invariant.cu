@@ -1,0 +1,687 @@
+/*
+ * batch_invariant.cu - the kernels of the batch-invariant mode (batch_invariant.h): the dense
+ * GEMM on bf16 WMMA tiles and the router logits, each output reduced in one fixed order.
+ *
+ * Why the GEMM is invariant: a block owns a 64x64 output tile and walks all of k itself
+ * (no split-K), 128 inputs per step, 16-wide WMMA products in ascending k; the
+ * tile a row lands in and the other rows of the tile take no part in that row's sums (a
+ * tensor-core product computes each output from its own row and column). Rows past m and
+ * inputs past k load as zero. The launch shape depends on m only through the number of row
+ * tiles. The e4m3 form decodes codes exactly to bf16 and scales the finished sum.
+ */
+#include "backend/cuda/kernels/batch_invariant.h"
+#include "backend/cuda/kernels/moe/fp4.cuh"
+#include "backend/cuda/kernels/rope_kv.cuh"
+
+#include <mma.h>
+
+using namespace nvcuda;
+
+#define BI_BM 64
+#define BI_BN 64
+#define BI_BK 128          /* inputs per step: 16 KB of weights in flight per block */
+#define BI_LDS (BI_BK + 8) /* bf16: rows 272 bytes apart, 16-row steps 32-byte aligned */
+#define BI_LDC (BI_BN + 4)
+#define BI_ROW_CHUNKS (BI_BK / 8)               /* 16-byte chunks per tile row */
+#define BI_CHUNKS (BI_BM * BI_ROW_CHUNKS / 128) /* ... per thread and operand */
+#define BI_SMEM (2 * BI_BM * BI_LDS * 2)        /* As and Bs; Cs reuses them at the end */
+static_assert(BI_BM == BI_BN, "one chunk index addresses a row of A and a row of B");
+static_assert(BI_BM * BI_LDC * 4 <= BI_SMEM, "Cs fits where As and Bs were");
+
+/* The operands' next k-step into registers: chunk idx is row idx / BI_ROW_CHUNKS, inputs
+ * 8 * (idx % BI_ROW_CHUNKS). */
+template <bool E4M3>
+static __device__ __forceinline__ void bi_load(const bf16 *w, const uint8_t *codes, const bf16 *x,
+                                               int32_t m, int32_t n, int32_t k, int32_t m0,
+                                               int32_t n0, int32_t k0, uint4 *ra, uint4 *rb) {
+#pragma unroll
+    for (int c = 0; c < BI_CHUNKS; c++) {
+        const int idx = threadIdx.x + 128 * c, r = idx / BI_ROW_CHUNKS;
+        const int32_t kk = k0 + (idx % BI_ROW_CHUNKS) * 8;
+        uint4 a = make_uint4(0, 0, 0, 0), b = a;
+        if (m0 + r < m && kk < k) a = *(const uint4 *)(x + (size_t)(m0 + r) * k + kk);
+        if (n0 + r < n && kk < k) {
+            if constexpr (E4M3) {
+                uint2 q = *(const uint2 *)(codes + (size_t)(n0 + r) * k + kk);
+                __nv_bfloat162 v[4] = {e4m3x2_to_bf16x2(q.x), e4m3x2_to_bf16x2(q.x >> 16),
+                                       e4m3x2_to_bf16x2(q.y), e4m3x2_to_bf16x2(q.y >> 16)};
+                b = *(const uint4 *)v;
+            } else {
+                b = *(const uint4 *)(w + (size_t)(n0 + r) * k + kk);
+            }
+        }
+        ra[c] = a;
+        rb[c] = b;
+    }
+}
+
+/* Grid (column tiles, row tiles), 4 warps each owning a 32x32 quarter of the 64x64 tile as
+ * 2x2 WMMA fragments; the next k-step's loads are in flight while this one multiplies. */
+template <bool E4M3>
+static __global__ void __launch_bounds__(128)
+    bi_gemm_kernel(const bf16 *w, const uint8_t *codes, const float *row_scale, const bf16 *x,
+                   float *y, int32_t m, int32_t n, int32_t k) {
+    __shared__ __align__(128) unsigned char smem[BI_SMEM];
+    bf16 *As = (bf16 *)smem, *Bs = As + BI_BM * BI_LDS;
+    float *Cs = (float *)smem; /* after the last k-step's barrier */
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int32_t m0 = blockIdx.y * BI_BM, n0 = blockIdx.x * BI_BN;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::fill_fragment(acc[i][j], 0.0f);
+
+    uint4 ra[BI_CHUNKS], rb[BI_CHUNKS];
+    bi_load<E4M3>(w, codes, x, m, n, k, m0, n0, 0, ra, rb);
+    for (int32_t k0 = 0; k0 < k; k0 += BI_BK) {
+#pragma unroll
+        for (int c = 0; c < BI_CHUNKS; c++) {
+            const int idx = tid + 128 * c, r = idx / BI_ROW_CHUNKS, col = (idx % BI_ROW_CHUNKS) * 8;
+            *(uint4 *)(As + r * BI_LDS + col) = ra[c];
+            *(uint4 *)(Bs + r * BI_LDS + col) = rb[c];
+        }
+        __syncthreads();
+        if (k0 + BI_BK < k) bi_load<E4M3>(w, codes, x, m, n, k, m0, n0, k0 + BI_BK, ra, rb);
+#pragma unroll
+        for (int kk = 0; kk < BI_BK; kk += 16) {
+            if (k0 + kk >= k) break; /* exactly ceil(k / 16) chunks, as the skinny kernel */
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                wmma::load_matrix_sync(fa[i], As + (wm + 16 * i) * BI_LDS + kk, BI_LDS);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                wmma::load_matrix_sync(fb[j], Bs + (wn + 16 * j) * BI_LDS + kk, BI_LDS);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(Cs + (wm + 16 * i) * BI_LDC + wn + 16 * j, acc[i][j], BI_LDC,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int idx = tid; idx < BI_BM * BI_BN; idx += blockDim.x) {
+        const int r = idx / BI_BN, c = idx % BI_BN;
+        if (m0 + r >= m || n0 + c >= n) continue;
+        float v = Cs[r * BI_LDC + c];
+        if constexpr (E4M3) v *= row_scale[n0 + c];
+        y[(size_t)(m0 + r) * n + n0 + c] = v;
+    }
+}
+
+int gptoss_cuda_bi_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m, int32_t n,
+                        int32_t k, cudaStream_t stream) {
+    if (m <= 0 || n <= 0) return 0;
+    if (k <= 0 || k % 8 != 0 || !x || !y || (!w.w_bf16 && !(w.w_e4m3 && w.row_scale))) return -1;
+    dim3 grid((unsigned)((n + BI_BN - 1) / BI_BN), (unsigned)((m + BI_BM - 1) / BI_BM));
+    if (grid.y > 65535u) return -1;
+    if (w.w_bf16)
+        bi_gemm_kernel<false><<<grid, 128, 0, stream>>>(w.w_bf16, nullptr, nullptr, x, y, m, n, k);
+    else
+        bi_gemm_kernel<true>
+            <<<grid, 128, 0, stream>>>(nullptr, w.w_e4m3, w.row_scale, x, y, m, n, k);
+    return 0;
+}
+
+/* ---- the skinny and wide GEMMs -------------------------------------------------------------- */
+
+/*
+ * The same products in other launch shapes. A block of WARPS warps owns BN = 8 * NT * WARPS
+ * output columns (each warp NT column tiles of 8) and 16 * MT rows, and streams its columns'
+ * weights and its rows' inputs through an S-deep cp.async pipeline of 128-input steps (the
+ * first steps' weights issued before the PDL wait, as they depend on no earlier kernel).
+ * Skinny (decode-sized steps): 2 warps, NT = 1, MT 1, 2 or 4 by m, 6 to 4 stages, so a one-row
+ * step reads the weights at the memory's bandwidth from hundreds of blocks instead of a few
+ * dozen 64-column tiles. Wide (prefill): 8 warps, NT = 2, MT = 4, 64 x 128 outputs per block,
+ * 3 stages. Each warp multiplies with mma.sync m16n8k16 (the instruction the WMMA 16x16x16
+ * product compiles to) over exactly ceil(k / 16) chunks in ascending order into one fp32
+ * accumulator per output, and applies the same epilogue: bitwise the tile kernel's result for
+ * every row (gpu_test_bi_kernels).
+ */
+#define BIS_BK 128
+#define BI_MOE_MAX_WIDTH 8192 /* hidden and intermediate widths the expert kernels take */
+
+/* Per device: prepared, and whether the wide shapes got their shared memory (157 KB for the
+ * GEMM, 115 KB for the experts). Where they did not, their launches take the tile GEMM and the
+ * streaming experts kernel instead: the same results. */
+#define BI_MAX_DEVICES 64
+typedef struct bi_device {
+    bool done, gemm_wide, moe_wide;
+} bi_device;
+static bi_device bi_dev[BI_MAX_DEVICES];
+static const bi_device *bi_prepare_once(void);
+#define BIS_LDA (BIS_BK + 8)  /* bf16 per row of the A and bf16 B tiles: 272 bytes */
+#define BIS_LDQ (BIS_BK + 16) /* bytes per row of the e4m3 B tile */
+
+template <int MT, int NT, int WARPS, int S, bool E4M3> struct bis_shape {
+    static constexpr int BN = 8 * NT * WARPS, ROWS = 16 * MT, THREADS = 32 * WARPS;
+    static constexpr int A_BYTES = ROWS * BIS_LDA * 2;
+    static constexpr int STAGE = A_BYTES + BN * (E4M3 ? BIS_LDQ : BIS_LDA * 2);
+    static constexpr size_t SMEM = (size_t)S * STAGE;
+};
+
+static __device__ __forceinline__ void bis_mma(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* cp.async of `bytes` (4, 8 or 16; 0 copies nothing and zero-fills) into shared memory. */
+template <int SIZE>
+static __device__ __forceinline__ void bis_cp(void *dst, const void *src, int bytes) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    if constexpr (SIZE == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
+                     "r"(bytes));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(SIZE),
+                     "r"(bytes));
+}
+static __device__ __forceinline__ void bis_commit(void) {
+    asm volatile("cp.async.commit_group;");
+}
+template <int N> static __device__ __forceinline__ void bis_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+/* The weights of k-step `step` into a stage: BN rows of 128 inputs, zeros past n and k. */
+template <int BN, int THREADS, bool E4M3>
+static __device__ __forceinline__ void bis_load_b(unsigned char *bs, const bf16 *w,
+                                                  const uint8_t *codes, int32_t n, int32_t k,
+                                                  int32_t n0, int32_t step) {
+    const int32_t k0 = step * BIS_BK;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < BN * (BIS_BK / 8); i += THREADS) {
+        const int r = i / (BIS_BK / 8), c = i % (BIS_BK / 8);
+        const int32_t kk = k0 + 8 * c;
+        const bool ok = n0 + r < n && kk < k;
+        if constexpr (E4M3) /* 8-byte copies: a row of codes is only 8-byte aligned */
+            bis_cp<8>(bs + r * BIS_LDQ + 8 * c, ok ? codes + (size_t)(n0 + r) * k + kk : codes,
+                      ok ? 8 : 0);
+        else
+            bis_cp<16>(bs + r * BIS_LDA * 2 + 16 * c, ok ? w + (size_t)(n0 + r) * k + kk : w,
+                       ok ? 16 : 0);
+    }
+}
+
+/* Rows [m0, m0 + rows) of x for k-step `step`; rows past them are never read. */
+template <int THREADS>
+static __device__ __forceinline__ void bis_load_a(bf16 *as, const bf16 *x, int32_t k, int32_t m0,
+                                                  int rows, int32_t step) {
+    const int32_t k0 = step * BIS_BK;
+    for (int i = threadIdx.x; i < rows * (BIS_BK / 8); i += THREADS) {
+        const int r = i / (BIS_BK / 8), c = i % (BIS_BK / 8);
+        const int32_t kk = k0 + 8 * c;
+        const bool ok = kk < k;
+        bis_cp<16>(as + r * BIS_LDA + 8 * c, ok ? x + (size_t)(m0 + r) * k + kk : x, ok ? 16 : 0);
+    }
+}
+
+/* Grid (ceil(m / (16 * MT)), ceil(n / BN)): the row tiles that share a column block's weights
+ * run side by side, so all but the first read them from L2. Dynamic shared memory: S stages. */
+template <int MT, int NT, int WARPS, int S, bool E4M3>
+static __global__ void __launch_bounds__(WARPS * 32)
+    bis_gemm_kernel(const bf16 *w, const uint8_t *codes, const float *row_scale, const bf16 *x,
+                    float *y, int32_t m, int32_t n, int32_t k) {
+    typedef bis_shape<MT, NT, WARPS, S, E4M3> sh;
+    constexpr int BN = sh::BN, TH = sh::THREADS, A_BYTES = sh::A_BYTES, STAGE = sh::STAGE;
+    extern __shared__ __align__(128) unsigned char bis_smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int32_t n0 = blockIdx.y * BN, m0 = blockIdx.x * sh::ROWS;
+    const int rows = min(sh::ROWS, m - m0);
+    const int32_t steps = (k + BIS_BK - 1) / BIS_BK;
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < steps)
+            bis_load_b<BN, TH, E4M3>(bis_smem + s * STAGE + A_BYTES, w, codes, n, k, n0, s);
+        bis_commit();
+    }
+    pdl_wait(); /* x comes from an earlier kernel */
+#pragma unroll
+    for (int s = 0; s < S - 1; s++)
+        if (s < steps) bis_load_a<TH>((bf16 *)(bis_smem + s * STAGE), x, k, m0, rows, s);
+    bis_commit();
+    bis_wait<0>();
+    __syncthreads();
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int t = 0; t < MT; t++)
+#pragma unroll
+        for (int u = 0; u < NT; u++)
+            acc[t][u][0] = acc[t][u][1] = acc[t][u][2] = acc[t][u][3] = 0.0f;
+    const int wc = warp * 8 * NT; /* the warp's first column in the block */
+    for (int32_t i = 0; i < steps; i++) {
+        const int32_t next = i + S - 1;
+        if (next < steps) {
+            unsigned char *st = bis_smem + (next % S) * STAGE;
+            bis_load_b<BN, TH, E4M3>(st + A_BYTES, w, codes, n, k, n0, next);
+            bis_load_a<TH>((bf16 *)st, x, k, m0, rows, next);
+        }
+        bis_commit();
+        const unsigned char *st = bis_smem + (i % S) * STAGE;
+        const bf16 *as = (const bf16 *)st;
+        const int32_t k0 = i * BIS_BK;
+#pragma unroll
+        for (int kk = 0; kk < BIS_BK; kk += 16) {
+            if (k0 + kk >= k) break;
+            uint32_t b[NT][2];
+#pragma unroll
+            for (int u = 0; u < NT; u++) {
+                if constexpr (E4M3) {
+                    const unsigned char *bp =
+                        st + A_BYTES + (wc + 8 * u + g) * BIS_LDQ + kk + 2 * q;
+                    __nv_bfloat162 v0 = e4m3x2_to_bf16x2(*(const uint16_t *)bp),
+                                   v1 = e4m3x2_to_bf16x2(*(const uint16_t *)(bp + 8));
+                    b[u][0] = *(const uint32_t *)&v0;
+                    b[u][1] = *(const uint32_t *)&v1;
+                } else {
+                    const bf16 *bp =
+                        (const bf16 *)(st + A_BYTES) + (wc + 8 * u + g) * BIS_LDA + kk + 2 * q;
+                    b[u][0] = *(const uint32_t *)bp;
+                    b[u][1] = *(const uint32_t *)(bp + 8);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                if (16 * t >= rows) break;
+                const bf16 *ap = as + (16 * t + g) * BIS_LDA + kk + 2 * q;
+                const bool r0 = 16 * t + g < rows, r1 = 16 * t + g + 8 < rows;
+                const uint32_t a0 = r0 ? *(const uint32_t *)ap : 0u,
+                               a2 = r0 ? *(const uint32_t *)(ap + 8) : 0u,
+                               a1 = r1 ? *(const uint32_t *)(ap + 8 * BIS_LDA) : 0u,
+                               a3 = r1 ? *(const uint32_t *)(ap + 8 * BIS_LDA + 8) : 0u;
+#pragma unroll
+                for (int u = 0; u < NT; u++)
+                    bis_mma(acc[t][u], a0, a1, a2, a3, b[u][0], b[u][1]);
+            }
+        }
+        bis_wait<S - 2>();
+        __syncthreads();
+    }
+#pragma unroll
+    for (int t = 0; t < MT; t++)
+#pragma unroll
+        for (int u = 0; u < NT; u++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = 16 * t + g + 8 * h;
+                const int32_t col = n0 + wc + 8 * u + 2 * q;
+                if (r >= rows) continue;
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    if (col + j >= n) continue;
+                    float v = acc[t][u][2 * h + j];
+                    if constexpr (E4M3) v *= row_scale[col + j];
+                    y[(size_t)(m0 + r) * n + col + j] = v;
+                }
+            }
+}
+
+template <int MT, int NT, int WARPS, int S, bool E4M3>
+static int bis_launch(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m, int32_t n,
+                      int32_t k, cudaStream_t stream) {
+    typedef bis_shape<MT, NT, WARPS, S, E4M3> sh;
+    if ((n + sh::BN - 1) / sh::BN > 65535) return -1;
+    dim3 grid((unsigned)((m + sh::ROWS - 1) / sh::ROWS), (unsigned)((n + sh::BN - 1) / sh::BN));
+    launch_pdl(bis_gemm_kernel<MT, NT, WARPS, S, E4M3>, grid, dim3(sh::THREADS), sh::SMEM, stream,
+               (const bf16 *)w.w_bf16, (const uint8_t *)w.w_e4m3, (const float *)w.row_scale, x, y,
+               m, n, k);
+    return 0;
+}
+
+template <bool E4M3>
+static int bis_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m, int32_t n,
+                    int32_t k, int variant, cudaStream_t stream) {
+    if (variant == GPTOSS_BI_GEMM_WIDE)
+        return bis_launch<4, 2, 8, 3, E4M3>(w, x, y, m, n, k, stream);
+    if (m <= 16) return bis_launch<1, 1, 2, 6, E4M3>(w, x, y, m, n, k, stream);
+    if (m <= 32) return bis_launch<2, 1, 2, 5, E4M3>(w, x, y, m, n, k, stream);
+    return bis_launch<4, 1, 2, 4, E4M3>(w, x, y, m, n, k, stream);
+}
+
+int gptoss_cuda_bi_gemm_variant(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m,
+                                int32_t n, int32_t k, int variant, cudaStream_t stream) {
+    if (variant != GPTOSS_BI_GEMM_SKINNY && variant != GPTOSS_BI_GEMM_WIDE)
+        return gptoss_cuda_bi_gemm(w, x, y, m, n, k, stream);
+    if (m <= 0 || n <= 0) return 0;
+    if (k <= 0 || k % 8 != 0 || !x || !y || (!w.w_bf16 && !(w.w_e4m3 && w.row_scale))) return -1;
+    const bi_device *d = bi_prepare_once();
+    if (!d) return -1;
+    if (variant == GPTOSS_BI_GEMM_WIDE && !d->gemm_wide)
+        return gptoss_cuda_bi_gemm(w, x, y, m, n, k, stream); /* the same results */
+    return w.w_bf16 ? bis_gemm<false>(w, x, y, m, n, k, variant, stream)
+                    : bis_gemm<true>(w, x, y, m, n, k, variant, stream);
+}
+
+/* Grid (tokens, ceil(experts / BI_ROUTER_WARPS)), BI_ROUTER_WARPS warps: warp i scores expert
+ * BI_ROUTER_WARPS * blockIdx.y + i; lane l takes the 4-input chunks l, l + 32, ... (fmaf in
+ * input order), then a fixed butterfly. Small blocks spread one token's experts over many SMs;
+ * the weights are prefetched to L2 before the PDL wait and the unrolled loop keeps several
+ * loads in flight. hidden % 4 == 0 (the launcher checks). */
+#define BI_ROUTER_WARPS 2
+static __global__ void __launch_bounds__(BI_ROUTER_WARPS * 32)
+    bi_router_logits_kernel(const float *x, const float *w, int32_t n_experts, int32_t hidden,
+                            float *logits) {
+    const int lane = threadIdx.x & 31;
+    const int32_t t = blockIdx.x, e = blockIdx.y * BI_ROUTER_WARPS + (threadIdx.x >> 5);
+    const bool live = e < n_experts;
+    const float4 *wr = (const float4 *)(w + (size_t)(live ? e : 0) * hidden);
+    if (live && t == 0) /* the router matrix depends on no earlier kernel */
+        for (int32_t off = lane * 32; off < hidden; off += 32 * 32)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (size_t)e * hidden + off));
+    pdl_wait(); /* x comes from the norm */
+    if (!live) return;
+    const float4 *xr = (const float4 *)(x + (size_t)t * hidden);
+    float sum = 0.0f;
+#pragma unroll 6
+    for (int32_t c = lane; c < hidden / 4; c += 32) {
+        const float4 a = xr[c], b = __ldg(wr + c);
+        sum = fmaf(a.x, b.x, sum);
+        sum = fmaf(a.y, b.y, sum);
+        sum = fmaf(a.z, b.z, sum);
+        sum = fmaf(a.w, b.w, sum);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) logits[(size_t)t * n_experts + e] = sum;
+}
+
+int gptoss_cuda_bi_router_logits(const float *x, const float *w, int32_t n_tokens,
+                                 int32_t n_experts, int32_t hidden, float *logits,
+                                 cudaStream_t stream) {
+    if (n_tokens <= 0 || n_experts <= 0) return 0;
+    if (hidden <= 0 || hidden % 4 != 0 || ((uintptr_t)x | (uintptr_t)w) % 16 != 0) return -1;
+    dim3 grid((unsigned)n_tokens, (unsigned)((n_experts + BI_ROUTER_WARPS - 1) / BI_ROUTER_WARPS));
+    launch_pdl(bi_router_logits_kernel, grid, dim3(BI_ROUTER_WARPS * 32), 0, stream, x, w,
+               n_experts, hidden, logits);
+    return 0;
+}
+
+/* ---- the experts ---------------------------------------------------------------------------- */
+
+/*
+ * GPTOSS_MOE_WMMA_GEMM's products (kernels/moe/wmma_gemm.cu) over the same route (64-row
+ * tiles), in two launch shapes. A block owns 8 * NT * 4 weight rows of one tile's expert (4
+ * warps of NT column tiles of 8) and takes the tile's rows 16 * MT at a time, streaming its
+ * weight rows through a cp.async pipeline of 4 MXFP4 groups per step: MT = NT = 1, 6 stages,
+ * for steps whose experts hold a few rows each (decode: hundreds of blocks, each keeping 12 KB
+ * of weights in flight), and MT = NT = 4, 3 stages, 64 x 128 outputs per block, for prefill.
+ * Every weight is dequantized as the WMMA path does it (fp4 * hi, then * lo, rounded to bf16),
+ * each output sums its groups in ascending order as two m16n8k16 chunks each into one fp32
+ * accumulator, and the epilogue is the WMMA path's (bias, clamped SwiGLU, bf16 h; bias and the
+ * scatter to the pair's row for down): h and y bitwise that path's (gpu_test_bi_kernels).
+ * Only the route's active tiles (at most one per pair) are launched.
+ */
+#define BIM_WARPS 4
+#define BIM_GROUPS 4 /* MXFP4 groups (32 inputs) per k-step */
+#define BIM_BK (32 * BIM_GROUPS)
+#define BIM_LDB (16 * BIM_GROUPS + 16) /* bytes per weight row of a stage */
+
+/* PAIRS: one row per block, so the A tile holds 8 rows (fragment rows g + 8 are never read):
+ * 31 KB in all for 2880-wide layers, 7 blocks per SM. */
+template <int MT, int NT, bool PAIRS = false> struct bim_shape {
+    static constexpr int BN = 8 * NT * BIM_WARPS, ROWS = PAIRS ? 1 : 16 * MT;
+    static constexpr int STAGES = MT * NT == 1 ? 6 : 3;
+    static constexpr int A_BYTES = (PAIRS ? 8 : ROWS) * BIS_LDA * 2;
+    static constexpr int STAGE = A_BYTES + BN * BIM_LDB;
+    static size_t smem(int32_t k_in) {
+        return (size_t)STAGES * STAGE + (size_t)BN * (k_in / 32);
+    }
+};
+
+/* bf16(fp4 * hi * lo) of the two codes of byte b (low nibble first), as fp4x8_to_float and the
+ * WMMA path's rounding compute them. */
+static __device__ __forceinline__ uint32_t bim_pair(uint32_t b, float hi, float lo) {
+    const float v0 = __uint_as_float(((b & 8u) << 28) | ((b & 7u) << 22)) * hi;
+    const float v1 = __uint_as_float((((b >> 4) & 8u) << 28) | (((b >> 4) & 7u) << 22)) * hi;
+    __nv_bfloat162 p = __floats2bfloat162_rn(v0 * lo, v1 * lo);
+    return *(const uint32_t *)&p;
+}
+
+template <bool GATE_UP, int MT, int NT, bool PAIRS>
+static __global__ void __launch_bounds__(BIM_WARPS * 32)
+    bim_moe_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias, const bf16 *act,
+                   int32_t k_in, int32_t n_out_rows, gptoss_cuda_route route,
+                   const int32_t *topk_idx, int32_t k_top, float limit, float alpha, bf16 *h_out,
+                   float *y_out) {
+    typedef bim_shape<MT, NT, PAIRS> sh;
+    constexpr int S = sh::STAGES, BN = sh::BN;
+    extern __shared__ __align__(128) unsigned char bim_smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int n_groups = k_in / 32, steps = (n_groups + BIM_GROUPS - 1) / BIM_GROUPS;
+    uint8_t *sc = bim_smem + S * sh::STAGE; /* [BN][n_groups] scale bytes */
+    pdl_wait(); /* the route (or top-k) and the activations come from earlier kernels */
+    int e;
+    int32_t r_begin, r_end;
+    if constexpr (PAIRS) { /* block y: pair y, row y of h and y */
+        r_begin = blockIdx.y;
+        r_end = r_begin + 1;
+        e = topk_idx[r_begin];
+    } else {
+        const int tile = blockIdx.y;
+        e = route.tile_expert[tile];
+        if (e < 0) return;
+        r_begin = route.tile_row[tile];
+        r_end = min(r_begin + route.tile_rows, route.expert_offsets[e + 1]);
+    }
+    const int32_t n0 = blockIdx.x * BN;
+    const size_t row_bytes = (size_t)n_groups * 16;
+    const uint8_t *eb = blocks + (size_t)e * n_out_rows * row_bytes;
+    const uint8_t *es = scales + (size_t)e * n_out_rows * n_groups;
+    for (int i = threadIdx.x; i < BN * n_groups; i += blockDim.x) {
+        const int r = i / n_groups;
+        sc[i] = n0 + r < n_out_rows ? es[(size_t)(n0 + r) * n_groups + i % n_groups] : 127;
+    }
+    const float *ebias = bias + (size_t)e * n_out_rows;
+    const int wc = warp * 8 * NT; /* the warp's first weight row in the block */
+
+    for (int32_t p0 = r_begin; p0 < r_end; p0 += sh::ROWS) {
+        const int rows = min(sh::ROWS, r_end - p0);
+        /* stage `step`: BN weight rows x BIM_GROUPS groups and the pass's rows of input */
+        auto load = [&](int step) {
+            unsigned char *st = bim_smem + (step % S) * sh::STAGE;
+            for (int i = threadIdx.x; i < BN * BIM_GROUPS; i += blockDim.x) {
+                const int r = i / BIM_GROUPS, gi = step * BIM_GROUPS + i % BIM_GROUPS;
+                const bool ok = n0 + r < n_out_rows && gi < n_groups;
+                bis_cp<16>(st + sh::A_BYTES + r * BIM_LDB + 16 * (i % BIM_GROUPS),
+                           ok ? eb + (size_t)(n0 + r) * row_bytes + (size_t)gi * 16 : eb,
+                           ok ? 16 : 0);
+            }
+            bf16 *as = (bf16 *)st;
+            for (int i = threadIdx.x; i < rows * (BIM_BK / 8); i += blockDim.x) {
+                const int r = i / (BIM_BK / 8), c = i % (BIM_BK / 8);
+                const int32_t kk = step * BIM_BK + 8 * c;
+                const size_t src_row = !GATE_UP ? (size_t)(p0 + r)
+                                       : PAIRS  ? (size_t)((p0 + r) / k_top)
+                                                : (size_t)route.sorted_token[p0 + r];
+                const bool ok = kk < k_in;
+                bis_cp<16>(as + r * BIS_LDA + 8 * c, ok ? act + src_row * k_in + kk : act,
+                           ok ? 16 : 0);
+            }
+        };
+#pragma unroll 1
+        for (int s = 0; s < S - 1; s++) {
+            if (s < steps) load(s);
+            bis_commit();
+        }
+        float acc[MT][NT][4];
+#pragma unroll
+        for (int t = 0; t < MT; t++)
+#pragma unroll
+            for (int u = 0; u < NT; u++)
+                acc[t][u][0] = acc[t][u][1] = acc[t][u][2] = acc[t][u][3] = 0.0f;
+        for (int i = 0; i < steps; i++) {
+            if (i + S - 1 < steps) load(i + S - 1);
+            bis_commit();
+            bis_wait<S - 1>(); /* this step's copies have landed */
+            __syncthreads();
+            const unsigned char *st = bim_smem + (i % S) * sh::STAGE;
+            const bf16 *as = (const bf16 *)st;
+#pragma unroll
+            for (int gl = 0; gl < BIM_GROUPS; gl++) {
+                const int gi = i * BIM_GROUPS + gl;
+                if (gi >= n_groups) break;
+                /* values 2q, 2q+1 | 2q+8, 2q+9 of each 16-input half of the group: byte q of
+                 * each of its 4 words, for this lane's weight row of each column tile */
+                uint32_t b[NT][4];
+#pragma unroll
+                for (int u = 0; u < NT; u++) {
+                    const int cl = wc + 8 * u + g;
+                    const uint4 cw = *(const uint4 *)(st + sh::A_BYTES + cl * BIM_LDB + 16 * gl);
+                    float hi, lo;
+                    e8m0_split(sc[cl * n_groups + gi], &hi, &lo);
+                    const uint32_t sh8 = 8 * q;
+                    b[u][0] = bim_pair((cw.x >> sh8) & 0xffu, hi, lo);
+                    b[u][1] = bim_pair((cw.y >> sh8) & 0xffu, hi, lo);
+                    b[u][2] = bim_pair((cw.z >> sh8) & 0xffu, hi, lo);
+                    b[u][3] = bim_pair((cw.w >> sh8) & 0xffu, hi, lo);
+                }
+#pragma unroll
+                for (int half = 0; half < 2; half++)
+#pragma unroll
+                    for (int t = 0; t < MT; t++) {
+                        if (16 * t >= rows) break;
+                        const bf16 *ap = as + (16 * t + g) * BIS_LDA + 32 * gl + 16 * half + 2 * q;
+                        const bool r0 = 16 * t + g < rows, r1 = 16 * t + g + 8 < rows;
+                        const uint32_t a0 = r0 ? *(const uint32_t *)ap : 0u,
+                                       a2 = r0 ? *(const uint32_t *)(ap + 8) : 0u,
+                                       a1 = r1 ? *(const uint32_t *)(ap + 8 * BIS_LDA) : 0u,
+                                       a3 = r1 ? *(const uint32_t *)(ap + 8 * BIS_LDA + 8) : 0u;
+#pragma unroll
+                        for (int u = 0; u < NT; u++)
+                            bis_mma(acc[t][u], a0, a1, a2, a3, b[u][2 * half], b[u][2 * half + 1]);
+                    }
+            }
+            __syncthreads(); /* before the next iteration's copies overwrite a stage */
+        }
+        bis_wait<0>();
+#pragma unroll
+        for (int t = 0; t < MT; t++)
+#pragma unroll
+            for (int u = 0; u < NT; u++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int r = 16 * t + g + 8 * hh;
+                    const int32_t col = n0 + wc + 8 * u + 2 * q;
+                    if (r >= rows || col >= n_out_rows) continue;
+                    const float c0 = acc[t][u][2 * hh], c1 = acc[t][u][2 * hh + 1];
+                    if constexpr (GATE_UP) {
+                        const float gate = c0 + ebias[col], up = c1 + ebias[col + 1];
+                        h_out[(size_t)(p0 + r) * (n_out_rows / 2) + col / 2] =
+                            __float2bfloat16(swiglu(gate, up, limit, alpha));
+                    } else {
+                        const int32_t pair = PAIRS ? p0 + r : route.sorted_pair[p0 + r];
+                        float *yr = y_out + (size_t)pair * n_out_rows;
+                        yr[col] = c0 + ebias[col];
+                        if (col + 1 < n_out_rows) yr[col + 1] = c1 + ebias[col + 1];
+                    }
+                }
+        __syncthreads(); /* the next pass's first copies overwrite the stages */
+    }
+}
+
+template <int MT, int NT, bool PAIRS>
+static void bim_launch(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t blocks_y,
+                       const gptoss_cuda_route *route, const int32_t *topk_idx, int32_t k_top,
+                       bf16 *h, float *y, cudaStream_t stream) {
+    typedef bim_shape<MT, NT, PAIRS> sh;
+    const int32_t H = w->hidden, I = w->intermediate;
+    const size_t smem1 = sh::smem(H), smem2 = sh::smem(I);
+    gptoss_cuda_route r = {};
+    if (route) r = *route;
+    launch_pdl(bim_moe_kernel<true, MT, NT, PAIRS>,
+               dim3((unsigned)((2 * I + sh::BN - 1) / sh::BN), (unsigned)blocks_y),
+               dim3(BIM_WARPS * 32), smem1, stream, (const uint8_t *)w->gate_up_blocks,
+               (const uint8_t *)w->gate_up_scales, (const float *)w->gate_up_bias, t, H, 2 * I, r,
+               topk_idx, k_top, w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
+    launch_pdl(bim_moe_kernel<false, MT, NT, PAIRS>,
+               dim3((unsigned)((H + sh::BN - 1) / sh::BN), (unsigned)blocks_y),
+               dim3(BIM_WARPS * 32), smem2, stream, (const uint8_t *)w->down_blocks,
+               (const uint8_t *)w->down_scales, (const float *)w->down_bias, (const bf16 *)h, I, H,
+               r, topk_idx, k_top, w->swiglu_limit, w->swiglu_alpha, (bf16 *)nullptr, y);
+}
+
+int gptoss_cuda_bi_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
+                       int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route,
+                       bf16 *h, float *y, int variant, cudaStream_t stream) {
+    const int32_t n_pairs = n_tokens * k_top;
+    if (n_pairs <= 0) return 0;
+    if (w->hidden % 32 != 0 || w->intermediate % 32 != 0 || w->hidden > BI_MOE_MAX_WIDTH ||
+        w->intermediate > BI_MOE_MAX_WIDTH)
+        return -1;
+    if (variant == GPTOSS_BI_MOE_PAIRS ? !topk_idx
+                                       : !route || route->tile_rows != GPTOSS_MOE_TILE_M)
+        return -1;
+    const bi_device *d = bi_prepare_once();
+    if (!d) return -1;
+    if (variant == GPTOSS_BI_MOE_PAIRS) {
+        bim_launch<1, 1, true>(w, t, n_pairs, nullptr, topk_idx, k_top, h, y, stream);
+        return 0;
+    }
+    int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, route->tile_rows);
+    if (tiles > n_pairs) tiles = n_pairs; /* the active tiles come first, each with a pair */
+    if (variant == GPTOSS_BI_MOE_WIDE && d->moe_wide)
+        bim_launch<4, 4, false>(w, t, tiles, route, nullptr, k_top, h, y, stream);
+    else
+        bim_launch<1, 1, false>(w, t, tiles, route, nullptr, k_top, h, y, stream);
+    return 0;
+}
+
+/* ---- shared-memory limits ------------------------------------------------------------------ */
+
+cudaError_t gptoss_cuda_bi_prepare(void) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    if (dev < 0 || dev >= BI_MAX_DEVICES) return cudaErrorInvalidDevice;
+#define BI_SET(KERNEL, BYTES)                                                                      \
+    (cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(BYTES)) ==    \
+     cudaSuccess)
+#define BI_SET_GEMM(MT, NT, WARPS, S)                                                              \
+    (BI_SET((bis_gemm_kernel<MT, NT, WARPS, S, false>),                                            \
+            (bis_shape<MT, NT, WARPS, S, false>::SMEM)) &&                                         \
+     BI_SET((bis_gemm_kernel<MT, NT, WARPS, S, true>), (bis_shape<MT, NT, WARPS, S, true>::SMEM)))
+    const bool base =
+        BI_SET_GEMM(1, 1, 2, 6) && BI_SET_GEMM(2, 1, 2, 5) && BI_SET_GEMM(4, 1, 2, 4) &&
+        BI_SET((bim_moe_kernel<true, 1, 1, false>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH))) &&
+        BI_SET((bim_moe_kernel<false, 1, 1, false>), (bim_shape<1, 1>::smem(BI_MOE_MAX_WIDTH))) &&
+        BI_SET((bim_moe_kernel<true, 1, 1, true>),
+               (bim_shape<1, 1, true>::smem(BI_MOE_MAX_WIDTH))) &&
+        BI_SET((bim_moe_kernel<false, 1, 1, true>),
+               (bim_shape<1, 1, true>::smem(BI_MOE_MAX_WIDTH)));
+    bi_dev[dev].gemm_wide = BI_SET_GEMM(4, 2, 8, 3);
+    bi_dev[dev].moe_wide =
+        BI_SET((bim_moe_kernel<true, 4, 4, false>), (bim_shape<4, 4>::smem(BI_MOE_MAX_WIDTH))) &&
+        BI_SET((bim_moe_kernel<false, 4, 4, false>), (bim_shape<4, 4>::smem(BI_MOE_MAX_WIDTH)));
+#undef BI_SET_GEMM
+#undef BI_SET
+    (void)cudaGetLastError(); /* a refused wide size is not an error */
+    bi_dev[dev].done = base;
+    return base ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+/* For callers that did not prepare (the kernel tests): once per device, before the first
+ * launch (a graph capture may be open; the backend prepares when it starts, see device.cu).
+ * Returns the device's entry, NULL where it cannot be prepared. */
+static const bi_device *bi_prepare_once(void) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= BI_MAX_DEVICES) return nullptr;
+    if (!bi_dev[dev].done) gptoss_cuda_bi_prepare();
+    return bi_dev[dev].done ? &bi_dev[dev] : nullptr;
+}

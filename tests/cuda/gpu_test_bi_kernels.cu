@@ -1,0 +1,449 @@
+/*
+ * gpu_test_bi_kernels.cu - the batch-invariant mode's kernels (kernels/batch_invariant.cu)
+ * against host references, and each output row bitwise the same whatever the number of rows
+ * launched with it.
+ *
+ * The GEMM (bf16 and e4m3 weights) on the real projection widths and on widths that end in a
+ * partial k-step: all 300 rows in one launch against a double-precision host reference (fp32
+ * accumulation of exact bf16 products: relative L2 under 1e-5), then the same rows again in
+ * launches of 1, 2, 7, 63, 64, 65 and 130 rows starting at other offsets, every row equal bit
+ * for bit to the 300-row launch; the skinny variant's 300-row launch bit for bit the same, and
+ * the skinny and wide variants in launches of every size 1..300 bit for bit to that.
+ *
+ * The experts kernels (gptoss_cuda_bi_moe, three launch shapes) against the WMMA path on the
+ * same route, h and y bit for bit, and against each other: steps of 1..512 tokens, an expert in
+ * every token (passes of 16 rows, two route tiles), a token alone against its batch.
+ *
+ * The tensor-core attention (full and sliding windows): each query's output bitwise the same by
+ * token, in chunks, beside another sequence and as a decode token. The router logits against a
+ * host reference and across launch sizes. Exits 1 on failure.
+ */
+#include "backend/cuda/kernels/attention_tc.h"
+#include "backend/cuda/kernels/batch_invariant.h"
+#include "backend/kv_fp8.h"
+#include "gpu_test_util.h"
+
+#include <cmath>
+
+#define ROWS 300
+
+static const int32_t row_counts[] = {1, 2, 7, 63, 64, 65, 130};
+
+/* Rows [r0, r0 + m) of the full launch against a launch of just those rows. */
+static bool rows_equal(const std::vector<float> &full, const std::vector<float> &part, int32_t r0,
+                       int32_t m, int32_t n) {
+    return memcmp(full.data() + (size_t)r0 * n, part.data(), (size_t)m * n * sizeof(float)) == 0;
+}
+
+static void gemm_case(int32_t n, int32_t k, bool e4m3) {
+    std::vector<uint16_t> x((size_t)ROWS * k), w((size_t)n * k);
+    std::vector<uint8_t> codes((size_t)n * k);
+    std::vector<float> scale(n);
+    for (auto &v : x)
+        v = f2bf(rnd_nz(1.0f));
+    for (auto &v : w)
+        v = f2bf(rnd_nz(0.05f));
+    for (auto &c : codes) {
+        c = (uint8_t)rnd_int(256);
+        if ((c & 0x7f) == 0x7f) c ^= 1; /* no NaN codes */
+    }
+    for (auto &s : scale)
+        s = (float)(0.001 * (1.0 + rnd_unit()));
+    bf16 *dx = (bf16 *)dev_upload(x), *dw = (bf16 *)dev_upload(w);
+    uint8_t *dc = dev_upload(codes);
+    float *ds = dev_upload(scale);
+    gptoss_cuda_dense_weight wt = {};
+    if (e4m3) {
+        wt.w_e4m3 = dc;
+        wt.row_scale = ds;
+    } else {
+        wt.w_bf16 = dw;
+    }
+    float *dy = dev_poisoned<float>((size_t)ROWS * n);
+    char name[160];
+    snprintf(name, sizeof name, "bi_gemm %s n %d k %d, %d rows vs host", e4m3 ? "e4m3" : "bf16",
+             (int)n, (int)k, ROWS);
+    if (gptoss_cuda_bi_gemm(wt, dx, dy, ROWS, n, k, 0) != 0) {
+        check_true(name, false);
+        return;
+    }
+    std::vector<float> full = dev_download(dy, (size_t)ROWS * n);
+    std::vector<double> got((size_t)ROWS * n), ref((size_t)ROWS * n);
+#pragma omp parallel for
+    for (int32_t r = 0; r < ROWS; r++)
+        for (int32_t j = 0; j < n; j++) {
+            double sum = 0;
+            for (int32_t i = 0; i < k; i++) {
+                double wv = e4m3 ? gptoss_e4m3_decode(codes[(size_t)j * k + i])
+                                 : bf2f(w[(size_t)j * k + i]);
+                sum += (double)bf2f(x[(size_t)r * k + i]) * wv;
+            }
+            ref[(size_t)r * n + j] = e4m3 ? sum * scale[j] : sum;
+            got[(size_t)r * n + j] = full[(size_t)r * n + j];
+        }
+    check(name, got, ref, 1e-5);
+    bool same = true;
+    for (int32_t m : row_counts) {
+        int32_t r0 = (int32_t)((m * 37) % (ROWS - m + 1));
+        CK(cudaMemset(dy, 0xff, (size_t)ROWS * n * sizeof(float)));
+        if (gptoss_cuda_bi_gemm(wt, dx + (size_t)r0 * k, dy, m, n, k, 0) != 0) same = false;
+        std::vector<float> part = dev_download(dy, (size_t)m * n);
+        if (!rows_equal(full, part, r0, m, n)) {
+            same = false;
+            printf("  %d rows from row %d differ from the %d-row launch\n", (int)m, (int)r0, ROWS);
+        }
+    }
+    snprintf(name, sizeof name, "bi_gemm %s n %d k %d, rows bitwise equal in launches of 1..130",
+             e4m3 ? "e4m3" : "bf16", (int)n, (int)k);
+    check_true(name, same);
+    /* the skinny and wide variants (mma.sync): the skinny 300-row launch bitwise the tile
+     * kernel's (WMMA), and every launch size 1..300 of either, rows from other offsets, bitwise
+     * the skinny 300-row launch (so a WMMA difference alone shows as the first check only) */
+    CK(cudaMemset(dy, 0xff, (size_t)ROWS * n * sizeof(float)));
+    same = gptoss_cuda_bi_gemm_variant(wt, dx, dy, ROWS, n, k, GPTOSS_BI_GEMM_SKINNY, 0) == 0;
+    std::vector<float> sk_full = dev_download(dy, (size_t)ROWS * n);
+    snprintf(name, sizeof name, "bi_gemm skinny %s n %d k %d, %d rows bitwise the tile kernel's",
+             e4m3 ? "e4m3" : "bf16", (int)n, (int)k, ROWS);
+    check_true(name, same && rows_equal(full, sk_full, 0, ROWS, n));
+    for (int variant : {GPTOSS_BI_GEMM_SKINNY, GPTOSS_BI_GEMM_WIDE}) {
+        const char *vname = variant == GPTOSS_BI_GEMM_WIDE ? "wide" : "skinny";
+        same = true;
+        int32_t first_bad = 0;
+        for (int32_t m = 1; m <= ROWS; m++) {
+            int32_t r0 = (int32_t)((m * 37) % (ROWS - m + 1));
+            CK(cudaMemset(dy, 0xff, (size_t)ROWS * n * sizeof(float)));
+            bool ok =
+                gptoss_cuda_bi_gemm_variant(wt, dx + (size_t)r0 * k, dy, m, n, k, variant, 0) == 0;
+            std::vector<float> part = dev_download(dy, (size_t)m * n);
+            if (!ok || !rows_equal(sk_full, part, r0, m, n)) {
+                if (same) first_bad = m;
+                same = false;
+            }
+        }
+        if (!same) printf("  %s: first differing launch has %d rows\n", vname, (int)first_bad);
+        snprintf(name, sizeof name,
+                 "bi_gemm %s %s n %d k %d, launches of 1..%d rows bitwise the skinny 300-row one",
+                 vname, e4m3 ? "e4m3" : "bf16", (int)n, (int)k, ROWS);
+        check_true(name, same);
+    }
+    cudaFree(dx), cudaFree(dw), cudaFree(dc), cudaFree(ds), cudaFree(dy);
+}
+
+static void router_case(int32_t e, int32_t h) {
+    std::vector<float> x((size_t)ROWS * h), w((size_t)e * h);
+    for (auto &v : x)
+        v = rnd_nz(1.0f);
+    for (auto &v : w)
+        v = rnd_nz(0.05f);
+    float *dx = dev_upload(x), *dw = dev_upload(w), *dy = dev_poisoned<float>((size_t)ROWS * e);
+    bool launched = gptoss_cuda_bi_router_logits(dx, dw, ROWS, e, h, dy, 0) == 0;
+    std::vector<float> full = dev_download(dy, (size_t)ROWS * e);
+    std::vector<double> got((size_t)ROWS * e), ref((size_t)ROWS * e);
+    for (int32_t r = 0; r < ROWS; r++)
+        for (int32_t j = 0; j < e; j++) {
+            double sum = 0;
+            for (int32_t i = 0; i < h; i++)
+                sum += (double)x[(size_t)r * h + i] * w[(size_t)j * h + i];
+            ref[(size_t)r * e + j] = sum;
+            got[(size_t)r * e + j] = full[(size_t)r * e + j];
+        }
+    char name[160];
+    snprintf(name, sizeof name, "bi_router_logits E %d H %d, %d rows vs host", (int)e, (int)h,
+             ROWS);
+    check(name, got, ref, 1e-5);
+    bool same = launched;
+    for (int32_t m : row_counts) {
+        int32_t r0 = (int32_t)((m * 37) % (ROWS - m + 1));
+        CK(cudaMemset(dy, 0xff, (size_t)ROWS * e * sizeof(float)));
+        launched =
+            launched && gptoss_cuda_bi_router_logits(dx + (size_t)r0 * h, dw, m, e, h, dy, 0) == 0;
+        std::vector<float> part = dev_download(dy, (size_t)m * e);
+        same = same && launched && rows_equal(full, part, r0, m, e);
+    }
+    snprintf(name, sizeof name, "bi_router_logits E %d H %d, rows bitwise equal in launches",
+             (int)e, (int)h);
+    check_true(name, same);
+    cudaFree(dx), cudaFree(dw), cudaFree(dy);
+}
+
+/* ---- experts: the streaming kernel against the WMMA path ------------------------------- */
+
+struct moe_case_weights {
+    gptoss_cuda_moe_weights w;
+    std::vector<void *> allocs;
+};
+
+static moe_case_weights moe_weights(int32_t E, int32_t H, int32_t I) {
+    std::vector<uint8_t> gub((size_t)E * 2 * I * H / 2), gus((size_t)E * 2 * I * (H / 32));
+    std::vector<uint8_t> dnb((size_t)E * H * I / 2), dns((size_t)E * H * (I / 32));
+    std::vector<float> gubias((size_t)E * 2 * I), dnbias((size_t)E * H);
+    for (auto &v : gub)
+        v = (uint8_t)rnd_int(256);
+    for (auto &v : dnb)
+        v = (uint8_t)rnd_int(256);
+    for (auto &v : gus) /* 2^-9 .. 2^2, and now and then 2^3 (lo != 1 there) */
+        v = (uint8_t)(rnd_int(50) == 0 ? 130 : 118 + rnd_int(12));
+    for (auto &v : dns)
+        v = (uint8_t)(118 + rnd_int(10));
+    for (auto &v : gubias)
+        v = rnd_nz(0.5f);
+    for (auto &v : dnbias)
+        v = rnd_nz(0.5f);
+    moe_case_weights m = {};
+    uint8_t *a = dev_upload(gub), *b = dev_upload(gus), *c = dev_upload(dnb), *d = dev_upload(dns);
+    float *e = dev_upload(gubias), *f = dev_upload(dnbias);
+    m.allocs = {a, b, c, d, e, f};
+    m.w.gate_up_blocks = a;
+    m.w.gate_up_scales = b;
+    m.w.gate_up_bias = e;
+    m.w.down_blocks = c;
+    m.w.down_scales = d;
+    m.w.down_bias = f;
+    m.w.n_experts = E;
+    m.w.hidden = H;
+    m.w.intermediate = I;
+    m.w.swiglu_limit = 7.0f;
+    m.w.swiglu_alpha = 1.702f;
+    return m;
+}
+
+/* Runs T tokens' experts (K distinct each; skew: every token also picks expert 0, so its tile
+ * holds T rows) on the WMMA path and on gptoss_cuda_bi_moe; h and y must match bit for bit. */
+static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew) {
+    const gptoss_cuda_moe_weights &w = mw.w;
+    const int32_t E = w.n_experts, H = w.hidden, I = w.intermediate, P = T * K;
+    std::vector<int32_t> topk((size_t)P);
+    for (int32_t t = 0; t < T; t++)
+        for (int32_t j = 0; j < K; j++) {
+            int32_t e;
+            bool dup;
+            do {
+                e = (skew && j == 0) ? 0 : rnd_int(E);
+                dup = false;
+                for (int32_t i = 0; i < j; i++)
+                    dup = dup || topk[(size_t)t * K + i] == e;
+            } while (dup);
+            topk[(size_t)t * K + j] = e;
+        }
+    std::vector<uint16_t> act((size_t)T * H);
+    for (auto &v : act)
+        v = f2bf(rnd_nz(1.0f));
+    int32_t *d_topk = dev_upload(topk);
+    bf16 *d_t = (bf16 *)dev_upload(act);
+    void *route_mem = nullptr;
+    CK(cudaMalloc(&route_mem, gptoss_cuda_route_bytes(P, E)));
+    gptoss_cuda_route route;
+    gptoss_cuda_route_bind(route_mem, P, E, &route);
+    gptoss_cuda_moe_route(d_topk, T, K, E, GPTOSS_MOE_WMMA_GEMM, &route, 0);
+    bf16 *d_h = dev_poisoned<bf16>((size_t)P * I);
+    float *d_y = dev_poisoned<float>((size_t)P * H);
+    gptoss_cuda_moe(&w, d_t, T, K, d_topk, &route, d_h, d_y, GPTOSS_MOE_WMMA_GEMM, 0);
+    std::vector<bf16> h_ref = dev_download(d_h, (size_t)P * I);
+    std::vector<float> y_ref = dev_download(d_y, (size_t)P * H);
+    bool finite = true;
+    for (float v : y_ref)
+        finite = finite && std::isfinite(v);
+    char name[160];
+    /* h of the pair shape is by pair: row p there is row pos of the sorted order, where
+     * sorted_pair[pos] = p */
+    std::vector<int32_t> sorted_pair = dev_download(route.sorted_pair, (size_t)P);
+    std::vector<bf16> h_ref_by_pair(h_ref.size());
+    for (int32_t pos = 0; pos < P; pos++)
+        memcpy(&h_ref_by_pair[(size_t)sorted_pair[pos] * I], &h_ref[(size_t)pos * I],
+               (size_t)I * sizeof(bf16));
+    std::vector<float> y_small; /* the bi shapes against each other too (all mma.sync) */
+    bool bi_same = true;
+    for (int variant : {GPTOSS_BI_MOE_SMALL, GPTOSS_BI_MOE_WIDE, GPTOSS_BI_MOE_PAIRS}) {
+        CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(bf16)));
+        CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
+        const bool launched = gptoss_cuda_bi_moe(&w, d_t, T, K, d_topk,
+                                                 variant == GPTOSS_BI_MOE_PAIRS ? nullptr : &route,
+                                                 d_h, d_y, variant, 0) == 0;
+        std::vector<bf16> h = dev_download(d_h, (size_t)P * I);
+        std::vector<float> y = dev_download(d_y, (size_t)P * H);
+        const std::vector<bf16> &h_want = variant == GPTOSS_BI_MOE_PAIRS ? h_ref_by_pair : h_ref;
+        if (variant == GPTOSS_BI_MOE_SMALL)
+            y_small = y;
+        else
+            bi_same = bi_same && launched &&
+                      memcmp(y.data(), y_small.data(), y.size() * sizeof(float)) == 0;
+        snprintf(name, sizeof name, "bi_moe %s E %d H %d I %d T %d K %d%s: h, y bitwise WMMA's",
+                 variant == GPTOSS_BI_MOE_WIDE    ? "wide"
+                 : variant == GPTOSS_BI_MOE_PAIRS ? "pairs"
+                                                  : "small",
+                 (int)E, (int)H, (int)I, (int)T, (int)K, skew ? " (expert 0 in every token)" : "");
+        check_true(name, launched && finite &&
+                             memcmp(h.data(), h_want.data(), h.size() * sizeof(bf16)) == 0 &&
+                             memcmp(y.data(), y_ref.data(), y.size() * sizeof(float)) == 0);
+    }
+    snprintf(name, sizeof name, "bi_moe E %d T %d%s: wide and pairs y bitwise small's", (int)E,
+             (int)T, skew ? " (expert 0 in every token)" : "");
+    check_true(name, bi_same);
+    /* token 0 alone: its rows as in the batch */
+    if (T > 1) {
+        gptoss_cuda_moe_route(d_topk, 1, K, E, GPTOSS_MOE_WMMA_GEMM, &route, 0);
+        CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
+        CK(gptoss_cuda_bi_moe(&w, d_t, 1, K, d_topk, &route, d_h, d_y, GPTOSS_BI_MOE_SMALL, 0) == 0
+               ? cudaSuccess
+               : cudaErrorInvalidValue);
+        std::vector<float> y1 = dev_download(d_y, (size_t)K * H);
+        snprintf(name, sizeof name, "bi_moe E %d T %d: token 0 alone bitwise as in the batch",
+                 (int)E, (int)T);
+        check_true(name, memcmp(y1.data(), y_ref.data(), y1.size() * sizeof(float)) == 0);
+    }
+    cudaFree(d_topk), cudaFree(d_t), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y);
+}
+
+/* ---- attention: the tensor-core kernel, by tile and by token ------------------------------ */
+
+/* Launches the tensor-core attention (tiles of 16 tokens, or one token per block) for the
+ * queries `rows` of q (positions pos, sequences seq) and returns their outputs. */
+static std::vector<uint16_t> attn_run(const std::vector<float> &q_all, const bf16 *d_k,
+                                      const bf16 *d_v, const int32_t *d_tables, int32_t max_blocks,
+                                      const float *d_sinks, const std::vector<int32_t> &rows,
+                                      const std::vector<int32_t> &pos,
+                                      const std::vector<int32_t> &seq, int32_t window, bool each,
+                                      bool *ok) {
+    const int32_t NH = 64, NKV = 8, D = 64, n = (int32_t)rows.size();
+    std::vector<float> qs((size_t)n * NH * D);
+    for (int32_t i = 0; i < n; i++)
+        memcpy(&qs[(size_t)i * NH * D], &q_all[(size_t)rows[i] * NH * D], NH * D * sizeof(float));
+    float *dq = dev_upload(qs);
+    int32_t *dp = dev_upload(pos), *ds = dev_upload(seq);
+    bf16 *dout = dev_poisoned<bf16>((size_t)n * NH * D);
+    int rc = each ? gptoss_cuda_attention_tc_each(dq, d_k, d_v, dp, ds, d_tables, max_blocks, 16,
+                                                  d_sinks, n, NH, NKV, D, window, dout, 0)
+                  : gptoss_cuda_attention_tc(dq, d_k, d_v, dp, ds, d_tables, max_blocks, 16,
+                                             d_sinks, n, NH, NKV, D, window, dout, 0);
+    *ok = *ok && rc == 0;
+    std::vector<uint16_t> out((size_t)n * NH * D);
+    CK(cudaMemcpy(out.data(), dout, out.size() * 2, cudaMemcpyDeviceToHost));
+    cudaFree(dq), cudaFree(dp), cudaFree(ds), cudaFree(dout);
+    return out;
+}
+
+/* Sequence 0 holds 300 keys, sequence 1 200 (16-key pages, sequence 0's in reverse order);
+ * q rows 0..299 are sequence 0's positions, 300..499 sequence 1's. Every output of sequence 0
+ * must equal, bit for bit, the one-launch prefill of its 300 tokens: by token, in chunks of
+ * 1, 7, 64 and 100, beside another sequence's tokens in shared tiles, and as decode tokens. */
+static void attention_case(int32_t window) {
+    const int32_t NH = 64, NKV = 8, D = 64, BS = 16, MB = 19, NB = 32;
+    std::vector<uint16_t> kc((size_t)NB * BS * NKV * D), vc(kc.size());
+    for (auto &v : kc)
+        v = f2bf(rnd_nz(1.0f));
+    for (auto &v : vc)
+        v = f2bf(rnd_nz(1.0f));
+    std::vector<float> q((size_t)500 * NH * D), sinks(NH);
+    for (auto &v : q)
+        v = rnd_nz(0.3f);
+    for (auto &v : sinks)
+        v = rnd_nz(1.0f);
+    std::vector<int32_t> tables((size_t)2 * MB, 0);
+    for (int32_t b = 0; b < MB; b++)
+        tables[b] = NB - 1 - b;
+    for (int32_t b = 0; b < 13; b++)
+        tables[MB + b] = b;
+    bf16 *dk = (bf16 *)dev_upload(kc), *dv = (bf16 *)dev_upload(vc);
+    float *dsk = dev_upload(sinks);
+    int32_t *dt = dev_upload(tables);
+    bool ok = true;
+    auto run = [&](const std::vector<int32_t> &rows, bool each) {
+        std::vector<int32_t> pos(rows.size()), seq(rows.size());
+        for (size_t i = 0; i < rows.size(); i++) {
+            seq[i] = rows[i] < 300 ? 0 : 1;
+            pos[i] = rows[i] < 300 ? rows[i] : rows[i] - 300;
+        }
+        return attn_run(q, dk, dv, dt, MB, dsk, rows, pos, seq, window, each, &ok);
+    };
+    const size_t RW = (size_t)NH * D;
+    std::vector<int32_t> all(300);
+    for (int32_t i = 0; i < 300; i++)
+        all[i] = i;
+    std::vector<uint16_t> ref = run(all, false);
+    /* every output of sequence 0 in `rows` against ref */
+    auto same_as_ref = [&](const std::vector<int32_t> &rows, const std::vector<uint16_t> &out) {
+        for (size_t i = 0; i < rows.size(); i++)
+            if (rows[i] < 300 &&
+                memcmp(&out[i * RW], &ref[(size_t)rows[i] * RW], RW * sizeof(uint16_t)) != 0)
+                return false;
+        return true;
+    };
+    char name[160];
+    snprintf(name, sizeof name, "attention_tc window %d: one token per block bitwise the tiles",
+             (int)window);
+    check_true(name, same_as_ref(all, run(all, true)) && ok);
+    bool same = true;
+    for (int32_t cs : {1, 7, 64, 100})
+        for (int32_t c0 = 0; c0 < 300; c0 += cs) {
+            std::vector<int32_t> rows;
+            for (int32_t i = c0; i < 300 && i < c0 + cs; i++)
+                rows.push_back(i);
+            same = same && same_as_ref(rows, run(rows, false));
+        }
+    snprintf(name, sizeof name, "attention_tc window %d: chunks of 1, 7, 64, 100 bitwise",
+             (int)window);
+    check_true(name, same && ok);
+    std::vector<int32_t> mixed;
+    for (int32_t i = 450; i < 470; i++)
+        mixed.push_back(i);
+    for (int32_t i = 100; i < 137; i++)
+        mixed.push_back(i);
+    mixed.push_back(470);
+    for (int32_t i = 137; i < 150; i++)
+        mixed.push_back(i);
+    std::vector<int32_t> decode = {299, 499, 5, 333, 160, 31, 32};
+    snprintf(name, sizeof name,
+             "attention_tc window %d: beside another sequence in tiles, and as decode tokens",
+             (int)window);
+    check_true(name, same_as_ref(mixed, run(mixed, false)) &&
+                         same_as_ref(decode, run(decode, true)) &&
+                         same_as_ref(decode, run(decode, false)) && ok);
+    cudaFree(dk), cudaFree(dv), cudaFree(dsk), cudaFree(dt);
+}
+
+int main(void) {
+    open_device();
+    /* 20b QKV and O (k 2880 ends in half a 128-input step, 4096 in whole ones), short partial
+     * k-steps (200, 72), widths that end in a partial column tile */
+    static const int32_t shapes[][2] = {{5120, 2880}, {2880, 4096}, {100, 200}, {70, 72}};
+    for (const auto &s : shapes) {
+        gemm_case(s[0], s[1], false);
+        gemm_case(s[0], s[1], true);
+    }
+    /* k not a multiple of 8: refused, nothing written */
+    {
+        gptoss_cuda_dense_weight wt = {};
+        std::vector<uint16_t> x(64 * 12, 0);
+        bf16 *dx = (bf16 *)dev_upload(x);
+        wt.w_bf16 = dx;
+        check_true("bi_gemm refuses k = 12",
+                   gptoss_cuda_bi_gemm(wt, dx, (float *)dx, 4, 4, 12, 0) != 0);
+        cudaFree(dx);
+    }
+    {
+        moe_case_weights big = moe_weights(16, 2880, 2880);
+        for (int32_t T : {1, 2, 3, 8, 16, 33, 64})
+            moe_case(big, T, 4, false);
+        moe_case(big, 40, 4, true);   /* 40 rows of expert 0: passes of 16 rows */
+        moe_case(big, 100, 4, true);  /* 100: two route tiles of one expert */
+        moe_case(big, 512, 4, false); /* prefill-sized: 128 rows per expert */
+        for (void *p : big.allocs)
+            cudaFree(p);
+        moe_case_weights small = moe_weights(16, 256, 192);
+        for (int32_t T : {1, 5, 70})
+            moe_case(small, T, 4, T == 70);
+        for (void *p : small.allocs)
+            cudaFree(p);
+    }
+    attention_case(0);
+    attention_case(128);
+    attention_case(40); /* a window that is no multiple of the 32-key steps */
+    router_case(32, 2880);
+    router_case(128, 2880);
+    router_case(8, 128);
+    int failed = 0;
+    for (const result &r : results)
+        failed += !r.ok;
+    printf("gpu_test_bi_kernels: %d of %d checks failed\n", failed, (int)results.size());
+    return failed ? 1 : 0;
+}
