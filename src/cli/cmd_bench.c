@@ -272,6 +272,12 @@ int gptoss_cmd_bench(int argc, char **argv) {
     rq.device = (int32_t)mo.device;
     rq.fp8_layers = mo.fp8_layers;
     rq.kv_cache_dtype = mo.kv_cache_dtype;
+    rq.tensor_parallel_size = mo.tensor_parallel > 1 ? (int32_t)mo.tensor_parallel : 1;
+    if (rq.tensor_parallel_size > 1) {
+        size_t used = strlen(label);
+        snprintf(label + used, sizeof label - used, ", tensor parallel %d",
+                 (int)rq.tensor_parallel_size);
+    }
     rq.progress = cli_stderr_is_tty() ? cli_progress : NULL;
     gptoss_bench_report *report = malloc(sizeof *report);
     gptoss_status st = report ? gptoss_cuda_bench(&rq, report, &err)

@@ -140,6 +140,12 @@ typedef struct gptoss_cuda_state {
     cudaEvent_t timing_events[3];
     double timing_ms[5], timing_steps;
     struct gptoss_cuda_sampler *sampler; /* NULL until the first forward_sample */
+    /* Tensor parallelism (tp.cu): this state is rank tp_rank of tp_size; config holds the
+     * rank's heads (tp_split.h), the experts are all present but only [tp_expert0,
+     * tp_expert0 + tp_n_experts) are computed here. tp_size 1: a whole model, tp_comm NULL. */
+    int32_t tp_rank, tp_size, tp_expert0, tp_n_experts;
+    void *tp_comm;  /* the rank's NCCL communicator */
+    void *tp_group; /* rank 0: the group (tp.cu), for gptoss_cuda_tp_step; NULL elsewhere */
 } gptoss_cuda_state;
 
 /* Components of a step for profiling (index into gptoss_bench_part_names). */
@@ -154,6 +160,13 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
                                               gptoss_cuda_state **out, gptoss_error *error);
 
 void gptoss_cuda_state_free(gptoss_cuda_state *state);
+
+/* Creates a state for config (a whole model, or one tensor-parallel rank's share of it) with
+ * weights copied from w, which must match config's shapes. */
+gptoss_status gptoss_cuda_state_create_weights(const gptoss_config *config,
+                                               const gptoss_backend_options *options,
+                                               const gptoss_weights *w, gptoss_cuda_state **out,
+                                               gptoss_error *error);
 
 /* The step, then the summaries reduced on the GPU: n_top ids and values and one float per
  * row cross to the host, plus only the rows asked for whole. */
@@ -211,5 +224,23 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *state, const gptoss_
 gptoss_status gptoss_cuda_forward_sample(void *state, const gptoss_batch_plan *plan,
                                          const gptoss_sample_batch *batch, gptoss_error *error);
 void gptoss_cuda_sampler_free(struct gptoss_cuda_sampler *sampler);
+
+/* ---- tp.cu: tensor parallelism ---- */
+
+/* The ops table of a tensor-parallel backend (options->tensor_parallel_size > 1). */
+extern "C" const gptoss_backend_ops gptoss_cuda_tp_backend_ops;
+/* Rank 0's state of a group the table above created. */
+gptoss_cuda_state *gptoss_cuda_tp_rank0(void *group);
+/* One validated plan on every rank: rank 0's step is enqueued (not waited for), the others'
+ * are run and waited for (bench). */
+gptoss_status gptoss_cuda_tp_step(void *group, const gptoss_batch_plan *plan, gptoss_error *error);
+/* Enqueues the sum over the ranks of buf [n] f32, in place, on s->stream (nothing when
+ * tp_size is 1). */
+gptoss_status gptoss_cuda_tp_allreduce(gptoss_cuda_state *s, float *buf, size_t n,
+                                       gptoss_error *error);
+/* Drops the experts of other ranks from the top-k of T tokens: their weights become 0 and
+ * their slots compute one of the rank's experts instead (the token's first local one). */
+void gptoss_cuda_tp_mask_experts(gptoss_cuda_state *s, int32_t *topk_idx, float *topk_weight,
+                                 int32_t T, int32_t K);
 
 #endif

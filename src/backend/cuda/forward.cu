@@ -309,14 +309,40 @@ static gptoss_status route_tokens(gptoss_cuda_state *s, const cuda_layer *L,
     return GPTOSS_OK;
 }
 
+/* Tensor parallelism: this rank's share of the experts' weighted outputs summed into w->proj
+ * (free once the experts ran; w->t takes the unused normalized rows), summed over the ranks,
+ * then added to the residual stream as one projection before the next norm. */
+static gptoss_status tp_residual_next_norm(gptoss_cuda_state *s, int l, const cuda_step_key *key,
+                                           const int32_t *d_logit, gptoss_error *error) {
+    const gptoss_config *c = &s->config;
+    cuda_workspace *w = &s->ws;
+    const int32_t T = key->n_tokens, H = c->hidden_size, K = c->n_experts_per_token;
+    const float eps = (float)c->rms_norm_eps;
+    const bool last = l + 1 == c->n_layers;
+    const float *gain = last ? s->final_norm : s->layers[l + 1].attn_norm;
+    CUDA_TRY(cudaMemsetAsync(w->proj, 0, (size_t)T * H * sizeof(float), s->stream), "expert sum");
+    gptoss_cuda_residual_rmsnorm(w->proj, NULL, NULL, w->y, w->topk_weight, K, gain, eps, NULL, T,
+                                 H, w->t, NULL, s->stream);
+    gptoss_status st = gptoss_cuda_tp_allreduce(s, w->proj, (size_t)T * H, error);
+    if (st) return st;
+    if (!last)
+        gptoss_cuda_residual_rmsnorm(w->x, w->proj, NULL, NULL, NULL, 0, gain, eps, NULL, T, H,
+                                     w->t, NULL, s->stream);
+    else
+        gptoss_cuda_residual_rmsnorm(w->x, w->proj, NULL, NULL, NULL, 0, gain, eps, d_logit,
+                                     key->n_logits, H, w->lm_in, NULL, s->stream);
+    return GPTOSS_OK;
+}
+
 /* The experts' weighted outputs into the residual stream, then the next layer's attention
  * norm; after the last layer the final norm of only the rows that want logits, gathered. */
-static void residual_next_norm(gptoss_cuda_state *s, int l, const cuda_step_key *key,
-                               const int32_t *d_logit) {
+static gptoss_status residual_next_norm(gptoss_cuda_state *s, int l, const cuda_step_key *key,
+                                        const int32_t *d_logit, gptoss_error *error) {
     const gptoss_config *c = &s->config;
     cuda_workspace *w = &s->ws;
     const int32_t H = c->hidden_size, K = c->n_experts_per_token;
     const float eps = (float)c->rms_norm_eps;
+    if (s->tp_size > 1) return tp_residual_next_norm(s, l, key, d_logit, error);
     if (l + 1 < c->n_layers)
         gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K,
                                      s->layers[l + 1].attn_norm, eps, NULL, key->n_tokens, H, w->t,
@@ -324,6 +350,7 @@ static void residual_next_norm(gptoss_cuda_state *s, int l, const cuda_step_key 
     else
         gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K, s->final_norm, eps,
                                      d_logit, key->n_logits, H, w->lm_in, NULL, s->stream);
+    return GPTOSS_OK;
 }
 
 #define TRY(call)                                                                                  \
@@ -379,6 +406,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         MARK(PART_ATTENTION);
         if (!ABLATED(O))
             TRY(gemm_bf16(s, L->o_weight, w->attn, w->proj, T, H, NH * D, true, error));
+        if (s->tp_size > 1) TRY(gptoss_cuda_tp_allreduce(s, w->proj, (size_t)T * H, error));
         MARK(PART_DENSE);
         /* MLP: residual + norm, router, experts */
         const bool normed_routed = norm_router_fused(s, L, key);
@@ -386,6 +414,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps,
                                          NULL, T, H, w->t, w->t_f32, k);
         if (!normed_routed && !ABLATED(ROUTER)) TRY(route_tokens(s, L, key, error));
+        if (s->tp_size > 1) gptoss_cuda_tp_mask_experts(s, w->topk_idx, w->topk_weight, T, K);
         const enum gptoss_moe_path moe_path =
             gptoss_cuda_moe_choose_path(s->tuning.moe_path, T, K, &L->moe);
         if (moe_path != GPTOSS_MOE_PAIR_GEMV &&
@@ -395,10 +424,11 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         if (!ABLATED(MOE))
             gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
         MARK(PART_MOE);
-        if (!ABLATED(NORMS)) residual_next_norm(s, l, key, d_logit);
+        if (!ABLATED(NORMS)) TRY(residual_next_norm(s, l, key, d_logit, error));
         MARK(PART_SMALL);
     }
-    if (!ABLATED(LM_HEAD))
+    /* tensor parallelism: every rank holds the same final rows; rank 0 alone makes logits */
+    if (!ABLATED(LM_HEAD) && s->tp_rank == 0)
         TRY(gemm_bf16(s, s->lm_head, w->lm_in, w->logits, NL, c->vocab_size, H, false, error));
     MARK(PART_LM_HEAD);
     CUDA_TRY(cudaGetLastError(), "kernel launch");

@@ -74,6 +74,8 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     s->dev = dev;
     s->tuning = tuning;
     s->fp8_layers = options->fp8_layers;
+    s->tp_size = 1;
+    s->tp_n_experts = config->n_experts;
     st = gptoss_cuda_diagnostics_init(s, error);
     if (st) return st;
     CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -131,19 +133,30 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
     return GPTOSS_OK;
 }
 
-/* ---- the ops table ---------------------------------------------------------------------- */
-
-static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_options *options,
-                                 void **state, gptoss_error *error) {
+gptoss_status gptoss_cuda_state_create_weights(const gptoss_config *config,
+                                               const gptoss_backend_options *options,
+                                               const gptoss_weights *w, gptoss_cuda_state **out,
+                                               gptoss_error *error) {
     gptoss_cuda_state *s = NULL;
-    gptoss_status st = state_alloc(gptoss_model_config(model), options, &s, error);
-    if (st == GPTOSS_OK)
-        st = gptoss_cuda_weights_upload(s, gptoss_model_weights(model), options, error);
+    gptoss_status st = state_alloc(config, options, &s, error);
+    if (st == GPTOSS_OK) st = gptoss_cuda_weights_upload(s, w, options, error);
     if (st == GPTOSS_OK) st = gptoss_cuda_weights_finish(s, error);
     if (st) {
         gptoss_cuda_state_free(s);
         return st;
     }
+    *out = s;
+    return GPTOSS_OK;
+}
+
+/* ---- the ops table ---------------------------------------------------------------------- */
+
+static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_options *options,
+                                 void **state, gptoss_error *error) {
+    gptoss_cuda_state *s = NULL;
+    gptoss_status st = gptoss_cuda_state_create_weights(gptoss_model_config(model), options,
+                                                        gptoss_model_weights(model), &s, error);
+    if (st) return st;
     options->n_kv_blocks = s->n_kv_blocks;
     options->n_sliding_kv_blocks = s->n_sliding_kv_blocks;
     options->kv_shared_pages = s->kv_shared;

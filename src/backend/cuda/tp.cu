@@ -1,0 +1,507 @@
+/*
+ * tp.cu - tensor parallelism over N GPUs of one host: one process, one full CUDA state per
+ * GPU holding its rank's share of the model (tp_split.h), one host thread per rank, and two
+ * NCCL sum all-reduces per layer (the o-projection's output and the experts' weighted sum,
+ * both enqueued on the rank's stream, so decode steps stay captured CUDA graphs).
+ *
+ * The engine sees one backend: every call hands the same validated plan to every rank and
+ * waits for all of them; rank 0 runs the ops table's own call (forward, summary or sample) and
+ * alone computes logits, the others run the step. Pages hold only a rank's KV heads, so each
+ * GPU fits about N times the tokens; the pool the engine sees is the smallest rank's.
+ *
+ * NCCL is opened at run time (dlopen of libnccl.so.2, or GPTOSS_NCCL_LIBRARY), so a binary
+ * without tensor parallelism needs no NCCL. A failing rank aborts every communicator (ranks
+ * waiting in a collective for it return) and the backend refuses later calls.
+ *
+ * Owns the rank states, their threads and communicators.
+ */
+#include "backend/cuda/cuda_backend.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern "C" {
+#include "backend/tp_split.h"
+#include "model/config.h"
+#include "util/dist.h"
+#include "util/log.h"
+}
+
+/* ---- NCCL, opened at run time ---------------------------------------------------------- */
+
+/* The stable part of NCCL's C ABI that is used here (nccl.h of NCCL 2.x). */
+typedef struct nccl_comm *nccl_comm_t;
+typedef int nccl_result_t; /* ncclResult_t: 0 = ncclSuccess */
+enum { NCCL_FLOAT32 = 7, NCCL_SUM = 0 };
+
+typedef struct nccl_api {
+    bool loaded;
+    char error[512];
+    nccl_result_t (*comm_init_all)(nccl_comm_t *comms, int n, const int *devices);
+    nccl_result_t (*all_reduce)(const void *send, void *recv, size_t count, int dtype, int op,
+                                nccl_comm_t comm, cudaStream_t stream);
+    nccl_result_t (*comm_destroy)(nccl_comm_t comm);
+    nccl_result_t (*comm_abort)(nccl_comm_t comm);
+    const char *(*error_string)(nccl_result_t result);
+    nccl_result_t (*get_version)(int *version);
+} nccl_api;
+
+static nccl_api g_nccl;
+static pthread_once_t g_nccl_once = PTHREAD_ONCE_INIT;
+
+static void *nccl_open(void) {
+    const char *env = getenv("GPTOSS_NCCL_LIBRARY");
+    if (env && *env) return dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (h) return h;
+    /* next to the executable (a copied binary with its NCCL beside it) */
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 32);
+    if (n <= 0) return NULL;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return NULL;
+    strcpy(slash + 1, "libnccl.so.2");
+    return dlopen(exe, RTLD_NOW | RTLD_LOCAL);
+}
+
+static void nccl_load_once(void) {
+    void *h = nccl_open();
+    if (!h) {
+        const char *why = dlerror();
+        snprintf(g_nccl.error, sizeof g_nccl.error,
+                 "tensor parallelism needs NCCL: libnccl.so.2 was not found (%s); install "
+                 "NCCL 2.18 or newer, put libnccl.so.2 next to the gptoss binary, or name it "
+                 "in GPTOSS_NCCL_LIBRARY",
+                 why ? why : "dlopen failed");
+        return;
+    }
+#define NCCL_SYM(field, name)                                                                      \
+    do {                                                                                           \
+        *(void **)&g_nccl.field = dlsym(h, name);                                                  \
+        if (!g_nccl.field) {                                                                       \
+            snprintf(g_nccl.error, sizeof g_nccl.error, "NCCL library lacks %s", name);            \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
+    NCCL_SYM(comm_init_all, "ncclCommInitAll");
+    NCCL_SYM(all_reduce, "ncclAllReduce");
+    NCCL_SYM(comm_destroy, "ncclCommDestroy");
+    NCCL_SYM(comm_abort, "ncclCommAbort");
+    NCCL_SYM(error_string, "ncclGetErrorString");
+    NCCL_SYM(get_version, "ncclGetVersion");
+#undef NCCL_SYM
+    g_nccl.loaded = true;
+}
+
+static gptoss_status nccl_load(gptoss_error *error) {
+    pthread_once(&g_nccl_once, nccl_load_once);
+    if (!g_nccl.loaded) return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "%s", g_nccl.error);
+    return GPTOSS_OK;
+}
+
+static gptoss_status nccl_check(nccl_result_t r, const char *what, gptoss_error *error) {
+    if (r == 0) return GPTOSS_OK;
+    return gptoss_set_error(error, GPTOSS_ERR_BACKEND, "NCCL: %s failed: %s (%d)", what,
+                            g_nccl.error_string ? g_nccl.error_string(r) : "?", (int)r);
+}
+
+/* ---- what the layer loop calls ---------------------------------------------------------- */
+
+gptoss_status gptoss_cuda_tp_allreduce(gptoss_cuda_state *s, float *buf, size_t n,
+                                       gptoss_error *error) {
+    if (s->tp_size <= 1 || n == 0) return GPTOSS_OK;
+    return nccl_check(
+        g_nccl.all_reduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM, (nccl_comm_t)s->tp_comm, s->stream),
+        "all-reduce", error);
+}
+
+/* One thread per token: its slots of other ranks' experts get weight 0 and the index of its
+ * first local expert (or the rank's first expert), so they add nothing and read no weights
+ * beyond the rank's own. */
+static __global__ void mask_experts_kernel(int32_t *idx, float *weight, int32_t T, int32_t K,
+                                           int32_t lo, int32_t hi) {
+    int32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    int32_t *ti = idx + (size_t)t * K;
+    float *tw = weight + (size_t)t * K;
+    int32_t fill = lo;
+    for (int32_t k = 0; k < K; k++)
+        if (ti[k] >= lo && ti[k] < hi) {
+            fill = ti[k];
+            break;
+        }
+    for (int32_t k = 0; k < K; k++)
+        if (ti[k] < lo || ti[k] >= hi) {
+            ti[k] = fill;
+            tw[k] = 0.0f;
+        }
+}
+
+void gptoss_cuda_tp_mask_experts(gptoss_cuda_state *s, int32_t *topk_idx, float *topk_weight,
+                                 int32_t T, int32_t K) {
+    if (s->tp_size <= 1 || T <= 0) return;
+    mask_experts_kernel<<<(T + 127) / 128, 128, 0, s->stream>>>(
+        topk_idx, topk_weight, T, K, s->tp_expert0, s->tp_expert0 + s->tp_n_experts);
+}
+
+/* ---- the ranks and their threads -------------------------------------------------------- */
+
+struct tp_backend;
+
+typedef struct tp_rank {
+    struct tp_backend *tp;
+    int32_t rank;
+    gptoss_cuda_state *s;
+    pthread_t thread;
+    bool started;
+    uint64_t seen; /* the last job this rank ran */
+    gptoss_status st;
+    gptoss_error error;
+} tp_rank;
+
+/* A job: what every rank runs for one call (rank 0 on the caller's thread). */
+typedef gptoss_status (*tp_job_fn)(tp_rank *r, void *arg, gptoss_error *error);
+
+typedef struct tp_backend {
+    int32_t n;
+    tp_rank ranks[GPTOSS_TP_MAX];
+    nccl_comm_t comms[GPTOSS_TP_MAX];
+    bool have_comms;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_job, cv_done;
+    uint64_t job_seq;
+    int32_t pending; /* ranks 1..n-1 still running the job */
+    bool quit;
+    tp_job_fn job;
+    void *job_arg;
+    bool broken; /* a rank failed: the communicators are aborted */
+    pthread_mutex_t abort_mu;
+} tp_backend;
+
+/* Aborts every communicator once (ranks blocked in a collective for a failed peer return). */
+static void tp_abort(tp_backend *tp) {
+    pthread_mutex_lock(&tp->abort_mu);
+    if (!tp->broken) {
+        tp->broken = true;
+        if (tp->have_comms)
+            for (int32_t r = 0; r < tp->n; r++)
+                if (tp->comms[r]) g_nccl.comm_abort(tp->comms[r]);
+        tp->have_comms = false;
+    }
+    pthread_mutex_unlock(&tp->abort_mu);
+}
+
+static void rank_run(tp_rank *r, tp_job_fn job, void *arg) {
+    memset(&r->error, 0, sizeof r->error);
+    r->st = job(r, arg, &r->error);
+    if (r->st && r->tp->have_comms) tp_abort(r->tp);
+}
+
+static void *rank_thread(void *p) {
+    tp_rank *r = (tp_rank *)p;
+    tp_backend *tp = r->tp;
+    pthread_mutex_lock(&tp->mu);
+    for (;;) {
+        while (!tp->quit && tp->job_seq == r->seen)
+            pthread_cond_wait(&tp->cv_job, &tp->mu);
+        if (tp->quit) break;
+        r->seen = tp->job_seq;
+        tp_job_fn job = tp->job;
+        void *arg = tp->job_arg;
+        pthread_mutex_unlock(&tp->mu);
+        rank_run(r, job, arg);
+        pthread_mutex_lock(&tp->mu);
+        if (--tp->pending == 0) pthread_cond_signal(&tp->cv_done);
+    }
+    pthread_mutex_unlock(&tp->mu);
+    return NULL;
+}
+
+/* Runs job on every rank (rank 0 here, the others on their threads) and waits for all; the
+ * first failure (by rank) becomes the call's error. */
+static gptoss_status tp_run(tp_backend *tp, tp_job_fn job, void *arg, gptoss_error *error) {
+    if (tp->broken)
+        return gptoss_set_error(error, GPTOSS_ERR_BACKEND,
+                                "tensor parallel backend: a rank failed earlier; the backend "
+                                "must be recreated");
+    pthread_mutex_lock(&tp->mu);
+    tp->job = job;
+    tp->job_arg = arg;
+    tp->pending = tp->n - 1;
+    tp->job_seq++;
+    pthread_cond_broadcast(&tp->cv_job);
+    pthread_mutex_unlock(&tp->mu);
+    rank_run(&tp->ranks[0], job, arg);
+    pthread_mutex_lock(&tp->mu);
+    while (tp->pending > 0)
+        pthread_cond_wait(&tp->cv_done, &tp->mu);
+    pthread_mutex_unlock(&tp->mu);
+    for (int32_t r = 0; r < tp->n; r++) {
+        if (!tp->ranks[r].st) continue;
+        if (error)
+            snprintf(error->message, sizeof error->message, "GPU rank %d of %d: %s", (int)r,
+                     (int)tp->n, tp->ranks[r].error.message);
+        if (error) error->status = tp->ranks[r].st;
+        return tp->ranks[r].st;
+    }
+    return GPTOSS_OK;
+}
+
+static void tp_free(tp_backend *tp) {
+    if (!tp) return;
+    pthread_mutex_lock(&tp->mu);
+    tp->quit = true;
+    pthread_cond_broadcast(&tp->cv_job);
+    pthread_mutex_unlock(&tp->mu);
+    for (int32_t r = 1; r < tp->n; r++)
+        if (tp->ranks[r].started) pthread_join(tp->ranks[r].thread, NULL);
+    for (int32_t r = 0; r < tp->n; r++) {
+        gptoss_cuda_state *s = tp->ranks[r].s;
+        if (s && s->stream) {
+            cudaSetDevice(s->dev.ordinal);
+            cudaStreamSynchronize(s->stream);
+        }
+    }
+    if (tp->have_comms)
+        for (int32_t r = 0; r < tp->n; r++)
+            if (tp->comms[r]) g_nccl.comm_destroy(tp->comms[r]);
+    for (int32_t r = 0; r < tp->n; r++)
+        gptoss_cuda_state_free(tp->ranks[r].s);
+    pthread_mutex_destroy(&tp->mu);
+    pthread_mutex_destroy(&tp->abort_mu);
+    pthread_cond_destroy(&tp->cv_job);
+    pthread_cond_destroy(&tp->cv_done);
+    free(tp);
+}
+
+/* ---- creation --------------------------------------------------------------------------- */
+
+typedef struct tp_create_args {
+    const gptoss_config *config;
+    const gptoss_backend_options *options;
+    const gptoss_weights *weights; /* NULL: random weights from seed */
+    uint64_t seed;
+} tp_create_args;
+
+/* A view of tensor t's elements [first, first + count) along its leading dimension (rows of
+ * `row` elements). */
+static gptoss_tensor tensor_rows(const gptoss_tensor *t, size_t first, size_t count, size_t row) {
+    gptoss_tensor v = *t;
+    size_t esz = gptoss_dtype_size(t->dtype);
+    v.data = (const unsigned char *)t->data + first * row * esz;
+    v.n_bytes = count * row * esz;
+    v.shape[0] = (int64_t)count;
+    return v;
+}
+
+static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
+    const tp_create_args *a = (const tp_create_args *)arg;
+    const gptoss_config *c = a->config;
+    const int32_t n = r->tp->n;
+    const gptoss_tp_slice sl = gptoss_tp_rank_slice(c, n, r->rank);
+    gptoss_config rc = *c;
+    rc.n_heads = sl.n_heads;
+    rc.n_kv_heads = sl.n_kv_heads;
+    gptoss_backend_options o = *a->options;
+    o.device = a->options->device + r->rank;
+    if (r->rank > 0) o.progress = NULL; /* one progress report: rank 0's */
+    gptoss_status st;
+    if (!a->weights) {
+        st = gptoss_cuda_state_create_random(&rc, &o, a->seed, &r->s, error);
+    } else {
+        const gptoss_weights *w = a->weights;
+        const size_t H = c->hidden_size, D = c->head_dim, NH = c->n_heads;
+        gptoss_weights v = *w;
+        v.layers = (gptoss_layer_weights *)calloc((size_t)w->n_layers, sizeof *v.layers);
+        const size_t o_elems = H * sl.n_heads * D;
+        void *o_cols = malloc((size_t)w->n_layers * o_elems * 2);
+        if (!v.layers || !o_cols) {
+            free(v.layers);
+            free(o_cols);
+            return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
+        }
+        st = GPTOSS_OK;
+        for (int32_t l = 0; l < w->n_layers && !st; l++) {
+            const gptoss_layer_weights *lw = &w->layers[l];
+            gptoss_layer_weights *lv = &v.layers[l];
+            *lv = *lw;
+            lv->q_weight = tensor_rows(&lw->q_weight, sl.head0 * D, sl.n_heads * D, H);
+            lv->q_bias = tensor_rows(&lw->q_bias, sl.head0 * D, sl.n_heads * D, 1);
+            lv->k_weight = tensor_rows(&lw->k_weight, sl.kv_head0 * D, sl.n_kv_heads * D, H);
+            lv->k_bias = tensor_rows(&lw->k_bias, sl.kv_head0 * D, sl.n_kv_heads * D, 1);
+            lv->v_weight = tensor_rows(&lw->v_weight, sl.kv_head0 * D, sl.n_kv_heads * D, H);
+            lv->v_bias = tensor_rows(&lw->v_bias, sl.kv_head0 * D, sl.n_kv_heads * D, 1);
+            lv->sinks = tensor_rows(&lw->sinks, sl.head0, sl.n_heads, 1);
+            if (lw->o_weight.dtype != GPTOSS_DTYPE_BF16 || lw->o_weight.n_bytes != H * NH * D * 2) {
+                st = gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                      "tensor parallelism: o_proj of layer %d is not a bf16 "
+                                      "[%zu, %zu] matrix",
+                                      (int)l, H, NH * D);
+                break;
+            }
+            void *dst = (unsigned char *)o_cols + (size_t)l * o_elems * 2;
+            gptoss_tp_copy_columns16(lw->o_weight.data, H, NH * D, sl.head0 * D, sl.n_heads * D,
+                                     dst);
+            lv->o_weight.data = dst;
+            lv->o_weight.n_bytes = o_elems * 2;
+            lv->o_weight.shape[1] = (int64_t)(sl.n_heads * D);
+        }
+        if (!st) st = gptoss_cuda_state_create_weights(&rc, &o, &v, &r->s, error);
+        free(o_cols);
+        free(v.layers);
+    }
+    if (st) return st;
+    r->s->tp_rank = r->rank;
+    r->s->tp_size = n;
+    r->s->tp_expert0 = sl.expert0;
+    r->s->tp_n_experts = sl.n_experts;
+    return GPTOSS_OK;
+}
+
+static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backend_options *options,
+                                      const gptoss_weights *weights, uint64_t seed, void **state,
+                                      gptoss_error *error) {
+    const int32_t n = options->tensor_parallel_size;
+    gptoss_status st = gptoss_tp_check_options(n, options->kind, error);
+    if (st) return st;
+    st = gptoss_tp_check_config(config, n, options->device, gptoss_cuda_count_devices(), error);
+    if (st) return st;
+    st = nccl_load(error);
+    if (st) return st;
+    gptoss_dist_env_defaults();
+    tp_backend *tp = (tp_backend *)calloc(1, sizeof *tp);
+    if (!tp) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
+    tp->n = n;
+    pthread_mutex_init(&tp->mu, NULL);
+    pthread_mutex_init(&tp->abort_mu, NULL);
+    pthread_cond_init(&tp->cv_job, NULL);
+    pthread_cond_init(&tp->cv_done, NULL);
+    for (int32_t r = 0; r < n; r++) {
+        tp->ranks[r].tp = tp;
+        tp->ranks[r].rank = r;
+    }
+    for (int32_t r = 1; r < n; r++) {
+        if (pthread_create(&tp->ranks[r].thread, NULL, rank_thread, &tp->ranks[r]) != 0) {
+            tp_free(tp);
+            return gptoss_set_error(error, GPTOSS_ERR_BACKEND,
+                                    "tensor parallelism: cannot start a thread per GPU");
+        }
+        tp->ranks[r].started = true;
+    }
+    tp_create_args args = {config, options, weights, seed};
+    st = tp_run(tp, rank_create, &args, error);
+    if (st) {
+        tp_free(tp);
+        return st;
+    }
+    int devices[GPTOSS_TP_MAX];
+    for (int32_t r = 0; r < n; r++)
+        devices[r] = options->device + r;
+    st = nccl_check(g_nccl.comm_init_all(tp->comms, n, devices), "communicator creation", error);
+    if (st) {
+        tp_free(tp);
+        return st;
+    }
+    tp->have_comms = true;
+    int32_t blocks = INT_MAX, sliding = INT_MAX;
+    for (int32_t r = 0; r < n; r++) {
+        gptoss_cuda_state *s = tp->ranks[r].s;
+        s->tp_comm = tp->comms[r];
+        if (s->n_kv_blocks < blocks) blocks = s->n_kv_blocks;
+        if (s->n_sliding_kv_blocks < sliding) sliding = s->n_sliding_kv_blocks;
+    }
+    options->n_kv_blocks = blocks;
+    options->n_sliding_kv_blocks = sliding;
+    options->kv_shared_pages = tp->ranks[0].s->kv_shared;
+    tp->ranks[0].s->tp_group = tp;
+    int version = 0;
+    g_nccl.get_version(&version);
+    GPTOSS_LOG_I("cuda", "tensor parallel over GPUs %d..%d (NCCL %d), %d KV pages per GPU",
+                 (int)options->device, (int)(options->device + n - 1), version, (int)blocks);
+    *state = tp;
+    return GPTOSS_OK;
+}
+
+/* ---- the ops table ---------------------------------------------------------------------- */
+
+static gptoss_status tp_create(const gptoss_model *model, gptoss_backend_options *options,
+                               void **state, gptoss_error *error) {
+    return tp_create_common(gptoss_model_config(model), options, gptoss_model_weights(model), 0,
+                            state, error);
+}
+
+static gptoss_status tp_create_random(const gptoss_config *config, gptoss_backend_options *options,
+                                      uint64_t seed, void **state, gptoss_error *error) {
+    return tp_create_common(config, options, NULL, seed, state, error);
+}
+
+static void tp_destroy(void *state) {
+    tp_free((tp_backend *)state);
+}
+
+/* The arguments of one forward call; rank 0 runs `rank0`, the others the bare step. */
+typedef struct tp_step_args {
+    const gptoss_batch_plan *plan;
+    float *logits;
+    const gptoss_logits_summary *summary;
+    const gptoss_sample_batch *batch;
+    int kind; /* 0 forward, 1 summary, 2 sample, 3 the step alone (rank 0 not waited for) */
+} tp_step_args;
+
+static gptoss_status rank_step(tp_rank *r, void *arg, gptoss_error *error) {
+    const tp_step_args *a = (const tp_step_args *)arg;
+    gptoss_cuda_state *s = r->s;
+    if (r->rank == 0) {
+        switch (a->kind) {
+        case 0:
+            return gptoss_cuda_backend_ops.forward(s, a->plan, a->logits, error);
+        case 1:
+            return gptoss_cuda_backend_ops.forward_summary(s, a->plan, a->summary, error);
+        case 3:
+            return gptoss_cuda_forward_device(s, a->plan, error);
+        default:
+            return gptoss_cuda_backend_ops.forward_sample(s, a->plan, a->batch, error);
+        }
+    }
+    gptoss_status st = gptoss_cuda_forward_device(s, a->plan, error);
+    if (st) return st;
+    CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
+    return GPTOSS_OK;
+}
+
+static gptoss_status tp_forward(void *state, const gptoss_batch_plan *plan, float *logits,
+                                gptoss_error *error) {
+    tp_step_args a = {plan, logits, NULL, NULL, 0};
+    return tp_run((tp_backend *)state, rank_step, &a, error);
+}
+
+static gptoss_status tp_forward_summary(void *state, const gptoss_batch_plan *plan,
+                                        const gptoss_logits_summary *out, gptoss_error *error) {
+    tp_step_args a = {plan, NULL, out, NULL, 1};
+    return tp_run((tp_backend *)state, rank_step, &a, error);
+}
+
+static gptoss_status tp_forward_sample(void *state, const gptoss_batch_plan *plan,
+                                       const gptoss_sample_batch *batch, gptoss_error *error) {
+    tp_step_args a = {plan, NULL, NULL, batch, 2};
+    return tp_run((tp_backend *)state, rank_step, &a, error);
+}
+
+gptoss_status gptoss_cuda_tp_step(void *group, const gptoss_batch_plan *plan, gptoss_error *error) {
+    tp_step_args a = {plan, NULL, NULL, NULL, 3};
+    return tp_run((tp_backend *)group, rank_step, &a, error);
+}
+
+gptoss_cuda_state *gptoss_cuda_tp_rank0(void *group) {
+    return ((tp_backend *)group)->ranks[0].s;
+}
+
+extern "C" const gptoss_backend_ops gptoss_cuda_tp_backend_ops = {
+    "cuda",     tp_create,          tp_create_random, tp_destroy,
+    tp_forward, tp_forward_summary, tp_forward_sample};

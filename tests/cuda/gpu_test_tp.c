@@ -1,0 +1,262 @@
+/*
+ * gpu_test_tp.c - tensor parallelism (gptoss_backend_options.tensor_parallel_size) against
+ * the same model on one GPU.
+ *
+ * Needs 2 GPUs (4 for the size-4 pass, run when that many are visible), so it is not a ctest
+ * test: `scripts/gpu-check --multi` runs it on checkpoints written by `gptoss make-model`.
+ * Usage: gpu_test_tp MODEL_DIR [NAME [SIZE...]] (sizes default to 2, and 4 when 4 GPUs are
+ * visible; a size that does not divide the model's heads, KV heads and experts is skipped).
+ *
+ * Three CUDA backends get the same model and the same plans: the reference (one GPU), its
+ * noise floor (one GPU, every GEMM on the GEMV kernel, experts on the route GEMV, attention on
+ * the scalar kernel, decode norm and router as two kernels: the same roundings in another
+ * summation order, as in gpu_test_forward.c), and the tensor-parallel backend. Tensor
+ * parallelism also changes only summation order (each rank sums its heads' share of the
+ * o-projection and its experts' share of the MoE, then the ranks' sums are added), so it must
+ * sit within the floor's distance of the reference:
+ *   - median per-row relative L2 error under 2^-8 (one bf16 ulp) or twice the floor's;
+ *   - top-1 disagreements at most 2n + 1 where the floor disagrees on n rows;
+ *   - rows over 3e-2 (routing flips) at most twice the floor's count plus 5% of the rows.
+ * A wrong head slice, a missing or doubled bias, an expert counted on two ranks or on none
+ * gives errors of order 1 on most rows.
+ *
+ * Plans: three prompts of 37, 80 and 5 tokens in one step (more than 64 tokens: the path that
+ * reorders short runs before long ones), then 8 decode steps of the three (captured graphs);
+ * and a fourth sequence alone, a 21-token prompt and 8 one-token steps (the fused decode
+ * kernels). Decode feeds the reference's top-1 to every backend. Every plan also goes through
+ * forward_summary on the tensor-parallel backend, whose top-1 must be the argmax of its own
+ * forward rows.
+ *
+ * Prints one line per size and exits 1 on failure.
+ */
+#include "gptoss.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_ROWS 1024
+#define NS 4
+#define BPS 16 /* pages per sequence */
+#define DECODE_STEPS 8
+
+typedef struct stats {
+    int rows, top1_disagree, over;
+    double rel[MAX_ROWS];
+    double max_rel;
+} stats;
+
+static int argmax(const float *x, int32_t n) {
+    int best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = (int)i;
+    return best;
+}
+
+static void compare(stats *s, const float *ref, const float *got, int32_t rows, int32_t V) {
+    for (int32_t r = 0; r < rows && s->rows < MAX_ROWS; r++) {
+        const float *a = ref + (size_t)r * V, *b = got + (size_t)r * V;
+        double num = 0, den = 0;
+        for (int32_t i = 0; i < V; i++) {
+            double d = (double)b[i] - a[i];
+            num += d * d;
+            den += (double)a[i] * a[i];
+        }
+        double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+        if (!isfinite(rel)) rel = 1e30;
+        s->rel[s->rows++] = rel;
+        if (rel > s->max_rel) s->max_rel = rel;
+        if (rel > 3e-2) s->over++;
+        if (argmax(a, V) != argmax(b, V)) s->top1_disagree++;
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(stats *s) {
+    if (!s->rows) return 0;
+    qsort(s->rel, (size_t)s->rows, sizeof(double), cmp_double);
+    return s->rel[s->rows / 2];
+}
+
+static uint64_t rng = 88172645463325252ull;
+static int32_t next_token(int32_t vocab) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (int32_t)(rng % (uint64_t)vocab);
+}
+
+enum { B_REF = 0, B_FLOOR, B_TP, N_BACKENDS };
+
+/* One plan through every backend; rows of each into logits[b]. Returns 0 or 1 (printed). */
+static int run_plan(gptoss_backend **bk, const gptoss_batch_plan *plan, float **logits, int32_t V,
+                    int *summary_bad) {
+    gptoss_error err = {0};
+    for (int b = 0; b < N_BACKENDS; b++)
+        if (gptoss_backend_forward(bk[b], plan, logits[b], &err)) {
+            fprintf(stderr, "forward on backend %d: %s\n", b, err.message);
+            return 1;
+        }
+    /* the summary path of the tensor-parallel backend (rank 0's GPU reduction); the same pages
+     * are written again with the same values */
+    int32_t ids[64];
+    float vals[64];
+    gptoss_logits_summary sum = {.n_top = 1, .top_ids = ids, .top_logits = vals};
+    if (plan->n_logits > 64) return 0;
+    if (gptoss_backend_forward_summary(bk[B_TP], plan, &sum, &err)) {
+        fprintf(stderr, "forward_summary (tensor parallel): %s\n", err.message);
+        return 1;
+    }
+    for (int32_t r = 0; r < plan->n_logits; r++) {
+        const float *row = logits[B_TP] + (size_t)r * V;
+        if (row[ids[r]] != row[argmax(row, V)]) ++*summary_bad;
+    }
+    return 0;
+}
+
+static int run_size(const gptoss_model *model, const char *name, int32_t tp) {
+    const gptoss_config *c = gptoss_model_config(model);
+    if (c->n_heads % tp || c->n_kv_heads % tp || c->n_experts % tp) {
+        printf("%s, tensor parallel %d: skipped (%d heads, %d KV heads, %d experts)\n", name,
+               (int)tp, (int)c->n_heads, (int)c->n_kv_heads, (int)c->n_experts);
+        return 0;
+    }
+    const int32_t V = c->vocab_size, block = 16, n_pages = NS * BPS;
+    gptoss_backend *bk[N_BACKENDS] = {0};
+    gptoss_error err = {0};
+    for (int b = 0; b < N_BACKENDS; b++) {
+        gptoss_backend_options o = gptoss_backend_options_default();
+        o.kind = GPTOSS_BACKEND_CUDA;
+        o.kv_block_size = block;
+        o.n_kv_blocks = n_pages;
+        o.n_sliding_kv_blocks = n_pages;
+        if (b == B_FLOOR)
+            o.cuda_tuning = "gemv=all,norm_router=0,moe_path=1,attn_tc=0,attn_decode=0";
+        if (b == B_TP) o.tensor_parallel_size = tp;
+        if (gptoss_backend_create(model, &o, &bk[b], &err)) {
+            fprintf(stderr, "%s: backend %d (tensor parallel %d): %s\n", name, b,
+                    b == B_TP ? (int)tp : 1, err.message);
+            for (int j = 0; j < b; j++)
+                gptoss_backend_free(bk[j]);
+            return 1;
+        }
+    }
+    int32_t table[NS * BPS];
+    for (int32_t i = 0; i < NS * BPS; i++)
+        table[i] = i;
+    const int32_t prompt[NS] = {37, 80, 5, 21};
+    int32_t n_cached[NS] = {0, 0, 0, 0}, last[NS] = {0, 0, 0, 0};
+    enum { MAX_T = 160 };
+    int32_t ids[MAX_T], pos[MAX_T], start[NS + 1], logit_idx[NS], seq_cached[NS], tables[NS * BPS];
+    float *logits[N_BACKENDS];
+    for (int b = 0; b < N_BACKENDS; b++)
+        logits[b] = malloc((size_t)NS * V * sizeof(float));
+    stats floor_st, tp_st;
+    memset(&floor_st, 0, sizeof floor_st);
+    memset(&tp_st, 0, sizeof tp_st);
+    int failed = 0, summary_bad = 0;
+    /* two groups: sequences 0..2 together, then sequence 3 alone */
+    for (int group = 0; group < 2 && !failed; group++) {
+        const int32_t s0 = group ? 3 : 0, s1 = group ? 4 : 3, ns = s1 - s0;
+        for (int step = 0; step <= DECODE_STEPS && !failed; step++) {
+            int32_t T = 0;
+            for (int32_t q = 0; q < ns; q++) {
+                int32_t sq = s0 + q, len = step ? 1 : prompt[sq];
+                start[q] = T;
+                seq_cached[q] = n_cached[sq];
+                for (int32_t i = 0; i < len; i++) {
+                    ids[T] = step ? last[sq] : next_token(V);
+                    pos[T] = n_cached[sq] + i;
+                    T++;
+                }
+                logit_idx[q] = T - 1;
+                memcpy(tables + (size_t)q * BPS, table + (size_t)sq * BPS, BPS * sizeof(int32_t));
+            }
+            start[ns] = T;
+            gptoss_batch_plan plan = {.n_tokens = T,
+                                      .token_ids = ids,
+                                      .positions = pos,
+                                      .n_seqs = ns,
+                                      .seq_token_start = start,
+                                      .seq_n_cached = seq_cached,
+                                      .max_blocks_per_seq = BPS,
+                                      .block_tables = tables,
+                                      .sliding_block_tables = NULL,
+                                      .n_logits = ns,
+                                      .logit_token_index = logit_idx};
+            if (run_plan(bk, &plan, logits, V, &summary_bad)) {
+                failed = 1;
+                break;
+            }
+            compare(&floor_st, logits[B_REF], logits[B_FLOOR], ns, V);
+            compare(&tp_st, logits[B_REF], logits[B_TP], ns, V);
+            for (int32_t q = 0; q < ns; q++) {
+                int32_t sq = s0 + q;
+                n_cached[sq] += step ? 1 : prompt[sq];
+                last[sq] = argmax(logits[B_REF] + (size_t)q * V, V);
+            }
+        }
+    }
+    if (!failed) {
+        const double fm = median(&floor_st), tm = median(&tp_st);
+        const double median_bar = fm * 2 > 3.90625e-3 ? fm * 2 : 3.90625e-3;
+        const int top1_bar = 2 * floor_st.top1_disagree + 1;
+        const int over_bar = 2 * floor_st.over + tp_st.rows / 20;
+        const bool ok = tm <= median_bar && tp_st.top1_disagree <= top1_bar &&
+                        tp_st.over <= over_bar && summary_bad == 0;
+        printf("%s, tensor parallel %d: %d rows, median %.2e (floor %.2e, bar %.2e), max %.2e, "
+               "top-1 disagree %d (floor %d, bar %d), rows > 3e-2 %d (floor %d, bar %d), "
+               "summary top-1 wrong %d: %s\n",
+               name, (int)tp, tp_st.rows, tm, fm, median_bar, tp_st.max_rel, tp_st.top1_disagree,
+               floor_st.top1_disagree, top1_bar, tp_st.over, floor_st.over, over_bar, summary_bad,
+               ok ? "ok" : "FAIL");
+        printf("| %s | TP%d | %d | %.2e | %.2e | %.2e | %d/%d | %s |\n", name, (int)tp, tp_st.rows,
+               tm, fm, tp_st.max_rel, tp_st.top1_disagree, floor_st.top1_disagree,
+               ok ? "ok" : "FAIL");
+        failed = !ok;
+    }
+    for (int b = 0; b < N_BACKENDS; b++) {
+        gptoss_backend_free(bk[b]);
+        free(logits[b]);
+    }
+    return failed;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: gpu_test_tp MODEL_DIR [NAME [SIZE...]]\n");
+        return 2;
+    }
+    const char *name = argc > 2 ? argv[2] : argv[1];
+    int32_t sizes[8], n_sizes = 0;
+    for (int i = 3; i < argc && n_sizes < 8; i++)
+        sizes[n_sizes++] = (int32_t)atoi(argv[i]);
+    const int32_t visible = gptoss_cuda_device_count();
+    if (n_sizes == 0) {
+        sizes[n_sizes++] = 2;
+        if (visible >= 4) sizes[n_sizes++] = 4;
+    }
+    gptoss_model *model = NULL;
+    gptoss_error err = {0};
+    if (gptoss_model_load(argv[1], &model, &err)) {
+        fprintf(stderr, "%s: %s\n", argv[1], err.message);
+        return 1;
+    }
+    int failed = 0;
+    for (int32_t i = 0; i < n_sizes; i++) {
+        if (sizes[i] > visible) {
+            printf("%s, tensor parallel %d: FAIL (%d GPUs visible)\n", name, (int)sizes[i],
+                   (int)visible);
+            failed = 1;
+            continue;
+        }
+        failed |= run_size(model, name, sizes[i]);
+    }
+    gptoss_model_free(model);
+    return failed;
+}
