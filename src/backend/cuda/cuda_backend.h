@@ -141,8 +141,9 @@ typedef struct gptoss_cuda_state {
     double timing_ms[5], timing_steps;
     struct gptoss_cuda_sampler *sampler; /* NULL until the first forward_sample */
     /* Tensor parallelism (tp.cu): this state is rank tp_rank of tp_size; config holds the
-     * rank's heads (tp_split.h), the experts are all present but only [tp_expert0,
-     * tp_expert0 + tp_n_experts) are computed here. tp_size 1: a whole model, tp_comm NULL. */
+     * rank's heads (tp_split.h), the router all experts, L->moe only the experts [tp_expert0,
+     * tp_expert0 + tp_n_experts) (moe index = expert - tp_expert0). tp_size 1: a whole
+     * model (tp_n_experts = n_experts), tp_comm NULL. */
     int32_t tp_rank, tp_size, tp_expert0, tp_n_experts;
     void *tp_comm;  /* the rank's NCCL communicator */
     void *tp_group; /* rank 0: the group (tp.cu), for gptoss_cuda_tp_step; NULL elsewhere */
@@ -161,12 +162,15 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
 
 void gptoss_cuda_state_free(gptoss_cuda_state *state);
 
-/* Creates a state for config (a whole model, or one tensor-parallel rank's share of it) with
- * weights copied from w, which must match config's shapes. */
-gptoss_status gptoss_cuda_state_create_weights(const gptoss_config *config,
-                                               const gptoss_backend_options *options,
-                                               const gptoss_weights *w, gptoss_cuda_state **out,
-                                               gptoss_error *error);
+/* Creates a state for config (a whole model, or one tensor-parallel rank's heads) holding
+ * the experts [expert0, expert0 + n_experts) (n_experts 0: all), with weights copied from w,
+ * whose tensors must match those shapes (expert tensors: the held experts only), or random
+ * ones from seed when w is NULL. */
+gptoss_status gptoss_cuda_state_create_rank(const gptoss_config *config,
+                                            const gptoss_backend_options *options,
+                                            const gptoss_weights *w, uint64_t seed, int32_t expert0,
+                                            int32_t n_experts, gptoss_cuda_state **out,
+                                            gptoss_error *error);
 
 /* The step, then the summaries reduced on the GPU: n_top ids and values and one float per
  * row cross to the host, plus only the rows asked for whole. */
@@ -238,8 +242,9 @@ gptoss_status gptoss_cuda_tp_step(void *group, const gptoss_batch_plan *plan, gp
  * tp_size is 1). */
 gptoss_status gptoss_cuda_tp_allreduce(gptoss_cuda_state *s, float *buf, size_t n,
                                        gptoss_error *error);
-/* Drops the experts of other ranks from the top-k of T tokens: their weights become 0 and
- * their slots compute one of the rank's experts instead (the token's first local one). */
+/* Turns the top-k of T tokens into this rank's expert indices (expert - tp_expert0); slots
+ * of other ranks' experts get weight 0 and compute one of the rank's experts instead (the
+ * token's first local one), so they add nothing and read no other weights. */
 void gptoss_cuda_tp_mask_experts(gptoss_cuda_state *s, int32_t *topk_idx, float *topk_weight,
                                  int32_t T, int32_t K);
 

@@ -419,7 +419,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             gptoss_cuda_moe_choose_path(s->tuning.moe_path, T, K, &L->moe);
         if (moe_path != GPTOSS_MOE_PAIR_GEMV &&
             moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
-            gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
+            gptoss_cuda_moe_route(w->topk_idx, T, K, L->moe.n_experts, moe_path, &route, k);
         MARK(PART_SMALL);
         if (!ABLATED(MOE))
             gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);

@@ -54,9 +54,11 @@ static gptoss_status check_supported(const gptoss_config *c, gptoss_error *error
 }
 
 /* Creates everything except the weights' contents: tuning, device, stream, cuBLAS, weight
- * buffers, the workspace asked for, KV pages. */
+ * buffers, the workspace asked for, KV pages. n_experts > 0: only the experts [expert0,
+ * expert0 + n_experts) are held (a tensor-parallel rank), else all. */
 static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backend_options *options,
-                                 gptoss_cuda_state **out, gptoss_error *error) {
+                                 int32_t expert0, int32_t n_experts, gptoss_cuda_state **out,
+                                 gptoss_error *error) {
     gptoss_status st = check_supported(config, error);
     if (st) return st;
     gptoss_cuda_tuning tuning;
@@ -75,7 +77,8 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     s->tuning = tuning;
     s->fp8_layers = options->fp8_layers;
     s->tp_size = 1;
-    s->tp_n_experts = config->n_experts;
+    s->tp_expert0 = n_experts > 0 ? expert0 : 0;
+    s->tp_n_experts = n_experts > 0 ? n_experts : config->n_experts;
     st = gptoss_cuda_diagnostics_init(s, error);
     if (st) return st;
     CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -85,7 +88,13 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     if (st) return st;
     st = gptoss_cuda_device_prepare(&s->dev, config, &s->tuning, options->fp8_layers != 0, error);
     if (st) return st;
-    st = gptoss_cuda_kv_plan(s, options, gptoss_cuda_weights_bytes(config, s->fp8_layers), error);
+    /* the experts held, and the router of every expert */
+    gptoss_config held = *config;
+    held.n_experts = s->tp_n_experts;
+    size_t weight_bytes = gptoss_cuda_weights_bytes(&held, s->fp8_layers) +
+                          (size_t)config->n_layers * (config->n_experts - s->tp_n_experts) *
+                              ((size_t)config->hidden_size * 6 + 4);
+    st = gptoss_cuda_kv_plan(s, options, weight_bytes, error);
     if (st) return st;
     st = gptoss_cuda_weights_alloc(s, error);
     if (st) return st;
@@ -122,7 +131,7 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
                                               const gptoss_backend_options *options, uint64_t seed,
                                               gptoss_cuda_state **out, gptoss_error *error) {
     gptoss_cuda_state *s = NULL;
-    gptoss_status st = state_alloc(config, options, &s, error);
+    gptoss_status st = state_alloc(config, options, 0, 0, &s, error);
     if (st == GPTOSS_OK) st = gptoss_cuda_weights_random(s, options, seed, error);
     if (st == GPTOSS_OK) st = gptoss_cuda_weights_finish(s, error);
     if (st) {
@@ -133,13 +142,16 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
     return GPTOSS_OK;
 }
 
-gptoss_status gptoss_cuda_state_create_weights(const gptoss_config *config,
-                                               const gptoss_backend_options *options,
-                                               const gptoss_weights *w, gptoss_cuda_state **out,
-                                               gptoss_error *error) {
+gptoss_status gptoss_cuda_state_create_rank(const gptoss_config *config,
+                                            const gptoss_backend_options *options,
+                                            const gptoss_weights *w, uint64_t seed, int32_t expert0,
+                                            int32_t n_experts, gptoss_cuda_state **out,
+                                            gptoss_error *error) {
     gptoss_cuda_state *s = NULL;
-    gptoss_status st = state_alloc(config, options, &s, error);
-    if (st == GPTOSS_OK) st = gptoss_cuda_weights_upload(s, w, options, error);
+    gptoss_status st = state_alloc(config, options, expert0, n_experts, &s, error);
+    if (st == GPTOSS_OK)
+        st = w ? gptoss_cuda_weights_upload(s, w, options, error)
+               : gptoss_cuda_weights_random(s, options, seed, error);
     if (st == GPTOSS_OK) st = gptoss_cuda_weights_finish(s, error);
     if (st) {
         gptoss_cuda_state_free(s);
@@ -154,8 +166,8 @@ gptoss_status gptoss_cuda_state_create_weights(const gptoss_config *config,
 static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_options *options,
                                  void **state, gptoss_error *error) {
     gptoss_cuda_state *s = NULL;
-    gptoss_status st = gptoss_cuda_state_create_weights(gptoss_model_config(model), options,
-                                                        gptoss_model_weights(model), &s, error);
+    gptoss_status st = gptoss_cuda_state_create_rank(
+        gptoss_model_config(model), options, gptoss_model_weights(model), 0, 0, 0, &s, error);
     if (st) return st;
     options->n_kv_blocks = s->n_kv_blocks;
     options->n_sliding_kv_blocks = s->n_sliding_kv_blocks;

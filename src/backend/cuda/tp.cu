@@ -121,26 +121,29 @@ gptoss_status gptoss_cuda_tp_allreduce(gptoss_cuda_state *s, float *buf, size_t 
         "all-reduce", error);
 }
 
-/* One thread per token: its slots of other ranks' experts get weight 0 and the index of its
- * first local expert (or the rank's first expert), so they add nothing and read no weights
- * beyond the rank's own. */
+/* One thread per token: local experts become indices into the rank's experts; slots of
+ * other ranks' experts get weight 0 and the token's first local expert (or the rank's first
+ * expert), so they add nothing and read no weights beyond the rank's own. */
 static __global__ void mask_experts_kernel(int32_t *idx, float *weight, int32_t T, int32_t K,
                                            int32_t lo, int32_t hi) {
     int32_t t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T) return;
     int32_t *ti = idx + (size_t)t * K;
     float *tw = weight + (size_t)t * K;
-    int32_t fill = lo;
+    int32_t fill = 0;
     for (int32_t k = 0; k < K; k++)
         if (ti[k] >= lo && ti[k] < hi) {
-            fill = ti[k];
+            fill = ti[k] - lo;
             break;
         }
-    for (int32_t k = 0; k < K; k++)
-        if (ti[k] < lo || ti[k] >= hi) {
+    for (int32_t k = 0; k < K; k++) {
+        if (ti[k] >= lo && ti[k] < hi) {
+            ti[k] -= lo;
+        } else {
             ti[k] = fill;
             tw[k] = 0.0f;
         }
+    }
 }
 
 void gptoss_cuda_tp_mask_experts(gptoss_cuda_state *s, int32_t *topk_idx, float *topk_weight,
@@ -245,7 +248,7 @@ static gptoss_status tp_run(tp_backend *tp, tp_job_fn job, void *arg, gptoss_err
     for (int32_t r = 0; r < tp->n; r++) {
         if (!tp->ranks[r].st) continue;
         if (error)
-            snprintf(error->message, sizeof error->message, "GPU rank %d of %d: %s", (int)r,
+            snprintf(error->message, sizeof error->message, "GPU rank %d of %d: %.960s", (int)r,
                      (int)tp->n, tp->ranks[r].error.message);
         if (error) error->status = tp->ranks[r].st;
         return tp->ranks[r].st;
@@ -300,6 +303,16 @@ static gptoss_tensor tensor_rows(const gptoss_tensor *t, size_t first, size_t co
     return v;
 }
 
+/* A view of experts [first, first + count) of an expert tensor [E, ...] (any dtype). */
+static gptoss_tensor tensor_experts(const gptoss_tensor *t, size_t first, size_t count, size_t E) {
+    gptoss_tensor v = *t;
+    size_t per = t->n_bytes / E;
+    v.data = (const unsigned char *)t->data + first * per;
+    v.n_bytes = count * per;
+    v.shape[0] = (int64_t)count;
+    return v;
+}
+
 static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
     const tp_create_args *a = (const tp_create_args *)arg;
     const gptoss_config *c = a->config;
@@ -313,7 +326,8 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
     if (r->rank > 0) o.progress = NULL; /* one progress report: rank 0's */
     gptoss_status st;
     if (!a->weights) {
-        st = gptoss_cuda_state_create_random(&rc, &o, a->seed, &r->s, error);
+        st = gptoss_cuda_state_create_rank(&rc, &o, NULL, a->seed, sl.expert0, sl.n_experts, &r->s,
+                                           error);
     } else {
         const gptoss_weights *w = a->weights;
         const size_t H = c->hidden_size, D = c->head_dim, NH = c->n_heads;
@@ -338,6 +352,13 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
             lv->v_weight = tensor_rows(&lw->v_weight, sl.kv_head0 * D, sl.n_kv_heads * D, H);
             lv->v_bias = tensor_rows(&lw->v_bias, sl.kv_head0 * D, sl.n_kv_heads * D, 1);
             lv->sinks = tensor_rows(&lw->sinks, sl.head0, sl.n_heads, 1);
+            const gptoss_tensor *ex[6] = {&lw->gate_up_blocks, &lw->gate_up_scales,
+                                          &lw->gate_up_bias,   &lw->down_blocks,
+                                          &lw->down_scales,    &lw->down_bias};
+            gptoss_tensor *vx[6] = {&lv->gate_up_blocks, &lv->gate_up_scales, &lv->gate_up_bias,
+                                    &lv->down_blocks,    &lv->down_scales,    &lv->down_bias};
+            for (int i = 0; i < 6; i++)
+                *vx[i] = tensor_experts(ex[i], sl.expert0, sl.n_experts, c->n_experts);
             if (lw->o_weight.dtype != GPTOSS_DTYPE_BF16 || lw->o_weight.n_bytes != H * NH * D * 2) {
                 st = gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
                                       "tensor parallelism: o_proj of layer %d is not a bf16 "
@@ -352,15 +373,37 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
             lv->o_weight.n_bytes = o_elems * 2;
             lv->o_weight.shape[1] = (int64_t)(sl.n_heads * D);
         }
-        if (!st) st = gptoss_cuda_state_create_weights(&rc, &o, &v, &r->s, error);
+        if (!st)
+            st = gptoss_cuda_state_create_rank(&rc, &o, &v, 0, sl.expert0, sl.n_experts, &r->s,
+                                               error);
         free(o_cols);
         free(v.layers);
     }
     if (st) return st;
     r->s->tp_rank = r->rank;
     r->s->tp_size = n;
-    r->s->tp_expert0 = sl.expert0;
-    r->s->tp_n_experts = sl.n_experts;
+    return GPTOSS_OK;
+}
+
+/* Eager all-reduces of the sizes decode steps use (one row to 64 rows), so NCCL connects
+ * its channels before the first step is captured into a graph. */
+static gptoss_status rank_warm_up(tp_rank *r, void *arg, gptoss_error *error) {
+    (void)arg;
+    gptoss_cuda_state *s = r->s;
+    gptoss_status st = gptoss_cuda_device_bind(&s->dev, error);
+    if (st) return st;
+    const size_t H = (size_t)s->config.hidden_size;
+    float *buf = NULL;
+    st = gptoss_cuda_alloc((void **)&buf, 64 * H * sizeof(float), "an all-reduce warm-up", error);
+    if (st) return st;
+    cudaError_t ce = cudaMemsetAsync(buf, 0, 64 * H * sizeof(float), s->stream);
+    const size_t sizes[3] = {H, 8 * H, 64 * H};
+    for (int i = 0; i < 3 && ce == cudaSuccess && !st; i++)
+        st = gptoss_cuda_tp_allreduce(s, buf, sizes[i], error);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(s->stream);
+    cudaFree(buf);
+    if (st) return st;
+    if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "all-reduce warm-up");
     return GPTOSS_OK;
 }
 
@@ -375,6 +418,7 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     st = nccl_load(error);
     if (st) return st;
     gptoss_dist_env_defaults();
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0); /* connect at creation, not inside a capture */
     tp_backend *tp = (tp_backend *)calloc(1, sizeof *tp);
     if (!tp) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
     tp->n = n;
@@ -420,6 +464,11 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     options->n_sliding_kv_blocks = sliding;
     options->kv_shared_pages = tp->ranks[0].s->kv_shared;
     tp->ranks[0].s->tp_group = tp;
+    st = tp_run(tp, rank_warm_up, NULL, error);
+    if (st) {
+        tp_free(tp);
+        return st;
+    }
     int version = 0;
     g_nccl.get_version(&version);
     GPTOSS_LOG_I("cuda", "tensor parallel over GPUs %d..%d (NCCL %d), %d KV pages per GPU",

@@ -75,11 +75,17 @@ size_t gptoss_cuda_weights_bytes(const gptoss_config *c, uint32_t fp8_layers) {
            dense_scratch_elems(c, fp8_layers) * 2;
 }
 
+/* Experts held here: all of them, or a tensor-parallel rank's share (tp.cu). */
+static size_t moe_experts(const gptoss_cuda_state *s) {
+    return s->tp_n_experts > 0 ? (size_t)s->tp_n_experts : (size_t)s->config.n_experts;
+}
+
 gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *error) {
     const gptoss_config *c = &s->config;
     size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
     size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
     size_t QKV = (NH + 2 * NKV) * D;
+    const size_t EM = moe_experts(s);
     gptoss_status st;
 #define ALLOC(ptr, bytes, what)                                                                    \
     do {                                                                                           \
@@ -112,13 +118,13 @@ gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *erro
         ALLOC(L->router_weight_f32, E * H * 4, "router");
         ALLOC(L->router_bias, E * 4, "router bias");
         gptoss_cuda_moe_weights *m = &L->moe;
-        ALLOC(m->gate_up_blocks, E * 2 * I * (H / 32) * 16, "expert gate_up blocks");
-        ALLOC(m->gate_up_scales, E * 2 * I * (H / 32), "expert gate_up scales");
-        ALLOC(m->gate_up_bias, E * 2 * I * 4, "expert gate_up bias");
-        ALLOC(m->down_blocks, E * H * (I / 32) * 16, "expert down blocks");
-        ALLOC(m->down_scales, E * H * (I / 32), "expert down scales");
-        ALLOC(m->down_bias, E * H * 4, "expert down bias");
-        m->n_experts = (int32_t)E;
+        ALLOC(m->gate_up_blocks, EM * 2 * I * (H / 32) * 16, "expert gate_up blocks");
+        ALLOC(m->gate_up_scales, EM * 2 * I * (H / 32), "expert gate_up scales");
+        ALLOC(m->gate_up_bias, EM * 2 * I * 4, "expert gate_up bias");
+        ALLOC(m->down_blocks, EM * H * (I / 32) * 16, "expert down blocks");
+        ALLOC(m->down_scales, EM * H * (I / 32), "expert down scales");
+        ALLOC(m->down_bias, EM * H * 4, "expert down bias");
+        m->n_experts = (int32_t)EM;
         m->hidden = (int32_t)H;
         m->intermediate = (int32_t)I;
         m->swiglu_limit = (float)c->swiglu_limit;
@@ -279,6 +285,7 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
     const gptoss_config *c = &s->config;
     size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
     size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
+    const size_t EM = moe_experts(s); /* the expert tensors hold these (tp.cu slices them) */
     upload_ctx u = {s, options, 0, 0, NULL, 0};
     u.total = w->embedding.n_bytes + w->lm_head.n_bytes + w->final_norm.n_bytes;
     for (int l = 0; l < w->n_layers; l++) {
@@ -318,15 +325,15 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
         TRY(upload_bf16_matrix(&u, L->router_weight, &lw->router_weight, E * H, error));
         TRY(upload_vector_f32(&u, L->router_bias, &lw->router_bias, E, error));
         TRY(upload_raw(&u, (void *)L->moe.gate_up_blocks, &lw->gate_up_blocks,
-                       E * 2 * I * (H / 32) * 16, error));
-        TRY(upload_raw(&u, (void *)L->moe.gate_up_scales, &lw->gate_up_scales, E * 2 * I * (H / 32),
-                       error));
-        TRY(upload_vector_f32(&u, (float *)L->moe.gate_up_bias, &lw->gate_up_bias, E * 2 * I,
+                       EM * 2 * I * (H / 32) * 16, error));
+        TRY(upload_raw(&u, (void *)L->moe.gate_up_scales, &lw->gate_up_scales,
+                       EM * 2 * I * (H / 32), error));
+        TRY(upload_vector_f32(&u, (float *)L->moe.gate_up_bias, &lw->gate_up_bias, EM * 2 * I,
                               error));
-        TRY(upload_raw(&u, (void *)L->moe.down_blocks, &lw->down_blocks, E * H * (I / 32) * 16,
+        TRY(upload_raw(&u, (void *)L->moe.down_blocks, &lw->down_blocks, EM * H * (I / 32) * 16,
                        error));
-        TRY(upload_raw(&u, (void *)L->moe.down_scales, &lw->down_scales, E * H * (I / 32), error));
-        TRY(upload_vector_f32(&u, (float *)L->moe.down_bias, &lw->down_bias, E * H, error));
+        TRY(upload_raw(&u, (void *)L->moe.down_scales, &lw->down_scales, EM * H * (I / 32), error));
+        TRY(upload_vector_f32(&u, (float *)L->moe.down_bias, &lw->down_bias, EM * H, error));
     }
 #undef TRY
 done:
@@ -391,6 +398,7 @@ gptoss_status gptoss_cuda_weights_random(gptoss_cuda_state *s,
     const gptoss_config *c = &s->config;
     size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
     size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads, QKV = (NH + 2 * NKV) * D;
+    const size_t EM = moe_experts(s);
     cudaStream_t k = s->stream;
     uint64_t n = seed * 1000003ull;
     /* make-model's distributions (model/random_init.h): embedding N(0, 1), Linear weights
@@ -414,16 +422,16 @@ gptoss_status gptoss_cuda_weights_random(gptoss_cuda_state *s,
         gptoss_cuda_fill_normal_f32(L->sinks, NH, n++, 0.0f, 1.0f, k);
         gptoss_cuda_fill_normal_bf16(L->router_weight, E * H, n++, 0.0f, lin_h, k);
         gptoss_cuda_fill_normal_f32(L->router_bias, E, n++, 0.0f, 0.02f, k);
-        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_blocks, E * 2 * I * (H / 32) * 16,
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_blocks, EM * 2 * I * (H / 32) * 16,
                                     n++, 0, 255, k);
-        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_scales, E * 2 * I * (H / 32), n++,
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_scales, EM * 2 * I * (H / 32), n++,
                                     s0_h - 1, s0_h + 1, k);
-        gptoss_cuda_fill_normal_f32((float *)L->moe.gate_up_bias, E * 2 * I, n++, 0.0f, 0.02f, k);
-        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_blocks, E * H * (I / 32) * 16, n++, 0,
+        gptoss_cuda_fill_normal_f32((float *)L->moe.gate_up_bias, EM * 2 * I, n++, 0.0f, 0.02f, k);
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_blocks, EM * H * (I / 32) * 16, n++, 0,
                                     255, k);
-        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_scales, E * H * (I / 32), n++, s0_i - 1,
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_scales, EM * H * (I / 32), n++, s0_i - 1,
                                     s0_i + 1, k);
-        gptoss_cuda_fill_normal_f32((float *)L->moe.down_bias, E * H, n++, 0.0f, 0.02f, k);
+        gptoss_cuda_fill_normal_f32((float *)L->moe.down_bias, EM * H, n++, 0.0f, 0.02f, k);
         if (options->progress)
             options->progress(options->progress_user, "generating weights",
                               (l + 1.0) / c->n_layers);
