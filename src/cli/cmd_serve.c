@@ -514,7 +514,10 @@ int gptoss_cmd_serve(int argc, char **argv) {
         /* Every engine must take the same requests: the smallest context bounds them all. */
         if (i == 0 || eo_i.max_model_len < eo.max_model_len) eo = eo_i;
         char where[64] = "";
-        if (n_dp > 1 && bo_i.kind == GPTOSS_BACKEND_CUDA)
+        if (bo_i.tensor_parallel_size > 1) /* the KV MiB below: all the GPUs together */
+            snprintf(where, sizeof where, "tensor parallel over GPUs %d..%d: ", bo_i.device,
+                     bo_i.device + bo_i.tensor_parallel_size - 1);
+        else if (n_dp > 1 && bo_i.kind == GPTOSS_BACKEND_CUDA)
             snprintf(where, sizeof where, "engine %d on GPU %d: ", i, bo_i.device);
         else if (n_dp > 1)
             snprintf(where, sizeof where, "engine %d (%d thread%s): ", i, bo_i.n_threads,

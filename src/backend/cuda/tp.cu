@@ -19,6 +19,7 @@
 
 #include <dlfcn.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -313,6 +314,65 @@ static gptoss_tensor tensor_experts(const gptoss_tensor *t, size_t first, size_t
     return v;
 }
 
+/* Random weights: the rank's slices get the values the whole model gets from the same seed
+ * (gptoss_cuda_weights_random generated them for the rank's own shapes), so a tensor-parallel
+ * backend from create_random computes the same model as a one-GPU backend from that seed.
+ * Follows gptoss_cuda_weights_random's seed order and distributions: 3 seeds before the
+ * layers, 15 per layer. FP8 dense layers keep the rank's own values (the cost is the same). */
+static gptoss_status rank_random_as_whole(gptoss_cuda_state *s, const gptoss_config *c,
+                                          const gptoss_tp_slice *sl, uint64_t seed,
+                                          gptoss_error *error) {
+    const size_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, NH = c->n_heads,
+                 NKV = c->n_kv_heads;
+    const size_t nh = sl->n_heads, nkv = sl->n_kv_heads, h0 = sl->head0, kv0 = sl->kv_head0,
+                 e0 = sl->expert0, ne = sl->n_experts;
+    const float lin_h = 1.0f / sqrtf((float)H), lin_q = 1.0f / sqrtf((float)(NH * D));
+    const int s0_h = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)H))));
+    const int s0_i = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)I))));
+    cudaStream_t k = s->stream;
+    for (int l = 0; l < c->n_layers; l++) {
+        cuda_layer *L = &s->layers[l];
+        const uint64_t n = seed * 1000003ull + 3 + 15 * (uint64_t)l;
+        if (L->qkv_weight.w_bf16) {
+            bf16 *w = L->qkv_weight.w_bf16;
+            gptoss_cuda_fill_normal_bf16_at(w, nh * D * H, h0 * D * H, n + 2, 0.0f, lin_h, k);
+            gptoss_cuda_fill_normal_bf16_at(w + nh * D * H, nkv * D * H, (NH + kv0) * D * H, n + 2,
+                                            0.0f, lin_h, k);
+            gptoss_cuda_fill_normal_bf16_at(w + (nh + nkv) * D * H, nkv * D * H,
+                                            (NH + NKV + kv0) * D * H, n + 2, 0.0f, lin_h, k);
+        }
+        float *b = L->qkv_bias;
+        gptoss_cuda_fill_normal_f32_at(b, nh * D, h0 * D, n + 3, 0.0f, 0.02f, k);
+        gptoss_cuda_fill_normal_f32_at(b + nh * D, nkv * D, (NH + kv0) * D, n + 3, 0.0f, 0.02f, k);
+        gptoss_cuda_fill_normal_f32_at(b + (nh + nkv) * D, nkv * D, (NH + NKV + kv0) * D, n + 3,
+                                       0.0f, 0.02f, k);
+        if (L->o_weight.w_bf16)
+            gptoss_cuda_fill_normal_bf16_rows(L->o_weight.w_bf16, H, nh * D, h0 * D, NH * D, n + 4,
+                                              0.0f, lin_q, k);
+        gptoss_cuda_fill_normal_f32_at(L->sinks, nh, h0, n + 6, 0.0f, 1.0f, k);
+        const size_t gu_b = 2 * I * (H / 32) * 16, gu_s = 2 * I * (H / 32), d_b = H * (I / 32) * 16,
+                     d_s = H * (I / 32);
+        gptoss_cuda_moe_weights *m = &L->moe;
+        gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->gate_up_blocks, ne * gu_b, e0 * gu_b, n + 9, 0,
+                                       255, k);
+        gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->gate_up_scales, ne * gu_s, e0 * gu_s, n + 10,
+                                       s0_h - 1, s0_h + 1, k);
+        gptoss_cuda_fill_normal_f32_at((float *)m->gate_up_bias, ne * 2 * I, e0 * 2 * I, n + 11,
+                                       0.0f, 0.02f, k);
+        gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->down_blocks, ne * d_b, e0 * d_b, n + 12, 0,
+                                       255, k);
+        gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->down_scales, ne * d_s, e0 * d_s, n + 13,
+                                       s0_i - 1, s0_i + 1, k);
+        gptoss_cuda_fill_normal_f32_at((float *)m->down_bias, ne * H, e0 * H, n + 14, 0.0f, 0.02f,
+                                       k);
+    }
+    cudaError_t ce = cudaStreamSynchronize(k);
+    if (ce == cudaSuccess) ce = cudaGetLastError();
+    if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "random weight slices");
+    /* the MoE check ran on the rank's own values */
+    return gptoss_cuda_weights_finish(s, error);
+}
+
 static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
     const tp_create_args *a = (const tp_create_args *)arg;
     const gptoss_config *c = a->config;
@@ -328,6 +388,7 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
     if (!a->weights) {
         st = gptoss_cuda_state_create_rank(&rc, &o, NULL, a->seed, sl.expert0, sl.n_experts, &r->s,
                                            error);
+        if (!st) st = rank_random_as_whole(r->s, c, &sl, a->seed, error);
     } else {
         const gptoss_weights *w = a->weights;
         const size_t H = c->hidden_size, D = c->head_dim, NH = c->n_heads;
