@@ -7,6 +7,9 @@
  * columns), so a query head and its KV head always sit on the same rank. The MoE is split by
  * experts: the router stays whole on every rank, rank r computes only the experts
  * [r E/N, (r+1) E/N) of each token's top-k. Each half ends in a sum over the ranks.
+ * Experts rather than the intermediate dimension, because the MXFP4 experts come in 32-wide
+ * scale groups along it: gpt-oss's 2880 split 4 or 8 ways (720, 360) is not a whole number of
+ * groups, and whole experts keep every MoE kernel's shapes as they are.
  */
 #ifndef GPTOSS_BACKEND_TP_SPLIT_H
 #define GPTOSS_BACKEND_TP_SPLIT_H
