@@ -30,12 +30,14 @@
  * forward_summary on the tensor-parallel backend, whose top-1 must be the argmax of its own
  * forward rows.
  *
- * Prints one line per size and exits 1 on failure.
+ * Prints one line per size and exits 1 on failure. Before it, progress lines starting with ".. "
+ * (each backend, each plan and call), flushed at once, show where a run that hangs stopped.
  */
 #include "gptoss.h"
 #include "model/config.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +98,19 @@ static int32_t next_token(int32_t vocab) {
 }
 
 enum { B_REF = 0, B_FLOOR, B_TP, N_BACKENDS };
+static const char *const backend_names[N_BACKENDS] = {"reference (one GPU)", "floor (one GPU)",
+                                                      "tensor parallel"};
+
+/* One progress line, on stdout at once (stdout may be a file: it is fully buffered then). */
+static void progress(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs(".. ", stdout);
+    vfprintf(stdout, fmt, ap);
+    fputc('\n', stdout);
+    va_end(ap);
+    fflush(stdout);
+}
 #define MAX_LOGIT_ROWS (NS * (DECODE_STEPS + 1))
 
 /* What a backend is made from: a loaded checkpoint, or a shape with weights generated on the
@@ -123,6 +138,10 @@ static int run_backend(const source *src, int kind, int32_t tp, bool choose,
     if (kind == B_TP) o.tensor_parallel_size = tp;
     gptoss_backend *bk = NULL;
     gptoss_error err = {0};
+    if (kind == B_TP)
+        progress("backend %s over %d GPUs: creating", backend_names[kind], (int)tp);
+    else
+        progress("backend %s: creating", backend_names[kind]);
     gptoss_status st = src->model ? gptoss_backend_create(src->model, &o, &bk, &err)
                                   : gptoss_backend_create_random(c, &o, 1, &bk, &err);
     if (st) {
@@ -167,6 +186,8 @@ static int run_backend(const source *src, int kind, int32_t tp, bool choose,
                                       .n_logits = ns,
                                       .logit_token_index = logit_idx};
             float *out = rows + (size_t)n_rows * V;
+            progress("backend %s: sequences %d..%d, %s %d, %d tokens: forward", backend_names[kind],
+                     (int)s0, (int)(s1 - 1), step ? "decode step" : "prompt", step, (int)T);
             if (gptoss_backend_forward(bk, &plan, out, &err)) {
                 fprintf(stderr, "forward on backend %d: %s\n", kind, err.message);
                 gptoss_backend_free(bk);
@@ -178,6 +199,7 @@ static int run_backend(const source *src, int kind, int32_t tp, bool choose,
                 int32_t top[NS];
                 float val[NS];
                 gptoss_logits_summary sum = {.n_top = 1, .top_ids = top, .top_logits = val};
+                progress("backend %s: the same plan: forward_summary", backend_names[kind]);
                 if (gptoss_backend_forward_summary(bk, &plan, &sum, &err)) {
                     fprintf(stderr, "forward_summary (tensor parallel): %s\n", err.message);
                     gptoss_backend_free(bk);
@@ -196,6 +218,7 @@ static int run_backend(const source *src, int kind, int32_t tp, bool choose,
             n_rows += ns;
         }
     }
+    progress("backend %s: done, freeing", backend_names[kind]);
     gptoss_backend_free(bk);
     return n_rows;
 }

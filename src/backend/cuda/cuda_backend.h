@@ -146,7 +146,7 @@ typedef struct gptoss_cuda_state {
      * model (tp_n_experts = n_experts), tp_comm NULL. */
     int32_t tp_rank, tp_size, tp_expert0, tp_n_experts;
     void *tp_comm;  /* the rank's NCCL communicator */
-    void *tp_group; /* rank 0: the group (tp.cu), for gptoss_cuda_tp_step; NULL elsewhere */
+    void *tp_group; /* the group (tp.cu) of every rank (bench: gptoss_cuda_tp_step on rank 0) */
 } gptoss_cuda_state;
 
 /* Components of a step for profiling (index into gptoss_bench_part_names). */
@@ -238,6 +238,10 @@ gptoss_cuda_state *gptoss_cuda_tp_rank0(void *group);
 /* One validated plan on every rank: rank 0's step is enqueued (not waited for), the others'
  * are run and waited for (bench). */
 gptoss_status gptoss_cuda_tp_step(void *group, const gptoss_batch_plan *plan, gptoss_error *error);
+/* A rank that captured a step calls this between instantiating and launching the graph:
+ * it waits for its device to go idle and for every rank of its group to get there too (an
+ * error when a peer failed meanwhile). Nothing when tp_size is 1. */
+gptoss_status gptoss_cuda_tp_graph_barrier(gptoss_cuda_state *s, gptoss_error *error);
 /* Enqueues the sum over the ranks of buf [n] f32, in place, on s->stream (nothing when
  * tp_size is 1). */
 gptoss_status gptoss_cuda_tp_allreduce(gptoss_cuda_state *s, float *buf, size_t n,

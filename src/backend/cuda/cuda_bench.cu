@@ -271,7 +271,9 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     if (st) return st;
     c = &s->config;
     snprintf(report->device_name, sizeof report->device_name, "%s", s->dev.name);
-    s->tuning.graphs = rq->use_graphs;
+    /* tensor parallelism: only where the group allows graphs (GPTOSS_TP_GRAPHS); the other
+     * ranks follow rank 0 */
+    s->tuning.graphs = rq->use_graphs && (!tp || s->tuning.graphs);
     if (rq->profile) {
         for (int i = 0; i < GPTOSS_CUDA_MAX_PROF_EVENTS; i++) {
             cudaError_t ce = cudaEventCreate(&s->prof_events[i]);

@@ -605,6 +605,10 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "cudaGraphInstantiate");
     slot->valid = true;
     slot->key = key;
+    if (s->tp_size > 1) { /* no rank launches a new graph before every rank captured it */
+        st = gptoss_cuda_tp_graph_barrier(s, error);
+        if (st) return st;
+    }
     CUDA_TRY(cudaGraphLaunch(slot->exec, s->stream), "cudaGraphLaunch");
     return GPTOSS_OK;
 }

@@ -13,7 +13,17 @@
  * without tensor parallelism needs no NCCL. A failing rank aborts every communicator (ranks
  * waiting in a collective for it return) and the backend refuses later calls.
  *
- * Owns the rank states, their threads and communicators.
+ * Decode steps run eagerly unless GPTOSS_TP_GRAPHS=1: then every rank captures the same step
+ * at the same time (one rank capturing while another runs a step can deadlock NCCL inside one
+ * process), and no rank launches a new graph before every rank has instantiated its own.
+ *
+ * A watchdog bounds every step: a step still running after GPTOSS_TP_TIMEOUT seconds (a rank
+ * hung, or its GPU died) is logged with the ranks still in it, the communicators are aborted,
+ * and the process ends (exit status 3). A step that fails on a rank ends the process the same
+ * way, after the error is logged: its communicators are aborted, so no later step could run,
+ * and a server must not go on failing every request.
+ *
+ * Owns the rank states, their threads and communicators, and the watchdog thread.
  */
 #include "backend/cuda/cuda_backend.h"
 
@@ -24,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 extern "C" {
@@ -165,12 +176,19 @@ typedef struct tp_rank {
     pthread_t thread;
     bool started;
     uint64_t seen; /* the last job this rank ran */
+    int busy;      /* running a job (__atomic: the watchdog reads it) */
     gptoss_status st;
     gptoss_error error;
 } tp_rank;
 
 /* A job: what every rank runs for one call (rank 0 on the caller's thread). */
 typedef gptoss_status (*tp_job_fn)(tp_rank *r, void *arg, gptoss_error *error);
+
+/* Exit status of a process whose tensor-parallel step failed on a rank or outlived the
+ * watchdog. */
+#define TP_EXIT_FAILED 3
+/* Seconds the watchdog lets the ranks return after it aborted the communicators. */
+#define TP_ABORT_GRACE_S 5.0
 
 typedef struct tp_backend {
     int32_t n;
@@ -186,9 +204,40 @@ typedef struct tp_backend {
     void *job_arg;
     bool broken; /* a rank failed: the communicators are aborted */
     pthread_mutex_t abort_mu;
+    /* the graph rendezvous (tp_graph_barrier): ranks arrived in generation sync_gen */
+    pthread_mutex_t sync_mu;
+    pthread_cond_t sync_cv;
+    int32_t sync_count;
+    uint64_t sync_gen;
+    bool graphs; /* GPTOSS_TP_GRAPHS: decode steps may be captured */
+    /* the watchdog (under mu): the job running since job_t0, named job_what, bounded by
+     * job_limit_s seconds (0: not watched) */
+    pthread_t watchdog;
+    bool watchdog_started;
+    pthread_cond_t cv_watch; /* CLOCK_MONOTONIC */
+    double timeout_s;        /* GPTOSS_TP_TIMEOUT; 0: no watchdog */
+    bool job_active;
+    double job_t0, job_limit_s;
+    const char *job_what;
+    uint64_t steps; /* step jobs run so far */
 } tp_backend;
 
-/* Aborts every communicator once (ranks blocked in a collective for a failed peer return). */
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static struct timespec mono_at(double t) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+    return ts;
+}
+
+/* Aborts every communicator once (ranks blocked in a collective for a failed peer return,
+ * and so do ranks waiting at the graph rendezvous). */
 static void tp_abort(tp_backend *tp) {
     pthread_mutex_lock(&tp->abort_mu);
     if (!tp->broken) {
@@ -199,12 +248,23 @@ static void tp_abort(tp_backend *tp) {
         tp->have_comms = false;
     }
     pthread_mutex_unlock(&tp->abort_mu);
+    pthread_mutex_lock(&tp->sync_mu);
+    pthread_cond_broadcast(&tp->sync_cv);
+    pthread_mutex_unlock(&tp->sync_mu);
 }
 
 static void rank_run(tp_rank *r, tp_job_fn job, void *arg) {
     memset(&r->error, 0, sizeof r->error);
+    __atomic_store_n(&r->busy, 1, __ATOMIC_RELEASE);
     r->st = job(r, arg, &r->error);
-    if (r->st && r->tp->have_comms) tp_abort(r->tp);
+    __atomic_store_n(&r->busy, 0, __ATOMIC_RELEASE);
+    if (r->st && r->tp->have_comms) {
+        GPTOSS_LOG_E("cuda",
+                     "tensor parallel: GPU rank %d of %d failed (%s); aborting the NCCL "
+                     "communicators",
+                     (int)r->rank, (int)r->tp->n, r->error.message);
+        tp_abort(r->tp);
+    }
 }
 
 static void *rank_thread(void *p) {
@@ -227,9 +287,84 @@ static void *rank_thread(void *p) {
     return NULL;
 }
 
+/* The ranks still inside the running job, as "1, 3" (under tp->mu). */
+static void busy_ranks(tp_backend *tp, char *out, size_t cap) {
+    size_t used = 0;
+    out[0] = 0;
+    for (int32_t r = 0; r < tp->n && used + 8 < cap; r++) {
+        const tp_rank *k = &tp->ranks[r];
+        const bool in = __atomic_load_n(&k->busy, __ATOMIC_ACQUIRE) ||
+                        (r > 0 && k->seen != tp->job_seq); /* not even picked up */
+        if (in) used += (size_t)snprintf(out + used, cap - used, "%s%d", used ? ", " : "", (int)r);
+    }
+    if (!used) snprintf(out, cap, "none (the caller's thread)");
+}
+
+/* Ends the process when a watched job outlives its limit: the ranks still in it are named,
+ * the communicators aborted (a rank waiting in a collective for a dead peer returns), and
+ * after a short grace the process exits, because a rank that hung leaves no usable backend
+ * (its thread may never return) and a server must not wait on it forever. */
+static void *watchdog_thread(void *p) {
+    tp_backend *tp = (tp_backend *)p;
+    pthread_mutex_lock(&tp->mu);
+    while (!tp->quit) {
+        if (!tp->job_active || tp->job_limit_s <= 0) {
+            pthread_cond_wait(&tp->cv_watch, &tp->mu);
+            continue;
+        }
+        const uint64_t seq = tp->job_seq;
+        const double deadline = tp->job_t0 + tp->job_limit_s;
+        if (mono_now() < deadline) {
+            struct timespec ts = mono_at(deadline);
+            pthread_cond_timedwait(&tp->cv_watch, &tp->mu, &ts);
+            continue; /* woken, timed out or spurious: look again */
+        }
+        if (!tp->job_active || tp->job_seq != seq) continue;
+        char who[128];
+        busy_ranks(tp, who, sizeof who);
+        const char *what = tp->job_what ? tp->job_what : "a step";
+        const double limit = tp->job_limit_s;
+        const unsigned long long step = (unsigned long long)tp->steps;
+        pthread_mutex_unlock(&tp->mu);
+        GPTOSS_LOG_E("cuda",
+                     "tensor parallel: %s (step %llu) has not finished after %.0f s; GPU "
+                     "rank(s) %s of %d are still in it (a rank hung or its GPU failed); "
+                     "aborting the NCCL communicators and ending the process (GPTOSS_TP_TIMEOUT "
+                     "sets the limit in seconds)",
+                     what, step, limit, who, (int)tp->n);
+        tp_abort(tp);
+        pthread_mutex_lock(&tp->mu);
+        const double grace_end = mono_now() + TP_ABORT_GRACE_S;
+        while (tp->job_active && tp->job_seq == seq && mono_now() < grace_end) {
+            struct timespec ts = mono_at(grace_end);
+            pthread_cond_timedwait(&tp->cv_watch, &tp->mu, &ts);
+        }
+        const bool returned = !(tp->job_active && tp->job_seq == seq);
+        busy_ranks(tp, who, sizeof who);
+        pthread_mutex_unlock(&tp->mu);
+        if (returned)
+            GPTOSS_LOG_E("cuda",
+                         "tensor parallel: the ranks returned after the abort; exiting "
+                         "with status %d",
+                         TP_EXIT_FAILED);
+        else
+            GPTOSS_LOG_E("cuda",
+                         "tensor parallel: GPU rank(s) %s did not return %.0f s after the "
+                         "abort; exiting with status %d",
+                         who, TP_ABORT_GRACE_S, TP_EXIT_FAILED);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(TP_EXIT_FAILED);
+    }
+    pthread_mutex_unlock(&tp->mu);
+    return NULL;
+}
+
 /* Runs job on every rank (rank 0 here, the others on their threads) and waits for all; the
- * first failure (by rank) becomes the call's error. */
-static gptoss_status tp_run(tp_backend *tp, tp_job_fn job, void *arg, gptoss_error *error) {
+ * first failure (by rank) becomes the call's error. limit_s > 0: the watchdog ends the
+ * process if the job runs longer (what names it in that message). */
+static gptoss_status tp_run(tp_backend *tp, tp_job_fn job, void *arg, double limit_s,
+                            const char *what, gptoss_error *error) {
     if (tp->broken)
         return gptoss_set_error(error, GPTOSS_ERR_BACKEND,
                                 "tensor parallel backend: a rank failed earlier; the backend "
@@ -239,12 +374,19 @@ static gptoss_status tp_run(tp_backend *tp, tp_job_fn job, void *arg, gptoss_err
     tp->job_arg = arg;
     tp->pending = tp->n - 1;
     tp->job_seq++;
+    tp->job_active = true;
+    tp->job_t0 = mono_now();
+    tp->job_limit_s = tp->watchdog_started ? limit_s : 0;
+    tp->job_what = what;
     pthread_cond_broadcast(&tp->cv_job);
+    pthread_cond_signal(&tp->cv_watch);
     pthread_mutex_unlock(&tp->mu);
     rank_run(&tp->ranks[0], job, arg);
     pthread_mutex_lock(&tp->mu);
     while (tp->pending > 0)
         pthread_cond_wait(&tp->cv_done, &tp->mu);
+    tp->job_active = false;
+    pthread_cond_signal(&tp->cv_watch);
     pthread_mutex_unlock(&tp->mu);
     for (int32_t r = 0; r < tp->n; r++) {
         if (!tp->ranks[r].st) continue;
@@ -254,6 +396,37 @@ static gptoss_status tp_run(tp_backend *tp, tp_job_fn job, void *arg, gptoss_err
         if (error) error->status = tp->ranks[r].st;
         return tp->ranks[r].st;
     }
+    if (tp->broken) /* every rank returned, but a peer's failure cut the job short */
+        return gptoss_set_error(error, GPTOSS_ERR_BACKEND,
+                                "tensor parallel backend: the NCCL communicators were aborted "
+                                "during this call");
+    return GPTOSS_OK;
+}
+
+/* Every rank of s's group calls this once per captured graph, between instantiation and the
+ * first launch: no rank's GPU then runs a collective of the new graph while a peer is still
+ * capturing (NCCL's work upload and buffer set-up of a capture are host-side calls that must
+ * not wait on a peer), and the device is idle before it (the capture's eager uploads done). */
+gptoss_status gptoss_cuda_tp_graph_barrier(gptoss_cuda_state *s, gptoss_error *error) {
+    tp_backend *tp = (tp_backend *)s->tp_group;
+    if (!tp || tp->n <= 1) return GPTOSS_OK;
+    CUDA_TRY(cudaDeviceSynchronize(), "the upload of a captured step");
+    pthread_mutex_lock(&tp->sync_mu);
+    const uint64_t gen = tp->sync_gen;
+    if (++tp->sync_count == tp->n) {
+        tp->sync_count = 0;
+        tp->sync_gen++;
+        pthread_cond_broadcast(&tp->sync_cv);
+    } else {
+        while (tp->sync_gen == gen && !tp->broken)
+            pthread_cond_wait(&tp->sync_cv, &tp->sync_mu);
+    }
+    const bool broken = tp->sync_gen == gen && tp->broken;
+    pthread_mutex_unlock(&tp->sync_mu);
+    if (broken)
+        return gptoss_set_error(error, GPTOSS_ERR_BACKEND,
+                                "tensor parallel: a peer failed while the ranks met after a "
+                                "graph capture");
     return GPTOSS_OK;
 }
 
@@ -262,9 +435,11 @@ static void tp_free(tp_backend *tp) {
     pthread_mutex_lock(&tp->mu);
     tp->quit = true;
     pthread_cond_broadcast(&tp->cv_job);
+    pthread_cond_broadcast(&tp->cv_watch);
     pthread_mutex_unlock(&tp->mu);
     for (int32_t r = 1; r < tp->n; r++)
         if (tp->ranks[r].started) pthread_join(tp->ranks[r].thread, NULL);
+    if (tp->watchdog_started) pthread_join(tp->watchdog, NULL);
     for (int32_t r = 0; r < tp->n; r++) {
         gptoss_cuda_state *s = tp->ranks[r].s;
         if (s && s->stream) {
@@ -279,8 +454,11 @@ static void tp_free(tp_backend *tp) {
         gptoss_cuda_state_free(tp->ranks[r].s);
     pthread_mutex_destroy(&tp->mu);
     pthread_mutex_destroy(&tp->abort_mu);
+    pthread_mutex_destroy(&tp->sync_mu);
     pthread_cond_destroy(&tp->cv_job);
     pthread_cond_destroy(&tp->cv_done);
+    pthread_cond_destroy(&tp->cv_watch);
+    pthread_cond_destroy(&tp->sync_cv);
     free(tp);
 }
 
@@ -443,6 +621,8 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
     if (st) return st;
     r->s->tp_rank = r->rank;
     r->s->tp_size = n;
+    r->s->tp_group = r->tp;
+    r->s->tuning.graphs = r->s->tuning.graphs && r->tp->graphs;
     return GPTOSS_OK;
 }
 
@@ -468,6 +648,32 @@ static gptoss_status rank_warm_up(tp_rank *r, void *arg, gptoss_error *error) {
     return GPTOSS_OK;
 }
 
+/* Seconds a step or the warm-up may take before the watchdog ends the process: 60 (a
+ * 120b prefill step of 8192 tokens takes about a second), or GPTOSS_TP_TIMEOUT (0: never). */
+static gptoss_status tp_env(double *timeout_s, bool *graphs, gptoss_error *error) {
+    *timeout_s = 60;
+    *graphs = false;
+    const char *t = getenv("GPTOSS_TP_TIMEOUT");
+    if (t && *t) {
+        char *end = NULL;
+        double v = strtod(t, &end);
+        if (end == t || *end || !(v >= 0) || v > 86400)
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "GPTOSS_TP_TIMEOUT is '%s'; it must be a number of seconds "
+                                    "from 0 (no watchdog) to 86400",
+                                    t);
+        *timeout_s = v;
+    }
+    const char *g = getenv("GPTOSS_TP_GRAPHS");
+    if (g && *g) {
+        if (strcmp(g, "0") && strcmp(g, "1"))
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "GPTOSS_TP_GRAPHS is '%s'; it must be 0 or 1", g);
+        *graphs = g[0] == '1';
+    }
+    return GPTOSS_OK;
+}
+
 static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backend_options *options,
                                       const gptoss_weights *weights, uint64_t seed, void **state,
                                       gptoss_error *error) {
@@ -476,20 +682,48 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     if (st) return st;
     st = gptoss_tp_check_config(config, n, options->device, gptoss_cuda_count_devices(), error);
     if (st) return st;
+    double timeout_s = 0;
+    bool graphs = false;
+    st = tp_env(&timeout_s, &graphs, error);
+    if (st) return st;
     st = nccl_load(error);
     if (st) return st;
     gptoss_dist_env_defaults();
-    setenv("NCCL_RUNTIME_CONNECT", "0", 0); /* connect at creation, not inside a capture */
+    /* 0 keeps the user's value. Connect at creation, not inside a capture. A rank's NCCL work
+     * all goes on its one stream, in order, and every step ends before the next begins, so
+     * NCCL's ordering of graph launches against eager calls (whose events NCCL's
+     * documentation names as a source of deadlocks with several GPUs in one process) and its
+     * buffer registration during a capture (calls to the peers' proxies) are not needed. */
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+    setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 0);
+    setenv("NCCL_GRAPH_REGISTER", "0", 0);
     tp_backend *tp = (tp_backend *)calloc(1, sizeof *tp);
     if (!tp) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
     tp->n = n;
+    tp->graphs = graphs;
+    tp->timeout_s = timeout_s;
     pthread_mutex_init(&tp->mu, NULL);
     pthread_mutex_init(&tp->abort_mu, NULL);
+    pthread_mutex_init(&tp->sync_mu, NULL);
     pthread_cond_init(&tp->cv_job, NULL);
     pthread_cond_init(&tp->cv_done, NULL);
+    pthread_cond_init(&tp->sync_cv, NULL);
+    pthread_condattr_t watch_attr;
+    pthread_condattr_init(&watch_attr);
+    pthread_condattr_setclock(&watch_attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&tp->cv_watch, &watch_attr);
+    pthread_condattr_destroy(&watch_attr);
     for (int32_t r = 0; r < n; r++) {
         tp->ranks[r].tp = tp;
         tp->ranks[r].rank = r;
+    }
+    if (timeout_s > 0) {
+        if (pthread_create(&tp->watchdog, NULL, watchdog_thread, tp) != 0) {
+            tp_free(tp);
+            return gptoss_set_error(error, GPTOSS_ERR_BACKEND,
+                                    "tensor parallelism: cannot start the watchdog thread");
+        }
+        tp->watchdog_started = true;
     }
     for (int32_t r = 1; r < n; r++) {
         if (pthread_create(&tp->ranks[r].thread, NULL, rank_thread, &tp->ranks[r]) != 0) {
@@ -500,7 +734,7 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
         tp->ranks[r].started = true;
     }
     tp_create_args args = {config, options, weights, seed};
-    st = tp_run(tp, rank_create, &args, error);
+    st = tp_run(tp, rank_create, &args, 0, "loading", error);
     if (st) {
         tp_free(tp);
         return st;
@@ -524,8 +758,7 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     options->n_kv_blocks = blocks;
     options->n_sliding_kv_blocks = sliding;
     options->kv_shared_pages = tp->ranks[0].s->kv_shared;
-    tp->ranks[0].s->tp_group = tp;
-    st = tp_run(tp, rank_warm_up, NULL, error);
+    st = tp_run(tp, rank_warm_up, NULL, tp->timeout_s, "the NCCL warm-up", error);
     if (st) {
         tp_free(tp);
         return st;
@@ -534,6 +767,17 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     g_nccl.get_version(&version);
     GPTOSS_LOG_I("cuda", "tensor parallel over GPUs %d..%d (NCCL %d), %d KV pages per GPU",
                  (int)options->device, (int)(options->device + n - 1), version, (int)blocks);
+    if (tp->ranks[0].s->tuning.graphs)
+        GPTOSS_LOG_I("cuda", "tensor parallel: decode steps captured as CUDA graphs "
+                             "(GPTOSS_TP_GRAPHS=1)");
+    else
+        GPTOSS_LOG_I("cuda", "tensor parallel: decode steps run without CUDA graphs "
+                             "(GPTOSS_TP_GRAPHS=1 captures them)");
+    if (tp->timeout_s > 0)
+        GPTOSS_LOG_I("cuda",
+                     "tensor parallel: a step running over %.0f s ends the process "
+                     "(GPTOSS_TP_TIMEOUT)",
+                     tp->timeout_s);
     *state = tp;
     return GPTOSS_OK;
 }
@@ -564,6 +808,9 @@ typedef struct tp_step_args {
     int kind; /* 0 forward, 1 summary, 2 sample, 3 the step alone (rank 0 not waited for) */
 } tp_step_args;
 
+static const char *const step_names[4] = {"a forward step", "a summary step", "a sampling step",
+                                          "a benchmark step"};
+
 static gptoss_status rank_step(tp_rank *r, void *arg, gptoss_error *error) {
     const tp_step_args *a = (const tp_step_args *)arg;
     gptoss_cuda_state *s = r->s;
@@ -579,33 +826,58 @@ static gptoss_status rank_step(tp_rank *r, void *arg, gptoss_error *error) {
             return gptoss_cuda_backend_ops.forward_sample(s, a->plan, a->batch, error);
         }
     }
+    /* Every rank captures, replays or runs eagerly exactly when rank 0 does: a collective
+     * captured on one rank and run eagerly on another is not the same NCCL operation. Rank 0's
+     * graph switch and profiling (bench) decide. */
+    const gptoss_cuda_state *r0 = r->tp->ranks[0].s;
+    s->tuning.graphs = r0->tuning.graphs && !r0->profiling;
     gptoss_status st = gptoss_cuda_forward_device(s, a->plan, error);
     if (st) return st;
     CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
     return GPTOSS_OK;
 }
 
+static gptoss_status tp_step_run(tp_backend *tp, tp_step_args *a, gptoss_error *error) {
+    pthread_mutex_lock(&tp->mu);
+    tp->steps++;
+    const unsigned long long step = (unsigned long long)tp->steps;
+    pthread_mutex_unlock(&tp->mu);
+    gptoss_error local;
+    if (!error) error = &local;
+    gptoss_status st = tp_run(tp, rank_step, a, tp->timeout_s, step_names[a->kind], error);
+    if (st) {
+        GPTOSS_LOG_E("cuda",
+                     "tensor parallel: %s (step %llu) failed: %s; the NCCL communicators are "
+                     "aborted, so no later step can run: exiting with status %d",
+                     step_names[a->kind], step, error->message, TP_EXIT_FAILED);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(TP_EXIT_FAILED);
+    }
+    return GPTOSS_OK;
+}
+
 static gptoss_status tp_forward(void *state, const gptoss_batch_plan *plan, float *logits,
                                 gptoss_error *error) {
     tp_step_args a = {plan, logits, NULL, NULL, 0};
-    return tp_run((tp_backend *)state, rank_step, &a, error);
+    return tp_step_run((tp_backend *)state, &a, error);
 }
 
 static gptoss_status tp_forward_summary(void *state, const gptoss_batch_plan *plan,
                                         const gptoss_logits_summary *out, gptoss_error *error) {
     tp_step_args a = {plan, NULL, out, NULL, 1};
-    return tp_run((tp_backend *)state, rank_step, &a, error);
+    return tp_step_run((tp_backend *)state, &a, error);
 }
 
 static gptoss_status tp_forward_sample(void *state, const gptoss_batch_plan *plan,
                                        const gptoss_sample_batch *batch, gptoss_error *error) {
     tp_step_args a = {plan, NULL, NULL, batch, 2};
-    return tp_run((tp_backend *)state, rank_step, &a, error);
+    return tp_step_run((tp_backend *)state, &a, error);
 }
 
 gptoss_status gptoss_cuda_tp_step(void *group, const gptoss_batch_plan *plan, gptoss_error *error) {
     tp_step_args a = {plan, NULL, NULL, NULL, 3};
-    return tp_run((tp_backend *)group, rank_step, &a, error);
+    return tp_step_run((tp_backend *)group, &a, error);
 }
 
 gptoss_cuda_state *gptoss_cuda_tp_rank0(void *group) {
