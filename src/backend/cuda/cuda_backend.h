@@ -145,7 +145,10 @@ typedef struct gptoss_cuda_state {
      * tp_expert0 + tp_n_experts) (moe index = expert - tp_expert0). tp_size 1: a whole
      * model (tp_n_experts = n_experts), tp_comm NULL. */
     int32_t tp_rank, tp_size, tp_expert0, tp_n_experts;
-    void *tp_comm;  /* the rank's NCCL communicator */
+    void *tp_comm; /* the rank's NCCL communicator */
+    /* where this rank's host thread is in a step (a static string; __atomic: the watchdog of
+     * tp.cu names it when a step hangs); set through gptoss_cuda_tp_phase */
+    const char *tp_phase;
     void *tp_group; /* the group (tp.cu) of every rank (bench: gptoss_cuda_tp_step on rank 0) */
 } gptoss_cuda_state;
 
@@ -238,6 +241,11 @@ gptoss_cuda_state *gptoss_cuda_tp_rank0(void *group);
 /* One validated plan on every rank: rank 0's step is enqueued (not waited for), the others'
  * are run and waited for (bench). */
 gptoss_status gptoss_cuda_tp_step(void *group, const gptoss_batch_plan *plan, gptoss_error *error);
+/* Records where s's thread is in a step, for the tensor-parallel watchdog's message
+ * (nothing without tensor parallelism). */
+static inline void gptoss_cuda_tp_phase(gptoss_cuda_state *s, const char *phase) {
+    if (s->tp_size > 1) __atomic_store_n(&s->tp_phase, phase, __ATOMIC_RELEASE);
+}
 /* A rank that captured a step calls this between instantiating and launching the graph:
  * it waits for its device to go idle and for every rank of its group to get there too (an
  * error when a peer failed meanwhile). Nothing when tp_size is 1. */

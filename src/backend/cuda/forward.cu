@@ -577,12 +577,18 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     s->prof_n = 0;
     if (s->tuning.step_timing)
         CUDA_TRY(cudaEventRecord(s->timing_events[0], s->stream), "cudaEventRecord");
-    if (!s->tuning.graphs || T > GRAPH_MAX_TOKENS || s->profiling)
-        return enqueue_step(s, &key, error);
+    if (!s->tuning.graphs || T > GRAPH_MAX_TOKENS || s->profiling) {
+        gptoss_cuda_tp_phase(s, "enqueuing an eager step");
+        st = enqueue_step(s, &key, error);
+        gptoss_cuda_tp_phase(s, "eager step enqueued");
+        return st;
+    }
 
     for (int i = 0; i < GPTOSS_CUDA_MAX_GRAPHS; i++) {
         if (s->graphs[i].valid && key_equal(&s->graphs[i].key, &key)) {
+            gptoss_cuda_tp_phase(s, "launching a captured step");
             CUDA_TRY(cudaGraphLaunch(s->graphs[i].exec, s->stream), "cudaGraphLaunch");
+            gptoss_cuda_tp_phase(s, "captured step launched");
             return GPTOSS_OK;
         }
     }
@@ -590,16 +596,19 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     s->graph_next = (s->graph_next + 1) % GPTOSS_CUDA_MAX_GRAPHS;
     if (slot->valid) cudaGraphExecDestroy(slot->exec);
     slot->valid = false;
+    gptoss_cuda_tp_phase(s, "capturing a step");
     CUDA_TRY(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal),
              "cudaStreamBeginCapture");
     st = enqueue_step(s, &key, error);
     cudaGraph_t graph = NULL;
+    gptoss_cuda_tp_phase(s, "ending a capture");
     cudaError_t ce = cudaStreamEndCapture(s->stream, &graph);
     if (st) {
         if (graph) cudaGraphDestroy(graph);
         return st;
     }
     if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "cudaStreamEndCapture");
+    gptoss_cuda_tp_phase(s, "instantiating a captured step");
     ce = cudaGraphInstantiate(&slot->exec, graph, 0);
     cudaGraphDestroy(graph);
     if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "cudaGraphInstantiate");
@@ -609,6 +618,8 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
         st = gptoss_cuda_tp_graph_barrier(s, error);
         if (st) return st;
     }
+    gptoss_cuda_tp_phase(s, "launching a new captured step");
     CUDA_TRY(cudaGraphLaunch(slot->exec, s->stream), "cudaGraphLaunch");
+    gptoss_cuda_tp_phase(s, "new captured step launched");
     return GPTOSS_OK;
 }

@@ -128,9 +128,12 @@ static gptoss_status nccl_check(nccl_result_t r, const char *what, gptoss_error 
 gptoss_status gptoss_cuda_tp_allreduce(gptoss_cuda_state *s, float *buf, size_t n,
                                        gptoss_error *error) {
     if (s->tp_size <= 1 || n == 0) return GPTOSS_OK;
-    return nccl_check(
-        g_nccl.all_reduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM, (nccl_comm_t)s->tp_comm, s->stream),
-        "all-reduce", error);
+    const char *was = __atomic_load_n(&s->tp_phase, __ATOMIC_ACQUIRE);
+    gptoss_cuda_tp_phase(s, "in ncclAllReduce");
+    nccl_result_t r =
+        g_nccl.all_reduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM, (nccl_comm_t)s->tp_comm, s->stream);
+    gptoss_cuda_tp_phase(s, was);
+    return nccl_check(r, "all-reduce", error);
 }
 
 /* One thread per token: local experts become indices into the rank's experts; slots of
@@ -287,15 +290,20 @@ static void *rank_thread(void *p) {
     return NULL;
 }
 
-/* The ranks still inside the running job, as "1, 3" (under tp->mu). */
+/* The ranks still inside the running job with where their threads are, as "1 (waiting for
+ * its GPU), 3 (capturing a step)" (under tp->mu). */
 static void busy_ranks(tp_backend *tp, char *out, size_t cap) {
     size_t used = 0;
     out[0] = 0;
-    for (int32_t r = 0; r < tp->n && used + 8 < cap; r++) {
+    for (int32_t r = 0; r < tp->n && used + 64 < cap; r++) {
         const tp_rank *k = &tp->ranks[r];
-        const bool in = __atomic_load_n(&k->busy, __ATOMIC_ACQUIRE) ||
-                        (r > 0 && k->seen != tp->job_seq); /* not even picked up */
-        if (in) used += (size_t)snprintf(out + used, cap - used, "%s%d", used ? ", " : "", (int)r);
+        const bool picked = r == 0 || k->seen == tp->job_seq;
+        if (picked && !__atomic_load_n(&k->busy, __ATOMIC_ACQUIRE)) continue;
+        const char *phase = !picked ? "has not started it"
+                            : k->s  ? __atomic_load_n(&k->s->tp_phase, __ATOMIC_ACQUIRE)
+                                    : NULL;
+        used += (size_t)snprintf(out + used, cap - used, "%s%d (%s)", used ? ", " : "", (int)r,
+                                 phase ? phase : "outside a step");
     }
     if (!used) snprintf(out, cap, "none (the caller's thread)");
 }
@@ -320,7 +328,7 @@ static void *watchdog_thread(void *p) {
             continue; /* woken, timed out or spurious: look again */
         }
         if (!tp->job_active || tp->job_seq != seq) continue;
-        char who[128];
+        char who[1024];
         busy_ranks(tp, who, sizeof who);
         const char *what = tp->job_what ? tp->job_what : "a step";
         const double limit = tp->job_limit_s;
@@ -410,7 +418,9 @@ static gptoss_status tp_run(tp_backend *tp, tp_job_fn job, void *arg, double lim
 gptoss_status gptoss_cuda_tp_graph_barrier(gptoss_cuda_state *s, gptoss_error *error) {
     tp_backend *tp = (tp_backend *)s->tp_group;
     if (!tp || tp->n <= 1) return GPTOSS_OK;
+    gptoss_cuda_tp_phase(s, "waiting for its GPU after a capture");
     CUDA_TRY(cudaDeviceSynchronize(), "the upload of a captured step");
+    gptoss_cuda_tp_phase(s, "waiting for the other ranks' captures");
     pthread_mutex_lock(&tp->sync_mu);
     const uint64_t gen = tp->sync_gen;
     if (++tp->sync_count == tp->n) {
@@ -814,17 +824,25 @@ static const char *const step_names[4] = {"a forward step", "a summary step", "a
 static gptoss_status rank_step(tp_rank *r, void *arg, gptoss_error *error) {
     const tp_step_args *a = (const tp_step_args *)arg;
     gptoss_cuda_state *s = r->s;
-    if (r->rank == 0) {
+    gptoss_cuda_tp_phase(s, "starting a step");
+    if (r->rank == 0) { /* its own waits for the GPU are in these (phase: what it launched) */
+        gptoss_status st;
         switch (a->kind) {
         case 0:
-            return gptoss_cuda_backend_ops.forward(s, a->plan, a->logits, error);
+            st = gptoss_cuda_backend_ops.forward(s, a->plan, a->logits, error);
+            break;
         case 1:
-            return gptoss_cuda_backend_ops.forward_summary(s, a->plan, a->summary, error);
+            st = gptoss_cuda_backend_ops.forward_summary(s, a->plan, a->summary, error);
+            break;
         case 3:
-            return gptoss_cuda_forward_device(s, a->plan, error);
+            st = gptoss_cuda_forward_device(s, a->plan, error);
+            break;
         default:
-            return gptoss_cuda_backend_ops.forward_sample(s, a->plan, a->batch, error);
+            st = gptoss_cuda_backend_ops.forward_sample(s, a->plan, a->batch, error);
+            break;
         }
+        gptoss_cuda_tp_phase(s, "step done");
+        return st;
     }
     /* Every rank captures, replays or runs eagerly exactly when rank 0 does: a collective
      * captured on one rank and run eagerly on another is not the same NCCL operation. Rank 0's
@@ -833,7 +851,9 @@ static gptoss_status rank_step(tp_rank *r, void *arg, gptoss_error *error) {
     s->tuning.graphs = r0->tuning.graphs && !r0->profiling;
     gptoss_status st = gptoss_cuda_forward_device(s, a->plan, error);
     if (st) return st;
+    gptoss_cuda_tp_phase(s, "waiting for its GPU");
     CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
+    gptoss_cuda_tp_phase(s, "step done");
     return GPTOSS_OK;
 }
 
