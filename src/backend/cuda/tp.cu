@@ -649,9 +649,12 @@ static gptoss_status rank_warm_up(tp_rank *r, void *arg, gptoss_error *error) {
     if (st) return st;
     cudaError_t ce = cudaMemsetAsync(buf, 0, 64 * H * sizeof(float), s->stream);
     const size_t sizes[3] = {H, 8 * H, 64 * H};
+    gptoss_cuda_tp_phase(s, "enqueuing the warm-up all-reduces");
     for (int i = 0; i < 3 && ce == cudaSuccess && !st; i++)
         st = gptoss_cuda_tp_allreduce(s, buf, sizes[i], error);
+    gptoss_cuda_tp_phase(s, "waiting for its GPU (warm-up all-reduces)");
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(s->stream);
+    gptoss_cuda_tp_phase(s, "warm-up done");
     cudaFree(buf);
     if (st) return st;
     if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "all-reduce warm-up");
