@@ -186,8 +186,9 @@ static int run_backend(const source *src, int kind, int32_t tp, bool choose,
                                       .n_logits = ns,
                                       .logit_token_index = logit_idx};
             float *out = rows + (size_t)n_rows * V;
-            progress("backend %s: sequences %d..%d, %s %d, %d tokens: forward", backend_names[kind],
-                     (int)s0, (int)(s1 - 1), step ? "decode step" : "prompt", step, (int)T);
+            progress("backend %s: sequences %d..%d, %s %d (%d tokens): forward",
+                     backend_names[kind], (int)s0, (int)(s1 - 1),
+                     step ? "decode step" : "prompt, step", step, (int)T);
             if (gptoss_backend_forward(bk, &plan, out, &err)) {
                 fprintf(stderr, "forward on backend %d: %s\n", kind, err.message);
                 gptoss_backend_free(bk);

@@ -2,7 +2,7 @@
  * tp.cu - tensor parallelism over N GPUs of one host: one process, one full CUDA state per
  * GPU holding its rank's share of the model (tp_split.h), one host thread per rank, and two
  * NCCL sum all-reduces per layer (the o-projection's output and the experts' weighted sum,
- * both enqueued on the rank's stream, so decode steps stay captured CUDA graphs).
+ * both enqueued on the rank's stream, so a decode step can be one captured CUDA graph).
  *
  * The engine sees one backend: every call hands the same validated plan to every rank and
  * waits for all of them; rank 0 runs the ops table's own call (forward, summary or sample) and
