@@ -68,6 +68,8 @@ typedef struct cuda_workspace {
     float *partial;     /* split-K attention partials */
     size_t partial_floats;
     bf16 *lm_in;           /* [n_logits, H] */
+    float *lm_part;        /* lm_head split by vocabulary (tp.cu): [n_logits, lm_rows] */
+    float *lm_gather;      /* and every rank's part: [tp_size, n_logits, lm_rows] */
     float *logits;         /* [n_logits, V] */
     unsigned *router_done; /* [1] blocks of the fused router done (kept at 0 between launches) */
     int32_t *plan_dev;     /* device copy of the step's integer arrays */
@@ -145,6 +147,10 @@ typedef struct gptoss_cuda_state {
      * tp_expert0 + tp_n_experts) (moe index = expert - tp_expert0). tp_size 1: a whole
      * model (tp_n_experts = n_experts), tp_comm NULL. */
     int32_t tp_rank, tp_size, tp_expert0, tp_n_experts;
+    /* lm_head holds the vocabulary rows [lm_row0, lm_row0 + lm_rows): all of them, or with
+     * tensor parallelism and GPTOSS_TP_SPLIT_LM_HEAD=1 the rank's 1/tp_size (every rank then
+     * computes its logits columns and an all-gather puts the rows together on rank 0) */
+    int32_t lm_row0, lm_rows;
     void *tp_comm; /* the rank's NCCL communicator */
     /* where this rank's host thread is in a step (a static string; __atomic: the watchdog of
      * tp.cu names it when a step hangs); set through gptoss_cuda_tp_phase */
@@ -166,14 +172,15 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
 void gptoss_cuda_state_free(gptoss_cuda_state *state);
 
 /* Creates a state for config (a whole model, or one tensor-parallel rank's heads) holding
- * the experts [expert0, expert0 + n_experts) (n_experts 0: all), with weights copied from w,
- * whose tensors must match those shapes (expert tensors: the held experts only), or random
- * ones from seed when w is NULL. */
+ * the experts [expert0, expert0 + n_experts) (n_experts 0: all) and the lm_head rows
+ * [lm_row0, lm_row0 + lm_rows) (lm_rows 0: all), with weights copied from w, whose tensors
+ * must match those shapes (expert tensors: the held experts only; lm_head: the held rows),
+ * or random ones from seed when w is NULL (the whole model's values of the held parts). */
 gptoss_status gptoss_cuda_state_create_rank(const gptoss_config *config,
                                             const gptoss_backend_options *options,
                                             const gptoss_weights *w, uint64_t seed, int32_t expert0,
-                                            int32_t n_experts, gptoss_cuda_state **out,
-                                            gptoss_error *error);
+                                            int32_t n_experts, int32_t lm_row0, int32_t lm_rows,
+                                            gptoss_cuda_state **out, gptoss_error *error);
 
 /* The step, then the summaries reduced on the GPU: n_top ids and values and one float per
  * row cross to the host, plus only the rows asked for whole. */
@@ -254,6 +261,9 @@ gptoss_status gptoss_cuda_tp_graph_barrier(gptoss_cuda_state *s, gptoss_error *e
  * tp_size is 1). */
 gptoss_status gptoss_cuda_tp_allreduce(gptoss_cuda_state *s, float *buf, size_t n,
                                        gptoss_error *error);
+/* lm_head split by vocabulary: gathers every rank's part [NL, lm_rows] (w->lm_part) and,
+ * on rank 0, puts the rows together in w->logits [NL, V]. */
+gptoss_status gptoss_cuda_tp_gather_logits(gptoss_cuda_state *s, int32_t NL, gptoss_error *error);
 /* Turns the top-k of T tokens into this rank's expert indices (expert - tp_expert0); slots
  * of other ranks' experts get weight 0 and compute one of the rank's experts instead (the
  * token's first local one), so they add nothing and read no other weights. */

@@ -98,7 +98,9 @@ gptoss_status gptoss_cuda_workspace_ensure(gptoss_cuda_state *s, int32_t n_token
         /* split-K partials exist only while n_tokens * n_kv_heads * splits < 4 * SMs (see
          * gptoss_cuda_attention_splits), i.e. n_tokens * n_heads * splits < 4 * SMs * group */
         size_t part = (size_t)4 * s->dev.n_sms * (NH / NKV) * (D + 2);
-        size_t sizes[16] = {(size_t)T * H * 4,
+        /* lm_head split by vocabulary: this rank's columns, and every rank's (V in all) */
+        const bool lm_split = (size_t)s->lm_rows < V;
+        size_t sizes[18] = {(size_t)T * H * 4,
                             (size_t)T * H * 2,
                             (size_t)T * H * 4,
                             (size_t)T * QKV * 4,
@@ -113,9 +115,11 @@ gptoss_status gptoss_cuda_workspace_ensure(gptoss_cuda_state *s, int32_t n_token
                             part * 4,
                             (size_t)NL * H * 2,
                             (size_t)NL * V * 4,
-                            16};
+                            16,
+                            lm_split ? (size_t)NL * s->lm_rows * 4 : 0,
+                            lm_split ? (size_t)NL * V * 4 : 0};
         size_t total = 0;
-        for (int i = 0; i < 16; i++)
+        for (int i = 0; i < 18; i++)
             total += align_up(sizes[i]);
         if (w->base) {
             cudaStreamSynchronize(s->stream);
@@ -129,14 +133,14 @@ gptoss_status gptoss_cuda_workspace_ensure(gptoss_cuda_state *s, int32_t n_token
         }
         w->bytes = total;
         char *p = (char *)w->base;
-        void **slots[16] = {
-            (void **)&w->x,          (void **)&w->t,        (void **)&w->t_f32,
-            (void **)&w->qkv,        (void **)&w->q,        (void **)&w->attn,
-            (void **)&w->proj,       (void **)&w->topk_idx, (void **)&w->topk_weight,
-            (void **)&w->route_mem,  (void **)&w->h,        (void **)&w->y,
-            (void **)&w->partial,    (void **)&w->lm_in,    (void **)&w->logits,
-            (void **)&w->router_done};
-        for (int i = 0; i < 16; i++) {
+        void **slots[18] = {
+            (void **)&w->x,           (void **)&w->t,        (void **)&w->t_f32,
+            (void **)&w->qkv,         (void **)&w->q,        (void **)&w->attn,
+            (void **)&w->proj,        (void **)&w->topk_idx, (void **)&w->topk_weight,
+            (void **)&w->route_mem,   (void **)&w->h,        (void **)&w->y,
+            (void **)&w->partial,     (void **)&w->lm_in,    (void **)&w->logits,
+            (void **)&w->router_done, (void **)&w->lm_part,  (void **)&w->lm_gather};
+        for (int i = 0; i < 18; i++) {
             *slots[i] = p;
             p += align_up(sizes[i]);
         }
@@ -427,9 +431,14 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         if (!ABLATED(NORMS)) TRY(residual_next_norm(s, l, key, d_logit, error));
         MARK(PART_SMALL);
     }
-    /* tensor parallelism: every rank holds the same final rows; rank 0 alone makes logits */
-    if (!ABLATED(LM_HEAD) && s->tp_rank == 0)
+    /* tensor parallelism: every rank holds the same final rows; rank 0 alone makes logits,
+     * or with lm_head split by vocabulary every rank its columns, gathered on rank 0 */
+    if (!ABLATED(LM_HEAD) && s->lm_rows < c->vocab_size) {
+        TRY(gemm_bf16(s, s->lm_head, w->lm_in, w->lm_part, NL, s->lm_rows, H, false, error));
+        TRY(gptoss_cuda_tp_gather_logits(s, NL, error));
+    } else if (!ABLATED(LM_HEAD) && s->tp_rank == 0) {
         TRY(gemm_bf16(s, s->lm_head, w->lm_in, w->logits, NL, c->vocab_size, H, false, error));
+    }
     MARK(PART_LM_HEAD);
     CUDA_TRY(cudaGetLastError(), "kernel launch");
     return GPTOSS_OK;

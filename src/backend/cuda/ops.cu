@@ -55,10 +55,11 @@ static gptoss_status check_supported(const gptoss_config *c, gptoss_error *error
 
 /* Creates everything except the weights' contents: tuning, device, stream, cuBLAS, weight
  * buffers, the workspace asked for, KV pages. n_experts > 0: only the experts [expert0,
- * expert0 + n_experts) are held (a tensor-parallel rank), else all. */
+ * expert0 + n_experts) are held (a tensor-parallel rank), else all; lm_rows > 0: only the
+ * lm_head rows [lm_row0, lm_row0 + lm_rows), else all. */
 static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backend_options *options,
-                                 int32_t expert0, int32_t n_experts, gptoss_cuda_state **out,
-                                 gptoss_error *error) {
+                                 int32_t expert0, int32_t n_experts, int32_t lm_row0,
+                                 int32_t lm_rows, gptoss_cuda_state **out, gptoss_error *error) {
     gptoss_status st = check_supported(config, error);
     if (st) return st;
     gptoss_cuda_tuning tuning;
@@ -79,6 +80,8 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     s->tp_size = 1;
     s->tp_expert0 = n_experts > 0 ? expert0 : 0;
     s->tp_n_experts = n_experts > 0 ? n_experts : config->n_experts;
+    s->lm_row0 = lm_rows > 0 ? lm_row0 : 0;
+    s->lm_rows = lm_rows > 0 ? lm_rows : config->vocab_size;
     st = gptoss_cuda_diagnostics_init(s, error);
     if (st) return st;
     CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -94,6 +97,9 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     size_t weight_bytes = gptoss_cuda_weights_bytes(&held, s->fp8_layers) +
                           (size_t)config->n_layers * (config->n_experts - s->tp_n_experts) *
                               ((size_t)config->hidden_size * 6 + 4);
+    /* lm_head rows not held (2 bytes a weight, or about 1 in FP8) */
+    weight_bytes -= (size_t)(config->vocab_size - s->lm_rows) * config->hidden_size *
+                    ((s->fp8_layers & GPTOSS_FP8_LM_HEAD) ? 1 : 2);
     st = gptoss_cuda_kv_plan(s, options, weight_bytes, error);
     if (st) return st;
     st = gptoss_cuda_weights_alloc(s, error);
@@ -131,7 +137,7 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
                                               const gptoss_backend_options *options, uint64_t seed,
                                               gptoss_cuda_state **out, gptoss_error *error) {
     gptoss_cuda_state *s = NULL;
-    gptoss_status st = state_alloc(config, options, 0, 0, &s, error);
+    gptoss_status st = state_alloc(config, options, 0, 0, 0, 0, &s, error);
     if (st == GPTOSS_OK) st = gptoss_cuda_weights_random(s, options, seed, error);
     if (st == GPTOSS_OK) st = gptoss_cuda_weights_finish(s, error);
     if (st) {
@@ -145,10 +151,11 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
 gptoss_status gptoss_cuda_state_create_rank(const gptoss_config *config,
                                             const gptoss_backend_options *options,
                                             const gptoss_weights *w, uint64_t seed, int32_t expert0,
-                                            int32_t n_experts, gptoss_cuda_state **out,
-                                            gptoss_error *error) {
+                                            int32_t n_experts, int32_t lm_row0, int32_t lm_rows,
+                                            gptoss_cuda_state **out, gptoss_error *error) {
     gptoss_cuda_state *s = NULL;
-    gptoss_status st = state_alloc(config, options, expert0, n_experts, &s, error);
+    gptoss_status st =
+        state_alloc(config, options, expert0, n_experts, lm_row0, lm_rows, &s, error);
     if (st == GPTOSS_OK)
         st = w ? gptoss_cuda_weights_upload(s, w, options, error)
                : gptoss_cuda_weights_random(s, options, seed, error);
@@ -167,7 +174,7 @@ static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_optio
                                  void **state, gptoss_error *error) {
     gptoss_cuda_state *s = NULL;
     gptoss_status st = gptoss_cuda_state_create_rank(
-        gptoss_model_config(model), options, gptoss_model_weights(model), 0, 0, 0, &s, error);
+        gptoss_model_config(model), options, gptoss_model_weights(model), 0, 0, 0, 0, 0, &s, error);
     if (st) return st;
     options->n_kv_blocks = s->n_kv_blocks;
     options->n_sliding_kv_blocks = s->n_sliding_kv_blocks;

@@ -57,6 +57,8 @@ typedef struct nccl_api {
     nccl_result_t (*comm_init_all)(nccl_comm_t *comms, int n, const int *devices);
     nccl_result_t (*all_reduce)(const void *send, void *recv, size_t count, int dtype, int op,
                                 nccl_comm_t comm, cudaStream_t stream);
+    nccl_result_t (*all_gather)(const void *send, void *recv, size_t send_count, int dtype,
+                                nccl_comm_t comm, cudaStream_t stream);
     nccl_result_t (*comm_destroy)(nccl_comm_t comm);
     nccl_result_t (*comm_abort)(nccl_comm_t comm);
     const char *(*error_string)(nccl_result_t result);
@@ -103,6 +105,7 @@ static void nccl_load_once(void) {
     } while (0)
     NCCL_SYM(comm_init_all, "ncclCommInitAll");
     NCCL_SYM(all_reduce, "ncclAllReduce");
+    NCCL_SYM(all_gather, "ncclAllGather");
     NCCL_SYM(comm_destroy, "ncclCommDestroy");
     NCCL_SYM(comm_abort, "ncclCommAbort");
     NCCL_SYM(error_string, "ncclGetErrorString");
@@ -134,6 +137,32 @@ gptoss_status gptoss_cuda_tp_allreduce(gptoss_cuda_state *s, float *buf, size_t 
         g_nccl.all_reduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM, (nccl_comm_t)s->tp_comm, s->stream);
     gptoss_cuda_tp_phase(s, was);
     return nccl_check(r, "all-reduce", error);
+}
+
+/* rows [NL, V] from parts [n, NL, V/n]: part r holds the columns [r V/n, (r+1) V/n). */
+static __global__ void join_logits_kernel(const float *parts, float *rows, int32_t NL, int32_t cols,
+                                          int32_t n) {
+    const size_t total = (size_t)NL * cols * n;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t j = i % cols, rest = i / cols, row = rest % NL, r = rest / NL;
+        rows[row * (size_t)cols * n + r * cols + j] = parts[i];
+    }
+}
+
+gptoss_status gptoss_cuda_tp_gather_logits(gptoss_cuda_state *s, int32_t NL, gptoss_error *error) {
+    if (NL <= 0 || s->tp_size <= 1) return GPTOSS_OK;
+    cuda_workspace *w = &s->ws;
+    const char *was = __atomic_load_n(&s->tp_phase, __ATOMIC_ACQUIRE);
+    gptoss_cuda_tp_phase(s, "in ncclAllGather");
+    nccl_result_t r = g_nccl.all_gather(w->lm_part, w->lm_gather, (size_t)NL * s->lm_rows,
+                                        NCCL_FLOAT32, (nccl_comm_t)s->tp_comm, s->stream);
+    gptoss_cuda_tp_phase(s, was);
+    gptoss_status st = nccl_check(r, "logits all-gather", error);
+    if (st || s->tp_rank != 0) return st;
+    join_logits_kernel<<<1024, 256, 0, s->stream>>>(w->lm_gather, w->logits, NL, s->lm_rows,
+                                                    s->tp_size);
+    return GPTOSS_OK;
 }
 
 /* One thread per token: local experts become indices into the rank's experts; slots of
@@ -212,7 +241,8 @@ typedef struct tp_backend {
     pthread_cond_t sync_cv;
     int32_t sync_count;
     uint64_t sync_gen;
-    bool graphs; /* GPTOSS_TP_GRAPHS: decode steps may be captured */
+    bool graphs;        /* GPTOSS_TP_GRAPHS: decode steps may be captured */
+    bool split_lm_head; /* GPTOSS_TP_SPLIT_LM_HEAD: lm_head split by vocabulary */
     /* the watchdog (under mu): the job running since job_t0, named job_what, bounded by
      * job_limit_s seconds (0: not watched) */
     pthread_t watchdog;
@@ -569,18 +599,24 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
     gptoss_config rc = *c;
     rc.n_heads = sl.n_heads;
     rc.n_kv_heads = sl.n_kv_heads;
+    /* lm_head by vocabulary: where asked, the vocabulary divides evenly and its rows can be
+     * sliced (bf16 in the checkpoint) */
+    const bool lm_split = r->tp->split_lm_head && c->vocab_size % n == 0 &&
+                          (!a->weights || a->weights->lm_head.dtype == GPTOSS_DTYPE_BF16);
+    const int32_t lm_rows = lm_split ? c->vocab_size / n : 0, lm_row0 = r->rank * lm_rows;
     gptoss_backend_options o = *a->options;
     o.device = a->options->device + r->rank;
     if (r->rank > 0) o.progress = NULL; /* one progress report: rank 0's */
     gptoss_status st;
     if (!a->weights) {
-        st = gptoss_cuda_state_create_rank(&rc, &o, NULL, a->seed, sl.expert0, sl.n_experts, &r->s,
-                                           error);
+        st = gptoss_cuda_state_create_rank(&rc, &o, NULL, a->seed, sl.expert0, sl.n_experts,
+                                           lm_row0, lm_rows, &r->s, error);
         if (!st) st = rank_random_as_whole(r->s, c, &sl, a->seed, error);
     } else {
         const gptoss_weights *w = a->weights;
         const size_t H = c->hidden_size, D = c->head_dim, NH = c->n_heads;
         gptoss_weights v = *w;
+        if (lm_split) v.lm_head = tensor_rows(&w->lm_head, (size_t)lm_row0, (size_t)lm_rows, H);
         v.layers = (gptoss_layer_weights *)calloc((size_t)w->n_layers, sizeof *v.layers);
         const size_t o_elems = H * sl.n_heads * D;
         void *o_cols = malloc((size_t)w->n_layers * o_elems * 2);
@@ -623,8 +659,8 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
             lv->o_weight.shape[1] = (int64_t)(sl.n_heads * D);
         }
         if (!st)
-            st = gptoss_cuda_state_create_rank(&rc, &o, &v, 0, sl.expert0, sl.n_experts, &r->s,
-                                               error);
+            st = gptoss_cuda_state_create_rank(&rc, &o, &v, 0, sl.expert0, sl.n_experts, lm_row0,
+                                               lm_rows, &r->s, error);
         free(o_cols);
         free(v.layers);
     }
@@ -663,9 +699,18 @@ static gptoss_status rank_warm_up(tp_rank *r, void *arg, gptoss_error *error) {
 
 /* Seconds a step or the warm-up may take before the watchdog ends the process: 60 (a
  * 120b prefill step of 8192 tokens takes about a second), or GPTOSS_TP_TIMEOUT (0: never). */
-static gptoss_status tp_env(double *timeout_s, bool *graphs, gptoss_error *error) {
+static gptoss_status tp_env(double *timeout_s, bool *graphs, bool *split_lm_head,
+                            gptoss_error *error) {
     *timeout_s = 60;
     *graphs = false;
+    *split_lm_head = false;
+    const char *l = getenv("GPTOSS_TP_SPLIT_LM_HEAD");
+    if (l && *l) {
+        if (strcmp(l, "0") && strcmp(l, "1"))
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "GPTOSS_TP_SPLIT_LM_HEAD is '%s'; it must be 0 or 1", l);
+        *split_lm_head = l[0] == '1';
+    }
     const char *t = getenv("GPTOSS_TP_TIMEOUT");
     if (t && *t) {
         char *end = NULL;
@@ -696,8 +741,8 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     st = gptoss_tp_check_config(config, n, options->device, gptoss_cuda_count_devices(), error);
     if (st) return st;
     double timeout_s = 0;
-    bool graphs = false;
-    st = tp_env(&timeout_s, &graphs, error);
+    bool graphs = false, split_lm_head = false;
+    st = tp_env(&timeout_s, &graphs, &split_lm_head, error);
     if (st) return st;
     st = nccl_load(error);
     if (st) return st;
@@ -714,6 +759,7 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     if (!tp) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
     tp->n = n;
     tp->graphs = graphs;
+    tp->split_lm_head = split_lm_head;
     tp->timeout_s = timeout_s;
     pthread_mutex_init(&tp->mu, NULL);
     pthread_mutex_init(&tp->abort_mu, NULL);
@@ -786,6 +832,11 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     else
         GPTOSS_LOG_I("cuda", "tensor parallel: decode steps run without CUDA graphs "
                              "(GPTOSS_TP_GRAPHS=1 captures them)");
+    if (tp->ranks[0].s->lm_rows < config->vocab_size)
+        GPTOSS_LOG_I("cuda",
+                     "tensor parallel: lm_head split by vocabulary, %d rows per GPU "
+                     "(GPTOSS_TP_SPLIT_LM_HEAD=1)",
+                     (int)tp->ranks[0].s->lm_rows);
     if (tp->timeout_s > 0)
         GPTOSS_LOG_I("cuda",
                      "tensor parallel: a step running over %.0f s ends the process "

@@ -94,7 +94,8 @@ gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *erro
         s->weight_bytes += (bytes);                                                                \
     } while (0)
     ALLOC(s->embedding, V * H * 2, "the embedding");
-    st = dense_alloc(s, &s->lm_head, V, H, s->fp8_layers & GPTOSS_FP8_LM_HEAD, "lm_head", error);
+    st = dense_alloc(s, &s->lm_head, (size_t)s->lm_rows, H, s->fp8_layers & GPTOSS_FP8_LM_HEAD,
+                     "lm_head", error);
     if (st) return st;
     ALLOC(s->final_norm, H * 4, "the final norm");
     ALLOC(s->inv_freq, D / 2 * 4, "RoPE tables");
@@ -306,7 +307,7 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
         goto done;
     }
     TRY(upload_bf16_matrix(&u, s->embedding, &w->embedding, V * H, error));
-    TRY(upload_dense(&u, &s->lm_head, 0, V, H, &w->lm_head, error));
+    TRY(upload_dense(&u, &s->lm_head, 0, (size_t)s->lm_rows, H, &w->lm_head, error));
     TRY(upload_vector_f32(&u, s->final_norm, &w->final_norm, H, error));
     for (int l = 0; l < c->n_layers; l++) {
         const gptoss_layer_weights *lw = &w->layers[l];
@@ -373,19 +374,20 @@ gptoss_status gptoss_cuda_weights_finish(gptoss_cuda_state *s, gptoss_error *err
 
 /* ---- random weights (bench) ----------------------------------------------------------- */
 
-/* N(0, sd) values for a dense [n, k] matrix: generated in place, or, for an FP8 matrix, in
- * blocks of rows in the scratch and quantized into place (from the values the bf16 matrix
- * gets from the same seed). Enqueued on s->stream; the caller checks for errors. */
+/* N(0, sd) values for a dense [n, k] matrix, rows [row0, row0 + n) of the matrix the seed
+ * gives: generated in place, or, for an FP8 matrix, in blocks of rows in the scratch and
+ * quantized into place (from the values the bf16 matrix gets from the same seed). Enqueued on
+ * s->stream; the caller checks for errors. */
 static void fill_dense_random(gptoss_cuda_state *s, gptoss_cuda_dense_weight *w, size_t n, size_t k,
-                              uint64_t seed, float sd) {
+                              size_t row0, uint64_t seed, float sd) {
     if (w->w_bf16) {
-        gptoss_cuda_fill_normal_bf16(w->w_bf16, n * k, seed, 0.0f, sd, s->stream);
+        gptoss_cuda_fill_normal_bf16_at(w->w_bf16, n * k, row0 * k, seed, 0.0f, sd, s->stream);
         return;
     }
     const size_t block = s->dense_scratch_elems / k;
     for (size_t r = 0; r < n; r += block) {
         size_t rows = n - r < block ? n - r : block;
-        gptoss_cuda_fill_normal_bf16_at(s->dense_scratch, rows * k, r * k, seed, 0.0f, sd,
+        gptoss_cuda_fill_normal_bf16_at(s->dense_scratch, rows * k, (row0 + r) * k, seed, 0.0f, sd,
                                         s->stream);
         gptoss_cuda_quantize_e4m3_rows(s->dense_scratch, (int32_t)rows, (int32_t)k,
                                        w->w_e4m3 + r * k, w->row_scale + r, s->stream);
@@ -409,15 +411,16 @@ gptoss_status gptoss_cuda_weights_random(gptoss_cuda_state *s,
     int s0_h = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)H))));
     int s0_i = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)I))));
     gptoss_cuda_fill_normal_bf16(s->embedding, V * H, n++, 0.0f, 1.0f, k);
-    fill_dense_random(s, &s->lm_head, V, H, n++, lin_h);
+    /* the rows held of the whole model's lm_head (tensor parallelism may hold a share) */
+    fill_dense_random(s, &s->lm_head, (size_t)s->lm_rows, H, (size_t)s->lm_row0, n++, lin_h);
     gptoss_cuda_fill_normal_f32(s->final_norm, H, n++, 1.0f, 0.05f, k);
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &s->layers[l];
         gptoss_cuda_fill_normal_f32(L->attn_norm, H, n++, 1.0f, 0.05f, k);
         gptoss_cuda_fill_normal_f32(L->mlp_norm, H, n++, 1.0f, 0.05f, k);
-        fill_dense_random(s, &L->qkv_weight, QKV, H, n++, lin_h);
+        fill_dense_random(s, &L->qkv_weight, QKV, H, 0, n++, lin_h);
         gptoss_cuda_fill_normal_f32(L->qkv_bias, QKV, n++, 0.0f, 0.02f, k);
-        fill_dense_random(s, &L->o_weight, H, NH * D, n++, lin_q);
+        fill_dense_random(s, &L->o_weight, H, NH * D, 0, n++, lin_q);
         gptoss_cuda_fill_normal_f32(L->o_bias, H, n++, 0.0f, 0.02f, k);
         gptoss_cuda_fill_normal_f32(L->sinks, NH, n++, 0.0f, 1.0f, k);
         gptoss_cuda_fill_normal_bf16(L->router_weight, E * H, n++, 0.0f, lin_h, k);
