@@ -4,6 +4,7 @@
  * ever sees a plan that could make it read or write outside its KV pools.
  */
 #include "backend/backend.h"
+#include "backend/tp_split.h"
 #include "backend/kv_fp8.h"
 #include "backend/sampling_ref.h"
 #include "util/error.h"
@@ -210,11 +211,14 @@ static gptoss_status backend_prepare(const gptoss_backend_options *options, gpto
             error, GPTOSS_ERR_INVALID_ARGUMENT,
             "backend: kv_cache_dtype %d is neither GPTOSS_KV_CACHE_BF16 nor GPTOSS_KV_CACHE_FP8",
             (int)o.kv_cache_dtype);
+    gptoss_status tp_st = gptoss_tp_check_options(o.tensor_parallel_size, o.kind, error);
+    if (tp_st) return tp_st;
+    if (o.tensor_parallel_size < 1) o.tensor_parallel_size = 1;
     const gptoss_backend_ops *ops = NULL;
     if (o.kind == GPTOSS_BACKEND_CPU) ops = &gptoss_cpu_backend_ops;
 #ifdef GPTOSS_WITH_CUDA
     else if (o.kind == GPTOSS_BACKEND_CUDA)
-        ops = &gptoss_cuda_backend_ops;
+        ops = o.tensor_parallel_size > 1 ? &gptoss_cuda_tp_backend_ops : &gptoss_cuda_backend_ops;
 #endif
     else if (o.kind == GPTOSS_BACKEND_CUDA)
         return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,

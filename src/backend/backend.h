@@ -41,6 +41,8 @@ typedef struct gptoss_backend_ops {
 extern const gptoss_backend_ops gptoss_cpu_backend_ops;
 #ifdef GPTOSS_WITH_CUDA
 extern const gptoss_backend_ops gptoss_cuda_backend_ops;
+/* The CUDA backend over tensor_parallel_size GPUs (tp.cu). */
+extern const gptoss_backend_ops gptoss_cuda_tp_backend_ops;
 /* Whether GPU `ordinal` exists and can run gptoss (device.cu); touches no model. */
 gptoss_status gptoss_cuda_check_device(int32_t ordinal, gptoss_error *error);
 

@@ -277,6 +277,12 @@ int gptoss_cmd_bench(int argc, char **argv) {
     rq.cuda_profile = (gptoss_cuda_profile)mo.cuda_profile;
     rq.weights_in_host_memory = mo.weights_in_host_memory;
     rq.batch_invariant = mo.batch_invariant;
+    rq.tensor_parallel_size = mo.tensor_parallel > 1 ? (int32_t)mo.tensor_parallel : 1;
+    if (rq.tensor_parallel_size > 1) {
+        size_t used = strlen(label);
+        snprintf(label + used, sizeof label - used, ", tensor parallel %d",
+                 (int)rq.tensor_parallel_size);
+    }
     rq.progress = cli_stderr_is_tty() ? cli_progress : NULL;
     gptoss_bench_report *report = malloc(sizeof *report);
     gptoss_status st = report ? gptoss_cuda_bench(&rq, report, &err)

@@ -357,12 +357,15 @@ int gptoss_cmd_serve(int argc, char **argv) {
         if (where.world_size > 1)
             return cli_usage_error(
                 "serve",
-                "this is process %d of %d (%s), but serving across processes or nodes needs "
-                "tensor or expert parallelism (--tensor-parallel-size), which this build does "
-                "not have yet. Serve on each node alone instead (--data-parallel-size over its "
-                "GPUs) behind a load balancer.",
+                "this is process %d of %d (%s), but serving across processes or nodes is not "
+                "supported (--tensor-parallel-size splits a model over the GPUs of one host). "
+                "Serve on each node alone instead (--data-parallel-size or "
+                "--tensor-parallel-size over its GPUs) behind a load balancer.",
                 where.rank, where.world_size, gptoss_dist_source_name(where.source));
     }
+    if (n_dp > 1 && bo.tensor_parallel_size > 1)
+        return cli_usage_error("serve", "--data-parallel-size and --tensor-parallel-size cannot be "
+                                        "combined yet; choose one");
     if (bo.kind == GPTOSS_BACKEND_CUDA && n_dp > 1) {
         int32_t visible = gptoss_cuda_device_count();
         if (bo.device + n_dp > visible)
@@ -511,7 +514,10 @@ int gptoss_cmd_serve(int argc, char **argv) {
         /* Every engine must take the same requests: the smallest context bounds them all. */
         if (i == 0 || eo_i.max_model_len < eo.max_model_len) eo = eo_i;
         char where[64] = "";
-        if (n_dp > 1 && bo_i.kind == GPTOSS_BACKEND_CUDA)
+        if (bo_i.tensor_parallel_size > 1) /* the KV MiB below: all the GPUs together */
+            snprintf(where, sizeof where, "tensor parallel over GPUs %d..%d: ", bo_i.device,
+                     bo_i.device + bo_i.tensor_parallel_size - 1);
+        else if (n_dp > 1 && bo_i.kind == GPTOSS_BACKEND_CUDA)
             snprintf(where, sizeof where, "engine %d on GPU %d: ", i, bo_i.device);
         else if (n_dp > 1)
             snprintf(where, sizeof where, "engine %d (%d thread%s): ", i, bo_i.n_threads,

@@ -5,6 +5,7 @@
 #include "options.h"
 
 #include "cli.h"
+#include "backend/tp_split.h"
 #include "loader/hf_cache.h"
 
 #include <errno.h>
@@ -265,6 +266,15 @@ void cli_model_option_table(cli_model_options *m, cli_option table[CLI_MODEL_N_O
                             .help = "every request's logits bitwise the same whatever else\n"
                                     "shares its steps (one kernel per operation; slower on\n"
                                     "CUDA, see docs/batch-invariance.md)"};
+    table[9] = (cli_option){.name = "tensor-parallel-size",
+                            .kind = CLI_INT,
+                            .target = &m->tensor_parallel,
+                            .value = "N",
+                            .lo = 1,
+                            .hi = 8,
+                            .help = "CUDA: split each layer over N GPUs of this host, --device\n"
+                                    "onwards (1, 2, 4 or 8; default 1; needs NCCL)",
+                            .error = "--tensor-parallel-size needs 1, 2, 4 or 8"};
 }
 
 int cli_model_options_apply(const char *cmd, const cli_model_options *m,
@@ -284,6 +294,12 @@ int cli_model_options_apply(const char *cmd, const cli_model_options *m,
     bo->weights_in_host_memory = m->weights_in_host_memory;
     bo->n_threads = (int32_t)m->threads;
     bo->device = (int32_t)m->device;
+    bo->tensor_parallel_size = m->tensor_parallel > 0 ? (int32_t)m->tensor_parallel : 1;
+    gptoss_error tp_error = {0};
+    if (gptoss_tp_check_options(bo->tensor_parallel_size, bo->kind, &tp_error)) {
+        fprintf(stderr, "gptoss %s: %s\n", cmd, tp_error.message);
+        return 2;
+    }
     bo->fp8_layers = m->fp8_layers;
     bo->kv_cache_dtype = m->kv_cache_dtype;
     bo->batch_invariant = m->batch_invariant;

@@ -76,6 +76,7 @@ typedef struct cli_model_options {
     int backend; /* -1: cuda when built with it, else cpu; else an index of "cpu", "cuda" */
     int64_t threads;
     int64_t device;
+    int64_t tensor_parallel; /* --tensor-parallel-size (0: not given) */
     uint32_t fp8_layers;
     gptoss_kv_cache_dtype kv_cache_dtype;
     int cuda_profile;            /* gptoss_cuda_profile: an index of auto, ampere, ada, hopper */
@@ -83,7 +84,7 @@ typedef struct cli_model_options {
     bool batch_invariant;
 } cli_model_options;
 
-enum { CLI_MODEL_N_OPTIONS = 9 };
+enum { CLI_MODEL_N_OPTIONS = 10 };
 
 cli_model_options cli_model_options_default(void);
 

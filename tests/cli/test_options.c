@@ -202,6 +202,19 @@ int main(void) {
     CHECK(cli_parse_options("x", 3, bad_threads, &g, 1, &help) == 2);
     char *bad_device[] = {"x", "--device", "65"};
     CHECK(cli_parse_options("x", 3, bad_device, &g, 1, &help) == 2);
+    CHECK(bo.tensor_parallel_size == 1); /* not given: one GPU */
+    /* tensor parallelism: parsed, bounded, and refused on the CPU backend */
+    char *tp_cpu[] = {"x", "--backend", "cpu", "--tensor-parallel-size", "2"};
+    CHECK(cli_parse_options("x", 5, tp_cpu, &g, 1, &help) == 0 && mo.tensor_parallel == 2);
+    CHECK(cli_model_options_apply("x", &mo, &bo) == 2);
+    char *tp_three[] = {"x", "--tensor-parallel-size", "3"};
+    mo.backend = 1;
+    CHECK(cli_parse_options("x", 3, tp_three, &g, 1, &help) == 0 && mo.tensor_parallel == 3);
+    CHECK(cli_model_options_apply("x", &mo, &bo) == 2); /* 1, 2, 4 or 8 only */
+    char *tp_big[] = {"x", "--tensor-parallel-size", "16"};
+    CHECK(cli_parse_options("x", 3, tp_big, &g, 1, &help) == 2);
+    mo.tensor_parallel = 0;
+    mo.backend = 0;
     char *bad_backend[] = {"x", "--backend", "tpu"};
     CHECK(cli_parse_options("x", 3, bad_backend, &g, 1, &help) == 2);
     char *bad_fp8[] = {"x", "--fp8-layers", "qkv,"};

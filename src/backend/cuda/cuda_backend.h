@@ -68,6 +68,8 @@ typedef struct cuda_workspace {
     float *partial;     /* split-K attention partials */
     size_t partial_floats;
     bf16 *lm_in;           /* [n_logits, H] */
+    float *lm_part;        /* lm_head split by vocabulary (tp.cu): [n_logits, lm_rows] */
+    float *lm_gather;      /* and every rank's part: [tp_size, n_logits, lm_rows] */
     float *logits;         /* [n_logits, V] */
     unsigned *router_done; /* [1] blocks of the fused router done (kept at 0 between launches) */
     int32_t *plan_dev;     /* device copy of the step's integer arrays */
@@ -149,6 +151,20 @@ typedef struct gptoss_cuda_state {
     /* gptoss_backend_options.batch_invariant: one kernel per operation for every step, each
      * with a fixed reduction order (forward.cu, kernels/batch_invariant.cu) */
     bool batch_invariant;
+    /* Tensor parallelism (tp.cu): this state is rank tp_rank of tp_size; config holds the
+     * rank's heads (tp_split.h), the router all experts, L->moe only the experts [tp_expert0,
+     * tp_expert0 + tp_n_experts) (moe index = expert - tp_expert0). tp_size 1: a whole
+     * model (tp_n_experts = n_experts), tp_comm NULL. */
+    int32_t tp_rank, tp_size, tp_expert0, tp_n_experts;
+    /* lm_head holds the vocabulary rows [lm_row0, lm_row0 + lm_rows): all of them, or with
+     * tensor parallelism and GPTOSS_TP_SPLIT_LM_HEAD=1 the rank's 1/tp_size (every rank then
+     * computes its logits columns and an all-gather puts the rows together on rank 0) */
+    int32_t lm_row0, lm_rows;
+    void *tp_comm; /* the rank's NCCL communicator */
+    /* where this rank's host thread is in a step (a static string; __atomic: the watchdog of
+     * tp.cu names it when a step hangs); set through gptoss_cuda_tp_phase */
+    const char *tp_phase;
+    void *tp_group; /* the group (tp.cu) of every rank (bench: gptoss_cuda_tp_step on rank 0) */
 } gptoss_cuda_state;
 
 /* Components of a step for profiling (index into gptoss_bench_part_names). */
@@ -163,6 +179,17 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
                                               gptoss_cuda_state **out, gptoss_error *error);
 
 void gptoss_cuda_state_free(gptoss_cuda_state *state);
+
+/* Creates a state for config (a whole model, or one tensor-parallel rank's heads) holding
+ * the experts [expert0, expert0 + n_experts) (n_experts 0: all) and the lm_head rows
+ * [lm_row0, lm_row0 + lm_rows) (lm_rows 0: all), with weights copied from w, whose tensors
+ * must match those shapes (expert tensors: the held experts only; lm_head: the held rows),
+ * or random ones from seed when w is NULL (the whole model's values of the held parts). */
+gptoss_status gptoss_cuda_state_create_rank(const gptoss_config *config,
+                                            const gptoss_backend_options *options,
+                                            const gptoss_weights *w, uint64_t seed, int32_t expert0,
+                                            int32_t n_experts, int32_t lm_row0, int32_t lm_rows,
+                                            gptoss_cuda_state **out, gptoss_error *error);
 
 /* The step, then the summaries reduced on the GPU: n_top ids and values and one float per
  * row cross to the host, plus only the rows asked for whole. */
@@ -223,5 +250,36 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *state, const gptoss_
 gptoss_status gptoss_cuda_forward_sample(void *state, const gptoss_batch_plan *plan,
                                          const gptoss_sample_batch *batch, gptoss_error *error);
 void gptoss_cuda_sampler_free(struct gptoss_cuda_sampler *sampler);
+
+/* ---- tp.cu: tensor parallelism ---- */
+
+/* The ops table of a tensor-parallel backend (options->tensor_parallel_size > 1). */
+extern "C" const gptoss_backend_ops gptoss_cuda_tp_backend_ops;
+/* Rank 0's state of a group the table above created. */
+gptoss_cuda_state *gptoss_cuda_tp_rank0(void *group);
+/* One validated plan on every rank: rank 0's step is enqueued (not waited for), the others'
+ * are run and waited for (bench). */
+gptoss_status gptoss_cuda_tp_step(void *group, const gptoss_batch_plan *plan, gptoss_error *error);
+/* Records where s's thread is in a step, for the tensor-parallel watchdog's message
+ * (nothing without tensor parallelism). */
+static inline void gptoss_cuda_tp_phase(gptoss_cuda_state *s, const char *phase) {
+    if (s->tp_size > 1) __atomic_store_n(&s->tp_phase, phase, __ATOMIC_RELEASE);
+}
+/* A rank that captured a step calls this between instantiating and launching the graph:
+ * it waits for its device to go idle and for every rank of its group to get there too (an
+ * error when a peer failed meanwhile). Nothing when tp_size is 1. */
+gptoss_status gptoss_cuda_tp_graph_barrier(gptoss_cuda_state *s, gptoss_error *error);
+/* Enqueues the sum over the ranks of buf [n] f32, in place, on s->stream (nothing when
+ * tp_size is 1). */
+gptoss_status gptoss_cuda_tp_allreduce(gptoss_cuda_state *s, float *buf, size_t n,
+                                       gptoss_error *error);
+/* lm_head split by vocabulary: gathers every rank's part [NL, lm_rows] (w->lm_part) and,
+ * on rank 0, puts the rows together in w->logits [NL, V]. */
+gptoss_status gptoss_cuda_tp_gather_logits(gptoss_cuda_state *s, int32_t NL, gptoss_error *error);
+/* Turns the top-k of T tokens into this rank's expert indices (expert - tp_expert0); slots
+ * of other ranks' experts get weight 0 and compute one of the rank's experts instead (the
+ * token's first local one), so they add nothing and read no other weights. */
+void gptoss_cuda_tp_mask_experts(gptoss_cuda_state *s, int32_t *topk_idx, float *topk_weight,
+                                 int32_t T, int32_t K);
 
 #endif

@@ -87,6 +87,14 @@ typedef struct bench_seq {
     int32_t max_blocks;
 } bench_seq;
 
+/* One step: on s alone, or with tensor parallelism on every rank of s's group (s is rank 0,
+ * whose stream the timing events are on; the other ranks are waited for). */
+static gptoss_status bench_step(gptoss_cuda_state *s, const gptoss_batch_plan *plan,
+                                gptoss_error *error) {
+    if (s->tp_group) return gptoss_cuda_tp_step(s->tp_group, plan, error);
+    return gptoss_cuda_forward_device(s, plan, error);
+}
+
 static gptoss_status run_plan(gptoss_cuda_state *s, bench_seq *seq, int32_t first_pos, int32_t n,
                               std::vector<int32_t> &ids, std::vector<int32_t> &pos,
                               gptoss_error *error) {
@@ -114,7 +122,7 @@ static gptoss_status run_plan(gptoss_cuda_state *s, bench_seq *seq, int32_t firs
     plan.sliding_block_tables = NULL;
     plan.n_logits = 1;
     plan.logit_token_index = &logit_index;
-    return gptoss_cuda_forward_device(s, &plan, error);
+    return bench_step(s, &plan, error);
 }
 
 /* One decode step of B sequences (tables [B, max_blocks] in `tables`), one token each at
@@ -148,7 +156,7 @@ static gptoss_status run_batch_step(gptoss_cuda_state *s, bench_batch *b, int32_
     plan.block_tables = b->tables.data();
     plan.n_logits = B;
     plan.logit_token_index = b->logit.data();
-    return gptoss_cuda_forward_device(s, &plan, error);
+    return bench_step(s, &plan, error);
 }
 static gptoss_status fill_depth(gptoss_cuda_state *s, bench_seq *seq, int32_t depth,
                                 gptoss_error *error) {
@@ -248,7 +256,15 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     report->copy_gb_per_s = bw;
 
     gptoss_cuda_state *s = NULL;
-    if (rq->model) {
+    void *tp = NULL; /* tensor parallelism: the group; s is its rank 0 */
+    opt.tensor_parallel_size = rq->tensor_parallel_size > 1 ? rq->tensor_parallel_size : 1;
+    if (opt.tensor_parallel_size > 1) {
+        st = rq->model ? gptoss_cuda_tp_backend_ops.create(rq->model, &opt, &tp, error)
+                       : gptoss_cuda_tp_backend_ops.create_random(c, &opt, 1, &tp, error);
+        if (st) return st;
+        s = gptoss_cuda_tp_rank0(tp);
+        CUDA_TRY(cudaSetDevice(s->dev.ordinal), "cudaSetDevice");
+    } else if (rq->model) {
         void *state = NULL;
         st = gptoss_cuda_backend_ops.create(rq->model, &opt, &state, error);
         s = (gptoss_cuda_state *)state;
@@ -260,12 +276,17 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     snprintf(report->device_name, sizeof report->device_name, "%s", s->dev.name);
     snprintf(report->cuda_profile, sizeof report->cuda_profile, "%s",
              gptoss_cuda_profile_name(s->dev.profile));
-    s->tuning.graphs = rq->use_graphs;
+    /* tensor parallelism: only where the group allows graphs (GPTOSS_TP_GRAPHS); the other
+     * ranks follow rank 0 */
+    s->tuning.graphs = rq->use_graphs && (!tp || s->tuning.graphs);
     if (rq->profile) {
         for (int i = 0; i < GPTOSS_CUDA_MAX_PROF_EVENTS; i++) {
             cudaError_t ce = cudaEventCreate(&s->prof_events[i]);
             if (ce != cudaSuccess) {
-                gptoss_cuda_state_free(s);
+                if (tp)
+                    gptoss_cuda_tp_backend_ops.destroy(tp);
+                else
+                    gptoss_cuda_state_free(s);
                 return gptoss_cuda_error(error, ce, "cudaEventCreate");
             }
         }
@@ -373,6 +394,9 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     report->kv_bytes = (double)s->kv_bytes;
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    gptoss_cuda_state_free(s);
+    if (tp)
+        gptoss_cuda_tp_backend_ops.destroy(tp);
+    else
+        gptoss_cuda_state_free(s);
     return st;
 }

@@ -270,6 +270,16 @@ void gptoss_cuda_fill_normal_f32(float *out, size_t n, uint64_t seed, float mean
                                  cudaStream_t stream);
 void gptoss_cuda_fill_uniform_u8(uint8_t *out, size_t n, uint64_t seed, int lo, int hi,
                                  cudaStream_t stream);
+/* Pieces of the fills above (tensor parallelism: a rank's slice of a whole model's random
+ * weights): f32 and u8 elements [first, first + n); bf16 rows x cols elements at first +
+ * r * stride + j, i.e. a block of columns of a longer row-major matrix. */
+void gptoss_cuda_fill_normal_f32_at(float *out, size_t n, size_t first, uint64_t seed, float mean,
+                                    float stddev, cudaStream_t stream);
+void gptoss_cuda_fill_uniform_u8_at(uint8_t *out, size_t n, size_t first, uint64_t seed, int lo,
+                                    int hi, cudaStream_t stream);
+void gptoss_cuda_fill_normal_bf16_rows(bf16 *out, size_t rows, size_t cols, size_t first,
+                                       size_t stride, uint64_t seed, float mean, float stddev,
+                                       cudaStream_t stream);
 
 /* MXFP4 expert rows [row0, row0 + n_rows) of a ggml tensor [E, R, G blocks] (src: those rows,
  * 17 bytes a block: the E8M0 scale, then qs[j] = lane j | lane j + 16 << 4) into the Hugging

@@ -113,7 +113,9 @@ gptoss_status gptoss_cuda_workspace_ensure(gptoss_cuda_state *s, int32_t n_token
         /* split-K partials exist only while n_tokens * n_kv_heads * splits < 4 * SMs (see
          * gptoss_cuda_attention_splits), i.e. n_tokens * n_heads * splits < 4 * SMs * group */
         size_t part = (size_t)4 * s->dev.n_sms * (NH / NKV) * (D + 2);
-        size_t sizes[16] = {(size_t)T * H * 4,
+        /* lm_head split by vocabulary: this rank's columns, and every rank's (V in all) */
+        const bool lm_split = (size_t)s->lm_rows < V;
+        size_t sizes[18] = {(size_t)T * H * 4,
                             (size_t)T * H * 2,
                             (size_t)T * H * 4,
                             (size_t)T * QKV * 4,
@@ -128,9 +130,11 @@ gptoss_status gptoss_cuda_workspace_ensure(gptoss_cuda_state *s, int32_t n_token
                             part * 4,
                             (size_t)NL * H * 2,
                             (size_t)NL * V * 4,
-                            16};
+                            16,
+                            lm_split ? (size_t)NL * s->lm_rows * 4 : 0,
+                            lm_split ? (size_t)NL * V * 4 : 0};
         size_t total = 0;
-        for (int i = 0; i < 16; i++)
+        for (int i = 0; i < 18; i++)
             total += align_up(sizes[i]);
         if (w->base) {
             cudaStreamSynchronize(s->stream);
@@ -144,14 +148,14 @@ gptoss_status gptoss_cuda_workspace_ensure(gptoss_cuda_state *s, int32_t n_token
         }
         w->bytes = total;
         char *p = (char *)w->base;
-        void **slots[16] = {
-            (void **)&w->x,          (void **)&w->t,        (void **)&w->t_f32,
-            (void **)&w->qkv,        (void **)&w->q,        (void **)&w->attn,
-            (void **)&w->proj,       (void **)&w->topk_idx, (void **)&w->topk_weight,
-            (void **)&w->route_mem,  (void **)&w->h,        (void **)&w->y,
-            (void **)&w->partial,    (void **)&w->lm_in,    (void **)&w->logits,
-            (void **)&w->router_done};
-        for (int i = 0; i < 16; i++) {
+        void **slots[18] = {
+            (void **)&w->x,           (void **)&w->t,        (void **)&w->t_f32,
+            (void **)&w->qkv,         (void **)&w->q,        (void **)&w->attn,
+            (void **)&w->proj,        (void **)&w->topk_idx, (void **)&w->topk_weight,
+            (void **)&w->route_mem,   (void **)&w->h,        (void **)&w->y,
+            (void **)&w->partial,     (void **)&w->lm_in,    (void **)&w->logits,
+            (void **)&w->router_done, (void **)&w->lm_part,  (void **)&w->lm_gather};
+        for (int i = 0; i < 18; i++) {
             *slots[i] = p;
             p += align_up(sizes[i]);
         }
@@ -350,14 +354,40 @@ static gptoss_status route_tokens(gptoss_cuda_state *s, const cuda_layer *L,
     return GPTOSS_OK;
 }
 
+/* Tensor parallelism: this rank's share of the experts' weighted outputs summed into w->proj
+ * (free once the experts ran; w->t takes the unused normalized rows), summed over the ranks,
+ * then added to the residual stream as one projection before the next norm. */
+static gptoss_status tp_residual_next_norm(gptoss_cuda_state *s, int l, const cuda_step_key *key,
+                                           const int32_t *d_logit, gptoss_error *error) {
+    const gptoss_config *c = &s->config;
+    cuda_workspace *w = &s->ws;
+    const int32_t T = key->n_tokens, H = c->hidden_size, K = c->n_experts_per_token;
+    const float eps = (float)c->rms_norm_eps;
+    const bool last = l + 1 == c->n_layers;
+    const float *gain = last ? s->final_norm : s->layers[l + 1].attn_norm;
+    CUDA_TRY(cudaMemsetAsync(w->proj, 0, (size_t)T * H * sizeof(float), s->stream), "expert sum");
+    gptoss_cuda_residual_rmsnorm(w->proj, NULL, NULL, w->y, w->topk_weight, K, gain, eps, NULL, T,
+                                 H, w->t, NULL, s->stream);
+    gptoss_status st = gptoss_cuda_tp_allreduce(s, w->proj, (size_t)T * H, error);
+    if (st) return st;
+    if (!last)
+        gptoss_cuda_residual_rmsnorm(w->x, w->proj, NULL, NULL, NULL, 0, gain, eps, NULL, T, H,
+                                     w->t, NULL, s->stream);
+    else
+        gptoss_cuda_residual_rmsnorm(w->x, w->proj, NULL, NULL, NULL, 0, gain, eps, d_logit,
+                                     key->n_logits, H, w->lm_in, NULL, s->stream);
+    return GPTOSS_OK;
+}
+
 /* The experts' weighted outputs into the residual stream, then the next layer's attention
  * norm; after the last layer the final norm of only the rows that want logits, gathered. */
-static void residual_next_norm(gptoss_cuda_state *s, int l, const cuda_step_key *key,
-                               const int32_t *d_logit) {
+static gptoss_status residual_next_norm(gptoss_cuda_state *s, int l, const cuda_step_key *key,
+                                        const int32_t *d_logit, gptoss_error *error) {
     const gptoss_config *c = &s->config;
     cuda_workspace *w = &s->ws;
     const int32_t H = c->hidden_size, K = c->n_experts_per_token;
     const float eps = (float)c->rms_norm_eps;
+    if (s->tp_size > 1) return tp_residual_next_norm(s, l, key, d_logit, error);
     if (l + 1 < c->n_layers)
         gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K,
                                      s->layers[l + 1].attn_norm, eps, NULL, key->n_tokens, H, w->t,
@@ -365,6 +395,7 @@ static void residual_next_norm(gptoss_cuda_state *s, int l, const cuda_step_key 
     else
         gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K, s->final_norm, eps,
                                      d_logit, key->n_logits, H, w->lm_in, NULL, s->stream);
+    return GPTOSS_OK;
 }
 
 #define TRY(call)                                                                                  \
@@ -420,6 +451,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         MARK(PART_ATTENTION);
         if (!ABLATED(O))
             TRY(gemm_bf16(s, L->o_weight, w->attn, w->proj, T, H, NH * D, true, error));
+        if (s->tp_size > 1) TRY(gptoss_cuda_tp_allreduce(s, w->proj, (size_t)T * H, error));
         MARK(PART_DENSE);
         /* MLP: residual + norm, router, experts */
         const bool normed_routed = norm_router_fused(s, L, key);
@@ -427,6 +459,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps,
                                          NULL, T, H, w->t, w->t_f32, k);
         if (!normed_routed && !ABLATED(ROUTER)) TRY(route_tokens(s, L, key, error));
+        if (s->tp_size > 1) gptoss_cuda_tp_mask_experts(s, w->topk_idx, w->topk_weight, T, K);
         /* batch-invariant: the WMMA path's arithmetic from the kernels of batch_invariant.cu,
          * per (token, expert) pair for the smallest steps (no route), streaming or wide over
          * the WMMA path's route otherwise; the WMMA path itself where they refuse the widths,
@@ -443,7 +476,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         const bool bi_pairs = bi_moe == GPTOSS_BI_MOE_PAIRS;
         if (!bi_pairs && moe_path != GPTOSS_MOE_PAIR_GEMV &&
             moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
-            gptoss_cuda_moe_route(w->topk_idx, T, K, E, moe_path, &route, k);
+            gptoss_cuda_moe_route(w->topk_idx, T, K, L->moe.n_experts, moe_path, &route, k);
         MARK(PART_SMALL);
         if (!ABLATED(MOE)) {
             const bool done = bi_moe >= 0 && gptoss_cuda_bi_moe(&L->moe, w->t, T, K, w->topk_idx,
@@ -454,11 +487,17 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
                 gptoss_cuda_moe(&L->moe, w->t, T, K, w->topk_idx, &route, w->h, w->y, moe_path, k);
         }
         MARK(PART_MOE);
-        if (!ABLATED(NORMS)) residual_next_norm(s, l, key, d_logit);
+        if (!ABLATED(NORMS)) TRY(residual_next_norm(s, l, key, d_logit, error));
         MARK(PART_SMALL);
     }
-    if (!ABLATED(LM_HEAD))
+    /* tensor parallelism: every rank holds the same final rows; rank 0 alone makes logits,
+     * or with lm_head split by vocabulary every rank its columns, gathered on rank 0 */
+    if (!ABLATED(LM_HEAD) && s->lm_rows < c->vocab_size) {
+        TRY(gemm_bf16(s, s->lm_head, w->lm_in, w->lm_part, NL, s->lm_rows, H, false, error));
+        TRY(gptoss_cuda_tp_gather_logits(s, NL, error));
+    } else if (!ABLATED(LM_HEAD) && s->tp_rank == 0) {
         TRY(gemm_bf16(s, s->lm_head, w->lm_in, w->logits, NL, c->vocab_size, H, false, error));
+    }
     MARK(PART_LM_HEAD);
     CUDA_TRY(cudaGetLastError(), "kernel launch");
     return GPTOSS_OK;
@@ -609,12 +648,18 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     s->prof_n = 0;
     if (s->tuning.step_timing)
         CUDA_TRY(cudaEventRecord(s->timing_events[0], s->stream), "cudaEventRecord");
-    if (!s->tuning.graphs || T > GRAPH_MAX_TOKENS || s->profiling)
-        return enqueue_step(s, &key, error);
+    if (!s->tuning.graphs || T > GRAPH_MAX_TOKENS || s->profiling) {
+        gptoss_cuda_tp_phase(s, "enqueuing an eager step");
+        st = enqueue_step(s, &key, error);
+        gptoss_cuda_tp_phase(s, "eager step enqueued");
+        return st;
+    }
 
     for (int i = 0; i < GPTOSS_CUDA_MAX_GRAPHS; i++) {
         if (s->graphs[i].valid && key_equal(&s->graphs[i].key, &key)) {
+            gptoss_cuda_tp_phase(s, "launching a captured step");
             CUDA_TRY(cudaGraphLaunch(s->graphs[i].exec, s->stream), "cudaGraphLaunch");
+            gptoss_cuda_tp_phase(s, "captured step launched");
             return GPTOSS_OK;
         }
     }
@@ -622,21 +667,30 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
     s->graph_next = (s->graph_next + 1) % GPTOSS_CUDA_MAX_GRAPHS;
     if (slot->valid) cudaGraphExecDestroy(slot->exec);
     slot->valid = false;
+    gptoss_cuda_tp_phase(s, "capturing a step");
     CUDA_TRY(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal),
              "cudaStreamBeginCapture");
     st = enqueue_step(s, &key, error);
     cudaGraph_t graph = NULL;
+    gptoss_cuda_tp_phase(s, "ending a capture");
     cudaError_t ce = cudaStreamEndCapture(s->stream, &graph);
     if (st) {
         if (graph) cudaGraphDestroy(graph);
         return st;
     }
     if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "cudaStreamEndCapture");
+    gptoss_cuda_tp_phase(s, "instantiating a captured step");
     ce = cudaGraphInstantiate(&slot->exec, graph, 0);
     cudaGraphDestroy(graph);
     if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "cudaGraphInstantiate");
     slot->valid = true;
     slot->key = key;
+    if (s->tp_size > 1) { /* no rank launches a new graph before every rank captured it */
+        st = gptoss_cuda_tp_graph_barrier(s, error);
+        if (st) return st;
+    }
+    gptoss_cuda_tp_phase(s, "launching a new captured step");
     CUDA_TRY(cudaGraphLaunch(slot->exec, s->stream), "cudaGraphLaunch");
+    gptoss_cuda_tp_phase(s, "new captured step launched");
     return GPTOSS_OK;
 }

@@ -55,9 +55,12 @@ static gptoss_status check_supported(const gptoss_config *c, gptoss_error *error
 }
 
 /* Creates everything except the weights' contents: tuning, device, stream, cuBLAS, weight
- * buffers, the workspace asked for, KV pages. */
+ * buffers, the workspace asked for, KV pages. n_experts > 0: only the experts [expert0,
+ * expert0 + n_experts) are held (a tensor-parallel rank), else all; lm_rows > 0: only the
+ * lm_head rows [lm_row0, lm_row0 + lm_rows), else all. */
 static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backend_options *options,
-                                 gptoss_cuda_state **out, gptoss_error *error) {
+                                 int32_t expert0, int32_t n_experts, int32_t lm_row0,
+                                 int32_t lm_rows, gptoss_cuda_state **out, gptoss_error *error) {
     gptoss_status st = check_supported(config, error);
     if (st) return st;
     gptoss_cuda_tuning tuning;
@@ -76,6 +79,11 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     s->tuning = tuning;
     s->fp8_layers = options->fp8_layers;
     s->batch_invariant = options->batch_invariant;
+    s->tp_size = 1;
+    s->tp_expert0 = n_experts > 0 ? expert0 : 0;
+    s->tp_n_experts = n_experts > 0 ? n_experts : config->n_experts;
+    s->lm_row0 = lm_rows > 0 ? lm_row0 : 0;
+    s->lm_rows = lm_rows > 0 ? lm_rows : config->vocab_size;
     st = gptoss_cuda_diagnostics_init(s, error);
     if (st) return st;
     CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -90,8 +98,19 @@ static gptoss_status state_alloc(const gptoss_config *config, const gptoss_backe
     /* weights in host memory: asked for, or an integrated GPU (one memory: no copy) */
     s->weights_host =
         options->weights_in_host_memory || s->tuning.host_weights || s->dev.integrated;
-    st = gptoss_cuda_kv_plan(
-        s, options, gptoss_cuda_weights_bytes(config, s->fp8_layers, s->weights_host), error);
+    if (s->weights_host && n_experts > 0)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "weights in host memory are not supported with tensor parallelism");
+    /* the experts held, and the router of every expert */
+    gptoss_config held = *config;
+    held.n_experts = s->tp_n_experts;
+    size_t weight_bytes = gptoss_cuda_weights_bytes(&held, s->fp8_layers, s->weights_host) +
+                          (size_t)config->n_layers * (config->n_experts - s->tp_n_experts) *
+                              ((size_t)config->hidden_size * 6 + 4);
+    /* lm_head rows not held (2 bytes a weight, or about 1 in FP8) */
+    weight_bytes -= (size_t)(config->vocab_size - s->lm_rows) * config->hidden_size *
+                    ((s->fp8_layers & GPTOSS_FP8_LM_HEAD) ? 1 : 2);
+    st = gptoss_cuda_kv_plan(s, options, weight_bytes, error);
     if (st) return st;
     st = gptoss_cuda_weights_alloc(s, error);
     if (st) return st;
@@ -128,7 +147,7 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
                                               const gptoss_backend_options *options, uint64_t seed,
                                               gptoss_cuda_state **out, gptoss_error *error) {
     gptoss_cuda_state *s = NULL;
-    gptoss_status st = state_alloc(config, options, &s, error);
+    gptoss_status st = state_alloc(config, options, 0, 0, 0, 0, &s, error);
     if (st == GPTOSS_OK) st = gptoss_cuda_weights_random(s, options, seed, error);
     if (st == GPTOSS_OK) st = gptoss_cuda_weights_finish(s, error);
     if (st) {
@@ -139,23 +158,55 @@ gptoss_status gptoss_cuda_state_create_random(const gptoss_config *config,
     return GPTOSS_OK;
 }
 
-/* ---- the ops table ---------------------------------------------------------------------- */
-
-static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_options *options,
-                                 void **state, gptoss_error *error) {
+gptoss_status gptoss_cuda_state_create_rank(const gptoss_config *config,
+                                            const gptoss_backend_options *options,
+                                            const gptoss_weights *w, uint64_t seed, int32_t expert0,
+                                            int32_t n_experts, int32_t lm_row0, int32_t lm_rows,
+                                            gptoss_cuda_state **out, gptoss_error *error) {
     gptoss_cuda_state *s = NULL;
-    gptoss_status st = state_alloc(gptoss_model_config(model), options, &s, error);
-    /* weights used in place from host memory need the experts in our layout there: a GGUF
-     * file's are converted into host buffers once (else the upload converts on the device) */
-    if (st == GPTOSS_OK && s->weights_host && gptoss_model_weights(model)->ggml_experts)
-        st = gptoss_model_unpack_experts(model, error);
+    gptoss_status st =
+        state_alloc(config, options, expert0, n_experts, lm_row0, lm_rows, &s, error);
     if (st == GPTOSS_OK)
-        st = gptoss_cuda_weights_upload(s, gptoss_model_weights(model), options, error);
+        st = w ? gptoss_cuda_weights_upload(s, w, options, error)
+               : gptoss_cuda_weights_random(s, options, seed, error);
     if (st == GPTOSS_OK) st = gptoss_cuda_weights_finish(s, error);
     if (st) {
         gptoss_cuda_state_free(s);
         return st;
     }
+    *out = s;
+    return GPTOSS_OK;
+}
+
+/* Whether a backend for these options will keep its weights in host memory (state_alloc decides
+ * the same from the device it opens): asked for, the tuning's host_weights, or an integrated
+ * GPU. */
+static bool host_weights_wanted(const gptoss_backend_options *options) {
+    if (options->weights_in_host_memory) return true;
+    gptoss_cuda_tuning t;
+    gptoss_error ignored;
+    if (gptoss_cuda_tuning_init(&t, options->cuda_tuning, &ignored) == GPTOSS_OK && t.host_weights)
+        return true;
+    int integrated = 0;
+    return cudaDeviceGetAttribute(&integrated, cudaDevAttrIntegrated, options->device) ==
+               cudaSuccess &&
+           integrated;
+}
+
+/* ---- the ops table ---------------------------------------------------------------------- */
+
+static gptoss_status cuda_create(const gptoss_model *model, gptoss_backend_options *options,
+                                 void **state, gptoss_error *error) {
+    gptoss_cuda_state *s = NULL;
+    gptoss_status st = GPTOSS_OK;
+    /* weights used in place from host memory need the experts in our layout there: a GGUF
+     * file's are converted into host buffers once (else the upload converts on the device) */
+    if (gptoss_model_weights(model)->ggml_experts && host_weights_wanted(options))
+        st = gptoss_model_unpack_experts(model, error);
+    if (st == GPTOSS_OK)
+        st = gptoss_cuda_state_create_rank(gptoss_model_config(model), options,
+                                           gptoss_model_weights(model), 0, 0, 0, 0, 0, &s, error);
+    if (st) return st;
     options->n_kv_blocks = s->n_kv_blocks;
     options->n_sliding_kv_blocks = s->n_sliding_kv_blocks;
     options->kv_shared_pages = s->kv_shared;

@@ -292,11 +292,17 @@ static gptoss_status place_host_random(gptoss_cuda_state *s, gptoss_error *error
     return st;
 }
 
+/* Experts held here: all of them, or a tensor-parallel rank's share (tp.cu). */
+static size_t moe_experts(const gptoss_cuda_state *s) {
+    return s->tp_n_experts > 0 ? (size_t)s->tp_n_experts : (size_t)s->config.n_experts;
+}
+
 gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *error) {
     const gptoss_config *c = &s->config;
     size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
     size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
     size_t QKV = (NH + 2 * NKV) * D;
+    const size_t EM = moe_experts(s);
     gptoss_status st;
 #define ALLOC(ptr, bytes, what)                                                                    \
     do {                                                                                           \
@@ -311,8 +317,8 @@ gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *erro
     } while (0)
     ALLOC_DEV(s->embedding, V * H * 2, "the embedding");
     if (!s->weights_host || (s->fp8_layers & GPTOSS_FP8_LM_HEAD)) {
-        st =
-            dense_alloc(s, &s->lm_head, V, H, s->fp8_layers & GPTOSS_FP8_LM_HEAD, "lm_head", error);
+        st = dense_alloc(s, &s->lm_head, (size_t)s->lm_rows, H, s->fp8_layers & GPTOSS_FP8_LM_HEAD,
+                         "lm_head", error);
         if (st) return st;
     }
     ALLOC(s->final_norm, H * 4, "the final norm");
@@ -339,13 +345,13 @@ gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *erro
         ALLOC(L->router_weight_f32, E * H * 4, "router");
         ALLOC(L->router_bias, E * 4, "router bias");
         gptoss_cuda_moe_weights *m = &L->moe;
-        ALLOC_DEV(m->gate_up_blocks, E * 2 * I * (H / 32) * 16, "expert gate_up blocks");
-        ALLOC_DEV(m->gate_up_scales, E * 2 * I * (H / 32), "expert gate_up scales");
-        ALLOC(m->gate_up_bias, E * 2 * I * 4, "expert gate_up bias");
-        ALLOC_DEV(m->down_blocks, E * H * (I / 32) * 16, "expert down blocks");
-        ALLOC_DEV(m->down_scales, E * H * (I / 32), "expert down scales");
-        ALLOC(m->down_bias, E * H * 4, "expert down bias");
-        m->n_experts = (int32_t)E;
+        ALLOC_DEV(m->gate_up_blocks, EM * 2 * I * (H / 32) * 16, "expert gate_up blocks");
+        ALLOC_DEV(m->gate_up_scales, EM * 2 * I * (H / 32), "expert gate_up scales");
+        ALLOC(m->gate_up_bias, EM * 2 * I * 4, "expert gate_up bias");
+        ALLOC_DEV(m->down_blocks, EM * H * (I / 32) * 16, "expert down blocks");
+        ALLOC_DEV(m->down_scales, EM * H * (I / 32), "expert down scales");
+        ALLOC(m->down_bias, EM * H * 4, "expert down bias");
+        m->n_experts = (int32_t)EM;
         m->hidden = (int32_t)H;
         m->intermediate = (int32_t)I;
         m->swiglu_limit = (float)c->swiglu_limit;
@@ -589,6 +595,7 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
     const gptoss_config *c = &s->config;
     size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
     size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
+    const size_t EM = moe_experts(s); /* the expert tensors hold these (tp.cu slices them) */
     upload_ctx u = {s, options, 0, 0, NULL, 0};
     const double t0 = gptoss_now_seconds();
     u.total = w->embedding.n_bytes + w->lm_head.n_bytes + w->final_norm.n_bytes;
@@ -612,10 +619,15 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
                               c->n_layers);
         goto done;
     }
+    if (host && w->ggml_experts && w->n_layers > 0 && !w->layers[0].gate_up_blocks.data) {
+        st = gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                              "CUDA: weights in host memory need the GGUF experts unpacked first");
+        goto done;
+    }
     /* with the weights in host memory, host_slots' matrices are placed here, not uploaded */
     if (host) TRY(place_host_checkpoint(s, w, error));
     if (!host) TRY(upload_bf16_matrix(&u, s->embedding, &w->embedding, V * H, error));
-    if (!host_lm) TRY(upload_dense(&u, &s->lm_head, 0, V, H, &w->lm_head, error));
+    if (!host_lm) TRY(upload_dense(&u, &s->lm_head, 0, (size_t)s->lm_rows, H, &w->lm_head, error));
     TRY(upload_vector_f32(&u, s->final_norm, &w->final_norm, H, error));
     for (int l = 0; l < c->n_layers; l++) {
         const gptoss_layer_weights *lw = &w->layers[l];
@@ -636,21 +648,21 @@ gptoss_status gptoss_cuda_weights_upload(gptoss_cuda_state *s, const gptoss_weig
         if (host) {
             /* placed from the checkpoint by place_host_checkpoint (GGUF experts were unpacked
              * into host buffers first: cuda_create) */
-        } else if (w->ggml_experts) {
+        } else if (w->ggml_experts) { /* a whole model: tensor-parallel views carry none */
             TRY(upload_ggml_experts(&u, L, lw, &w->ggml_experts[l], error));
         } else {
             TRY(upload_raw(&u, (void *)L->moe.gate_up_blocks, &lw->gate_up_blocks,
-                           E * 2 * I * (H / 32) * 16, error));
+                           EM * 2 * I * (H / 32) * 16, error));
             TRY(upload_raw(&u, (void *)L->moe.gate_up_scales, &lw->gate_up_scales,
-                           E * 2 * I * (H / 32), error));
-            TRY(upload_raw(&u, (void *)L->moe.down_blocks, &lw->down_blocks, E * H * (I / 32) * 16,
+                           EM * 2 * I * (H / 32), error));
+            TRY(upload_raw(&u, (void *)L->moe.down_blocks, &lw->down_blocks, EM * H * (I / 32) * 16,
                            error));
-            TRY(upload_raw(&u, (void *)L->moe.down_scales, &lw->down_scales, E * H * (I / 32),
+            TRY(upload_raw(&u, (void *)L->moe.down_scales, &lw->down_scales, EM * H * (I / 32),
                            error));
         }
-        TRY(upload_vector_f32(&u, (float *)L->moe.gate_up_bias, &lw->gate_up_bias, E * 2 * I,
+        TRY(upload_vector_f32(&u, (float *)L->moe.gate_up_bias, &lw->gate_up_bias, EM * 2 * I,
                               error));
-        TRY(upload_vector_f32(&u, (float *)L->moe.down_bias, &lw->down_bias, E * H, error));
+        TRY(upload_vector_f32(&u, (float *)L->moe.down_bias, &lw->down_bias, EM * H, error));
     }
 #undef TRY
     GPTOSS_LOG_I("cuda", "weights uploaded: %.2f GB in %.2f s%s", (double)u.total / 1e9,
@@ -694,19 +706,20 @@ gptoss_status gptoss_cuda_weights_finish(gptoss_cuda_state *s, gptoss_error *err
 
 /* ---- random weights (bench) ----------------------------------------------------------- */
 
-/* N(0, sd) values for a dense [n, k] matrix: generated in place, or, for an FP8 matrix, in
- * blocks of rows in the scratch and quantized into place (from the values the bf16 matrix
- * gets from the same seed). Enqueued on s->stream; the caller checks for errors. */
+/* N(0, sd) values for a dense [n, k] matrix, rows [row0, row0 + n) of the matrix the seed
+ * gives: generated in place, or, for an FP8 matrix, in blocks of rows in the scratch and
+ * quantized into place (from the values the bf16 matrix gets from the same seed). Enqueued on
+ * s->stream; the caller checks for errors. */
 static void fill_dense_random(gptoss_cuda_state *s, gptoss_cuda_dense_weight *w, size_t n, size_t k,
-                              uint64_t seed, float sd) {
+                              size_t row0, uint64_t seed, float sd) {
     if (w->w_bf16) {
-        gptoss_cuda_fill_normal_bf16(w->w_bf16, n * k, seed, 0.0f, sd, s->stream);
+        gptoss_cuda_fill_normal_bf16_at(w->w_bf16, n * k, row0 * k, seed, 0.0f, sd, s->stream);
         return;
     }
     const size_t block = s->dense_scratch_elems / k;
     for (size_t r = 0; r < n; r += block) {
         size_t rows = n - r < block ? n - r : block;
-        gptoss_cuda_fill_normal_bf16_at(s->dense_scratch, rows * k, r * k, seed, 0.0f, sd,
+        gptoss_cuda_fill_normal_bf16_at(s->dense_scratch, rows * k, (row0 + r) * k, seed, 0.0f, sd,
                                         s->stream);
         gptoss_cuda_quantize_e4m3_rows(s->dense_scratch, (int32_t)rows, (int32_t)k,
                                        w->w_e4m3 + r * k, w->row_scale + r, s->stream);
@@ -719,6 +732,7 @@ gptoss_status gptoss_cuda_weights_random(gptoss_cuda_state *s,
     const gptoss_config *c = &s->config;
     size_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, E = c->n_experts;
     size_t D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads, QKV = (NH + 2 * NKV) * D;
+    const size_t EM = moe_experts(s);
     cudaStream_t k = s->stream;
     uint64_t n = seed * 1000003ull;
     if (s->weights_host) {
@@ -735,29 +749,30 @@ gptoss_status gptoss_cuda_weights_random(gptoss_cuda_state *s,
     int s0_h = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)H))));
     int s0_i = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)I))));
     gptoss_cuda_fill_normal_bf16(s->embedding, V * H, n++, 0.0f, 1.0f, k);
-    fill_dense_random(s, &s->lm_head, V, H, n++, lin_h);
+    /* the rows held of the whole model's lm_head (tensor parallelism may hold a share) */
+    fill_dense_random(s, &s->lm_head, (size_t)s->lm_rows, H, (size_t)s->lm_row0, n++, lin_h);
     gptoss_cuda_fill_normal_f32(s->final_norm, H, n++, 1.0f, 0.05f, k);
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &s->layers[l];
         gptoss_cuda_fill_normal_f32(L->attn_norm, H, n++, 1.0f, 0.05f, k);
         gptoss_cuda_fill_normal_f32(L->mlp_norm, H, n++, 1.0f, 0.05f, k);
-        fill_dense_random(s, &L->qkv_weight, QKV, H, n++, lin_h);
+        fill_dense_random(s, &L->qkv_weight, QKV, H, 0, n++, lin_h);
         gptoss_cuda_fill_normal_f32(L->qkv_bias, QKV, n++, 0.0f, 0.02f, k);
-        fill_dense_random(s, &L->o_weight, H, NH * D, n++, lin_q);
+        fill_dense_random(s, &L->o_weight, H, NH * D, 0, n++, lin_q);
         gptoss_cuda_fill_normal_f32(L->o_bias, H, n++, 0.0f, 0.02f, k);
         gptoss_cuda_fill_normal_f32(L->sinks, NH, n++, 0.0f, 1.0f, k);
         gptoss_cuda_fill_normal_bf16(L->router_weight, E * H, n++, 0.0f, lin_h, k);
         gptoss_cuda_fill_normal_f32(L->router_bias, E, n++, 0.0f, 0.02f, k);
-        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_blocks, E * 2 * I * (H / 32) * 16,
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_blocks, EM * 2 * I * (H / 32) * 16,
                                     n++, 0, 255, k);
-        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_scales, E * 2 * I * (H / 32), n++,
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.gate_up_scales, EM * 2 * I * (H / 32), n++,
                                     s0_h - 1, s0_h + 1, k);
-        gptoss_cuda_fill_normal_f32((float *)L->moe.gate_up_bias, E * 2 * I, n++, 0.0f, 0.02f, k);
-        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_blocks, E * H * (I / 32) * 16, n++, 0,
+        gptoss_cuda_fill_normal_f32((float *)L->moe.gate_up_bias, EM * 2 * I, n++, 0.0f, 0.02f, k);
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_blocks, EM * H * (I / 32) * 16, n++, 0,
                                     255, k);
-        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_scales, E * H * (I / 32), n++, s0_i - 1,
+        gptoss_cuda_fill_uniform_u8((uint8_t *)L->moe.down_scales, EM * H * (I / 32), n++, s0_i - 1,
                                     s0_i + 1, k);
-        gptoss_cuda_fill_normal_f32((float *)L->moe.down_bias, E * H, n++, 0.0f, 0.02f, k);
+        gptoss_cuda_fill_normal_f32((float *)L->moe.down_bias, EM * H, n++, 0.0f, 0.02f, k);
         if (options->progress)
             options->progress(options->progress_user, "generating weights",
                               (l + 1.0) / c->n_layers);

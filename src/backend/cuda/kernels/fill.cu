@@ -36,17 +36,26 @@ static __global__ void fill_normal_bf16_kernel(bf16 *out, size_t n, size_t first
          i += (size_t)gridDim.x * blockDim.x)
         out[i] = __float2bfloat16(mean + sd * hash_normal(seed, first + i));
 }
-static __global__ void fill_normal_f32_kernel(float *out, size_t n, uint64_t seed, float mean,
-                                              float sd) {
+/* rows x cols elements taken from a longer array at first + r * stride + j */
+static __global__ void fill_normal_bf16_rows_kernel(bf16 *out, size_t rows, size_t cols,
+                                                    size_t first, size_t stride, uint64_t seed,
+                                                    float mean, float sd) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < rows * cols;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] =
+            __float2bfloat16(mean + sd * hash_normal(seed, first + (i / cols) * stride + i % cols));
+}
+static __global__ void fill_normal_f32_kernel(float *out, size_t n, size_t first, uint64_t seed,
+                                              float mean, float sd) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        out[i] = mean + sd * hash_normal(seed, i);
+        out[i] = mean + sd * hash_normal(seed, first + i);
 }
-static __global__ void fill_uniform_u8_kernel(uint8_t *out, size_t n, uint64_t seed, int lo,
-                                              int hi) {
+static __global__ void fill_uniform_u8_kernel(uint8_t *out, size_t n, size_t first, uint64_t seed,
+                                              int lo, int hi) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t h = mix64(seed ^ mix64((uint64_t)i));
+        uint64_t h = mix64(seed ^ mix64((uint64_t)(first + i)));
         if (lo == 0 && hi == 255) {
             out[i] = (uint8_t)(h >> 32);
         } else {
@@ -63,11 +72,26 @@ void gptoss_cuda_fill_normal_bf16_at(bf16 *out, size_t n, size_t first, uint64_t
                                      float stddev, cudaStream_t stream) {
     if (n) fill_normal_bf16_kernel<<<4096, 256, 0, stream>>>(out, n, first, seed, mean, stddev);
 }
+void gptoss_cuda_fill_normal_bf16_rows(bf16 *out, size_t rows, size_t cols, size_t first,
+                                       size_t stride, uint64_t seed, float mean, float stddev,
+                                       cudaStream_t stream) {
+    if (rows && cols)
+        fill_normal_bf16_rows_kernel<<<4096, 256, 0, stream>>>(out, rows, cols, first, stride, seed,
+                                                               mean, stddev);
+}
 void gptoss_cuda_fill_normal_f32(float *out, size_t n, uint64_t seed, float mean, float stddev,
                                  cudaStream_t stream) {
-    if (n) fill_normal_f32_kernel<<<1024, 256, 0, stream>>>(out, n, seed, mean, stddev);
+    gptoss_cuda_fill_normal_f32_at(out, n, 0, seed, mean, stddev, stream);
+}
+void gptoss_cuda_fill_normal_f32_at(float *out, size_t n, size_t first, uint64_t seed, float mean,
+                                    float stddev, cudaStream_t stream) {
+    if (n) fill_normal_f32_kernel<<<1024, 256, 0, stream>>>(out, n, first, seed, mean, stddev);
 }
 void gptoss_cuda_fill_uniform_u8(uint8_t *out, size_t n, uint64_t seed, int lo, int hi,
                                  cudaStream_t stream) {
-    if (n) fill_uniform_u8_kernel<<<4096, 256, 0, stream>>>(out, n, seed, lo, hi);
+    gptoss_cuda_fill_uniform_u8_at(out, n, 0, seed, lo, hi, stream);
+}
+void gptoss_cuda_fill_uniform_u8_at(uint8_t *out, size_t n, size_t first, uint64_t seed, int lo,
+                                    int hi, cudaStream_t stream) {
+    if (n) fill_uniform_u8_kernel<<<4096, 256, 0, stream>>>(out, n, first, seed, lo, hi);
 }

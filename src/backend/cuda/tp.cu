@@ -1,0 +1,964 @@
+/*
+ * tp.cu - tensor parallelism over N GPUs of one host: one process, one full CUDA state per
+ * GPU holding its rank's share of the model (tp_split.h), one host thread per rank, and two
+ * NCCL sum all-reduces per layer (the o-projection's output and the experts' weighted sum,
+ * both enqueued on the rank's stream, so a decode step can be one captured CUDA graph).
+ *
+ * The engine sees one backend: every call hands the same validated plan to every rank and
+ * waits for all of them; rank 0 runs the ops table's own call (forward, summary or sample) and
+ * alone computes logits, the others run the step. Pages hold only a rank's KV heads, so each
+ * GPU fits about N times the tokens; the pool the engine sees is the smallest rank's.
+ *
+ * NCCL is opened at run time (dlopen of libnccl.so.2, or GPTOSS_NCCL_LIBRARY), so a binary
+ * without tensor parallelism needs no NCCL. A failing rank aborts every communicator (ranks
+ * waiting in a collective for it return) and the backend refuses later calls.
+ *
+ * Decode steps run eagerly unless GPTOSS_TP_GRAPHS=1: then every rank captures the same step
+ * at the same time (one rank capturing while another runs a step can deadlock NCCL inside one
+ * process), and no rank launches a new graph before every rank has instantiated its own.
+ *
+ * A watchdog bounds every step: a step still running after GPTOSS_TP_TIMEOUT seconds (a rank
+ * hung, or its GPU died) is logged with the ranks still in it, the communicators are aborted,
+ * and the process ends (exit status 3). A step that fails on a rank ends the process the same
+ * way, after the error is logged: its communicators are aborted, so no later step could run,
+ * and a server must not go on failing every request.
+ *
+ * Owns the rank states, their threads and communicators, and the watchdog thread.
+ */
+#include "backend/cuda/cuda_backend.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+extern "C" {
+#include "backend/tp_split.h"
+#include "model/config.h"
+#include "util/dist.h"
+#include "util/log.h"
+}
+
+/* ---- NCCL, opened at run time ---------------------------------------------------------- */
+
+/* The stable part of NCCL's C ABI that is used here (nccl.h of NCCL 2.x). */
+typedef struct nccl_comm *nccl_comm_t;
+typedef int nccl_result_t; /* ncclResult_t: 0 = ncclSuccess */
+enum { NCCL_FLOAT32 = 7, NCCL_SUM = 0 };
+
+typedef struct nccl_api {
+    bool loaded;
+    char error[512];
+    nccl_result_t (*comm_init_all)(nccl_comm_t *comms, int n, const int *devices);
+    nccl_result_t (*all_reduce)(const void *send, void *recv, size_t count, int dtype, int op,
+                                nccl_comm_t comm, cudaStream_t stream);
+    nccl_result_t (*all_gather)(const void *send, void *recv, size_t send_count, int dtype,
+                                nccl_comm_t comm, cudaStream_t stream);
+    nccl_result_t (*comm_destroy)(nccl_comm_t comm);
+    nccl_result_t (*comm_abort)(nccl_comm_t comm);
+    const char *(*error_string)(nccl_result_t result);
+    nccl_result_t (*get_version)(int *version);
+} nccl_api;
+
+static nccl_api g_nccl;
+static pthread_once_t g_nccl_once = PTHREAD_ONCE_INIT;
+
+static void *nccl_open(void) {
+    const char *env = getenv("GPTOSS_NCCL_LIBRARY");
+    if (env && *env) return dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (h) return h;
+    /* next to the executable (a copied binary with its NCCL beside it) */
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 32);
+    if (n <= 0) return NULL;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return NULL;
+    strcpy(slash + 1, "libnccl.so.2");
+    return dlopen(exe, RTLD_NOW | RTLD_LOCAL);
+}
+
+static void nccl_load_once(void) {
+    void *h = nccl_open();
+    if (!h) {
+        const char *why = dlerror();
+        snprintf(g_nccl.error, sizeof g_nccl.error,
+                 "tensor parallelism needs NCCL: libnccl.so.2 was not found (%s); install "
+                 "NCCL 2.18 or newer, put libnccl.so.2 next to the gptoss binary, or name it "
+                 "in GPTOSS_NCCL_LIBRARY",
+                 why ? why : "dlopen failed");
+        return;
+    }
+#define NCCL_SYM(field, name)                                                                      \
+    do {                                                                                           \
+        *(void **)&g_nccl.field = dlsym(h, name);                                                  \
+        if (!g_nccl.field) {                                                                       \
+            snprintf(g_nccl.error, sizeof g_nccl.error, "NCCL library lacks %s", name);            \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
+    NCCL_SYM(comm_init_all, "ncclCommInitAll");
+    NCCL_SYM(all_reduce, "ncclAllReduce");
+    NCCL_SYM(all_gather, "ncclAllGather");
+    NCCL_SYM(comm_destroy, "ncclCommDestroy");
+    NCCL_SYM(comm_abort, "ncclCommAbort");
+    NCCL_SYM(error_string, "ncclGetErrorString");
+    NCCL_SYM(get_version, "ncclGetVersion");
+#undef NCCL_SYM
+    g_nccl.loaded = true;
+}
+
+static gptoss_status nccl_load(gptoss_error *error) {
+    pthread_once(&g_nccl_once, nccl_load_once);
+    if (!g_nccl.loaded) return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "%s", g_nccl.error);
+    return GPTOSS_OK;
+}
+
+static gptoss_status nccl_check(nccl_result_t r, const char *what, gptoss_error *error) {
+    if (r == 0) return GPTOSS_OK;
+    return gptoss_set_error(error, GPTOSS_ERR_BACKEND, "NCCL: %s failed: %s (%d)", what,
+                            g_nccl.error_string ? g_nccl.error_string(r) : "?", (int)r);
+}
+
+/* ---- what the layer loop calls ---------------------------------------------------------- */
+
+gptoss_status gptoss_cuda_tp_allreduce(gptoss_cuda_state *s, float *buf, size_t n,
+                                       gptoss_error *error) {
+    if (s->tp_size <= 1 || n == 0) return GPTOSS_OK;
+    const char *was = __atomic_load_n(&s->tp_phase, __ATOMIC_ACQUIRE);
+    gptoss_cuda_tp_phase(s, "in ncclAllReduce");
+    nccl_result_t r =
+        g_nccl.all_reduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM, (nccl_comm_t)s->tp_comm, s->stream);
+    gptoss_cuda_tp_phase(s, was);
+    return nccl_check(r, "all-reduce", error);
+}
+
+/* rows [NL, V] from parts [n, NL, V/n]: part r holds the columns [r V/n, (r+1) V/n). */
+static __global__ void join_logits_kernel(const float *parts, float *rows, int32_t NL, int32_t cols,
+                                          int32_t n) {
+    const size_t total = (size_t)NL * cols * n;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t j = i % cols, rest = i / cols, row = rest % NL, r = rest / NL;
+        rows[row * (size_t)cols * n + r * cols + j] = parts[i];
+    }
+}
+
+gptoss_status gptoss_cuda_tp_gather_logits(gptoss_cuda_state *s, int32_t NL, gptoss_error *error) {
+    if (NL <= 0 || s->tp_size <= 1) return GPTOSS_OK;
+    cuda_workspace *w = &s->ws;
+    const char *was = __atomic_load_n(&s->tp_phase, __ATOMIC_ACQUIRE);
+    gptoss_cuda_tp_phase(s, "in ncclAllGather");
+    nccl_result_t r = g_nccl.all_gather(w->lm_part, w->lm_gather, (size_t)NL * s->lm_rows,
+                                        NCCL_FLOAT32, (nccl_comm_t)s->tp_comm, s->stream);
+    gptoss_cuda_tp_phase(s, was);
+    gptoss_status st = nccl_check(r, "logits all-gather", error);
+    if (st || s->tp_rank != 0) return st;
+    join_logits_kernel<<<1024, 256, 0, s->stream>>>(w->lm_gather, w->logits, NL, s->lm_rows,
+                                                    s->tp_size);
+    return GPTOSS_OK;
+}
+
+/* One thread per token: local experts become indices into the rank's experts; slots of
+ * other ranks' experts get weight 0 and the token's first local expert (or the rank's first
+ * expert), so they add nothing and read no weights beyond the rank's own. */
+static __global__ void mask_experts_kernel(int32_t *idx, float *weight, int32_t T, int32_t K,
+                                           int32_t lo, int32_t hi) {
+    int32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    int32_t *ti = idx + (size_t)t * K;
+    float *tw = weight + (size_t)t * K;
+    int32_t fill = 0;
+    for (int32_t k = 0; k < K; k++)
+        if (ti[k] >= lo && ti[k] < hi) {
+            fill = ti[k] - lo;
+            break;
+        }
+    for (int32_t k = 0; k < K; k++) {
+        if (ti[k] >= lo && ti[k] < hi) {
+            ti[k] -= lo;
+        } else {
+            ti[k] = fill;
+            tw[k] = 0.0f;
+        }
+    }
+}
+
+void gptoss_cuda_tp_mask_experts(gptoss_cuda_state *s, int32_t *topk_idx, float *topk_weight,
+                                 int32_t T, int32_t K) {
+    if (s->tp_size <= 1 || T <= 0) return;
+    mask_experts_kernel<<<(T + 127) / 128, 128, 0, s->stream>>>(
+        topk_idx, topk_weight, T, K, s->tp_expert0, s->tp_expert0 + s->tp_n_experts);
+}
+
+/* ---- the ranks and their threads -------------------------------------------------------- */
+
+struct tp_backend;
+
+typedef struct tp_rank {
+    struct tp_backend *tp;
+    int32_t rank;
+    gptoss_cuda_state *s;
+    pthread_t thread;
+    bool started;
+    uint64_t seen; /* the last job this rank ran */
+    int busy;      /* running a job (__atomic: the watchdog reads it) */
+    gptoss_status st;
+    gptoss_error error;
+} tp_rank;
+
+/* A job: what every rank runs for one call (rank 0 on the caller's thread). */
+typedef gptoss_status (*tp_job_fn)(tp_rank *r, void *arg, gptoss_error *error);
+
+/* Exit status of a process whose tensor-parallel step failed on a rank or outlived the
+ * watchdog. */
+#define TP_EXIT_FAILED 3
+/* Seconds the watchdog lets the ranks return after it aborted the communicators. */
+#define TP_ABORT_GRACE_S 5.0
+
+typedef struct tp_backend {
+    int32_t n;
+    tp_rank ranks[GPTOSS_TP_MAX];
+    nccl_comm_t comms[GPTOSS_TP_MAX];
+    bool have_comms;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_job, cv_done;
+    uint64_t job_seq;
+    int32_t pending; /* ranks 1..n-1 still running the job */
+    bool quit;
+    tp_job_fn job;
+    void *job_arg;
+    bool broken; /* a rank failed: the communicators are aborted */
+    pthread_mutex_t abort_mu;
+    /* the graph rendezvous (tp_graph_barrier): ranks arrived in generation sync_gen */
+    pthread_mutex_t sync_mu;
+    pthread_cond_t sync_cv;
+    int32_t sync_count;
+    uint64_t sync_gen;
+    bool graphs;        /* GPTOSS_TP_GRAPHS: decode steps may be captured */
+    bool split_lm_head; /* GPTOSS_TP_SPLIT_LM_HEAD: lm_head split by vocabulary */
+    /* the watchdog (under mu): the job running since job_t0, named job_what, bounded by
+     * job_limit_s seconds (0: not watched) */
+    pthread_t watchdog;
+    bool watchdog_started;
+    pthread_cond_t cv_watch; /* CLOCK_MONOTONIC */
+    double timeout_s;        /* GPTOSS_TP_TIMEOUT; 0: no watchdog */
+    bool job_active;
+    double job_t0, job_limit_s;
+    const char *job_what;
+    uint64_t steps; /* step jobs run so far */
+} tp_backend;
+
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static struct timespec mono_at(double t) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+    return ts;
+}
+
+/* Aborts every communicator once (ranks blocked in a collective for a failed peer return,
+ * and so do ranks waiting at the graph rendezvous). */
+static void tp_abort(tp_backend *tp) {
+    pthread_mutex_lock(&tp->abort_mu);
+    if (!tp->broken) {
+        tp->broken = true;
+        if (tp->have_comms)
+            for (int32_t r = 0; r < tp->n; r++)
+                if (tp->comms[r]) g_nccl.comm_abort(tp->comms[r]);
+        tp->have_comms = false;
+    }
+    pthread_mutex_unlock(&tp->abort_mu);
+    pthread_mutex_lock(&tp->sync_mu);
+    pthread_cond_broadcast(&tp->sync_cv);
+    pthread_mutex_unlock(&tp->sync_mu);
+}
+
+static void rank_run(tp_rank *r, tp_job_fn job, void *arg) {
+    memset(&r->error, 0, sizeof r->error);
+    __atomic_store_n(&r->busy, 1, __ATOMIC_RELEASE);
+    r->st = job(r, arg, &r->error);
+    __atomic_store_n(&r->busy, 0, __ATOMIC_RELEASE);
+    if (r->st && r->tp->have_comms) {
+        GPTOSS_LOG_E("cuda",
+                     "tensor parallel: GPU rank %d of %d failed (%s); aborting the NCCL "
+                     "communicators",
+                     (int)r->rank, (int)r->tp->n, r->error.message);
+        tp_abort(r->tp);
+    }
+}
+
+static void *rank_thread(void *p) {
+    tp_rank *r = (tp_rank *)p;
+    tp_backend *tp = r->tp;
+    pthread_mutex_lock(&tp->mu);
+    for (;;) {
+        while (!tp->quit && tp->job_seq == r->seen)
+            pthread_cond_wait(&tp->cv_job, &tp->mu);
+        if (tp->quit) break;
+        r->seen = tp->job_seq;
+        tp_job_fn job = tp->job;
+        void *arg = tp->job_arg;
+        pthread_mutex_unlock(&tp->mu);
+        rank_run(r, job, arg);
+        pthread_mutex_lock(&tp->mu);
+        if (--tp->pending == 0) pthread_cond_signal(&tp->cv_done);
+    }
+    pthread_mutex_unlock(&tp->mu);
+    return NULL;
+}
+
+/* The ranks still inside the running job with where their threads are, as "1 (waiting for
+ * its GPU), 3 (capturing a step)" (under tp->mu). */
+static void busy_ranks(tp_backend *tp, char *out, size_t cap) {
+    size_t used = 0;
+    out[0] = 0;
+    for (int32_t r = 0; r < tp->n && used + 64 < cap; r++) {
+        const tp_rank *k = &tp->ranks[r];
+        const bool picked = r == 0 || k->seen == tp->job_seq;
+        if (picked && !__atomic_load_n(&k->busy, __ATOMIC_ACQUIRE)) continue;
+        const char *phase = !picked ? "has not started it"
+                            : k->s  ? __atomic_load_n(&k->s->tp_phase, __ATOMIC_ACQUIRE)
+                                    : NULL;
+        used += (size_t)snprintf(out + used, cap - used, "%s%d (%s)", used ? ", " : "", (int)r,
+                                 phase ? phase : "outside a step");
+    }
+    if (!used) snprintf(out, cap, "none (the caller's thread)");
+}
+
+/* Ends the process when a watched job outlives its limit: the ranks still in it are named,
+ * the communicators aborted (a rank waiting in a collective for a dead peer returns), and
+ * after a short grace the process exits, because a rank that hung leaves no usable backend
+ * (its thread may never return) and a server must not wait on it forever. */
+static void *watchdog_thread(void *p) {
+    tp_backend *tp = (tp_backend *)p;
+    pthread_mutex_lock(&tp->mu);
+    while (!tp->quit) {
+        if (!tp->job_active || tp->job_limit_s <= 0) {
+            pthread_cond_wait(&tp->cv_watch, &tp->mu);
+            continue;
+        }
+        const uint64_t seq = tp->job_seq;
+        const double deadline = tp->job_t0 + tp->job_limit_s;
+        if (mono_now() < deadline) {
+            struct timespec ts = mono_at(deadline);
+            pthread_cond_timedwait(&tp->cv_watch, &tp->mu, &ts);
+            continue; /* woken, timed out or spurious: look again */
+        }
+        if (!tp->job_active || tp->job_seq != seq) continue;
+        char who[1024];
+        busy_ranks(tp, who, sizeof who);
+        const char *what = tp->job_what ? tp->job_what : "a step";
+        const double limit = tp->job_limit_s;
+        const unsigned long long step = (unsigned long long)tp->steps;
+        pthread_mutex_unlock(&tp->mu);
+        GPTOSS_LOG_E("cuda",
+                     "tensor parallel: %s (step %llu) has not finished after %.0f s; GPU "
+                     "rank(s) %s of %d are still in it (a rank hung or its GPU failed); "
+                     "aborting the NCCL communicators and ending the process (GPTOSS_TP_TIMEOUT "
+                     "sets the limit in seconds)",
+                     what, step, limit, who, (int)tp->n);
+        tp_abort(tp);
+        pthread_mutex_lock(&tp->mu);
+        const double grace_end = mono_now() + TP_ABORT_GRACE_S;
+        while (tp->job_active && tp->job_seq == seq && mono_now() < grace_end) {
+            struct timespec ts = mono_at(grace_end);
+            pthread_cond_timedwait(&tp->cv_watch, &tp->mu, &ts);
+        }
+        const bool returned = !(tp->job_active && tp->job_seq == seq);
+        busy_ranks(tp, who, sizeof who);
+        pthread_mutex_unlock(&tp->mu);
+        if (returned)
+            GPTOSS_LOG_E("cuda",
+                         "tensor parallel: the ranks returned after the abort; exiting "
+                         "with status %d",
+                         TP_EXIT_FAILED);
+        else
+            GPTOSS_LOG_E("cuda",
+                         "tensor parallel: GPU rank(s) %s did not return %.0f s after the "
+                         "abort; exiting with status %d",
+                         who, TP_ABORT_GRACE_S, TP_EXIT_FAILED);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(TP_EXIT_FAILED);
+    }
+    pthread_mutex_unlock(&tp->mu);
+    return NULL;
+}
+
+/* Runs job on every rank (rank 0 here, the others on their threads) and waits for all; the
+ * first failure (by rank) becomes the call's error. limit_s > 0: the watchdog ends the
+ * process if the job runs longer (what names it in that message). */
+static gptoss_status tp_run(tp_backend *tp, tp_job_fn job, void *arg, double limit_s,
+                            const char *what, gptoss_error *error) {
+    if (tp->broken)
+        return gptoss_set_error(error, GPTOSS_ERR_BACKEND,
+                                "tensor parallel backend: a rank failed earlier; the backend "
+                                "must be recreated");
+    pthread_mutex_lock(&tp->mu);
+    tp->job = job;
+    tp->job_arg = arg;
+    tp->pending = tp->n - 1;
+    tp->job_seq++;
+    tp->job_active = true;
+    tp->job_t0 = mono_now();
+    tp->job_limit_s = tp->watchdog_started ? limit_s : 0;
+    tp->job_what = what;
+    pthread_cond_broadcast(&tp->cv_job);
+    pthread_cond_signal(&tp->cv_watch);
+    pthread_mutex_unlock(&tp->mu);
+    rank_run(&tp->ranks[0], job, arg);
+    pthread_mutex_lock(&tp->mu);
+    while (tp->pending > 0)
+        pthread_cond_wait(&tp->cv_done, &tp->mu);
+    tp->job_active = false;
+    pthread_cond_signal(&tp->cv_watch);
+    pthread_mutex_unlock(&tp->mu);
+    for (int32_t r = 0; r < tp->n; r++) {
+        if (!tp->ranks[r].st) continue;
+        if (error)
+            snprintf(error->message, sizeof error->message, "GPU rank %d of %d: %.960s", (int)r,
+                     (int)tp->n, tp->ranks[r].error.message);
+        if (error) error->status = tp->ranks[r].st;
+        return tp->ranks[r].st;
+    }
+    if (tp->broken) /* every rank returned, but a peer's failure cut the job short */
+        return gptoss_set_error(error, GPTOSS_ERR_BACKEND,
+                                "tensor parallel backend: the NCCL communicators were aborted "
+                                "during this call");
+    return GPTOSS_OK;
+}
+
+/* Every rank of s's group calls this once per captured graph, between instantiation and the
+ * first launch: no rank's GPU then runs a collective of the new graph while a peer is still
+ * capturing (NCCL's work upload and buffer set-up of a capture are host-side calls that must
+ * not wait on a peer), and the device is idle before it (the capture's eager uploads done). */
+gptoss_status gptoss_cuda_tp_graph_barrier(gptoss_cuda_state *s, gptoss_error *error) {
+    tp_backend *tp = (tp_backend *)s->tp_group;
+    if (!tp || tp->n <= 1) return GPTOSS_OK;
+    gptoss_cuda_tp_phase(s, "waiting for its GPU after a capture");
+    CUDA_TRY(cudaDeviceSynchronize(), "the upload of a captured step");
+    gptoss_cuda_tp_phase(s, "waiting for the other ranks' captures");
+    pthread_mutex_lock(&tp->sync_mu);
+    const uint64_t gen = tp->sync_gen;
+    if (++tp->sync_count == tp->n) {
+        tp->sync_count = 0;
+        tp->sync_gen++;
+        pthread_cond_broadcast(&tp->sync_cv);
+    } else {
+        while (tp->sync_gen == gen && !tp->broken)
+            pthread_cond_wait(&tp->sync_cv, &tp->sync_mu);
+    }
+    const bool broken = tp->sync_gen == gen && tp->broken;
+    pthread_mutex_unlock(&tp->sync_mu);
+    if (broken)
+        return gptoss_set_error(error, GPTOSS_ERR_BACKEND,
+                                "tensor parallel: a peer failed while the ranks met after a "
+                                "graph capture");
+    return GPTOSS_OK;
+}
+
+static void tp_free(tp_backend *tp) {
+    if (!tp) return;
+    pthread_mutex_lock(&tp->mu);
+    tp->quit = true;
+    pthread_cond_broadcast(&tp->cv_job);
+    pthread_cond_broadcast(&tp->cv_watch);
+    pthread_mutex_unlock(&tp->mu);
+    for (int32_t r = 1; r < tp->n; r++)
+        if (tp->ranks[r].started) pthread_join(tp->ranks[r].thread, NULL);
+    if (tp->watchdog_started) pthread_join(tp->watchdog, NULL);
+    for (int32_t r = 0; r < tp->n; r++) {
+        gptoss_cuda_state *s = tp->ranks[r].s;
+        if (s && s->stream) {
+            cudaSetDevice(s->dev.ordinal);
+            cudaStreamSynchronize(s->stream);
+        }
+    }
+    if (tp->have_comms)
+        for (int32_t r = 0; r < tp->n; r++)
+            if (tp->comms[r]) g_nccl.comm_destroy(tp->comms[r]);
+    for (int32_t r = 0; r < tp->n; r++)
+        gptoss_cuda_state_free(tp->ranks[r].s);
+    pthread_mutex_destroy(&tp->mu);
+    pthread_mutex_destroy(&tp->abort_mu);
+    pthread_mutex_destroy(&tp->sync_mu);
+    pthread_cond_destroy(&tp->cv_job);
+    pthread_cond_destroy(&tp->cv_done);
+    pthread_cond_destroy(&tp->cv_watch);
+    pthread_cond_destroy(&tp->sync_cv);
+    free(tp);
+}
+
+/* ---- creation --------------------------------------------------------------------------- */
+
+typedef struct tp_create_args {
+    const gptoss_config *config;
+    const gptoss_backend_options *options;
+    const gptoss_weights *weights; /* NULL: random weights from seed */
+    uint64_t seed;
+} tp_create_args;
+
+/* A view of tensor t's elements [first, first + count) along its leading dimension (rows of
+ * `row` elements). */
+static gptoss_tensor tensor_rows(const gptoss_tensor *t, size_t first, size_t count, size_t row) {
+    gptoss_tensor v = *t;
+    size_t esz = gptoss_dtype_size(t->dtype);
+    v.data = (const unsigned char *)t->data + first * row * esz;
+    v.n_bytes = count * row * esz;
+    v.shape[0] = (int64_t)count;
+    return v;
+}
+
+/* A view of experts [first, first + count) of an expert tensor [E, ...] (any dtype). */
+static gptoss_tensor tensor_experts(const gptoss_tensor *t, size_t first, size_t count, size_t E) {
+    gptoss_tensor v = *t;
+    size_t per = t->n_bytes / E;
+    v.data = (const unsigned char *)t->data + first * per;
+    v.n_bytes = count * per;
+    v.shape[0] = (int64_t)count;
+    return v;
+}
+
+/* Random weights: the rank's slices get the values the whole model gets from the same seed
+ * (gptoss_cuda_weights_random generated them for the rank's own shapes), so a tensor-parallel
+ * backend from create_random computes the same model as a one-GPU backend from that seed.
+ * Follows gptoss_cuda_weights_random's seed order and distributions: 3 seeds before the
+ * layers, 15 per layer. FP8 dense layers keep the rank's own values (the cost is the same). */
+static gptoss_status rank_random_as_whole(gptoss_cuda_state *s, const gptoss_config *c,
+                                          const gptoss_tp_slice *sl, uint64_t seed,
+                                          gptoss_error *error) {
+    const size_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, NH = c->n_heads,
+                 NKV = c->n_kv_heads;
+    const size_t nh = sl->n_heads, nkv = sl->n_kv_heads, h0 = sl->head0, kv0 = sl->kv_head0,
+                 e0 = sl->expert0, ne = sl->n_experts;
+    const float lin_h = 1.0f / sqrtf((float)H), lin_q = 1.0f / sqrtf((float)(NH * D));
+    const int s0_h = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)H))));
+    const int s0_i = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)I))));
+    cudaStream_t k = s->stream;
+    for (int l = 0; l < c->n_layers; l++) {
+        cuda_layer *L = &s->layers[l];
+        const uint64_t n = seed * 1000003ull + 3 + 15 * (uint64_t)l;
+        if (L->qkv_weight.w_bf16) {
+            bf16 *w = L->qkv_weight.w_bf16;
+            gptoss_cuda_fill_normal_bf16_at(w, nh * D * H, h0 * D * H, n + 2, 0.0f, lin_h, k);
+            gptoss_cuda_fill_normal_bf16_at(w + nh * D * H, nkv * D * H, (NH + kv0) * D * H, n + 2,
+                                            0.0f, lin_h, k);
+            gptoss_cuda_fill_normal_bf16_at(w + (nh + nkv) * D * H, nkv * D * H,
+                                            (NH + NKV + kv0) * D * H, n + 2, 0.0f, lin_h, k);
+        }
+        float *b = L->qkv_bias;
+        gptoss_cuda_fill_normal_f32_at(b, nh * D, h0 * D, n + 3, 0.0f, 0.02f, k);
+        gptoss_cuda_fill_normal_f32_at(b + nh * D, nkv * D, (NH + kv0) * D, n + 3, 0.0f, 0.02f, k);
+        gptoss_cuda_fill_normal_f32_at(b + (nh + nkv) * D, nkv * D, (NH + NKV + kv0) * D, n + 3,
+                                       0.0f, 0.02f, k);
+        if (L->o_weight.w_bf16)
+            gptoss_cuda_fill_normal_bf16_rows(L->o_weight.w_bf16, H, nh * D, h0 * D, NH * D, n + 4,
+                                              0.0f, lin_q, k);
+        gptoss_cuda_fill_normal_f32_at(L->sinks, nh, h0, n + 6, 0.0f, 1.0f, k);
+        const size_t gu_b = 2 * I * (H / 32) * 16, gu_s = 2 * I * (H / 32), d_b = H * (I / 32) * 16,
+                     d_s = H * (I / 32);
+        gptoss_cuda_moe_weights *m = &L->moe;
+        gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->gate_up_blocks, ne * gu_b, e0 * gu_b, n + 9, 0,
+                                       255, k);
+        gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->gate_up_scales, ne * gu_s, e0 * gu_s, n + 10,
+                                       s0_h - 1, s0_h + 1, k);
+        gptoss_cuda_fill_normal_f32_at((float *)m->gate_up_bias, ne * 2 * I, e0 * 2 * I, n + 11,
+                                       0.0f, 0.02f, k);
+        gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->down_blocks, ne * d_b, e0 * d_b, n + 12, 0,
+                                       255, k);
+        gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->down_scales, ne * d_s, e0 * d_s, n + 13,
+                                       s0_i - 1, s0_i + 1, k);
+        gptoss_cuda_fill_normal_f32_at((float *)m->down_bias, ne * H, e0 * H, n + 14, 0.0f, 0.02f,
+                                       k);
+    }
+    cudaError_t ce = cudaStreamSynchronize(k);
+    if (ce == cudaSuccess) ce = cudaGetLastError();
+    if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "random weight slices");
+    /* the MoE check ran on the rank's own values */
+    return gptoss_cuda_weights_finish(s, error);
+}
+
+static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
+    const tp_create_args *a = (const tp_create_args *)arg;
+    const gptoss_config *c = a->config;
+    const int32_t n = r->tp->n;
+    const gptoss_tp_slice sl = gptoss_tp_rank_slice(c, n, r->rank);
+    gptoss_config rc = *c;
+    rc.n_heads = sl.n_heads;
+    rc.n_kv_heads = sl.n_kv_heads;
+    /* lm_head by vocabulary: where asked, the vocabulary divides evenly and its rows can be
+     * sliced (bf16 in the checkpoint) */
+    const bool lm_split = r->tp->split_lm_head && c->vocab_size % n == 0 &&
+                          (!a->weights || a->weights->lm_head.dtype == GPTOSS_DTYPE_BF16);
+    const int32_t lm_rows = lm_split ? c->vocab_size / n : 0, lm_row0 = r->rank * lm_rows;
+    gptoss_backend_options o = *a->options;
+    o.device = a->options->device + r->rank;
+    if (r->rank > 0) o.progress = NULL; /* one progress report: rank 0's */
+    gptoss_status st;
+    if (!a->weights) {
+        st = gptoss_cuda_state_create_rank(&rc, &o, NULL, a->seed, sl.expert0, sl.n_experts,
+                                           lm_row0, lm_rows, &r->s, error);
+        if (!st) st = rank_random_as_whole(r->s, c, &sl, a->seed, error);
+    } else {
+        const gptoss_weights *w = a->weights;
+        const size_t H = c->hidden_size, D = c->head_dim, NH = c->n_heads;
+        gptoss_weights v = *w;
+        v.ggml_experts = NULL; /* the experts are unpacked (backend.c) and sliced below */
+        if (lm_split) v.lm_head = tensor_rows(&w->lm_head, (size_t)lm_row0, (size_t)lm_rows, H);
+        v.layers = (gptoss_layer_weights *)calloc((size_t)w->n_layers, sizeof *v.layers);
+        const size_t o_elems = H * sl.n_heads * D;
+        void *o_cols = malloc((size_t)w->n_layers * o_elems * 2);
+        if (!v.layers || !o_cols) {
+            free(v.layers);
+            free(o_cols);
+            return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
+        }
+        st = GPTOSS_OK;
+        for (int32_t l = 0; l < w->n_layers && !st; l++) {
+            const gptoss_layer_weights *lw = &w->layers[l];
+            gptoss_layer_weights *lv = &v.layers[l];
+            *lv = *lw;
+            lv->q_weight = tensor_rows(&lw->q_weight, sl.head0 * D, sl.n_heads * D, H);
+            lv->q_bias = tensor_rows(&lw->q_bias, sl.head0 * D, sl.n_heads * D, 1);
+            lv->k_weight = tensor_rows(&lw->k_weight, sl.kv_head0 * D, sl.n_kv_heads * D, H);
+            lv->k_bias = tensor_rows(&lw->k_bias, sl.kv_head0 * D, sl.n_kv_heads * D, 1);
+            lv->v_weight = tensor_rows(&lw->v_weight, sl.kv_head0 * D, sl.n_kv_heads * D, H);
+            lv->v_bias = tensor_rows(&lw->v_bias, sl.kv_head0 * D, sl.n_kv_heads * D, 1);
+            lv->sinks = tensor_rows(&lw->sinks, sl.head0, sl.n_heads, 1);
+            const gptoss_tensor *ex[6] = {&lw->gate_up_blocks, &lw->gate_up_scales,
+                                          &lw->gate_up_bias,   &lw->down_blocks,
+                                          &lw->down_scales,    &lw->down_bias};
+            gptoss_tensor *vx[6] = {&lv->gate_up_blocks, &lv->gate_up_scales, &lv->gate_up_bias,
+                                    &lv->down_blocks,    &lv->down_scales,    &lv->down_bias};
+            for (int i = 0; i < 6; i++)
+                *vx[i] = tensor_experts(ex[i], sl.expert0, sl.n_experts, c->n_experts);
+            if (lw->o_weight.dtype != GPTOSS_DTYPE_BF16 || lw->o_weight.n_bytes != H * NH * D * 2) {
+                st = gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                      "tensor parallelism: o_proj of layer %d is not a bf16 "
+                                      "[%zu, %zu] matrix",
+                                      (int)l, H, NH * D);
+                break;
+            }
+            void *dst = (unsigned char *)o_cols + (size_t)l * o_elems * 2;
+            gptoss_tp_copy_columns16(lw->o_weight.data, H, NH * D, sl.head0 * D, sl.n_heads * D,
+                                     dst);
+            lv->o_weight.data = dst;
+            lv->o_weight.n_bytes = o_elems * 2;
+            lv->o_weight.shape[1] = (int64_t)(sl.n_heads * D);
+        }
+        if (!st)
+            st = gptoss_cuda_state_create_rank(&rc, &o, &v, 0, sl.expert0, sl.n_experts, lm_row0,
+                                               lm_rows, &r->s, error);
+        free(o_cols);
+        free(v.layers);
+    }
+    if (st) return st;
+    r->s->tp_rank = r->rank;
+    r->s->tp_size = n;
+    r->s->tp_group = r->tp;
+    r->s->tuning.graphs = r->s->tuning.graphs && r->tp->graphs;
+    return GPTOSS_OK;
+}
+
+/* Eager all-reduces of the sizes decode steps use (one row to 64 rows), so NCCL connects
+ * its channels before the first step is captured into a graph. */
+static gptoss_status rank_warm_up(tp_rank *r, void *arg, gptoss_error *error) {
+    (void)arg;
+    gptoss_cuda_state *s = r->s;
+    gptoss_status st = gptoss_cuda_device_bind(&s->dev, error);
+    if (st) return st;
+    const size_t H = (size_t)s->config.hidden_size;
+    float *buf = NULL;
+    st = gptoss_cuda_alloc((void **)&buf, 64 * H * sizeof(float), "an all-reduce warm-up", error);
+    if (st) return st;
+    cudaError_t ce = cudaMemsetAsync(buf, 0, 64 * H * sizeof(float), s->stream);
+    const size_t sizes[3] = {H, 8 * H, 64 * H};
+    gptoss_cuda_tp_phase(s, "enqueuing the warm-up all-reduces");
+    for (int i = 0; i < 3 && ce == cudaSuccess && !st; i++)
+        st = gptoss_cuda_tp_allreduce(s, buf, sizes[i], error);
+    gptoss_cuda_tp_phase(s, "waiting for its GPU (warm-up all-reduces)");
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(s->stream);
+    gptoss_cuda_tp_phase(s, "warm-up done");
+    cudaFree(buf);
+    if (st) return st;
+    if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "all-reduce warm-up");
+    return GPTOSS_OK;
+}
+
+/* Seconds a step or the warm-up may take before the watchdog ends the process: 60 (a
+ * 120b prefill step of 8192 tokens takes about a second), or GPTOSS_TP_TIMEOUT (0: never). */
+static gptoss_status tp_env(double *timeout_s, bool *graphs, bool *split_lm_head,
+                            gptoss_error *error) {
+    *timeout_s = 60;
+    *graphs = false;
+    *split_lm_head = false;
+    const char *l = getenv("GPTOSS_TP_SPLIT_LM_HEAD");
+    if (l && *l) {
+        if (strcmp(l, "0") && strcmp(l, "1"))
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "GPTOSS_TP_SPLIT_LM_HEAD is '%s'; it must be 0 or 1", l);
+        *split_lm_head = l[0] == '1';
+    }
+    const char *t = getenv("GPTOSS_TP_TIMEOUT");
+    if (t && *t) {
+        char *end = NULL;
+        double v = strtod(t, &end);
+        if (end == t || *end || !(v >= 0) || v > 86400)
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "GPTOSS_TP_TIMEOUT is '%s'; it must be a number of seconds "
+                                    "from 0 (no watchdog) to 86400",
+                                    t);
+        *timeout_s = v;
+    }
+    const char *g = getenv("GPTOSS_TP_GRAPHS");
+    if (g && *g) {
+        if (strcmp(g, "0") && strcmp(g, "1"))
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "GPTOSS_TP_GRAPHS is '%s'; it must be 0 or 1", g);
+        *graphs = g[0] == '1';
+    }
+    return GPTOSS_OK;
+}
+
+static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backend_options *options,
+                                      const gptoss_weights *weights, uint64_t seed, void **state,
+                                      gptoss_error *error) {
+    const int32_t n = options->tensor_parallel_size;
+    gptoss_status st = gptoss_tp_check_options(n, options->kind, error);
+    if (st) return st;
+    st = gptoss_tp_check_config(config, n, options->device, gptoss_cuda_count_devices(), error);
+    if (st) return st;
+    double timeout_s = 0;
+    bool graphs = false, split_lm_head = false;
+    st = tp_env(&timeout_s, &graphs, &split_lm_head, error);
+    if (st) return st;
+    st = nccl_load(error);
+    if (st) return st;
+    gptoss_dist_env_defaults();
+    /* 0 keeps the user's value. Connect at creation, not inside a capture. A rank's NCCL work
+     * all goes on its one stream, in order, and every step ends before the next begins, so
+     * NCCL's ordering of graph launches against eager calls (whose events NCCL's
+     * documentation names as a source of deadlocks with several GPUs in one process) and its
+     * buffer registration during a capture (calls to the peers' proxies) are not needed. */
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+    setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 0);
+    setenv("NCCL_GRAPH_REGISTER", "0", 0);
+    tp_backend *tp = (tp_backend *)calloc(1, sizeof *tp);
+    if (!tp) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
+    tp->n = n;
+    tp->graphs = graphs;
+    tp->split_lm_head = split_lm_head;
+    tp->timeout_s = timeout_s;
+    pthread_mutex_init(&tp->mu, NULL);
+    pthread_mutex_init(&tp->abort_mu, NULL);
+    pthread_mutex_init(&tp->sync_mu, NULL);
+    pthread_cond_init(&tp->cv_job, NULL);
+    pthread_cond_init(&tp->cv_done, NULL);
+    pthread_cond_init(&tp->sync_cv, NULL);
+    pthread_condattr_t watch_attr;
+    pthread_condattr_init(&watch_attr);
+    pthread_condattr_setclock(&watch_attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&tp->cv_watch, &watch_attr);
+    pthread_condattr_destroy(&watch_attr);
+    for (int32_t r = 0; r < n; r++) {
+        tp->ranks[r].tp = tp;
+        tp->ranks[r].rank = r;
+    }
+    if (timeout_s > 0) {
+        if (pthread_create(&tp->watchdog, NULL, watchdog_thread, tp) != 0) {
+            tp_free(tp);
+            return gptoss_set_error(error, GPTOSS_ERR_BACKEND,
+                                    "tensor parallelism: cannot start the watchdog thread");
+        }
+        tp->watchdog_started = true;
+    }
+    for (int32_t r = 1; r < n; r++) {
+        if (pthread_create(&tp->ranks[r].thread, NULL, rank_thread, &tp->ranks[r]) != 0) {
+            tp_free(tp);
+            return gptoss_set_error(error, GPTOSS_ERR_BACKEND,
+                                    "tensor parallelism: cannot start a thread per GPU");
+        }
+        tp->ranks[r].started = true;
+    }
+    tp_create_args args = {config, options, weights, seed};
+    st = tp_run(tp, rank_create, &args, 0, "loading", error);
+    if (st) {
+        tp_free(tp);
+        return st;
+    }
+    int devices[GPTOSS_TP_MAX];
+    for (int32_t r = 0; r < n; r++)
+        devices[r] = options->device + r;
+    st = nccl_check(g_nccl.comm_init_all(tp->comms, n, devices), "communicator creation", error);
+    if (st) {
+        tp_free(tp);
+        return st;
+    }
+    tp->have_comms = true;
+    int32_t blocks = INT_MAX, sliding = INT_MAX;
+    for (int32_t r = 0; r < n; r++) {
+        gptoss_cuda_state *s = tp->ranks[r].s;
+        s->tp_comm = tp->comms[r];
+        if (s->n_kv_blocks < blocks) blocks = s->n_kv_blocks;
+        if (s->n_sliding_kv_blocks < sliding) sliding = s->n_sliding_kv_blocks;
+    }
+    options->n_kv_blocks = blocks;
+    options->n_sliding_kv_blocks = sliding;
+    options->kv_shared_pages = tp->ranks[0].s->kv_shared;
+    st = tp_run(tp, rank_warm_up, NULL, tp->timeout_s, "the NCCL warm-up", error);
+    if (st) {
+        tp_free(tp);
+        return st;
+    }
+    int version = 0;
+    g_nccl.get_version(&version);
+    GPTOSS_LOG_I("cuda", "tensor parallel over GPUs %d..%d (NCCL %d), %d KV pages per GPU",
+                 (int)options->device, (int)(options->device + n - 1), version, (int)blocks);
+    if (tp->ranks[0].s->tuning.graphs)
+        GPTOSS_LOG_I("cuda", "tensor parallel: decode steps captured as CUDA graphs "
+                             "(GPTOSS_TP_GRAPHS=1)");
+    else
+        GPTOSS_LOG_I("cuda", "tensor parallel: decode steps run without CUDA graphs "
+                             "(GPTOSS_TP_GRAPHS=1 captures them)");
+    if (tp->ranks[0].s->lm_rows < config->vocab_size)
+        GPTOSS_LOG_I("cuda",
+                     "tensor parallel: lm_head split by vocabulary, %d rows per GPU "
+                     "(GPTOSS_TP_SPLIT_LM_HEAD=1)",
+                     (int)tp->ranks[0].s->lm_rows);
+    if (tp->timeout_s > 0)
+        GPTOSS_LOG_I("cuda",
+                     "tensor parallel: a step running over %.0f s ends the process "
+                     "(GPTOSS_TP_TIMEOUT)",
+                     tp->timeout_s);
+    *state = tp;
+    return GPTOSS_OK;
+}
+
+/* ---- the ops table ---------------------------------------------------------------------- */
+
+static gptoss_status tp_create(const gptoss_model *model, gptoss_backend_options *options,
+                               void **state, gptoss_error *error) {
+    return tp_create_common(gptoss_model_config(model), options, gptoss_model_weights(model), 0,
+                            state, error);
+}
+
+static gptoss_status tp_create_random(const gptoss_config *config, gptoss_backend_options *options,
+                                      uint64_t seed, void **state, gptoss_error *error) {
+    return tp_create_common(config, options, NULL, seed, state, error);
+}
+
+static void tp_destroy(void *state) {
+    tp_free((tp_backend *)state);
+}
+
+/* The arguments of one forward call; rank 0 runs `rank0`, the others the bare step. */
+typedef struct tp_step_args {
+    const gptoss_batch_plan *plan;
+    float *logits;
+    const gptoss_logits_summary *summary;
+    const gptoss_sample_batch *batch;
+    int kind; /* 0 forward, 1 summary, 2 sample, 3 the step alone (rank 0 not waited for) */
+} tp_step_args;
+
+static const char *const step_names[4] = {"a forward step", "a summary step", "a sampling step",
+                                          "a benchmark step"};
+
+static gptoss_status rank_step(tp_rank *r, void *arg, gptoss_error *error) {
+    const tp_step_args *a = (const tp_step_args *)arg;
+    gptoss_cuda_state *s = r->s;
+    gptoss_cuda_tp_phase(s, "starting a step");
+    if (r->rank == 0) { /* its own waits for the GPU are in these (phase: what it launched) */
+        gptoss_status st;
+        switch (a->kind) {
+        case 0:
+            st = gptoss_cuda_backend_ops.forward(s, a->plan, a->logits, error);
+            break;
+        case 1:
+            st = gptoss_cuda_backend_ops.forward_summary(s, a->plan, a->summary, error);
+            break;
+        case 3:
+            st = gptoss_cuda_forward_device(s, a->plan, error);
+            break;
+        default:
+            st = gptoss_cuda_backend_ops.forward_sample(s, a->plan, a->batch, error);
+            break;
+        }
+        gptoss_cuda_tp_phase(s, "step done");
+        return st;
+    }
+    /* Every rank captures, replays or runs eagerly exactly when rank 0 does: a collective
+     * captured on one rank and run eagerly on another is not the same NCCL operation. Rank 0's
+     * graph switch and profiling (bench) decide. */
+    const gptoss_cuda_state *r0 = r->tp->ranks[0].s;
+    s->tuning.graphs = r0->tuning.graphs && !r0->profiling;
+    gptoss_status st = gptoss_cuda_forward_device(s, a->plan, error);
+    if (st) return st;
+    gptoss_cuda_tp_phase(s, "waiting for its GPU");
+    CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
+    gptoss_cuda_tp_phase(s, "step done");
+    return GPTOSS_OK;
+}
+
+static gptoss_status tp_step_run(tp_backend *tp, tp_step_args *a, gptoss_error *error) {
+    pthread_mutex_lock(&tp->mu);
+    tp->steps++;
+    const unsigned long long step = (unsigned long long)tp->steps;
+    pthread_mutex_unlock(&tp->mu);
+    gptoss_error local;
+    if (!error) error = &local;
+    gptoss_status st = tp_run(tp, rank_step, a, tp->timeout_s, step_names[a->kind], error);
+    if (st) {
+        GPTOSS_LOG_E("cuda",
+                     "tensor parallel: %s (step %llu) failed: %s; the NCCL communicators are "
+                     "aborted, so no later step can run: exiting with status %d",
+                     step_names[a->kind], step, error->message, TP_EXIT_FAILED);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(TP_EXIT_FAILED);
+    }
+    return GPTOSS_OK;
+}
+
+static gptoss_status tp_forward(void *state, const gptoss_batch_plan *plan, float *logits,
+                                gptoss_error *error) {
+    tp_step_args a = {plan, logits, NULL, NULL, 0};
+    return tp_step_run((tp_backend *)state, &a, error);
+}
+
+static gptoss_status tp_forward_summary(void *state, const gptoss_batch_plan *plan,
+                                        const gptoss_logits_summary *out, gptoss_error *error) {
+    tp_step_args a = {plan, NULL, out, NULL, 1};
+    return tp_step_run((tp_backend *)state, &a, error);
+}
+
+static gptoss_status tp_forward_sample(void *state, const gptoss_batch_plan *plan,
+                                       const gptoss_sample_batch *batch, gptoss_error *error) {
+    tp_step_args a = {plan, NULL, NULL, batch, 2};
+    return tp_step_run((tp_backend *)state, &a, error);
+}
+
+gptoss_status gptoss_cuda_tp_step(void *group, const gptoss_batch_plan *plan, gptoss_error *error) {
+    tp_step_args a = {plan, NULL, NULL, NULL, 3};
+    return tp_step_run((tp_backend *)group, &a, error);
+}
+
+gptoss_cuda_state *gptoss_cuda_tp_rank0(void *group) {
+    return ((tp_backend *)group)->ranks[0].s;
+}
+
+extern "C" const gptoss_backend_ops gptoss_cuda_tp_backend_ops = {
+    "cuda",     tp_create,          tp_create_random, tp_destroy,
+    tp_forward, tp_forward_summary, tp_forward_sample};

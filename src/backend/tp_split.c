@@ -1,0 +1,60 @@
+/*
+ * tp_split.c - the arithmetic and checks of tensor parallelism (see tp_split.h); owns nothing.
+ */
+#include "backend/tp_split.h"
+
+#include "util/error.h"
+
+#include <string.h>
+
+gptoss_status gptoss_tp_check_options(int32_t tp_size, gptoss_backend_kind kind,
+                                      gptoss_error *error) {
+    if (tp_size == 0 || tp_size == 1) return GPTOSS_OK;
+    if (tp_size != 2 && tp_size != 4 && tp_size != 8)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "backend: tensor_parallel_size must be 1, 2, 4 or 8, got %d",
+                                (int)tp_size);
+    if (kind != GPTOSS_BACKEND_CUDA)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "backend: tensor parallelism (tensor_parallel_size %d) needs the "
+                                "CUDA backend; the CPU backend runs on one device",
+                                (int)tp_size);
+    return GPTOSS_OK;
+}
+
+gptoss_status gptoss_tp_check_config(const gptoss_config *c, int32_t tp_size, int32_t device,
+                                     int32_t n_devices, gptoss_error *error) {
+    if (tp_size <= 1) return GPTOSS_OK;
+    if (device < 0 || device + tp_size > n_devices)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "tensor parallel size %d needs GPUs %d..%d, but %d %s visible",
+                                (int)tp_size, (int)device, (int)(device + tp_size - 1),
+                                (int)n_devices, n_devices == 1 ? "is" : "are");
+    if (c->n_heads % tp_size || c->n_kv_heads % tp_size || c->n_experts % tp_size)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "tensor parallel size %d must divide the model's query heads (%d), "
+                                "KV heads (%d) and experts (%d)",
+                                (int)tp_size, (int)c->n_heads, (int)c->n_kv_heads,
+                                (int)c->n_experts);
+    return GPTOSS_OK;
+}
+
+gptoss_tp_slice gptoss_tp_rank_slice(const gptoss_config *c, int32_t tp_size, int32_t rank) {
+    gptoss_tp_slice s;
+    if (tp_size < 1) tp_size = 1;
+    s.n_heads = c->n_heads / tp_size;
+    s.n_kv_heads = c->n_kv_heads / tp_size;
+    s.n_experts = c->n_experts / tp_size;
+    s.head0 = rank * s.n_heads;
+    s.kv_head0 = rank * s.n_kv_heads;
+    s.expert0 = rank * s.n_experts;
+    return s;
+}
+
+void gptoss_tp_copy_columns16(const void *src, size_t rows, size_t cols, size_t col0, size_t n_cols,
+                              void *dst) {
+    const unsigned char *s = (const unsigned char *)src;
+    unsigned char *d = (unsigned char *)dst;
+    for (size_t r = 0; r < rows; r++)
+        memcpy(d + r * n_cols * 2, s + (r * cols + col0) * 2, n_cols * 2);
+}
