@@ -960,5 +960,11 @@ gptoss_cuda_state *gptoss_cuda_tp_rank0(void *group) {
 }
 
 extern "C" const gptoss_backend_ops gptoss_cuda_tp_backend_ops = {
-    "cuda",     tp_create,          tp_create_random, tp_destroy,
-    tp_forward, tp_forward_summary, tp_forward_sample};
+    "cuda",
+    tp_create,
+    tp_create_random,
+    tp_destroy,
+    tp_forward,
+    tp_forward_summary,
+    tp_forward_sample,
+    false /* converts_ggml_experts: the ranks slice unpacked experts (backend.c unpacks) */};
