@@ -13,9 +13,10 @@
  * without tensor parallelism needs no NCCL. A failing rank aborts every communicator (ranks
  * waiting in a collective for it return) and the backend refuses later calls.
  *
- * Decode steps run eagerly unless GPTOSS_TP_GRAPHS=1: then every rank captures the same step
- * at the same time (one rank capturing while another runs a step can deadlock NCCL inside one
- * process), and no rank launches a new graph before every rank has instantiated its own.
+ * Decode steps are captured as CUDA graphs (GPTOSS_TP_GRAPHS=0 runs them eagerly): every rank
+ * captures the same step at the same time (one rank capturing while another runs a step can
+ * deadlock NCCL inside one process), no rank launches a new graph before every rank has
+ * instantiated its own, and the graphs are destroyed before the communicators (tp_free).
  *
  * A watchdog bounds every step: a step still running after GPTOSS_TP_TIMEOUT seconds (a rank
  * hung, or its GPU died) is logged with the ranks still in it, the communicators are aborted,
@@ -485,6 +486,10 @@ static void tp_free(tp_backend *tp) {
         if (s && s->stream) {
             cudaSetDevice(s->dev.ordinal);
             cudaStreamSynchronize(s->stream);
+            /* graphs holding NCCL kernels go before their communicators: NCCL keeps resources
+             * alive for captured collectives, and destroying a communicator a graph still
+             * references waits for ever */
+            gptoss_cuda_graphs_clear(s);
         }
     }
     if (tp->have_comms)
@@ -703,7 +708,7 @@ static gptoss_status rank_warm_up(tp_rank *r, void *arg, gptoss_error *error) {
 static gptoss_status tp_env(double *timeout_s, bool *graphs, bool *split_lm_head,
                             gptoss_error *error) {
     *timeout_s = 60;
-    *graphs = false;
+    *graphs = true;
     *split_lm_head = false;
     const char *l = getenv("GPTOSS_TP_SPLIT_LM_HEAD");
     if (l && *l) {
@@ -829,10 +834,10 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
                  (int)options->device, (int)(options->device + n - 1), version, (int)blocks);
     if (tp->ranks[0].s->tuning.graphs)
         GPTOSS_LOG_I("cuda", "tensor parallel: decode steps captured as CUDA graphs "
-                             "(GPTOSS_TP_GRAPHS=1)");
+                             "(GPTOSS_TP_GRAPHS=0 runs them eagerly)");
     else
         GPTOSS_LOG_I("cuda", "tensor parallel: decode steps run without CUDA graphs "
-                             "(GPTOSS_TP_GRAPHS=1 captures them)");
+                             "(GPTOSS_TP_GRAPHS=0)");
     if (tp->ranks[0].s->lm_rows < config->vocab_size)
         GPTOSS_LOG_I("cuda",
                      "tensor parallel: lm_head split by vocabulary, %d rows per GPU "
