@@ -157,6 +157,7 @@ typedef struct p2p_ptrs {
     float *slots[GPTOSS_TP_MAX];    /* rank q's receive area [2][N][slot_floats] */
     uint32_t *flags[GPTOSS_TP_MAX]; /* rank q's flags [P2P_BLOCKS][N] */
     uint32_t *counters;             /* this rank's rounds [P2P_BLOCKS] */
+    const uint32_t *abort;          /* nonzero once the group is aborted (host memory) */
     int32_t rank;
     uint32_t slot_floats;
 } p2p_ptrs;
@@ -225,8 +226,10 @@ static __global__ void __launch_bounds__(P2P_THREADS)
     if (tid < (uint32_t)N) {
         p2p_store_release(a.flags[tid] + b * N + a.rank, epoch);
         const uint32_t *f = a.flags[a.rank] + b * N + tid;
-        while ((int32_t)(p2p_load_acquire(f) - epoch) < 0) {
-        }
+        /* a peer that failed never comes: the abort word ends the wait (the sum is then
+         * garbage, and the step fails on the host) */
+        for (uint32_t spins = 1; (int32_t)(p2p_load_acquire(f) - epoch) < 0; spins++)
+            if ((spins & 1023u) == 0 && *(const volatile uint32_t *)a.abort) break;
     }
     __syncthreads();
     const float *own = a.slots[a.rank] + area;
@@ -261,9 +264,11 @@ static void p2p_launch(const p2p_ptrs &a, float *buf, uint32_t n, cudaStream_t s
 /* The peer-memory all-reduce of a group (tp_backend.p2p): on, and each rank's pointers. */
 typedef struct tp_p2p {
     bool on;
-    size_t max_floats;            /* sums of at most this many floats take it */
-    void *mem[GPTOSS_TP_MAX];     /* rank r's allocation: slots, flags, counters */
-    p2p_ptrs ptrs[GPTOSS_TP_MAX]; /* rank r's kernel arguments */
+    size_t max_floats;                  /* sums of at most this many floats take it */
+    void *mem[GPTOSS_TP_MAX];           /* rank r's allocation: slots, flags, counters */
+    uint32_t *abort_host;               /* mapped host word: 1 once tp_abort ran */
+    uint32_t *abort_dev[GPTOSS_TP_MAX]; /* rank r's address of it */
+    p2p_ptrs ptrs[GPTOSS_TP_MAX];       /* rank r's kernel arguments */
 } tp_p2p;
 
 static tp_p2p *group_p2p(void *group);
@@ -452,6 +457,8 @@ static void tp_abort(tp_backend *tp) {
             for (int32_t r = 0; r < tp->n; r++)
                 if (tp->comms[r]) g_nccl.comm_abort(tp->comms[r]);
         tp->have_comms = false;
+        /* kernels of the peer-memory all-reduce waiting for a peer stop waiting */
+        if (tp->p2p.abort_host) __atomic_store_n(tp->p2p.abort_host, 1u, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&tp->abort_mu);
     pthread_mutex_lock(&tp->sync_mu);
@@ -674,6 +681,7 @@ static void tp_free(tp_backend *tp) {
         }
     for (int32_t r = 0; r < tp->n; r++)
         gptoss_cuda_state_free(tp->ranks[r].s);
+    if (tp->p2p.abort_host) cudaFreeHost(tp->p2p.abort_host);
     pthread_mutex_destroy(&tp->mu);
     pthread_mutex_destroy(&tp->abort_mu);
     pthread_mutex_destroy(&tp->sync_mu);
@@ -933,6 +941,16 @@ static gptoss_status rank_p2p_setup(tp_rank *r, void *arg, gptoss_error *error) 
                  cudaGetErrorString(ce));
         return GPTOSS_OK;
     }
+    uint32_t *abort_dev = NULL;
+    ce = cudaHostGetDevicePointer((void **)&abort_dev, tp->p2p.abort_host, 0);
+    if (ce != cudaSuccess) {
+        cudaFree(mem);
+        cudaGetLastError();
+        snprintf(a->why[r->rank], sizeof a->why[r->rank], "GPU %d cannot map host memory (%s)", me,
+                 cudaGetErrorString(ce));
+        return GPTOSS_OK;
+    }
+    tp->p2p.abort_dev[r->rank] = abort_dev;
     tp->p2p.mem[r->rank] = mem;
     a->ok[r->rank] = true;
     return GPTOSS_OK;
@@ -943,6 +961,18 @@ static gptoss_status rank_p2p_setup(tp_rank *r, void *arg, gptoss_error *error) 
 static gptoss_status p2p_setup(tp_backend *tp, gptoss_error *error) {
     tp_p2p *p = &tp->p2p;
     if (p->max_floats == 0) return GPTOSS_OK;
+    cudaError_t ce = cudaHostAlloc((void **)&p->abort_host, sizeof(uint32_t),
+                                   cudaHostAllocMapped | cudaHostAllocPortable);
+    if (ce != cudaSuccess) {
+        cudaGetLastError();
+        p->abort_host = NULL;
+        GPTOSS_LOG_W("cuda",
+                     "tensor parallel: no all-reduce over peer memory (no mapped host "
+                     "memory: %s); NCCL sums every size",
+                     cudaGetErrorString(ce));
+        return GPTOSS_OK;
+    }
+    *(volatile uint32_t *)p->abort_host = 0;
     p2p_setup_args a;
     memset(&a, 0, sizeof a);
     gptoss_status st =
@@ -965,6 +995,8 @@ static gptoss_status p2p_setup(tp_backend *tp, gptoss_error *error) {
                 p->mem[r] = NULL;
             }
         cudaSetDevice(current);
+        cudaFreeHost(p->abort_host);
+        p->abort_host = NULL;
         return GPTOSS_OK;
     }
     const size_t slots = 2 * (size_t)tp->n * p->max_floats;
@@ -976,6 +1008,7 @@ static gptoss_status p2p_setup(tp_backend *tp, gptoss_error *error) {
             k->flags[q] = (uint32_t *)((float *)p->mem[q] + slots);
         }
         k->counters = k->flags[r] + P2P_BLOCKS * GPTOSS_TP_MAX;
+        k->abort = p->abort_dev[r];
         k->rank = r;
         k->slot_floats = (uint32_t)p->max_floats;
     }
