@@ -100,7 +100,7 @@ static gptoss_status rank_job(gptoss_cuda_state *s, void *arg, gptoss_error *err
     cudaEvent_t ev[2] = {NULL, NULL};
     if (ctx->mode == 2) { /* timing: zeros stay zeros */
         TRY_CUDA(cudaMalloc((void **)&work, ROW * sizeof(float)), "work buffer");
-        TRY_CUDA(cudaMemset(work, 0, ROW * sizeof(float)), "work buffer");
+        TRY_CUDA(cudaMemsetAsync(work, 0, ROW * sizeof(float), s->stream), "work buffer");
         TRY_CUDA(cudaEventCreate(&ev[0]), "event");
         TRY_CUDA(cudaEventCreate(&ev[1]), "event");
         for (int i = 0; i < 10; i++)
@@ -138,9 +138,10 @@ static gptoss_status rank_job(gptoss_cuda_state *s, void *arg, gptoss_error *err
     TRY_CUDA(cudaMalloc((void **)&in, ctx->total * sizeof(float)), "round inputs");
     TRY_CUDA(cudaMalloc((void **)&out, ctx->total * sizeof(float)), "round outputs");
     TRY_CUDA(cudaMalloc((void **)&work, (ctx->max_n + 4) * sizeof(float)), "work buffer");
-    TRY_CUDA(cudaMemcpy(in, ctx->in[r].data(), ctx->total * sizeof(float), cudaMemcpyHostToDevice),
+    TRY_CUDA(cudaMemcpyAsync(in, ctx->in[r].data(), ctx->total * sizeof(float),
+                             cudaMemcpyHostToDevice, s->stream),
              "round inputs");
-    TRY_CUDA(cudaMemset(out, 0xff, ctx->total * sizeof(float)), "round outputs");
+    TRY_CUDA(cudaMemsetAsync(out, 0xff, ctx->total * sizeof(float), s->stream), "round outputs");
     if (ctx->mode == 0) {
         TRY_ST(enqueue_rounds(s, ctx->rounds.data(), ctx->rounds.size(), 0, in, out, work, error));
     } else {

@@ -933,6 +933,7 @@ static gptoss_status rank_p2p_setup(tp_rank *r, void *arg, gptoss_error *error) 
     void *mem = NULL;
     cudaError_t ce = cudaMalloc(&mem, bytes);
     if (ce == cudaSuccess) ce = cudaMemset(mem, 0, bytes);
+    if (ce == cudaSuccess) ce = cudaDeviceSynchronize(); /* zeroed before any peer writes */
     if (ce != cudaSuccess) {
         if (mem) cudaFree(mem);
         cudaGetLastError();
