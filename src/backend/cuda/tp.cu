@@ -1,8 +1,9 @@
 /*
  * tp.cu - tensor parallelism over N GPUs of one host: one process, one full CUDA state per
  * GPU holding its rank's share of the model (tp_split.h), one host thread per rank, and two
- * NCCL sum all-reduces per layer (the o-projection's output and the experts' weighted sum,
- * both enqueued on the rank's stream, so a decode step can be one captured CUDA graph).
+ * sum all-reduces per layer (the o-projection's output and the experts' weighted sum, both
+ * enqueued on the rank's stream, so a decode step can be one captured CUDA graph): small ones
+ * by one kernel writing into the peers' memory (below), larger ones by NCCL.
  *
  * The engine sees one backend: every call hands the same validated plan to every rank and
  * waits for all of them; rank 0 runs the ops table's own call (forward, summary or sample) and
@@ -24,7 +25,8 @@
  * way, after the error is logged: its communicators are aborted, so no later step could run,
  * and a server must not go on failing every request.
  *
- * Owns the rank states, their threads and communicators, and the watchdog thread.
+ * Owns the rank states, their threads and communicators, the peer-memory all-reduce's
+ * buffers, and the watchdog thread.
  */
 #include "backend/cuda/cuda_backend.h"
 
