@@ -270,9 +270,18 @@ static inline void gptoss_cuda_tp_phase(gptoss_cuda_state *s, const char *phase)
  * error when a peer failed meanwhile). Nothing when tp_size is 1. */
 gptoss_status gptoss_cuda_tp_graph_barrier(gptoss_cuda_state *s, gptoss_error *error);
 /* Enqueues the sum over the ranks of buf [n] f32, in place, on s->stream (nothing when
- * tp_size is 1). */
+ * tp_size is 1): one kernel over peer memory up to gptoss_cuda_tp_p2p_max_floats(s) floats
+ * (every rank then gets bitwise the same sum, added in rank order), NCCL above. */
 gptoss_status gptoss_cuda_tp_allreduce(gptoss_cuda_state *s, float *buf, size_t n,
                                        gptoss_error *error);
+/* The most floats the peer-memory all-reduce of s's group takes (0: NCCL for every size). */
+size_t gptoss_cuda_tp_p2p_max_floats(const gptoss_cuda_state *s);
+/* Runs fn on every rank of the group at once, each on its own thread with its device bound,
+ * and waits for all (the first failure by rank is the error); bounded by the watchdog. */
+gptoss_status gptoss_cuda_tp_each_rank(void *group,
+                                       gptoss_status (*fn)(gptoss_cuda_state *s, void *arg,
+                                                           gptoss_error *error),
+                                       void *arg, gptoss_error *error);
 /* lm_head split by vocabulary: gathers every rank's part [NL, lm_rows] (w->lm_part) and,
  * on rank 0, puts the rows together in w->logits [NL, V]. */
 gptoss_status gptoss_cuda_tp_gather_logits(gptoss_cuda_state *s, int32_t NL, gptoss_error *error);

@@ -1,8 +1,9 @@
 /*
  * tp.cu - tensor parallelism over N GPUs of one host: one process, one full CUDA state per
  * GPU holding its rank's share of the model (tp_split.h), one host thread per rank, and two
- * NCCL sum all-reduces per layer (the o-projection's output and the experts' weighted sum,
- * both enqueued on the rank's stream, so a decode step can be one captured CUDA graph).
+ * sum all-reduces per layer (the o-projection's output and the experts' weighted sum, both
+ * enqueued on the rank's stream, so a decode step can be one captured CUDA graph): small ones
+ * by one kernel writing into the peers' memory (below), larger ones by NCCL.
  *
  * The engine sees one backend: every call hands the same validated plan to every rank and
  * waits for all of them; rank 0 runs the ops table's own call (forward, summary or sample) and
@@ -24,7 +25,8 @@
  * way, after the error is logged: its communicators are aborted, so no later step could run,
  * and a server must not go on failing every request.
  *
- * Owns the rank states, their threads and communicators, and the watchdog thread.
+ * Owns the rank states, their threads and communicators, the peer-memory all-reduce's
+ * buffers, and the watchdog thread.
  */
 #include "backend/cuda/cuda_backend.h"
 
@@ -127,17 +129,189 @@ static gptoss_status nccl_check(nccl_result_t r, const char *what, gptoss_error 
                             g_nccl.error_string ? g_nccl.error_string(r) : "?", (int)r);
 }
 
+/* ---- the all-reduce over peer memory ------------------------------------------------------
+ *
+ * Small sums (decode: one row of hidden_size floats per token) are one kernel instead of an
+ * NCCL collective, whose fixed cost (about 15 us on NVLink) is larger than the transfer. Every
+ * rank owns a receive area [2 parities][N ranks][slot_floats], flags [P2P_BLOCKS][N] and round
+ * counters [P2P_BLOCKS], all in its own GPU memory; with peer access enabled between every
+ * pair of GPUs each rank writes straight into its peers' areas.
+ *
+ * Block b of rank r, in its round e (counters[b] + 1, kept in device memory by the kernel, so
+ * a replayed graph advances it like an eager launch): writes its chunk of the input into slot
+ * r of parity e & 1 on every rank (its own included), fences, stores e into flag [b][r] of
+ * every rank (release, system scope), waits until flags [b][0..N-1] of its own GPU reach e
+ * (acquire), then sums slots 0..N-1 in that order into the output: every rank adds the same
+ * values in the same order, so every rank gets bitwise the same sum. Flags only grow, so a
+ * peer already in round e + 1 does not hide round e. The two parities keep a fast rank off
+ * the slots a slow one is still reading: a rank writes parity e & 1 again only in round e + 2,
+ * after its peers' flags of round e + 1, which their kernels set after their round e ended.
+ * The grid is always P2P_BLOCKS blocks, so the counters of every block stay equal and block b
+ * covers the same floats on every rank.
+ *
+ * The kernel is launched without programmatic dependent launch: it starts after the kernel
+ * that wrote its input has finished, and the next one (PDL or not) waits for its end. */
+
+#define P2P_BLOCKS 32
+#define P2P_THREADS 256
+
+typedef struct p2p_ptrs {
+    float *slots[GPTOSS_TP_MAX];    /* rank q's receive area [2][N][slot_floats] */
+    uint32_t *flags[GPTOSS_TP_MAX]; /* rank q's flags [P2P_BLOCKS][N] */
+    uint32_t *counters;             /* this rank's rounds [P2P_BLOCKS] */
+    const uint32_t *abort;          /* nonzero once the group is aborted (host memory) */
+    int32_t rank;
+    uint32_t slot_floats;
+} p2p_ptrs;
+
+static __device__ __forceinline__ void p2p_fence_sys(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700
+    __threadfence_system();
+#else
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void p2p_store_release(uint32_t *p, uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700
+    __threadfence_system();
+    *(volatile uint32_t *)p = v;
+#else
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#endif
+}
+
+static __device__ __forceinline__ uint32_t p2p_load_acquire(const uint32_t *p) {
+    uint32_t v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700
+    v = *(const volatile uint32_t *)p;
+    __threadfence_system();
+#else
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+#endif
+    return v;
+}
+
+static __device__ __forceinline__ float4 add4(float4 a, float4 b) {
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
+/* buf [n] f32 in place; VEC: buf 16-byte aligned and n a multiple of 4. Block b covers the
+ * floats [b c, (b + 1) c) with c a multiple of 4, the same with or without VEC. */
+template <int N, bool VEC>
+static __global__ void __launch_bounds__(P2P_THREADS)
+    p2p_allreduce_kernel(p2p_ptrs a, float *buf, uint32_t n) {
+    const uint32_t b = blockIdx.x, tid = threadIdx.x;
+    const uint32_t epoch = __ldcg(a.counters + b) + 1; /* every thread, before the barriers */
+    const uint32_t par = epoch & 1u;
+    const uint32_t per = ((n + 3) / 4 + P2P_BLOCKS - 1) / P2P_BLOCKS * 4;
+    const uint32_t lo = min(n, b * per), hi = min(n, (b + 1) * per);
+    const size_t area = (size_t)par * N * a.slot_floats;
+    const size_t mine = area + (size_t)a.rank * a.slot_floats;
+    if (VEC) {
+        for (uint32_t i = lo / 4 + tid; i < hi / 4; i += P2P_THREADS) {
+            const float4 v = ((const float4 *)buf)[i];
+#pragma unroll
+            for (int q = 0; q < N; q++)
+                ((float4 *)(a.slots[q] + mine))[i] = v;
+        }
+    } else {
+        for (uint32_t i = lo + tid; i < hi; i += P2P_THREADS) {
+            const float v = buf[i];
+#pragma unroll
+            for (int q = 0; q < N; q++)
+                a.slots[q][mine + i] = v;
+        }
+    }
+    p2p_fence_sys();
+    __syncthreads();
+    if (tid < (uint32_t)N) {
+        p2p_store_release(a.flags[tid] + b * N + a.rank, epoch);
+        const uint32_t *f = a.flags[a.rank] + b * N + tid;
+        /* a peer that failed never comes: the abort word ends the wait (the sum is then
+         * garbage, and the step fails on the host) */
+        for (uint32_t spins = 1; (int32_t)(p2p_load_acquire(f) - epoch) < 0; spins++)
+            if ((spins & 1023u) == 0 && *(const volatile uint32_t *)a.abort) break;
+    }
+    __syncthreads();
+    const float *own = a.slots[a.rank] + area;
+    if (VEC) {
+        for (uint32_t i = lo / 4 + tid; i < hi / 4; i += P2P_THREADS) {
+            float4 acc = __ldcg((const float4 *)own + i);
+#pragma unroll
+            for (int q = 1; q < N; q++)
+                acc = add4(acc, __ldcg((const float4 *)(own + (size_t)q * a.slot_floats) + i));
+            ((float4 *)buf)[i] = acc;
+        }
+    } else {
+        for (uint32_t i = lo + tid; i < hi; i += P2P_THREADS) {
+            float acc = __ldcg(own + i);
+#pragma unroll
+            for (int q = 1; q < N; q++)
+                acc += __ldcg(own + (size_t)q * a.slot_floats + i);
+            buf[i] = acc;
+        }
+    }
+    if (tid == 0) a.counters[b] = epoch;
+}
+
+template <int N>
+static void p2p_launch(const p2p_ptrs &a, float *buf, uint32_t n, cudaStream_t stream) {
+    if (n % 4 == 0 && ((uintptr_t)buf & 15) == 0)
+        p2p_allreduce_kernel<N, true><<<P2P_BLOCKS, P2P_THREADS, 0, stream>>>(a, buf, n);
+    else
+        p2p_allreduce_kernel<N, false><<<P2P_BLOCKS, P2P_THREADS, 0, stream>>>(a, buf, n);
+}
+
+/* The peer-memory all-reduce of a group (tp_backend.p2p): on, and each rank's pointers. */
+typedef struct tp_p2p {
+    bool on;
+    size_t max_floats;                  /* sums of at most this many floats take it */
+    void *mem[GPTOSS_TP_MAX];           /* rank r's allocation: slots, flags, counters */
+    uint32_t *abort_host;               /* mapped host word: 1 once tp_abort ran */
+    uint32_t *abort_dev[GPTOSS_TP_MAX]; /* rank r's address of it */
+    p2p_ptrs ptrs[GPTOSS_TP_MAX];       /* rank r's kernel arguments */
+} tp_p2p;
+
+static tp_p2p *group_p2p(void *group);
+
 /* ---- what the layer loop calls ---------------------------------------------------------- */
 
-gptoss_status gptoss_cuda_tp_allreduce(gptoss_cuda_state *s, float *buf, size_t n,
-                                       gptoss_error *error) {
-    if (s->tp_size <= 1 || n == 0) return GPTOSS_OK;
+static gptoss_status nccl_allreduce(gptoss_cuda_state *s, float *buf, size_t n,
+                                    gptoss_error *error) {
     const char *was = __atomic_load_n(&s->tp_phase, __ATOMIC_ACQUIRE);
     gptoss_cuda_tp_phase(s, "in ncclAllReduce");
     nccl_result_t r =
         g_nccl.all_reduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM, (nccl_comm_t)s->tp_comm, s->stream);
     gptoss_cuda_tp_phase(s, was);
     return nccl_check(r, "all-reduce", error);
+}
+
+/* The choice depends on n alone, so every rank of a group takes the same path. */
+gptoss_status gptoss_cuda_tp_allreduce(gptoss_cuda_state *s, float *buf, size_t n,
+                                       gptoss_error *error) {
+    if (s->tp_size <= 1 || n == 0) return GPTOSS_OK;
+    const tp_p2p *p = s->tp_group ? group_p2p(s->tp_group) : NULL;
+    if (!p || !p->on || n > p->max_floats) return nccl_allreduce(s, buf, n, error);
+    const p2p_ptrs &a = p->ptrs[s->tp_rank];
+    switch (s->tp_size) {
+    case 2:
+        p2p_launch<2>(a, buf, (uint32_t)n, s->stream);
+        break;
+    case 4:
+        p2p_launch<4>(a, buf, (uint32_t)n, s->stream);
+        break;
+    default:
+        p2p_launch<8>(a, buf, (uint32_t)n, s->stream);
+        break;
+    }
+    CUDA_TRY(cudaGetLastError(), "the peer-memory all-reduce");
+    return GPTOSS_OK;
+}
+
+size_t gptoss_cuda_tp_p2p_max_floats(const gptoss_cuda_state *s) {
+    const tp_p2p *p = s->tp_size > 1 && s->tp_group ? group_p2p(s->tp_group) : NULL;
+    return p && p->on ? p->max_floats : 0;
 }
 
 /* rows [NL, V] from parts [n, NL, V/n]: part r holds the columns [r V/n, (r+1) V/n). */
@@ -254,7 +428,12 @@ typedef struct tp_backend {
     double job_t0, job_limit_s;
     const char *job_what;
     uint64_t steps; /* step jobs run so far */
+    tp_p2p p2p;     /* the all-reduce over peer memory (off: NCCL for every size) */
 } tp_backend;
+
+static tp_p2p *group_p2p(void *group) {
+    return &((tp_backend *)group)->p2p;
+}
 
 static double mono_now(void) {
     struct timespec ts;
@@ -280,6 +459,8 @@ static void tp_abort(tp_backend *tp) {
             for (int32_t r = 0; r < tp->n; r++)
                 if (tp->comms[r]) g_nccl.comm_abort(tp->comms[r]);
         tp->have_comms = false;
+        /* kernels of the peer-memory all-reduce waiting for a peer stop waiting */
+        if (tp->p2p.abort_host) __atomic_store_n(tp->p2p.abort_host, 1u, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&tp->abort_mu);
     pthread_mutex_lock(&tp->sync_mu);
@@ -496,7 +677,13 @@ static void tp_free(tp_backend *tp) {
         for (int32_t r = 0; r < tp->n; r++)
             if (tp->comms[r]) g_nccl.comm_destroy(tp->comms[r]);
     for (int32_t r = 0; r < tp->n; r++)
+        if (tp->p2p.mem[r] && tp->ranks[r].s) {
+            cudaSetDevice(tp->ranks[r].s->dev.ordinal);
+            cudaFree(tp->p2p.mem[r]);
+        }
+    for (int32_t r = 0; r < tp->n; r++)
         gptoss_cuda_state_free(tp->ranks[r].s);
+    if (tp->p2p.abort_host) cudaFreeHost(tp->p2p.abort_host);
     pthread_mutex_destroy(&tp->mu);
     pthread_mutex_destroy(&tp->abort_mu);
     pthread_mutex_destroy(&tp->sync_mu);
@@ -679,7 +866,8 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
 }
 
 /* Eager all-reduces of the sizes decode steps use (one row to 64 rows), so NCCL connects
- * its channels before the first step is captured into a graph. */
+ * its channels before the first step is captured into a graph, and the peer-memory kernel
+ * (where it takes these sizes) has run once on every rank. */
 static gptoss_status rank_warm_up(tp_rank *r, void *arg, gptoss_error *error) {
     (void)arg;
     gptoss_cuda_state *s = r->s;
@@ -692,14 +880,169 @@ static gptoss_status rank_warm_up(tp_rank *r, void *arg, gptoss_error *error) {
     cudaError_t ce = cudaMemsetAsync(buf, 0, 64 * H * sizeof(float), s->stream);
     const size_t sizes[3] = {H, 8 * H, 64 * H};
     gptoss_cuda_tp_phase(s, "enqueuing the warm-up all-reduces");
-    for (int i = 0; i < 3 && ce == cudaSuccess && !st; i++)
-        st = gptoss_cuda_tp_allreduce(s, buf, sizes[i], error);
+    for (int i = 0; i < 3 && ce == cudaSuccess && !st; i++) {
+        st = nccl_allreduce(s, buf, sizes[i], error);
+        if (!st) st = gptoss_cuda_tp_allreduce(s, buf, sizes[i], error); /* peer memory */
+    }
     gptoss_cuda_tp_phase(s, "waiting for its GPU (warm-up all-reduces)");
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(s->stream);
     gptoss_cuda_tp_phase(s, "warm-up done");
     cudaFree(buf);
     if (st) return st;
     if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "all-reduce warm-up");
+    return GPTOSS_OK;
+}
+
+/* Rank r's part of the peer-memory all-reduce: access to every peer's memory and its own
+ * receive area. Not possible (no peer access between two of the GPUs, or no memory) is not an
+ * error: the group then uses NCCL for every size, and *why says so. */
+typedef struct p2p_setup_args {
+    bool ok[GPTOSS_TP_MAX];
+    char why[GPTOSS_TP_MAX][160];
+} p2p_setup_args;
+
+static gptoss_status rank_p2p_setup(tp_rank *r, void *arg, gptoss_error *error) {
+    p2p_setup_args *a = (p2p_setup_args *)arg;
+    tp_backend *tp = r->tp;
+    gptoss_cuda_state *s = r->s;
+    gptoss_status st = gptoss_cuda_device_bind(&s->dev, error);
+    if (st) return st;
+    const int32_t n = tp->n, me = s->dev.ordinal;
+    for (int32_t q = 0; q < n; q++) {
+        const int peer = tp->ranks[q].s->dev.ordinal;
+        if (peer == me) continue;
+        int can = 0;
+        cudaError_t ce = cudaDeviceCanAccessPeer(&can, me, peer);
+        if (ce != cudaSuccess || !can) {
+            snprintf(a->why[r->rank], sizeof a->why[r->rank],
+                     "GPU %d cannot access the memory of GPU %d", me, peer);
+            cudaGetLastError();
+            return GPTOSS_OK;
+        }
+        ce = cudaDeviceEnablePeerAccess(peer, 0);
+        if (ce == cudaErrorPeerAccessAlreadyEnabled) {
+            cudaGetLastError(); /* NCCL enabled it */
+        } else if (ce != cudaSuccess) {
+            snprintf(a->why[r->rank], sizeof a->why[r->rank],
+                     "enabling access from GPU %d to GPU %d failed: %s", me, peer,
+                     cudaGetErrorString(ce));
+            cudaGetLastError();
+            return GPTOSS_OK;
+        }
+    }
+    const size_t slots = 2 * (size_t)n * tp->p2p.max_floats * sizeof(float);
+    const size_t bytes = slots + 2 * (size_t)P2P_BLOCKS * GPTOSS_TP_MAX * sizeof(uint32_t);
+    void *mem = NULL;
+    cudaError_t ce = cudaMalloc(&mem, bytes);
+    if (ce == cudaSuccess) ce = cudaMemset(mem, 0, bytes);
+    if (ce == cudaSuccess) ce = cudaDeviceSynchronize(); /* zeroed before any peer writes */
+    if (ce != cudaSuccess) {
+        if (mem) cudaFree(mem);
+        cudaGetLastError();
+        snprintf(a->why[r->rank], sizeof a->why[r->rank],
+                 "no room for %zu bytes of receive area on GPU %d (%s)", bytes, me,
+                 cudaGetErrorString(ce));
+        return GPTOSS_OK;
+    }
+    uint32_t *abort_dev = NULL;
+    ce = cudaHostGetDevicePointer((void **)&abort_dev, tp->p2p.abort_host, 0);
+    if (ce != cudaSuccess) {
+        cudaFree(mem);
+        cudaGetLastError();
+        snprintf(a->why[r->rank], sizeof a->why[r->rank], "GPU %d cannot map host memory (%s)", me,
+                 cudaGetErrorString(ce));
+        return GPTOSS_OK;
+    }
+    tp->p2p.abort_dev[r->rank] = abort_dev;
+    tp->p2p.mem[r->rank] = mem;
+    a->ok[r->rank] = true;
+    return GPTOSS_OK;
+}
+
+/* The peer-memory all-reduce of tp (tp->p2p.max_floats set from the environment): on when
+ * every rank set up its part; otherwise off, every part freed, and why logged. */
+static gptoss_status p2p_setup(tp_backend *tp, gptoss_error *error) {
+    tp_p2p *p = &tp->p2p;
+    if (p->max_floats == 0) return GPTOSS_OK;
+    cudaError_t ce = cudaHostAlloc((void **)&p->abort_host, sizeof(uint32_t),
+                                   cudaHostAllocMapped | cudaHostAllocPortable);
+    if (ce != cudaSuccess) {
+        cudaGetLastError();
+        p->abort_host = NULL;
+        GPTOSS_LOG_W("cuda",
+                     "tensor parallel: no all-reduce over peer memory (no mapped host "
+                     "memory: %s); NCCL sums every size",
+                     cudaGetErrorString(ce));
+        return GPTOSS_OK;
+    }
+    *(volatile uint32_t *)p->abort_host = 0;
+    p2p_setup_args a;
+    memset(&a, 0, sizeof a);
+    gptoss_status st =
+        tp_run(tp, rank_p2p_setup, &a, tp->timeout_s, "the peer access set-up", error);
+    if (st) return st;
+    const char *why = NULL;
+    for (int32_t r = 0; r < tp->n && !why; r++)
+        if (!a.ok[r]) why = a.why[r];
+    if (why) {
+        GPTOSS_LOG_W("cuda",
+                     "tensor parallel: no all-reduce over peer memory (%s); NCCL sums "
+                     "every size",
+                     why);
+        int current = 0;
+        cudaGetDevice(&current);
+        for (int32_t r = 0; r < tp->n; r++)
+            if (p->mem[r]) {
+                cudaSetDevice(tp->ranks[r].s->dev.ordinal);
+                cudaFree(p->mem[r]);
+                p->mem[r] = NULL;
+            }
+        cudaSetDevice(current);
+        cudaFreeHost(p->abort_host);
+        p->abort_host = NULL;
+        return GPTOSS_OK;
+    }
+    const size_t slots = 2 * (size_t)tp->n * p->max_floats;
+    for (int32_t r = 0; r < tp->n; r++) {
+        p2p_ptrs *k = &p->ptrs[r];
+        memset(k, 0, sizeof *k);
+        for (int32_t q = 0; q < tp->n; q++) {
+            k->slots[q] = (float *)p->mem[q];
+            k->flags[q] = (uint32_t *)((float *)p->mem[q] + slots);
+        }
+        k->counters = k->flags[r] + P2P_BLOCKS * GPTOSS_TP_MAX;
+        k->abort = p->abort_dev[r];
+        k->rank = r;
+        k->slot_floats = (uint32_t)p->max_floats;
+    }
+    p->on = true;
+    return GPTOSS_OK;
+}
+
+/* GPTOSS_TP_P2P (0: NCCL for every all-reduce) and GPTOSS_TP_P2P_MAX_BYTES (the largest sum
+ * the peer-memory kernel takes, default 1 MiB: 64 rows of 120b's 2880 floats; 0: none) into
+ * the most floats it takes, a multiple of 4. */
+static gptoss_status p2p_env(size_t *max_floats, gptoss_error *error) {
+    size_t bytes = (size_t)1 << 20;
+    const char *on = getenv("GPTOSS_TP_P2P");
+    if (on && *on) {
+        if (strcmp(on, "0") && strcmp(on, "1"))
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "GPTOSS_TP_P2P is '%s'; it must be 0 or 1", on);
+        if (on[0] == '0') bytes = 0;
+    }
+    const char *m = getenv("GPTOSS_TP_P2P_MAX_BYTES");
+    if (bytes && m && *m) {
+        char *end = NULL;
+        unsigned long long v = strtoull(m, &end, 10);
+        if (end == m || *end || m[0] == '-' || v > (64ull << 20))
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "GPTOSS_TP_P2P_MAX_BYTES is '%s'; it must be a number of "
+                                    "bytes from 0 (NCCL for every size) to 67108864",
+                                    m);
+        bytes = (size_t)v;
+    }
+    *max_floats = bytes / sizeof(float) / 4 * 4;
     return GPTOSS_OK;
 }
 
@@ -750,6 +1093,9 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     bool graphs = false, split_lm_head = false;
     st = tp_env(&timeout_s, &graphs, &split_lm_head, error);
     if (st) return st;
+    size_t p2p_max_floats = 0;
+    st = p2p_env(&p2p_max_floats, error);
+    if (st) return st;
     st = nccl_load(error);
     if (st) return st;
     gptoss_dist_env_defaults();
@@ -767,6 +1113,7 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     tp->graphs = graphs;
     tp->split_lm_head = split_lm_head;
     tp->timeout_s = timeout_s;
+    tp->p2p.max_floats = p2p_max_floats;
     pthread_mutex_init(&tp->mu, NULL);
     pthread_mutex_init(&tp->abort_mu, NULL);
     pthread_mutex_init(&tp->sync_mu, NULL);
@@ -823,7 +1170,12 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     options->n_kv_blocks = blocks;
     options->n_sliding_kv_blocks = sliding;
     options->kv_shared_pages = tp->ranks[0].s->kv_shared;
-    st = tp_run(tp, rank_warm_up, NULL, tp->timeout_s, "the NCCL warm-up", error);
+    st = p2p_setup(tp, error);
+    if (st) {
+        tp_free(tp);
+        return st;
+    }
+    st = tp_run(tp, rank_warm_up, NULL, tp->timeout_s, "the all-reduce warm-up", error);
     if (st) {
         tp_free(tp);
         return st;
@@ -838,6 +1190,15 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     else
         GPTOSS_LOG_I("cuda", "tensor parallel: decode steps run without CUDA graphs "
                              "(GPTOSS_TP_GRAPHS=0)");
+    if (tp->p2p.on)
+        GPTOSS_LOG_I("cuda",
+                     "tensor parallel: all-reduces of up to %zu bytes over peer memory (one "
+                     "kernel), larger ones by NCCL (GPTOSS_TP_P2P_MAX_BYTES; GPTOSS_TP_P2P=0: "
+                     "NCCL for all)",
+                     tp->p2p.max_floats * sizeof(float));
+    else if (tp->p2p.max_floats == 0)
+        GPTOSS_LOG_I("cuda", "tensor parallel: every all-reduce by NCCL (GPTOSS_TP_P2P=0 or "
+                             "GPTOSS_TP_P2P_MAX_BYTES=0)");
     if (tp->ranks[0].s->lm_rows < config->vocab_size)
         GPTOSS_LOG_I("cuda",
                      "tensor parallel: lm_head split by vocabulary, %d rows per GPU "
@@ -962,6 +1323,27 @@ gptoss_status gptoss_cuda_tp_step(void *group, const gptoss_batch_plan *plan, gp
 
 gptoss_cuda_state *gptoss_cuda_tp_rank0(void *group) {
     return ((tp_backend *)group)->ranks[0].s;
+}
+
+typedef struct each_rank_args {
+    gptoss_status (*fn)(gptoss_cuda_state *s, void *arg, gptoss_error *error);
+    void *arg;
+} each_rank_args;
+
+static gptoss_status rank_each(tp_rank *r, void *arg, gptoss_error *error) {
+    const each_rank_args *a = (const each_rank_args *)arg;
+    gptoss_status st = gptoss_cuda_device_bind(&r->s->dev, error);
+    if (st) return st;
+    return a->fn(r->s, a->arg, error);
+}
+
+gptoss_status gptoss_cuda_tp_each_rank(void *group,
+                                       gptoss_status (*fn)(gptoss_cuda_state *s, void *arg,
+                                                           gptoss_error *error),
+                                       void *arg, gptoss_error *error) {
+    tp_backend *tp = (tp_backend *)group;
+    each_rank_args a = {fn, arg};
+    return tp_run(tp, rank_each, &a, tp->timeout_s, "a job on every rank", error);
 }
 
 extern "C" const gptoss_backend_ops gptoss_cuda_tp_backend_ops = {
