@@ -1,6 +1,6 @@
 /*
  * draft.h - draft sources of speculative decoding: given a sequence's tokens, propose up to k
- * tokens that may follow. The engine verifies them against the target model (engine.c,
+ * tokens that may follow. The engine verifies them against the target model (engine_thread.c,
  * docs/speculative.md); a draft source never decides what is emitted, only how many positions
  * one step verifies, so a bad draft costs time, never correctness.
  *
