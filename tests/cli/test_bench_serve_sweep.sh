@@ -13,7 +13,9 @@ work="$(mktemp -d)"
 pids=()
 cleanup() {
     exec 2>/dev/null # no job-status noise for the servers killed below
-    for p in "${pids[@]}"; do kill -9 "$p"; done
+    # each pid is a `timeout` around a server: its child first (kill -9 of timeout alone would
+    # leave the server running with no time limit), then timeout itself
+    for p in "${pids[@]}"; do pkill -9 -P "$p"; kill -9 "$p"; done
     wait
     rm -rf "$work"
 }
