@@ -69,7 +69,7 @@ static gptoss_status bad(gptoss_error *error, const char *fmt, const char *field
 
 /* Function names end up in a harmony header ("to=functions.NAME"): whitespace or '<' there
  * would change how the model's header parses, so only OpenAI's name alphabet (plus '.'). */
-static bool valid_function_name(const char *name) {
+bool gptoss_chat_valid_function_name(const char *name) {
     size_t n = strlen(name);
     if (n == 0 || n > 64) return false;
     for (size_t i = 0; i < n; i++) {
@@ -152,7 +152,7 @@ static gptoss_status map_tools(const json_t *tools, gptoss_harmony_developer_con
         const json_t *fn = json_object_get(tool, "function");
         if (!json_is_object(fn)) return bad(error, "%s.function: %s", where, "expected an object");
         const json_t *name = json_object_get(fn, "name");
-        if (!json_is_string(name) || !valid_function_name(json_string_value(name)))
+        if (!json_is_string(name) || !gptoss_chat_valid_function_name(json_string_value(name)))
             return bad(error, "%s.function.name: %s", where,
                        "expected 1 to 64 characters from a-z, A-Z, 0-9, '_', '-', '.'");
         const json_t *desc = json_object_get(fn, "description");
@@ -239,7 +239,7 @@ static gptoss_status map_assistant(mapping *m, const json_t *msg, const char *wh
         const json_t *fn = json_object_get(call, "function");
         if (!json_is_object(fn)) return bad(error, "%s.function: %s", cw, "expected an object");
         const char *name = json_string_value(json_object_get(fn, "name"));
-        if (!name || !valid_function_name(name))
+        if (!name || !gptoss_chat_valid_function_name(name))
             return bad(error, "%s.function.name: %s", cw,
                        "expected 1 to 64 characters from a-z, A-Z, 0-9, '_', '-', '.'");
         const json_t *args = json_object_get(fn, "arguments");

@@ -18,6 +18,9 @@ typedef struct gptoss_openai_chat_options {
     bool builtin_python;          /* offer harmony's built-in python tool */
 } gptoss_openai_chat_options;
 
+/* Whether a function name fits a harmony header (OpenAI's alphabet plus '.', 1..64 bytes). */
+bool gptoss_chat_valid_function_name(const char *name);
+
 /* Appends the harmony messages for `request` to *conversation (which the caller frees, also
  * on failure). Reads model-facing fields only: messages, tools, tool_choice,
  * reasoning_effort. GPTOSS_ERR_INVALID_ARGUMENT for a request that breaks the rules. */

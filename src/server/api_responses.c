@@ -18,6 +18,7 @@
 #include "server/responses_input.h"
 
 #include "chat/chat.h"
+#include "chat/openai_chat.h"
 #include "util/clock.h"
 #include "util/log.h"
 
@@ -551,7 +552,7 @@ static bool read_tools(const json_t *req, json_t *chat, json_t *echo, field_erro
             return field_fail(e, f, "%s: '%.64s' is not supported (only 'function')", f, type);
         const char *name = json_string_value(json_object_get(tool, "name"));
         snprintf(f, sizeof f, "%s.name", w);
-        if (!name || !responses_valid_function_name(name))
+        if (!name || !gptoss_chat_valid_function_name(name))
             return field_fail(
                 e, f, "%s: expected 1 to 64 characters from a-z, A-Z, 0-9, '_', '-', '.'", f);
         for (size_t j = 0; j < i; j++)

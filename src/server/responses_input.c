@@ -10,23 +10,12 @@
  * preamble, text alone -> final, a call -> commentary to=functions.NAME.
  */
 #include "server/responses_input.h"
+#include "chat/openai_chat.h"
 #include "util/json_type.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-bool responses_valid_function_name(const char *name) {
-    size_t n = strlen(name);
-    if (n == 0 || n > 64) return false;
-    for (size_t i = 0; i < n; i++) {
-        char c = name[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '-' || c == '.'))
-            return false;
-    }
-    return true;
-}
 
 /* Text of a string or of an array of text parts (the types in `allowed`, each {type, text});
  * the parts are joined with nothing between them, as harmony renders several content items. */
@@ -158,7 +147,7 @@ static json_t *read_function_call(const json_t *item, const char *where, field_e
         field_fail(e, field, "%s: expected 1 to 256 characters", field);
         return NULL;
     }
-    if (!responses_valid_function_name(name)) {
+    if (!gptoss_chat_valid_function_name(name)) {
         snprintf(field, sizeof field, "%s.name", where);
         field_fail(e, field, "%s: expected 1 to 64 characters from a-z, A-Z, 0-9, '_', '-', '.'",
                    field);

@@ -37,7 +37,4 @@ bool responses_input_read(const json_t *input, const json_t *prior, json_t *item
  * reasoning, text and function calls gathered into one assistant message). New reference. */
 json_t *responses_items_to_messages(const char *instructions, const json_t *items);
 
-/* Whether a function name fits a harmony header (OpenAI's alphabet plus '.', 1..64 bytes). */
-bool responses_valid_function_name(const char *name);
-
 #endif
