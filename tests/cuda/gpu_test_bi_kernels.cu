@@ -294,6 +294,93 @@ static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew
     cudaFree(d_topk), cudaFree(d_t), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y);
 }
 
+/* ---- experts: the grouped pair kernel against the TMA pair kernel ------------------------- */
+
+/* T tokens' experts (K distinct each; skew: expert 0 in every token; masked: every third slot
+ * -1, another GPU's expert under tensor parallelism) through the TMA pair kernel in launches
+ * of at most 64 tokens (the reference: each pair alone in its block) and through the grouped
+ * kernel over routes of 16- and 8-pair tiles: h and y bit for bit, rows of -1 slots never
+ * written. */
+static void pair_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew, bool masked) {
+    gptoss_cuda_moe_weights w = mw.w;
+    w.pair_mma_ok = true; /* scales 118..130 and inputs within 1: the fp16 form is exact */
+    char name[160];
+    if (!gptoss_moe_pair_grouped_ok(&w)) {
+        printf("pair_case: the TMA pair kernel does not run here, skipped\n");
+        return;
+    }
+    const int32_t E = w.n_experts, H = w.hidden, I = w.intermediate, P = T * K;
+    std::vector<int32_t> topk((size_t)P);
+    for (int32_t t = 0; t < T; t++)
+        for (int32_t j = 0; j < K; j++) {
+            int32_t e;
+            bool dup;
+            do {
+                e = (skew && j == 0) ? 0 : rnd_int(E);
+                dup = false;
+                for (int32_t i = 0; i < j; i++)
+                    dup = dup || topk[(size_t)t * K + i] == e;
+            } while (dup);
+            topk[(size_t)t * K + j] = e;
+        }
+    if (masked)
+        for (int32_t p = 0; p < P; p += 3)
+            topk[(size_t)p] = -1;
+    std::vector<uint16_t> act((size_t)T * H);
+    for (auto &v : act)
+        v = f2bf(rnd_nz(1.0f));
+    int32_t *d_topk = dev_upload(topk);
+    bf16 *d_t = (bf16 *)dev_upload(act);
+    void *route_mem = nullptr;
+    CK(cudaMalloc(&route_mem, gptoss_cuda_route_bytes(P, E)));
+    gptoss_cuda_route route;
+    gptoss_cuda_route_bind(route_mem, P, E, &route);
+    __half *d_h = dev_poisoned<__half>((size_t)P * I);
+    float *d_y = dev_poisoned<float>((size_t)P * H);
+    for (int32_t t0 = 0; t0 < T; t0 += 64) {
+        const int32_t n = std::min<int32_t>(64, T - t0);
+        gptoss_moe_pair_tma(&w, d_t + (size_t)t0 * H, d_topk + (size_t)t0 * K, n * K, K,
+                            d_h + (size_t)t0 * K * I, d_y + (size_t)t0 * K * H, 0);
+    }
+    CK(cudaGetLastError());
+    std::vector<__half> h_ref = dev_download(d_h, (size_t)P * I);
+    std::vector<float> y_ref = dev_download(d_y, (size_t)P * H);
+    bool finite = true, untouched = true;
+    for (int32_t p = 0; p < P; p++)
+        for (int32_t j = 0; j < H; j++) {
+            const float v = y_ref[(size_t)p * H + j];
+            uint32_t bits;
+            memcpy(&bits, &v, 4);
+            if (topk[(size_t)p] < 0)
+                untouched = untouched && bits == 0xffffffffu;
+            else
+                finite = finite && std::isfinite(v);
+        }
+    snprintf(name, sizeof name, "pair tma E %d H %d T %d%s%s: y finite, -1 slots not written",
+             (int)E, (int)H, (int)T, skew ? " skew" : "", masked ? " masked" : "");
+    check_true(name, finite && untouched);
+    for (int32_t rows : {16, 8}) {
+        gptoss_cuda_moe_route_rows(d_topk, T, K, E, rows, &route, 0);
+        CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(__half)));
+        CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
+        gptoss_moe_pair_grouped(&w, d_t, &route, T, K, d_h, d_y, 0);
+        CK(cudaGetLastError());
+        std::vector<__half> h = dev_download(d_h, (size_t)P * I);
+        std::vector<float> y = dev_download(d_y, (size_t)P * H);
+        bool h_same = true;
+        for (int32_t p = 0; p < P; p++)
+            if (topk[(size_t)p] >= 0)
+                h_same = h_same && memcmp(&h[(size_t)p * I], &h_ref[(size_t)p * I],
+                                          (size_t)I * sizeof(__half)) == 0;
+        snprintf(name, sizeof name,
+                 "pair grouped (%d-row tiles) E %d H %d I %d T %d%s%s: h, y bitwise pair tma's",
+                 (int)rows, (int)E, (int)H, (int)I, (int)T, skew ? " skew" : "",
+                 masked ? " masked" : "");
+        check_true(name, h_same && memcmp(y.data(), y_ref.data(), y.size() * sizeof(float)) == 0);
+    }
+    cudaFree(d_topk), cudaFree(d_t), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y);
+}
+
 /* ---- attention: the tensor-core kernel, by tile and by token ------------------------------ */
 
 /* Launches the tensor-core attention (tiles of 16 tokens, or one token per block) for the
@@ -420,18 +507,25 @@ int main(void) {
                    gptoss_cuda_bi_gemm(wt, dx, (float *)dx, 4, 4, 12, 0) != 0);
         cudaFree(dx);
     }
+    /* the expert kernels' per-device set-up (the pair kernels' choice among them) */
+    CK(gptoss_cuda_moe_prepare(2880, 2880));
     {
         moe_case_weights big = moe_weights(16, 2880, 2880);
         for (int32_t T : {1, 2, 3, 8, 16, 33, 64})
             moe_case(big, T, 4, false);
-        moe_case(big, 40, 4, true);   /* 40 rows of expert 0: passes of 16 rows */
-        moe_case(big, 100, 4, true);  /* 100: two route tiles of one expert */
-        moe_case(big, 512, 4, false); /* prefill-sized: 128 rows per expert */
+        for (int32_t T : {1, 3, 9, 64, 200})
+            pair_case(big, T, 4, false, false);
+        pair_case(big, 40, 4, true, false); /* 40 pairs of expert 0: three 16-pair tiles */
+        pair_case(big, 33, 4, false, true); /* tensor parallelism: -1 slots skipped */
+        moe_case(big, 40, 4, true);         /* 40 rows of expert 0: passes of 16 rows */
+        moe_case(big, 100, 4, true);        /* 100: two route tiles of one expert */
+        moe_case(big, 512, 4, false);       /* prefill-sized: 128 rows per expert */
         for (void *p : big.allocs)
             cudaFree(p);
         moe_case_weights small = moe_weights(16, 256, 192);
         for (int32_t T : {1, 5, 70})
             moe_case(small, T, 4, T == 70);
+        pair_case(small, 70, 4, true, true);
         for (void *p : small.allocs)
             cudaFree(p);
     }

@@ -286,8 +286,7 @@ gptoss_status gptoss_cuda_tp_each_rank(void *group,
  * on rank 0, puts the rows together in w->logits [NL, V]. */
 gptoss_status gptoss_cuda_tp_gather_logits(gptoss_cuda_state *s, int32_t NL, gptoss_error *error);
 /* Turns the top-k of T tokens into this rank's expert indices (expert - tp_expert0); slots
- * of other ranks' experts get weight 0 and compute one of the rank's experts instead (the
- * token's first local one), so they add nothing and read no other weights. */
+ * of other ranks' experts become -1 with weight 0: the MoE paths skip them (moe.h). */
 void gptoss_cuda_tp_mask_experts(gptoss_cuda_state *s, int32_t *topk_idx, float *topk_weight,
                                  int32_t T, int32_t K);
 

@@ -52,6 +52,7 @@ typedef struct gptoss_cuda_kernel_ctx {
                                  * 32 with 99 KB per block, as on an RTX 4090) */
     bool moe_wg_ok;             /* the wgmma GEMM runs here (sm_90, its shared memory granted) */
     bool moe_pair_tma_ok;       /* the pair mma's TMA kernel runs here */
+    bool moe_pair_group_ok;     /* ... and its grouped form (kernels/moe/moe.h) */
     bool moe_pair_fp8_ok;       /* the pair mma's FP8 kernel runs here */
     int moe_pair_kernel;        /* tuning: enum gptoss_moe_pair_kernel */
     int moe_inflight;           /* tuning: TMA copies in flight per SM (0: no limit) */
@@ -91,6 +92,11 @@ bool gptoss_cuda_pdl_enabled(void);
 /* x[t, :] = float(embedding[token_ids[t], :]); x [n_tokens, hidden] f32. */
 void gptoss_cuda_embed(const bf16 *embedding, const int32_t *token_ids, int32_t n_tokens,
                        int32_t hidden, float *x, cudaStream_t stream);
+
+/* out [n_rows, hidden] = the weighted sum of each row's k_top expert rows (slots of weight 0
+ * left out): a tensor-parallel rank's share of the experts, before the sum over ranks. */
+void gptoss_cuda_moe_combine(const float *moe_y, const float *moe_weight, int32_t k_top,
+                             int32_t n_rows, int32_t hidden, float *out, cudaStream_t stream);
 
 /*
  * Residual update fused with the next RMSNorm, one row per block. For output row i the

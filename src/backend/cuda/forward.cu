@@ -201,6 +201,9 @@ void gptoss_cuda_graphs_clear(gptoss_cuda_state *s) {
 
 /* Runs of at least this many tokens of one sequence attend on tensor cores (one tile). */
 #define ATTN_TC_MIN_RUN 16
+/* batch-invariant experts on the grouped pair kernel: pairs per route tile (one copy of each
+ * 16-row weight tile serves this many pairs of its expert) */
+#define BI_PAIR_ROUTE_ROWS 16
 
 /* Attention of one layer over its pages, bf16 or FP8: tokens [n_short, T) on the tensor-core
  * kernel, those before on the split-K kernel (all of them when the tensor-core kernel refuses
@@ -355,7 +358,7 @@ static gptoss_status route_tokens(gptoss_cuda_state *s, const cuda_layer *L,
 }
 
 /* Tensor parallelism: this rank's share of the experts' weighted outputs summed into w->proj
- * (free once the experts ran; w->t takes the unused normalized rows), summed over the ranks,
+ * (free once the experts ran), summed over the ranks,
  * then added to the residual stream as one projection before the next norm. */
 static gptoss_status tp_residual_next_norm(gptoss_cuda_state *s, int l, const cuda_step_key *key,
                                            const int32_t *d_logit, gptoss_error *error) {
@@ -365,9 +368,7 @@ static gptoss_status tp_residual_next_norm(gptoss_cuda_state *s, int l, const cu
     const float eps = (float)c->rms_norm_eps;
     const bool last = l + 1 == c->n_layers;
     const float *gain = last ? s->final_norm : s->layers[l + 1].attn_norm;
-    CUDA_TRY(cudaMemsetAsync(w->proj, 0, (size_t)T * H * sizeof(float), s->stream), "expert sum");
-    gptoss_cuda_residual_rmsnorm(w->proj, NULL, NULL, w->y, w->topk_weight, K, gain, eps, NULL, T,
-                                 H, w->t, NULL, s->stream);
+    gptoss_cuda_moe_combine(w->y, w->topk_weight, K, T, H, w->proj, s->stream);
     gptoss_status st = gptoss_cuda_tp_allreduce(s, w->proj, (size_t)T * H, error);
     if (st) return st;
     if (!last)
@@ -473,12 +474,26 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
                      : T <= s->tuning.bi_moe_max ? GPTOSS_BI_MOE_SMALL
                      : s->tuning.bi_moe_wide     ? GPTOSS_BI_MOE_WIDE
                                                  : -1;
+        /* batch-invariant on the pair mma's arithmetic where it runs: the TMA pair kernel for
+         * small steps, the grouped kernel over a route beyond (bitwise the same per pair) */
+        const bool bi_pair =
+            s->batch_invariant && s->tuning.bi_moe_pair && gptoss_moe_pair_grouped_ok(&L->moe);
+        const bool bi_pair_small = bi_pair && T <= s->tuning.bi_moe_pair_tokens;
+        if (bi_pair) bi_moe = -1;
         const bool bi_pairs = bi_moe == GPTOSS_BI_MOE_PAIRS;
-        if (!bi_pairs && moe_path != GPTOSS_MOE_PAIR_GEMV &&
-            moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
+        if (bi_pair && !bi_pair_small)
+            gptoss_cuda_moe_route_rows(w->topk_idx, T, K, L->moe.n_experts, BI_PAIR_ROUTE_ROWS,
+                                       &route, k);
+        else if (!bi_pair && !bi_pairs && moe_path != GPTOSS_MOE_PAIR_GEMV &&
+                 moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
             gptoss_cuda_moe_route(w->topk_idx, T, K, L->moe.n_experts, moe_path, &route, k);
         MARK(PART_SMALL);
-        if (!ABLATED(MOE)) {
+        if (!ABLATED(MOE) && bi_pair) {
+            if (bi_pair_small)
+                gptoss_moe_pair_tma(&L->moe, w->t, w->topk_idx, T * K, K, (__half *)w->h, w->y, k);
+            else
+                gptoss_moe_pair_grouped(&L->moe, w->t, &route, T, K, (__half *)w->h, w->y, k);
+        } else if (!ABLATED(MOE)) {
             const bool done = bi_moe >= 0 && gptoss_cuda_bi_moe(&L->moe, w->t, T, K, w->topk_idx,
                                                                 bi_pairs ? NULL : &route, w->h,
                                                                 w->y, bi_moe, k) == 0;

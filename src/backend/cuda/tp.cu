@@ -199,25 +199,19 @@ gptoss_status gptoss_cuda_tp_gather_logits(gptoss_cuda_state *s, int32_t NL, gpt
 }
 
 /* One thread per token: local experts become indices into the rank's experts; slots of
- * other ranks' experts get weight 0 and the token's first local expert (or the rank's first
- * expert), so they add nothing and read no weights beyond the rank's own. */
+ * other ranks' experts become -1 with weight 0, which every MoE path skips (no weights read,
+ * no output row written) and the weighted sum leaves out. */
 static __global__ void mask_experts_kernel(int32_t *idx, float *weight, int32_t T, int32_t K,
                                            int32_t lo, int32_t hi) {
     int32_t t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T) return;
     int32_t *ti = idx + (size_t)t * K;
     float *tw = weight + (size_t)t * K;
-    int32_t fill = 0;
-    for (int32_t k = 0; k < K; k++)
-        if (ti[k] >= lo && ti[k] < hi) {
-            fill = ti[k] - lo;
-            break;
-        }
     for (int32_t k = 0; k < K; k++) {
         if (ti[k] >= lo && ti[k] < hi) {
             ti[k] -= lo;
         } else {
-            ti[k] = fill;
+            ti[k] = -1;
             tw[k] = 0.0f;
         }
     }

@@ -53,6 +53,9 @@ static const knob knobs[] = {
     {"bi_moe_max", "GPTOSS_CUDA_BI_MOE_MAX", KIND_INT, FIELD(bi_moe_max), 0, 65536, NULL},
     {"bi_moe_pairs", "GPTOSS_CUDA_BI_MOE_PAIRS", KIND_INT, FIELD(bi_moe_pairs), 0, 64, NULL},
     {"bi_moe_wide", "GPTOSS_CUDA_BI_MOE_WIDE", KIND_BOOL, FIELD(bi_moe_wide), 0, 0, NULL},
+    {"bi_moe_pair", "GPTOSS_CUDA_BI_MOE_PAIR", KIND_BOOL, FIELD(bi_moe_pair), 0, 0, NULL},
+    {"bi_moe_pair_tokens", "GPTOSS_CUDA_BI_MOE_PAIR_TOKENS", KIND_INT, FIELD(bi_moe_pair_tokens), 0,
+     64, NULL},
     {"profile", "GPTOSS_CUDA_PROFILE", KIND_BOOL, FIELD(profile), 0, 0, NULL},
     {"step_timing", "GPTOSS_STEP_TIMING", KIND_BOOL, FIELD(step_timing), 0, 0, NULL},
     {"ablate", "GPTOSS_CUDA_ABLATE", KIND_INT, FIELD(ablate), 0, 255, NULL},
@@ -94,6 +97,8 @@ void gptoss_cuda_tuning_default(gptoss_cuda_tuning *t) {
     t->bi_moe_wide = true;
     t->bi_moe_pairs = 1; /* distinct experts for one token; more pairs may share one */
     t->bi_dense_wide = true;
+    t->bi_moe_pair = true;
+    t->bi_moe_pair_tokens = 8;
 }
 
 /* What a knob accepts, for error messages. */

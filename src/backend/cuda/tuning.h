@@ -122,12 +122,20 @@ typedef struct gptoss_cuda_tuning {
      * tokens, GPTOSS_CUDA_BI_MOE_PAIRS, default 1, 0..64, one block row per (token, expert)
      * pair without the route kernel), larger ones its wide
      * form (bi_moe_wide, GPTOSS_CUDA_BI_MOE_WIDE, default 1; 0: the WMMA path); the others the
-     * tile kernels. The results are the same either way; only the time differs. */
+     * tile kernels. The results are the same either way; only the time differs.
+     * bi_moe_pair (GPTOSS_CUDA_BI_MOE_PAIR, default 1) runs the experts on the pair mma's
+     * arithmetic instead, where its TMA kernel runs and the weights allow it (kernels/moe/moe.h,
+     * gptoss_moe_pair_grouped): the pair kernel for steps of up to bi_moe_pair_tokens tokens
+     * (GPTOSS_CUDA_BI_MOE_PAIR_TOKENS, default 8, 0..64), the grouped kernel beyond. Its bits
+     * differ from the WMMA arithmetic's (each is batch-invariant); the other bi_moe knobs then
+     * apply only where it does not run. */
     int bi_dense_max;
     bool bi_dense_wide;
     int bi_moe_max;
     int bi_moe_pairs;
     bool bi_moe_wide;
+    bool bi_moe_pair;
+    int bi_moe_pair_tokens;
     bool profile;
     bool step_timing;
     int ablate;

@@ -473,6 +473,7 @@ static __global__ void __launch_bounds__(BIM_WARPS * 32)
         r_begin = blockIdx.y;
         r_end = r_begin + 1;
         e = topk_idx[r_begin];
+        if (e < 0) return; /* another GPU's expert */
     } else {
         const int tile = blockIdx.y;
         e = route.tile_expert[tile];

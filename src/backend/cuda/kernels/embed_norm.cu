@@ -56,6 +56,7 @@ static __global__ void residual_rmsnorm_kernel(
 #pragma unroll 4
         for (int k = 0; k < k_top; k++) {
             const float wk = wr[k];
+            if (wk == 0.0f) continue; /* another GPU's expert: its row was not written */
 #pragma unroll
             for (int c = 0; c < RMSNORM_MAX_PER_THREAD; c++) {
                 int j = threadIdx.x + c * RMSNORM_THREADS;
@@ -90,6 +91,31 @@ static __global__ void residual_rmsnorm_kernel(
             if (out_f32) out_f32[(size_t)i * hidden + j] = y;
         }
     }
+}
+
+/* Tensor parallelism: the weighted sum of a rank's expert rows, without residual or norm
+ * (the sum over ranks comes next). Grid (rows, ceil(hidden / 256)). Slots of weight 0 are
+ * other GPUs' experts, whose rows were not written. */
+static __global__ void moe_combine_kernel(const float *__restrict__ moe_y,
+                                          const float *__restrict__ moe_weight, int32_t k_top,
+                                          int32_t hidden, float *__restrict__ out) {
+    pdl_wait(); /* the experts' rows come from the MoE kernels */
+    const int32_t r = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= hidden) return;
+    const float *wr = moe_weight + (size_t)r * k_top, *yr = moe_y + (size_t)r * k_top * hidden;
+    float sum = 0.0f;
+    for (int k = 0; k < k_top; k++) {
+        const float wk = wr[k];
+        if (wk != 0.0f) sum += wk * yr[(size_t)k * hidden + j];
+    }
+    out[(size_t)r * hidden + j] = sum;
+}
+
+void gptoss_cuda_moe_combine(const float *moe_y, const float *moe_weight, int32_t k_top,
+                             int32_t n_rows, int32_t hidden, float *out, cudaStream_t stream) {
+    if (n_rows <= 0) return;
+    launch_pdl(moe_combine_kernel, dim3(n_rows, (hidden + 255) / 256), dim3(256), 0, stream, moe_y,
+               moe_weight, k_top, hidden, out);
 }
 
 void gptoss_cuda_residual_rmsnorm(float *x, const float *add, const float *add_bias,

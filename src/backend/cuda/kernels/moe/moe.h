@@ -6,6 +6,7 @@
 #define GPTOSS_CUDA_MOE_H
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -46,6 +47,10 @@ enum gptoss_moe_path gptoss_cuda_moe_path_parse(const char *s);
 /* The path's name as gptoss_cuda_moe_path_parse takes it. */
 const char *gptoss_cuda_moe_path_name(enum gptoss_moe_path path);
 
+/* An expert index of -1 in topk_idx (tensor parallelism: another GPU's expert) is a pair that
+ * every path skips: no weights read, its h and y rows left unwritten (its weight is 0 and the
+ * weighted sum leaves such slots out). */
+
 /* Groups the n_tokens*k_top (token, slot) pairs by expert (see kernels/moe/route.cu for the layout
  * of `route`) into tiles of route->tile_rows rows, the tile height of the MoE path that will read
  * it (gptoss_cuda_moe_route sets it from that path). Returns nothing; route lives in device
@@ -74,6 +79,12 @@ void gptoss_cuda_route_bind(void *memory, int32_t n_pairs, int32_t n_experts,
 void gptoss_cuda_moe_route(const int32_t *topk_idx, int32_t n_tokens, int32_t k_top,
                            int32_t n_experts, int path, gptoss_cuda_route *route,
                            cudaStream_t stream);
+
+/* The same with tile_rows-row tiles (at least GPTOSS_MOE_MIN_TILE), for
+ * gptoss_moe_pair_grouped. */
+void gptoss_cuda_moe_route_rows(const int32_t *topk_idx, int32_t n_tokens, int32_t k_top,
+                                int32_t n_experts, int32_t tile_rows, gptoss_cuda_route *route,
+                                cudaStream_t stream);
 
 /* MXFP4 expert weights of one layer, HF layout (spec 3.4). */
 typedef struct gptoss_cuda_moe_weights {
@@ -106,6 +117,22 @@ enum gptoss_moe_path gptoss_cuda_moe_choose_path(int path, int32_t n_tokens, int
 void gptoss_cuda_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
                      int32_t k_top, const int32_t *topk_idx, const gptoss_cuda_route *route,
                      void *h, float *y, int path, cudaStream_t stream);
+
+/*
+ * The pair mma's TMA kernel arithmetic for any number of pairs (the batch-invariant experts):
+ * gptoss_moe_pair_tma runs the TMA pair kernel itself (whatever GPTOSS_CUDA_MOE_PAIR_KERNEL
+ * says; up to GPTOSS_MOE_PAIR5_MAX pairs, no route), gptoss_moe_pair_grouped one block per
+ * (16-row tile, route tile) over a route from gptoss_cuda_moe_route_rows, each pair multiplied as
+ * the pair kernel does: a pair's h (fp16, mma layout, by pair) and y rows are bitwise the same
+ * from either, whatever else the step holds. Only where gptoss_moe_pair_grouped_ok (w->pair_mma_ok
+ * and the TMA pair kernel runs on this device).
+ */
+bool gptoss_moe_pair_grouped_ok(const gptoss_cuda_moe_weights *w);
+void gptoss_moe_pair_tma(const gptoss_cuda_moe_weights *w, const bf16 *t, const int32_t *topk_idx,
+                         int32_t n_pairs, int32_t k_top, __half *h, float *y, cudaStream_t stream);
+void gptoss_moe_pair_grouped(const gptoss_cuda_moe_weights *w, const bf16 *t,
+                             const gptoss_cuda_route *route, int32_t n_tokens, int32_t k_top,
+                             __half *h, float *y, cudaStream_t stream);
 
 /*
  * Decides w->mma_ok: GPTOSS_MOE_MMA_GEMM dequantizes to fp16 (code * 2^(s-127) exactly) and feeds

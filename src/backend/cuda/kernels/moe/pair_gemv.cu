@@ -50,6 +50,7 @@ static __global__ void __launch_bounds__(MOE_PAIR_GEMV_WARPS * 32, 2)
     const int pair = blockIdx.y;
     pdl_wait(); /* topk_idx comes from the router, the input from the norm or gate_up */
     const int e = topk_idx[pair];
+    if (e < 0) return; /* another GPU's expert */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_groups = k_in >> 5, n_units = n_out_rows >> 1;
     const size_t row_bytes = (size_t)n_groups * 16;

@@ -75,27 +75,44 @@ static __device__ __forceinline__ void pair_stage_input(const void *act, int pai
     }
 }
 
-/* The MMAs of one window (groups G .. G + 3) of one lane: ca / cb its group's codes of rows a
- * and b, b the token chunks its four words multiply (zeros where the lane holds no token
- * values). d gets columns 2q and 2q + 1 of rows a (d[0], d[1]) and b (d[2], d[3]), unscaled. */
-static __device__ __forceinline__ void pair_window_mma(uint4 ca, uint4 cb, const uint4 (&b)[4],
-                                                       float (&d)[4]) {
+/* One window's codes of rows a and b (ca / cb: one lane's group) as the fp16 pairs the MMAs
+ * take: pa[w] / pb[w] from word w. */
+static __device__ __forceinline__ void pair_window_convert(uint4 ca, uint4 cb, uint32_t (&pa)[4][4],
+                                                           uint32_t (&pb)[4][4]) {
     const uint32_t wa[4] = {ca.x, ca.y, ca.z, ca.w};
     const uint32_t wb[4] = {cb.x, cb.y, cb.z, cb.w};
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        mma_fp4_pairs(wa[w], pa[w]);
+        mma_fp4_pairs(wb[w], pb[w]);
+    }
+}
+
+/* The MMAs of one window (groups G .. G + 3) of one lane on converted codes: b the token
+ * chunks its four words multiply (zeros where the lane holds no token values). d gets columns
+ * 2q and 2q + 1 of rows a (d[0], d[1]) and b (d[2], d[3]), unscaled. */
+static __device__ __forceinline__ void pair_window_dot(const uint32_t (&pa)[4][4],
+                                                       const uint32_t (&pb)[4][4],
+                                                       const uint4 (&b)[4], float (&d)[4]) {
     /* two accumulators (words 0-1 and 2-3: the same groups) halve the chain of dependent MMAs */
     float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int w = 0; w < 4; w++) {
         float(&dd)[4] = w < 2 ? d1 : d2;
-        uint32_t pa[4], pb[4];
-        mma_fp4_pairs(wa[w], pa);
-        mma_fp4_pairs(wb[w], pb);
-        mma_f16(dd, pa[0], pb[0], pa[1], pb[1], b[w].x, b[w].y);
-        mma_f16(dd, pa[2], pb[2], pa[3], pb[3], b[w].z, b[w].w);
+        mma_f16(dd, pa[w][0], pb[w][0], pa[w][1], pb[w][1], b[w].x, b[w].y);
+        mma_f16(dd, pa[w][2], pb[w][2], pa[w][3], pb[w][3], b[w].z, b[w].w);
     }
 #pragma unroll
     for (int i = 0; i < 4; i++)
         d[i] = d1[i] + d2[i];
+}
+
+/* Both: ca / cb the lane's group codes of rows a and b. */
+static __device__ __forceinline__ void pair_window_mma(uint4 ca, uint4 cb, const uint4 (&b)[4],
+                                                       float (&d)[4]) {
+    uint32_t pa[4][4], pb[4][4];
+    pair_window_convert(ca, cb, pa, pb);
+    pair_window_dot(pa, pb, b, d);
 }
 
 /* One window of the wide kernel: pair_window_mma, then the column scales; s4 the scale bytes
@@ -210,6 +227,7 @@ static __global__ void __launch_bounds__(MOE_PAIR_WIDE_K_SLICES *MOE_PAIR_WIDE_T
     const size_t row_bytes = (size_t)n_groups * 16;
     pdl_wait(); /* topk_idx comes from the router, the input from the norm or gate_up */
     const int e = topk_idx[pair];
+    if (e < 0) return; /* another GPU's expert */
     const uint8_t *eb = blocks + (size_t)e * n_out_rows * row_bytes;
     const uint8_t *es = scales + (size_t)e * n_out_rows * n_groups;
 
@@ -378,6 +396,50 @@ static __device__ __forceinline__ void pt_take_turn(unsigned sm, int32_t infligh
 }
 
 /*
+ * The TMA kernels' products of one staged token: warp w is K slice w of the tile's codes and
+ * scales in shared memory, lane (g, q) sums rows a and b of its unit (acc0, acc1). No lane
+ * tests anything per window: groups past n_groups in the last window read codes of the next
+ * row (or of the scale bytes after the last one: finite fp16 values either way) times the
+ * zero-filled token, so their columns are exactly 0, and their scale bytes are the next row's
+ * (at most 240, gptoss_cuda_moe_check_mma) or the zero bytes, so 0 times a finite scale adds
+ * nothing. Lanes that hold no token values read the zero window, with a step of 0. Lanes
+ * q = 2, 3 repeat the scales of lanes q = 0, 1 (their columns are copies). Both TMA kernels
+ * call this, so a pair's sums are the same bits in either.
+ */
+template <bool GATE_UP>
+static __device__ __forceinline__ void pair_tma_products(const uint8_t *codes, const uint8_t *sc,
+                                                         const uint4 *xs, const uint4 *zeros,
+                                                         int n_groups, float &acc0, float &acc1) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int n_win = (n_groups + 3) >> 2;
+    const uint32_t row_bytes = (uint32_t)n_groups * 16;
+    const int per = (n_win + MOE_PAIR_TMA_K_SLICES - 1) / MOE_PAIR_TMA_K_SLICES;
+    const int w0 = min(n_win, warp * per), w1 = min(n_win, w0 + per);
+    const int la = GATE_UP ? 2 * g : g, lb = GATE_UP ? la + 1 : la + 8;
+    const bool owner = (g & 3) == q;
+    const uint8_t *ca = codes + la * row_bytes + 16 * q, *cb = codes + lb * row_bytes + 16 * q;
+    const uint8_t *sa = sc + la * n_groups + 2 * (q & 1), *sb = sc + lb * n_groups + 2 * (q & 1);
+    const uint4 *xw = owner ? xs + 4 * q : zeros;
+    const int x_step = owner ? 16 : 0; /* uint4 chunks per window */
+    acc0 = 0.0f;
+    acc1 = 0.0f;
+#pragma unroll 2
+    for (int W = w0; W < w1; W++) {
+        const uint4 wa4 = *(const uint4 *)(ca + 64 * W), wb4 = *(const uint4 *)(cb + 64 * W);
+        const uint32_t s0 = sa[4 * W], s1 = sa[4 * W + 1], s2 = sb[4 * W], s3 = sb[4 * W + 1];
+        const uint4 *xp = xw + x_step * W;
+        const uint4 b[4] = {xp[0], xp[1], xp[2], xp[3]};
+        float d[4];
+        pair_window_mma(wa4, wb4, b, d);
+        /* column scale 2^(s - 113) (the fp16 codes are code * 2^-14): the exponent field s + 14 */
+        acc0 = fmaf(d[0], __uint_as_float(s0 * (1u << 23) + (14u << 23)), acc0);
+        acc0 = fmaf(d[1], __uint_as_float(s1 * (1u << 23) + (14u << 23)), acc0);
+        acc1 = fmaf(d[2], __uint_as_float(s2 * (1u << 23) + (14u << 23)), acc1);
+        acc1 = fmaf(d[3], __uint_as_float(s3 * (1u << 23) + (14u << 23)), acc1);
+    }
+}
+
+/*
  * One block per (tile, pair), 6 warps (K slices). Thread 0 copies the tile's 16 rows of codes
  * and of scale bytes into shared memory with two bulk copies completing on an mbarrier, and
  * the block stages the token meanwhile. A persistent form of this kernel (a grid of resident
@@ -408,8 +470,7 @@ static __global__ void __launch_bounds__(MOE_PAIR_TMA_K_SLICES * 32)
     __shared__ __align__(8) uint64_t bar;
     __shared__ float red[MOE_PAIR_TMA_K_SLICES][16];
     const int pair = blockIdx.y, tile = blockIdx.x, n_tiles = n_out_rows >> 4;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const int n_groups = k_in >> 5, n_win = (n_groups + 3) >> 2;
+    const int n_groups = k_in >> 5;
     const uint32_t row_bytes = (uint32_t)n_groups * 16, code_bytes = 16 * row_bytes,
                    scale_bytes = 16 * n_groups;
     const pair_tma_layout lay = pair_tma_parts(k_in);
@@ -419,6 +480,10 @@ static __global__ void __launch_bounds__(MOE_PAIR_TMA_K_SLICES * 32)
 #ifdef GPTOSS_MOE_TRACE
     unsigned long long tr_start = globaltimer_ns(), tr_issue = 0, tr_wait = 0, tr_land = 0;
 #endif
+    if (!GATE_UP && topk_idx[pair] < 0) { /* another GPU's expert */
+        pdl_wait();                       /* no block exits before its wait (ptx.cuh) */
+        return;
+    }
     const unsigned sm = inflight > 0 ? sm_id() % MOE_PAIR_LIMIT_MAX_SMS : 0u;
     auto issue = [&]() {
         const size_t row0 = (size_t)topk_idx[pair] * n_out_rows + 16 * (size_t)tile;
@@ -451,6 +516,7 @@ static __global__ void __launch_bounds__(MOE_PAIR_TMA_K_SLICES * 32)
         (i == 0 ? (uint4 *)(sc + scale_bytes) : xs + (k_in >> 3) + i - 1)[0] =
             make_uint4(0, 0, 0, 0);
     pdl_wait(); /* gate_up: topk_idx from the router; both: the input */
+    if (GATE_UP && topk_idx[pair] < 0) return; /* another GPU's expert */
 #ifdef GPTOSS_MOE_TRACE
     tr_wait = globaltimer_ns();
 #endif
@@ -465,37 +531,8 @@ static __global__ void __launch_bounds__(MOE_PAIR_TMA_K_SLICES * 32)
     tr_land = globaltimer_ns();
 #endif
 
-    /*
-     * No lane tests anything per window: groups past n_groups in the last window read codes of
-     * the next row (or of the scale bytes after the last one: finite fp16 values either way)
-     * times the zero-filled token, so their columns are exactly 0, and their scale bytes are
-     * the next row's (at most 240, gptoss_cuda_moe_check_mma) or the zero bytes, so 0 times a
-     * finite scale adds nothing. Lanes that hold no token values read the zero window, with a
-     * step of 0. Lanes q = 2, 3 repeat the scales of lanes q = 0, 1 (their columns are copies).
-     */
-    const int per = (n_win + MOE_PAIR_TMA_K_SLICES - 1) / MOE_PAIR_TMA_K_SLICES;
-    const int w0 = min(n_win, warp * per), w1 = min(n_win, w0 + per);
-    const int la = GATE_UP ? 2 * g : g, lb = GATE_UP ? la + 1 : la + 8;
-    const bool owner = (g & 3) == q;
-    const uint8_t *ca = codes + la * row_bytes + 16 * q, *cb = codes + lb * row_bytes + 16 * q;
-    const uint8_t *sa = sc + la * n_groups + 2 * (q & 1), *sb = sc + lb * n_groups + 2 * (q & 1);
-    const uint4 *xw = owner ? xs + 4 * q : zeros;
-    const int x_step = owner ? 16 : 0; /* uint4 chunks per window */
-    float acc0 = 0.0f, acc1 = 0.0f;
-#pragma unroll 2
-    for (int W = w0; W < w1; W++) {
-        const uint4 wa4 = *(const uint4 *)(ca + 64 * W), wb4 = *(const uint4 *)(cb + 64 * W);
-        const uint32_t s0 = sa[4 * W], s1 = sa[4 * W + 1], s2 = sb[4 * W], s3 = sb[4 * W + 1];
-        const uint4 *xp = xw + x_step * W;
-        const uint4 b[4] = {xp[0], xp[1], xp[2], xp[3]};
-        float d[4];
-        pair_window_mma(wa4, wb4, b, d);
-        /* column scale 2^(s - 113) (the fp16 codes are code * 2^-14): the exponent field s + 14 */
-        acc0 = fmaf(d[0], __uint_as_float(s0 * (1u << 23) + (14u << 23)), acc0);
-        acc0 = fmaf(d[1], __uint_as_float(s1 * (1u << 23) + (14u << 23)), acc0);
-        acc1 = fmaf(d[2], __uint_as_float(s2 * (1u << 23) + (14u << 23)), acc1);
-        acc1 = fmaf(d[3], __uint_as_float(s3 * (1u << 23) + (14u << 23)), acc1);
-    }
+    float acc0, acc1;
+    pair_tma_products<GATE_UP>(codes, sc, xs, zeros, n_groups, acc0, acc1);
     pair_finish<GATE_UP, !EARLY_BIAS>(acc0, acc1, red, MOE_PAIR_TMA_K_SLICES, 1, tile, n_tiles,
                                       pair, bv, bias, topk_idx[pair], n_out_rows, limit, alpha,
                                       h_out, y_out);
@@ -513,6 +550,131 @@ static __global__ void __launch_bounds__(MOE_PAIR_TMA_K_SLICES * 32)
 #else
     __trap(); /* never launched: the host picks this kernel only where it was built for sm_90 or
                  later */
+#endif
+}
+
+/*
+ * moe_pair_grouped_kernel (sm_90 and up): the TMA kernel's arithmetic for steps of many pairs,
+ * over a route (gptoss_cuda_moe_route_rows) of up to MOE_PAIR_GROUP pairs per route tile. Block
+ * (16-row tile, route tile), MOE_PAIR_TMA_K_SLICES warps: the tile's codes of the route tile's
+ * expert are copied once and every pair's token staged beside them (the TMA kernel's layout,
+ * one token area per pair); each warp converts a window's codes once and multiplies them with
+ * every staged token, keeping one pair of accumulators per token. Per token that is exactly the
+ * TMA kernel's sequence of MMAs and fmaf's (pair_window_dot, the same scales, windows in the same
+ * order, slices added by pair_finish), so a pair's h and y are the same bits whichever kernel
+ * ran and whatever else the step holds; the conversion, the TMA kernel's main integer cost, is
+ * shared by the pairs of a tile. The batch-invariant mode runs the experts this way for every
+ * step size on GPUs with the TMA pair kernel (kernels/batch_invariant.h).
+ */
+#define MOE_PAIR_GROUP 8 /* tokens staged and multiplied together */
+static __host__ __device__ __forceinline__ uint32_t pair_group_token_bytes(int32_t k_in) {
+    const pair_tma_layout l = pair_tma_parts(k_in);
+    return l.zeros - l.token;
+}
+static size_t pair_group_smem(int32_t k_in) {
+    const pair_tma_layout l = pair_tma_parts(k_in);
+    return (size_t)l.token + (size_t)MOE_PAIR_GROUP * pair_group_token_bytes(k_in) + 64;
+}
+
+template <bool GATE_UP>
+static __global__ void __launch_bounds__(MOE_PAIR_TMA_K_SLICES * 32)
+    moe_pair_grouped_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
+                            const void *act, gptoss_cuda_route route, int32_t k_top, int32_t k_in,
+                            int32_t n_out_rows, float limit, float alpha, __half *h_out,
+                            float *y_out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) uint8_t pt_smem[];
+    __shared__ __align__(8) uint64_t bar;
+    __shared__ float red[MOE_PAIR_TMA_K_SLICES][16];
+    __shared__ int pairs[MOE_PAIR_GROUP];
+    const int tile = blockIdx.x, n_tiles = n_out_rows >> 4;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int n_groups = k_in >> 5, n_win = (n_groups + 3) >> 2;
+    const uint32_t row_bytes = (uint32_t)n_groups * 16, code_bytes = 16 * row_bytes,
+                   scale_bytes = 16 * n_groups, tok_bytes = pair_group_token_bytes(k_in);
+    const pair_tma_layout lay = pair_tma_parts(k_in);
+    uint8_t *codes = pt_smem, *sc = pt_smem + lay.scales;
+    uint8_t *toks = pt_smem + lay.token;
+    const uint4 *zeros = (const uint4 *)(toks + MOE_PAIR_GROUP * tok_bytes);
+    const uint32_t bar_s = (uint32_t)__cvta_generic_to_shared(&bar);
+    pdl_wait(); /* the route and the input come from earlier kernels */
+    const int e = route.tile_expert[blockIdx.y];
+    if (e < 0) return;
+    const int32_t r_begin = route.tile_row[blockIdx.y],
+                  r_end = min(r_begin + route.tile_rows, route.expert_offsets[e + 1]);
+    if (threadIdx.x == 0) {
+        const size_t row0 = (size_t)e * n_out_rows + 16 * (size_t)tile;
+        mbar_init(bar_s);
+        mbar_expect_tx(bar_s, code_bytes + scale_bytes);
+        bulk_copy(codes, blocks + row0 * row_bytes, code_bytes, bar_s);
+        bulk_copy(sc, scales + row0 * n_groups, scale_bytes, bar_s);
+    }
+    /* zeros: the 16 bytes after the scales, each token area past k_in, the zero window */
+    if (threadIdx.x == 0) *(uint4 *)(sc + scale_bytes) = make_uint4(0, 0, 0, 0);
+    const int tail = (int)tok_bytes / 16 - (k_in >> 3);
+    for (int i = threadIdx.x; i < MOE_PAIR_GROUP * tail + 4; i += blockDim.x)
+        (i < MOE_PAIR_GROUP * tail
+             ? (uint4 *)(toks + (i / tail) * tok_bytes) + (k_in >> 3) + i % tail
+             : (uint4 *)zeros + (i - MOE_PAIR_GROUP * tail))[0] = make_uint4(0, 0, 0, 0);
+    const float2 bv = pair_bias<GATE_UP>(bias, e, n_out_rows, 1, tile, n_tiles);
+    for (int32_t r0 = r_begin; r0 < r_end; r0 += MOE_PAIR_GROUP) {
+        const int n = min(MOE_PAIR_GROUP, r_end - r0);
+        if (threadIdx.x < MOE_PAIR_GROUP)
+            pairs[threadIdx.x] = threadIdx.x < n ? route.sorted_pair[r0 + threadIdx.x] : 0;
+        __syncthreads(); /* the pair list (and, the first time, the zeros and the barrier) */
+        for (int j = 0; j < n; j++)
+            pair_stage_input<GATE_UP>(act, pairs[j], k_top, k_in, (uint4 *)(toks + j * tok_bytes));
+        __syncthreads(); /* the tokens are staged */
+        if (r0 == r_begin) mbar_wait(bar_s, 0);
+
+        /* pair_tma_products for every staged token at once (its comment says why no lane tests
+         * anything per window) */
+        const int per = (n_win + MOE_PAIR_TMA_K_SLICES - 1) / MOE_PAIR_TMA_K_SLICES;
+        const int w0 = min(n_win, warp * per), w1 = min(n_win, w0 + per);
+        const int la = GATE_UP ? 2 * g : g, lb = GATE_UP ? la + 1 : la + 8;
+        const bool owner = (g & 3) == q;
+        const uint8_t *ca = codes + la * row_bytes + 16 * q, *cb = codes + lb * row_bytes + 16 * q;
+        const uint8_t *sa = sc + la * n_groups + 2 * (q & 1),
+                      *sb = sc + lb * n_groups + 2 * (q & 1);
+        const int x_step = owner ? 16 : 0; /* uint4 chunks per window */
+        float acc0[MOE_PAIR_GROUP], acc1[MOE_PAIR_GROUP];
+#pragma unroll
+        for (int j = 0; j < MOE_PAIR_GROUP; j++)
+            acc0[j] = acc1[j] = 0.0f;
+        for (int W = w0; W < w1; W++) {
+            uint32_t pa[4][4], pb[4][4];
+            pair_window_convert(*(const uint4 *)(ca + 64 * W), *(const uint4 *)(cb + 64 * W), pa,
+                                pb);
+            const float f0 = __uint_as_float((uint32_t)sa[4 * W] * (1u << 23) + (14u << 23)),
+                        f1 = __uint_as_float((uint32_t)sa[4 * W + 1] * (1u << 23) + (14u << 23)),
+                        f2 = __uint_as_float((uint32_t)sb[4 * W] * (1u << 23) + (14u << 23)),
+                        f3 = __uint_as_float((uint32_t)sb[4 * W + 1] * (1u << 23) + (14u << 23));
+#pragma unroll
+            for (int j = 0; j < MOE_PAIR_GROUP; j++) {
+                if (j >= n) break;
+                const uint4 *xp =
+                    (owner ? (const uint4 *)(toks + j * tok_bytes) + 4 * q : zeros) + x_step * W;
+                const uint4 b[4] = {xp[0], xp[1], xp[2], xp[3]};
+                float d[4];
+                pair_window_dot(pa, pb, b, d);
+                acc0[j] = fmaf(d[0], f0, acc0[j]);
+                acc0[j] = fmaf(d[1], f1, acc0[j]);
+                acc1[j] = fmaf(d[2], f2, acc1[j]);
+                acc1[j] = fmaf(d[3], f3, acc1[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < MOE_PAIR_GROUP; j++) {
+            if (j >= n) break;
+            pair_finish<GATE_UP, false>(acc0[j], acc1[j], red, MOE_PAIR_TMA_K_SLICES, 1, tile,
+                                        n_tiles, pairs[j], bv, bias, e, n_out_rows, limit, alpha,
+                                        h_out, y_out);
+            __syncthreads(); /* red (and, after the last, the tokens and the pair list) free again
+                              */
+        }
+    }
+#else
+    __trap(); /* never launched: the host picks this kernel only where the TMA pair kernel runs */
 #endif
 }
 
@@ -689,6 +851,10 @@ static __global__ void __launch_bounds__(MOE_PAIR_FP8_K_SLICES * 32, 7)
     const pair_fp8_layout lay = pair_fp8_parts(k_in);
     uint8_t *codes = pf_smem, *sc = pf_smem + lay.scales, *bt = pf_smem + lay.bt;
     const uint32_t bar_s = (uint32_t)__cvta_generic_to_shared(&bar);
+    if (!GATE_UP && topk_idx[pair] < 0) { /* another GPU's expert */
+        pdl_wait();                       /* no block exits before its wait (ptx.cuh) */
+        return;
+    }
     const unsigned sm = inflight > 0 ? sm_id() % MOE_PAIR_LIMIT_MAX_SMS : 0u;
     auto issue = [&]() {
         const size_t row0 = (size_t)topk_idx[pair] * n_out_rows + 16 * (size_t)tile;
@@ -713,6 +879,7 @@ static __global__ void __launch_bounds__(MOE_PAIR_FP8_K_SLICES * 32, 7)
     /* the 16 bytes after the scales are read past the last row's groups (see above) */
     if (threadIdx.x < 4) ((uint32_t *)(sc + scale_bytes))[threadIdx.x] = 0u;
     pdl_wait(); /* gate_up: topk_idx from the router; both: the input */
+    if (GATE_UP && topk_idx[pair] < 0) return; /* another GPU's expert */
     if (GATE_UP && threadIdx.x == 0) issue();
     if (EARLY_BIAS && GATE_UP)
         bv = pair_bias<true>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
@@ -827,13 +994,12 @@ static void pair_mma_launch(const uint8_t *blocks, const uint8_t *scales, const 
                             const void *act, const int32_t *topk_idx, int32_t n_pairs,
                             int32_t k_top, int32_t k_in, int32_t n_out,
                             const gptoss_cuda_moe_weights *w, __half *h, float *y,
-                            cudaStream_t stream) {
+                            enum gptoss_moe_pair_kernel kernel, cudaStream_t stream) {
     const int tiles = n_out / 16;
     /* Steps of up to 8 pairs load the biases early (H100, one token: 120b tg128 +1.6%, 20b
      * +1.3%); larger steps load them after the reduction: with early loads, steps of 32 to 96
      * pairs ran 1.5-2% slower, without them 1.1-1.7% faster than before the split (bench -b 8,
      * 16, 24 on 120b, 7 on 20b). */
-    const enum gptoss_moe_pair_kernel kernel = gptoss_cuda_moe_pair_kernel();
     if (kernel == GPTOSS_MOE_PAIR_FP8)
         launch_pdl(n_pairs <= GPTOSS_MOE_PAIR_MAX ? moe_pair_fp8_kernel<GATE_UP, true>
                                                   : moe_pair_fp8_kernel<GATE_UP, false>,
@@ -855,13 +1021,47 @@ static void pair_mma_launch(const uint8_t *blocks, const uint8_t *scales, const 
                    k_top, k_in, n_out, w->swiglu_limit, w->swiglu_alpha, h, y);
 }
 
-void gptoss_moe_pair_mma(const gptoss_cuda_moe_weights *w, const bf16 *t, const int32_t *topk_idx,
-                         int32_t n_pairs, int32_t k_top, __half *h, float *y, cudaStream_t stream) {
+static void pair_mma_run(const gptoss_cuda_moe_weights *w, const bf16 *t, const int32_t *topk_idx,
+                         int32_t n_pairs, int32_t k_top, __half *h, float *y,
+                         enum gptoss_moe_pair_kernel kernel, cudaStream_t stream) {
     int32_t H = w->hidden, I = w->intermediate;
     pair_mma_launch<true>(w->gate_up_blocks, w->gate_up_scales, w->gate_up_bias, (const void *)t,
-                          topk_idx, n_pairs, k_top, H, 2 * I, w, h, (float *)nullptr, stream);
+                          topk_idx, n_pairs, k_top, H, 2 * I, w, h, (float *)nullptr, kernel,
+                          stream);
     pair_mma_launch<false>(w->down_blocks, w->down_scales, w->down_bias, (const void *)h, topk_idx,
-                           n_pairs, k_top, I, H, w, (__half *)nullptr, y, stream);
+                           n_pairs, k_top, I, H, w, (__half *)nullptr, y, kernel, stream);
+}
+
+void gptoss_moe_pair_mma(const gptoss_cuda_moe_weights *w, const bf16 *t, const int32_t *topk_idx,
+                         int32_t n_pairs, int32_t k_top, __half *h, float *y, cudaStream_t stream) {
+    pair_mma_run(w, t, topk_idx, n_pairs, k_top, h, y, gptoss_cuda_moe_pair_kernel(), stream);
+}
+
+void gptoss_moe_pair_tma(const gptoss_cuda_moe_weights *w, const bf16 *t, const int32_t *topk_idx,
+                         int32_t n_pairs, int32_t k_top, __half *h, float *y, cudaStream_t stream) {
+    pair_mma_run(w, t, topk_idx, n_pairs, k_top, h, y, GPTOSS_MOE_PAIR_TMA, stream);
+}
+
+bool gptoss_moe_pair_grouped_ok(const gptoss_cuda_moe_weights *w) {
+    const gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
+    return w->pair_mma_ok && kc->moe_pair_tma_ok && kc->moe_pair_group_ok &&
+           w->hidden <= kc->moe_prepared_width && w->intermediate <= kc->moe_prepared_width;
+}
+
+void gptoss_moe_pair_grouped(const gptoss_cuda_moe_weights *w, const bf16 *t,
+                             const gptoss_cuda_route *route, int32_t n_tokens, int32_t k_top,
+                             __half *h, float *y, cudaStream_t stream) {
+    const int32_t H = w->hidden, I = w->intermediate;
+    const int32_t tiles = gptoss_cuda_route_tiles(n_tokens * k_top, w->n_experts, route->tile_rows);
+    if (tiles <= 0) return;
+    launch_pdl(moe_pair_grouped_kernel<true>, dim3(2 * I / 16, tiles),
+               dim3(MOE_PAIR_TMA_K_SLICES * 32), pair_group_smem(H), stream, w->gate_up_blocks,
+               w->gate_up_scales, w->gate_up_bias, (const void *)t, *route, k_top, H, 2 * I,
+               w->swiglu_limit, w->swiglu_alpha, h, (float *)nullptr);
+    launch_pdl(moe_pair_grouped_kernel<false>, dim3(H / 16, tiles),
+               dim3(MOE_PAIR_TMA_K_SLICES * 32), pair_group_smem(I), stream, w->down_blocks,
+               w->down_scales, w->down_bias, (const void *)h, *route, k_top, I, H, w->swiglu_limit,
+               w->swiglu_alpha, (__half *)nullptr, y);
 }
 
 void gptoss_moe_pair_mma_prepare(bool ok) {
@@ -878,6 +1078,14 @@ void gptoss_moe_pair_mma_prepare(bool ok) {
         gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, true>) &&
         gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<true, false>) &&
         gptoss_cuda_runs_sm90_code((const void *)moe_pair_tma_kernel<false, false>);
+    /* the grouped kernel: where the TMA kernel runs, with its shared memory granted */
+    const size_t group_smem = pair_group_smem(kc->moe_prepared_width);
+    kc->moe_pair_group_ok = kc->moe_pair_tma_ok &&
+                            gptoss_cuda_kernel_smem((const void *)moe_pair_grouped_kernel<true>,
+                                                    group_smem) == cudaSuccess &&
+                            gptoss_cuda_kernel_smem((const void *)moe_pair_grouped_kernel<false>,
+                                                    group_smem) == cudaSuccess;
+    (void)cudaGetLastError(); /* a refused attribute is not an error: the kernel is not used */
     /* the FP8 pair kernel: wgmma, so compute capability 9.0 with sm_90a code, as the wgmma GEMM */
     kc->moe_pair_fp8_ok =
         kc->moe_pair_tma_ok && kc->caps.wgmma && kc->caps.fp8 &&

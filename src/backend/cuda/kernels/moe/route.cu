@@ -57,7 +57,7 @@ static __global__ void route_kernel(const int32_t *topk_idx, int32_t n_pairs, in
         route.tile_expert[i] = -1;
     __syncthreads();
     for (int i = threadIdx.x; i < n_pairs; i += blockDim.x)
-        atomicAdd(&counts[topk_idx[i]], 1);
+        if (topk_idx[i] >= 0) atomicAdd(&counts[topk_idx[i]], 1);
     __syncthreads();
     if (threadIdx.x == 0) {
         int32_t offset = 0, tile = 0, active = 0;
@@ -76,6 +76,7 @@ static __global__ void route_kernel(const int32_t *topk_idx, int32_t n_pairs, in
     }
     __syncthreads();
     for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
+        if (topk_idx[i] < 0) continue; /* another GPU's expert */
         int32_t pos = atomicAdd(&cursor[topk_idx[i]], 1);
         route.sorted_token[pos] = i / k_top;
         route.sorted_pair[pos] = i;
@@ -85,11 +86,19 @@ static __global__ void route_kernel(const int32_t *topk_idx, int32_t n_pairs, in
 void gptoss_cuda_moe_route(const int32_t *topk_idx, int32_t n_tokens, int32_t k_top,
                            int32_t n_experts, int path, gptoss_cuda_route *route,
                            cudaStream_t stream) {
+    gptoss_cuda_moe_route_rows(topk_idx, n_tokens, k_top, n_experts,
+                               path == GPTOSS_MOE_MMA_GEMM
+                                   ? gptoss_moe_mma_tile_rows(n_tokens, k_top, n_experts)
+                               : path == GPTOSS_MOE_WGMMA_GEMM ? MOE_WGMMA_TILE_ROWS
+                                                               : GPTOSS_MOE_TILE_M,
+                               route, stream);
+}
+
+void gptoss_cuda_moe_route_rows(const int32_t *topk_idx, int32_t n_tokens, int32_t k_top,
+                                int32_t n_experts, int32_t tile_rows, gptoss_cuda_route *route,
+                                cudaStream_t stream) {
     int32_t n_pairs = n_tokens * k_top;
-    route->tile_rows = path == GPTOSS_MOE_MMA_GEMM
-                           ? gptoss_moe_mma_tile_rows(n_tokens, k_top, n_experts)
-                       : path == GPTOSS_MOE_WGMMA_GEMM ? MOE_WGMMA_TILE_ROWS
-                                                       : GPTOSS_MOE_TILE_M;
+    route->tile_rows = tile_rows < GPTOSS_MOE_MIN_TILE ? GPTOSS_MOE_MIN_TILE : tile_rows;
     if (n_pairs <= 0) return;
     launch_pdl(route_kernel, dim3(1), dim3(1024), 0, stream, topk_idx, n_pairs, k_top, n_experts,
                gptoss_cuda_route_tiles(n_pairs, n_experts, route->tile_rows), route->tile_rows,
