@@ -15,6 +15,7 @@
 #include "util/log.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,12 @@ struct gptoss_eagle3_drafter {
     float *chain;        /* [cap_rows, H] the previous round's prenorm of each drafting seq */
     int32_t cap_rows;
     head_seq **active; /* [cap_rows] the records drafting this round */
+    /* GPTOSS_EAGLE3_DUMP=DIR: the first sequence's target rows, for scripts/eagle3-reference.py
+     * (records: int32 position, token, cache start; f32 aux[3H], logits[DV]). */
+    FILE *dump;
+    bool dump_bound;
+    uint64_t dump_priority, dump_index;
+    float *dump_logits; /* [cap_rows, DV] */
 };
 
 static int32_t kv_end(const head_seq *s) {
@@ -111,6 +118,7 @@ static bool grow_rows(gptoss_eagle3_drafter *d, int32_t n) {
     GROW(prenorm, (size_t)cap * H);
     GROW(chain, (size_t)cap * H);
     GROW(active, (size_t)cap);
+    if (d->dump) GROW(dump_logits, (size_t)cap * d->c->draft_vocab_size);
 #undef GROW
     d->cap_rows = cap;
     return true;
@@ -131,6 +139,63 @@ static gptoss_status fill_embeds(gptoss_eagle3_drafter *d, int32_t n, gptoss_err
     return GPTOSS_OK;
 }
 
+/* ---- GPTOSS_EAGLE3_DUMP ------------------------------------------------------------------ */
+
+static head_seq *seq_of_kv(gptoss_eagle3_kv *kv) {
+    return (head_seq *)((char *)kv - offsetof(head_seq, kv));
+}
+
+static bool dumped(gptoss_eagle3_drafter *d, const gptoss_eagle3_row *row) {
+    const head_seq *s = seq_of_kv(row->kv);
+    if (!d->dump_bound) {
+        d->dump_bound = true;
+        d->dump_priority = s->priority;
+        d->dump_index = s->index;
+    }
+    return row->aux && s->priority == d->dump_priority && s->index == d->dump_index;
+}
+
+static void dump_prepare(gptoss_eagle3_drafter *d, int32_t n) {
+    for (int32_t r = 0; r < n; r++)
+        if (dumped(d, &d->rows[r]))
+            d->rows[r].logits = d->dump_logits + (size_t)r * d->c->draft_vocab_size;
+}
+
+static void dump_write(gptoss_eagle3_drafter *d, int32_t n) {
+    for (int32_t r = 0; r < n; r++) {
+        const gptoss_eagle3_row *row = &d->rows[r];
+        if (!row->logits) continue;
+        int32_t head[3] = {row->position, d->row_tokens[r], row->kv->start};
+        fwrite(head, sizeof head, 1, d->dump);
+        fwrite(row->aux, sizeof(float), (size_t)d->aux_width, d->dump);
+        fwrite(row->logits, sizeof(float), (size_t)d->c->draft_vocab_size, d->dump);
+    }
+    fflush(d->dump);
+}
+
+static void dump_open(gptoss_eagle3_drafter *d, const char *head_dir, const int32_t *b) {
+    const char *dir = getenv("GPTOSS_EAGLE3_DUMP");
+    if (!dir || !dir[0]) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/eagle3_dump.json", dir);
+    FILE *meta = fopen(path, "w");
+    snprintf(path, sizeof path, "%s/eagle3_dump.bin", dir);
+    d->dump = meta ? fopen(path, "wb") : NULL;
+    if (!d->dump) {
+        GPTOSS_LOG_W("draft", "GPTOSS_EAGLE3_DUMP: cannot write into %s", dir);
+        if (meta) fclose(meta);
+        return;
+    }
+    fprintf(
+        meta,
+        "{\"head\": \"%s\", \"hidden_size\": %d, \"draft_vocab_size\": %d, "
+        "\"boundaries\": [%d, %d, %d], \"record\": \"int32 position, int32 next_token, "
+        "int32 cache_start, float32 aux[3 * hidden_size], float32 logits[draft_vocab_size]\"}\n",
+        head_dir, d->c->hidden_size, d->c->draft_vocab_size, b[0], b[1], b[2]);
+    fclose(meta);
+    GPTOSS_LOG_I("draft", "GPTOSS_EAGLE3_DUMP: writing the first sequence's head rows to %s", path);
+}
+
 /* Runs rows [0, n) (their tokens, kv, positions, inputs set); on failure the records involved
  * restart, so a later step rebuilds them. */
 static bool run_rows(gptoss_eagle3_drafter *d, int32_t n) {
@@ -142,12 +207,14 @@ static bool run_rows(gptoss_eagle3_drafter *d, int32_t n) {
         d->rows[r].embed = d->embeds + (size_t)r * H;
         d->rows[r].prenorm = d->prenorm + (size_t)r * H;
     }
+    if (d->dump) dump_prepare(d, n);
     if (st == GPTOSS_OK) st = gptoss_eagle3_cpu_forward(d->forward, d->rows, n, &err);
+    if (st == GPTOSS_OK && d->dump) dump_write(d, n);
     if (st == GPTOSS_OK) return true;
     GPTOSS_LOG_W("draft", "EAGLE3 head forward failed (%s); its sequences draft again later",
                  err.message);
     for (int32_t r = 0; r < n; r++)
-        restart((head_seq *)((char *)d->rows[r].kv - offsetof(head_seq, kv)), 0x3fffffff);
+        restart(seq_of_kv(d->rows[r].kv), 0x3fffffff);
     return false;
 }
 
@@ -182,6 +249,7 @@ gptoss_status gptoss_eagle3_drafter_create(const gptoss_draft_options *o, int32_
         gptoss_eagle3_drafter_free(d);
         return st;
     }
+    dump_open(d, o->model_dir, boundaries);
     GPTOSS_LOG_I("draft",
                  "EAGLE3 head %s: draft vocabulary %d, reads the residual stream after target "
                  "layers %d, %d, %d",
@@ -201,7 +269,8 @@ void gptoss_eagle3_drafter_free(gptoss_eagle3_drafter *d) {
     free(d->seqs);
     free(d->rows), free(d->row_tokens), free(d->row_seq), free(d->row_owner), free(d->embeds),
         free(d->prenorm);
-    free(d->chain), free(d->active);
+    free(d->chain), free(d->active), free(d->dump_logits);
+    if (d->dump) fclose(d->dump);
     gptoss_eagle3_cpu_free(d->forward);
     gptoss_eagle3_free(d->head);
     free(d);
