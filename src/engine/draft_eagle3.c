@@ -19,9 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Records of sequences absent from this many observed steps are freed (a sequence that comes
- * back starts a fresh head cache at the first position the target computes for it). */
-#define FORGET_AFTER_STEPS 256
+/* Records of sequences absent from this many observed steps are freed: finished ones go with
+ * their caches, and one that comes back (preempted, so recomputed) starts a fresh head cache
+ * at the first position the target computes for it. */
+#define FORGET_AFTER_STEPS 32
 
 typedef struct head_seq {
     uint64_t priority, index; /* the sequence's identity */

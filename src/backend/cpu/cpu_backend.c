@@ -712,6 +712,9 @@ const gptoss_backend_ops gptoss_cpu_backend_ops = {
     .destroy = cpu_destroy,
     .forward = cpu_forward,
     .converts_ggml_experts = true, /* moe() reads them in place */
+};
+
+const gptoss_backend_draft_ops gptoss_cpu_backend_draft_ops = {
     .capture_hidden = cpu_capture_hidden,
     .captured_hidden = cpu_captured_hidden,
     .embed_tokens = cpu_embed_tokens,
