@@ -409,6 +409,9 @@ static void test_engine_greedy_identical(void **state) {
             snprintf(what, sizeof what, "head %c, batch %d", h ? 'b' : 'a', max_seqs);
             expect_same(base, got, what);
             if (st.draft_tokens == 0) fail_msg("%s: nothing was drafted", what);
+            print_message("%s: %llu drafts, %llu accepted\n", what,
+                          (unsigned long long)st.draft_tokens,
+                          (unsigned long long)st.draft_accepted_tokens);
         }
     }
     /* A head whose hidden size is not the target's is refused, naming both. */
