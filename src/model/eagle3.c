@@ -142,7 +142,12 @@ gptoss_status gptoss_eagle3_config_parse(const char *json_text, size_t len, gpto
         goto done;
     }
     json_t *rope = json_object_get(root, "rope_scaling");
-    if (rope && !json_is_null(rope)) {
+    json_t *rope_type = json_is_object(rope) ? json_object_get(rope, "rope_type") : NULL;
+    if (json_is_object(rope) && !rope_type) rope_type = json_object_get(rope, "type");
+    bool plain_rope =
+        !rope || json_is_null(rope) ||
+        (json_is_string(rope_type) && strcmp(json_string_value(rope_type), "default") == 0);
+    if (!plain_rope) {
         st = gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
                               "config.json: rope_scaling is set; EAGLE3 heads with scaled RoPE "
                               "are not supported (plain RoPE with rope_theta only)");
@@ -358,8 +363,8 @@ static gptoss_status bind_all(gptoss_eagle3_head *h, gptoss_error *error) {
         (st = bind(h, "norm.weight", bf, 1, H, 0, false, &w->final_norm, error)) ||
         (st = bind(h, "lm_head.weight", bf, 2, DV, H, false, &w->lm_head, error)) ||
         (st = bind(h, "embed_tokens.weight", bf, 2, V, H, true, &w->embed, error)) ||
-        (st = bind(h, "d2t", GPTOSS_DTYPE_I64, 1, DV, 0, false, &d2t, error)) ||
-        (st = bind(h, "t2d", GPTOSS_DTYPE_BOOL, 1, V, 0, false, &t2d, error)))
+        (st = bind(h, "d2t", GPTOSS_DTYPE_I64, 1, DV, 0, DV == V, &d2t, error)) ||
+        (st = bind(h, "t2d", GPTOSS_DTYPE_BOOL, 1, V, 0, DV == V, &t2d, error)))
         return st;
     w->input_norm_f32 = widen_vector(&w->input_norm);
     w->hidden_norm_f32 = widen_vector(&w->hidden_norm);
@@ -371,8 +376,8 @@ static gptoss_status bind_all(gptoss_eagle3_head *h, gptoss_error *error) {
         return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (EAGLE3 head)");
     const uint8_t *mask = t2d.data;
     for (int64_t d = 0; d < DV; d++) {
-        int64_t offset;
-        memcpy(&offset, (const uint8_t *)d2t.data + 8 * d, 8);
+        int64_t offset = 0; /* a head over the whole vocabulary may leave d2t and t2d out */
+        if (d2t.data) memcpy(&offset, (const uint8_t *)d2t.data + 8 * d, 8);
         int64_t target = d + offset;
         if (offset < -V || offset > V || target < 0 || target >= V)
             return gptoss_set_error(error, GPTOSS_ERR_MODEL,
@@ -380,7 +385,7 @@ static gptoss_status bind_all(gptoss_eagle3_head *h, gptoss_error *error) {
                                     "outside the vocabulary of %lld",
                                     (long long)d, (long long)offset, (long long)d,
                                     (long long)target, (long long)V);
-        if (!mask[target])
+        if (mask && !mask[target])
             return gptoss_set_error(error, GPTOSS_ERR_MODEL,
                                     "EAGLE3 head: d2t maps draft token %lld to %lld, which t2d "
                                     "does not mark as a draft token",

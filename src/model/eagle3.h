@@ -10,7 +10,8 @@
  *   midlayer.hidden_norm.weight [H]; midlayer.self_attn.{q,k,v}_proj.weight [NH*D | NKV*D, 2H];
  *   midlayer.self_attn.o_proj.weight [H, NH*D]; midlayer.post_attention_layernorm.weight [H];
  *   midlayer.mlp.{gate,up}_proj.weight [I, H]; midlayer.mlp.down_proj.weight [H, I];
- *   norm.weight [H]; lm_head.weight [DV, H]; d2t [DV] int64; t2d [V] bool;
+ *   norm.weight [H]; lm_head.weight [DV, H]; d2t [DV] int64; t2d [V] bool (both may be left
+ *   out when DV == V);
  *   embed_tokens.weight [V, H] (optional: else the target's embedding).
  * Knows nothing of devices or the engine; the tensors are views into the mapped files.
  */

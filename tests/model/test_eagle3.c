@@ -146,7 +146,14 @@ static void expect_config_error(const char *good, const char *from, const char *
     ts_write_file(dst, edited, strlen(edited));
     rewrite r = {0};
     rewrite_head(good, dir, &r);
-    expect_load_error(dir, needle);
+    if (needle) {
+        expect_load_error(dir, needle);
+    } else { /* the edit is one the loader accepts */
+        gptoss_eagle3_head *h = NULL;
+        gptoss_error err = {0};
+        if (gptoss_eagle3_load(dir, &h, &err) != GPTOSS_OK) fail_msg("%s: %s", to, err.message);
+        gptoss_eagle3_free(h);
+    }
     ts_rmtree(dir);
     free(dir), free(src), free(dst), free(text), free(edited);
 }
@@ -194,6 +201,9 @@ static void test_loader_refuses_bad_heads(void **state) {
                         "num_hidden_layers");
     expect_config_error(good, "\"rope_scaling\": null", "\"rope_scaling\": {\"factor\": 8}",
                         "rope_scaling");
+    expect_config_error(good, "\"rope_scaling\": null",
+                        "\"rope_scaling\": {\"rope_type\": \"default\"}", NULL);
+    expect_config_error(good, "\"rope_scaling\": null", "\"rope_theta\": 10000.0", NULL);
     expect_config_error(good, "\"hidden_size\": 64", "\"hidden_size\": \"64\"", "hidden_size");
     expect_config_error(good, "\"draft_vocab_size\": 64", "\"draft_vocab_size\": 100000",
                         "draft_vocab_size");
@@ -227,6 +237,19 @@ static void test_loader_refuses_bad_heads(void **state) {
         "expected dtype BF16");
     expect_tensor_error(good, (rewrite){.d2t_poke = 100000}, "outside the vocabulary of 512");
     expect_tensor_error(good, (rewrite){.d2t_poke = -6}, "outside the vocabulary");
+    /* a head over the whole vocabulary may leave d2t and t2d out (identity) */
+    gptoss_eagle3_config full = small_config();
+    full.draft_vocab_size = full.vocab_size;
+    char *whole = write_head(&full, 9, false), *bare = copy_config(whole);
+    rewrite_head(whole, bare, &(rewrite){.name = "d2t", .drop = true});
+    char *bare2 = copy_config(whole);
+    rewrite_head(bare, bare2, &(rewrite){.name = "t2d", .drop = true});
+    if (gptoss_eagle3_load(bare2, &h, &err) != GPTOSS_OK) fail_msg("%s", err.message);
+    for (int32_t d = 0; d < full.vocab_size; d++)
+        assert_int_equal(gptoss_eagle3_target_token(gptoss_eagle3_head_weights(h), d), d);
+    gptoss_eagle3_free(h);
+    ts_rmtree(whole), ts_rmtree(bare), ts_rmtree(bare2);
+    free(whole), free(bare), free(bare2);
     ts_rmtree(empty), ts_rmtree(cfg), ts_rmtree(good);
     free(empty), free(cfg), free(good);
 }
