@@ -60,11 +60,13 @@ typedef gptoss_status (*gptoss_forward_sample_fn)(void *user, const gptoss_batch
  * the key it would have without drafting, and drafts only decide how many positions one step
  * verifies. */
 typedef enum gptoss_draft_kind {
-    GPTOSS_DRAFT_NONE = 0,  /* one token per decoding sequence and step */
-    GPTOSS_DRAFT_NGRAM = 1, /* prompt lookup: the tokens that followed the latest earlier
-                               occurrence of the last n tokens of prompt + output */
-    GPTOSS_DRAFT_REPLAY = 2 /* measurement: the request's draft_replay tokens, each replaced
-                               by a wrong token with probability 1 - replay_accept */
+    GPTOSS_DRAFT_NONE = 0,   /* one token per decoding sequence and step */
+    GPTOSS_DRAFT_NGRAM = 1,  /* prompt lookup: the tokens that followed the latest earlier
+                                occurrence of the last n tokens of prompt + output */
+    GPTOSS_DRAFT_REPLAY = 2, /* measurement: the request's draft_replay tokens, each replaced
+                                by a wrong token with probability 1 - replay_accept */
+    GPTOSS_DRAFT_EAGLE3 = 3  /* an EAGLE3 draft head (model_dir) reading the target's hidden
+                                states (engine options draft_target) */
 } gptoss_draft_kind;
 
 #define GPTOSS_MAX_SPECULATIVE_TOKENS 7
@@ -87,7 +89,24 @@ typedef struct gptoss_draft_options {
      * step times by width and each sequence's acceptance (docs/speculative.md). Tests that
      * count drafts set this to verify every draft the other rules allow. */
     bool ignore_step_cost;
+    const char *model_dir; /* eagle3: the head's folder (config.json + *.safetensors) */
 } gptoss_draft_options;
+
+/* What a draft head needs from the target model (GPTOSS_DRAFT_EAGLE3); set by
+ * gptoss_engine_options_for_backend. Called on the engine thread only. */
+typedef struct gptoss_draft_target {
+    void *user;
+    int32_t n_layers, hidden_size;
+    /* Keep the residual stream at these layer boundaries for every token of later forwards
+     * (the backend may refuse: GPTOSS_ERR_UNSUPPORTED). */
+    gptoss_status (*capture_hidden)(void *user, const int32_t *boundaries, int32_t n,
+                                    gptoss_error *error);
+    /* The last forward's rows [n_tokens, n * hidden] in plan token order, or NULL. */
+    const float *(*captured_hidden)(void *user, int32_t *n_tokens);
+    /* The target's embedding rows of tokens[0..n) as f32 [n, hidden]. */
+    gptoss_status (*embed_tokens)(void *user, const int32_t *tokens, int32_t n, float *out,
+                                  gptoss_error *error);
+} gptoss_draft_target;
 
 typedef struct gptoss_engine_options {
     gptoss_forward_sample_fn forward_sample; /* required */
@@ -109,7 +128,8 @@ typedef struct gptoss_engine_options {
                                        sequence (default 1; 0 = none; src/engine/scheduler.h) */
     int32_t eos_token_ids[GPTOSS_ENGINE_MAX_EOS]; /* tokens that end generation */
     int32_t n_eos_token_ids;
-    gptoss_draft_options draft; /* speculative decoding (default: kind NONE) */
+    gptoss_draft_options draft;       /* speculative decoding (default: kind NONE) */
+    gptoss_draft_target draft_target; /* the target's side of a draft head (eagle3) */
     /* Tests and diagnostics only; defaults off. */
     struct {
         /* keep only this many bits of the prefix cache's block hash (forces collisions);

@@ -473,3 +473,44 @@ void gptoss_backend_free(gptoss_backend *b) {
     free(b->scratch);
     free(b);
 }
+
+/* ---- EAGLE3 drafting: hidden states and embeddings of the target ------------------------ */
+
+static const gptoss_backend_draft_ops *draft_ops(const gptoss_backend *b) {
+    return b->ops == &gptoss_cpu_backend_ops ? &gptoss_cpu_backend_draft_ops : NULL;
+}
+
+gptoss_status gptoss_backend_capture_hidden(gptoss_backend *b, const int32_t *boundaries, int32_t n,
+                                            gptoss_error *error) {
+    const gptoss_backend_draft_ops *ops = draft_ops(b);
+    if (!ops)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "the %s backend does not hand hidden states to a draft head yet; "
+                                "--draft eagle3 runs on the CPU backend",
+                                b->ops->name);
+    for (int32_t i = 0; i < n; i++)
+        if (boundaries[i] < 0 || boundaries[i] > b->config.n_layers)
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "hidden-state boundary %d is outside [0, %d]", boundaries[i],
+                                    b->config.n_layers);
+    return ops->capture_hidden(b->state, boundaries, n, error);
+}
+
+const float *gptoss_backend_captured_hidden(gptoss_backend *b, int32_t *n_tokens) {
+    *n_tokens = 0;
+    const gptoss_backend_draft_ops *ops = draft_ops(b);
+    return ops ? ops->captured_hidden(b->state, n_tokens) : NULL;
+}
+
+gptoss_status gptoss_backend_embed_tokens(gptoss_backend *b, const int32_t *tokens, int32_t n,
+                                          float *out, gptoss_error *error) {
+    const gptoss_backend_draft_ops *ops = draft_ops(b);
+    if (!ops)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "the %s backend cannot read its embedding rows", b->ops->name);
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= b->config.vocab_size)
+            return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                    "token %d is outside the vocabulary", tokens[i]);
+    return ops->embed_tokens(b->state, tokens, n, out, error);
+}

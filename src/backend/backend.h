@@ -38,6 +38,34 @@ typedef struct gptoss_backend_ops {
     bool converts_ggml_experts;
 } gptoss_backend_ops;
 
+/* What a backend does for a draft head (EAGLE3): a table of its own beside gptoss_backend_ops,
+ * so backends without it stay as they are. backend.c finds a backend's table by its ops
+ * (today the CPU backend's only). */
+typedef struct gptoss_backend_draft_ops {
+    /* From now on keep, for every token of each forward, the residual stream at these layer
+     * boundaries (b = the stream after b layers, 0 <= b <= n_layers; b = n_layers is the last
+     * layer's output before the final norm). n == 0 stops it; until asked, a forward keeps
+     * nothing and costs nothing extra. */
+    gptoss_status (*capture_hidden)(void *state, const int32_t *boundaries, int32_t n,
+                                    gptoss_error *error);
+    /* The last forward's kept rows: [n_tokens, n * H] f32 in plan token order, boundary-major
+     * within a row; NULL when nothing was kept. Valid until the next forward. */
+    const float *(*captured_hidden)(void *state, int32_t *n_tokens);
+    /* The target's embedding rows of tokens[0..n) as f32 [n, H]. */
+    gptoss_status (*embed_tokens)(void *state, const int32_t *tokens, int32_t n, float *out,
+                                  gptoss_error *error);
+} gptoss_backend_draft_ops;
+
+extern const gptoss_backend_draft_ops gptoss_cpu_backend_draft_ops;
+
+/* The public side of gptoss_backend_draft_ops (backend.c): GPTOSS_ERR_UNSUPPORTED with a
+ * message naming the backend where it has none. */
+gptoss_status gptoss_backend_capture_hidden(gptoss_backend *b, const int32_t *boundaries, int32_t n,
+                                            gptoss_error *error);
+const float *gptoss_backend_captured_hidden(gptoss_backend *b, int32_t *n_tokens);
+gptoss_status gptoss_backend_embed_tokens(gptoss_backend *b, const int32_t *tokens, int32_t n,
+                                          float *out, gptoss_error *error);
+
 extern const gptoss_backend_ops gptoss_cpu_backend_ops;
 #ifdef GPTOSS_WITH_CUDA
 extern const gptoss_backend_ops gptoss_cuda_backend_ops;

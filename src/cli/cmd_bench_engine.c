@@ -218,7 +218,8 @@ int cli_bench_engine(int argc, char **argv) {
     int draft_kind = GPTOSS_DRAFT_REPLAY;
     int_list batch = {0}, ks = {0};
     double_list accept = {.v = {0.0, 0.5, 0.7, 0.9, 1.0}, .n = 5};
-    static const char *const kinds[] = {"none", "ngram", "replay", NULL};
+    static const char *const kinds[] = {"none", "ngram", "replay", "eagle3", NULL};
+    const char *draft_model = NULL;
     cli_model_options mo = cli_model_options_default();
     cli_option shared[CLI_MODEL_N_OPTIONS];
     cli_model_option_table(&mo, shared);
@@ -260,6 +261,11 @@ int cli_bench_engine(int argc, char **argv) {
          .target = &draft_kind,
          .choices = kinds,
          .help = "draft source of the speculative rows (default replay)"},
+        {.name = "draft-model",
+         .kind = CLI_STRING,
+         .target = &draft_model,
+         .value = "DIR",
+         .help = "eagle3: the EAGLE3 head folder"},
         {.name = "num-speculative-tokens",
          .short_name = 'k',
          .kind = CLI_CUSTOM,
@@ -378,7 +384,8 @@ int cli_bench_engine(int argc, char **argv) {
         for (int32_t ki = 0; !st && ki < n_k; ki++) {
             for (int ai = 0; !st && ai < accept.n; ai++) {
                 gptoss_draft_options d = none;
-                d.kind = (gptoss_draft_kind)draft_kind;
+                d.kind = (gptoss_draft_kind)draft_kind; /* kinds[] is in the enum's order */
+                d.model_dir = draft_model;
                 if (d.kind == GPTOSS_DRAFT_NONE) continue;
                 d.num_speculative_tokens = k_list[ki];
                 d.replay_accept = (float)accept.v[ai];

@@ -1,10 +1,12 @@
 /*
- * cmd_make_model.c - `gptoss make-model`: write a random-weight checkpoint.
+ * cmd_make_model.c - `gptoss make-model`: write a random-weight checkpoint, or a random EAGLE3
+ * draft head (--preset eagle3-*).
  */
 #include "cli.h"
 #include "options.h"
 #include "model/config.h"
 #include "tools/checkpoint_writer.h"
+#include "tools/eagle3_writer.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -17,10 +19,13 @@
 static void help(FILE *out, const cli_option_group *groups, size_t n_groups) {
     fprintf(
         out,
-        "usage: gptoss make-model (--preset tiny|20b|120b | --config FILE) -o DIR [options]\n\n"
+        "usage: gptoss make-model (--preset tiny|20b|120b | --config FILE) -o DIR [options]\n"
+        "       gptoss make-model --preset eagle3-tiny|eagle3-20b|eagle3-120b -o DIR\n\n"
         "Writes a checkpoint with random weights in the published Hugging Face gpt-oss layout:\n"
         "config.json, generation_config.json, sharded safetensors with an index (MXFP4 experts as\n"
-        "U8 blocks/scales, BF16 elsewhere) and the real tokenizer files.\n\n"
+        "U8 blocks/scales, BF16 elsewhere) and the real tokenizer files. The eagle3 presets\n"
+        "write a random EAGLE3 draft head for the tiny, 20b or 120b target instead (config.json\n"
+        "and model.safetensors, as published heads are laid out; docs/speculative.md).\n\n"
         "options:\n");
     cli_print_options(out, groups, n_groups, 24);
 }
@@ -74,7 +79,8 @@ int gptoss_cmd_make_model(int argc, char **argv) {
          .kind = CLI_STRING,
          .target = &preset,
          .value = "NAME",
-         .help = "tiny (CI-sized, real vocabulary), 20b or 120b (real shapes)"},
+         .help = "tiny (CI-sized, real vocabulary), 20b or 120b (real shapes);\n"
+                 "eagle3-tiny, eagle3-20b, eagle3-120b: a draft head"},
         {.name = "config",
          .kind = CLI_STRING,
          .target = &config_path,
@@ -146,6 +152,18 @@ int gptoss_cmd_make_model(int argc, char **argv) {
     }
 
     gptoss_error err = {0};
+    if (preset && strncmp(preset, "eagle3-", 7) == 0) {
+        gptoss_eagle3_config head;
+        double start = gptoss_now_seconds();
+        if (gptoss_eagle3_preset(preset, &head, &err) != GPTOSS_OK ||
+            gptoss_eagle3_write_random(&head, out_dir, (uint64_t)seed, false, &err) != GPTOSS_OK)
+            return cli_fail(&err);
+        printf("wrote %s: EAGLE3 head, hidden %d, draft vocabulary %d, layer ids %d %d %d in "
+               "%.1f s\n",
+               out_dir, head.hidden_size, head.draft_vocab_size, head.aux_layer_ids[0],
+               head.aux_layer_ids[1], head.aux_layer_ids[2], gptoss_now_seconds() - start);
+        return 0;
+    }
     gptoss_config config;
     if (preset) {
         if (gptoss_config_preset(preset, &config, &err) != GPTOSS_OK) return cli_fail(&err);

@@ -1,6 +1,6 @@
 /*
  * draft_options.h - the speculative-decoding options that run, chat, serve and bench share:
- * --draft, --num-speculative-tokens, --draft-max-batch (docs/speculative.md).
+ * --draft, --draft-model, --num-speculative-tokens, --draft-max-batch (docs/speculative.md).
  */
 #ifndef GPTOSS_CLI_DRAFT_OPTIONS_H
 #define GPTOSS_CLI_DRAFT_OPTIONS_H
@@ -12,12 +12,14 @@
 #include <stdint.h>
 
 typedef struct cli_draft_options {
-    int kind;          /* index into the choices: none, ngram, replay (bench only) */
-    int64_t k;         /* --num-speculative-tokens */
-    int64_t max_batch; /* --draft-max-batch */
+    int kind;              /* index into the choices: none, ngram, [replay,] eagle3 */
+    bool with_replay;      /* the choices include replay (set by cli_draft_option_table) */
+    const char *model_dir; /* --draft-model: an EAGLE3 head folder */
+    int64_t k;             /* --num-speculative-tokens */
+    int64_t max_batch;     /* --draft-max-batch */
 } cli_draft_options;
 
-enum { CLI_DRAFT_N_OPTIONS = 3 };
+enum { CLI_DRAFT_N_OPTIONS = 4 };
 
 cli_draft_options cli_draft_options_default(void);
 

@@ -1,10 +1,12 @@
 /*
- * draft.c - the draft sources (see draft.h): prompt lookup and replay.
+ * draft.c - the draft sources (see draft.h): prompt lookup and replay here, the EAGLE3 head
+ * behind the same handle (draft_eagle3.c).
  *
- * Owns: the drafter handle (its options). Reads the token arrays it is given, never writes
- * them.
+ * Owns: the drafter handle (its options, the head drafter). Reads the token arrays it is
+ * given, never writes them.
  */
 #include "engine/draft.h"
+#include "engine/draft_eagle3.h"
 
 #include "util/error.h"
 
@@ -16,6 +18,7 @@ struct gptoss_drafter {
     int32_t vocab_size;
     /* One proposal per sequence; a model-based source would run its batch here. */
     void (*propose)(const gptoss_drafter *d, gptoss_draft_seq *seq);
+    gptoss_eagle3_drafter *eagle3; /* kind EAGLE3: proposes for the whole batch itself */
 };
 
 gptoss_draft_options gptoss_draft_options_default(void) {
@@ -41,12 +44,14 @@ const char *gptoss_draft_kind_name(gptoss_draft_kind kind) {
         return "ngram";
     case GPTOSS_DRAFT_REPLAY:
         return "replay";
+    case GPTOSS_DRAFT_EAGLE3:
+        return "eagle3";
     }
     return NULL;
 }
 
 bool gptoss_draft_kind_parse(const char *text, gptoss_draft_kind *kind) {
-    for (int i = GPTOSS_DRAFT_NONE; i <= GPTOSS_DRAFT_REPLAY; i++) {
+    for (int i = GPTOSS_DRAFT_NONE; i <= GPTOSS_DRAFT_EAGLE3; i++) {
         if (strcmp(text, gptoss_draft_kind_name((gptoss_draft_kind)i)) == 0) {
             *kind = (gptoss_draft_kind)i;
             return true;
@@ -79,6 +84,10 @@ gptoss_status gptoss_draft_options_validate(const gptoss_draft_options *o, gptos
                                 o->cooldown_steps);
     if (!(o->replay_accept >= 0.0f && o->replay_accept <= 1.0f))
         return gptoss_set_error(error, bad, "draft options: replay_accept must be in [0, 1]");
+    if (o->kind == GPTOSS_DRAFT_EAGLE3 && (!o->model_dir || !o->model_dir[0]))
+        return gptoss_set_error(error, bad,
+                                "draft options: the eagle3 draft needs model_dir (--draft-model "
+                                "DIR, an EAGLE3 head folder)");
     return GPTOSS_OK;
 }
 
@@ -142,7 +151,8 @@ static void propose_replay(const gptoss_drafter *d, gptoss_draft_seq *seq) {
 /* ---- the handle -------------------------------------------------------------------------- */
 
 gptoss_status gptoss_drafter_create(const gptoss_draft_options *o, int32_t vocab_size,
-                                    gptoss_drafter **out, gptoss_error *error) {
+                                    const gptoss_draft_target *target, gptoss_drafter **out,
+                                    gptoss_error *error) {
     *out = NULL;
     gptoss_status st = gptoss_draft_options_validate(o, error);
     if (st != GPTOSS_OK) return st;
@@ -153,12 +163,31 @@ gptoss_status gptoss_drafter_create(const gptoss_draft_options *o, int32_t vocab
     if (!d) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory (drafter)");
     d->options = *o;
     d->vocab_size = vocab_size;
+    d->options.model_dir = NULL; /* not kept: the caller's string */
     d->propose = o->kind == GPTOSS_DRAFT_NGRAM ? propose_ngram : propose_replay;
+    if (o->kind == GPTOSS_DRAFT_EAGLE3 &&
+        (st = gptoss_eagle3_drafter_create(o, vocab_size, target, &d->eagle3, error)) !=
+            GPTOSS_OK) {
+        free(d);
+        return st;
+    }
     *out = d;
     return GPTOSS_OK;
 }
 
+bool gptoss_drafter_observes(const gptoss_drafter *d) {
+    return d->eagle3 != NULL;
+}
+
+void gptoss_drafter_observe(gptoss_drafter *d, const gptoss_draft_observed *seqs, int32_t n) {
+    if (d->eagle3) gptoss_eagle3_drafter_observe(d->eagle3, seqs, n);
+}
+
 void gptoss_drafter_propose(gptoss_drafter *d, gptoss_draft_seq *seqs, int32_t n) {
+    if (d->eagle3) {
+        gptoss_eagle3_drafter_propose(d->eagle3, seqs, n);
+        return;
+    }
     for (int32_t i = 0; i < n; i++) {
         seqs[i].n_out = 0;
         if (seqs[i].k > 0) d->propose(d, &seqs[i]);
@@ -166,5 +195,6 @@ void gptoss_drafter_propose(gptoss_drafter *d, gptoss_draft_seq *seqs, int32_t n
 }
 
 void gptoss_drafter_free(gptoss_drafter *d) {
+    if (d) gptoss_eagle3_drafter_free(d->eagle3);
     free(d);
 }

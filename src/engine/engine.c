@@ -14,6 +14,7 @@
  */
 #include "engine/engine_internal.h"
 
+#include "backend/backend.h"
 #include "engine/kv_plan.h"
 #include "model/config.h"
 #include "util/clock.h"
@@ -65,11 +66,31 @@ static gptoss_status backend_forward_sample(void *user, const gptoss_batch_plan 
     return gptoss_backend_forward_sample((gptoss_backend *)user, plan, batch, error);
 }
 
+static gptoss_status backend_capture_hidden(void *user, const int32_t *boundaries, int32_t n,
+                                            gptoss_error *error) {
+    return gptoss_backend_capture_hidden((gptoss_backend *)user, boundaries, n, error);
+}
+
+static const float *backend_captured_hidden(void *user, int32_t *n_tokens) {
+    return gptoss_backend_captured_hidden((gptoss_backend *)user, n_tokens);
+}
+
+static gptoss_status backend_embed_tokens(void *user, const int32_t *tokens, int32_t n, float *out,
+                                          gptoss_error *error) {
+    return gptoss_backend_embed_tokens((gptoss_backend *)user, tokens, n, out, error);
+}
+
 void gptoss_engine_options_for_backend(gptoss_engine_options *o, const gptoss_config *config,
                                        gptoss_backend *backend,
                                        const gptoss_backend_options *backend_options) {
     o->forward_sample = backend_forward_sample;
     o->forward_user = backend;
+    o->draft_target = (gptoss_draft_target){.user = backend,
+                                            .n_layers = config->n_layers,
+                                            .hidden_size = config->hidden_size,
+                                            .capture_hidden = backend_capture_hidden,
+                                            .captured_hidden = backend_captured_hidden,
+                                            .embed_tokens = backend_embed_tokens};
     o->vocab_size = config->vocab_size;
     o->sliding_window = gptoss_config_n_sliding_layers(config) > 0 ? config->sliding_window : 0;
     o->kv_block_size = backend_options->kv_block_size;
@@ -189,8 +210,8 @@ gptoss_status gptoss_engine_create(const gptoss_engine_options *options, gptoss_
         return st;
     }
     if (options->draft.kind != GPTOSS_DRAFT_NONE &&
-        (st = gptoss_drafter_create(&options->draft, options->vocab_size, &e->drafter, error)) !=
-            GPTOSS_OK) {
+        (st = gptoss_drafter_create(&options->draft, options->vocab_size, &options->draft_target,
+                                    &e->drafter, error)) != GPTOSS_OK) {
         gptoss_engine_free(e);
         return st;
     }
@@ -283,6 +304,7 @@ void gptoss_engine_free(gptoss_engine *e) {
     free(e->draft_owners);
     free(e->draft_counts);
     free(e->draft_p);
+    free(e->observed);
     free(e->spec_costs);
     pthread_mutex_destroy(&e->mutex);
     pthread_cond_destroy(&e->wake);

@@ -138,6 +138,8 @@ struct gptoss_engine {
     int32_t *draft_counts;        /* [cap_draft_seqs] drafts proposed */
     float *draft_p;               /* [cap_draft_seqs] each one's chance to be right */
     int32_t cap_draft_seqs;
+    gptoss_draft_observed *observed; /* [cap_observed] a draft head's view of the step */
+    int32_t cap_observed;
     gptoss_spec_costs *spec_costs; /* measured seconds of decode steps by width */
     /* GPTOSS_STEP_TIMING=1: host seconds per phase of a step, printed at exit */
     bool timing;

@@ -452,6 +452,8 @@ static void attach_drafts(gptoss_engine *e) {
         d->replay = r->replay;
         d->n_replay = r->n_replay;
         d->key = r->seed ^ ((uint64_t)seq->index * 0x9e3779b97f4a7c15ull);
+        d->seq_priority = seq->priority;
+        d->seq_index = (uint64_t)seq->index;
         d->k = k;
         d->out = seq->tokens + seq->n_tokens; /* the drafts live after the sequence's tokens */
         d->n_out = 0;
@@ -470,6 +472,32 @@ static void attach_drafts(gptoss_engine *e) {
                                       : GPTOSS_MAX_SPECULATIVE_TOKENS;
     for (int32_t i = 0; i < n; i++)
         e->draft_owners[i]->n_draft = e->draft_counts[i] < cap ? e->draft_counts[i] : cap;
+}
+
+/* Hands a draft head what the step's forward computed for each sequence (its hidden states
+ * are read now, before the next forward replaces them). */
+static void observe_step(gptoss_engine *e, const gptoss_batch_plan *plan) {
+    if (!e->drafter || !gptoss_drafter_observes(e->drafter)) return;
+    if (plan->n_seqs > e->cap_observed) {
+        gptoss_draft_observed *grown =
+            realloc(e->observed, (size_t)plan->n_seqs * sizeof *e->observed);
+        if (!grown) return; /* the head restarts those sequences later: fewer drafts only */
+        e->observed = grown;
+        e->cap_observed = plan->n_seqs;
+    }
+    for (int32_t i = 0; i < plan->n_seqs; i++) {
+        const gptoss_seq *seq = gptoss_scheduler_plan_seq(e->sched, i);
+        e->observed[i] = (gptoss_draft_observed){
+            .seq_priority = seq->priority,
+            .seq_index = (uint64_t)seq->index,
+            .tokens = seq->tokens,
+            .n_tokens = seq->n_tokens,
+            .first_position = plan->seq_n_cached[i],
+            .n_computed = plan->seq_token_start[i + 1] - plan->seq_token_start[i],
+            .first_row = plan->seq_token_start[i],
+        };
+    }
+    gptoss_drafter_observe(e->drafter, e->observed, plan->n_seqs);
 }
 
 /* Records the seconds of a step where every token had a logits row (decodes, with or without
@@ -700,6 +728,7 @@ static bool step(gptoss_engine *e) {
             if (e->active[a]->failed_step) finish_request(e, e->active[a], GPTOSS_FINISH_ERROR);
         return true;
     }
+    observe_step(e, &plan);
     gptoss_scheduler_commit(e->sched);
     run_jobs(e);
     if (e->timing) {

@@ -78,6 +78,13 @@ typedef struct cpu_state {
     float *full_k, *full_v;       /* [n_blocks, n_full_layers, block_size, NKV*D] */
     float *sliding_k, *sliding_v; /* [n_sliding_blocks, n_sliding_layers, block_size, NKV*D] */
     cpu_scratch s;
+    /* EAGLE3 drafting: the layer boundaries whose residual stream each forward keeps (none
+     * until capture_hidden asks), and the last forward's rows [n, n_capture * H]. */
+    int32_t n_capture;
+    int32_t capture[8];
+    float *captured;
+    size_t captured_cap; /* floats */
+    int32_t captured_rows;
 } cpu_state;
 
 /* ---- small helpers ----------------------------------------------------------------------- */
@@ -259,6 +266,7 @@ static void cpu_destroy(void *opaque) {
     free(st->final_norm);
     free(st->inv_freq);
     free(st->full_k), free(st->full_v), free(st->sliding_k), free(st->sliding_v);
+    free(st->captured);
     cpu_scratch *s = &st->s;
     free(s->x), free(s->t), free(s->q), free(s->k), free(s->v), free(s->attn), free(s->proj);
     free(s->router), free(s->expert), free(s->weight), free(s->expert_out), free(s->act),
@@ -538,6 +546,49 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
         }
 }
 
+/* ---- hidden states for a draft head ------------------------------------------------------- */
+
+/* Copies the residual stream of every token into the capture slots that name boundary b. */
+static void capture_boundary(cpu_state *st, int32_t b, int32_t n) {
+    const int32_t H = st->config->hidden_size, width = st->n_capture * H;
+    for (int32_t i = 0; i < st->n_capture; i++) {
+        if (st->capture[i] != b) continue;
+        for (int32_t t = 0; t < n; t++)
+            memcpy(st->captured + (size_t)t * width + (size_t)i * H, st->s.x + (size_t)t * H,
+                   (size_t)H * sizeof(float));
+    }
+}
+
+static gptoss_status cpu_capture_hidden(void *opaque, const int32_t *boundaries, int32_t n,
+                                        gptoss_error *error) {
+    cpu_state *st = opaque;
+    if (n < 0 || n > (int32_t)(sizeof st->capture / sizeof st->capture[0]))
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "cpu backend: %d hidden-state boundaries (at most 8)", n);
+    memcpy(st->capture, boundaries, (size_t)n * sizeof *boundaries);
+    st->n_capture = n;
+    st->captured_rows = 0;
+    return GPTOSS_OK;
+}
+
+static const float *cpu_captured_hidden(void *opaque, int32_t *n_tokens) {
+    cpu_state *st = opaque;
+    *n_tokens = st->captured_rows;
+    return st->captured_rows > 0 ? st->captured : NULL;
+}
+
+static gptoss_status cpu_embed_tokens(void *opaque, const int32_t *tokens, int32_t n, float *out,
+                                      gptoss_error *error) {
+    (void)error;
+    cpu_state *st = opaque;
+    const int32_t H = st->config->hidden_size;
+    const uint8_t *emb = st->weights->embedding.data;
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t h = 0; h < H; h++)
+            out[(size_t)t * H + h] = bf16_at(emb, (size_t)tokens[t] * H + h);
+    return GPTOSS_OK;
+}
+
 /* ---- the forward pass ------------------------------------------------------------------------ */
 
 static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float *logits,
@@ -566,7 +617,23 @@ static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float
         for (int32_t h = 0; h < H; h++)
             s->x[(size_t)t * H + h] = bf16_at(emb, (size_t)p->token_ids[t] * H + h);
 
-    for (int32_t l = 0; l < c->n_layers; l++) {
+    st->captured_rows = 0;
+    if (st->n_capture > 0) {
+        size_t need = (size_t)n * st->n_capture * H;
+        if (need > st->captured_cap) {
+            float *grown = realloc(st->captured, need * sizeof *grown);
+            if (!grown)
+                return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY,
+                                        "cpu backend: out of memory (hidden states)");
+            st->captured = grown;
+            st->captured_cap = need;
+        }
+        st->captured_rows = n;
+    }
+
+    for (int32_t l = 0; l <= c->n_layers; l++) {
+        capture_boundary(st, l, n);
+        if (l == c->n_layers) break;
         const gptoss_layer_weights *lw = &w->layers[l];
         const cpu_layer *L = &st->layers[l];
 
@@ -645,4 +712,10 @@ const gptoss_backend_ops gptoss_cpu_backend_ops = {
     .destroy = cpu_destroy,
     .forward = cpu_forward,
     .converts_ggml_experts = true, /* moe() reads them in place */
+};
+
+const gptoss_backend_draft_ops gptoss_cpu_backend_draft_ops = {
+    .capture_hidden = cpu_capture_hidden,
+    .captured_hidden = cpu_captured_hidden,
+    .embed_tokens = cpu_embed_tokens,
 };
