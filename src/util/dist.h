@@ -98,6 +98,14 @@ bool gptoss_dist_first_host(const char *nodelist, char *out, size_t out_size);
 gptoss_status gptoss_dist_rendezvous(const gptoss_dist_info *info, uint8_t *blob,
                                      int64_t timeout_ms, gptoss_error *error);
 
+/* gptoss_dist_rendezvous, keeping the connections open for later messages (tensor
+ * parallelism's step stream, backend/tp_net.h): on success rank 0 gets fds[r] for every rank
+ * r in 1..world_size-1 (fds[0] = -1; fds has world_size entries), any other rank fds[0], its
+ * connection to rank 0 (fds has 1 entry). The sockets are non-blocking and the caller's to
+ * close. On failure every entry is -1. */
+gptoss_status gptoss_dist_rendezvous_keep(const gptoss_dist_info *info, uint8_t *blob,
+                                          int64_t timeout_ms, int *fds, gptoss_error *error);
+
 /* Process-wide environment defaults for collective libraries, before any CUDA or NCCL call:
  * NCCL_NVLS_ENABLE=0 unless the user set it. NVLink SHARP (multicast) collectives need
  * driver and fabric support that many machines and containers lack (NCCL then fails or hangs
