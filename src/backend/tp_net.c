@@ -94,48 +94,36 @@ static gptoss_status buf_resize(gptoss_tp_net_buf *buf, size_t n, gptoss_error *
 /* ---- payloads ---------------------------------------------------------------------------- */
 
 static void hello_ints(const gptoss_tp_net_hello *h, int32_t v[HELLO_INTS]) {
-    const int32_t f[HELLO_INTS] = {h->proc,
-                                   h->n_procs,
-                                   h->tp_size,
-                                   h->n_layers,
-                                   h->hidden_size,
-                                   h->intermediate_size,
-                                   h->n_heads,
-                                   h->n_kv_heads,
-                                   h->head_dim,
-                                   h->n_experts,
-                                   h->vocab_size,
-                                   h->sliding_window,
-                                   h->kv_block_size,
-                                   h->kv_cache_dtype,
-                                   h->fp8_layers,
-                                   h->batch_invariant,
-                                   h->random_weights,
-                                   0,
-                                   0};
+    const int32_t f[HELLO_INTS] = {
+        h->proc,           h->n_procs,           h->tp_size,      h->n_layers,
+        h->hidden_size,    h->intermediate_size, h->n_heads,      h->n_kv_heads,
+        h->head_dim,       h->n_experts,         h->vocab_size,   h->sliding_window,
+        h->kv_block_size,  h->kv_cache_dtype,    h->fp8_layers,   h->batch_invariant,
+        h->random_weights, h->gpu_sms,           h->split_lm_head};
     memcpy(v, f, sizeof f);
 }
 
 /* What each hello field is, for the mismatch message (index as in hello_ints). */
-static const char *const hello_names[HELLO_INTS] = {"process rank",
-                                                    "processes in the job",
-                                                    "tensor parallel size (all GPUs)",
-                                                    "the model's layers",
-                                                    "the model's hidden size",
-                                                    "the model's intermediate size",
-                                                    "the model's query heads",
-                                                    "the model's KV heads",
-                                                    "the model's head size",
-                                                    "the model's experts",
-                                                    "the model's vocabulary",
-                                                    "the model's sliding window",
-                                                    "the KV page size",
-                                                    "the KV cache dtype",
-                                                    "the FP8 layers",
-                                                    "batch invariance",
-                                                    "random weights",
-                                                    "(reserved)",
-                                                    "(reserved)"};
+static const char *const hello_names[HELLO_INTS] = {
+    "process rank",
+    "processes in the job",
+    "tensor parallel size (all GPUs)",
+    "the model's layers",
+    "the model's hidden size",
+    "the model's intermediate size",
+    "the model's query heads",
+    "the model's KV heads",
+    "the model's head size",
+    "the model's experts",
+    "the model's vocabulary",
+    "the model's sliding window",
+    "the KV page size",
+    "the KV cache dtype",
+    "the FP8 layers",
+    "batch invariance",
+    "random weights",
+    "the GPUs' multiprocessors (every node needs the same GPU model)",
+    "GPTOSS_TP_SPLIT_LM_HEAD"};
 
 gptoss_status gptoss_tp_net_encode_hello(gptoss_tp_net_buf *buf, const gptoss_tp_net_hello *h,
                                          gptoss_error *error) {
@@ -157,8 +145,6 @@ gptoss_status gptoss_tp_net_decode_hello(const uint8_t *p, size_t n, gptoss_tp_n
     int32_t v[HELLO_INTS];
     for (int i = 0; i < HELLO_INTS; i++)
         v[i] = (int32_t)get_u32(p + 4 * i);
-    if (v[17] || v[18])
-        return gptoss_set_error(error, GPTOSS_ERR_IO, "tp link: a HELLO with reserved fields set");
     if (v[1] < 2 || v[1] > GPTOSS_TP_NET_MAX_PROCS || v[0] < 0 || v[0] >= v[1])
         return gptoss_set_error(error, GPTOSS_ERR_IO,
                                 "tp link: a HELLO from process %d of %d (at most %d processes)",
@@ -168,7 +154,8 @@ gptoss_status gptoss_tp_net_decode_hello(const uint8_t *p, size_t n, gptoss_tp_n
     h->hidden_size = v[4], h->intermediate_size = v[5], h->n_heads = v[6], h->n_kv_heads = v[7];
     h->head_dim = v[8], h->n_experts = v[9], h->vocab_size = v[10], h->sliding_window = v[11];
     h->kv_block_size = v[12], h->kv_cache_dtype = v[13], h->fp8_layers = v[14];
-    h->batch_invariant = v[15], h->random_weights = v[16];
+    h->batch_invariant = v[15], h->random_weights = v[16], h->gpu_sms = v[17];
+    h->split_lm_head = v[18];
     h->seed = get_u64(p + 4 * HELLO_INTS);
     return GPTOSS_OK;
 }

@@ -69,6 +69,8 @@ typedef struct gptoss_tp_net_hello {
         vocab_size, sliding_window;
     int32_t kv_block_size, kv_cache_dtype, fp8_layers, batch_invariant;
     int32_t random_weights; /* 1: random weights (their seed must agree too) */
+    int32_t gpu_sms;        /* the first GPU's multiprocessors (the kernels' splits follow it) */
+    int32_t split_lm_head;  /* GPTOSS_TP_SPLIT_LM_HEAD */
     uint64_t seed;
 } gptoss_tp_net_hello;
 
