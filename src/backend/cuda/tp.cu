@@ -425,9 +425,10 @@ static void tp_tell_peers(tp_backend *tp, const char *message) {
     gptoss_tp_net_buf buf = {};
     gptoss_error ignored = {};
     if (!gptoss_tp_net_encode_error(&buf, message, &ignored)) {
-        if (tp->proc == 0) {
-            gptoss_tp_link_broadcast(&tp->link, GPTOSS_TP_NET_ERROR, buf.data, buf.len, 1000, NULL,
-                                     &ignored);
+        if (tp->proc == 0) { /* each follower, whether or not one before it is gone */
+            for (int32_t p = 1; p < tp->procs; p++)
+                gptoss_tp_net_send(tp->link.fds[p], GPTOSS_TP_NET_ERROR, buf.data, buf.len, 500,
+                                   &ignored);
         } else if (!gptoss_tp_net_send(tp->link.fds[0], GPTOSS_TP_NET_ERROR, buf.data, buf.len,
                                        1000, &ignored)) {
             shutdown(tp->link.fds[0], SHUT_WR);
@@ -441,14 +442,15 @@ static void tp_tell_peers(tp_backend *tp, const char *message) {
     gptoss_tp_net_buf_free(&buf);
 }
 
-/* The link failed: says why, aborts the communicators (the server's /health turns 503) and
- * ends the process. */
+/* The link failed: says why (to the log, and from process 0 to the followers still there),
+ * turns the server's /health to 503 and ends the process. The communicators are not aborted
+ * first: the exit ends every rank's work anyway, and an abort can wait on a kernel that waits
+ * for the lost peer. */
 static void tp_link_lost(tp_backend *tp, const char *why) {
-    GPTOSS_LOG_E("cuda",
-                 "tensor parallel across processes: %s; aborting the NCCL communicators and "
-                 "ending the process with status %d",
+    GPTOSS_LOG_E("cuda", "tensor parallel across processes: %s; ending the process with status %d",
                  why, TP_EXIT_FAILED);
-    tp_abort(tp);
+    gptoss_tp_job_broken();
+    if (tp->proc == 0) tp_tell_peers(tp, why);
     fflush(stdout);
     fflush(stderr);
     _exit(TP_EXIT_FAILED);
