@@ -568,6 +568,197 @@ bool gptoss_tp_link_leader_gone(const gptoss_tp_link *link) {
     return r > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
+/* ---- a job's exchanges ------------------------------------------------------------------ */
+
+static gptoss_status dec_hello(const uint8_t *p, size_t n, void *out, gptoss_error *error) {
+    return gptoss_tp_net_decode_hello(p, n, (gptoss_tp_net_hello *)out, error);
+}
+
+static gptoss_status dec_pool(const uint8_t *p, size_t n, void *out, gptoss_error *error) {
+    return gptoss_tp_net_decode_pool(p, n, (gptoss_tp_net_pool *)out, error);
+}
+
+/* A follower's receive of process 0's answer of `type`: ERROR becomes "process 0: message". */
+static gptoss_status recv_from_leader(gptoss_tp_link *link, uint32_t type, gptoss_tp_net_buf *buf,
+                                      int64_t timeout_ms, gptoss_error *error) {
+    uint32_t got = 0;
+    gptoss_status st = gptoss_tp_net_recv(link->fds[0], &got, buf, timeout_ms, error);
+    if (st) return gptoss_error_prefix(error, "process 0: ");
+    if (got == GPTOSS_TP_NET_ERROR) {
+        char message[GPTOSS_TP_NET_MAX_MESSAGE];
+        gptoss_tp_net_decode_error(buf->data, buf->len, message, sizeof message);
+        return gptoss_set_error(error, GPTOSS_ERR_BACKEND, "process 0: %s", message);
+    }
+    if (got != type)
+        return gptoss_set_error(error, GPTOSS_ERR_IO, "process 0 sent %s where %s was due",
+                                gptoss_tp_net_type_name(got), gptoss_tp_net_type_name(type));
+    return GPTOSS_OK;
+}
+
+gptoss_status gptoss_tp_link_hello(gptoss_tp_link *link, const gptoss_tp_net_hello *mine,
+                                   int64_t timeout_ms, gptoss_error *error) {
+    gptoss_tp_net_buf buf = {0};
+    char why[512];
+    gptoss_status st = gptoss_tp_net_encode_hello(&buf, mine, error);
+    if (!st && link->proc == 0) {
+        gptoss_tp_net_hello theirs[GPTOSS_TP_NET_MAX_PROCS];
+        st = gptoss_tp_link_gather(link, GPTOSS_TP_NET_HELLO, dec_hello, theirs, sizeof theirs[0],
+                                   timeout_ms, error);
+        if (st) gptoss_tp_link_tell(link, error->message); /* the others learn why */
+        for (int32_t p = 1; p < link->n_procs && !st; p++) {
+            if (theirs[p].proc != p)
+                st = gptoss_set_error(error, GPTOSS_ERR_IO,
+                                      "the connection of process %d says it is process %d", (int)p,
+                                      (int)theirs[p].proc);
+            else if (gptoss_tp_net_hello_differs(mine, &theirs[p], why, sizeof why))
+                st = gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                      "process %d was started differently from process 0 (%s); "
+                                      "start every process of the job with the same model, "
+                                      "options and GPU model",
+                                      (int)p, why);
+            if (st) gptoss_tp_link_tell(link, error->message);
+        }
+        if (!st)
+            st = gptoss_tp_link_broadcast(link, GPTOSS_TP_NET_HELLO, buf.data, buf.len, timeout_ms,
+                                          NULL, error);
+    } else if (!st) {
+        gptoss_tp_net_hello theirs;
+        st = gptoss_tp_net_send(link->fds[0], GPTOSS_TP_NET_HELLO, buf.data, buf.len, timeout_ms,
+                                error);
+        if (!st) st = recv_from_leader(link, GPTOSS_TP_NET_HELLO, &buf, timeout_ms, error);
+        if (!st) st = gptoss_tp_net_decode_hello(buf.data, buf.len, &theirs, error);
+        if (!st && gptoss_tp_net_hello_differs(mine, &theirs, why, sizeof why))
+            st = gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                  "this process was started differently from process 0 (%s)", why);
+    }
+    gptoss_tp_net_buf_free(&buf);
+    return st;
+}
+
+gptoss_status gptoss_tp_link_ready(gptoss_tp_link *link, gptoss_status load_status,
+                                   const char *load_message, gptoss_tp_net_pool *pool,
+                                   gptoss_error *error) {
+    char told[GPTOSS_TP_NET_MAX_MESSAGE];
+    if (load_status) {
+        snprintf(told, sizeof told, "loading failed on process %d: %s", (int)link->proc,
+                 load_message ? load_message : gptoss_status_name(load_status));
+        gptoss_tp_link_tell(link, told);
+        return gptoss_set_error(error, load_status, "%s", told);
+    }
+    gptoss_tp_net_buf buf = {0};
+    gptoss_status st = GPTOSS_OK;
+    if (link->proc == 0) {
+        gptoss_tp_net_pool theirs[GPTOSS_TP_NET_MAX_PROCS];
+        st = gptoss_tp_link_gather(link, GPTOSS_TP_NET_READY, dec_pool, theirs, sizeof theirs[0],
+                                   -1, error);
+        if (st) gptoss_tp_link_tell(link, error->message); /* the others learn why */
+        for (int32_t p = 1; p < link->n_procs && !st; p++) {
+            if (theirs[p].kv_shared_pages != pool->kv_shared_pages) {
+                st = gptoss_set_error(
+                    error, GPTOSS_ERR_INVALID_ARGUMENT,
+                    "process %d %s KV pages between full and sliding layers, process 0 %s", (int)p,
+                    theirs[p].kv_shared_pages ? "shares" : "does not share",
+                    pool->kv_shared_pages ? "does" : "does not");
+                gptoss_tp_link_tell(link, error->message);
+            }
+            if (theirs[p].n_kv_blocks < pool->n_kv_blocks)
+                pool->n_kv_blocks = theirs[p].n_kv_blocks;
+            if (theirs[p].n_sliding_kv_blocks < pool->n_sliding_kv_blocks)
+                pool->n_sliding_kv_blocks = theirs[p].n_sliding_kv_blocks;
+        }
+        if (!st) st = gptoss_tp_net_encode_pool(&buf, pool, error);
+        if (!st)
+            st = gptoss_tp_link_broadcast(link, GPTOSS_TP_NET_START, buf.data, buf.len, 60 * 1000,
+                                          NULL, error);
+    } else {
+        st = gptoss_tp_net_encode_pool(&buf, pool, error);
+        if (!st)
+            st = gptoss_tp_net_send(link->fds[0], GPTOSS_TP_NET_READY, buf.data, buf.len, 60 * 1000,
+                                    error);
+        /* no limit: process 0 may still be loading */
+        if (!st) st = recv_from_leader(link, GPTOSS_TP_NET_START, &buf, -1, error);
+        if (!st) st = gptoss_tp_net_decode_pool(buf.data, buf.len, pool, error);
+    }
+    gptoss_tp_net_buf_free(&buf);
+    return st;
+}
+
+void gptoss_tp_link_tell(gptoss_tp_link *link, const char *message) {
+    if (link->n_procs < 2) return;
+    gptoss_tp_net_buf buf = {0};
+    gptoss_error ignored = {0};
+    if (!gptoss_tp_net_encode_error(&buf, message, &ignored)) {
+        if (link->proc == 0) { /* each follower, whether or not one before it is gone */
+            for (int32_t p = 1; p < link->n_procs; p++)
+                if (link->fds[p] >= 0)
+                    gptoss_tp_net_send(link->fds[p], GPTOSS_TP_NET_ERROR, buf.data, buf.len, 500,
+                                       &ignored);
+        } else if (link->fds[0] >= 0 && !gptoss_tp_net_send(link->fds[0], GPTOSS_TP_NET_ERROR,
+                                                            buf.data, buf.len, 1000, &ignored)) {
+            shutdown(link->fds[0], SHUT_WR);
+            const int64_t until = now_ms() + 2000;
+            while (!gptoss_tp_link_leader_gone(link) && now_ms() < until) {
+                struct pollfd pfd = {.fd = link->fds[0], .events = POLLRDHUP};
+                poll(&pfd, 1, 20);
+            }
+        }
+    }
+    gptoss_tp_net_buf_free(&buf);
+}
+
+gptoss_status gptoss_tp_link_follow(gptoss_tp_link *link, const gptoss_tp_follow_geometry *geo,
+                                    gptoss_status (*run)(void *user, const gptoss_tp_net_step *step,
+                                                         gptoss_error *error),
+                                    void *user, uint64_t *last_seq, gptoss_error *error) {
+    gptoss_tp_net_buf buf = {0};
+    gptoss_tp_net_step step;
+    memset(&step, 0, sizeof step);
+    gptoss_status st = GPTOSS_OK;
+    for (;;) {
+        uint32_t type = 0;
+        gptoss_error e = {0};
+        if (gptoss_tp_net_recv(link->fds[0], &type, &buf, -1, &e)) {
+            st = gptoss_set_error(error, GPTOSS_ERR_IO,
+                                  "the connection to process 0 ended after step %llu (%s): "
+                                  "process 0 exited or its host went down; its log says why",
+                                  (unsigned long long)*last_seq, e.message);
+            break;
+        }
+        if (type == GPTOSS_TP_NET_QUIT) break;
+        if (type == GPTOSS_TP_NET_ERROR) {
+            char message[GPTOSS_TP_NET_MAX_MESSAGE];
+            gptoss_tp_net_decode_error(buf.data, buf.len, message, sizeof message);
+            st = gptoss_set_error(error, GPTOSS_ERR_BACKEND, "process 0 failed: %s", message);
+            break;
+        }
+        if (type != GPTOSS_TP_NET_STEP)
+            st = gptoss_set_error(error, GPTOSS_ERR_IO, "process 0 sent %s where a step was due",
+                                  gptoss_tp_net_type_name(type));
+        if (!st) st = gptoss_tp_net_decode_step(buf.data, buf.len, &step, error);
+        if (!st && step.seq != *last_seq + 1)
+            st =
+                gptoss_set_error(error, GPTOSS_ERR_IO,
+                                 "step %llu arrived after step %llu (a frame was lost or repeated)",
+                                 (unsigned long long)step.seq, (unsigned long long)*last_seq);
+        if (!st)
+            st = gptoss_batch_plan_validate(&step.plan, geo->config, geo->kv_block_size,
+                                            geo->n_kv_blocks, geo->n_sliding_kv_blocks, error);
+        if (st) {
+            gptoss_error_prefix(error, "a bad step from process 0: ");
+            char told[GPTOSS_TP_NET_MAX_MESSAGE];
+            snprintf(told, sizeof told, "process %d received %s", (int)link->proc, error->message);
+            gptoss_tp_link_tell(link, told);
+            break;
+        }
+        *last_seq = step.seq;
+        st = run(user, &step, error);
+        if (st) break;
+    }
+    gptoss_tp_net_step_free(&step);
+    gptoss_tp_net_buf_free(&buf);
+    return st;
+}
+
 /* ---- the job ------------------------------------------------------------------------------ */
 
 static pthread_mutex_t g_job_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -169,6 +169,47 @@ gptoss_status gptoss_tp_link_check(gptoss_tp_link *link, gptoss_error *error);
  * failed). Reads nothing: frames still queued stay for the follower's loop. */
 bool gptoss_tp_link_leader_gone(const gptoss_tp_link *link);
 
+/* ---- a job's exchanges over the link ---------------------------------------------------- */
+
+/* Before loading: a follower sends its HELLO and checks the one process 0 answers with;
+ * process 0 gathers every follower's (within timeout_ms), checks each against its own and
+ * answers with its own, or tells every follower the first difference (ERROR) and fails with
+ * it. Either side's message names the field that differs. */
+gptoss_status gptoss_tp_link_hello(gptoss_tp_link *link, const gptoss_tp_net_hello *mine,
+                                   int64_t timeout_ms, gptoss_error *error);
+
+/* After loading. load_status and load_message: how loading went here (a failure is told to
+ * the peers, then returned). *pool: this process's KV pool in, the job's out: process 0
+ * gathers every follower's READY (no time limit: a follower may load for minutes; one that
+ * dies closes its connection), takes the smallest pool and answers START with it; a follower
+ * sends READY and waits for START. A follower whose pages are shared where process 0's are
+ * not (or the reverse) fails the job. */
+gptoss_status gptoss_tp_link_ready(gptoss_tp_link *link, gptoss_status load_status,
+                                   const char *load_message, gptoss_tp_net_pool *pool,
+                                   gptoss_error *error);
+
+/* Tells the other side why this process is about to end (ERROR; best effort, about a second):
+ * process 0 every follower, a follower process 0. A follower then stops sending and waits up
+ * to 2 s for process 0 to close, so that the message is read before the exit resets the
+ * connection. */
+void gptoss_tp_link_tell(gptoss_tp_link *link, const char *message);
+
+/* Where a follower's plans must fit (gptoss_batch_plan_validate's arguments). */
+typedef struct gptoss_tp_follow_geometry {
+    const gptoss_config *config;
+    int32_t kv_block_size, n_kv_blocks, n_sliding_kv_blocks;
+} gptoss_tp_follow_geometry;
+
+/* A follower's loop: every STEP from process 0 is decoded, checked (step numbers follow
+ * *last_seq by one; the plan passes gptoss_batch_plan_validate against geo) and handed to
+ * run; *last_seq is the last step run. Returns GPTOSS_OK on QUIT; fails when the connection
+ * ends, process 0 sends ERROR, a frame or plan fails a check (process 0 is then told why), or
+ * run fails. */
+gptoss_status gptoss_tp_link_follow(gptoss_tp_link *link, const gptoss_tp_follow_geometry *geo,
+                                    gptoss_status (*run)(void *user, const gptoss_tp_net_step *step,
+                                                         gptoss_error *error),
+                                    void *user, uint64_t *last_seq, gptoss_error *error);
+
 /* ---- the job of this process ------------------------------------------------------------ */
 
 /* Records the multi-process job this process belongs to (world_size > 1), for the CUDA

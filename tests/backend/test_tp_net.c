@@ -9,7 +9,9 @@
 #include "test_support.h"
 
 #include "backend/tp_net.h"
+#include "model/config.h"
 #include "util/clock.h"
+#include "util/error.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -484,6 +486,224 @@ static void test_follower_reports_error(void **state) {
         fail_msg("process 0's message: %s", err.message);
 }
 
+/* ---- the job's exchanges: HELLO, READY/START, the follower's loop ------------------------ */
+
+typedef enum {
+    ROLE_OK,
+    ROLE_OTHER_MODEL,  /* a HELLO with other KV heads */
+    ROLE_LOAD_FAILS,   /* loading fails */
+    ROLE_BAD_PLAN,     /* process 0: step 3 names a page that does not exist */
+    ROLE_SKIP_STEP,    /* process 0: step 3 is numbered 4 */
+    ROLE_LEADER_LEAVES /* process 0: closes after step 3 */
+} role;
+
+typedef struct job_arg {
+    gptoss_dist_info info;
+    role role; /* this thread's (process 0 takes the job's) */
+    gptoss_status hello, ready, follow;
+    char message[1024];
+    gptoss_tp_net_pool pool;
+    uint64_t last_seq;
+    int steps_run;
+} job_arg;
+
+static const gptoss_config *tiny(void) {
+    static gptoss_config c;
+    static bool made;
+    gptoss_error e = {0};
+    if (!made) assert_int_equal(gptoss_config_preset("tiny", &c, &e), GPTOSS_OK);
+    made = true;
+    return &c;
+}
+
+static gptoss_tp_net_hello hello_of(const job_arg *a) {
+    const gptoss_config *c = tiny();
+    gptoss_tp_net_hello h = {.proc = a->info.rank,
+                             .n_procs = a->info.world_size,
+                             .tp_size = 2 * a->info.world_size,
+                             .n_layers = c->n_layers,
+                             .n_heads = c->n_heads,
+                             .n_kv_heads = c->n_kv_heads,
+                             .kv_block_size = 16,
+                             .gpu_sms = 132};
+    if (a->role == ROLE_OTHER_MODEL) h.n_kv_heads *= 2;
+    return h;
+}
+
+/* A follower's run: the plan must be the one process 0 made for that step. */
+static gptoss_status run_step(void *user, const gptoss_tp_net_step *step, gptoss_error *error) {
+    job_arg *a = user;
+    int32_t storage[1024];
+    gptoss_batch_plan want =
+        make_plan(1 + (int32_t)(step->seq % 4), step->seq % 2 == 0, (int32_t)step->seq, storage);
+    if (!plans_equal(&want, &step->plan))
+        return gptoss_set_error(error, GPTOSS_ERR_BACKEND, "step %llu: not the plan sent",
+                                (unsigned long long)step->seq);
+    a->steps_run++;
+    return GPTOSS_OK;
+}
+
+static void *job_follower(void *p) {
+    job_arg *a = p;
+    gptoss_tp_link link;
+    uint8_t blob[GPTOSS_DIST_BLOB_BYTES];
+    gptoss_error err = {0};
+    a->hello = a->ready = a->follow = GPTOSS_ERR_BACKEND;
+    if (gptoss_tp_link_open(&a->info, blob, 10000, &link, &err)) {
+        snprintf(a->message, sizeof a->message, "open: %s", err.message);
+        return NULL;
+    }
+    gptoss_tp_net_hello h = hello_of(a);
+    a->hello = gptoss_tp_link_hello(&link, &h, 5000, &err);
+    if (!a->hello) {
+        a->pool = (gptoss_tp_net_pool){100 + a->info.rank, 600 + a->info.rank, 0};
+        a->ready =
+            gptoss_tp_link_ready(&link, a->role == ROLE_LOAD_FAILS ? GPTOSS_ERR_OUT_OF_MEMORY : 0,
+                                 "CUDA out of memory on GPU 1", &a->pool, &err);
+    }
+    if (!a->hello && !a->ready) {
+        const gptoss_tp_follow_geometry geo = {tiny(), 16, a->pool.n_kv_blocks,
+                                               a->pool.n_sliding_kv_blocks};
+        a->follow = gptoss_tp_link_follow(&link, &geo, run_step, a, &a->last_seq, &err);
+    }
+    snprintf(a->message, sizeof a->message, "%s", err.message);
+    gptoss_tp_link_close(&link);
+    return NULL;
+}
+
+/* Process 0 of a job of 3 whose follower 2 takes `r2`, or whose process 0 itself acts `r0`. */
+static void run_handshake(role r0, role r2, job_arg *leader, job_arg *followers) {
+    const int port = free_port();
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) {
+        memset(&followers[i], 0, sizeof followers[i]);
+        followers[i].info = job(i + 1, 3, port);
+        followers[i].role = i == 1 ? r2 : ROLE_OK;
+        assert_int_equal(pthread_create(&t[i], NULL, job_follower, &followers[i]), 0);
+    }
+    memset(leader, 0, sizeof *leader);
+    leader->info = job(0, 3, port);
+    leader->role = r0;
+    leader->hello = leader->ready = leader->follow = GPTOSS_ERR_BACKEND;
+    gptoss_tp_link link;
+    uint8_t blob[GPTOSS_DIST_BLOB_BYTES] = {0};
+    gptoss_error err = {0};
+    gptoss_status st = gptoss_tp_link_open(&leader->info, blob, 10000, &link, &err);
+    assert_int_equal(st, GPTOSS_OK);
+    gptoss_tp_net_hello h = hello_of(leader);
+    leader->hello = gptoss_tp_link_hello(&link, &h, 5000, &err);
+    if (!leader->hello) {
+        leader->pool = (gptoss_tp_net_pool){120, 700, 0};
+        leader->ready = gptoss_tp_link_ready(&link, GPTOSS_OK, NULL, &leader->pool, &err);
+    }
+    if (!leader->hello && !leader->ready) {
+        gptoss_tp_net_buf buf = {0};
+        int32_t storage[1024];
+        st = GPTOSS_OK;
+        for (uint64_t s = 1; s <= N_STEPS && !st; s++) {
+            gptoss_batch_plan p = make_plan(1 + (int32_t)(s % 4), s % 2 == 0, (int32_t)s, storage);
+            if (s == 3 && r0 == ROLE_BAD_PLAN) storage[192] = 9999; /* a page of no pool */
+            uint64_t seq = s == 3 && r0 == ROLE_SKIP_STEP ? 4 : s;
+            st = gptoss_tp_net_encode_step(&buf, seq, false, &p, &err);
+            if (!st)
+                st = gptoss_tp_link_broadcast(&link, GPTOSS_TP_NET_STEP, buf.data, buf.len, 5000,
+                                              NULL, &err);
+            for (int k = 0; k < 10 && !st; k++) {
+                st = gptoss_tp_link_check(&link, &err);
+                struct timespec ts = {0, 5 * 1000 * 1000};
+                nanosleep(&ts, NULL);
+            }
+            if (s == 3 && r0 == ROLE_LEADER_LEAVES) break;
+        }
+        if (!st && r0 != ROLE_LEADER_LEAVES)
+            st = gptoss_tp_link_broadcast(&link, GPTOSS_TP_NET_QUIT, NULL, 0, 5000, NULL, &err);
+        leader->follow = st;
+        gptoss_tp_net_buf_free(&buf);
+    }
+    snprintf(leader->message, sizeof leader->message, "%s", err.message);
+    gptoss_tp_link_close(&link);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+}
+
+static void expect_in(const char *message, const char *needle, const char *who) {
+    if (!strstr(message, needle)) fail_msg("%s said '%s', not '%s'", who, message, needle);
+}
+
+static void test_job_ok(void **state) {
+    (void)state;
+    job_arg leader, f[2];
+    run_handshake(ROLE_OK, ROLE_OK, &leader, f);
+    if (leader.follow) fail_msg("process 0: %s", leader.message);
+    /* every process uses the smallest of each count: follower 1's (process 0 has more) */
+    assert_int_equal(leader.pool.n_kv_blocks, 101);
+    assert_int_equal(leader.pool.n_sliding_kv_blocks, 601);
+    for (int i = 0; i < 2; i++) {
+        if (f[i].follow) fail_msg("follower %d: %s", i + 1, f[i].message);
+        assert_int_equal(f[i].pool.n_kv_blocks, 101);
+        assert_int_equal(f[i].pool.n_sliding_kv_blocks, 601);
+        assert_int_equal(f[i].steps_run, N_STEPS);
+        assert_true(f[i].last_seq == N_STEPS);
+    }
+}
+
+static void test_job_other_model(void **state) {
+    (void)state;
+    job_arg leader, f[2];
+    run_handshake(ROLE_OK, ROLE_OTHER_MODEL, &leader, f);
+    assert_int_not_equal(leader.hello, GPTOSS_OK);
+    expect_in(leader.message,
+              "process 2 was started differently from process 0 (the model's KV heads",
+              "process 0");
+    for (int i = 0; i < 2; i++) {
+        assert_int_not_equal(f[i].hello, GPTOSS_OK);
+        expect_in(f[i].message, "process 0: process 2 was started differently", "a follower");
+    }
+}
+
+static void test_job_load_fails(void **state) {
+    (void)state;
+    job_arg leader, f[2];
+    run_handshake(ROLE_OK, ROLE_LOAD_FAILS, &leader, f);
+    assert_int_equal(leader.hello, GPTOSS_OK);
+    assert_int_not_equal(leader.ready, GPTOSS_OK);
+    expect_in(leader.message, "process 2 failed: loading failed on process 2: CUDA out of memory",
+              "process 0");
+    expect_in(f[1].message, "loading failed on process 2", "follower 2");
+    assert_int_not_equal(f[0].ready, GPTOSS_OK); /* told by process 0 why there is no START */
+    expect_in(f[0].message, "process 0: process 2 failed: loading failed", "follower 1");
+}
+
+static void test_job_bad_steps(void **state) {
+    (void)state;
+    job_arg leader, f[2];
+    run_handshake(ROLE_BAD_PLAN, ROLE_OK, &leader, f);
+    assert_int_not_equal(leader.follow, GPTOSS_OK);
+    expect_in(leader.message, "received a bad step from process 0: plan: sequence 0 block table",
+              "process 0");
+    for (int i = 0; i < 2; i++) {
+        assert_int_not_equal(f[i].follow, GPTOSS_OK);
+        assert_int_equal(f[i].steps_run, 2); /* steps 1 and 2 ran, 3 was refused */
+    }
+    expect_in(f[0].message, "is not a block in [0, 101)", "follower 1");
+
+    run_handshake(ROLE_SKIP_STEP, ROLE_OK, &leader, f);
+    assert_int_not_equal(leader.follow, GPTOSS_OK);
+    expect_in(f[0].message, "step 4 arrived after step 2", "follower 1");
+    assert_int_equal(f[0].steps_run, 2);
+}
+
+static void test_job_leader_leaves(void **state) {
+    (void)state;
+    job_arg leader, f[2];
+    run_handshake(ROLE_LEADER_LEAVES, ROLE_OK, &leader, f);
+    for (int i = 0; i < 2; i++) {
+        assert_int_not_equal(f[i].follow, GPTOSS_OK);
+        assert_int_equal(f[i].steps_run, 3);
+        expect_in(f[i].message, "the connection to process 0 ended after step 3", "a follower");
+    }
+}
+
 /* A job larger than the link takes, and one whose followers never come, fail with a reason. */
 static void test_link_refusals(void **state) {
     (void)state;
@@ -510,6 +730,11 @@ int main(void) {
         cmocka_unit_test(test_follower_leaves),
         cmocka_unit_test(test_follower_reports_error),
         cmocka_unit_test(test_link_refusals),
+        cmocka_unit_test(test_job_ok),
+        cmocka_unit_test(test_job_other_model),
+        cmocka_unit_test(test_job_load_fails),
+        cmocka_unit_test(test_job_bad_steps),
+        cmocka_unit_test(test_job_leader_leaves),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

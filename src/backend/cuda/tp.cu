@@ -416,30 +416,10 @@ static void busy_ranks(tp_backend *tp, char *out, size_t cap) {
     if (!used) snprintf(out, cap, "none (the caller's thread)");
 }
 
-/* Across processes: tells the other processes why this one is about to end (best effort, a
- * second at most): process 0 every follower, a follower process 0, which then reads it in its
- * link check. A follower then waits up to 2 s for process 0 to close, so that the message is
- * read before this process's exit resets the connection. */
+/* Across processes: tells the other processes why this one is about to end
+ * (gptoss_tp_link_tell). */
 static void tp_tell_peers(tp_backend *tp, const char *message) {
-    if (tp->procs <= 1) return;
-    gptoss_tp_net_buf buf = {};
-    gptoss_error ignored = {};
-    if (!gptoss_tp_net_encode_error(&buf, message, &ignored)) {
-        if (tp->proc == 0) { /* each follower, whether or not one before it is gone */
-            for (int32_t p = 1; p < tp->procs; p++)
-                gptoss_tp_net_send(tp->link.fds[p], GPTOSS_TP_NET_ERROR, buf.data, buf.len, 500,
-                                   &ignored);
-        } else if (!gptoss_tp_net_send(tp->link.fds[0], GPTOSS_TP_NET_ERROR, buf.data, buf.len,
-                                       1000, &ignored)) {
-            shutdown(tp->link.fds[0], SHUT_WR);
-            const double until = mono_now() + 2.0;
-            while (!gptoss_tp_link_leader_gone(&tp->link) && mono_now() < until) {
-                struct timespec ts = {0, 20 * 1000 * 1000};
-                nanosleep(&ts, NULL);
-            }
-        }
-    }
-    gptoss_tp_net_buf_free(&buf);
+    if (tp->procs > 1) gptoss_tp_link_tell(&tp->link, message);
 }
 
 /* The link failed: says why (to the log, and from process 0 to the followers still there),
@@ -1090,14 +1070,6 @@ static gptoss_status tp_env(double *timeout_s, bool *graphs, bool *split_lm_head
 /* How long the HELLOs may take once every process is connected. */
 #define JOB_HELLO_TIMEOUT_MS (60 * 1000)
 
-static gptoss_status dec_hello(const uint8_t *p, size_t n, void *out, gptoss_error *error) {
-    return gptoss_tp_net_decode_hello(p, n, (gptoss_tp_net_hello *)out, error);
-}
-
-static gptoss_status dec_pool(const uint8_t *p, size_t n, void *out, gptoss_error *error) {
-    return gptoss_tp_net_decode_pool(p, n, (gptoss_tp_net_pool *)out, error);
-}
-
 /* What this process was started with, as every process of the job must have been. */
 static gptoss_tp_net_hello job_hello(const tp_backend *tp, const gptoss_config *c,
                                      const gptoss_backend_options *o, bool random, uint64_t seed) {
@@ -1132,8 +1104,8 @@ static gptoss_tp_net_hello job_hello(const tp_backend *tp, const gptoss_config *
 }
 
 /* Before loading: the link to the other processes (process 0's NCCL id travels with the
- * rendezvous), and the HELLOs compared both ways, so that a process started with another
- * model or other options fails before any weights are loaded. */
+ * rendezvous) and the HELLOs compared, so that a process started with another model or other
+ * options fails before any weights are loaded. */
 static gptoss_status job_connect(tp_backend *tp, const gptoss_dist_info *job,
                                  const gptoss_tp_net_hello *mine, nccl_unique_id *id,
                                  gptoss_error *error) {
@@ -1142,111 +1114,7 @@ static gptoss_status job_connect(tp_backend *tp, const gptoss_dist_info *job,
     if (!st)
         st = gptoss_tp_link_open(job, (uint8_t *)id->internal, JOB_JOIN_TIMEOUT_MS, &tp->link,
                                  error);
-    if (st) return st;
-    gptoss_tp_net_buf buf = {};
-    st = gptoss_tp_net_encode_hello(&buf, mine, error);
-    if (!st && tp->proc == 0) {
-        gptoss_tp_net_hello theirs[GPTOSS_TP_NET_MAX_PROCS];
-        st = gptoss_tp_link_gather(&tp->link, GPTOSS_TP_NET_HELLO, dec_hello, theirs,
-                                   sizeof theirs[0], JOB_HELLO_TIMEOUT_MS, error);
-        char why[512];
-        for (int32_t p = 1; p < tp->procs && !st; p++)
-            if (gptoss_tp_net_hello_differs(mine, &theirs[p], why, sizeof why)) {
-                st = gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                      "process %d was started differently from process 0 (%s); "
-                                      "start every process of the job with the same model, "
-                                      "options and GPU model",
-                                      (int)p, why);
-                tp_tell_peers(tp, error->message);
-            }
-        if (!st)
-            st = gptoss_tp_link_broadcast(&tp->link, GPTOSS_TP_NET_HELLO, buf.data, buf.len,
-                                          JOB_HELLO_TIMEOUT_MS, NULL, error);
-    } else if (!st) {
-        uint32_t type = 0;
-        gptoss_tp_net_hello theirs;
-        char why[512];
-        st = gptoss_tp_net_send(tp->link.fds[0], GPTOSS_TP_NET_HELLO, buf.data, buf.len,
-                                JOB_HELLO_TIMEOUT_MS, error);
-        if (!st) st = gptoss_tp_net_recv(tp->link.fds[0], &type, &buf, JOB_HELLO_TIMEOUT_MS, error);
-        if (!st && type == GPTOSS_TP_NET_ERROR) {
-            char message[GPTOSS_TP_NET_MAX_MESSAGE];
-            gptoss_tp_net_decode_error(buf.data, buf.len, message, sizeof message);
-            st = gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT, "process 0 refused: %s",
-                                  message);
-        } else if (!st && type != GPTOSS_TP_NET_HELLO) {
-            st = gptoss_set_error(error, GPTOSS_ERR_IO, "process 0 sent %s where HELLO was due",
-                                  gptoss_tp_net_type_name(type));
-        } else if (!st) {
-            st = gptoss_tp_net_decode_hello(buf.data, buf.len, &theirs, error);
-            if (!st && gptoss_tp_net_hello_differs(mine, &theirs, why, sizeof why))
-                st = gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                      "this process was started differently from process 0 (%s)",
-                                      why);
-        }
-    }
-    gptoss_tp_net_buf_free(&buf);
-    return st;
-}
-
-/* After loading (load_st: how it went here): every follower's KV pool to process 0, which
- * answers with the job's (the smallest: a page id must exist on every rank) in *pool, or every
- * process hears why the job cannot start. */
-static gptoss_status job_ready(tp_backend *tp, gptoss_status load_st, gptoss_tp_net_pool *pool,
-                               gptoss_error *error) {
-    char told[1200];
-    if (load_st) {
-        snprintf(told, sizeof told, "loading failed on process %d: %.1000s", (int)tp->proc,
-                 error->message);
-        tp_tell_peers(tp, told);
-        return load_st;
-    }
-    gptoss_tp_net_buf buf = {};
-    gptoss_status st = GPTOSS_OK;
-    if (tp->proc == 0) {
-        gptoss_tp_net_pool theirs[GPTOSS_TP_NET_MAX_PROCS];
-        /* no limit: a follower may load for minutes; one that dies closes its connection, a
-         * host that goes silent fails the keep-alive */
-        st = gptoss_tp_link_gather(&tp->link, GPTOSS_TP_NET_READY, dec_pool, theirs,
-                                   sizeof theirs[0], -1, error);
-        for (int32_t p = 1; p < tp->procs && !st; p++) {
-            if (theirs[p].kv_shared_pages != pool->kv_shared_pages)
-                st = gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
-                                      "process %d %s KV pages between full and sliding layers, "
-                                      "process 0 %s",
-                                      (int)p,
-                                      theirs[p].kv_shared_pages ? "shares" : "does not share",
-                                      pool->kv_shared_pages ? "does" : "does not");
-            if (theirs[p].n_kv_blocks < pool->n_kv_blocks)
-                pool->n_kv_blocks = theirs[p].n_kv_blocks;
-            if (theirs[p].n_sliding_kv_blocks < pool->n_sliding_kv_blocks)
-                pool->n_sliding_kv_blocks = theirs[p].n_sliding_kv_blocks;
-        }
-        if (st) tp_tell_peers(tp, error->message);
-        if (!st) st = gptoss_tp_net_encode_pool(&buf, pool, error);
-        if (!st)
-            st = gptoss_tp_link_broadcast(&tp->link, GPTOSS_TP_NET_START, buf.data, buf.len,
-                                          JOB_HELLO_TIMEOUT_MS, NULL, error);
-    } else {
-        uint32_t type = 0;
-        st = gptoss_tp_net_encode_pool(&buf, pool, error);
-        if (!st)
-            st = gptoss_tp_net_send(tp->link.fds[0], GPTOSS_TP_NET_READY, buf.data, buf.len,
-                                    JOB_HELLO_TIMEOUT_MS, error);
-        /* no limit: process 0 may still be loading */
-        if (!st) st = gptoss_tp_net_recv(tp->link.fds[0], &type, &buf, -1, error);
-        if (!st && type == GPTOSS_TP_NET_ERROR) {
-            char message[GPTOSS_TP_NET_MAX_MESSAGE];
-            gptoss_tp_net_decode_error(buf.data, buf.len, message, sizeof message);
-            st = gptoss_set_error(error, GPTOSS_ERR_BACKEND, "process 0: %s", message);
-        } else if (!st && type != GPTOSS_TP_NET_START) {
-            st = gptoss_set_error(error, GPTOSS_ERR_IO, "process 0 sent %s where START was due",
-                                  gptoss_tp_net_type_name(type));
-        } else if (!st) {
-            st = gptoss_tp_net_decode_pool(buf.data, buf.len, pool, error);
-        }
-    }
-    gptoss_tp_net_buf_free(&buf);
+    if (!st) st = gptoss_tp_link_hello(&tp->link, mine, JOB_HELLO_TIMEOUT_MS, error);
     return st;
 }
 
@@ -1372,7 +1240,9 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     if (procs > 1) {
         gptoss_tp_net_pool pool = {blocks, sliding, !st && tp->ranks[0].s->kv_shared ? 1 : 0};
         const gptoss_status load_st = st;
-        st = job_ready(tp, st, &pool, error);
+        char load_message[sizeof error->message];
+        snprintf(load_message, sizeof load_message, "%s", st ? error->message : "");
+        st = gptoss_tp_link_ready(&tp->link, load_st, load_message, &pool, error);
         if (st && !load_st) gptoss_error_prefix(error, "tensor parallel across processes: ");
         blocks = pool.n_kv_blocks;
         sliding = pool.n_sliding_kv_blocks;
@@ -1614,70 +1484,35 @@ gptoss_status gptoss_cuda_tp_step(void *group, const gptoss_batch_plan *plan, gp
     return tp_step_run((tp_backend *)group, &a, error);
 }
 
-/* A follower's loop (gptoss_tp_job_follow): each step process 0 sends runs on this process's
- * ranks, until QUIT. A frame that fails a check, a plan that fails validation, a step out of
- * order or the connection's end stops it with the reason (the communicators are aborted:
- * without process 0 no collective can finish). A step that fails ends the process
- * (tp_step_run). */
+/* One step of process 0 on this follower's ranks (gptoss_tp_link_follow checked it). A step
+ * that fails ends the process (tp_step_run). */
+static gptoss_status follow_step(void *user, const gptoss_tp_net_step *step, gptoss_error *error) {
+    tp_backend *tp = (tp_backend *)user;
+    tp->net_seq = step->seq;
+    tp_step_args a = {&step->plan, NULL, NULL, NULL, 4, step->graphs ? 1 : 0};
+    return tp_step_run(tp, &a, error);
+}
+
+/* A follower's loop (gptoss_tp_job_follow): each step process 0 sends, on this process's
+ * ranks, until QUIT. When the loop fails (the connection ended, a bad frame or plan) the
+ * communicators are aborted: without process 0 no collective can finish. */
 static gptoss_status tp_follow(void *state, gptoss_error *error) {
     tp_backend *tp = (tp_backend *)state;
-    gptoss_tp_net_buf buf = {};
-    gptoss_tp_net_step step;
-    memset(&step, 0, sizeof step);
-    gptoss_status st = GPTOSS_OK;
     GPTOSS_LOG_I("cuda",
                  "tensor parallel: process %d of %d runs process 0's steps on GPU ranks %d..%d",
                  (int)tp->proc, (int)tp->procs, (int)tp->rank0, (int)(tp->rank0 + tp->n - 1));
-    for (;;) {
-        uint32_t type = 0;
-        gptoss_error e = {};
-        if (gptoss_tp_net_recv(tp->link.fds[0], &type, &buf, -1, &e)) {
-            st = gptoss_set_error(error, GPTOSS_ERR_IO,
-                                  "tensor parallel across processes: the connection to process 0 "
-                                  "ended after step %llu (%s): process 0 exited or its host went "
-                                  "down; its log says why",
-                                  (unsigned long long)tp->net_seq, e.message);
-            break;
-        }
-        if (type == GPTOSS_TP_NET_QUIT) {
-            GPTOSS_LOG_I("cuda", "tensor parallel: process 0 is shutting down after %llu steps",
-                         (unsigned long long)tp->net_seq);
-            break;
-        }
-        if (type == GPTOSS_TP_NET_ERROR) {
-            char message[GPTOSS_TP_NET_MAX_MESSAGE];
-            gptoss_tp_net_decode_error(buf.data, buf.len, message, sizeof message);
-            st =
-                gptoss_set_error(error, GPTOSS_ERR_BACKEND,
-                                 "tensor parallel across processes: process 0 failed: %s", message);
-            break;
-        }
-        if (type != GPTOSS_TP_NET_STEP)
-            st = gptoss_set_error(error, GPTOSS_ERR_IO, "process 0 sent %s where a step was due",
-                                  gptoss_tp_net_type_name(type));
-        if (!st) st = gptoss_tp_net_decode_step(buf.data, buf.len, &step, error);
-        if (!st && step.seq != tp->net_seq + 1)
-            st =
-                gptoss_set_error(error, GPTOSS_ERR_IO,
-                                 "step %llu arrived after step %llu (a frame was lost or repeated)",
-                                 (unsigned long long)step.seq, (unsigned long long)tp->net_seq);
-        if (!st)
-            st = gptoss_batch_plan_validate(&step.plan, &tp->config, tp->kv_block_size,
-                                            tp->n_kv_blocks, tp->n_sliding_kv_blocks, error);
-        if (st) {
-            gptoss_error_prefix(error, "tensor parallel across processes: a bad step from "
-                                       "process 0: ");
-            tp_tell_peers(tp, error->message);
-            break;
-        }
-        tp->net_seq = step.seq;
-        tp_step_args a = {&step.plan, NULL, NULL, NULL, 4, step.graphs ? 1 : 0};
-        tp_step_run(tp, &a, error);
+    const gptoss_tp_follow_geometry geo = {&tp->config, tp->kv_block_size, tp->n_kv_blocks,
+                                           tp->n_sliding_kv_blocks};
+    uint64_t last = tp->net_seq;
+    gptoss_status st = gptoss_tp_link_follow(&tp->link, &geo, follow_step, tp, &last, error);
+    if (st) {
+        gptoss_error_prefix(error, "tensor parallel across processes: ");
+        tp_abort(tp);
+        return st;
     }
-    if (st) tp_abort(tp);
-    gptoss_tp_net_step_free(&step);
-    gptoss_tp_net_buf_free(&buf);
-    return st;
+    GPTOSS_LOG_I("cuda", "tensor parallel: process 0 is shutting down after %llu steps",
+                 (unsigned long long)last);
+    return GPTOSS_OK;
 }
 
 gptoss_cuda_state *gptoss_cuda_tp_rank0(void *group) {
