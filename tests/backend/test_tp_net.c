@@ -4,7 +4,10 @@
  * payload and header is refused with a message; process 0 and two followers, as threads over
  * loopback, exchange HELLO/START/STEP/QUIT in order; a follower that disconnects mid-run, or
  * reports an error, fails process 0's check with a message naming it, and process 0 going
- * away is seen by a follower, all within a bounded time.
+ * away is seen by a follower, all within a bounded time. The job's exchanges: matching HELLOs
+ * and the smallest KV pool everywhere; a process started with another model, a load that
+ * fails, a plan naming a page that does not exist, a step out of order and process 0 leaving
+ * each stop every process with a message saying which and why.
  */
 #include "test_support.h"
 
