@@ -1445,6 +1445,11 @@ static gptoss_status tp_step_run(tp_backend *tp, tp_step_args *a, gptoss_error *
     if (!error) error = &local;
     if (tp->procs > 1 && tp->proc == 0) send_step(tp, a);
     gptoss_status st = tp_run(tp, rank_step, a, tp->timeout_s, step_names[a->kind], error);
+    if (st && tp->procs > 1 && tp->proc == 0) {
+        /* NCCL failing a collective is often the first sign of a lost follower: name it */
+        gptoss_error lost = {};
+        if (gptoss_tp_link_check(&tp->link, &lost)) tp_link_lost(tp, lost.message);
+    }
     if (st) {
         GPTOSS_LOG_E("cuda",
                      "tensor parallel: %s (step %llu) failed: %s; the NCCL communicators are "
