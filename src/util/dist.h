@@ -1,7 +1,7 @@
 /*
  * dist.h - where this process stands in a multi-process (multi-node) job, and the rendezvous
- * that hands every process the same small blob (the NCCL unique id, once tensor or expert
- * parallelism exist).
+ * that hands every process the same small blob (the NCCL unique id of tensor parallelism across
+ * processes, backend/tp_net.h, which keeps the rendezvous connections as its link).
  *
  * Owns: reading the rank, world size and local rank from the command line or the launcher's
  * environment, their validation, and the TCP rendezvous. It knows nothing of GPUs or NCCL.
