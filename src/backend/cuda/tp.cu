@@ -517,6 +517,13 @@ static void *watchdog_thread(void *p) {
                      "aborting the NCCL communicators and ending the process (GPTOSS_TP_TIMEOUT "
                      "sets the limit in seconds)",
                      what, step, limit, who, (int)tp->n);
+        if (tp->procs > 1)
+            GPTOSS_LOG_E("cuda",
+                         "tensor parallel: those are the local GPUs of process %d of %d (job ranks "
+                         "%d..%d); ranks waiting in a collective may be waiting for another "
+                         "process, whose log says whether it hung",
+                         (int)tp->proc, (int)tp->procs, (int)tp->rank0,
+                         (int)(tp->rank0 + tp->n - 1));
         tp_abort(tp);
         pthread_mutex_lock(&tp->mu);
         const double grace_end = mono_now() + TP_ABORT_GRACE_S;
