@@ -4,7 +4,7 @@
  * Payloads, all integers little-endian:
  *   HELLO  19 i32 (the fields of gptoss_tp_net_hello in order) and the seed u64
  *   READY, START  n_kv_blocks i32, n_sliding_kv_blocks i32, kv_shared_pages i32 (0 or 1)
- *   STEP   seq u64, graphs u8, has_sliding u8, 0 u16, n_tokens i32, n_seqs i32,
+ *   STEP   seq u64, graphs u8, has_sliding u8, kind u8, 0 u8, n_tokens i32, n_seqs i32,
  *          max_blocks_per_seq i32, n_logits i32, then i32 arrays: token_ids[n_tokens],
  *          positions[n_tokens], seq_token_start[n_seqs + 1], seq_n_cached[n_seqs],
  *          block_tables[n_seqs * max_blocks_per_seq], the sliding tables of the same shape
@@ -209,8 +209,12 @@ static uint8_t *put_ints(uint8_t *p, const int32_t *v, size_t n) {
     return p;
 }
 
-gptoss_status gptoss_tp_net_encode_step(gptoss_tp_net_buf *buf, uint64_t seq, bool graphs,
-                                        const gptoss_batch_plan *plan, gptoss_error *error) {
+gptoss_status gptoss_tp_net_encode_step(gptoss_tp_net_buf *buf, uint64_t seq, uint8_t kind,
+                                        bool graphs, const gptoss_batch_plan *plan,
+                                        gptoss_error *error) {
+    if (kind >= GPTOSS_TP_NET_STEP_KINDS)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "tp link: a step of kind %u cannot be sent", (unsigned)kind);
     const int32_t T = plan->n_tokens, S = plan->n_seqs, M = plan->max_blocks_per_seq,
                   NL = plan->n_logits;
     if (T < 0 || T > MAX_TOKENS || S < 0 || S > MAX_SEQS || M < 0 || M > MAX_BLOCKS_PER_SEQ ||
@@ -231,7 +235,8 @@ gptoss_status gptoss_tp_net_encode_step(gptoss_tp_net_buf *buf, uint64_t seq, bo
     put_u64(p, seq);
     p[8] = graphs ? 1 : 0;
     p[9] = sliding ? 1 : 0;
-    put_u16(p + 10, 0);
+    p[10] = kind;
+    p[11] = 0;
     put_u32(p + 12, (uint32_t)T);
     put_u32(p + 16, (uint32_t)S);
     put_u32(p + 20, (uint32_t)M);
@@ -262,10 +267,13 @@ gptoss_status gptoss_tp_net_decode_step(const uint8_t *p, size_t n, gptoss_tp_ne
     const uint8_t graphs = p[8], sliding = p[9];
     const int32_t T = (int32_t)get_u32(p + 12), S = (int32_t)get_u32(p + 16),
                   M = (int32_t)get_u32(p + 20), NL = (int32_t)get_u32(p + 24);
-    if (graphs > 1 || sliding > 1 || get_u16(p + 10) != 0)
+    const uint8_t kind = p[10];
+    if (graphs > 1 || sliding > 1 || kind >= GPTOSS_TP_NET_STEP_KINDS || p[11] != 0)
         return gptoss_set_error(error, GPTOSS_ERR_IO,
-                                "tp link: a STEP with flags %u/%u/%u (each must be 0 or 1)",
-                                (unsigned)graphs, (unsigned)sliding, (unsigned)get_u16(p + 10));
+                                "tp link: a STEP with flags %u/%u (each 0 or 1), kind %u (0 to %d) "
+                                "and reserved byte %u (0)",
+                                (unsigned)graphs, (unsigned)sliding, (unsigned)kind,
+                                GPTOSS_TP_NET_STEP_KINDS - 1, (unsigned)p[11]);
     if (T < 0 || T > MAX_TOKENS || S < 0 || S > MAX_SEQS || M < 0 || M > MAX_BLOCKS_PER_SEQ ||
         NL < 0 || NL > 128 * MAX_TOKENS)
         return gptoss_set_error(error, GPTOSS_ERR_IO,
@@ -309,6 +317,7 @@ gptoss_status gptoss_tp_net_decode_step(const uint8_t *p, size_t n, gptoss_tp_ne
     }
     plan->logit_token_index = v;
     step->seq = seq;
+    step->kind = kind;
     step->graphs = graphs == 1;
     return GPTOSS_OK;
 }

@@ -79,10 +79,21 @@ typedef struct gptoss_tp_net_pool {
     int32_t n_kv_blocks, n_sliding_kv_blocks, kv_shared_pages;
 } gptoss_tp_net_pool;
 
-/* A decoded STEP: the step's number (1, 2, ... in order), whether process 0's ranks run it
- * as a captured graph, and the plan, whose arrays point into `ints` (owned). */
+/* What process 0 runs for a step (its ranks: the ops table's call; a follower's ranks run the
+ * step alone whatever it is). */
+typedef enum gptoss_tp_net_step_kind {
+    GPTOSS_TP_NET_STEP_FORWARD = 0,
+    GPTOSS_TP_NET_STEP_SUMMARY = 1,
+    GPTOSS_TP_NET_STEP_SAMPLE = 2,
+    GPTOSS_TP_NET_STEP_BENCH = 3, /* the step alone (bench) */
+    GPTOSS_TP_NET_STEP_KINDS = 4,
+} gptoss_tp_net_step_kind;
+
+/* A decoded STEP: the step's number (1, 2, ... in order), its kind, whether process 0's ranks
+ * run it as a captured graph, and the plan, whose arrays point into `ints` (owned). */
 typedef struct gptoss_tp_net_step {
     uint64_t seq;
+    uint8_t kind; /* gptoss_tp_net_step_kind */
     bool graphs;
     gptoss_batch_plan plan;
     int32_t *ints;
@@ -103,8 +114,9 @@ gptoss_status gptoss_tp_net_encode_pool(gptoss_tp_net_buf *buf, const gptoss_tp_
 gptoss_status gptoss_tp_net_decode_pool(const uint8_t *p, size_t n, gptoss_tp_net_pool *pool,
                                         gptoss_error *error);
 /* The plan's arrays as they are (its validation is gptoss_batch_plan_validate's). */
-gptoss_status gptoss_tp_net_encode_step(gptoss_tp_net_buf *buf, uint64_t seq, bool graphs,
-                                        const gptoss_batch_plan *plan, gptoss_error *error);
+gptoss_status gptoss_tp_net_encode_step(gptoss_tp_net_buf *buf, uint64_t seq, uint8_t kind,
+                                        bool graphs, const gptoss_batch_plan *plan,
+                                        gptoss_error *error);
 gptoss_status gptoss_tp_net_decode_step(const uint8_t *p, size_t n, gptoss_tp_net_step *step,
                                         gptoss_error *error);
 /* An ERROR payload is the message's bytes (at most GPTOSS_TP_NET_MAX_MESSAGE - 1; longer

@@ -100,10 +100,12 @@ static void test_plan_round_trip(void **state) {
         for (int32_t seqs = 1; seqs <= 5; seqs += 2) {
             gptoss_batch_plan p = make_plan(seqs, sliding, seqs * 3 + sliding, storage);
             const uint64_t seq = 0x123456789abull + (uint64_t)seqs;
-            assert_int_equal(gptoss_tp_net_encode_step(&buf, seq, sliding == 1, &p, &err),
-                             GPTOSS_OK);
+            assert_int_equal(
+                gptoss_tp_net_encode_step(&buf, seq, (uint8_t)(seqs % 4), sliding == 1, &p, &err),
+                GPTOSS_OK);
             assert_int_equal(gptoss_tp_net_decode_step(buf.data, buf.len, &step, &err), GPTOSS_OK);
             assert_true(step.seq == seq);
+            assert_int_equal(step.kind, seqs % 4);
             assert_int_equal(step.graphs, sliding == 1);
             assert_true(plans_equal(&p, &step.plan));
         }
@@ -111,7 +113,10 @@ static void test_plan_round_trip(void **state) {
     gptoss_batch_plan p = make_plan(2, true, 1, storage);
     storage[0] = -5;
     storage[192] = 0x7fffffff;
-    assert_int_equal(gptoss_tp_net_encode_step(&buf, 1, false, &p, &err), GPTOSS_OK);
+    assert_int_equal(gptoss_tp_net_encode_step(&buf, 1, 0, false, &p, &err), GPTOSS_OK);
+    assert_int_not_equal(
+        gptoss_tp_net_encode_step(&buf, 1, GPTOSS_TP_NET_STEP_KINDS, false, &p, &err), GPTOSS_OK);
+    assert_int_equal(gptoss_tp_net_encode_step(&buf, 1, 0, false, &p, &err), GPTOSS_OK);
     assert_int_equal(gptoss_tp_net_decode_step(buf.data, buf.len, &step, &err), GPTOSS_OK);
     assert_int_equal(step.plan.token_ids[0], -5);
     assert_int_equal(step.plan.block_tables[0], 0x7fffffff);
@@ -126,7 +131,7 @@ static void test_bad_payloads(void **state) {
     gptoss_tp_net_step step = {0};
     gptoss_error err = {0};
     gptoss_batch_plan p = make_plan(3, true, 2, storage);
-    assert_int_equal(gptoss_tp_net_encode_step(&buf, 9, true, &p, &err), GPTOSS_OK);
+    assert_int_equal(gptoss_tp_net_encode_step(&buf, 9, 2, true, &p, &err), GPTOSS_OK);
     const size_t full = buf.len;
     uint8_t *copy = malloc(full + 4);
     assert_non_null(copy);
@@ -140,13 +145,14 @@ static void test_bad_payloads(void **state) {
     memset(copy + full, 0, 4);
     assert_int_not_equal(gptoss_tp_net_decode_step(copy, full + 4, &step, &err), GPTOSS_OK);
     assert_non_null(strstr(err.message, "bytes"));
-    /* a flag that is neither 0 nor 1, the reserved field set */
-    const size_t bad_at[3] = {8, 9, 10};
-    for (int i = 0; i < 3; i++) {
+    /* a flag that is neither 0 nor 1, a kind that does not exist, the reserved byte set */
+    const size_t bad_at[4] = {8, 9, 10, 11};
+    const uint8_t bad_value[4] = {2, 2, GPTOSS_TP_NET_STEP_KINDS, 1};
+    for (int i = 0; i < 4; i++) {
         memcpy(copy, buf.data, full);
-        copy[bad_at[i]] = 2;
+        copy[bad_at[i]] = bad_value[i];
         assert_int_not_equal(gptoss_tp_net_decode_step(copy, full, &step, &err), GPTOSS_OK);
-        assert_non_null(strstr(err.message, "flags"));
+        assert_non_null(strstr(err.message, "a STEP with flags"));
     }
     /* counts that are negative, huge, or whose product overflows 32 bits */
     const size_t count_at[4] = {12, 16, 20, 24};
@@ -404,7 +410,7 @@ static gptoss_status leader_run(const gptoss_dist_info *info, int *steps_sent, g
                                       err);
     for (uint64_t s = 1; !st && s <= N_STEPS; s++) {
         gptoss_batch_plan p = make_plan(1 + (int32_t)(s % 4), s % 2 == 0, (int32_t)s, storage);
-        st = gptoss_tp_net_encode_step(&buf, s, s % 3 == 0, &p, err);
+        st = gptoss_tp_net_encode_step(&buf, s, GPTOSS_TP_NET_STEP_SAMPLE, s % 3 == 0, &p, err);
         if (!st)
             st = gptoss_tp_link_broadcast(&link, GPTOSS_TP_NET_STEP, buf.data, buf.len, 5000, NULL,
                                           err);
@@ -607,7 +613,7 @@ static void run_handshake(role r0, role r2, job_arg *leader, job_arg *followers)
             gptoss_batch_plan p = make_plan(1 + (int32_t)(s % 4), s % 2 == 0, (int32_t)s, storage);
             if (s == 3 && r0 == ROLE_BAD_PLAN) storage[192] = 9999; /* a page of no pool */
             uint64_t seq = s == 3 && r0 == ROLE_SKIP_STEP ? 4 : s;
-            st = gptoss_tp_net_encode_step(&buf, seq, false, &p, &err);
+            st = gptoss_tp_net_encode_step(&buf, seq, GPTOSS_TP_NET_STEP_SUMMARY, false, &p, &err);
             if (!st)
                 st = gptoss_tp_link_broadcast(&link, GPTOSS_TP_NET_STEP, buf.data, buf.len, 5000,
                                               NULL, &err);

@@ -28,9 +28,9 @@
  * Across processes (one per node, tp_net.h): the communicators span the GPUs of every process
  * (global rank = process * local GPUs + local index), the split follows the global rank, and
  * the peer-memory all-reduce is off (NCCL sums every size). Process 0 runs the engine: before
- * its own ranks run a step it sends the plan, and whether its ranks run the step as a captured
- * graph, to every follower; a follower's command loops in tp_follow, running each step on its
- * ranks. The watchdog also watches the link: on process 0 a follower that failed, closed its
+ * its own ranks run a step it sends the step's kind, its plan and whether its ranks run it as a
+ * captured graph to every follower; a follower's command loops in tp_follow, running each step on
+ * its ranks. The watchdog also watches the link: on process 0 a follower that failed, closed its
  * connection or whose host stopped answering ends the process (exit status 3) within about a
  * second (or the keep-alive's 30 s); on a follower, process 0 gone while a step runs ends it.
  *
@@ -1424,8 +1424,8 @@ static void send_step(tp_backend *tp, tp_step_args *a) {
     a->graphs = r0->tuning.graphs && !eager ? 1 : 0;
     gptoss_error e = {};
     int32_t failed = 0;
-    gptoss_status st =
-        gptoss_tp_net_encode_step(&tp->net_buf, tp->net_seq + 1, a->graphs == 1, a->plan, &e);
+    gptoss_status st = gptoss_tp_net_encode_step(&tp->net_buf, tp->net_seq + 1, (uint8_t)a->kind,
+                                                 a->graphs == 1, a->plan, &e);
     const double limit_s = tp->timeout_s > 0 ? tp->timeout_s : 60;
     if (!st)
         st = gptoss_tp_link_broadcast(&tp->link, GPTOSS_TP_NET_STEP, tp->net_buf.data,
