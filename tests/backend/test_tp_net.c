@@ -168,6 +168,26 @@ static void test_bad_payloads(void **state) {
     copy[16] = 0, copy[17] = 0, copy[18] = 0x10, copy[19] = 0;
     copy[20] = 0, copy[21] = 0, copy[22] = 0, copy[23] = 1;
     assert_int_not_equal(gptoss_tp_net_decode_step(copy, full, &step, &err), GPTOSS_OK);
+    /* random corruptions: a payload either fails or is exactly what the step it decodes to
+     * encodes to (nothing accepted is misread) */
+    gptoss_tp_net_buf again = {0};
+    uint32_t rng = 12345;
+    for (int trial = 0; trial < 4000; trial++) {
+        memcpy(copy, buf.data, full);
+        for (int k = 0; k < 1 + trial % 3; k++) {
+            rng = rng * 1664525u + 1013904223u;
+            const size_t at = trial % 2 ? (rng >> 8) % 28 : (rng >> 8) % full; /* head or any */
+            rng = rng * 1664525u + 1013904223u;
+            copy[at] = (uint8_t)(rng >> 24);
+        }
+        if (gptoss_tp_net_decode_step(copy, full, &step, &err) != GPTOSS_OK) continue;
+        assert_int_equal(
+            gptoss_tp_net_encode_step(&again, step.seq, step.kind, step.graphs, &step.plan, &err),
+            GPTOSS_OK);
+        assert_int_equal(again.len, full);
+        assert_memory_equal(again.data, copy, full);
+    }
+    gptoss_tp_net_buf_free(&again);
     /* the decoded step is still usable after all that */
     assert_int_equal(gptoss_tp_net_decode_step(buf.data, full, &step, &err), GPTOSS_OK);
     assert_true(plans_equal(&p, &step.plan));
