@@ -433,6 +433,11 @@ int gptoss_cmd_serve(int argc, char **argv) {
             return cli_usage_error("serve", "--data-parallel-size cannot be combined with a job "
                                             "of several processes");
         gptoss_tp_job_set(&place);
+        if (place.local_world_size > 1)
+            GPTOSS_LOG_W("serve",
+                         "%d processes of the job run on this node: each uses GPUs from --device "
+                         "(%d) of those it sees, so give each its own (CUDA_VISIBLE_DEVICES)",
+                         place.local_world_size, bo.device);
     }
     if (n_dp > 1 && bo.tensor_parallel_size > 1)
         return cli_usage_error("serve", "--data-parallel-size and --tensor-parallel-size cannot be "
