@@ -39,6 +39,25 @@ gptoss_status gptoss_tp_check_config(const gptoss_config *c, int32_t tp_size, in
     return GPTOSS_OK;
 }
 
+gptoss_status gptoss_tp_check_job(const gptoss_config *c, int32_t tp_size, int32_t n_procs,
+                                  int32_t device, int32_t n_devices, gptoss_error *error) {
+    if (n_procs <= 1) return gptoss_tp_check_config(c, tp_size, device, n_devices, error);
+    if (tp_size < n_procs || tp_size % n_procs)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "tensor parallel size %d (the GPUs of all %d processes together) "
+                                "must be a multiple of the number of processes",
+                                (int)tp_size, (int)n_procs);
+    const int32_t local = tp_size / n_procs;
+    if (device < 0 || device + local > n_devices)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "tensor parallel size %d over %d processes needs %d GPU%s in each "
+                                "(GPUs %d..%d), but %d %s visible here",
+                                (int)tp_size, (int)n_procs, (int)local, local == 1 ? "" : "s",
+                                (int)device, (int)(device + local - 1), (int)n_devices,
+                                n_devices == 1 ? "is" : "are");
+    return gptoss_tp_check_config(c, tp_size, 0, tp_size, error); /* the split itself */
+}
+
 gptoss_tp_slice gptoss_tp_rank_slice(const gptoss_config *c, int32_t tp_size, int32_t rank) {
     gptoss_tp_slice s;
     if (tp_size < 1) tp_size = 1;

@@ -1,6 +1,8 @@
 /*
- * tp_split.h - how tensor parallelism divides a model over N GPUs of one host (host C, no CUDA):
- * the checks an N must pass for a config, and which heads and experts rank r holds.
+ * tp_split.h - how tensor parallelism divides a model over N GPUs (host C, no CUDA): the checks
+ * an N must pass for a config, and which heads and experts rank r holds. N counts every GPU of
+ * the job: one process holds all N, or (tp_net.h) P processes hold N / P each, process p the
+ * ranks [p N/P, (p+1) N/P).
  *
  * Attention is split by heads: rank r holds query heads [r NH/N, (r+1) NH/N) and KV heads
  * [r NKV/N, (r+1) NKV/N) (their q/k/v rows, biases and sinks, and the o-projection's input
@@ -37,6 +39,12 @@ gptoss_status gptoss_tp_check_options(int32_t tp_size, gptoss_backend_kind kind,
  * the config's query heads, KV heads and experts. */
 gptoss_status gptoss_tp_check_config(const gptoss_config *config, int32_t tp_size, int32_t device,
                                      int32_t n_devices, gptoss_error *error);
+
+/* gptoss_tp_check_config for a job of n_procs processes of tp_size / n_procs GPUs each: n_procs
+ * divides tp_size, and this process has its share of GPUs from `device`. n_procs 1 is
+ * gptoss_tp_check_config. */
+gptoss_status gptoss_tp_check_job(const gptoss_config *config, int32_t tp_size, int32_t n_procs,
+                                  int32_t device, int32_t n_devices, gptoss_error *error);
 
 /* Rank `rank`'s share of a config that passed gptoss_tp_check_config. */
 gptoss_tp_slice gptoss_tp_rank_slice(const gptoss_config *config, int32_t tp_size, int32_t rank);

@@ -5,13 +5,16 @@
  * while weights load, then model, tokenizer, backends, engines, ready) and the SIGTERM drain.
  * With --data-parallel-size N it creates N backends over the one loaded model (the host
  * mapping is shared; each GPU gets its own copy of the weights) and N engines, which the
- * server routes between (src/server/router.h). KV sizing is engine/kv_plan.c's; the HTTP work
- * itself is src/server. This file must stay a thin driver.
+ * server routes between (src/server/router.h). In a tensor-parallel job of several processes
+ * (one per node: --nnodes, Slurm or Open MPI) process 0 serves as usual over the GPUs of every
+ * process, and the others only follow its steps (serve_follower). KV sizing is
+ * engine/kv_plan.c's; the HTTP work itself is src/server. This file must stay a thin driver.
  */
 #include "cli.h"
 #include "options.h"
 #include "draft_options.h"
 
+#include "backend/tp_net.h"
 #include "chat/chat.h"
 #include "gptoss_engine.h"
 #include "engine/kv_plan.h"
@@ -63,6 +66,61 @@ static const char *kv_format(const gptoss_backend_options *bo) {
     bool fp8 = bo->kv_cache_dtype == GPTOSS_KV_CACHE_FP8;
     if (bo->kind == GPTOSS_BACKEND_CPU) return fp8 ? "fp8 emulated in fp32 pages" : "fp32";
     return fp8 ? "fp8 e4m3 + scales" : "bf16";
+}
+
+/* The backend broke (tensor parallelism across processes: a follower was lost): /health
+ * answers 503 and new requests are refused until the process ends. */
+static void on_backend_broken(void *user) {
+    gptoss_server_set_draining((gptoss_server *)user);
+}
+
+/* Process 1.. of a tensor-parallel job: the same model and KV sizing as process 0, its share
+ * of the GPU ranks, then the steps process 0 sends, until it shuts down (0) or is lost (1).
+ * No HTTP: a signal does not stop it (process 0 drains, then says QUIT; a second signal ends
+ * it at once). */
+static int serve_follower(const gptoss_dist_info *where, const char *model_dir, const char *shape,
+                          gptoss_backend_options bo, const gptoss_kv_plan_options *kv_plan) {
+    gptoss_error err = {0};
+    gptoss_model *model = NULL;
+    gptoss_backend *backend = NULL;
+    gptoss_config shape_config;
+    const gptoss_config *c = NULL;
+    int rc = 1;
+    GPTOSS_LOG_I("serve",
+                 "process %d of %d (%s): follows process 0 at %s:%d, runs its steps on %d GPU%s "
+                 "from %d; no HTTP here",
+                 where->rank, where->world_size, gptoss_dist_source_name(where->source),
+                 where->master_addr, where->master_port,
+                 bo.tensor_parallel_size / where->world_size,
+                 bo.tensor_parallel_size / where->world_size == 1 ? "" : "s", bo.device);
+    if (model_dir) {
+        if (gptoss_model_load(model_dir, &model, &err) != GPTOSS_OK) goto done;
+        c = gptoss_model_config(model);
+    } else {
+        if (cli_load_shape(shape, &shape_config, &err) != GPTOSS_OK) goto done;
+        c = &shape_config;
+    }
+    gptoss_kv_plan_options plan = *kv_plan;
+    if (gptoss_kv_plan_serve(c, &plan, &bo, &err) != GPTOSS_OK) goto done;
+    bo.progress = print_progress;
+    gptoss_status st = model ? gptoss_backend_create(model, &bo, &backend, &err)
+                             : gptoss_backend_create_random(c, &bo, 1, &backend, &err);
+    if (cli_stderr_is_tty()) fprintf(stderr, "\n");
+    if (st != GPTOSS_OK) goto done;
+    if (gptoss_tp_job_follow(&err) != GPTOSS_OK) goto done;
+    GPTOSS_LOG_I("serve", "process 0 shut down; this process ends too");
+    rc = 0;
+done:
+    if (rc) {
+        if (gptoss_log_get_format() == GPTOSS_LOG_FORMAT_JSON)
+            GPTOSS_LOG_E("serve", "%s",
+                         err.message[0] ? err.message : gptoss_status_name(err.status));
+        else
+            rc = cli_fail(&err);
+    }
+    gptoss_backend_free(backend);
+    gptoss_model_free(model);
+    return rc;
 }
 
 int gptoss_cmd_serve(int argc, char **argv) {
@@ -225,9 +283,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
          .lo = 1,
          .hi = GPTOSS_DIST_MAX_WORLD,
          .help = "nodes of a multi-node job, one process each (Slurm and\n"
-                 "Open MPI launches are read from the environment);\n"
-                 "more than one is refused until tensor or expert\n"
-                 "parallelism exist",
+                 "Open MPI launches are read from the environment): one\n"
+                 "model split over the GPUs of all of them, where\n"
+                 "--tensor-parallel-size counts every node's GPUs",
          .error = "--nnodes needs an integer in [1, 65536]"},
         {.name = "node-rank",
          .kind = CLI_INT,
@@ -349,19 +407,37 @@ int gptoss_cmd_serve(int argc, char **argv) {
                                "a checkpoint with `gptoss make-model` and pass -m DIR");
     if (max_num_seqs == 0) max_num_seqs = bo.kind == GPTOSS_BACKEND_CUDA ? 1024 : 64;
     int32_t n_dp = (int32_t)data_parallel;
+    gptoss_dist_info place; /* this process in a job of several */
     {
-        gptoss_dist_info where;
         gptoss_error derr = {0};
-        if (gptoss_dist_resolve(&dist, NULL, NULL, &where, &derr) != GPTOSS_OK)
+        if (gptoss_dist_resolve(&dist, NULL, NULL, &place, &derr) != GPTOSS_OK)
             return cli_usage_error("serve", "%s", derr.message);
-        if (where.world_size > 1)
+    }
+    if (place.world_size > 1) {
+        /* One tensor-parallel model over every process's GPUs (backend/tp_net.h). */
+        const int32_t procs = place.world_size, tp = bo.tensor_parallel_size;
+        if (bo.kind != GPTOSS_BACKEND_CUDA)
+            return cli_usage_error("serve",
+                                   "this is process %d of %d (%s): serving across processes "
+                                   "splits the model over their GPUs (--tensor-parallel-size "
+                                   "counts them all) and needs the CUDA backend",
+                                   place.rank, procs, gptoss_dist_source_name(place.source));
+        if (procs > GPTOSS_TP_NET_MAX_PROCS || tp < procs || tp % procs)
             return cli_usage_error(
                 "serve",
-                "this is process %d of %d (%s), but serving across processes or nodes is not "
-                "supported (--tensor-parallel-size splits a model over the GPUs of one host). "
-                "Serve on each node alone instead (--data-parallel-size or "
-                "--tensor-parallel-size over its GPUs) behind a load balancer.",
-                where.rank, where.world_size, gptoss_dist_source_name(where.source));
+                "this is process %d of %d (%s): --tensor-parallel-size counts the GPUs of all "
+                "processes together (2, 4 or 8, a multiple of the %d processes: each takes "
+                "--tensor-parallel-size / %d GPUs from --device), not %d",
+                place.rank, procs, gptoss_dist_source_name(place.source), procs, procs, tp);
+        if (n_dp > 1)
+            return cli_usage_error("serve", "--data-parallel-size cannot be combined with a job "
+                                            "of several processes");
+        gptoss_tp_job_set(&place);
+        if (place.local_world_size > 1)
+            GPTOSS_LOG_W("serve",
+                         "%d processes of the job run on this node: each uses GPUs from --device "
+                         "(%d) of those it sees, so give each its own (CUDA_VISIBLE_DEVICES)",
+                         place.local_world_size, bo.device);
     }
     if (n_dp > 1 && bo.tensor_parallel_size > 1)
         return cli_usage_error("serve", "--data-parallel-size and --tensor-parallel-size cannot be "
@@ -416,6 +492,14 @@ int gptoss_cmd_serve(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
+    /* the same sizing as process 0's below, so that both ask for the same pool */
+    gptoss_kv_plan_options kv_plan = {.n_kv_blocks = kv_blocks,
+                                      .memory_fraction = memory_fraction,
+                                      .max_num_seqs = (int32_t)max_num_seqs,
+                                      .max_num_batched_tokens = (int32_t)max_batched};
+    if (place.world_size > 1 && place.rank > 0)
+        return serve_follower(&place, model_dir, shape, bo, &kv_plan);
+
     gptoss_error err = {0};
     gptoss_server *server = NULL;
     gptoss_model *model = NULL;
@@ -427,6 +511,14 @@ int gptoss_cmd_serve(int argc, char **argv) {
     GPTOSS_LOG_I("serve",
                  "listening on http://%s:%d (GET /health answers 503 until the model is loaded)",
                  so.host, gptoss_server_port(server));
+    if (place.world_size > 1) {
+        gptoss_tp_job_on_broken(on_backend_broken, server);
+        GPTOSS_LOG_I("serve",
+                     "process 0 of %d (%s): the model is split over %d GPUs, %d in each process; "
+                     "the others follow this one's steps",
+                     place.world_size, gptoss_dist_source_name(place.source),
+                     bo.tensor_parallel_size, bo.tensor_parallel_size / place.world_size);
+    }
     double t0 = gptoss_now_seconds();
     gptoss_config shape_config;
     const gptoss_config *c = NULL;
@@ -465,10 +557,6 @@ int gptoss_cmd_serve(int argc, char **argv) {
                  c->n_kv_heads, c->head_dim, c->vocab_size, c->max_position_embeddings,
                  model ? "" : " (random weights)");
 
-    gptoss_kv_plan_options kv_plan = {.n_kv_blocks = kv_blocks,
-                                      .memory_fraction = memory_fraction,
-                                      .max_num_seqs = (int32_t)max_num_seqs,
-                                      .max_num_batched_tokens = (int32_t)max_batched};
     if (gptoss_kv_plan_serve(c, &kv_plan, &bo, &err) != GPTOSS_OK) goto fail;
     if (bo.kind == GPTOSS_BACKEND_CPU && n_dp > 1 && !kv_blocks) {
         /* The CPU engines share one machine's memory: the default budget is split. */
@@ -513,8 +601,12 @@ int gptoss_cmd_serve(int argc, char **argv) {
         }
         /* Every engine must take the same requests: the smallest context bounds them all. */
         if (i == 0 || eo_i.max_model_len < eo.max_model_len) eo = eo_i;
-        char where[64] = "";
-        if (bo_i.tensor_parallel_size > 1) /* the KV MiB below: all the GPUs together */
+        char where[80] = "";
+        if (bo_i.tensor_parallel_size > 1 && place.world_size > 1) /* all processes' GPUs */
+            snprintf(where, sizeof where,
+                     "tensor parallel over %d GPUs in %d processes: ", bo_i.tensor_parallel_size,
+                     place.world_size);
+        else if (bo_i.tensor_parallel_size > 1) /* the KV MiB below: all the GPUs together */
             snprintf(where, sizeof where, "tensor parallel over GPUs %d..%d: ", bo_i.device,
                      bo_i.device + bo_i.tensor_parallel_size - 1);
         else if (n_dp > 1 && bo_i.kind == GPTOSS_BACKEND_CUDA)
@@ -610,6 +702,7 @@ fail:
         rc = cli_fail(&err);
     }
 done:
+    gptoss_tp_job_on_broken(NULL, NULL); /* the server goes first */
     gptoss_server_stop(server);
     for (int32_t i = 0; i < MAX_DATA_PARALLEL; i++) {
         gptoss_engine_free(engines[i]);

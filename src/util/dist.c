@@ -331,7 +331,7 @@ static void send_reply(int fd, const uint8_t *blob, const char *message, int64_t
 }
 
 static gptoss_status serve_rank0(const gptoss_dist_info *info, const uint8_t *blob,
-                                 int64_t deadline_ms, gptoss_error *error) {
+                                 int64_t deadline_ms, int *keep, gptoss_error *error) {
     struct addrinfo *ai = NULL;
     gptoss_status st = resolve_addr(info, &ai, error);
     if (st) return st;
@@ -432,7 +432,10 @@ static gptoss_status serve_rank0(const gptoss_dist_info *info, const uint8_t *bl
     for (int32_t r = 1; r < world; r++) {
         if (peer[r] < 0) continue;
         send_reply(peer[r], blob, failure[0] ? failure : NULL, send_deadline);
-        close(peer[r]);
+        if (keep && !failure[0])
+            keep[r] = peer[r];
+        else
+            close(peer[r]);
     }
     free(peer);
     if (failure[0]) return gptoss_set_error(error, GPTOSS_ERR_IO, "%s", failure);
@@ -474,7 +477,7 @@ static int try_connect(const gptoss_dist_info *info, int64_t deadline_ms, int *e
 }
 
 static gptoss_status join_rank0(const gptoss_dist_info *info, uint8_t *blob, int64_t deadline_ms,
-                                int64_t timeout_ms, gptoss_error *error) {
+                                int64_t timeout_ms, int *keep, gptoss_error *error) {
     struct addrinfo *ai = NULL;
     gptoss_status st = resolve_addr(info, &ai, error); /* a bad name fails at once */
     if (st) return st;
@@ -513,8 +516,9 @@ static gptoss_status join_rank0(const gptoss_dist_info *info, uint8_t *blob, int
     }
     if (get_u32(head) == 0) {
         r = io_all(fd, blob, GPTOSS_DIST_BLOB_BYTES, false, deadline_ms);
-        close(fd);
+        if (r || !keep) close(fd);
         if (r) return gptoss_set_error(error, GPTOSS_ERR_IO, "rendezvous: rank 0's answer was cut");
+        if (keep) keep[0] = fd;
         return GPTOSS_OK;
     }
     char message[RV_MAX_MESSAGE] = "no reason given";
@@ -529,8 +533,8 @@ static gptoss_status join_rank0(const gptoss_dist_info *info, uint8_t *blob, int
                             message);
 }
 
-gptoss_status gptoss_dist_rendezvous(const gptoss_dist_info *info, uint8_t *blob,
-                                     int64_t timeout_ms, gptoss_error *error) {
+static gptoss_status rendezvous(const gptoss_dist_info *info, uint8_t *blob, int64_t timeout_ms,
+                                int *keep, gptoss_error *error) {
     if (info->world_size <= 1) return GPTOSS_OK;
     if (info->rank < 0 || info->rank >= info->world_size || !info->master_addr[0] ||
         info->master_port < 1 || info->master_port > 65535)
@@ -539,8 +543,20 @@ gptoss_status gptoss_dist_rendezvous(const gptoss_dist_info *info, uint8_t *blob
                                 "place in a job",
                                 info->rank, info->world_size, info->master_addr, info->master_port);
     int64_t deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
-    if (info->rank == 0) return serve_rank0(info, blob, deadline, error);
-    return join_rank0(info, blob, deadline, timeout_ms, error);
+    if (info->rank == 0) return serve_rank0(info, blob, deadline, keep, error);
+    return join_rank0(info, blob, deadline, timeout_ms, keep, error);
+}
+
+gptoss_status gptoss_dist_rendezvous(const gptoss_dist_info *info, uint8_t *blob,
+                                     int64_t timeout_ms, gptoss_error *error) {
+    return rendezvous(info, blob, timeout_ms, NULL, error);
+}
+
+gptoss_status gptoss_dist_rendezvous_keep(const gptoss_dist_info *info, uint8_t *blob,
+                                          int64_t timeout_ms, int *fds, gptoss_error *error) {
+    for (int32_t r = 0; r < (info->rank == 0 ? info->world_size : 1); r++)
+        fds[r] = -1;
+    return rendezvous(info, blob, timeout_ms, fds, error);
 }
 
 void gptoss_dist_env_defaults(void) {

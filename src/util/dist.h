@@ -1,7 +1,7 @@
 /*
  * dist.h - where this process stands in a multi-process (multi-node) job, and the rendezvous
- * that hands every process the same small blob (the NCCL unique id, once tensor or expert
- * parallelism exist).
+ * that hands every process the same small blob (the NCCL unique id of tensor parallelism across
+ * processes, backend/tp_net.h, which keeps the rendezvous connections as its link).
  *
  * Owns: reading the rank, world size and local rank from the command line or the launcher's
  * environment, their validation, and the TCP rendezvous. It knows nothing of GPUs or NCCL.
@@ -97,6 +97,14 @@ bool gptoss_dist_first_host(const char *nodelist, char *out, size_t out_size);
  * A world of one returns at once. blob: read on rank 0, written on the others. */
 gptoss_status gptoss_dist_rendezvous(const gptoss_dist_info *info, uint8_t *blob,
                                      int64_t timeout_ms, gptoss_error *error);
+
+/* gptoss_dist_rendezvous, keeping the connections open for later messages (tensor
+ * parallelism's step stream, backend/tp_net.h): on success rank 0 gets fds[r] for every rank
+ * r in 1..world_size-1 (fds[0] = -1; fds has world_size entries), any other rank fds[0], its
+ * connection to rank 0 (fds has 1 entry). The sockets are non-blocking and the caller's to
+ * close. On failure every entry is -1. */
+gptoss_status gptoss_dist_rendezvous_keep(const gptoss_dist_info *info, uint8_t *blob,
+                                          int64_t timeout_ms, int *fds, gptoss_error *error);
 
 /* Process-wide environment defaults for collective libraries, before any CUDA or NCCL call:
  * NCCL_NVLS_ENABLE=0 unless the user set it. NVLink SHARP (multicast) collectives need

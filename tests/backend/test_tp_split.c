@@ -135,6 +135,28 @@ static void test_option_checks(void **state) {
     assert_int_equal(gptoss_backend_create_random(&c, &o, 1, &b, &e), GPTOSS_ERR_INVALID_ARGUMENT);
 }
 
+/* A job of several processes: the size counts every GPU, each process checks its own share. */
+static void test_job_checks(void **state) {
+    (void)state;
+    gptoss_error e = {0};
+    gptoss_config c = preset("120b"); /* 64 query heads, 8 KV heads, 128 experts */
+    assert_int_equal(gptoss_tp_check_job(&c, 8, 2, 0, 4, &e), GPTOSS_OK);
+    assert_int_equal(gptoss_tp_check_job(&c, 2, 2, 0, 1, &e), GPTOSS_OK);
+    assert_int_equal(gptoss_tp_check_job(&c, 8, 2, 0, 3, &e), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(e.message, "needs 4 GPUs in each (GPUs 0..3), but 3 are visible"));
+    assert_int_equal(gptoss_tp_check_job(&c, 2, 4, 0, 8, &e), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(e.message, "multiple of the number of processes"));
+    assert_int_equal(gptoss_tp_check_job(&c, 4, 3, 0, 8, &e), GPTOSS_ERR_INVALID_ARGUMENT);
+    c.n_kv_heads = 2;
+    c.n_heads = 16;
+    assert_int_equal(gptoss_tp_check_job(&c, 4, 2, 0, 2, &e), GPTOSS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.message, "KV heads (2)"));
+    /* one process: the single-process check, its message unchanged */
+    c = preset("120b");
+    assert_int_equal(gptoss_tp_check_job(&c, 4, 1, 0, 2, &e), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(e.message, "needs GPUs 0..3, but 2 are visible"));
+}
+
 static void test_copy_columns(void **state) {
     (void)state;
     const size_t rows = 7, cols = 24;
@@ -157,9 +179,8 @@ static void test_copy_columns(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_slices_cover_the_model),
-        cmocka_unit_test(test_config_refusals),
-        cmocka_unit_test(test_option_checks),
+        cmocka_unit_test(test_slices_cover_the_model), cmocka_unit_test(test_config_refusals),
+        cmocka_unit_test(test_option_checks),          cmocka_unit_test(test_job_checks),
         cmocka_unit_test(test_copy_columns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -25,13 +25,24 @@
  * way, after the error is logged: its communicators are aborted, so no later step could run,
  * and a server must not go on failing every request.
  *
+ * Across processes (one per node, tp_net.h): the communicators span the GPUs of every process
+ * (global rank = process * local GPUs + local index), the split follows the global rank, and
+ * the peer-memory all-reduce is off (NCCL sums every size). Process 0 runs the engine: before
+ * its own ranks run a step it sends the step's kind, its plan and whether its ranks run it as a
+ * captured graph to every follower; a follower's command loops in tp_follow, running each step on
+ * its ranks. The watchdog also watches the link: on process 0 a follower that failed, closed its
+ * connection or whose host stopped answering ends the process (exit status 3) within about a
+ * second (or the keep-alive's 30 s); on a follower, process 0 gone while a step runs ends it.
+ *
  * Owns the rank states, their threads and communicators, the peer-memory all-reduce's
- * buffers, and the watchdog thread.
+ * buffers, the watchdog thread, and (across processes) the link to the other processes.
  */
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels/tp_allreduce.h"
 
 #include <dlfcn.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -42,6 +53,7 @@
 #include <unistd.h>
 
 extern "C" {
+#include "backend/tp_net.h"
 #include "backend/tp_split.h"
 #include "model/config.h"
 #include "util/dist.h"
@@ -54,6 +66,9 @@ extern "C" {
 typedef struct nccl_comm *nccl_comm_t;
 typedef int nccl_result_t; /* ncclResult_t: 0 = ncclSuccess */
 enum { NCCL_FLOAT32 = 7, NCCL_SUM = 0 };
+typedef struct nccl_unique_id {
+    char internal[GPTOSS_DIST_BLOB_BYTES]; /* ncclUniqueId: 128 bytes, passed by value */
+} nccl_unique_id;
 
 typedef struct nccl_api {
     bool loaded;
@@ -67,6 +82,11 @@ typedef struct nccl_api {
     nccl_result_t (*comm_abort)(nccl_comm_t comm);
     const char *(*error_string)(nccl_result_t result);
     nccl_result_t (*get_version)(int *version);
+    /* across processes only (looked up, not required, for a single process) */
+    nccl_result_t (*get_unique_id)(nccl_unique_id *id);
+    nccl_result_t (*comm_init_rank)(nccl_comm_t *comm, int n_ranks, nccl_unique_id id, int rank);
+    nccl_result_t (*group_start)(void);
+    nccl_result_t (*group_end)(void);
 } nccl_api;
 
 static nccl_api g_nccl;
@@ -115,6 +135,10 @@ static void nccl_load_once(void) {
     NCCL_SYM(error_string, "ncclGetErrorString");
     NCCL_SYM(get_version, "ncclGetVersion");
 #undef NCCL_SYM
+    *(void **)&g_nccl.get_unique_id = dlsym(h, "ncclGetUniqueId");
+    *(void **)&g_nccl.comm_init_rank = dlsym(h, "ncclCommInitRank");
+    *(void **)&g_nccl.group_start = dlsym(h, "ncclGroupStart");
+    *(void **)&g_nccl.group_end = dlsym(h, "ncclGroupEnd");
     g_nccl.loaded = true;
 }
 
@@ -281,6 +305,19 @@ typedef struct tp_backend {
     const char *job_what;
     uint64_t steps; /* step jobs run so far */
     tp_p2p p2p;     /* the all-reduce over peer memory (off: NCCL for every size) */
+    /* Across processes (tp_net.h); a single process has procs 1, world n, rank0 0. */
+    int32_t procs, proc; /* processes in the job, this one's index */
+    int32_t world;       /* GPU ranks in the job (n per process) */
+    int32_t rank0;       /* the global rank of this process's local rank 0 */
+    gptoss_tp_link link;
+    bool link_live;        /* (under mu) created: the watchdog watches the link */
+    gptoss_config config;  /* the whole model's (a follower validates plans with it) */
+    int32_t kv_block_size; /* a follower's KV geometry, for the same validation */
+    int32_t n_kv_blocks, n_sliding_kv_blocks;
+    gptoss_tp_net_buf net_buf; /* process 0: the STEP frame being sent */
+    uint64_t net_seq;          /* the last step sent (process 0) or received (a follower) */
+    uint64_t gone_seq;         /* a follower: the job during which process 0 was seen gone */
+    double gone_at;            /* and when */
 } tp_backend;
 
 static tp_p2p *group_p2p(void *group) {
@@ -307,6 +344,7 @@ static void tp_abort(tp_backend *tp) {
     pthread_mutex_lock(&tp->abort_mu);
     if (!tp->broken) {
         tp->broken = true;
+        if (tp->procs > 1) gptoss_tp_job_broken(); /* the server answers /health with 503 */
         if (tp->have_comms)
             for (int32_t r = 0; r < tp->n; r++)
                 if (tp->comms[r]) g_nccl.comm_abort(tp->comms[r]);
@@ -372,6 +410,59 @@ static void busy_ranks(tp_backend *tp, char *out, size_t cap) {
     if (!used) snprintf(out, cap, "none (the caller's thread)");
 }
 
+/* Across processes: tells the other processes why this one is about to end
+ * (gptoss_tp_link_tell). */
+static void tp_tell_peers(tp_backend *tp, const char *message) {
+    if (tp->procs > 1) gptoss_tp_link_tell(&tp->link, message);
+}
+
+/* The link failed: says why (to the log, and from process 0 to the followers still there),
+ * turns the server's /health to 503 and ends the process. The communicators are not aborted
+ * first: the exit ends every rank's work anyway, and an abort can wait on a kernel that waits
+ * for the lost peer. */
+static void tp_link_lost(tp_backend *tp, const char *why) {
+    GPTOSS_LOG_E("cuda", "tensor parallel across processes: %s; ending the process with status %d",
+                 why, TP_EXIT_FAILED);
+    gptoss_tp_job_broken();
+    if (tp->proc == 0) tp_tell_peers(tp, why);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(TP_EXIT_FAILED);
+}
+
+/* The watchdog's look at the link (not under tp->mu; job_active/job_seq: a snapshot). Process
+ * 0: any follower that sent something (its ERROR), closed its connection or whose host stopped
+ * answering ends the process. A follower: process 0 seen gone for 2 s while a step of it still
+ * runs ends the process (the step waits in a collective for ranks that no longer exist);
+ * between steps the follower's loop sees the closed connection itself. */
+static void link_watch(tp_backend *tp, bool job_active, uint64_t job_seq) {
+    char why[1200];
+    if (tp->proc == 0) {
+        gptoss_error e = {};
+        if (!gptoss_tp_link_check(&tp->link, &e)) return;
+        snprintf(why, sizeof why,
+                 "%s (the follower exited, failed or its host went down; its own "
+                 "log says why)",
+                 e.message);
+        tp_link_lost(tp, why);
+    }
+    if (!job_active || !gptoss_tp_link_leader_gone(&tp->link)) {
+        tp->gone_seq = 0;
+        return;
+    }
+    if (tp->gone_seq != job_seq) {
+        tp->gone_seq = job_seq;
+        tp->gone_at = mono_now();
+        return;
+    }
+    if (mono_now() - tp->gone_at < 2.0) return;
+    snprintf(why, sizeof why,
+             "process 0 closed its connection while step %llu ran here (it exited or its host "
+             "went down; its log says why)",
+             (unsigned long long)tp->net_seq);
+    tp_link_lost(tp, why);
+}
+
 /* Ends the process when a watched job outlives its limit: the ranks still in it are named,
  * the communicators aborted (a rank waiting in a collective for a dead peer returns), and
  * after a short grace the process exits, because a rank that hung leaves no usable backend
@@ -380,14 +471,30 @@ static void *watchdog_thread(void *p) {
     tp_backend *tp = (tp_backend *)p;
     pthread_mutex_lock(&tp->mu);
     while (!tp->quit) {
+        /* across processes the link is looked at every second, steps or not */
+        const bool watch_link = tp->link_live;
+        if (watch_link) {
+            const bool active = tp->job_active;
+            const uint64_t job_seq = tp->job_seq;
+            pthread_mutex_unlock(&tp->mu);
+            link_watch(tp, active, job_seq);
+            pthread_mutex_lock(&tp->mu);
+            if (tp->quit) break;
+        }
+        const double tick = watch_link ? mono_now() + 1.0 : 0;
         if (!tp->job_active || tp->job_limit_s <= 0) {
-            pthread_cond_wait(&tp->cv_watch, &tp->mu);
+            if (watch_link) {
+                struct timespec ts = mono_at(tick);
+                pthread_cond_timedwait(&tp->cv_watch, &tp->mu, &ts);
+            } else {
+                pthread_cond_wait(&tp->cv_watch, &tp->mu);
+            }
             continue;
         }
         const uint64_t seq = tp->job_seq;
         const double deadline = tp->job_t0 + tp->job_limit_s;
         if (mono_now() < deadline) {
-            struct timespec ts = mono_at(deadline);
+            struct timespec ts = mono_at(watch_link && tick < deadline ? tick : deadline);
             pthread_cond_timedwait(&tp->cv_watch, &tp->mu, &ts);
             continue; /* woken, timed out or spurious: look again */
         }
@@ -404,6 +511,13 @@ static void *watchdog_thread(void *p) {
                      "aborting the NCCL communicators and ending the process (GPTOSS_TP_TIMEOUT "
                      "sets the limit in seconds)",
                      what, step, limit, who, (int)tp->n);
+        if (tp->procs > 1)
+            GPTOSS_LOG_E("cuda",
+                         "tensor parallel: those are the local GPUs of process %d of %d (job ranks "
+                         "%d..%d); ranks waiting in a collective may be waiting for another "
+                         "process, whose log says whether it hung",
+                         (int)tp->proc, (int)tp->procs, (int)tp->rank0,
+                         (int)(tp->rank0 + tp->n - 1));
         tp_abort(tp);
         pthread_mutex_lock(&tp->mu);
         const double grace_end = mono_now() + TP_ABORT_GRACE_S;
@@ -424,6 +538,11 @@ static void *watchdog_thread(void *p) {
                          "tensor parallel: GPU rank(s) %s did not return %.0f s after the "
                          "abort; exiting with status %d",
                          who, TP_ABORT_GRACE_S, TP_EXIT_FAILED);
+        char told[256];
+        snprintf(told, sizeof told,
+                 "%s (step %llu) did not finish within %.0f s (GPTOSS_TP_TIMEOUT)", what, step,
+                 limit);
+        tp_tell_peers(tp, told);
         fflush(stdout);
         fflush(stderr);
         _exit(TP_EXIT_FAILED);
@@ -506,7 +625,12 @@ gptoss_status gptoss_cuda_tp_graph_barrier(gptoss_cuda_state *s, gptoss_error *e
 
 static void tp_free(tp_backend *tp) {
     if (!tp) return;
+    if (tp->procs > 1 && tp->proc > 0) gptoss_tp_job_set_follower(NULL, NULL);
     pthread_mutex_lock(&tp->mu);
+    /* the followers end when told QUIT, closing their connections: the watchdog, which would
+     * take that for a failure, is stopped first */
+    const bool quit_followers = tp->procs > 1 && tp->proc == 0 && tp->link_live && !tp->broken;
+    tp->link_live = false;
     tp->quit = true;
     pthread_cond_broadcast(&tp->cv_job);
     pthread_cond_broadcast(&tp->cv_watch);
@@ -514,6 +638,10 @@ static void tp_free(tp_backend *tp) {
     for (int32_t r = 1; r < tp->n; r++)
         if (tp->ranks[r].started) pthread_join(tp->ranks[r].thread, NULL);
     if (tp->watchdog_started) pthread_join(tp->watchdog, NULL);
+    if (quit_followers) {
+        gptoss_error ignored = {};
+        gptoss_tp_link_broadcast(&tp->link, GPTOSS_TP_NET_QUIT, NULL, 0, 5000, NULL, &ignored);
+    }
     for (int32_t r = 0; r < tp->n; r++) {
         gptoss_cuda_state *s = tp->ranks[r].s;
         if (s && s->stream) {
@@ -536,6 +664,8 @@ static void tp_free(tp_backend *tp) {
     for (int32_t r = 0; r < tp->n; r++)
         gptoss_cuda_state_free(tp->ranks[r].s);
     if (tp->p2p.abort_host) cudaFreeHost(tp->p2p.abort_host);
+    gptoss_tp_link_close(&tp->link);
+    gptoss_tp_net_buf_free(&tp->net_buf);
     pthread_mutex_destroy(&tp->mu);
     pthread_mutex_destroy(&tp->abort_mu);
     pthread_mutex_destroy(&tp->sync_mu);
@@ -638,8 +768,8 @@ static gptoss_status rank_random_as_whole(gptoss_cuda_state *s, const gptoss_con
 static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
     const tp_create_args *a = (const tp_create_args *)arg;
     const gptoss_config *c = a->config;
-    const int32_t n = r->tp->n;
-    const gptoss_tp_slice sl = gptoss_tp_rank_slice(c, n, r->rank);
+    const int32_t n = r->tp->world, rank = r->tp->rank0 + r->rank; /* the job's */
+    const gptoss_tp_slice sl = gptoss_tp_rank_slice(c, n, rank);
     gptoss_config rc = *c;
     rc.n_heads = sl.n_heads;
     rc.n_kv_heads = sl.n_kv_heads;
@@ -647,7 +777,7 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
      * sliced (bf16 in the checkpoint) */
     const bool lm_split = r->tp->split_lm_head && c->vocab_size % n == 0 &&
                           (!a->weights || a->weights->lm_head.dtype == GPTOSS_DTYPE_BF16);
-    const int32_t lm_rows = lm_split ? c->vocab_size / n : 0, lm_row0 = r->rank * lm_rows;
+    const int32_t lm_rows = lm_split ? c->vocab_size / n : 0, lm_row0 = rank * lm_rows;
     gptoss_backend_options o = *a->options;
     o.device = a->options->device + r->rank;
     if (r->rank > 0) o.progress = NULL; /* one progress report: rank 0's */
@@ -710,7 +840,7 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
         free(v.layers);
     }
     if (st) return st;
-    r->s->tp_rank = r->rank;
+    r->s->tp_rank = rank;
     r->s->tp_size = n;
     r->s->tp_group = r->tp;
     r->s->tuning.graphs = r->s->tuning.graphs && r->tp->graphs;
@@ -934,14 +1064,92 @@ static gptoss_status tp_env(double *timeout_s, bool *graphs, bool *split_lm_head
     return GPTOSS_OK;
 }
 
+/* ---- across processes: the job's start-up ---------------------------------------------- */
+
+/* How long the processes of a job may take to start and find process 0. */
+#define JOB_JOIN_TIMEOUT_MS (300 * 1000)
+/* How long the HELLOs may take once every process is connected. */
+#define JOB_HELLO_TIMEOUT_MS (60 * 1000)
+
+/* What this process was started with, as every process of the job must have been. */
+static gptoss_tp_net_hello job_hello(const tp_backend *tp, const gptoss_config *c,
+                                     const gptoss_backend_options *o, bool random, uint64_t seed) {
+    gptoss_tp_net_hello h;
+    memset(&h, 0, sizeof h);
+    h.proc = tp->proc;
+    h.n_procs = tp->procs;
+    h.tp_size = tp->world;
+    h.n_layers = c->n_layers;
+    h.hidden_size = c->hidden_size;
+    h.intermediate_size = c->intermediate_size;
+    h.n_heads = c->n_heads;
+    h.n_kv_heads = c->n_kv_heads;
+    h.head_dim = c->head_dim;
+    h.n_experts = c->n_experts;
+    h.vocab_size = c->vocab_size;
+    h.sliding_window = c->sliding_window;
+    h.kv_block_size = o->kv_block_size;
+    h.kv_cache_dtype = (int32_t)o->kv_cache_dtype;
+    h.fp8_layers = (int32_t)o->fp8_layers;
+    h.batch_invariant = o->batch_invariant ? 1 : 0;
+    h.random_weights = random ? 1 : 0;
+    h.seed = random ? seed : 0;
+    h.split_lm_head = tp->split_lm_head ? 1 : 0;
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o->device) != cudaSuccess) {
+        cudaGetLastError();
+        sms = 0;
+    }
+    h.gpu_sms = sms;
+    return h;
+}
+
+/* Before loading: the link to the other processes (process 0's NCCL id travels with the
+ * rendezvous) and the HELLOs compared, so that a process started with another model or other
+ * options fails before any weights are loaded. */
+static gptoss_status job_connect(tp_backend *tp, const gptoss_dist_info *job,
+                                 const gptoss_tp_net_hello *mine, nccl_unique_id *id,
+                                 gptoss_error *error) {
+    gptoss_status st = GPTOSS_OK;
+    if (tp->proc == 0) st = nccl_check(g_nccl.get_unique_id(id), "ncclGetUniqueId", error);
+    if (!st)
+        st = gptoss_tp_link_open(job, (uint8_t *)id->internal, JOB_JOIN_TIMEOUT_MS, &tp->link,
+                                 error);
+    if (!st) st = gptoss_tp_link_hello(&tp->link, mine, JOB_HELLO_TIMEOUT_MS, error);
+    return st;
+}
+
+/* The communicators of this process's ranks in the job's group (one NCCL group call, as NCCL
+ * asks of one thread creating several). */
+static gptoss_status job_comms(tp_backend *tp, const nccl_unique_id *id, int32_t device,
+                               gptoss_error *error) {
+    nccl_result_t r = g_nccl.group_start();
+    const char *what = "ncclGroupStart";
+    for (int32_t q = 0; q < tp->n && r == 0; q++) {
+        cudaSetDevice(device + q);
+        r = g_nccl.comm_init_rank(&tp->comms[q], tp->world, *id, tp->rank0 + q);
+        what = "ncclCommInitRank";
+    }
+    nccl_result_t end = g_nccl.group_end();
+    if (r == 0 && end != 0) r = end, what = "ncclGroupEnd";
+    cudaSetDevice(device);
+    return nccl_check(r, what, error);
+}
+
+static gptoss_status tp_follow(void *state, gptoss_error *error);
+
 static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backend_options *options,
                                       const gptoss_weights *weights, uint64_t seed, void **state,
                                       gptoss_error *error) {
-    const int32_t n = options->tensor_parallel_size;
-    gptoss_status st = gptoss_tp_check_options(n, options->kind, error);
+    /* tensor_parallel_size counts the GPUs of every process of a job (tp_net.h) */
+    const gptoss_dist_info *job = gptoss_tp_job();
+    const int32_t world = options->tensor_parallel_size, procs = job ? job->world_size : 1;
+    gptoss_status st = gptoss_tp_check_options(world, options->kind, error);
     if (st) return st;
-    st = gptoss_tp_check_config(config, n, options->device, gptoss_cuda_count_devices(), error);
+    st = gptoss_tp_check_job(config, world, procs, options->device, gptoss_cuda_count_devices(),
+                             error);
     if (st) return st;
+    const int32_t n = world / procs; /* the GPUs of this process */
     double timeout_s = 0;
     bool graphs = false, split_lm_head = false;
     st = tp_env(&timeout_s, &graphs, &split_lm_head, error);
@@ -951,6 +1159,12 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     if (st) return st;
     st = nccl_load(error);
     if (st) return st;
+    if (procs > 1 && (!g_nccl.get_unique_id || !g_nccl.comm_init_rank || !g_nccl.group_start ||
+                      !g_nccl.group_end))
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "tensor parallelism across processes needs ncclGetUniqueId, "
+                                "ncclCommInitRank, ncclGroupStart and ncclGroupEnd, which this "
+                                "NCCL library lacks");
     gptoss_dist_env_defaults();
     /* 0 keeps the user's value. Connect at creation, not inside a capture. A rank's NCCL work
      * all goes on its one stream, in order, and every step ends before the next begins, so
@@ -966,7 +1180,14 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     tp->graphs = graphs;
     tp->split_lm_head = split_lm_head;
     tp->timeout_s = timeout_s;
-    tp->p2p.max_floats = p2p_max_floats;
+    tp->p2p.max_floats = procs > 1 ? 0 : p2p_max_floats; /* peers in other processes: NCCL */
+    tp->procs = procs;
+    tp->proc = job ? job->rank : 0;
+    tp->world = world;
+    tp->rank0 = tp->proc * n;
+    tp->config = *config;
+    for (int i = 0; i < GPTOSS_TP_NET_MAX_PROCS; i++)
+        tp->link.fds[i] = -1;
     pthread_mutex_init(&tp->mu, NULL);
     pthread_mutex_init(&tp->abort_mu, NULL);
     pthread_mutex_init(&tp->sync_mu, NULL);
@@ -982,7 +1203,7 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
         tp->ranks[r].tp = tp;
         tp->ranks[r].rank = r;
     }
-    if (timeout_s > 0) {
+    if (timeout_s > 0 || procs > 1) { /* across processes it watches the link too */
         if (pthread_create(&tp->watchdog, NULL, watchdog_thread, tp) != 0) {
             tp_free(tp);
             return gptoss_set_error(error, GPTOSS_ERR_BACKEND,
@@ -998,28 +1219,55 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
         }
         tp->ranks[r].started = true;
     }
+    nccl_unique_id id;
+    memset(&id, 0, sizeof id);
+    if (procs > 1) {
+        const gptoss_tp_net_hello mine = job_hello(tp, config, options, !weights, seed);
+        st = job_connect(tp, job, &mine, &id, error);
+        if (st) {
+            gptoss_error_prefix(error, "tensor parallel across processes: ");
+            tp_free(tp);
+            return st;
+        }
+    }
     tp_create_args args = {config, options, weights, seed};
     st = tp_run(tp, rank_create, &args, 0, "loading", error);
+    int32_t blocks = INT_MAX, sliding = INT_MAX;
+    for (int32_t r = 0; r < n && !st; r++) {
+        const gptoss_cuda_state *s = tp->ranks[r].s;
+        if (s->n_kv_blocks < blocks) blocks = s->n_kv_blocks;
+        if (s->n_sliding_kv_blocks < sliding) sliding = s->n_sliding_kv_blocks;
+    }
+    if (procs > 1) {
+        gptoss_tp_net_pool pool = {blocks, sliding, !st && tp->ranks[0].s->kv_shared ? 1 : 0};
+        const gptoss_status load_st = st;
+        char load_message[sizeof error->message];
+        snprintf(load_message, sizeof load_message, "%s", st ? error->message : "");
+        st = gptoss_tp_link_ready(&tp->link, load_st, load_message, &pool, error);
+        if (st && !load_st) gptoss_error_prefix(error, "tensor parallel across processes: ");
+        blocks = pool.n_kv_blocks;
+        sliding = pool.n_sliding_kv_blocks;
+    }
     if (st) {
         tp_free(tp);
         return st;
     }
-    int devices[GPTOSS_TP_MAX];
-    for (int32_t r = 0; r < n; r++)
-        devices[r] = options->device + r;
-    st = nccl_check(g_nccl.comm_init_all(tp->comms, n, devices), "communicator creation", error);
+    if (procs > 1) {
+        st = job_comms(tp, &id, options->device, error);
+    } else {
+        int devices[GPTOSS_TP_MAX];
+        for (int32_t r = 0; r < n; r++)
+            devices[r] = options->device + r;
+        st =
+            nccl_check(g_nccl.comm_init_all(tp->comms, n, devices), "communicator creation", error);
+    }
     if (st) {
         tp_free(tp);
         return st;
     }
     tp->have_comms = true;
-    int32_t blocks = INT_MAX, sliding = INT_MAX;
-    for (int32_t r = 0; r < n; r++) {
-        gptoss_cuda_state *s = tp->ranks[r].s;
-        s->tp_comm = tp->comms[r];
-        if (s->n_kv_blocks < blocks) blocks = s->n_kv_blocks;
-        if (s->n_sliding_kv_blocks < sliding) sliding = s->n_sliding_kv_blocks;
-    }
+    for (int32_t r = 0; r < n; r++)
+        tp->ranks[r].s->tp_comm = tp->comms[r];
     options->n_kv_blocks = blocks;
     options->n_sliding_kv_blocks = sliding;
     options->kv_shared_pages = tp->ranks[0].s->kv_shared;
@@ -1035,8 +1283,25 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     }
     int version = 0;
     g_nccl.get_version(&version);
-    GPTOSS_LOG_I("cuda", "tensor parallel over GPUs %d..%d (NCCL %d), %d KV pages per GPU",
-                 (int)options->device, (int)(options->device + n - 1), version, (int)blocks);
+    if (procs > 1) {
+        tp->kv_block_size = options->kv_block_size;
+        tp->n_kv_blocks = blocks;
+        tp->n_sliding_kv_blocks = sliding;
+        if (tp->proc > 0) gptoss_tp_job_set_follower(tp_follow, tp);
+        pthread_mutex_lock(&tp->mu);
+        tp->link_live = true;
+        pthread_cond_signal(&tp->cv_watch);
+        pthread_mutex_unlock(&tp->mu);
+        GPTOSS_LOG_I("cuda",
+                     "tensor parallel across %d processes: this is process %d, GPU ranks %d..%d of "
+                     "%d on GPUs %d..%d here (NCCL %d), %d KV pages per GPU (the job's smallest)",
+                     (int)procs, (int)tp->proc, (int)tp->rank0, (int)(tp->rank0 + n - 1),
+                     (int)world, (int)options->device, (int)(options->device + n - 1), version,
+                     (int)blocks);
+    } else {
+        GPTOSS_LOG_I("cuda", "tensor parallel over GPUs %d..%d (NCCL %d), %d KV pages per GPU",
+                     (int)options->device, (int)(options->device + n - 1), version, (int)blocks);
+    }
     if (tp->ranks[0].s->tuning.graphs)
         GPTOSS_LOG_I("cuda", "tensor parallel: decode steps captured as CUDA graphs "
                              "(GPTOSS_TP_GRAPHS=0 runs them eagerly)");
@@ -1049,6 +1314,9 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
                      "kernel), larger ones by NCCL (GPTOSS_TP_P2P_MAX_BYTES; GPTOSS_TP_P2P=0: "
                      "NCCL for all)",
                      tp->p2p.max_floats * sizeof(float));
+    else if (procs > 1)
+        GPTOSS_LOG_I("cuda", "tensor parallel: every all-reduce by NCCL (the ranks are in "
+                             "several processes)");
     else if (tp->p2p.max_floats == 0)
         GPTOSS_LOG_I("cuda", "tensor parallel: every all-reduce by NCCL (GPTOSS_TP_P2P=0 or "
                              "GPTOSS_TP_P2P_MAX_BYTES=0)");
@@ -1089,17 +1357,22 @@ typedef struct tp_step_args {
     float *logits;
     const gptoss_logits_summary *summary;
     const gptoss_sample_batch *batch;
-    int kind; /* 0 forward, 1 summary, 2 sample, 3 the step alone (rank 0 not waited for) */
+    /* 0 forward, 1 summary, 2 sample, 3 the step alone (rank 0 not waited for), 4 a
+     * follower's step (process 0's plan) */
+    int kind;
+    /* whether the step may be a captured graph on ranks other than the job's rank 0: -1 reads
+     * rank 0's state (one process), else process 0's decision (0 or 1) */
+    int graphs;
 } tp_step_args;
 
-static const char *const step_names[4] = {"a forward step", "a summary step", "a sampling step",
-                                          "a benchmark step"};
+static const char *const step_names[5] = {"a forward step", "a summary step", "a sampling step",
+                                          "a benchmark step", "a step of process 0"};
 
 static gptoss_status rank_step(tp_rank *r, void *arg, gptoss_error *error) {
     const tp_step_args *a = (const tp_step_args *)arg;
     gptoss_cuda_state *s = r->s;
     gptoss_cuda_tp_phase(s, "starting a step");
-    if (r->rank == 0) { /* its own waits for the GPU are in these (phase: what it launched) */
+    if (r->rank == 0 && r->tp->proc == 0) { /* its own waits for the GPU are in these */
         gptoss_status st;
         switch (a->kind) {
         case 0:
@@ -1121,14 +1394,47 @@ static gptoss_status rank_step(tp_rank *r, void *arg, gptoss_error *error) {
     /* Every rank captures, replays or runs eagerly exactly when rank 0 does: a collective
      * captured on one rank and run eagerly on another is not the same NCCL operation. Rank 0's
      * graph switch and profiling (bench) decide. */
-    const gptoss_cuda_state *r0 = r->tp->ranks[0].s;
-    s->tuning.graphs = r0->tuning.graphs && !r0->profiling;
+    if (a->graphs >= 0) {
+        s->tuning.graphs = a->graphs == 1;
+    } else {
+        const gptoss_cuda_state *r0 = r->tp->ranks[0].s;
+        s->tuning.graphs = r0->tuning.graphs && !r0->profiling;
+    }
     gptoss_status st = gptoss_cuda_forward_device(s, a->plan, error);
     if (st) return st;
     gptoss_cuda_tp_phase(s, "waiting for its GPU");
     CUDA_TRY(cudaStreamSynchronize(s->stream), "forward pass");
     gptoss_cuda_tp_phase(s, "step done");
     return GPTOSS_OK;
+}
+
+/* Process 0 of a job of several: the step to every follower, before its own ranks start it.
+ * Rank 0's graph decision travels with it (its tuning, and profiling: bench's switch, or the
+ * profile knob, with which rank 0 runs summary steps eagerly). A follower that cannot be
+ * reached ends the process. */
+static void send_step(tp_backend *tp, tp_step_args *a) {
+    const gptoss_cuda_state *r0 = tp->ranks[0].s;
+    const bool eager = r0->profiling || (a->kind == 1 && r0->tuning.profile);
+    a->graphs = r0->tuning.graphs && !eager ? 1 : 0;
+    gptoss_error e = {};
+    int32_t failed = 0;
+    gptoss_status st = gptoss_tp_net_encode_step(&tp->net_buf, tp->net_seq + 1, (uint8_t)a->kind,
+                                                 a->graphs == 1, a->plan, &e);
+    const double limit_s = tp->timeout_s > 0 ? tp->timeout_s : 60;
+    if (!st)
+        st = gptoss_tp_link_broadcast(&tp->link, GPTOSS_TP_NET_STEP, tp->net_buf.data,
+                                      tp->net_buf.len, (int64_t)(limit_s * 1000), &failed, &e);
+    if (st) {
+        char why[1200];
+        gptoss_error said = {}; /* a follower that failed may have said why before it left */
+        if (gptoss_tp_link_check(&tp->link, &said))
+            snprintf(why, sizeof why, "%s", said.message);
+        else
+            snprintf(why, sizeof why, "cannot send step %llu: %s",
+                     (unsigned long long)(tp->net_seq + 1), e.message);
+        tp_link_lost(tp, why);
+    }
+    tp->net_seq++;
 }
 
 static gptoss_status tp_step_run(tp_backend *tp, tp_step_args *a, gptoss_error *error) {
@@ -1138,12 +1444,22 @@ static gptoss_status tp_step_run(tp_backend *tp, tp_step_args *a, gptoss_error *
     pthread_mutex_unlock(&tp->mu);
     gptoss_error local;
     if (!error) error = &local;
+    if (tp->procs > 1 && tp->proc == 0) send_step(tp, a);
     gptoss_status st = tp_run(tp, rank_step, a, tp->timeout_s, step_names[a->kind], error);
+    if (st && tp->procs > 1 && tp->proc == 0) {
+        /* NCCL failing a collective is often the first sign of a lost follower: name it */
+        gptoss_error lost = {};
+        if (gptoss_tp_link_check(&tp->link, &lost)) tp_link_lost(tp, lost.message);
+    }
     if (st) {
         GPTOSS_LOG_E("cuda",
                      "tensor parallel: %s (step %llu) failed: %s; the NCCL communicators are "
                      "aborted, so no later step can run: exiting with status %d",
                      step_names[a->kind], step, error->message, TP_EXIT_FAILED);
+        char told[1200];
+        snprintf(told, sizeof told, "%s (step %llu) failed on process %d: %.1000s",
+                 step_names[a->kind], step, (int)tp->proc, error->message);
+        tp_tell_peers(tp, told);
         fflush(stdout);
         fflush(stderr);
         _exit(TP_EXIT_FAILED);
@@ -1153,25 +1469,56 @@ static gptoss_status tp_step_run(tp_backend *tp, tp_step_args *a, gptoss_error *
 
 static gptoss_status tp_forward(void *state, const gptoss_batch_plan *plan, float *logits,
                                 gptoss_error *error) {
-    tp_step_args a = {plan, logits, NULL, NULL, 0};
+    tp_step_args a = {plan, logits, NULL, NULL, 0, -1};
     return tp_step_run((tp_backend *)state, &a, error);
 }
 
 static gptoss_status tp_forward_summary(void *state, const gptoss_batch_plan *plan,
                                         const gptoss_logits_summary *out, gptoss_error *error) {
-    tp_step_args a = {plan, NULL, out, NULL, 1};
+    tp_step_args a = {plan, NULL, out, NULL, 1, -1};
     return tp_step_run((tp_backend *)state, &a, error);
 }
 
 static gptoss_status tp_forward_sample(void *state, const gptoss_batch_plan *plan,
                                        const gptoss_sample_batch *batch, gptoss_error *error) {
-    tp_step_args a = {plan, NULL, NULL, batch, 2};
+    tp_step_args a = {plan, NULL, NULL, batch, 2, -1};
     return tp_step_run((tp_backend *)state, &a, error);
 }
 
 gptoss_status gptoss_cuda_tp_step(void *group, const gptoss_batch_plan *plan, gptoss_error *error) {
-    tp_step_args a = {plan, NULL, NULL, NULL, 3};
+    tp_step_args a = {plan, NULL, NULL, NULL, 3, -1};
     return tp_step_run((tp_backend *)group, &a, error);
+}
+
+/* One step of process 0 on this follower's ranks (gptoss_tp_link_follow checked it). A step
+ * that fails ends the process (tp_step_run). */
+static gptoss_status follow_step(void *user, const gptoss_tp_net_step *step, gptoss_error *error) {
+    tp_backend *tp = (tp_backend *)user;
+    tp->net_seq = step->seq;
+    tp_step_args a = {&step->plan, NULL, NULL, NULL, 4, step->graphs ? 1 : 0};
+    return tp_step_run(tp, &a, error);
+}
+
+/* A follower's loop (gptoss_tp_job_follow): each step process 0 sends, on this process's
+ * ranks, until QUIT. When the loop fails (the connection ended, a bad frame or plan) the
+ * communicators are aborted: without process 0 no collective can finish. */
+static gptoss_status tp_follow(void *state, gptoss_error *error) {
+    tp_backend *tp = (tp_backend *)state;
+    GPTOSS_LOG_I("cuda",
+                 "tensor parallel: process %d of %d runs process 0's steps on GPU ranks %d..%d",
+                 (int)tp->proc, (int)tp->procs, (int)tp->rank0, (int)(tp->rank0 + tp->n - 1));
+    const gptoss_tp_follow_geometry geo = {&tp->config, tp->kv_block_size, tp->n_kv_blocks,
+                                           tp->n_sliding_kv_blocks};
+    uint64_t last = tp->net_seq;
+    gptoss_status st = gptoss_tp_link_follow(&tp->link, &geo, follow_step, tp, &last, error);
+    if (st) {
+        gptoss_error_prefix(error, "tensor parallel across processes: ");
+        tp_abort(tp);
+        return st;
+    }
+    GPTOSS_LOG_I("cuda", "tensor parallel: process 0 is shutting down after %llu steps",
+                 (unsigned long long)last);
+    return GPTOSS_OK;
 }
 
 gptoss_cuda_state *gptoss_cuda_tp_rank0(void *group) {
