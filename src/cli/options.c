@@ -272,8 +272,9 @@ void cli_model_option_table(cli_model_options *m, cli_option table[CLI_MODEL_N_O
                             .value = "N",
                             .lo = 1,
                             .hi = 8,
-                            .help = "CUDA: split each layer over N GPUs of this host, --device\n"
-                                    "onwards (1, 2, 4 or 8; default 1; needs NCCL)",
+                            .help = "CUDA: split each layer over N GPUs (1, 2, 4 or 8;\n"
+                                    "default 1; needs NCCL): this host's from --device on,\n"
+                                    "or with serve --nnodes P, N / P on each of P hosts",
                             .error = "--tensor-parallel-size needs 1, 2, 4 or 8"};
 }
 
