@@ -82,6 +82,7 @@ typedef struct gptoss_eagle3_weights {
     int32_t *draft_to_target;  /* [DV] d + d2t[d], each in [0, V) */
 } gptoss_eagle3_weights;
 
+/* The head read from its folder: loader/load_eagle3.c implements the functions below. */
 typedef struct gptoss_eagle3_head gptoss_eagle3_head;
 
 /* Loads a head folder (config.json + *.safetensors): every field, dtype and shape checked,
