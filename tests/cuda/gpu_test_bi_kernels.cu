@@ -105,11 +105,15 @@ static void gemm_case(int32_t n, int32_t k, bool e4m3) {
     snprintf(name, sizeof name, "bi_gemm skinny %s n %d k %d, %d rows bitwise the tile kernel's",
              e4m3 ? "e4m3" : "bf16", (int)n, (int)k, ROWS);
     check_true(name, same && rows_equal(full, sk_full, 0, ROWS, n));
-    for (int variant : {GPTOSS_BI_GEMM_SKINNY, GPTOSS_BI_GEMM_WIDE}) {
-        const char *vname = variant == GPTOSS_BI_GEMM_WIDE ? "wide" : "skinny";
+    for (int variant : {GPTOSS_BI_GEMM_SKINNY, GPTOSS_BI_GEMM_WIDE, GPTOSS_BI_GEMM_SPLIT}) {
+        const char *vname = variant == GPTOSS_BI_GEMM_WIDE    ? "wide"
+                            : variant == GPTOSS_BI_GEMM_SPLIT ? "split"
+                                                              : "skinny";
+        /* the split shape takes up to 8 rows (larger launches are the skinny one's) */
+        const int32_t max_m = variant == GPTOSS_BI_GEMM_SPLIT ? 12 : ROWS;
         same = true;
         int32_t first_bad = 0;
-        for (int32_t m = 1; m <= ROWS; m++) {
+        for (int32_t m = 1; m <= max_m; m++) {
             int32_t r0 = (int32_t)((m * 37) % (ROWS - m + 1));
             CK(cudaMemset(dy, 0xff, (size_t)ROWS * n * sizeof(float)));
             bool ok =
@@ -123,7 +127,7 @@ static void gemm_case(int32_t n, int32_t k, bool e4m3) {
         if (!same) printf("  %s: first differing launch has %d rows\n", vname, (int)first_bad);
         snprintf(name, sizeof name,
                  "bi_gemm %s %s n %d k %d, launches of 1..%d rows bitwise the skinny 300-row one",
-                 vname, e4m3 ? "e4m3" : "bf16", (int)n, (int)k, ROWS);
+                 vname, e4m3 ? "e4m3" : "bf16", (int)n, (int)k, (int)max_m);
         check_true(name, same);
     }
     cudaFree(dx), cudaFree(dw), cudaFree(dc), cudaFree(ds), cudaFree(dy);

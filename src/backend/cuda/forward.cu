@@ -47,9 +47,10 @@ static gptoss_status gemm_bf16(gptoss_cuda_state *s, gptoss_cuda_dense_weight wt
     if (m <= 0) return GPTOSS_OK;
     if (s->batch_invariant) /* one kernel for every m (batch_invariant.h) */
         return gptoss_cuda_bi_gemm_variant(wt, x, y, m, n, k,
-                                           m <= s->tuning.bi_dense_max ? GPTOSS_BI_GEMM_SKINNY
-                                           : s->tuning.bi_dense_wide   ? GPTOSS_BI_GEMM_WIDE
-                                                                       : GPTOSS_BI_GEMM_TILE,
+                                           m <= s->tuning.bi_dense_split ? GPTOSS_BI_GEMM_SPLIT
+                                           : m <= s->tuning.bi_dense_max ? GPTOSS_BI_GEMM_SKINNY
+                                           : s->tuning.bi_dense_wide     ? GPTOSS_BI_GEMM_WIDE
+                                                                         : GPTOSS_BI_GEMM_TILE,
                                            s->stream) == 0
                    ? GPTOSS_OK
                    : gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,

@@ -50,6 +50,7 @@ static const knob knobs[] = {
     {"moe_tile_pct", "GPTOSS_CUDA_MOE_TILE_PCT", KIND_INT, FIELD(moe_tile_pct), 50, 800, NULL},
     {"bi_dense_max", "GPTOSS_CUDA_BI_DENSE_MAX", KIND_INT, FIELD(bi_dense_max), 0, 65536, NULL},
     {"bi_dense_wide", "GPTOSS_CUDA_BI_DENSE_WIDE", KIND_BOOL, FIELD(bi_dense_wide), 0, 0, NULL},
+    {"bi_dense_split", "GPTOSS_CUDA_BI_DENSE_SPLIT", KIND_INT, FIELD(bi_dense_split), 0, 8, NULL},
     {"bi_moe_max", "GPTOSS_CUDA_BI_MOE_MAX", KIND_INT, FIELD(bi_moe_max), 0, 65536, NULL},
     {"bi_moe_pairs", "GPTOSS_CUDA_BI_MOE_PAIRS", KIND_INT, FIELD(bi_moe_pairs), 0, 64, NULL},
     {"bi_moe_wide", "GPTOSS_CUDA_BI_MOE_WIDE", KIND_BOOL, FIELD(bi_moe_wide), 0, 0, NULL},
@@ -97,6 +98,7 @@ void gptoss_cuda_tuning_default(gptoss_cuda_tuning *t) {
     t->bi_moe_wide = true;
     t->bi_moe_pairs = 1; /* distinct experts for one token; more pairs may share one */
     t->bi_dense_wide = true;
+    t->bi_dense_split = 8;
     t->bi_moe_pair = true;
     t->bi_moe_pair_tokens = 8;
 }

@@ -131,6 +131,8 @@ typedef struct gptoss_cuda_tuning {
      * apply only where it does not run. */
     int bi_dense_max;
     bool bi_dense_wide;
+    int bi_dense_split; /* steps of up to this many rows (GPTOSS_CUDA_BI_DENSE_SPLIT, default 8,
+                           0..8; 0 never) take the split dense GEMM (a warp per input slice) */
     int bi_moe_max;
     int bi_moe_pairs;
     bool bi_moe_wide;

@@ -28,6 +28,17 @@ using namespace nvcuda;
 static_assert(BI_BM == BI_BN, "one chunk index addresses a row of A and a row of B");
 static_assert(BI_BM * BI_LDC * 4 <= BI_SMEM, "Cs fits where As and Bs were");
 
+/* The input is cut into BI_K_SLICES slices of whole 128-input steps (bi_slice_steps): each
+ * output sums every slice's chunks into a fresh accumulator, and the slices' sums are added in
+ * slice order (the first taken as it is). Every launch shape keeps these slices, so the
+ * decode shape can give each slice its own warp and still add the same numbers in the same
+ * order as the shapes that walk the slices one after another. */
+#define BI_K_SLICES 4
+static __host__ __device__ __forceinline__ int32_t bi_slice_steps(int32_t k) {
+    const int32_t steps = (k + 127) / 128;
+    return (steps + BI_K_SLICES - 1) / BI_K_SLICES;
+}
+
 /* The operands' next k-step into registers: chunk idx is row idx / BI_ROW_CHUNKS, inputs
  * 8 * (idx % BI_ROW_CHUNKS). */
 template <bool E4M3>
@@ -75,9 +86,25 @@ static __global__ void __launch_bounds__(128)
         for (int j = 0; j < 2; j++)
             wmma::fill_fragment(acc[i][j], 0.0f);
 
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> tot[2][2];
+    bool folded = false; /* tot holds the slices before the current one */
+    auto fold = [&]() {
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < acc[i][j].num_elements; e++) {
+                    tot[i][j].x[e] = folded ? tot[i][j].x[e] + acc[i][j].x[e] : acc[i][j].x[e];
+                    acc[i][j].x[e] = 0.0f;
+                }
+        folded = true;
+    };
+    const int32_t slice_steps = bi_slice_steps(k);
     uint4 ra[BI_CHUNKS], rb[BI_CHUNKS];
     bi_load<E4M3>(w, codes, x, m, n, k, m0, n0, 0, ra, rb);
     for (int32_t k0 = 0; k0 < k; k0 += BI_BK) {
+        if (k0 > 0 && (k0 / BI_BK) % slice_steps == 0) fold();
 #pragma unroll
         for (int c = 0; c < BI_CHUNKS; c++) {
             const int idx = tid + 128 * c, r = idx / BI_ROW_CHUNKS, col = (idx % BI_ROW_CHUNKS) * 8;
@@ -105,11 +132,12 @@ static __global__ void __launch_bounds__(128)
         }
         __syncthreads();
     }
+    fold();
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(Cs + (wm + 16 * i) * BI_LDC + wn + 16 * j, acc[i][j], BI_LDC,
+            wmma::store_matrix_sync(Cs + (wm + 16 * i) * BI_LDC + wn + 16 * j, tot[i][j], BI_LDC,
                                     wmma::mem_row_major);
     __syncthreads();
     for (int idx = tid; idx < BI_BM * BI_BN; idx += blockDim.x) {
@@ -159,6 +187,7 @@ int gptoss_cuda_bi_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int
 #define BI_MAX_DEVICES 64
 typedef struct bi_device {
     bool done, gemm_wide, moe_wide;
+    int split_smem; /* the split shape's shared memory granted (bytes) */
 } bi_device;
 static bi_device bi_dev[BI_MAX_DEVICES];
 static const bi_device *bi_prepare_once(void);
@@ -264,8 +293,24 @@ static __global__ void __launch_bounds__(WARPS * 32)
 #pragma unroll
         for (int u = 0; u < NT; u++)
             acc[t][u][0] = acc[t][u][1] = acc[t][u][2] = acc[t][u][3] = 0.0f;
+    float tot[MT][NT][4];
+    bool folded = false; /* tot holds the slices before the current one (bi_slice_steps) */
+    auto fold = [&]() {
+#pragma unroll
+        for (int t = 0; t < MT; t++)
+#pragma unroll
+            for (int u = 0; u < NT; u++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    tot[t][u][e] = folded ? tot[t][u][e] + acc[t][u][e] : acc[t][u][e];
+                    acc[t][u][e] = 0.0f;
+                }
+        folded = true;
+    };
+    const int32_t slice_steps = bi_slice_steps(k);
     const int wc = warp * 8 * NT; /* the warp's first column in the block */
     for (int32_t i = 0; i < steps; i++) {
+        if (i > 0 && i % slice_steps == 0) fold();
         const int32_t next = i + S - 1;
         if (next < steps) {
             unsigned char *st = bis_smem + (next % S) * STAGE;
@@ -313,6 +358,7 @@ static __global__ void __launch_bounds__(WARPS * 32)
         bis_wait<S - 2>();
         __syncthreads();
     }
+    fold();
 #pragma unroll
     for (int t = 0; t < MT; t++)
 #pragma unroll
@@ -325,7 +371,7 @@ static __global__ void __launch_bounds__(WARPS * 32)
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     if (col + j >= n) continue;
-                    float v = acc[t][u][2 * h + j];
+                    float v = tot[t][u][2 * h + j];
                     if constexpr (E4M3) v *= row_scale[col + j];
                     y[(size_t)(m0 + r) * n + col + j] = v;
                 }
@@ -344,11 +390,116 @@ static int bis_launch(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32
     return 0;
 }
 
+/*
+ * The split shape, for steps of up to BIP_MAX_ROWS rows (decode): the slices in parallel. A
+ * block holds BIP_TILES column tiles of 8 and one warp per (tile, slice); the step's rows sit
+ * in shared memory whole, each lane loads its own B fragments (two 4-byte words per chunk:
+ * its tile row's 32 bytes, one sector) straight from global memory one 128-input step ahead,
+ * and the warp sums its slice's chunks in ascending order into a fresh accumulator. The
+ * slices' sums then meet in shared memory and are added in slice order: the same numbers, in
+ * the same order, as the shapes above, with BI_K_SLICES times their warps (the skinny shape
+ * runs one warp per 8 columns over the whole input: 360 warps for a 2,880-row projection).
+ */
+#define BIP_TILES 2
+#define BIP_MAX_ROWS 8
+#define BIP_THREADS (BIP_TILES * BI_K_SLICES * 32)
+static size_t bip_smem(int32_t m, int32_t k) {
+    return (size_t)m * (size_t)(k + 8) * sizeof(bf16);
+}
+
+template <bool E4M3>
+static __device__ __forceinline__ void bip_load_b(const bf16 *w, const uint8_t *codes, int32_t col,
+                                                  bool live, int32_t k, int32_t k0, int q,
+                                                  uint32_t (&b)[8][2]) {
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+        const int32_t kc = k0 + 16 * c;
+        b[c][0] = b[c][1] = 0u;
+        if (!live || kc >= k) continue;
+        const bool hi = kc + 8 < k; /* a chunk's upper half past k (k % 8 == 0) is zero */
+        if constexpr (E4M3) {
+            const uint8_t *bp = codes + (size_t)col * k + kc + 2 * q;
+            const __nv_bfloat162 v0 = e4m3x2_to_bf16x2(__ldg((const uint16_t *)bp));
+            b[c][0] = *(const uint32_t *)&v0;
+            if (hi) {
+                const __nv_bfloat162 v1 = e4m3x2_to_bf16x2(__ldg((const uint16_t *)(bp + 8)));
+                b[c][1] = *(const uint32_t *)&v1;
+            }
+        } else {
+            const bf16 *bp = w + (size_t)col * k + kc + 2 * q;
+            b[c][0] = __ldg((const uint32_t *)bp);
+            if (hi) b[c][1] = __ldg((const uint32_t *)(bp + 8));
+        }
+    }
+}
+
+template <bool E4M3>
+static __global__ void __launch_bounds__(BIP_THREADS, 3)
+    bip_gemm_kernel(const bf16 *w, const uint8_t *codes, const float *row_scale, const bf16 *x,
+                    float *y, int32_t m, int32_t n, int32_t k) {
+    extern __shared__ __align__(16) bf16 bip_xs[]; /* [m][k + 8] */
+    __shared__ float red[BI_K_SLICES][BIP_TILES][32][2];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int slice = warp % BI_K_SLICES, tile = warp / BI_K_SLICES;
+    const int32_t n0 = (blockIdx.x * BIP_TILES + tile) * 8, col = n0 + g;
+    const bool live = col < n;
+    const int32_t steps = (k + 127) / 128, per = bi_slice_steps(k);
+    const int32_t s0 = min(steps, slice * per), s1 = min(steps, s0 + per);
+    const int32_t ldx = k + 8;
+    uint32_t bc[8][2], bn[8][2];
+    if (s0 < s1) bip_load_b<E4M3>(w, codes, col, live, k, s0 * 128, q, bc); /* weights only */
+    pdl_wait(); /* x comes from an earlier kernel */
+    for (int32_t i = threadIdx.x; i < m * (k / 8); i += blockDim.x) {
+        const int32_t r = i / (k / 8), c = i % (k / 8);
+        *(uint4 *)(bip_xs + (size_t)r * ldx + 8 * c) = *(const uint4 *)(x + (size_t)r * k + 8 * c);
+    }
+    __syncthreads();
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const bool row = g < m;
+    const bf16 *xr = bip_xs + (size_t)g * ldx + 2 * q;
+    for (int32_t st = s0; st < s1; st++) {
+        if (st + 1 < s1) bip_load_b<E4M3>(w, codes, col, live, k, (st + 1) * 128, q, bn);
+#pragma unroll
+        for (int c = 0; c < 8; c++) {
+            const int32_t kc = st * 128 + 16 * c;
+            if (kc >= k) break; /* exactly ceil(k / 16) chunks, as the other shapes */
+            const uint32_t a0 = row ? *(const uint32_t *)(xr + kc) : 0u,
+                           a2 = row && kc + 8 < k ? *(const uint32_t *)(xr + kc + 8) : 0u;
+            bis_mma(acc, a0, 0u, a2, 0u, bc[c][0], bc[c][1]);
+        }
+#pragma unroll
+        for (int c = 0; c < 8; c++)
+            bc[c][0] = bn[c][0], bc[c][1] = bn[c][1];
+    }
+    red[slice][tile][lane][0] = acc[0];
+    red[slice][tile][lane][1] = acc[1];
+    __syncthreads();
+    if (slice != 0 || !row) return;
+    const int32_t n_slices = (steps + per - 1) / per;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int32_t cj = n0 + 2 * q + j;
+        if (cj >= n) continue;
+        float v = red[0][tile][lane][j];
+        for (int32_t sl = 1; sl < n_slices; sl++)
+            v = v + red[sl][tile][lane][j];
+        if constexpr (E4M3) v *= row_scale[cj];
+        y[(size_t)g * n + cj] = v;
+    }
+}
+
 template <bool E4M3>
 static int bis_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m, int32_t n,
                     int32_t k, int variant, cudaStream_t stream) {
     if (variant == GPTOSS_BI_GEMM_WIDE)
         return bis_launch<4, 2, 8, 3, E4M3>(w, x, y, m, n, k, stream);
+    if (variant == GPTOSS_BI_GEMM_SPLIT && m <= BIP_MAX_ROWS && k % 8 == 0) {
+        const unsigned blocks = (unsigned)((n + 8 * BIP_TILES - 1) / (8 * BIP_TILES));
+        launch_pdl(bip_gemm_kernel<E4M3>, dim3(blocks), dim3(BIP_THREADS), bip_smem(m, k), stream,
+                   (const bf16 *)w.w_bf16, (const uint8_t *)w.w_e4m3, (const float *)w.row_scale, x,
+                   y, m, n, k);
+        return 0;
+    }
     if (m <= 16) return bis_launch<1, 1, 2, 6, E4M3>(w, x, y, m, n, k, stream);
     if (m <= 32) return bis_launch<2, 1, 2, 5, E4M3>(w, x, y, m, n, k, stream);
     return bis_launch<4, 1, 2, 4, E4M3>(w, x, y, m, n, k, stream);
@@ -356,7 +507,8 @@ static int bis_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t
 
 int gptoss_cuda_bi_gemm_variant(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m,
                                 int32_t n, int32_t k, int variant, cudaStream_t stream) {
-    if (variant != GPTOSS_BI_GEMM_SKINNY && variant != GPTOSS_BI_GEMM_WIDE)
+    if (variant != GPTOSS_BI_GEMM_SKINNY && variant != GPTOSS_BI_GEMM_WIDE &&
+        variant != GPTOSS_BI_GEMM_SPLIT)
         return gptoss_cuda_bi_gemm(w, x, y, m, n, k, stream);
     if (m <= 0 || n <= 0) return 0;
     if (k <= 0 || k % 8 != 0 || !x || !y || (!w.w_bf16 && !(w.w_e4m3 && w.row_scale))) return -1;
@@ -364,6 +516,9 @@ int gptoss_cuda_bi_gemm_variant(gptoss_cuda_dense_weight w, const bf16 *x, float
     if (!d) return -1;
     if (variant == GPTOSS_BI_GEMM_WIDE && !d->gemm_wide)
         return gptoss_cuda_bi_gemm(w, x, y, m, n, k, stream); /* the same results */
+    if (variant == GPTOSS_BI_GEMM_SPLIT &&
+        (m > BIP_MAX_ROWS || bip_smem(m, k) > (size_t)d->split_smem))
+        variant = GPTOSS_BI_GEMM_SKINNY; /* the same results */
     return w.w_bf16 ? bis_gemm<false>(w, x, y, m, n, k, variant, stream)
                     : bis_gemm<true>(w, x, y, m, n, k, variant, stream);
 }
@@ -667,6 +822,12 @@ cudaError_t gptoss_cuda_bi_prepare(void) {
         BI_SET((bim_moe_kernel<false, 1, 1, true>),
                (bim_shape<1, 1, true>::smem(BI_MOE_MAX_WIDTH)));
     bi_dev[dev].gemm_wide = BI_SET_GEMM(4, 2, 8, 3);
+    /* the split shape: its rows whole, up to BIP_MAX_ROWS of the widest input the GPU allows */
+    bi_dev[dev].split_smem = 0;
+    for (int32_t kmax = 8192; kmax >= 1024 && !bi_dev[dev].split_smem; kmax /= 2)
+        if (BI_SET(bip_gemm_kernel<false>, bip_smem(BIP_MAX_ROWS, kmax)) &&
+            BI_SET(bip_gemm_kernel<true>, bip_smem(BIP_MAX_ROWS, kmax)))
+            bi_dev[dev].split_smem = (int)bip_smem(BIP_MAX_ROWS, kmax);
     bi_dev[dev].moe_wide =
         BI_SET((bim_moe_kernel<true, 4, 4, false>), (bim_shape<4, 4>::smem(BI_MOE_MAX_WIDTH))) &&
         BI_SET((bim_moe_kernel<false, 4, 4, false>), (bim_shape<4, 4>::smem(BI_MOE_MAX_WIDTH)));

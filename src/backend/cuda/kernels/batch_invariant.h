@@ -14,8 +14,9 @@
 /*
  * Y[m, n] f32 = X[m, k] bf16 . W[n, k]^T on the tensor cores (bf16 WMMA, fp32 accumulation),
  * W in bf16 or e4m3 with row scales (dense_lowp.h; the scale multiplies the finished dot
- * product). Every output accumulates k in chunks of 16 in ascending order from zero, with no
- * split of k, whatever m is: a row's result is bitwise the same in any step. Returns 0, or -1
+ * product). Every output sums k in chunks of 16 in ascending order, in 4 fixed slices of whole
+ * 128-input steps each summed from zero and then added in order, whatever m is: a row's
+ * result is bitwise the same in any step. Returns 0, or -1
  * (nothing launched) when k is not a multiple of 8 or a pointer is missing.
  */
 int gptoss_cuda_bi_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m, int32_t n,
@@ -25,7 +26,12 @@ int gptoss_cuda_bi_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int
  * first form), 16 columns and up to 64 rows per block with deep weight streaming (for
  * decode-sized steps; any m works, every 64 rows re-reading the weights), or 64 x 128 tiles
  * on a 3-stage pipeline (prefill). */
-enum { GPTOSS_BI_GEMM_TILE = 0, GPTOSS_BI_GEMM_SKINNY = 1, GPTOSS_BI_GEMM_WIDE = 2 };
+enum {
+    GPTOSS_BI_GEMM_TILE = 0,
+    GPTOSS_BI_GEMM_SKINNY = 1,
+    GPTOSS_BI_GEMM_WIDE = 2,
+    GPTOSS_BI_GEMM_SPLIT = 3 /* up to 8 rows: a warp per input slice (decode); else SKINNY */
+};
 
 /* gptoss_cuda_bi_gemm with the launch shape chosen: bitwise the same outputs. */
 int gptoss_cuda_bi_gemm_variant(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t m,
