@@ -3,6 +3,7 @@
  */
 #include "format/tensor.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static const struct {
@@ -36,4 +37,21 @@ gptoss_dtype gptoss_dtype_from_name(const char *name) {
     for (size_t i = 0; i < sizeof dtype_table / sizeof dtype_table[0]; i++)
         if (strcmp(dtype_table[i].name, name) == 0) return dtype_table[i].dtype;
     return GPTOSS_DTYPE_UNKNOWN;
+}
+
+float *gptoss_tensor_to_f32(const gptoss_tensor *t) {
+    if (t->dtype != GPTOSS_DTYPE_F32 && t->dtype != GPTOSS_DTYPE_BF16) return NULL;
+    size_t n = 1;
+    for (int32_t d = 0; d < t->n_dims; d++)
+        n *= (size_t)t->shape[d];
+    float *out = malloc((n ? n : 1) * sizeof *out);
+    if (!out) return NULL;
+    const uint8_t *p = t->data;
+    for (size_t i = 0; i < n; i++) {
+        if (t->dtype == GPTOSS_DTYPE_F32)
+            memcpy(&out[i], p + 4 * i, 4);
+        else
+            out[i] = gptoss_bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+    }
+    return out;
 }

@@ -49,6 +49,10 @@ typedef struct gptoss_tensor {
     size_t n_bytes;
 } gptoss_tensor;
 
+/* A malloc'd f32 copy of every element of a bf16 or f32 tensor (NULL when out of memory or for
+ * another dtype); the caller frees it. */
+float *gptoss_tensor_to_f32(const gptoss_tensor *t);
+
 /* bf16 <-> f32 (round to nearest even; NaN stays NaN). */
 static inline float gptoss_bf16_to_f32(uint16_t h) {
     union {

@@ -110,20 +110,6 @@ static gptoss_status bind(gptoss_eagle3_head *h, const char *layer_name, gptoss_
     return GPTOSS_OK;
 }
 
-static float *widen_vector(const gptoss_tensor *t) {
-    size_t n = (size_t)t->shape[0];
-    float *out = malloc(n * sizeof *out);
-    if (!out) return NULL;
-    const uint8_t *p = t->data;
-    for (size_t i = 0; i < n; i++) {
-        if (t->dtype == GPTOSS_DTYPE_F32)
-            memcpy(&out[i], p + 4 * i, 4);
-        else
-            out[i] = gptoss_bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
-    }
-    return out;
-}
-
 static gptoss_status bind_all(gptoss_eagle3_head *h, gptoss_error *error) {
     const gptoss_eagle3_config *c = &h->config;
     gptoss_eagle3_weights *w = &h->weights;
@@ -152,10 +138,10 @@ static gptoss_status bind_all(gptoss_eagle3_head *h, gptoss_error *error) {
         (st = bind(h, "d2t", GPTOSS_DTYPE_I64, 1, DV, 0, DV == V, &d2t, error)) ||
         (st = bind(h, "t2d", GPTOSS_DTYPE_BOOL, 1, V, 0, DV == V, &t2d, error)))
         return st;
-    w->input_norm_f32 = widen_vector(&w->input_norm);
-    w->hidden_norm_f32 = widen_vector(&w->hidden_norm);
-    w->post_norm_f32 = widen_vector(&w->post_norm);
-    w->final_norm_f32 = widen_vector(&w->final_norm);
+    w->input_norm_f32 = gptoss_tensor_to_f32(&w->input_norm);
+    w->hidden_norm_f32 = gptoss_tensor_to_f32(&w->hidden_norm);
+    w->post_norm_f32 = gptoss_tensor_to_f32(&w->post_norm);
+    w->final_norm_f32 = gptoss_tensor_to_f32(&w->final_norm);
     w->draft_to_target = malloc((size_t)DV * sizeof *w->draft_to_target);
     if (!w->input_norm_f32 || !w->hidden_norm_f32 || !w->post_norm_f32 || !w->final_norm_f32 ||
         !w->draft_to_target)

@@ -17,6 +17,7 @@
  * Owns: the KV pools (fp32) and grow-only scratch buffers. Reads weights it does not own.
  */
 #include "backend/backend.h"
+#include "backend/cpu/cpu_math.h"
 #include "backend/kv_fp8.h"
 #include "model/config.h"
 #include "util/error.h"
@@ -89,22 +90,6 @@ typedef struct cpu_state {
 
 /* ---- small helpers ----------------------------------------------------------------------- */
 
-static float *widen(const gptoss_tensor *t) {
-    size_t n = 1;
-    for (int32_t d = 0; d < t->n_dims; d++)
-        n *= (size_t)t->shape[d];
-    float *out = malloc(n * sizeof *out);
-    if (!out) return NULL;
-    const uint8_t *p = t->data;
-    for (size_t i = 0; i < n; i++) {
-        if (t->dtype == GPTOSS_DTYPE_F32)
-            memcpy(&out[i], p + 4 * i, 4);
-        else
-            out[i] = gptoss_bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
-    }
-    return out;
-}
-
 static inline float bf16_at(const uint8_t *p, size_t i) {
     return gptoss_bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
 }
@@ -137,30 +122,6 @@ static void round_bf16(float *v, size_t n) {
     }
 }
 
-/* Widens n bf16 values (possibly unaligned) to f32; written so the compiler vectorizes it. */
-static void widen_bf16_row(float *dst, const uint8_t *src, int32_t n) {
-    for (int32_t c = 0; c < n; c++) {
-        uint16_t h;
-        memcpy(&h, src + 2 * (size_t)c, 2);
-        uint32_t u = (uint32_t)h << 16;
-        memcpy(&dst[c], &u, 4);
-    }
-}
-
-/* Dot product with eight independent partial sums (a fixed order, so results are the same for
- * every call with the same inputs). */
-static float dot(const float *a, const float *b, int32_t n) {
-    float acc[8] = {0};
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int32_t j = 0; j < 8; j++)
-            acc[j] += a[i + j] * b[i + j];
-    float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < n; i++)
-        sum += a[i] * b[i];
-    return sum;
-}
-
 /* out[n, rows] = x[n, cols] . W[rows, cols]^T (+ bias). W is bf16 [rows, cols]. Parallel over
  * rows; each row is widened once and reused for every token. */
 static void matmul_bf16(float *out, const float *x, int32_t n, const gptoss_tensor *w,
@@ -173,10 +134,10 @@ static void matmul_bf16(float *out, const float *x, int32_t n, const gptoss_tens
 #pragma omp for schedule(static)
         for (int32_t r = 0; r < rows; r++) {
             const uint8_t *src = base + (size_t)r * cols * 2;
-            widen_bf16_row(row, src, cols);
+            gptoss_cpu_widen_bf16_row(row, src, cols);
             float b = bias ? bias[r] : 0.0f;
             for (int32_t t = 0; t < n; t++)
-                out[(size_t)t * rows + r] = dot(x + (size_t)t * cols, row, cols) + b;
+                out[(size_t)t * rows + r] = gptoss_cpu_dot(x + (size_t)t * cols, row, cols) + b;
         }
         free(row);
     }
@@ -294,21 +255,21 @@ static gptoss_status cpu_create(const gptoss_model *model, gptoss_backend_option
 
     st->layers = calloc((size_t)c->n_layers, sizeof *st->layers);
     st->inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof *st->inv_freq);
-    st->final_norm = widen(&st->weights->final_norm);
+    st->final_norm = gptoss_tensor_to_f32(&st->weights->final_norm);
     bool ok = st->layers && st->inv_freq && st->final_norm;
     for (int32_t l = 0; ok && l < c->n_layers; l++) {
         const gptoss_layer_weights *w = &st->weights->layers[l];
         cpu_layer *L = &st->layers[l];
-        L->attn_norm = widen(&w->attn_norm);
-        L->q_bias = widen(&w->q_bias);
-        L->k_bias = widen(&w->k_bias);
-        L->v_bias = widen(&w->v_bias);
-        L->o_bias = widen(&w->o_bias);
-        L->sinks = widen(&w->sinks);
-        L->mlp_norm = widen(&w->mlp_norm);
-        L->router_bias = widen(&w->router_bias);
-        L->gate_up_bias = widen(&w->gate_up_bias);
-        L->down_bias = widen(&w->down_bias);
+        L->attn_norm = gptoss_tensor_to_f32(&w->attn_norm);
+        L->q_bias = gptoss_tensor_to_f32(&w->q_bias);
+        L->k_bias = gptoss_tensor_to_f32(&w->k_bias);
+        L->v_bias = gptoss_tensor_to_f32(&w->v_bias);
+        L->o_bias = gptoss_tensor_to_f32(&w->o_bias);
+        L->sinks = gptoss_tensor_to_f32(&w->sinks);
+        L->mlp_norm = gptoss_tensor_to_f32(&w->mlp_norm);
+        L->router_bias = gptoss_tensor_to_f32(&w->router_bias);
+        L->gate_up_bias = gptoss_tensor_to_f32(&w->gate_up_bias);
+        L->down_bias = gptoss_tensor_to_f32(&w->down_bias);
         ok = L->attn_norm && L->q_bias && L->k_bias && L->v_bias && L->o_bias && L->sinks &&
              L->mlp_norm && L->router_bias && L->gate_up_bias && L->down_bias;
         L->group_slot = c->layer_is_sliding[l] ? st->n_sliding_layers++ : st->n_full_layers++;
@@ -407,7 +368,7 @@ static void attention(cpu_state *st, int32_t l, const gptoss_batch_plan *p) {
                 const float *v =
                     kv_slot(pool_v, n_group_layers, st->block_size, kv_dim, row, L->group_slot, j) +
                     g * D;
-                float score = dot(q, k, D) * scale;
+                float score = gptoss_cpu_dot(q, k, D) * scale;
                 if (score > m) {
                     float rescale = expf(m - score);
                     sum *= rescale;
@@ -503,7 +464,8 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
                         for (int32_t k = 0; k < K; k++)
                             if (s->expert[(size_t)t * K + k] == e)
                                 gate_up[2 * t + half] =
-                                    dot(s->t + (size_t)t * H, row, H) + L->gate_up_bias[r];
+                                    gptoss_cpu_dot(s->t + (size_t)t * H, row, H) +
+                                    L->gate_up_bias[r];
                 }
                 for (int32_t t = 0; t < n; t++)
                     for (int32_t k = 0; k < K; k++) {
@@ -530,7 +492,8 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
                     for (int32_t k = 0; k < K; k++)
                         if (s->expert[(size_t)t * K + k] == e)
                             s->expert_out[((size_t)t * K + k) * H + h] =
-                                dot(s->act + ((size_t)t * K + k) * I, row, I) + L->down_bias[r];
+                                gptoss_cpu_dot(s->act + ((size_t)t * K + k) * I, row, I) +
+                                L->down_bias[r];
             }
         }
         free(gate_up);

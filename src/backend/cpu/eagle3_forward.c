@@ -6,6 +6,7 @@
  * Owns: grow-only scratch buffers sized for the largest batch seen.
  */
 #include "backend/cpu/eagle3_forward.h"
+#include "backend/cpu/cpu_math.h"
 #include "util/error.h"
 
 #include <math.h>
@@ -32,27 +33,6 @@ struct gptoss_eagle3_cpu {
     int32_t *pick; /* [n] rows selected for fc / logits */
 };
 
-static void widen_row(float *dst, const uint8_t *src, int32_t n) {
-    for (int32_t c = 0; c < n; c++) {
-        uint16_t h;
-        memcpy(&h, src + 2 * (size_t)c, 2);
-        uint32_t u = (uint32_t)h << 16;
-        memcpy(&dst[c], &u, 4);
-    }
-}
-
-static float dot(const float *a, const float *b, int32_t n) {
-    float acc[8] = {0};
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int32_t j = 0; j < 8; j++)
-            acc[j] += a[i + j] * b[i + j];
-    float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < n; i++)
-        sum += a[i] * b[i];
-    return sum;
-}
-
 /* out[n, rows] = x[n, cols] . W^T, W bf16 [rows, cols]. */
 static void matmul(float *out, const float *x, int32_t n, const gptoss_tensor *w) {
     int32_t rows = (int32_t)w->shape[0], cols = (int32_t)w->shape[1];
@@ -63,9 +43,9 @@ static void matmul(float *out, const float *x, int32_t n, const gptoss_tensor *w
 #pragma omp for schedule(static)
         for (int32_t r = 0; r < rows; r++) {
             if (!row) continue;
-            widen_row(row, base + (size_t)r * cols * 2, cols);
+            gptoss_cpu_widen_bf16_row(row, base + (size_t)r * cols * 2, cols);
             for (int32_t t = 0; t < n; t++)
-                out[(size_t)t * rows + r] = dot(x + (size_t)t * cols, row, cols);
+                out[(size_t)t * rows + r] = gptoss_cpu_dot(x + (size_t)t * cols, row, cols);
         }
         free(row);
     }
@@ -176,7 +156,8 @@ static void attend(const gptoss_eagle3_cpu *f, const gptoss_eagle3_row *row, con
         const float *qh = q_r + (size_t)h * D;
         float max = -INFINITY;
         for (int32_t j = 0; j < n_ctx; j++) {
-            scores[j] = dot(qh, row->kv->k + (size_t)j * kv_dim + (size_t)g * D, D) * scale;
+            scores[j] =
+                gptoss_cpu_dot(qh, row->kv->k + (size_t)j * kv_dim + (size_t)g * D, D) * scale;
             if (scores[j] > max) max = scores[j];
         }
         float sum = 0.0f;
