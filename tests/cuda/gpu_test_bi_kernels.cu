@@ -211,12 +211,9 @@ static moe_case_weights moe_weights(int32_t E, int32_t H, int32_t I) {
     return m;
 }
 
-/* Runs T tokens' experts (K distinct each; skew: every token also picks expert 0, so its tile
- * holds T rows) on the WMMA path and on gptoss_cuda_bi_moe; h and y must match bit for bit. */
-static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew) {
-    const gptoss_cuda_moe_weights &w = mw.w;
-    const int32_t E = w.n_experts, H = w.hidden, I = w.intermediate, P = T * K;
-    std::vector<int32_t> topk((size_t)P);
+/* T tokens' top-k of K distinct experts among E (skew: expert 0 first in every token). */
+static std::vector<int32_t> random_topk(int32_t T, int32_t K, int32_t E, bool skew) {
+    std::vector<int32_t> topk((size_t)T * K);
     for (int32_t t = 0; t < T; t++)
         for (int32_t j = 0; j < K; j++) {
             int32_t e;
@@ -229,6 +226,15 @@ static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew
             } while (dup);
             topk[(size_t)t * K + j] = e;
         }
+    return topk;
+}
+
+/* Runs T tokens' experts (K distinct each; skew: every token also picks expert 0, so its tile
+ * holds T rows) on the WMMA path and on gptoss_cuda_bi_moe; h and y must match bit for bit. */
+static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew) {
+    const gptoss_cuda_moe_weights &w = mw.w;
+    const int32_t E = w.n_experts, H = w.hidden, I = w.intermediate, P = T * K;
+    std::vector<int32_t> topk = random_topk(T, K, E, skew);
     std::vector<uint16_t> act((size_t)T * H);
     for (auto &v : act)
         v = f2bf(rnd_nz(1.0f));
@@ -314,19 +320,7 @@ static void pair_case(const moe_case_weights &mw, int32_t T, int32_t K, bool ske
         return;
     }
     const int32_t E = w.n_experts, H = w.hidden, I = w.intermediate, P = T * K;
-    std::vector<int32_t> topk((size_t)P);
-    for (int32_t t = 0; t < T; t++)
-        for (int32_t j = 0; j < K; j++) {
-            int32_t e;
-            bool dup;
-            do {
-                e = (skew && j == 0) ? 0 : rnd_int(E);
-                dup = false;
-                for (int32_t i = 0; i < j; i++)
-                    dup = dup || topk[(size_t)t * K + i] == e;
-            } while (dup);
-            topk[(size_t)t * K + j] = e;
-        }
+    std::vector<int32_t> topk = random_topk(T, K, E, skew);
     if (masked)
         for (int32_t p = 0; p < P; p += 3)
             topk[(size_t)p] = -1;
