@@ -223,9 +223,10 @@ typedef struct gptoss_backend_options {
     void *progress_user;
     /* CUDA: split each layer over this many GPUs, `device` onwards (1, 2, 4 or 8; 0 = 1): of
      * this process, or with a multi-process job (`gptoss serve --nnodes`) of all its processes
-     * together, tensor_parallel_size / processes each. Attention heads and experts are divided, so the count must divide the model's
-     * query heads, KV heads and experts. The KV pool (n_kv_blocks, or the size chosen from
-     * gpu_memory_utilization) is per GPU, each page holding that GPU's share of the heads. */
+     * together, tensor_parallel_size / processes each. Attention heads and experts are divided, so
+     * the count must divide the model's query heads, KV heads and experts. The KV pool
+     * (n_kv_blocks, or the size chosen from gpu_memory_utilization) is per GPU, each page holding
+     * that GPU's share of the heads. */
     int32_t tensor_parallel_size;
     /* CUDA: when > 0, size the full-attention pool (n_kv_blocks is then ignored) so that the
      * process uses this fraction of the GPU's memory, after the weights and the workspace
