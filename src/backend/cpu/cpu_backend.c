@@ -528,7 +528,7 @@ static gptoss_status cpu_capture_hidden(void *opaque, const int32_t *boundaries,
     if (n < 0 || n > (int32_t)(sizeof st->capture / sizeof st->capture[0]))
         return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                 "cpu backend: %d hidden-state boundaries (at most 8)", n);
-    memcpy(st->capture, boundaries, (size_t)n * sizeof *boundaries);
+    if (n > 0) memcpy(st->capture, boundaries, (size_t)n * sizeof *boundaries); /* NULL when 0 */
     st->n_capture = n;
     st->captured_rows = 0;
     return GPTOSS_OK;
