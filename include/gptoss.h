@@ -205,6 +205,12 @@ typedef enum gptoss_cuda_profile {
     GPTOSS_CUDA_PROFILE_HOPPER = 3,
 } gptoss_cuda_profile;
 
+/* gptoss_backend_options.moe_parallel */
+typedef enum gptoss_moe_parallel {
+    GPTOSS_MOE_PARALLEL_EP = 0, /* whole experts per GPU (the default) */
+    GPTOSS_MOE_PARALLEL_TP = 1, /* every expert's intermediate rows split over the GPUs */
+} gptoss_moe_parallel;
+
 typedef struct gptoss_backend_options {
     gptoss_backend_kind kind;
     int32_t n_threads;           /* CPU: worker threads, 0 = all cores */
@@ -228,6 +234,11 @@ typedef struct gptoss_backend_options {
      * (n_kv_blocks, or the size chosen from gpu_memory_utilization) is per GPU, each page holding
      * that GPU's share of the heads. */
     int32_t tensor_parallel_size;
+    /* Tensor parallelism: how the experts are divided (gptoss_moe_parallel): 0 = by whole
+     * experts (each GPU runs its own experts of each token's top-k), 1 = by the intermediate
+     * dimension (every GPU runs every chosen expert over its 1/N of the rows; needs
+     * intermediate_size / N to be whole 32-wide MXFP4 groups). */
+    int32_t moe_parallel;
     /* CUDA: when > 0, size the full-attention pool (n_kv_blocks is then ignored) so that the
      * process uses this fraction of the GPU's memory, after the weights and the workspace
      * for steps of max_step_tokens tokens and max_step_logits logit rows are allocated. The

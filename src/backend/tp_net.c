@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #define STEP_HEAD_BYTES 28
-#define HELLO_INTS 19
+#define HELLO_INTS 20
 #define HELLO_BYTES (HELLO_INTS * 4 + 8)
 #define POOL_BYTES 12
 /* Counts a STEP may carry (the plan's validation bounds them further). */
@@ -95,11 +95,11 @@ static gptoss_status buf_resize(gptoss_tp_net_buf *buf, size_t n, gptoss_error *
 
 static void hello_ints(const gptoss_tp_net_hello *h, int32_t v[HELLO_INTS]) {
     const int32_t f[HELLO_INTS] = {
-        h->proc,           h->n_procs,           h->tp_size,      h->n_layers,
-        h->hidden_size,    h->intermediate_size, h->n_heads,      h->n_kv_heads,
-        h->head_dim,       h->n_experts,         h->vocab_size,   h->sliding_window,
-        h->kv_block_size,  h->kv_cache_dtype,    h->fp8_layers,   h->batch_invariant,
-        h->random_weights, h->gpu_sms,           h->split_lm_head};
+        h->proc,           h->n_procs,           h->tp_size,       h->n_layers,
+        h->hidden_size,    h->intermediate_size, h->n_heads,       h->n_kv_heads,
+        h->head_dim,       h->n_experts,         h->vocab_size,    h->sliding_window,
+        h->kv_block_size,  h->kv_cache_dtype,    h->fp8_layers,    h->batch_invariant,
+        h->random_weights, h->gpu_sms,           h->split_lm_head, h->moe_parallel};
     memcpy(v, f, sizeof f);
 }
 
@@ -123,7 +123,8 @@ static const char *const hello_names[HELLO_INTS] = {
     "batch invariance",
     "random weights",
     "the GPUs' multiprocessors (every node needs the same GPU model)",
-    "GPTOSS_TP_SPLIT_LM_HEAD"};
+    "GPTOSS_TP_SPLIT_LM_HEAD",
+    "--moe-parallel"};
 
 gptoss_status gptoss_tp_net_encode_hello(gptoss_tp_net_buf *buf, const gptoss_tp_net_hello *h,
                                          gptoss_error *error) {
@@ -156,6 +157,7 @@ gptoss_status gptoss_tp_net_decode_hello(const uint8_t *p, size_t n, gptoss_tp_n
     h->kv_block_size = v[12], h->kv_cache_dtype = v[13], h->fp8_layers = v[14];
     h->batch_invariant = v[15], h->random_weights = v[16], h->gpu_sms = v[17];
     h->split_lm_head = v[18];
+    h->moe_parallel = v[19];
     h->seed = get_u64(p + 4 * HELLO_INTS);
     return GPTOSS_OK;
 }

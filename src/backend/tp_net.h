@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #define GPTOSS_TP_NET_MAGIC 0x50544f47u /* "GOTP" as little-endian bytes */
-#define GPTOSS_TP_NET_VERSION 1u
+#define GPTOSS_TP_NET_VERSION 2u
 #define GPTOSS_TP_NET_HEADER_BYTES 12
 /* The largest payload accepted: a step of 1M tokens with its tables fits with room. */
 #define GPTOSS_TP_NET_MAX_PAYLOAD (64u << 20)
@@ -71,6 +71,7 @@ typedef struct gptoss_tp_net_hello {
     int32_t random_weights; /* 1: random weights (their seed must agree too) */
     int32_t gpu_sms;        /* the first GPU's multiprocessors (the kernels' splits follow it) */
     int32_t split_lm_head;  /* GPTOSS_TP_SPLIT_LM_HEAD */
+    int32_t moe_parallel;   /* gptoss_moe_parallel */
     uint64_t seed;
 } gptoss_tp_net_hello;
 

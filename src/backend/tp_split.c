@@ -67,7 +67,47 @@ gptoss_tp_slice gptoss_tp_rank_slice(const gptoss_config *c, int32_t tp_size, in
     s.head0 = rank * s.n_heads;
     s.kv_head0 = rank * s.n_kv_heads;
     s.expert0 = rank * s.n_experts;
+    s.inter0 = 0;
+    s.n_inter = c->intermediate_size;
+    s.down_bias = true;
     return s;
+}
+
+gptoss_tp_slice gptoss_tp_rank_slice_moe(const gptoss_config *c, int32_t tp_size, int32_t rank,
+                                         int32_t moe_parallel) {
+    gptoss_tp_slice s = gptoss_tp_rank_slice(c, tp_size, rank);
+    if (moe_parallel != GPTOSS_MOE_PARALLEL_TP || tp_size <= 1) return s;
+    s.expert0 = 0;
+    s.n_experts = c->n_experts;
+    s.n_inter = c->intermediate_size / tp_size;
+    s.inter0 = rank * s.n_inter;
+    s.down_bias = rank == 0;
+    return s;
+}
+
+gptoss_status gptoss_tp_check_moe(const gptoss_config *c, int32_t tp_size, int32_t moe_parallel,
+                                  gptoss_error *error) {
+    if (moe_parallel != GPTOSS_MOE_PARALLEL_EP && moe_parallel != GPTOSS_MOE_PARALLEL_TP)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "backend: moe_parallel must be 0 (experts) or 1 (rows), got %d",
+                                (int)moe_parallel);
+    if (moe_parallel == GPTOSS_MOE_PARALLEL_TP && tp_size > 1 &&
+        c->intermediate_size % (32 * tp_size) != 0)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "tensor parallelism: splitting the experts' %d intermediate rows "
+                                "%d ways leaves %d-row slices, not whole 32-wide MXFP4 groups "
+                                "(--moe-parallel ep splits by whole experts instead)",
+                                (int)c->intermediate_size, (int)tp_size,
+                                (int)(c->intermediate_size / tp_size));
+    return GPTOSS_OK;
+}
+
+void gptoss_tp_copy_row_slices(const void *src, size_t rows, size_t row_bytes, size_t off, size_t n,
+                               void *dst) {
+    const unsigned char *s = (const unsigned char *)src;
+    unsigned char *d = (unsigned char *)dst;
+    for (size_t r = 0; r < rows; r++)
+        memcpy(d + r * n, s + r * row_bytes + off, n);
 }
 
 void gptoss_tp_copy_columns16(const void *src, size_t rows, size_t cols, size_t col0, size_t n_cols,

@@ -242,7 +242,11 @@ int gptoss_cmd_bench(int argc, char **argv) {
     gptoss_error err = {0};
     gptoss_config config;
     gptoss_model *model = NULL;
-    char label[64];
+    if (mo.moe_parallel && mo.tensor_parallel <= 1) {
+        free(pp.ids), free(tg.ids), free(depth.ids), free(batch.ids);
+        return cli_usage_error("bench", "--moe-parallel needs --tensor-parallel-size 2, 4 or 8");
+    }
+    char label[96];
     if (model_dir) {
         if (gptoss_model_load(model_dir, &model, &err) != GPTOSS_OK) return cli_fail(&err);
         config = *gptoss_model_config(model);
@@ -278,10 +282,11 @@ int gptoss_cmd_bench(int argc, char **argv) {
     rq.weights_in_host_memory = mo.weights_in_host_memory;
     rq.batch_invariant = mo.batch_invariant;
     rq.tensor_parallel_size = mo.tensor_parallel > 1 ? (int32_t)mo.tensor_parallel : 1;
+    rq.moe_parallel = mo.moe_parallel;
     if (rq.tensor_parallel_size > 1) {
         size_t used = strlen(label);
-        snprintf(label + used, sizeof label - used, ", tensor parallel %d",
-                 (int)rq.tensor_parallel_size);
+        snprintf(label + used, sizeof label - used, ", tensor parallel %d%s",
+                 (int)rq.tensor_parallel_size, rq.moe_parallel ? ", experts by rows" : "");
     }
     rq.progress = cli_stderr_is_tty() ? cli_progress : NULL;
     gptoss_bench_report *report = malloc(sizeof *report);

@@ -197,6 +197,7 @@ static int parse_kv_cache_dtype(const char *cmd, const char *value, void *target
 
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
 /* in the order of gptoss_cuda_profile */
+static const char *const moe_parallel_names[] = {"ep", "tp", NULL};
 static const char *const cuda_profile_names[] = {"auto", "ampere", "ada", "hopper", NULL};
 
 cli_model_options cli_model_options_default(void) {
@@ -276,6 +277,16 @@ void cli_model_option_table(cli_model_options *m, cli_option table[CLI_MODEL_N_O
                                     "default 1; needs NCCL): this host's from --device on,\n"
                                     "or with serve --nnodes P, N / P on each of P hosts",
                             .error = "--tensor-parallel-size needs 1, 2, 4 or 8"};
+    table[10] = (cli_option){.name = "moe-parallel",
+                             .kind = CLI_ENUM,
+                             .target = &m->moe_parallel,
+                             .choices = moe_parallel_names,
+                             .help = "with --tensor-parallel-size: the experts split by\n"
+                                     "whole experts (ep, the default: each GPU runs its own\n"
+                                     "experts of a token's top-k) or by their intermediate\n"
+                                     "rows (tp: every GPU runs every chosen expert over 1/N\n"
+                                     "of its rows; needs 2880 / N in whole 32-row groups)",
+                             .error = "--moe-parallel must be ep or tp"};
 }
 
 int cli_model_options_apply(const char *cmd, const cli_model_options *m,
@@ -301,6 +312,9 @@ int cli_model_options_apply(const char *cmd, const cli_model_options *m,
         fprintf(stderr, "gptoss %s: %s\n", cmd, tp_error.message);
         return 2;
     }
+    bo->moe_parallel = m->moe_parallel;
+    if (m->moe_parallel != 0 && bo->tensor_parallel_size <= 1)
+        return cli_usage_error(cmd, "--moe-parallel needs --tensor-parallel-size 2, 4 or 8");
     bo->fp8_layers = m->fp8_layers;
     bo->kv_cache_dtype = m->kv_cache_dtype;
     bo->batch_invariant = m->batch_invariant;

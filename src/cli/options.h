@@ -77,6 +77,7 @@ typedef struct cli_model_options {
     int64_t threads;
     int64_t device;
     int64_t tensor_parallel; /* --tensor-parallel-size (0: not given) */
+    int moe_parallel;        /* --moe-parallel: an index of "ep", "tp" (gptoss_moe_parallel) */
     uint32_t fp8_layers;
     gptoss_kv_cache_dtype kv_cache_dtype;
     int cuda_profile;            /* gptoss_cuda_profile: an index of auto, ampere, ada, hopper */
@@ -84,7 +85,7 @@ typedef struct cli_model_options {
     bool batch_invariant;
 } cli_model_options;
 
-enum { CLI_MODEL_N_OPTIONS = 10 };
+enum { CLI_MODEL_N_OPTIONS = 11 };
 
 cli_model_options cli_model_options_default(void);
 

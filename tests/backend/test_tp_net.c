@@ -254,8 +254,8 @@ static void expect_bad_frame(const uint8_t *bytes, size_t n, bool close_after, c
 
 static void test_bad_frames(void **state) {
     (void)state;
-    /* a good one first: magic "GOTP", version 1, QUIT, 0 bytes */
-    const uint8_t quit[12] = {'G', 'O', 'T', 'P', 1, 0, 5, 0, 0, 0, 0, 0};
+    /* a good one first: magic "GOTP", this version, QUIT, 0 bytes */
+    const uint8_t quit[12] = {'G', 'O', 'T', 'P', GPTOSS_TP_NET_VERSION, 0, 5, 0, 0, 0, 0, 0};
     int sv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     assert_int_equal(write(sv[0], quit, sizeof quit), (ssize_t)sizeof quit);
@@ -276,7 +276,7 @@ static void test_bad_frames(void **state) {
     f[0] = 'X';
     expect_bad_frame(f, 12, false, "magic");
     memcpy(f, quit, 12);
-    f[4] = 2;
+    f[4] = GPTOSS_TP_NET_VERSION + 1;
     expect_bad_frame(f, 12, false, "version");
     memcpy(f, quit, 12);
     f[6] = 0;

@@ -177,11 +177,57 @@ static void test_copy_columns(void **state) {
     }
 }
 
+/* The MoE split by rows: every rank holds all experts and a disjoint run of intermediate
+ * rows, the runs cover the dimension, only rank 0 adds the down bias; a slice that is not whole
+ * 32-row MXFP4 groups is refused; a bad mode is refused. */
+static void test_moe_rows(void **state) {
+    (void)state;
+    gptoss_config c = preset("20b");
+    gptoss_error e = {0};
+    for (int32_t n = 2; n <= 8; n *= 2) {
+        const bool whole = c.intermediate_size % (32 * n) == 0;
+        assert_int_equal(gptoss_tp_check_moe(&c, n, GPTOSS_MOE_PARALLEL_TP, &e) == GPTOSS_OK,
+                         whole);
+        assert_int_equal(gptoss_tp_check_moe(&c, n, GPTOSS_MOE_PARALLEL_EP, &e), GPTOSS_OK);
+        int32_t next = 0;
+        for (int32_t r = 0; r < n; r++) {
+            gptoss_tp_slice s = gptoss_tp_rank_slice_moe(&c, n, r, GPTOSS_MOE_PARALLEL_TP);
+            assert_int_equal(s.expert0, 0);
+            assert_int_equal(s.n_experts, c.n_experts);
+            assert_int_equal(s.inter0, next);
+            next += s.n_inter;
+            assert_int_equal(s.down_bias, r == 0);
+            gptoss_tp_slice x = gptoss_tp_rank_slice_moe(&c, n, r, GPTOSS_MOE_PARALLEL_EP);
+            assert_int_equal(x.n_inter, c.intermediate_size);
+            assert_true(x.down_bias);
+        }
+        assert_int_equal(next, c.intermediate_size);
+    }
+    /* 2880 / 4 = 720 = 22.5 groups: refused, with the way out named */
+    assert_int_not_equal(gptoss_tp_check_moe(&c, 4, GPTOSS_MOE_PARALLEL_TP, &e), GPTOSS_OK);
+    assert_non_null(strstr(e.message, "--moe-parallel ep"));
+    assert_int_not_equal(gptoss_tp_check_moe(&c, 2, 7, &e), GPTOSS_OK);
+}
+
+/* Row slices equal a byte-by-byte copy. */
+static void test_copy_row_slices(void **state) {
+    (void)state;
+    enum { ROWS = 5, ROW = 37, OFF = 9, N = 11 };
+    uint8_t src[ROWS * ROW], dst[ROWS * N];
+    for (int i = 0; i < ROWS * ROW; i++)
+        src[i] = (uint8_t)(i * 7 + 3);
+    gptoss_tp_copy_row_slices(src, ROWS, ROW, OFF, N, dst);
+    for (int r = 0; r < ROWS; r++)
+        for (int j = 0; j < N; j++)
+            assert_int_equal(dst[r * N + j], src[r * ROW + OFF + j]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slices_cover_the_model), cmocka_unit_test(test_config_refusals),
         cmocka_unit_test(test_option_checks),          cmocka_unit_test(test_job_checks),
-        cmocka_unit_test(test_copy_columns),
+        cmocka_unit_test(test_copy_columns),           cmocka_unit_test(test_moe_rows),
+        cmocka_unit_test(test_copy_row_slices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -124,6 +124,9 @@ typedef struct source {
  * choose (the reference), each decode step feeds the argmax of this backend's rows and records
  * it in tokens; otherwise it feeds the recorded tokens. Returns the number of rows, or -1
  * (printed). */
+/* The size arguments' "r" suffix: the MoE split by intermediate rows (--moe-parallel tp). */
+static bool g_moe_rows = false;
+
 static int run_backend(const source *src, int kind, int32_t tp, bool choose,
                        int32_t tokens[NS][DECODE_STEPS + 1], float *rows, int *summary_bad) {
     const gptoss_config *c = &src->config;
@@ -136,6 +139,7 @@ static int run_backend(const source *src, int kind, int32_t tp, bool choose,
     if (kind == B_FLOOR)
         o.cuda_tuning = "gemv=all,norm_router=0,moe_path=1,attn_tc=0,attn_decode=0";
     if (kind == B_TP) o.tensor_parallel_size = tp;
+    if (kind == B_TP && g_moe_rows) o.moe_parallel = GPTOSS_MOE_PARALLEL_TP;
     gptoss_backend *bk = NULL;
     gptoss_error err = {0};
     if (kind == B_TP)
@@ -275,7 +279,8 @@ static int run_size(const source *src, const char *name, int32_t tp) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: gpu_test_tp MODEL_DIR|--random SHAPE [NAME [SIZE...]]\n");
+        fprintf(stderr, "usage: gpu_test_tp MODEL_DIR|--random SHAPE [NAME [SIZE[r]...]]\n"
+                        "(SIZEr: the experts split by intermediate rows)\n");
         return 2;
     }
     source src;
@@ -306,8 +311,11 @@ int main(int argc, char **argv) {
     }
     const char *name = argc > arg ? argv[arg] : what;
     int32_t sizes[8], n_sizes = 0;
-    for (int i = arg + 1; i < argc && n_sizes < 8; i++)
+    bool rows[8] = {false};
+    for (int i = arg + 1; i < argc && n_sizes < 8; i++) {
+        rows[n_sizes] = argv[i][0] && argv[i][strlen(argv[i]) - 1] == 'r';
         sizes[n_sizes++] = (int32_t)atoi(argv[i]);
+    }
     const int32_t visible = gptoss_cuda_device_count();
     if (n_sizes == 0) {
         sizes[n_sizes++] = 2;
@@ -319,6 +327,12 @@ int main(int argc, char **argv) {
             printf("%s, tensor parallel %d: FAIL (%d GPUs visible)\n", name, (int)sizes[i],
                    (int)visible);
             failed = 1;
+            continue;
+        }
+        g_moe_rows = rows[i];
+        if (rows[i] && src.config.intermediate_size % (32 * sizes[i])) {
+            printf("%s, tensor parallel %d, experts by rows: skipped (%d intermediate rows)\n",
+                   name, (int)sizes[i], (int)src.config.intermediate_size);
             continue;
         }
         failed |= run_size(&src, name, sizes[i]);

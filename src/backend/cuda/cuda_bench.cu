@@ -258,6 +258,7 @@ gptoss_status gptoss_cuda_bench(const gptoss_bench_request *rq, gptoss_bench_rep
     gptoss_cuda_state *s = NULL;
     void *tp = NULL; /* tensor parallelism: the group; s is its rank 0 */
     opt.tensor_parallel_size = rq->tensor_parallel_size > 1 ? rq->tensor_parallel_size : 1;
+    opt.moe_parallel = rq->moe_parallel;
     if (opt.tensor_parallel_size > 1) {
         st = rq->model ? gptoss_cuda_tp_backend_ops.create(rq->model, &opt, &tp, error)
                        : gptoss_cuda_tp_backend_ops.create_random(c, &opt, 1, &tp, error);

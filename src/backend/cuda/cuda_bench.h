@@ -50,6 +50,7 @@ typedef struct gptoss_bench_request {
     int32_t device;
     uint32_t fp8_layers;                  /* gptoss_fp8_layer bits: dense layers held in FP8 */
     int32_t tensor_parallel_size;         /* GPUs from `device` the model is split over */
+    int32_t moe_parallel;                 /* gptoss_moe_parallel of the split */
     gptoss_kv_cache_dtype kv_cache_dtype; /* what the KV pages hold */
     gptoss_cuda_profile cuda_profile;     /* the kernel paths' profile (gptoss.h) */
     bool weights_in_host_memory;          /* weights in pinned host memory (gptoss.h) */

@@ -286,6 +286,13 @@ void gptoss_cuda_fill_uniform_u8_at(uint8_t *out, size_t n, size_t first, uint64
 void gptoss_cuda_fill_normal_bf16_rows(bf16 *out, size_t rows, size_t cols, size_t first,
                                        size_t stride, uint64_t seed, float mean, float stddev,
                                        cudaStream_t stream);
+/* The same block-of-columns pieces of the f32 and u8 fills. */
+void gptoss_cuda_fill_normal_f32_rows(float *out, size_t rows, size_t cols, size_t first,
+                                      size_t stride, uint64_t seed, float mean, float stddev,
+                                      cudaStream_t stream);
+void gptoss_cuda_fill_uniform_u8_rows(uint8_t *out, size_t rows, size_t cols, size_t first,
+                                      size_t stride, uint64_t seed, int lo, int hi,
+                                      cudaStream_t stream);
 
 /* MXFP4 expert rows [row0, row0 + n_rows) of a ggml tensor [E, R, G blocks] (src: those rows,
  * 17 bytes a block: the E8M0 scale, then qs[j] = lane j | lane j + 16 << 4) into the Hugging

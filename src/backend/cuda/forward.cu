@@ -461,7 +461,8 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
             gptoss_cuda_residual_rmsnorm(w->x, w->proj, L->o_bias, NULL, NULL, 0, L->mlp_norm, eps,
                                          NULL, T, H, w->t, w->t_f32, k);
         if (!normed_routed && !ABLATED(ROUTER)) TRY(route_tokens(s, L, key, error));
-        if (s->tp_size > 1) gptoss_cuda_tp_mask_experts(s, w->topk_idx, w->topk_weight, T, K);
+        if (s->tp_size > 1 && s->tp_n_experts < E) /* experts split by whole experts */
+            gptoss_cuda_tp_mask_experts(s, w->topk_idx, w->topk_weight, T, K);
         /* batch-invariant: the WMMA path's arithmetic from the kernels of batch_invariant.cu,
          * per (token, expert) pair for the smallest steps (no route), streaming or wide over
          * the WMMA path's route otherwise; the WMMA path itself where they refuse the widths,

@@ -292,8 +292,9 @@ typedef struct tp_backend {
     pthread_cond_t sync_cv;
     int32_t sync_count;
     uint64_t sync_gen;
-    bool graphs;        /* GPTOSS_TP_GRAPHS: decode steps may be captured */
-    bool split_lm_head; /* GPTOSS_TP_SPLIT_LM_HEAD: lm_head split by vocabulary */
+    bool graphs;          /* GPTOSS_TP_GRAPHS: decode steps may be captured */
+    bool split_lm_head;   /* GPTOSS_TP_SPLIT_LM_HEAD: lm_head split by vocabulary */
+    int32_t moe_parallel; /* gptoss_moe_parallel: experts by whole experts or by rows */
     /* the watchdog (under mu): the job running since job_t0, named job_what, bounded by
      * job_limit_s seconds (0: not watched) */
     pthread_t watchdog;
@@ -706,6 +707,58 @@ static gptoss_tensor tensor_experts(const gptoss_tensor *t, size_t first, size_t
     return v;
 }
 
+/* The MoE split by rows (gptoss_moe_parallel TP) from a checkpoint: host copies of every
+ * expert's unit rows [inter0, inter0 + n_inter) of gate_up (the gate and up rows of a unit are
+ * adjacent) and the same input columns of down (whole 32-wide groups), and the down bias on
+ * the rank that adds it, zeros on the others. bufs[0..5] receive the allocations (freed by
+ * the caller). The experts must be MXFP4 blocks and scales with bf16 or f32 biases. */
+static gptoss_status experts_by_rows(const gptoss_tensor *const ex[6], gptoss_tensor *const vx[6],
+                                     const gptoss_config *c, const gptoss_tp_slice *sl, void **bufs,
+                                     gptoss_error *error) {
+    const size_t E = (size_t)c->n_experts, H = (size_t)c->hidden_size,
+                 I = (size_t)c->intermediate_size, i0 = (size_t)sl->inter0,
+                 ni = (size_t)sl->n_inter;
+    const size_t gu_block_row = (H / 32) * 16, gu_scale_row = H / 32;
+    const size_t esz_gub = gptoss_dtype_size(ex[2]->dtype),
+                 esz_db = gptoss_dtype_size(ex[5]->dtype);
+    if (ex[0]->n_bytes != E * 2 * I * gu_block_row || ex[1]->n_bytes != E * 2 * I * gu_scale_row ||
+        ex[2]->n_bytes != E * 2 * I * esz_gub || ex[3]->n_bytes != E * H * (I / 32) * 16 ||
+        ex[4]->n_bytes != E * H * (I / 32) || ex[5]->n_bytes != E * H * esz_db || !esz_gub ||
+        !esz_db)
+        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
+                                "tensor parallelism by rows: the experts are not MXFP4 blocks "
+                                "and scales of the config's shape");
+    /* gate_up: per expert, rows [2 i0, 2 (i0 + ni)) of 2I; down: per (expert, output row),
+     * groups [i0 / 32, (i0 + ni) / 32) of I / 32 */
+    const size_t rows_e[6] = {E, E, E, E * H, E * H, 0};
+    const size_t row_bytes[6] = {
+        2 * I * gu_block_row, 2 * I * gu_scale_row, 2 * I * esz_gub, (I / 32) * 16, I / 32, 0};
+    const size_t off[6] = {
+        2 * i0 * gu_block_row, 2 * i0 * gu_scale_row, 2 * i0 * esz_gub, (i0 / 32) * 16, i0 / 32, 0};
+    const size_t len[6] = {
+        2 * ni * gu_block_row, 2 * ni * gu_scale_row, 2 * ni * esz_gub, (ni / 32) * 16, ni / 32, 0};
+    for (int i = 0; i < 6; i++) {
+        const size_t bytes = i < 5 ? rows_e[i] * len[i] : ex[5]->n_bytes;
+        bufs[i] = malloc(bytes ? bytes : 1);
+        if (!bufs[i])
+            return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
+        if (i < 5)
+            gptoss_tp_copy_row_slices(ex[i]->data, rows_e[i], row_bytes[i], off[i], len[i],
+                                      bufs[i]);
+        else if (sl->down_bias)
+            memcpy(bufs[i], ex[5]->data, bytes);
+        else
+            memset(bufs[i], 0, bytes); /* +0.0 in bf16 and f32 alike */
+        *vx[i] = *ex[i];
+        vx[i]->data = bufs[i];
+        vx[i]->n_bytes = bytes;
+    }
+    /* the intermediate dimension in the shapes (gate_up [E, 2 ni, ...], down [E, H, ni/32, ..]) */
+    vx[0]->shape[1] = vx[1]->shape[1] = vx[2]->shape[1] = (int64_t)(2 * ni);
+    vx[3]->shape[2] = vx[4]->shape[2] = (int64_t)(ni / 32);
+    return GPTOSS_OK;
+}
+
 /* Random weights: the rank's slices get the values the whole model gets from the same seed
  * (gptoss_cuda_weights_random generated them for the rank's own shapes), so a tensor-parallel
  * backend from create_random computes the same model as a one-GPU backend from that seed.
@@ -745,6 +798,25 @@ static gptoss_status rank_random_as_whole(gptoss_cuda_state *s, const gptoss_con
         const size_t gu_b = 2 * I * (H / 32) * 16, gu_s = 2 * I * (H / 32), d_b = H * (I / 32) * 16,
                      d_s = H * (I / 32);
         gptoss_cuda_moe_weights *m = &L->moe;
+        if ((size_t)sl->n_inter != I) { /* by rows: every expert's unit rows, down's columns */
+            const size_t E = c->n_experts, i0 = sl->inter0, ni = sl->n_inter, G = H / 32;
+            gptoss_cuda_fill_uniform_u8_rows((uint8_t *)m->gate_up_blocks, E, 2 * ni * G * 16,
+                                             2 * i0 * G * 16, gu_b, n + 9, 0, 255, k);
+            gptoss_cuda_fill_uniform_u8_rows((uint8_t *)m->gate_up_scales, E, 2 * ni * G,
+                                             2 * i0 * G, gu_s, n + 10, s0_h - 1, s0_h + 1, k);
+            gptoss_cuda_fill_normal_f32_rows((float *)m->gate_up_bias, E, 2 * ni, 2 * i0, 2 * I,
+                                             n + 11, 0.0f, 0.02f, k);
+            gptoss_cuda_fill_uniform_u8_rows((uint8_t *)m->down_blocks, E * H, (ni / 32) * 16,
+                                             (i0 / 32) * 16, (I / 32) * 16, n + 12, 0, 255, k);
+            gptoss_cuda_fill_uniform_u8_rows((uint8_t *)m->down_scales, E * H, ni / 32, i0 / 32,
+                                             I / 32, n + 13, s0_i - 1, s0_i + 1, k);
+            if (sl->down_bias)
+                gptoss_cuda_fill_normal_f32_at((float *)m->down_bias, E * H, 0, n + 14, 0.0f, 0.02f,
+                                               k);
+            else
+                cudaMemsetAsync((void *)m->down_bias, 0, E * H * sizeof(float), k);
+            continue;
+        }
         gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->gate_up_blocks, ne * gu_b, e0 * gu_b, n + 9, 0,
                                        255, k);
         gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->gate_up_scales, ne * gu_s, e0 * gu_s, n + 10,
@@ -769,10 +841,11 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
     const tp_create_args *a = (const tp_create_args *)arg;
     const gptoss_config *c = a->config;
     const int32_t n = r->tp->world, rank = r->tp->rank0 + r->rank; /* the job's */
-    const gptoss_tp_slice sl = gptoss_tp_rank_slice(c, n, rank);
+    const gptoss_tp_slice sl = gptoss_tp_rank_slice_moe(c, n, rank, r->tp->moe_parallel);
     gptoss_config rc = *c;
     rc.n_heads = sl.n_heads;
     rc.n_kv_heads = sl.n_kv_heads;
+    rc.intermediate_size = sl.n_inter;
     /* lm_head by vocabulary: where asked, the vocabulary divides evenly and its rows can be
      * sliced (bf16 in the checkpoint) */
     const bool lm_split = r->tp->split_lm_head && c->vocab_size % n == 0 &&
@@ -795,9 +868,11 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
         v.layers = (gptoss_layer_weights *)calloc((size_t)w->n_layers, sizeof *v.layers);
         const size_t o_elems = H * sl.n_heads * D;
         void *o_cols = malloc((size_t)w->n_layers * o_elems * 2);
-        if (!v.layers || !o_cols) {
+        void **moe_bufs = (void **)calloc(6 * (size_t)w->n_layers, sizeof(void *));
+        if (!v.layers || !o_cols || !moe_bufs) {
             free(v.layers);
             free(o_cols);
+            free(moe_bufs);
             return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
         }
         st = GPTOSS_OK;
@@ -817,8 +892,13 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
                                           &lw->down_scales,    &lw->down_bias};
             gptoss_tensor *vx[6] = {&lv->gate_up_blocks, &lv->gate_up_scales, &lv->gate_up_bias,
                                     &lv->down_blocks,    &lv->down_scales,    &lv->down_bias};
-            for (int i = 0; i < 6; i++)
-                *vx[i] = tensor_experts(ex[i], sl.expert0, sl.n_experts, c->n_experts);
+            if (sl.n_inter == c->intermediate_size) {
+                for (int i = 0; i < 6; i++)
+                    *vx[i] = tensor_experts(ex[i], sl.expert0, sl.n_experts, c->n_experts);
+            } else {
+                st = experts_by_rows(ex, vx, c, &sl, &moe_bufs[6 * (size_t)l], error);
+                if (st) break;
+            }
             if (lw->o_weight.dtype != GPTOSS_DTYPE_BF16 || lw->o_weight.n_bytes != H * NH * D * 2) {
                 st = gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
                                       "tensor parallelism: o_proj of layer %d is not a bf16 "
@@ -837,6 +917,9 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
             st = gptoss_cuda_state_create_rank(&rc, &o, &v, 0, sl.expert0, sl.n_experts, lm_row0,
                                                lm_rows, &r->s, error);
         free(o_cols);
+        for (size_t i = 0; i < 6 * (size_t)w->n_layers; i++)
+            free(moe_bufs[i]);
+        free(moe_bufs);
         free(v.layers);
     }
     if (st) return st;
@@ -1095,6 +1178,7 @@ static gptoss_tp_net_hello job_hello(const tp_backend *tp, const gptoss_config *
     h.random_weights = random ? 1 : 0;
     h.seed = random ? seed : 0;
     h.split_lm_head = tp->split_lm_head ? 1 : 0;
+    h.moe_parallel = tp->moe_parallel;
     int sms = 0;
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o->device) != cudaSuccess) {
         cudaGetLastError();
@@ -1148,6 +1232,7 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     if (st) return st;
     st = gptoss_tp_check_job(config, world, procs, options->device, gptoss_cuda_count_devices(),
                              error);
+    if (!st) st = gptoss_tp_check_moe(config, world, options->moe_parallel, error);
     if (st) return st;
     const int32_t n = world / procs; /* the GPUs of this process */
     double timeout_s = 0;
@@ -1179,6 +1264,7 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     tp->n = n;
     tp->graphs = graphs;
     tp->split_lm_head = split_lm_head;
+    tp->moe_parallel = options->moe_parallel;
     tp->timeout_s = timeout_s;
     tp->p2p.max_floats = procs > 1 ? 0 : p2p_max_floats; /* peers in other processes: NCCL */
     tp->procs = procs;

@@ -51,17 +51,30 @@ static __global__ void fill_normal_f32_kernel(float *out, size_t n, size_t first
          i += (size_t)gridDim.x * blockDim.x)
         out[i] = mean + sd * hash_normal(seed, first + i);
 }
+static __device__ __forceinline__ uint8_t uniform_u8(uint64_t seed, size_t index, int lo, int hi) {
+    uint64_t h = mix64(seed ^ mix64((uint64_t)index));
+    return lo == 0 && hi == 255 ? (uint8_t)(h >> 32)
+                                : (uint8_t)(lo + (int)((h >> 32) % (uint64_t)(hi - lo + 1)));
+}
 static __global__ void fill_uniform_u8_kernel(uint8_t *out, size_t n, size_t first, uint64_t seed,
                                               int lo, int hi) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t h = mix64(seed ^ mix64((uint64_t)(first + i)));
-        if (lo == 0 && hi == 255) {
-            out[i] = (uint8_t)(h >> 32);
-        } else {
-            out[i] = (uint8_t)(lo + (int)((h >> 32) % (uint64_t)(hi - lo + 1)));
-        }
-    }
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = uniform_u8(seed, first + i, lo, hi);
+}
+static __global__ void fill_uniform_u8_rows_kernel(uint8_t *out, size_t rows, size_t cols,
+                                                   size_t first, size_t stride, uint64_t seed,
+                                                   int lo, int hi) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < rows * cols;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = uniform_u8(seed, first + (i / cols) * stride + i % cols, lo, hi);
+}
+static __global__ void fill_normal_f32_rows_kernel(float *out, size_t rows, size_t cols,
+                                                   size_t first, size_t stride, uint64_t seed,
+                                                   float mean, float sd) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < rows * cols;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = mean + sd * hash_normal(seed, first + (i / cols) * stride + i % cols);
 }
 
 void gptoss_cuda_fill_normal_bf16(bf16 *out, size_t n, uint64_t seed, float mean, float stddev,
@@ -94,4 +107,18 @@ void gptoss_cuda_fill_uniform_u8(uint8_t *out, size_t n, uint64_t seed, int lo, 
 void gptoss_cuda_fill_uniform_u8_at(uint8_t *out, size_t n, size_t first, uint64_t seed, int lo,
                                     int hi, cudaStream_t stream) {
     if (n) fill_uniform_u8_kernel<<<4096, 256, 0, stream>>>(out, n, first, seed, lo, hi);
+}
+void gptoss_cuda_fill_normal_f32_rows(float *out, size_t rows, size_t cols, size_t first,
+                                      size_t stride, uint64_t seed, float mean, float stddev,
+                                      cudaStream_t stream) {
+    if (rows && cols)
+        fill_normal_f32_rows_kernel<<<4096, 256, 0, stream>>>(out, rows, cols, first, stride, seed,
+                                                              mean, stddev);
+}
+void gptoss_cuda_fill_uniform_u8_rows(uint8_t *out, size_t rows, size_t cols, size_t first,
+                                      size_t stride, uint64_t seed, int lo, int hi,
+                                      cudaStream_t stream) {
+    if (rows && cols)
+        fill_uniform_u8_rows_kernel<<<4096, 256, 0, stream>>>(out, rows, cols, first, stride, seed,
+                                                              lo, hi);
 }
