@@ -23,6 +23,13 @@
 #include <string.h>
 #include <time.h>
 
+/* Under the sanitizers (several times slower) fewer requests and steps: the release pass runs
+ * them all. */
+static bool sanitized(void) {
+    const char *v = getenv("GPTOSS_SANITIZE");
+    return v && strcmp(v, "1") == 0;
+}
+
 enum { H = 64, VOCAB = 512, MAXLEN = 256, NSEQ = 3 };
 
 static gptoss_eagle3_config head_config(int32_t hidden, int32_t vocab) {
@@ -176,7 +183,8 @@ static void test_drafter_matches_fresh_head(void **state) {
             seqs[s].tokens[i] = (int32_t)(next_random() % VOCAB);
     }
     int checked = 0, accepted_total = 0;
-    for (int step = 0; step < 120; step++) {
+    const int steps = sanitized() ? 60 : 120;
+    for (int step = 0; step < steps; step++) {
         /* Propose for the decoding sequences (some skip a step). */
         gptoss_draft_seq ds[NSEQ];
         int32_t drafts[NSEQ][8], n_ds = 0, owner[NSEQ];
@@ -264,8 +272,10 @@ static void test_drafter_matches_fresh_head(void **state) {
         ft.n_rows = rows;
         gptoss_drafter_observe(d, obs, n_obs);
     }
-    assert_true(checked > 100);
-    assert_true(accepted_total > 20);
+    /* enough proposals and accepted drafts that the rollback was exercised (half the steps
+     * under the sanitizers) */
+    assert_true(checked > (sanitized() ? 50 : 100));
+    assert_true(accepted_total > (sanitized() ? 10 : 20));
     gptoss_drafter_free(d);
     assert_int_equal(ft.n_capture, 0); /* freeing the drafter stops the capture */
     free(ft.captured);
@@ -278,6 +288,10 @@ static void test_drafter_matches_fresh_head(void **state) {
 /* ---- the engine on the CPU backend ----------------------------------------------------------- */
 
 enum { N_JOBS = 10, MAX_OUT = 24 };
+
+static int n_jobs(void) {
+    return sanitized() ? 4 : N_JOBS;
+}
 
 typedef struct job {
     int32_t prompt[64];
@@ -325,7 +339,7 @@ static gptoss_engine_stats run_engine(gptoss_model *model, const char *head_dir,
     if (cs != GPTOSS_OK) fail_msg("engine: %s", err.message);
     assert_int_equal(gptoss_engine_start(e, &err), GPTOSS_OK);
     gptoss_request *req[N_JOBS];
-    for (int i = 0; i < N_JOBS; i++) {
+    for (int i = 0; i < n_jobs(); i++) {
         gptoss_sampling_params p = gptoss_sampling_params_default();
         p.temperature = 0;
         p.max_tokens = MAX_OUT;
@@ -342,7 +356,7 @@ static gptoss_engine_stats run_engine(gptoss_model *model, const char *head_dir,
             req[i] = NULL;
         }
     }
-    for (int i = 0; i < N_JOBS && max_seqs > 1; i++) {
+    for (int i = 0; i < n_jobs() && max_seqs > 1; i++) {
         gptoss_engine_event ev;
         jobs[i].n_out = 0;
         while (gptoss_request_next_event(req[i], &ev, 60000) == 1)
@@ -361,7 +375,7 @@ static gptoss_engine_stats run_engine(gptoss_model *model, const char *head_dir,
 }
 
 static void expect_same(const job *want, const job *got, const char *what) {
-    for (int i = 0; i < N_JOBS; i++) {
+    for (int i = 0; i < n_jobs(); i++) {
         if (want[i].n_out != got[i].n_out)
             fail_msg("%s: job %d: %d tokens, without drafting %d", what, i, got[i].n_out,
                      want[i].n_out);
@@ -393,7 +407,7 @@ static void test_engine_greedy_identical(void **state) {
     if (gptoss_model_load(target_dir, &model, &err) != GPTOSS_OK) fail_msg("load: %s", err.message);
 
     static job base[N_JOBS], got[N_JOBS];
-    for (int i = 0; i < N_JOBS; i++) {
+    for (int i = 0; i < n_jobs(); i++) {
         base[i].n_prompt = 3 + (i * 13) % 40;
         for (int t = 0; t < base[i].n_prompt; t++) /* some repetition, some noise */
             base[i].prompt[t] = (int32_t)((t % (3 + i) * 37 + i * 11 + (t > 20 ? t : 0)) % 512);
