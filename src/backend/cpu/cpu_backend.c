@@ -122,37 +122,6 @@ static void round_bf16(float *v, size_t n) {
     }
 }
 
-/* out[n, rows] = x[n, cols] . W[rows, cols]^T (+ bias). W is bf16 [rows, cols]. Parallel over
- * rows; each row is widened once and reused for every token. */
-static void matmul_bf16(float *out, const float *x, int32_t n, const gptoss_tensor *w,
-                        const float *bias) {
-    int32_t rows = (int32_t)w->shape[0], cols = (int32_t)w->shape[1];
-    const uint8_t *base = w->data;
-#pragma omp parallel
-    {
-        float *row = malloc((size_t)cols * sizeof *row);
-#pragma omp for schedule(static)
-        for (int32_t r = 0; r < rows; r++) {
-            const uint8_t *src = base + (size_t)r * cols * 2;
-            gptoss_cpu_widen_bf16_row(row, src, cols);
-            float b = bias ? bias[r] : 0.0f;
-            for (int32_t t = 0; t < n; t++)
-                out[(size_t)t * rows + r] = gptoss_cpu_dot(x + (size_t)t * cols, row, cols) + b;
-        }
-        free(row);
-    }
-}
-
-/* y = g * x / sqrt(mean(x^2) + eps), all fp32 (spec 2.2). */
-static void rmsnorm(float *y, const float *x, const float *gain, int32_t n, double eps) {
-    float sum = 0.0f;
-    for (int32_t i = 0; i < n; i++)
-        sum += x[i] * x[i];
-    float inv = 1.0f / sqrtf(sum / (float)n + (float)eps);
-    for (int32_t i = 0; i < n; i++)
-        y[i] = gain[i] * (x[i] * inv);
-}
-
 /* Half-split YaRN rotation of one head vector at position pos (spec 2.4). The angle is a
  * float product, as the references compute it. */
 static void rope(float *v, int32_t head_dim, int32_t pos, const float *inv_freq,
@@ -399,7 +368,7 @@ static void moe(cpu_state *st, int32_t l, int32_t n) {
             K = c->n_experts_per_token;
     cpu_scratch *s = &st->s;
 
-    matmul_bf16(s->router, s->t, n, &w->router_weight, L->router_bias);
+    gptoss_cpu_matmul_bf16(s->router, s->t, n, &w->router_weight, L->router_bias);
     if (st->emulate_bf16) round_bf16(s->t, (size_t)n * H); /* point 4: after the router read it */
     for (int32_t t = 0; t < n; t++) {
         const float *r = s->router + (size_t)t * E;
@@ -603,11 +572,12 @@ static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float
         /* Attention block: norm, QKV with biases, RoPE on q and k, K/V into the pages, attend,
          * o_proj with bias, residual add. */
         for (int32_t t = 0; t < n; t++)
-            rmsnorm(s->t + (size_t)t * H, s->x + (size_t)t * H, L->attn_norm, H, c->rms_norm_eps);
+            gptoss_cpu_rmsnorm(s->t + (size_t)t * H, s->x + (size_t)t * H, L->attn_norm, H,
+                               c->rms_norm_eps);
         if (st->emulate_bf16) round_bf16(s->t, (size_t)n * H); /* point 1 */
-        matmul_bf16(s->q, s->t, n, &lw->q_weight, L->q_bias);
-        matmul_bf16(s->k, s->t, n, &lw->k_weight, L->k_bias);
-        matmul_bf16(s->v, s->t, n, &lw->v_weight, L->v_bias);
+        gptoss_cpu_matmul_bf16(s->q, s->t, n, &lw->q_weight, L->q_bias);
+        gptoss_cpu_matmul_bf16(s->k, s->t, n, &lw->k_weight, L->k_bias);
+        gptoss_cpu_matmul_bf16(s->v, s->t, n, &lw->v_weight, L->v_bias);
         bool sliding = c->layer_is_sliding[l];
         float *pool_k = sliding ? st->sliding_k : st->full_k,
               *pool_v = sliding ? st->sliding_v : st->full_v;
@@ -639,13 +609,14 @@ static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float
         }
         attention(st, l, p);
         if (st->emulate_bf16) round_bf16(s->attn, (size_t)n * q_dim); /* point 3 */
-        matmul_bf16(s->proj, s->attn, n, &lw->o_weight, L->o_bias);
+        gptoss_cpu_matmul_bf16(s->proj, s->attn, n, &lw->o_weight, L->o_bias);
         for (size_t i = 0; i < (size_t)n * H; i++)
             s->x[i] += s->proj[i];
 
         /* MoE block: norm, router, experts, weighted sum, residual add. */
         for (int32_t t = 0; t < n; t++)
-            rmsnorm(s->t + (size_t)t * H, s->x + (size_t)t * H, L->mlp_norm, H, c->rms_norm_eps);
+            gptoss_cpu_rmsnorm(s->t + (size_t)t * H, s->x + (size_t)t * H, L->mlp_norm, H,
+                               c->rms_norm_eps);
         moe(st, l, n);
         if (st->layer_stats) {
             /* Residual stream of the step's last token: finite, and neither vanishing nor
@@ -662,10 +633,11 @@ static gptoss_status cpu_forward(void *opaque, const gptoss_batch_plan *p, float
     /* logits = RMSNorm(x, final) . lm_head^T for the tokens that need them. */
     for (int32_t i = 0; i < p->n_logits; i++) {
         int32_t t = p->logit_token_index[i];
-        rmsnorm(s->t + (size_t)i * H, s->x + (size_t)t * H, st->final_norm, H, c->rms_norm_eps);
+        gptoss_cpu_rmsnorm(s->t + (size_t)i * H, s->x + (size_t)t * H, st->final_norm, H,
+                           c->rms_norm_eps);
     }
     if (st->emulate_bf16) round_bf16(s->t, (size_t)p->n_logits * H); /* point 6 */
-    if (p->n_logits > 0) matmul_bf16(logits, s->t, p->n_logits, &w->lm_head, NULL);
+    if (p->n_logits > 0) gptoss_cpu_matmul_bf16(logits, s->t, p->n_logits, &w->lm_head, NULL);
     return GPTOSS_OK;
 }
 

@@ -1,6 +1,6 @@
 /*
- * cpu_math.h - the row kernels the CPU backend's files share: bf16 rows widened to f32 and a
- * dot product in a fixed order.
+ * cpu_math.h - the row kernels the CPU backend's files share (the model and the EAGLE3 head):
+ * bf16 rows widened to f32, a dot product in a fixed order, the bf16 matmul and the RMSNorm.
  */
 #ifndef GPTOSS_BACKEND_CPU_MATH_H
 #define GPTOSS_BACKEND_CPU_MATH_H
@@ -31,5 +31,14 @@ static inline float gptoss_cpu_dot(const float *a, const float *b, int32_t n) {
         sum += a[i] * b[i];
     return sum;
 }
+
+/* out[n, rows] = x[n, cols] . W[rows, cols]^T (+ bias when given). W is bf16 [rows, cols].
+ * Parallel over rows; each row is widened once and reused for every token. */
+struct gptoss_tensor;
+void gptoss_cpu_matmul_bf16(float *out, const float *x, int32_t n, const struct gptoss_tensor *w,
+                            const float *bias);
+
+/* y = g * x / sqrt(mean(x^2) + eps), all fp32 (spec 2.2). */
+void gptoss_cpu_rmsnorm(float *y, const float *x, const float *gain, int32_t n, double eps);
 
 #endif

@@ -33,33 +33,6 @@ struct gptoss_eagle3_cpu {
     int32_t *pick; /* [n] rows selected for fc / logits */
 };
 
-/* out[n, rows] = x[n, cols] . W^T, W bf16 [rows, cols]. */
-static void matmul(float *out, const float *x, int32_t n, const gptoss_tensor *w) {
-    int32_t rows = (int32_t)w->shape[0], cols = (int32_t)w->shape[1];
-    const uint8_t *base = w->data;
-#pragma omp parallel
-    {
-        float *row = malloc((size_t)cols * sizeof *row);
-#pragma omp for schedule(static)
-        for (int32_t r = 0; r < rows; r++) {
-            if (!row) continue;
-            gptoss_cpu_widen_bf16_row(row, base + (size_t)r * cols * 2, cols);
-            for (int32_t t = 0; t < n; t++)
-                out[(size_t)t * rows + r] = gptoss_cpu_dot(x + (size_t)t * cols, row, cols);
-        }
-        free(row);
-    }
-}
-
-static void rmsnorm(float *y, const float *x, const float *gain, int32_t n, double eps) {
-    float sum = 0.0f;
-    for (int32_t i = 0; i < n; i++)
-        sum += x[i] * x[i];
-    float inv = 1.0f / sqrtf(sum / (float)n + (float)eps);
-    for (int32_t i = 0; i < n; i++)
-        y[i] = gain[i] * (x[i] * inv);
-}
-
 /* Rotate-half RoPE of one head vector at position pos. */
 static void rope(float *v, int32_t head_dim, int32_t pos, const float *inv_freq) {
     int32_t half = head_dim / 2;
@@ -214,7 +187,7 @@ gptoss_status gptoss_eagle3_cpu_forward(gptoss_eagle3_cpu *f, gptoss_eagle3_row 
         }
     }
     if (n_aux > 0) {
-        matmul(f->out, f->t, n_aux, &w->fc);
+        gptoss_cpu_matmul_bf16(f->out, f->t, n_aux, &w->fc, NULL);
         for (int32_t i = 0; i < n_aux; i++)
             memcpy(f->hidden + (size_t)f->pick[i] * H, f->out + (size_t)i * H,
                    (size_t)H * sizeof(float));
@@ -223,12 +196,13 @@ gptoss_status gptoss_eagle3_cpu_forward(gptoss_eagle3_cpu *f, gptoss_eagle3_row 
     /* x = [input_norm(embed), hidden_norm(hidden)]; q, k, v; RoPE; append K and V. */
     for (int32_t r = 0; r < n; r++) {
         float *x = f->x2 + (size_t)r * 2 * H;
-        rmsnorm(x, rows[r].embed, w->input_norm_f32, H, c->rms_norm_eps);
-        rmsnorm(x + H, f->hidden + (size_t)r * H, w->hidden_norm_f32, H, c->rms_norm_eps);
+        gptoss_cpu_rmsnorm(x, rows[r].embed, w->input_norm_f32, H, c->rms_norm_eps);
+        gptoss_cpu_rmsnorm(x + H, f->hidden + (size_t)r * H, w->hidden_norm_f32, H,
+                           c->rms_norm_eps);
     }
-    matmul(f->q, f->x2, n, &w->q);
-    matmul(f->k, f->x2, n, &w->k);
-    matmul(f->v, f->x2, n, &w->v);
+    gptoss_cpu_matmul_bf16(f->q, f->x2, n, &w->q, NULL);
+    gptoss_cpu_matmul_bf16(f->k, f->x2, n, &w->k, NULL);
+    gptoss_cpu_matmul_bf16(f->v, f->x2, n, &w->v, NULL);
     for (int32_t r = 0; r < n; r++) {
         const int32_t pos = rows[r].position;
         for (int32_t h = 0; h < c->n_heads; h++)
@@ -265,18 +239,19 @@ gptoss_status gptoss_eagle3_cpu_forward(gptoss_eagle3_cpu *f, gptoss_eagle3_row 
     if (!ok) return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
 
     /* h = o_proj(attn) + hidden; prenorm = h + mlp(post_norm(h)). */
-    matmul(f->h, f->attn, n, &w->o);
+    gptoss_cpu_matmul_bf16(f->h, f->attn, n, &w->o, NULL);
     for (size_t i = 0; i < (size_t)n * H; i++)
         f->h[i] += f->hidden[i];
     for (int32_t r = 0; r < n; r++)
-        rmsnorm(f->t + (size_t)r * H, f->h + (size_t)r * H, w->post_norm_f32, H, c->rms_norm_eps);
-    matmul(f->gate, f->t, n, &w->gate);
-    matmul(f->up, f->t, n, &w->up);
+        gptoss_cpu_rmsnorm(f->t + (size_t)r * H, f->h + (size_t)r * H, w->post_norm_f32, H,
+                           c->rms_norm_eps);
+    gptoss_cpu_matmul_bf16(f->gate, f->t, n, &w->gate, NULL);
+    gptoss_cpu_matmul_bf16(f->up, f->t, n, &w->up, NULL);
     for (size_t i = 0; i < (size_t)n * I; i++) {
         float g = f->gate[i];
         f->gate[i] = g / (1.0f + expf(-g)) * f->up[i];
     }
-    matmul(f->out, f->gate, n, &w->down);
+    gptoss_cpu_matmul_bf16(f->out, f->gate, n, &w->down, NULL);
     for (int32_t r = 0; r < n; r++)
         for (int32_t i = 0; i < H; i++)
             rows[r].prenorm[i] = f->h[(size_t)r * H + i] + f->out[(size_t)r * H + i];
@@ -285,12 +260,12 @@ gptoss_status gptoss_eagle3_cpu_forward(gptoss_eagle3_cpu *f, gptoss_eagle3_row 
     int32_t n_logits = 0;
     for (int32_t r = 0; r < n; r++)
         if (rows[r].want_token || rows[r].logits) {
-            rmsnorm(f->t + (size_t)n_logits * H, rows[r].prenorm, w->final_norm_f32, H,
-                    c->rms_norm_eps);
+            gptoss_cpu_rmsnorm(f->t + (size_t)n_logits * H, rows[r].prenorm, w->final_norm_f32, H,
+                               c->rms_norm_eps);
             f->pick[n_logits++] = r;
         }
     if (n_logits == 0) return GPTOSS_OK;
-    matmul(f->out, f->t, n_logits, &w->lm_head);
+    gptoss_cpu_matmul_bf16(f->out, f->t, n_logits, &w->lm_head, NULL);
     for (int32_t i = 0; i < n_logits; i++) {
         gptoss_eagle3_row *row = &rows[f->pick[i]];
         const float *logits = f->out + (size_t)i * DV;
