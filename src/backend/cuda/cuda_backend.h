@@ -282,6 +282,15 @@ gptoss_status gptoss_cuda_tp_each_rank(void *group,
                                        gptoss_status (*fn)(gptoss_cuda_state *s, void *arg,
                                                            gptoss_error *error),
                                        void *arg, gptoss_error *error);
+/* Tensor parallelism (tp_weights.cu): a rank's state on device o->device for the slice sl of
+ * config c, from the checkpoint w (its slices: views, and host copies where the experts are
+ * split by rows) or, with w NULL, random weights equal to the whole model's from seed. lm_rows
+ * > 0: lm_head rows [lm_row0, lm_row0 + lm_rows) only. */
+struct gptoss_tp_slice;
+gptoss_status gptoss_cuda_tp_rank_state(const gptoss_config *c, const struct gptoss_tp_slice *sl,
+                                        const gptoss_backend_options *o, const gptoss_weights *w,
+                                        uint64_t seed, int32_t lm_row0, int32_t lm_rows,
+                                        gptoss_cuda_state **out, gptoss_error *error);
 /* lm_head split by vocabulary: gathers every rank's part [NL, lm_rows] (w->lm_part) and,
  * on rank 0, puts the rows together in w->logits [NL, V]. */
 gptoss_status gptoss_cuda_tp_gather_logits(gptoss_cuda_state *s, int32_t NL, gptoss_error *error);

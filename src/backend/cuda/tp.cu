@@ -10,8 +10,8 @@
  * alone computes logits, the others run the step. Pages hold only a rank's KV heads, so each
  * GPU fits about N times the tokens; the pool the engine sees is the smallest rank's.
  *
- * NCCL is opened at run time (dlopen of libnccl.so.2, or GPTOSS_NCCL_LIBRARY), so a binary
- * without tensor parallelism needs no NCCL. A failing rank aborts every communicator (ranks
+ * NCCL is opened at run time (tp_nccl.h), so a binary without tensor parallelism needs no
+ * NCCL. A failing rank aborts every communicator (ranks
  * waiting in a collective for it return) and the backend refuses later calls.
  *
  * Decode steps are captured as CUDA graphs (GPTOSS_TP_GRAPHS=0 runs them eagerly): every rank
@@ -34,13 +34,15 @@
  * connection or whose host stopped answering ends the process (exit status 3) within about a
  * second (or the keep-alive's 30 s); on a follower, process 0 gone while a step runs ends it.
  *
+ * A rank's share of the weights is built by tp_weights.cu.
+ *
  * Owns the rank states, their threads and communicators, the peer-memory all-reduce's
  * buffers, the watchdog thread, and (across processes) the link to the other processes.
  */
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels/tp_allreduce.h"
+#include "backend/cuda/tp_nccl.h"
 
-#include <dlfcn.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <limits.h>
@@ -58,100 +60,6 @@ extern "C" {
 #include "model/config.h"
 #include "util/dist.h"
 #include "util/log.h"
-}
-
-/* ---- NCCL, opened at run time ---------------------------------------------------------- */
-
-/* The stable part of NCCL's C ABI that is used here (nccl.h of NCCL 2.x). */
-typedef struct nccl_comm *nccl_comm_t;
-typedef int nccl_result_t; /* ncclResult_t: 0 = ncclSuccess */
-enum { NCCL_FLOAT32 = 7, NCCL_SUM = 0 };
-typedef struct nccl_unique_id {
-    char internal[GPTOSS_DIST_BLOB_BYTES]; /* ncclUniqueId: 128 bytes, passed by value */
-} nccl_unique_id;
-
-typedef struct nccl_api {
-    bool loaded;
-    char error[512];
-    nccl_result_t (*comm_init_all)(nccl_comm_t *comms, int n, const int *devices);
-    nccl_result_t (*all_reduce)(const void *send, void *recv, size_t count, int dtype, int op,
-                                nccl_comm_t comm, cudaStream_t stream);
-    nccl_result_t (*all_gather)(const void *send, void *recv, size_t send_count, int dtype,
-                                nccl_comm_t comm, cudaStream_t stream);
-    nccl_result_t (*comm_destroy)(nccl_comm_t comm);
-    nccl_result_t (*comm_abort)(nccl_comm_t comm);
-    const char *(*error_string)(nccl_result_t result);
-    nccl_result_t (*get_version)(int *version);
-    /* across processes only (looked up, not required, for a single process) */
-    nccl_result_t (*get_unique_id)(nccl_unique_id *id);
-    nccl_result_t (*comm_init_rank)(nccl_comm_t *comm, int n_ranks, nccl_unique_id id, int rank);
-    nccl_result_t (*group_start)(void);
-    nccl_result_t (*group_end)(void);
-} nccl_api;
-
-static nccl_api g_nccl;
-static pthread_once_t g_nccl_once = PTHREAD_ONCE_INIT;
-
-static void *nccl_open(void) {
-    const char *env = getenv("GPTOSS_NCCL_LIBRARY");
-    if (env && *env) return dlopen(env, RTLD_NOW | RTLD_LOCAL);
-    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (h) return h;
-    /* next to the executable (a copied binary with its NCCL beside it) */
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 32);
-    if (n <= 0) return NULL;
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (!slash) return NULL;
-    strcpy(slash + 1, "libnccl.so.2");
-    return dlopen(exe, RTLD_NOW | RTLD_LOCAL);
-}
-
-static void nccl_load_once(void) {
-    void *h = nccl_open();
-    if (!h) {
-        const char *why = dlerror();
-        snprintf(g_nccl.error, sizeof g_nccl.error,
-                 "tensor parallelism needs NCCL: libnccl.so.2 was not found (%s); install "
-                 "NCCL 2.18 or newer, put libnccl.so.2 next to the gptoss binary, or name it "
-                 "in GPTOSS_NCCL_LIBRARY",
-                 why ? why : "dlopen failed");
-        return;
-    }
-#define NCCL_SYM(field, name)                                                                      \
-    do {                                                                                           \
-        *(void **)&g_nccl.field = dlsym(h, name);                                                  \
-        if (!g_nccl.field) {                                                                       \
-            snprintf(g_nccl.error, sizeof g_nccl.error, "NCCL library lacks %s", name);            \
-            return;                                                                                \
-        }                                                                                          \
-    } while (0)
-    NCCL_SYM(comm_init_all, "ncclCommInitAll");
-    NCCL_SYM(all_reduce, "ncclAllReduce");
-    NCCL_SYM(all_gather, "ncclAllGather");
-    NCCL_SYM(comm_destroy, "ncclCommDestroy");
-    NCCL_SYM(comm_abort, "ncclCommAbort");
-    NCCL_SYM(error_string, "ncclGetErrorString");
-    NCCL_SYM(get_version, "ncclGetVersion");
-#undef NCCL_SYM
-    *(void **)&g_nccl.get_unique_id = dlsym(h, "ncclGetUniqueId");
-    *(void **)&g_nccl.comm_init_rank = dlsym(h, "ncclCommInitRank");
-    *(void **)&g_nccl.group_start = dlsym(h, "ncclGroupStart");
-    *(void **)&g_nccl.group_end = dlsym(h, "ncclGroupEnd");
-    g_nccl.loaded = true;
-}
-
-static gptoss_status nccl_load(gptoss_error *error) {
-    pthread_once(&g_nccl_once, nccl_load_once);
-    if (!g_nccl.loaded) return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED, "%s", g_nccl.error);
-    return GPTOSS_OK;
-}
-
-static gptoss_status nccl_check(nccl_result_t r, const char *what, gptoss_error *error) {
-    if (r == 0) return GPTOSS_OK;
-    return gptoss_set_error(error, GPTOSS_ERR_BACKEND, "NCCL: %s failed: %s (%d)", what,
-                            g_nccl.error_string ? g_nccl.error_string(r) : "?", (int)r);
 }
 
 /* ---- the all-reduce over peer memory (kernels/tp_allreduce.cu) ---------------------------- */
@@ -174,10 +82,10 @@ static gptoss_status nccl_allreduce(gptoss_cuda_state *s, float *buf, size_t n,
                                     gptoss_error *error) {
     const char *was = __atomic_load_n(&s->tp_phase, __ATOMIC_ACQUIRE);
     gptoss_cuda_tp_phase(s, "in ncclAllReduce");
-    nccl_result_t r =
-        g_nccl.all_reduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM, (nccl_comm_t)s->tp_comm, s->stream);
+    nccl_result_t r = gptoss_tp_nccl.all_reduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM,
+                                                (nccl_comm_t)s->tp_comm, s->stream);
     gptoss_cuda_tp_phase(s, was);
-    return nccl_check(r, "all-reduce", error);
+    return gptoss_tp_nccl_check(r, "all-reduce", error);
 }
 
 /* The choice depends on n alone, so every rank of a group takes the same path. */
@@ -212,10 +120,10 @@ gptoss_status gptoss_cuda_tp_gather_logits(gptoss_cuda_state *s, int32_t NL, gpt
     cuda_workspace *w = &s->ws;
     const char *was = __atomic_load_n(&s->tp_phase, __ATOMIC_ACQUIRE);
     gptoss_cuda_tp_phase(s, "in ncclAllGather");
-    nccl_result_t r = g_nccl.all_gather(w->lm_part, w->lm_gather, (size_t)NL * s->lm_rows,
-                                        NCCL_FLOAT32, (nccl_comm_t)s->tp_comm, s->stream);
+    nccl_result_t r = gptoss_tp_nccl.all_gather(w->lm_part, w->lm_gather, (size_t)NL * s->lm_rows,
+                                                NCCL_FLOAT32, (nccl_comm_t)s->tp_comm, s->stream);
     gptoss_cuda_tp_phase(s, was);
-    gptoss_status st = nccl_check(r, "logits all-gather", error);
+    gptoss_status st = gptoss_tp_nccl_check(r, "logits all-gather", error);
     if (st || s->tp_rank != 0) return st;
     join_logits_kernel<<<1024, 256, 0, s->stream>>>(w->lm_gather, w->logits, NL, s->lm_rows,
                                                     s->tp_size);
@@ -348,7 +256,7 @@ static void tp_abort(tp_backend *tp) {
         if (tp->procs > 1) gptoss_tp_job_broken(); /* the server answers /health with 503 */
         if (tp->have_comms)
             for (int32_t r = 0; r < tp->n; r++)
-                if (tp->comms[r]) g_nccl.comm_abort(tp->comms[r]);
+                if (tp->comms[r]) gptoss_tp_nccl.comm_abort(tp->comms[r]);
         tp->have_comms = false;
         /* kernels of the peer-memory all-reduce waiting for a peer stop waiting */
         if (tp->p2p.abort_host) __atomic_store_n(tp->p2p.abort_host, 1u, __ATOMIC_RELEASE);
@@ -656,7 +564,7 @@ static void tp_free(tp_backend *tp) {
     }
     if (tp->have_comms)
         for (int32_t r = 0; r < tp->n; r++)
-            if (tp->comms[r]) g_nccl.comm_destroy(tp->comms[r]);
+            if (tp->comms[r]) gptoss_tp_nccl.comm_destroy(tp->comms[r]);
     for (int32_t r = 0; r < tp->n; r++)
         if (tp->p2p.mem[r] && tp->ranks[r].s) {
             cudaSetDevice(tp->ranks[r].s->dev.ordinal);
@@ -686,166 +594,11 @@ typedef struct tp_create_args {
     uint64_t seed;
 } tp_create_args;
 
-/* A view of tensor t's elements [first, first + count) along its leading dimension (rows of
- * `row` elements). */
-static gptoss_tensor tensor_rows(const gptoss_tensor *t, size_t first, size_t count, size_t row) {
-    gptoss_tensor v = *t;
-    size_t esz = gptoss_dtype_size(t->dtype);
-    v.data = (const unsigned char *)t->data + first * row * esz;
-    v.n_bytes = count * row * esz;
-    v.shape[0] = (int64_t)count;
-    return v;
-}
-
-/* A view of experts [first, first + count) of an expert tensor [E, ...] (any dtype). */
-static gptoss_tensor tensor_experts(const gptoss_tensor *t, size_t first, size_t count, size_t E) {
-    gptoss_tensor v = *t;
-    size_t per = t->n_bytes / E;
-    v.data = (const unsigned char *)t->data + first * per;
-    v.n_bytes = count * per;
-    v.shape[0] = (int64_t)count;
-    return v;
-}
-
-/* The MoE split by rows (gptoss_moe_parallel TP) from a checkpoint: host copies of every
- * expert's unit rows [inter0, inter0 + n_inter) of gate_up (the gate and up rows of a unit are
- * adjacent) and the same input columns of down (whole 32-wide groups), and the down bias on
- * the rank that adds it, zeros on the others. bufs[0..5] receive the allocations (freed by
- * the caller). The experts must be MXFP4 blocks and scales with bf16 or f32 biases. */
-static gptoss_status experts_by_rows(const gptoss_tensor *const ex[6], gptoss_tensor *const vx[6],
-                                     const gptoss_config *c, const gptoss_tp_slice *sl, void **bufs,
-                                     gptoss_error *error) {
-    const size_t E = (size_t)c->n_experts, H = (size_t)c->hidden_size,
-                 I = (size_t)c->intermediate_size, i0 = (size_t)sl->inter0,
-                 ni = (size_t)sl->n_inter;
-    const size_t gu_block_row = (H / 32) * 16, gu_scale_row = H / 32;
-    const size_t esz_gub = gptoss_dtype_size(ex[2]->dtype),
-                 esz_db = gptoss_dtype_size(ex[5]->dtype);
-    if (ex[0]->n_bytes != E * 2 * I * gu_block_row || ex[1]->n_bytes != E * 2 * I * gu_scale_row ||
-        ex[2]->n_bytes != E * 2 * I * esz_gub || ex[3]->n_bytes != E * H * (I / 32) * 16 ||
-        ex[4]->n_bytes != E * H * (I / 32) || ex[5]->n_bytes != E * H * esz_db || !esz_gub ||
-        !esz_db)
-        return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
-                                "tensor parallelism by rows: the experts are not MXFP4 blocks "
-                                "and scales of the config's shape");
-    /* gate_up: per expert, rows [2 i0, 2 (i0 + ni)) of 2I; down: per (expert, output row),
-     * groups [i0 / 32, (i0 + ni) / 32) of I / 32 */
-    const size_t rows_e[6] = {E, E, E, E * H, E * H, 0};
-    const size_t row_bytes[6] = {
-        2 * I * gu_block_row, 2 * I * gu_scale_row, 2 * I * esz_gub, (I / 32) * 16, I / 32, 0};
-    const size_t off[6] = {
-        2 * i0 * gu_block_row, 2 * i0 * gu_scale_row, 2 * i0 * esz_gub, (i0 / 32) * 16, i0 / 32, 0};
-    const size_t len[6] = {
-        2 * ni * gu_block_row, 2 * ni * gu_scale_row, 2 * ni * esz_gub, (ni / 32) * 16, ni / 32, 0};
-    for (int i = 0; i < 6; i++) {
-        const size_t bytes = i < 5 ? rows_e[i] * len[i] : ex[5]->n_bytes;
-        bufs[i] = malloc(bytes ? bytes : 1);
-        if (!bufs[i])
-            return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
-        if (i < 5)
-            gptoss_tp_copy_row_slices(ex[i]->data, rows_e[i], row_bytes[i], off[i], len[i],
-                                      bufs[i]);
-        else if (sl->down_bias)
-            memcpy(bufs[i], ex[5]->data, bytes);
-        else
-            memset(bufs[i], 0, bytes); /* +0.0 in bf16 and f32 alike */
-        *vx[i] = *ex[i];
-        vx[i]->data = bufs[i];
-        vx[i]->n_bytes = bytes;
-    }
-    /* the intermediate dimension in the shapes (gate_up [E, 2 ni, ...], down [E, H, ni/32, ..]) */
-    vx[0]->shape[1] = vx[1]->shape[1] = vx[2]->shape[1] = (int64_t)(2 * ni);
-    vx[3]->shape[2] = vx[4]->shape[2] = (int64_t)(ni / 32);
-    return GPTOSS_OK;
-}
-
-/* Random weights: the rank's slices get the values the whole model gets from the same seed
- * (gptoss_cuda_weights_random generated them for the rank's own shapes), so a tensor-parallel
- * backend from create_random computes the same model as a one-GPU backend from that seed.
- * Follows gptoss_cuda_weights_random's seed order and distributions: 3 seeds before the
- * layers, 15 per layer. FP8 dense layers keep the rank's own values (the cost is the same). */
-static gptoss_status rank_random_as_whole(gptoss_cuda_state *s, const gptoss_config *c,
-                                          const gptoss_tp_slice *sl, uint64_t seed,
-                                          gptoss_error *error) {
-    const size_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, NH = c->n_heads,
-                 NKV = c->n_kv_heads;
-    const size_t nh = sl->n_heads, nkv = sl->n_kv_heads, h0 = sl->head0, kv0 = sl->kv_head0,
-                 e0 = sl->expert0, ne = sl->n_experts;
-    const float lin_h = 1.0f / sqrtf((float)H), lin_q = 1.0f / sqrtf((float)(NH * D));
-    const int s0_h = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)H))));
-    const int s0_i = 127 + (int)lrint(log2(1.0 / (2.93 * sqrt((double)I))));
-    cudaStream_t k = s->stream;
-    for (int l = 0; l < c->n_layers; l++) {
-        cuda_layer *L = &s->layers[l];
-        const uint64_t n = seed * 1000003ull + 3 + 15 * (uint64_t)l;
-        if (L->qkv_weight.w_bf16) {
-            bf16 *w = L->qkv_weight.w_bf16;
-            gptoss_cuda_fill_normal_bf16_at(w, nh * D * H, h0 * D * H, n + 2, 0.0f, lin_h, k);
-            gptoss_cuda_fill_normal_bf16_at(w + nh * D * H, nkv * D * H, (NH + kv0) * D * H, n + 2,
-                                            0.0f, lin_h, k);
-            gptoss_cuda_fill_normal_bf16_at(w + (nh + nkv) * D * H, nkv * D * H,
-                                            (NH + NKV + kv0) * D * H, n + 2, 0.0f, lin_h, k);
-        }
-        float *b = L->qkv_bias;
-        gptoss_cuda_fill_normal_f32_at(b, nh * D, h0 * D, n + 3, 0.0f, 0.02f, k);
-        gptoss_cuda_fill_normal_f32_at(b + nh * D, nkv * D, (NH + kv0) * D, n + 3, 0.0f, 0.02f, k);
-        gptoss_cuda_fill_normal_f32_at(b + (nh + nkv) * D, nkv * D, (NH + NKV + kv0) * D, n + 3,
-                                       0.0f, 0.02f, k);
-        if (L->o_weight.w_bf16)
-            gptoss_cuda_fill_normal_bf16_rows(L->o_weight.w_bf16, H, nh * D, h0 * D, NH * D, n + 4,
-                                              0.0f, lin_q, k);
-        gptoss_cuda_fill_normal_f32_at(L->sinks, nh, h0, n + 6, 0.0f, 1.0f, k);
-        const size_t gu_b = 2 * I * (H / 32) * 16, gu_s = 2 * I * (H / 32), d_b = H * (I / 32) * 16,
-                     d_s = H * (I / 32);
-        gptoss_cuda_moe_weights *m = &L->moe;
-        if ((size_t)sl->n_inter != I) { /* by rows: every expert's unit rows, down's columns */
-            const size_t E = c->n_experts, i0 = sl->inter0, ni = sl->n_inter, G = H / 32;
-            gptoss_cuda_fill_uniform_u8_rows((uint8_t *)m->gate_up_blocks, E, 2 * ni * G * 16,
-                                             2 * i0 * G * 16, gu_b, n + 9, 0, 255, k);
-            gptoss_cuda_fill_uniform_u8_rows((uint8_t *)m->gate_up_scales, E, 2 * ni * G,
-                                             2 * i0 * G, gu_s, n + 10, s0_h - 1, s0_h + 1, k);
-            gptoss_cuda_fill_normal_f32_rows((float *)m->gate_up_bias, E, 2 * ni, 2 * i0, 2 * I,
-                                             n + 11, 0.0f, 0.02f, k);
-            gptoss_cuda_fill_uniform_u8_rows((uint8_t *)m->down_blocks, E * H, (ni / 32) * 16,
-                                             (i0 / 32) * 16, (I / 32) * 16, n + 12, 0, 255, k);
-            gptoss_cuda_fill_uniform_u8_rows((uint8_t *)m->down_scales, E * H, ni / 32, i0 / 32,
-                                             I / 32, n + 13, s0_i - 1, s0_i + 1, k);
-            if (sl->down_bias)
-                gptoss_cuda_fill_normal_f32_at((float *)m->down_bias, E * H, 0, n + 14, 0.0f, 0.02f,
-                                               k);
-            else
-                cudaMemsetAsync((void *)m->down_bias, 0, E * H * sizeof(float), k);
-            continue;
-        }
-        gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->gate_up_blocks, ne * gu_b, e0 * gu_b, n + 9, 0,
-                                       255, k);
-        gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->gate_up_scales, ne * gu_s, e0 * gu_s, n + 10,
-                                       s0_h - 1, s0_h + 1, k);
-        gptoss_cuda_fill_normal_f32_at((float *)m->gate_up_bias, ne * 2 * I, e0 * 2 * I, n + 11,
-                                       0.0f, 0.02f, k);
-        gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->down_blocks, ne * d_b, e0 * d_b, n + 12, 0,
-                                       255, k);
-        gptoss_cuda_fill_uniform_u8_at((uint8_t *)m->down_scales, ne * d_s, e0 * d_s, n + 13,
-                                       s0_i - 1, s0_i + 1, k);
-        gptoss_cuda_fill_normal_f32_at((float *)m->down_bias, ne * H, e0 * H, n + 14, 0.0f, 0.02f,
-                                       k);
-    }
-    cudaError_t ce = cudaStreamSynchronize(k);
-    if (ce == cudaSuccess) ce = cudaGetLastError();
-    if (ce != cudaSuccess) return gptoss_cuda_error(error, ce, "random weight slices");
-    /* the MoE check ran on the rank's own values */
-    return gptoss_cuda_weights_finish(s, error);
-}
-
 static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
     const tp_create_args *a = (const tp_create_args *)arg;
     const gptoss_config *c = a->config;
     const int32_t n = r->tp->world, rank = r->tp->rank0 + r->rank; /* the job's */
     const gptoss_tp_slice sl = gptoss_tp_rank_slice_moe(c, n, rank, r->tp->moe_parallel);
-    gptoss_config rc = *c;
-    rc.n_heads = sl.n_heads;
-    rc.n_kv_heads = sl.n_kv_heads;
-    rc.intermediate_size = sl.n_inter;
     /* lm_head by vocabulary: where asked, the vocabulary divides evenly and its rows can be
      * sliced (bf16 in the checkpoint) */
     const bool lm_split = r->tp->split_lm_head && c->vocab_size % n == 0 &&
@@ -854,74 +607,8 @@ static gptoss_status rank_create(tp_rank *r, void *arg, gptoss_error *error) {
     gptoss_backend_options o = *a->options;
     o.device = a->options->device + r->rank;
     if (r->rank > 0) o.progress = NULL; /* one progress report: rank 0's */
-    gptoss_status st;
-    if (!a->weights) {
-        st = gptoss_cuda_state_create_rank(&rc, &o, NULL, a->seed, sl.expert0, sl.n_experts,
-                                           lm_row0, lm_rows, &r->s, error);
-        if (!st) st = rank_random_as_whole(r->s, c, &sl, a->seed, error);
-    } else {
-        const gptoss_weights *w = a->weights;
-        const size_t H = c->hidden_size, D = c->head_dim, NH = c->n_heads;
-        gptoss_weights v = *w;
-        v.ggml_experts = NULL; /* the experts are unpacked (backend.c) and sliced below */
-        if (lm_split) v.lm_head = tensor_rows(&w->lm_head, (size_t)lm_row0, (size_t)lm_rows, H);
-        v.layers = (gptoss_layer_weights *)calloc((size_t)w->n_layers, sizeof *v.layers);
-        const size_t o_elems = H * sl.n_heads * D;
-        void *o_cols = malloc((size_t)w->n_layers * o_elems * 2);
-        void **moe_bufs = (void **)calloc(6 * (size_t)w->n_layers, sizeof(void *));
-        if (!v.layers || !o_cols || !moe_bufs) {
-            free(v.layers);
-            free(o_cols);
-            free(moe_bufs);
-            return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
-        }
-        st = GPTOSS_OK;
-        for (int32_t l = 0; l < w->n_layers && !st; l++) {
-            const gptoss_layer_weights *lw = &w->layers[l];
-            gptoss_layer_weights *lv = &v.layers[l];
-            *lv = *lw;
-            lv->q_weight = tensor_rows(&lw->q_weight, sl.head0 * D, sl.n_heads * D, H);
-            lv->q_bias = tensor_rows(&lw->q_bias, sl.head0 * D, sl.n_heads * D, 1);
-            lv->k_weight = tensor_rows(&lw->k_weight, sl.kv_head0 * D, sl.n_kv_heads * D, H);
-            lv->k_bias = tensor_rows(&lw->k_bias, sl.kv_head0 * D, sl.n_kv_heads * D, 1);
-            lv->v_weight = tensor_rows(&lw->v_weight, sl.kv_head0 * D, sl.n_kv_heads * D, H);
-            lv->v_bias = tensor_rows(&lw->v_bias, sl.kv_head0 * D, sl.n_kv_heads * D, 1);
-            lv->sinks = tensor_rows(&lw->sinks, sl.head0, sl.n_heads, 1);
-            const gptoss_tensor *ex[6] = {&lw->gate_up_blocks, &lw->gate_up_scales,
-                                          &lw->gate_up_bias,   &lw->down_blocks,
-                                          &lw->down_scales,    &lw->down_bias};
-            gptoss_tensor *vx[6] = {&lv->gate_up_blocks, &lv->gate_up_scales, &lv->gate_up_bias,
-                                    &lv->down_blocks,    &lv->down_scales,    &lv->down_bias};
-            if (sl.n_inter == c->intermediate_size) {
-                for (int i = 0; i < 6; i++)
-                    *vx[i] = tensor_experts(ex[i], sl.expert0, sl.n_experts, c->n_experts);
-            } else {
-                st = experts_by_rows(ex, vx, c, &sl, &moe_bufs[6 * (size_t)l], error);
-                if (st) break;
-            }
-            if (lw->o_weight.dtype != GPTOSS_DTYPE_BF16 || lw->o_weight.n_bytes != H * NH * D * 2) {
-                st = gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
-                                      "tensor parallelism: o_proj of layer %d is not a bf16 "
-                                      "[%zu, %zu] matrix",
-                                      (int)l, H, NH * D);
-                break;
-            }
-            void *dst = (unsigned char *)o_cols + (size_t)l * o_elems * 2;
-            gptoss_tp_copy_columns16(lw->o_weight.data, H, NH * D, sl.head0 * D, sl.n_heads * D,
-                                     dst);
-            lv->o_weight.data = dst;
-            lv->o_weight.n_bytes = o_elems * 2;
-            lv->o_weight.shape[1] = (int64_t)(sl.n_heads * D);
-        }
-        if (!st)
-            st = gptoss_cuda_state_create_rank(&rc, &o, &v, 0, sl.expert0, sl.n_experts, lm_row0,
-                                               lm_rows, &r->s, error);
-        free(o_cols);
-        for (size_t i = 0; i < 6 * (size_t)w->n_layers; i++)
-            free(moe_bufs[i]);
-        free(moe_bufs);
-        free(v.layers);
-    }
+    gptoss_status st =
+        gptoss_cuda_tp_rank_state(c, &sl, &o, a->weights, a->seed, lm_row0, lm_rows, &r->s, error);
     if (st) return st;
     r->s->tp_rank = rank;
     r->s->tp_size = n;
@@ -1195,7 +882,8 @@ static gptoss_status job_connect(tp_backend *tp, const gptoss_dist_info *job,
                                  const gptoss_tp_net_hello *mine, nccl_unique_id *id,
                                  gptoss_error *error) {
     gptoss_status st = GPTOSS_OK;
-    if (tp->proc == 0) st = nccl_check(g_nccl.get_unique_id(id), "ncclGetUniqueId", error);
+    if (tp->proc == 0)
+        st = gptoss_tp_nccl_check(gptoss_tp_nccl.get_unique_id(id), "ncclGetUniqueId", error);
     if (!st)
         st = gptoss_tp_link_open(job, (uint8_t *)id->internal, JOB_JOIN_TIMEOUT_MS, &tp->link,
                                  error);
@@ -1207,17 +895,17 @@ static gptoss_status job_connect(tp_backend *tp, const gptoss_dist_info *job,
  * asks of one thread creating several). */
 static gptoss_status job_comms(tp_backend *tp, const nccl_unique_id *id, int32_t device,
                                gptoss_error *error) {
-    nccl_result_t r = g_nccl.group_start();
+    nccl_result_t r = gptoss_tp_nccl.group_start();
     const char *what = "ncclGroupStart";
     for (int32_t q = 0; q < tp->n && r == 0; q++) {
         cudaSetDevice(device + q);
-        r = g_nccl.comm_init_rank(&tp->comms[q], tp->world, *id, tp->rank0 + q);
+        r = gptoss_tp_nccl.comm_init_rank(&tp->comms[q], tp->world, *id, tp->rank0 + q);
         what = "ncclCommInitRank";
     }
-    nccl_result_t end = g_nccl.group_end();
+    nccl_result_t end = gptoss_tp_nccl.group_end();
     if (r == 0 && end != 0) r = end, what = "ncclGroupEnd";
     cudaSetDevice(device);
-    return nccl_check(r, what, error);
+    return gptoss_tp_nccl_check(r, what, error);
 }
 
 static gptoss_status tp_follow(void *state, gptoss_error *error);
@@ -1242,10 +930,10 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
     size_t p2p_max_floats = 0;
     st = p2p_env(&p2p_max_floats, error);
     if (st) return st;
-    st = nccl_load(error);
+    st = gptoss_tp_nccl_load(error);
     if (st) return st;
-    if (procs > 1 && (!g_nccl.get_unique_id || !g_nccl.comm_init_rank || !g_nccl.group_start ||
-                      !g_nccl.group_end))
+    if (procs > 1 && (!gptoss_tp_nccl.get_unique_id || !gptoss_tp_nccl.comm_init_rank ||
+                      !gptoss_tp_nccl.group_start || !gptoss_tp_nccl.group_end))
         return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
                                 "tensor parallelism across processes needs ncclGetUniqueId, "
                                 "ncclCommInitRank, ncclGroupStart and ncclGroupEnd, which this "
@@ -1344,8 +1032,8 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
         int devices[GPTOSS_TP_MAX];
         for (int32_t r = 0; r < n; r++)
             devices[r] = options->device + r;
-        st =
-            nccl_check(g_nccl.comm_init_all(tp->comms, n, devices), "communicator creation", error);
+        st = gptoss_tp_nccl_check(gptoss_tp_nccl.comm_init_all(tp->comms, n, devices),
+                                  "communicator creation", error);
     }
     if (st) {
         tp_free(tp);
@@ -1368,7 +1056,7 @@ static gptoss_status tp_create_common(const gptoss_config *config, gptoss_backen
         return st;
     }
     int version = 0;
-    g_nccl.get_version(&version);
+    gptoss_tp_nccl.get_version(&version);
     if (procs > 1) {
         tp->kv_block_size = options->kv_block_size;
         tp->n_kv_blocks = blocks;
