@@ -94,6 +94,9 @@ typedef struct gptoss_draft_options {
 
 /* What a draft head needs from the target model (GPTOSS_DRAFT_EAGLE3); set by
  * gptoss_engine_options_for_backend. Called on the engine thread only. */
+struct gptoss_eagle3_head;
+struct gptoss_eagle3_exec;
+
 typedef struct gptoss_draft_target {
     void *user;
     int32_t n_layers, hidden_size;
@@ -106,6 +109,10 @@ typedef struct gptoss_draft_target {
     /* The target's embedding rows of tokens[0..n) as f32 [n, hidden]. */
     gptoss_status (*embed_tokens)(void *user, const int32_t *tokens, int32_t n, float *out,
                                   gptoss_error *error);
+    /* Optional: an executor that runs the head on the target's device (the internal
+     * model/eagle3.h types); NULL: the head runs on the CPU. */
+    gptoss_status (*head_exec)(void *user, const struct gptoss_eagle3_head *head,
+                               struct gptoss_eagle3_exec *out, gptoss_error *error);
 } gptoss_draft_target;
 
 typedef struct gptoss_engine_options {
@@ -409,6 +416,8 @@ typedef struct gptoss_engine_stats {
     uint64_t draft_tokens;
     uint64_t draft_accepted_tokens;
     uint64_t draft_seq_steps;
+    double draft_seconds; /* engine-thread time in the draft source (proposing and, for a draft
+                             head, reading each step's hidden states) */
     gptoss_latency_histogram ttft; /* submit -> first token of choice 0 */
     gptoss_latency_histogram itl;  /* between consecutive tokens of a choice */
     bool draining;

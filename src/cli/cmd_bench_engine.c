@@ -81,9 +81,12 @@ static int parse_accept(const char *cmd, const char *text, void *target) {
 typedef struct run_result {
     double tokens_per_s;
     uint64_t drafted, accepted;
+    double draft_seconds; /* in the draft source */
+    int32_t differ;       /* requests whose tokens are not the recorded ones */
 } run_result;
 
-/* One timed run of B requests; out[b] receives request b's tokens when record is set. */
+/* One timed run of B requests; replays[b] receives request b's tokens when record is set,
+ * else they are compared with it (result->differ). */
 static gptoss_status run_once(gptoss_backend *backend, const gptoss_config *c,
                               const gptoss_backend_options *bo, const gptoss_draft_options *draft,
                               int32_t B, int32_t n_prompt, int32_t n_gen, const int32_t *prompts,
@@ -101,9 +104,9 @@ static gptoss_status run_once(gptoss_backend *backend, const gptoss_config *c,
     gptoss_request **req = calloc((size_t)B, sizeof *req);
     int32_t *n_out = calloc((size_t)B, sizeof *n_out);
     double *first = calloc((size_t)B, sizeof *first);
-    bool *done = calloc((size_t)B, sizeof *done);
-    if (!req || !n_out || !first || !done) {
-        free(req), free(n_out), free(first), free(done);
+    bool *done = calloc((size_t)B, sizeof *done), *differs = calloc((size_t)B, sizeof *differs);
+    if (!req || !n_out || !first || !done || !differs) {
+        free(req), free(n_out), free(first), free(done), free(differs);
         return gptoss_set_error(err, GPTOSS_ERR_OUT_OF_MEMORY, "out of memory");
     }
     gptoss_status st = gptoss_engine_create(&eo, &engine, err);
@@ -139,6 +142,9 @@ static gptoss_status run_once(gptoss_backend *backend, const gptoss_config *c,
                     if (n_out[b] == 0) first[b] = now;
                     if (record && n_out[b] < n_gen)
                         replays[(size_t)b * n_gen + n_out[b]] = ev.token_id;
+                    else if (n_out[b] < n_gen &&
+                             replays[(size_t)b * n_gen + n_out[b]] != ev.token_id)
+                        differs[b] = true;
                     n_out[b]++;
                 }
                 if (ev.finish == GPTOSS_FINISH_ERROR)
@@ -165,12 +171,31 @@ static gptoss_status run_once(gptoss_backend *backend, const gptoss_config *c,
         result->tokens_per_s = last_finish > start ? (double)tokens / (last_finish - start) : 0;
         result->drafted = stats.draft_tokens;
         result->accepted = stats.draft_accepted_tokens;
+        result->draft_seconds = stats.draft_seconds;
+        result->differ = 0;
+        for (int32_t b = 0; b < B; b++)
+            result->differ += differs[b] || n_out[b] != n_gen;
     }
     for (int32_t b = 0; b < B; b++)
         gptoss_request_release(req[b]);
     gptoss_engine_free(engine);
-    free(req), free(n_out), free(first), free(done);
+    free(req), free(n_out), free(first), free(done), free(differs);
     return st;
+}
+
+/* "same" or how many requests' tokens differ from the run without drafting. */
+static const char *outputs_text(const run_result *r, int32_t B) {
+    static char text[48];
+    if (r->differ == 0) return "same";
+    snprintf(text, sizeof text, "%d of %d differ", (int)r->differ, (int)B);
+    return text;
+}
+
+static const char *draft_cost_text(const run_result *r) {
+    static char text[32];
+    if (r->drafted == 0) return "-";
+    snprintf(text, sizeof text, "%.3f", 1000.0 * r->draft_seconds / (double)r->drafted);
+    return text;
 }
 
 static int compare_double(const void *a, const void *b) {
@@ -188,13 +213,16 @@ static gptoss_status measure(gptoss_backend *backend, const gptoss_config *c,
     run_result r;
     gptoss_status st =
         run_once(backend, c, bo, draft, B, n_prompt, n_gen, prompts, replays, false, &r, err);
+    int32_t differ = r.differ; /* the most of any run, warm-up included */
     for (int32_t i = 0; !st && i < repeats; i++) {
         st = run_once(backend, c, bo, draft, B, n_prompt, n_gen, prompts, replays, false, &r, err);
         tps[i] = r.tokens_per_s;
+        if (r.differ > differ) differ = r.differ;
     }
     if (st) return st;
     qsort(tps, (size_t)repeats, sizeof *tps, compare_double);
     *out = r;
+    out->differ = differ;
     out->tokens_per_s = tps[repeats / 2];
     return GPTOSS_OK;
 }
@@ -361,8 +389,9 @@ int cli_bench_engine(int argc, char **argv) {
         prompts[i] = (int32_t)((lcg >> 33) % (uint64_t)c->vocab_size);
     }
     if (!st && !json)
-        printf("| batch | draft | k | P | decode t/s | vs none | acceptance |\n"
-               "| ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
+        printf("| batch | draft | k | P | decode t/s | vs none | acceptance | draft ms per "
+               "drafted token | outputs |\n"
+               "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
     if (!st && json) printf("{\"backend\": \"%s\", \"results\": [", gptoss_backend_name(backend));
     bool first_row = true;
     for (int32_t bi = 0; !st && bi < n_batches; bi++) {
@@ -375,7 +404,9 @@ int cli_bench_engine(int argc, char **argv) {
         if (!st)
             st = measure(backend, c, &bo, &none, B, (int32_t)n_prompt, (int32_t)n_gen, prompts,
                          replays, (int32_t)repeats, &base, &err);
-        if (!st && !json) printf("| %d | none | - | - | %.1f | 1.00 | - |\n", B, base.tokens_per_s);
+        if (!st && !json)
+            printf("| %d | none | - | - | %.1f | 1.00 | - | - | %s |\n", B, base.tokens_per_s,
+                   outputs_text(&base, B));
         if (!st && json)
             printf("%s\n  {\"batch\": %d, \"draft\": \"none\", \"tokens_per_s\": %.2f}",
                    first_row ? "" : ",", B, base.tokens_per_s);
@@ -404,17 +435,19 @@ int cli_bench_engine(int argc, char **argv) {
                 if (d.kind == GPTOSS_DRAFT_REPLAY)
                     snprintf(p_text, sizeof p_text, "%.2f", accept.v[ai]);
                 if (!json)
-                    printf("| %d | %s | %d | %s | %.1f | %.2f | %.0f%% |\n", B,
+                    printf("| %d | %s | %d | %s | %.1f | %.2f | %.0f%% | %s | %s |\n", B,
                            gptoss_draft_kind_name(d.kind), d.num_speculative_tokens, p_text,
-                           r.tokens_per_s, r.tokens_per_s / base.tokens_per_s, 100.0 * acceptance);
+                           r.tokens_per_s, r.tokens_per_s / base.tokens_per_s, 100.0 * acceptance,
+                           draft_cost_text(&r), outputs_text(&r, B));
                 else
                     printf(",\n  {\"batch\": %d, \"draft\": \"%s\", \"k\": %d, \"accept\": %s, "
                            "\"tokens_per_s\": %.2f, \"speedup\": %.4f, \"drafted\": %llu, "
-                           "\"accepted\": %llu}",
+                           "\"accepted\": %llu, \"draft_seconds\": %.4f, \"outputs_differ\": "
+                           "%d}",
                            B, gptoss_draft_kind_name(d.kind), d.num_speculative_tokens,
                            d.kind == GPTOSS_DRAFT_REPLAY ? p_text : "null", r.tokens_per_s,
                            r.tokens_per_s / base.tokens_per_s, (unsigned long long)r.drafted,
-                           (unsigned long long)r.accepted);
+                           (unsigned long long)r.accepted, r.draft_seconds, r.differ);
                 fflush(stdout);
             }
         }

@@ -141,6 +141,7 @@ struct gptoss_engine {
     gptoss_draft_observed *observed; /* [cap_observed] a draft head's view of the step */
     int32_t cap_observed;
     gptoss_spec_costs *spec_costs; /* measured seconds of decode steps by width */
+    double propose_seconds;        /* the draft source's time for this step's drafts */
     /* GPTOSS_STEP_TIMING=1: host seconds per phase of a step, printed at exit */
     bool timing;
     double t_schedule, t_forward, t_sample, t_between, t_mark, t_rows, t_flush;

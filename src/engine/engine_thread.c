@@ -408,6 +408,7 @@ static gptoss_seq *fork_choice(gptoss_engine *e, sample_job *job) {
 
 /* Drafts for the decoding sequences (before schedule), as many as the switch allows. */
 static void attach_drafts(gptoss_engine *e) {
+    e->propose_seconds = 0;
     if (!e->drafter) return;
     const gptoss_draft_options *o = &e->options.draft;
     const int32_t n_running = gptoss_scheduler_n_running(e->sched);
@@ -459,8 +460,26 @@ static void attach_drafts(gptoss_engine *e) {
         d->n_out = 0;
         e->draft_owners[n++] = seq;
     }
+    /* As many as the measured cost of the wider step pays for: judged first on the drafts
+     * asked for, so that a source whose proposals cost time (a draft head's forwards) is
+     * not asked for drafts that no step would verify, then on those it gave. */
+    if (e->spec_costs) {
+        for (int32_t i = 0; i < n; i++) {
+            const gptoss_seq *seq = e->draft_owners[i];
+            const gptoss_request *r = seq->user;
+            e->draft_counts[i] = e->draft_seqs[i].k;
+            e->draft_p[i] = gptoss_spec_acceptance(&r->spec[seq->index]);
+        }
+        const int32_t asked =
+            gptoss_spec_best_cap(e->spec_costs, n_decoding, e->draft_counts, e->draft_p, n);
+        if (asked == 0) return;
+        for (int32_t i = 0; i < n; i++)
+            if (e->draft_seqs[i].k > asked) e->draft_seqs[i].k = asked;
+    }
+    const double t0 = gptoss_now_seconds();
     gptoss_drafter_propose(e->drafter, e->draft_seqs, n);
-    /* As many as the measured cost of the wider step pays for. */
+    e->propose_seconds = gptoss_now_seconds() - t0;
+    e->local.draft_seconds += e->propose_seconds;
     for (int32_t i = 0; i < n; i++) {
         const gptoss_seq *seq = e->draft_owners[i];
         const gptoss_request *r = seq->user;
@@ -497,14 +516,18 @@ static void observe_step(gptoss_engine *e, const gptoss_batch_plan *plan) {
             .first_row = plan->seq_token_start[i],
         };
     }
+    const double t0 = gptoss_now_seconds();
     gptoss_drafter_observe(e->drafter, e->observed, plan->n_seqs);
+    e->local.draft_seconds += gptoss_now_seconds() - t0;
 }
 
 /* Records the seconds of a step where every token had a logits row (decodes, with or without
- * drafts): what the switch weighs drafts against. */
+ * drafts): what the switch weighs drafts against. A step that verifies drafts is charged the
+ * time the draft source took to propose them (a draft head's forwards). */
 static void record_step_cost(gptoss_engine *e, const gptoss_batch_plan *plan, double seconds) {
-    if (e->spec_costs && plan->n_logits == plan->n_tokens)
-        gptoss_spec_costs_record(e->spec_costs, plan->n_tokens, seconds);
+    if (!e->spec_costs || plan->n_logits != plan->n_tokens) return;
+    if (plan->n_tokens > plan->n_seqs) seconds += e->propose_seconds;
+    gptoss_spec_costs_record(e->spec_costs, plan->n_tokens, seconds);
 }
 
 /* The rows of a decode with drafts (see above): row j for the token at n_tokens + j, with
