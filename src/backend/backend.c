@@ -4,6 +4,7 @@
  * ever sees a plan that could make it read or write outside its KV pools.
  */
 #include "backend/backend.h"
+#include "backend/cpu/eagle3_forward.h"
 #include "backend/tp_split.h"
 #include "backend/kv_fp8.h"
 #include "backend/sampling_ref.h"
@@ -477,7 +478,11 @@ void gptoss_backend_free(gptoss_backend *b) {
 /* ---- EAGLE3 drafting: hidden states and embeddings of the target ------------------------ */
 
 static const gptoss_backend_draft_ops *draft_ops(const gptoss_backend *b) {
-    return b->ops == &gptoss_cpu_backend_ops ? &gptoss_cpu_backend_draft_ops : NULL;
+    if (b->ops == &gptoss_cpu_backend_ops) return &gptoss_cpu_backend_draft_ops;
+#ifdef GPTOSS_WITH_CUDA
+    if (b->ops == &gptoss_cuda_backend_ops) return &gptoss_cuda_backend_draft_ops;
+#endif
+    return NULL;
 }
 
 gptoss_status gptoss_backend_capture_hidden(gptoss_backend *b, const int32_t *boundaries, int32_t n,
@@ -486,7 +491,7 @@ gptoss_status gptoss_backend_capture_hidden(gptoss_backend *b, const int32_t *bo
     if (!ops)
         return gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,
                                 "the %s backend does not hand hidden states to a draft head yet; "
-                                "--draft eagle3 runs on the CPU backend",
+                                "--draft eagle3 runs on the CPU backend and on one GPU",
                                 b->ops->name);
     for (int32_t i = 0; i < n; i++)
         if (boundaries[i] < 0 || boundaries[i] > b->config.n_layers)
@@ -513,4 +518,11 @@ gptoss_status gptoss_backend_embed_tokens(gptoss_backend *b, const int32_t *toke
             return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
                                     "token %d is outside the vocabulary", tokens[i]);
     return ops->embed_tokens(b->state, tokens, n, out, error);
+}
+
+gptoss_status gptoss_backend_head_exec(gptoss_backend *b, const struct gptoss_eagle3_head *head,
+                                       struct gptoss_eagle3_exec *out, gptoss_error *error) {
+    const gptoss_backend_draft_ops *ops = draft_ops(b);
+    if (ops && ops->head_exec) return ops->head_exec(b->state, head, out, error);
+    return gptoss_eagle3_cpu_exec(head, out, error);
 }

@@ -41,6 +41,9 @@ typedef struct gptoss_backend_ops {
 /* What a backend does for a draft head (EAGLE3): a table of its own beside gptoss_backend_ops,
  * so backends without it stay as they are. backend.c finds a backend's table by its ops
  * (today the CPU backend's only). */
+struct gptoss_eagle3_head;
+struct gptoss_eagle3_exec;
+
 typedef struct gptoss_backend_draft_ops {
     /* From now on keep, for every token of each forward, the residual stream at these layer
      * boundaries (b = the stream after b layers, 0 <= b <= n_layers; b = n_layers is the last
@@ -54,9 +57,15 @@ typedef struct gptoss_backend_draft_ops {
     /* The target's embedding rows of tokens[0..n) as f32 [n, H]. */
     gptoss_status (*embed_tokens)(void *state, const int32_t *tokens, int32_t n, float *out,
                                   gptoss_error *error);
+    /* Optional: the head's executor on this backend's device (NULL: the CPU forward). */
+    gptoss_status (*head_exec)(void *state, const struct gptoss_eagle3_head *head,
+                               struct gptoss_eagle3_exec *out, gptoss_error *error);
 } gptoss_backend_draft_ops;
 
 extern const gptoss_backend_draft_ops gptoss_cpu_backend_draft_ops;
+#ifdef GPTOSS_WITH_CUDA
+extern const gptoss_backend_draft_ops gptoss_cuda_backend_draft_ops; /* eagle3_head.cu */
+#endif
 
 /* The public side of gptoss_backend_draft_ops (backend.c): GPTOSS_ERR_UNSUPPORTED with a
  * message naming the backend where it has none. */
@@ -65,6 +74,9 @@ gptoss_status gptoss_backend_capture_hidden(gptoss_backend *b, const int32_t *bo
 const float *gptoss_backend_captured_hidden(gptoss_backend *b, int32_t *n_tokens);
 gptoss_status gptoss_backend_embed_tokens(gptoss_backend *b, const int32_t *tokens, int32_t n,
                                           float *out, gptoss_error *error);
+/* The backend's executor for a draft head: its own where it has one, else the CPU forward. */
+gptoss_status gptoss_backend_head_exec(gptoss_backend *b, const struct gptoss_eagle3_head *head,
+                                       struct gptoss_eagle3_exec *out, gptoss_error *error);
 
 extern const gptoss_backend_ops gptoss_cpu_backend_ops;
 #ifdef GPTOSS_WITH_CUDA

@@ -1,8 +1,10 @@
 /*
  * draft_eagle3.c - the `eagle3` draft source (see draft_eagle3.h).
  *
- * Owns: the head, its CPU forward, one record per sequence (head KV cache and the target
- * hidden states not yet run through the head) and grow-only row buffers.
+ * Owns: the head, its executor (the CPU forward, or the target's GPU where its backend runs
+ * the head: gptoss_draft_target.head_exec), one record per sequence (head KV cache in the
+ * executor's memory and the target hidden states not yet run through the head) and grow-only
+ * row buffers.
  *
  * A record's invariant: the head cache holds positions [start, start + n) computed from the
  * target's states and committed tokens; `pending` holds the target states of the positions
@@ -11,6 +13,7 @@
 #include "engine/draft_eagle3.h"
 #include "backend/cpu/eagle3_forward.h"
 #include "model/eagle3.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -24,6 +27,13 @@
  * at the first position the target computes for it. */
 #define FORGET_AFTER_STEPS 32
 
+/* After a step, a sequence's final positions run through the head only once this many wait
+ * (a prompt chunk, or a sequence that has not drafted for a while); fewer wait for its next
+ * proposal, which runs them in the same head forward as its first draft. One decode step then
+ * costs one head forward per round, not one more to observe it, and a sequence that does not
+ * draft catches up in forwards of this many rows (on a GPU, about the cost of one). */
+#define OBSERVE_BATCH_ROWS 32
+
 typedef struct head_seq {
     uint64_t priority, index; /* the sequence's identity */
     uint64_t last_seen;       /* the observe count when it was last in a step */
@@ -36,7 +46,7 @@ struct gptoss_eagle3_drafter {
     gptoss_eagle3_head *head;
     const gptoss_eagle3_config *c;
     const gptoss_eagle3_weights *w;
-    gptoss_eagle3_cpu *forward;
+    gptoss_eagle3_exec exec; /* state NULL until made */
     gptoss_draft_target target;
     int32_t aux_width; /* 3H */
     uint64_t n_observed;
@@ -55,6 +65,9 @@ struct gptoss_eagle3_drafter {
     head_seq **active; /* [cap_rows] the records drafting this round */
     /* GPTOSS_EAGLE3_DUMP=DIR: the first sequence's target rows, for scripts/eagle3-reference.py
      * (records: int32 position, token, cache start; f32 aux[3H], logits[DV]). */
+    /* where the time goes (logged at debug level when freed) */
+    double t_states, t_forward, t_observe_forward;
+    uint64_t n_forwards, n_rows_run, n_observe_forwards;
     FILE *dump;
     bool dump_bound;
     uint64_t dump_priority, dump_index;
@@ -126,9 +139,10 @@ static bool grow_rows(gptoss_eagle3_drafter *d, int32_t n) {
 }
 
 /* Fills the embeddings of rows [0, n) from row_tokens: the head's own table, else the
- * target's. */
+ * target's (an executor that embeds the tokens itself needs none). */
 static gptoss_status fill_embeds(gptoss_eagle3_drafter *d, int32_t n, gptoss_error *error) {
     const int32_t H = d->c->hidden_size;
+    if (!d->exec.wants_embed) return GPTOSS_OK;
     if (!d->w->embed.data)
         return d->target.embed_tokens(d->target.user, d->row_tokens, n, d->embeds, error);
     const uint8_t *table = d->w->embed.data;
@@ -205,11 +219,16 @@ static bool run_rows(gptoss_eagle3_drafter *d, int32_t n) {
     const int32_t H = d->c->hidden_size;
     gptoss_status st = fill_embeds(d, n, &err);
     for (int32_t r = 0; r < n; r++) {
-        d->rows[r].embed = d->embeds + (size_t)r * H;
+        d->rows[r].token = d->row_tokens[r];
+        d->rows[r].embed = d->exec.wants_embed ? d->embeds + (size_t)r * H : NULL;
         d->rows[r].prenorm = d->prenorm + (size_t)r * H;
     }
     if (d->dump) dump_prepare(d, n);
-    if (st == GPTOSS_OK) st = gptoss_eagle3_cpu_forward(d->forward, d->rows, n, &err);
+    const double t0 = gptoss_now_seconds();
+    if (st == GPTOSS_OK) st = d->exec.forward(d->exec.state, d->rows, n, &err);
+    d->t_forward += gptoss_now_seconds() - t0;
+    d->n_forwards++;
+    d->n_rows_run += (uint64_t)n;
     if (st == GPTOSS_OK && d->dump) dump_write(d, n);
     if (st == GPTOSS_OK) return true;
     GPTOSS_LOG_W("draft", "EAGLE3 head forward failed (%s); its sequences draft again later",
@@ -242,7 +261,8 @@ gptoss_status gptoss_eagle3_drafter_create(const gptoss_draft_options *o, int32_
         d->c = gptoss_eagle3_head_config(d->head);
         d->w = gptoss_eagle3_head_weights(d->head);
         d->aux_width = GPTOSS_EAGLE3_N_AUX * d->c->hidden_size;
-        st = gptoss_eagle3_cpu_create(d->head, &d->forward, error);
+        st = target->head_exec ? target->head_exec(target->user, d->head, &d->exec, error)
+                               : gptoss_eagle3_cpu_exec(d->head, &d->exec, error);
     }
     if (st == GPTOSS_OK)
         st = target->capture_hidden(target->user, boundaries, GPTOSS_EAGLE3_N_AUX, error);
@@ -261,10 +281,17 @@ gptoss_status gptoss_eagle3_drafter_create(const gptoss_draft_options *o, int32_
 
 void gptoss_eagle3_drafter_free(gptoss_eagle3_drafter *d) {
     if (!d) return;
-    if (d->head && d->forward) /* stop the target keeping states nobody reads */
+    GPTOSS_LOG_D("draft",
+                 "EAGLE3 head: %llu steps observed (%.1f ms reading their states), %llu forwards "
+                 "of %llu rows in %.1f ms (%llu of them after a step: %.1f ms)",
+                 (unsigned long long)d->n_observed, 1e3 * d->t_states,
+                 (unsigned long long)d->n_forwards, (unsigned long long)d->n_rows_run,
+                 1e3 * d->t_forward, (unsigned long long)d->n_observe_forwards,
+                 1e3 * d->t_observe_forward);
+    if (d->head && d->exec.state) /* stop the target keeping states nobody reads */
         d->target.capture_hidden(d->target.user, NULL, 0, &(gptoss_error){0});
     for (int32_t i = 0; i < d->n_seqs; i++) {
-        free(d->seqs[i].kv.k), free(d->seqs[i].kv.v);
+        d->exec.kv_release(d->exec.state, &d->seqs[i].kv);
         free(d->seqs[i].pending);
     }
     free(d->seqs);
@@ -272,7 +299,7 @@ void gptoss_eagle3_drafter_free(gptoss_eagle3_drafter *d) {
         free(d->prenorm);
     free(d->chain), free(d->active), free(d->dump_logits);
     if (d->dump) fclose(d->dump);
-    gptoss_eagle3_cpu_free(d->forward);
+    if (d->exec.state) d->exec.destroy(d->exec.state);
     gptoss_eagle3_free(d->head);
     free(d);
 }
@@ -334,6 +361,7 @@ void gptoss_eagle3_drafter_observe(gptoss_eagle3_drafter *d, const gptoss_draft_
                                    int32_t n) {
     d->n_observed++;
     int32_t n_states = 0;
+    const double t0 = gptoss_now_seconds();
     const float *states = d->target.captured_hidden(d->target.user, &n_states);
     /* First every record (adding may move them), then the rows that point into them. */
     for (int32_t i = 0; i < n && states; i++) {
@@ -346,17 +374,22 @@ void gptoss_eagle3_drafter_observe(gptoss_eagle3_drafter *d, const gptoss_draft_
         take_states(d, s, o->first_position, states + (size_t)o->first_row * d->aux_width,
                     o->n_computed);
     }
+    const double t1 = gptoss_now_seconds();
+    d->t_states += t1 - t0;
     /* Run what is final: positions whose next token is committed. */
     int32_t n_rows = 0, n_runs = 0;
     for (int32_t i = 0; i < n && states; i++) {
         const gptoss_draft_observed *o = &seqs[i];
         head_seq *s = lookup(d, o->seq_priority, o->seq_index);
         const int32_t last = o->n_tokens - 2;
-        if (!s || s->last_seen != d->n_observed || last < kv_end(s) || s->n_pending == 0) continue;
+        if (!s || s->last_seen != d->n_observed || last < kv_end(s) ||
+            s->n_pending < OBSERVE_BATCH_ROWS)
+            continue;
         if (!grow_rows(d, n_rows + (last - kv_end(s) + 1))) break;
         n_rows = add_pending_rows(d, s, o->tokens, last, n_rows, i);
         d->active[n_runs++] = s;
     }
+    if (n_rows > 0) d->n_observe_forwards++;
     if (n_rows > 0 && run_rows(d, n_rows)) {
         int32_t run = 0;
         for (int32_t r = 0; r < n_rows; r++) {
@@ -366,10 +399,12 @@ void gptoss_eagle3_drafter_observe(gptoss_eagle3_drafter *d, const gptoss_draft_
             drop_pending(d, d->active[run++], len);
         }
     }
+    d->t_observe_forward += gptoss_now_seconds() - t1;
     /* Forget sequences that stopped appearing. */
     for (int32_t i = 0; i < d->n_seqs;) {
         if (d->n_observed - d->seqs[i].last_seen > FORGET_AFTER_STEPS) {
-            free(d->seqs[i].kv.k), free(d->seqs[i].kv.v), free(d->seqs[i].pending);
+            d->exec.kv_release(d->exec.state, &d->seqs[i].kv);
+            free(d->seqs[i].pending);
             d->seqs[i] = d->seqs[--d->n_seqs];
         } else {
             i++;

@@ -80,6 +80,11 @@ static gptoss_status backend_embed_tokens(void *user, const int32_t *tokens, int
     return gptoss_backend_embed_tokens((gptoss_backend *)user, tokens, n, out, error);
 }
 
+static gptoss_status backend_head_exec(void *user, const struct gptoss_eagle3_head *head,
+                                       struct gptoss_eagle3_exec *out, gptoss_error *error) {
+    return gptoss_backend_head_exec((gptoss_backend *)user, head, out, error);
+}
+
 void gptoss_engine_options_for_backend(gptoss_engine_options *o, const gptoss_config *config,
                                        gptoss_backend *backend,
                                        const gptoss_backend_options *backend_options) {
@@ -90,7 +95,8 @@ void gptoss_engine_options_for_backend(gptoss_engine_options *o, const gptoss_co
                                             .hidden_size = config->hidden_size,
                                             .capture_hidden = backend_capture_hidden,
                                             .captured_hidden = backend_captured_hidden,
-                                            .embed_tokens = backend_embed_tokens};
+                                            .embed_tokens = backend_embed_tokens,
+                                            .head_exec = backend_head_exec};
     o->vocab_size = config->vocab_size;
     o->sliding_window = gptoss_config_n_sliding_layers(config) > 0 ? config->sliding_window : 0;
     o->kv_block_size = backend_options->kv_block_size;

@@ -105,4 +105,45 @@ static inline int32_t gptoss_eagle3_target_token(const gptoss_eagle3_weights *w,
     return w->draft_to_target[d];
 }
 
+/* ---- running the head: the executors (backend/cpu/eagle3_forward.c, backend/cuda/) ---- */
+
+/* One sequence's head cache: K and V of positions [start, start + n), in the executor's
+ * memory (host or device; f32 [cap, NKV*D] each). The executor grows it (forward) and frees
+ * it (kv_release); the caller moves start and n back to drop positions. */
+typedef struct gptoss_eagle3_kv {
+    float *k;
+    float *v;
+    int32_t cap; /* rows allocated */
+    int32_t start;
+    int32_t n;
+} gptoss_eagle3_kv;
+
+/* One head position p of one sequence (what the head computes: backend/cpu/eagle3_forward.h). */
+typedef struct gptoss_eagle3_row {
+    gptoss_eagle3_kv *kv; /* its sequence's cache; the row's position is kv->start + kv->n when
+                             the rows before it in the batch have been appended */
+    int32_t position;
+    int32_t token;       /* the token after `position`, whose embedding the row reads */
+    const float *embed;  /* [H] host f32 embedding of `token`: filled by the caller only for an
+                            executor with wants_embed */
+    const float *aux;    /* [3H] host: the target's boundary states, or NULL: */
+    const float *hidden; /* [H] host: the head's own prenorm output (used when aux is NULL) */
+    float *prenorm;      /* [H] host, written (an executor may skip rows without want_token) */
+    float *logits;       /* [DV] host, written when not NULL */
+    bool want_token;     /* write draft_token (argmax over the draft vocabulary) */
+    int32_t draft_token; /* written: a draft-vocabulary id (the first of equal maxima) */
+} gptoss_eagle3_row;
+
+/* Where the head runs: the CPU (gptoss_eagle3_cpu_exec) or the target's GPU. */
+typedef struct gptoss_eagle3_exec {
+    void *state;
+    bool wants_embed; /* rows must carry embed (else the executor embeds `token` itself) */
+    /* Runs rows[0..n). Rows of one sequence come in position order, each at the end of its
+     * cache (position == kv->start + kv->n at its turn); a row's hidden may be an earlier
+     * row's prenorm only in a later call. */
+    gptoss_status (*forward)(void *state, gptoss_eagle3_row *rows, int32_t n, gptoss_error *error);
+    void (*kv_release)(void *state, gptoss_eagle3_kv *kv); /* frees k, v; cap 0 */
+    void (*destroy)(void *state);
+} gptoss_eagle3_exec;
+
 #endif

@@ -277,3 +277,35 @@ gptoss_status gptoss_eagle3_cpu_forward(gptoss_eagle3_cpu *f, gptoss_eagle3_row 
     }
     return GPTOSS_OK;
 }
+
+/* ---- the executor ---------------------------------------------------------------------- */
+
+static gptoss_status exec_forward(void *state, gptoss_eagle3_row *rows, int32_t n,
+                                  gptoss_error *error) {
+    return gptoss_eagle3_cpu_forward(state, rows, n, error);
+}
+
+static void exec_kv_release(void *state, gptoss_eagle3_kv *kv) {
+    (void)state;
+    free(kv->k), free(kv->v);
+    kv->k = kv->v = NULL;
+    kv->cap = 0;
+}
+
+static void exec_destroy(void *state) {
+    gptoss_eagle3_cpu_free(state);
+}
+
+gptoss_status gptoss_eagle3_cpu_exec(const gptoss_eagle3_head *head, gptoss_eagle3_exec *out,
+                                     gptoss_error *error) {
+    memset(out, 0, sizeof *out);
+    gptoss_eagle3_cpu *f = NULL;
+    gptoss_status st = gptoss_eagle3_cpu_create(head, &f, error);
+    if (st) return st;
+    *out = (gptoss_eagle3_exec){.state = f,
+                                .wants_embed = true,
+                                .forward = exec_forward,
+                                .kv_release = exec_kv_release,
+                                .destroy = exec_destroy};
+    return GPTOSS_OK;
+}

@@ -165,6 +165,17 @@ typedef struct gptoss_cuda_state {
      * tp.cu names it when a step hangs); set through gptoss_cuda_tp_phase */
     const char *tp_phase;
     void *tp_group; /* the group (tp.cu) of every rank (bench: gptoss_cuda_tp_step on rank 0) */
+    /* EAGLE3 drafting (eagle3_head.cu): every step copies the residual stream at the layer
+     * boundaries capture[0..n_capture) into capture_dev [tokens, n_capture * H] (device token
+     * order; capture_order[plan token] = its device row when the step reordered them); read
+     * back on demand into capture_host in plan order. */
+    int32_t capture[8], n_capture;
+    bool capture_on; /* a head reads them (off: still copied, see eagle3_head.cu) */
+    float *capture_dev;
+    int32_t capture_cap, captured_rows;
+    bool captured_reordered, captured_read;
+    int32_t *capture_order;
+    float *capture_host, *capture_staging; /* pinned, [capture_cap, n_capture * H] each */
 } gptoss_cuda_state;
 
 /* Components of a step for profiling (index into gptoss_bench_part_names). */
@@ -250,6 +261,15 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *state, const gptoss_
 gptoss_status gptoss_cuda_forward_sample(void *state, const gptoss_batch_plan *plan,
                                          const gptoss_sample_batch *batch, gptoss_error *error);
 void gptoss_cuda_sampler_free(struct gptoss_cuda_sampler *sampler);
+
+/* ---- eagle3_head.cu: a draft head's side of the state ---- */
+
+/* Before a step of T tokens: room for its captured rows (captured steps are dropped when the
+ * buffer moves); notes whether the step reorders its tokens. Nothing without a capture. */
+gptoss_status gptoss_cuda_capture_prepare(gptoss_cuda_state *s, int32_t T, bool reorder,
+                                          gptoss_error *error);
+/* Frees the capture buffers and any head state the draft ops left. */
+void gptoss_cuda_capture_free(gptoss_cuda_state *s);
 
 /* ---- tp.cu: tensor parallelism ---- */
 

@@ -381,8 +381,25 @@ static gptoss_status tp_residual_next_norm(gptoss_cuda_state *s, int l, const cu
     return GPTOSS_OK;
 }
 
+/* EAGLE3 drafting: the residual stream x (the input of layer b; b = n_layers: the last
+ * layer's output) of every token into the slots of capture_dev that name boundary b. */
+static void capture_boundary(gptoss_cuda_state *s, int32_t b, int32_t T) {
+    const size_t H = s->config.hidden_size;
+    for (int32_t i = 0; i < s->n_capture; i++)
+        if (s->capture[i] == b)
+            cudaMemcpy2DAsync(s->capture_dev + (size_t)i * H, (size_t)s->n_capture * H * 4, s->ws.x,
+                              H * 4, H * 4, (size_t)T, cudaMemcpyDeviceToDevice, s->stream);
+}
+
+static bool captures(const gptoss_cuda_state *s, int32_t b) {
+    for (int32_t i = 0; i < s->n_capture; i++)
+        if (s->capture[i] == b) return true;
+    return false;
+}
+
 /* The experts' weighted outputs into the residual stream, then the next layer's attention
- * norm; after the last layer the final norm of only the rows that want logits, gathered. */
+ * norm; after the last layer the final norm of only the rows that want logits, gathered
+ * (every row's stream updated first when a draft head reads the last layer's output). */
 static gptoss_status residual_next_norm(gptoss_cuda_state *s, int l, const cuda_step_key *key,
                                         const int32_t *d_logit, gptoss_error *error) {
     const gptoss_config *c = &s->config;
@@ -394,7 +411,12 @@ static gptoss_status residual_next_norm(gptoss_cuda_state *s, int l, const cuda_
         gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K,
                                      s->layers[l + 1].attn_norm, eps, NULL, key->n_tokens, H, w->t,
                                      NULL, s->stream);
-    else
+    else if (captures(s, c->n_layers)) {
+        gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K, s->final_norm, eps,
+                                     NULL, key->n_tokens, H, w->t, NULL, s->stream);
+        gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, NULL, NULL, 0, s->final_norm, eps, d_logit,
+                                     key->n_logits, H, w->lm_in, NULL, s->stream);
+    } else
         gptoss_cuda_residual_rmsnorm(w->x, NULL, NULL, w->y, w->topk_weight, K, s->final_norm, eps,
                                      d_logit, key->n_logits, H, w->lm_in, NULL, s->stream);
     return GPTOSS_OK;
@@ -440,6 +462,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
     for (int l = 0; l < c->n_layers; l++) {
         cuda_layer *L = &s->layers[l];
         const int32_t *table = L->sliding ? d_slide : d_full;
+        if (s->n_capture > 0) capture_boundary(s, l, T);
         /* attention: QKV, RoPE + KV write, attention over the pages, O */
         const bool qkv_roped = qkv_rope_fused(s, L, key, d_pos, d_seq, table);
         if (!qkv_roped && !ABLATED(QKV))
@@ -507,6 +530,7 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
         if (!ABLATED(NORMS)) TRY(residual_next_norm(s, l, key, d_logit, error));
         MARK(PART_SMALL);
     }
+    if (s->n_capture > 0) capture_boundary(s, c->n_layers, T);
     /* tensor parallelism: every rank holds the same final rows; rank 0 alone makes logits,
      * or with lm_head split by vocabulary every rank its columns, gathered on rank 0 */
     if (!ABLATED(LM_HEAD) && s->lm_rows < c->vocab_size) {
@@ -587,6 +611,8 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
         n_short = 0;
     }
     const bool reorder = n_short > 0 && n_short < T;
+    st = gptoss_cuda_capture_prepare(s, T, reorder, error);
+    if (st) return st;
     if (reorder && plan->n_seqs > w->seq_cap) {
         int32_t *grown = (int32_t *)realloc(w->seq_start, (size_t)plan->n_seqs * sizeof(int32_t));
         if (!grown)
@@ -604,6 +630,9 @@ gptoss_status gptoss_cuda_forward_device(gptoss_cuda_state *s, const gptoss_batc
             to = w->seq_start[sq] = *next;
             *next += len;
         }
+        if (reorder && s->n_capture > 0)
+            for (int32_t i = 0; i < len; i++)
+                s->capture_order[start[sq] + i] = to + i;
         memcpy(h_ids + to, plan->token_ids + start[sq], (size_t)len * 4);
         memcpy(h_pos + to, plan->positions + start[sq], (size_t)len * 4);
         for (int32_t i = 0; i < len; i++) {

@@ -131,6 +131,7 @@ void gptoss_cuda_state_free(gptoss_cuda_state *s) {
     if (s->stream) cudaStreamSynchronize(s->stream);
     gptoss_cuda_graphs_clear(s);
     gptoss_cuda_sampler_free(s->sampler);
+    gptoss_cuda_capture_free(s);
     gptoss_cuda_diagnostics_free(s);
     gptoss_cuda_kv_free(s);
     gptoss_cuda_weights_free(s);

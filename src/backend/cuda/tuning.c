@@ -63,6 +63,7 @@ static const knob knobs[] = {
     {"device_profile", "GPTOSS_CUDA_DEVICE_PROFILE", KIND_NAMED, FIELD(device_profile), 0, 0,
      "auto=0 ampere=1 ada=2 hopper=3"},
     {"host_weights", "GPTOSS_CUDA_HOST_WEIGHTS", KIND_BOOL, FIELD(host_weights), 0, 0, NULL},
+    {"draft_fp8", "GPTOSS_CUDA_DRAFT_FP8", KIND_BOOL, FIELD(draft_fp8), 0, 0, NULL},
 };
 
 #undef FIELD
@@ -71,6 +72,7 @@ void gptoss_cuda_tuning_default(gptoss_cuda_tuning *t) {
     memset(t, 0, sizeof *t);
     t->graphs = true;
     t->pdl = true;
+    t->draft_fp8 = true;
     t->gemv = GPTOSS_CUDA_GEMV_ON;
     t->gemv_kernel = GPTOSS_CUDA_GEMV_KERNEL_AUTO;
     t->attn_tc = true;

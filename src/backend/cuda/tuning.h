@@ -143,6 +143,10 @@ typedef struct gptoss_cuda_tuning {
     int ablate;
     int device_profile; /* gptoss_cuda_profile, or -1: not given (the backend option decides) */
     bool host_weights;  /* weights in host memory, as gptoss_backend_options asks for it */
+    /* an EAGLE3 head's matrices also held in e4m3 with row scales (GPTOSS_CUDA_DRAFT_FP8,
+     * default 1), read by its products of up to GPTOSS_GEMV_MAX_ROWS rows (the decode
+     * rounds): half the bytes; drafts only, verification stays exact */
+    bool draft_fp8;
 } gptoss_cuda_tuning;
 
 /* The defaults of the table above. */
