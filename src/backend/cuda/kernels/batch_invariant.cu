@@ -393,8 +393,9 @@ static int bis_launch(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32
 /*
  * The split shape, for steps of up to BIP_MAX_ROWS rows (decode): the slices in parallel. A
  * block holds BIP_TILES column tiles of 8 and one warp per (tile, slice); the step's rows sit
- * in shared memory whole, each lane loads its own B fragments (two 4-byte words per chunk:
- * its tile row's 32 bytes, one sector) straight from global memory one 128-input step ahead,
+ * in shared memory whole, each lane reads its own B fragments (two 4-byte words per chunk:
+ * its tile row's 32 bytes, one sector): bf16 weights staged in shared memory by cp.async
+ * (BIP_STAGES below), e4m3 codes straight from global memory one 128-input step ahead,
  * and the warp sums its slice's chunks in ascending order into a fresh accumulator. The
  * slices' sums then meet in shared memory and are added in slice order: the same numbers, in
  * the same order, as the shapes above, with BI_K_SLICES times their warps (the skinny shape
@@ -403,8 +404,44 @@ static int bis_launch(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32
 #define BIP_TILES 2
 #define BIP_MAX_ROWS 8
 #define BIP_THREADS (BIP_TILES * BI_K_SLICES * 32)
-static size_t bip_smem(int32_t m, int32_t k) {
-    return (size_t)m * (size_t)(k + 8) * sizeof(bf16);
+/* bf16 weights come through shared memory: per warp BIP_STAGES buffers of its 8 rows x one
+ * 128-input step, filled by 16-byte cp.async copies (four per lane per step, each row's 256
+ * bytes whole) BIP_STAGES - 1 steps ahead; the fragments are then read from there. Rows are
+ * BIP_WROW elements apart (256 + 16 bytes: the fragment reads hit 32 different banks). The
+ * fragments, and so every product and sum, are the ones the direct loads gave. */
+#define BIP_STAGES 3
+#define BIP_WROW 136
+#define BIP_WSMEM (BIP_TILES * BI_K_SLICES * BIP_STAGES * 8 * BIP_WROW * (int)sizeof(bf16))
+static size_t bip_smem(int32_t m, int32_t k, bool e4m3) {
+    const size_t xs = ((size_t)m * (size_t)(k + 8) * sizeof(bf16) + 15) & ~(size_t)15;
+    return xs + (e4m3 ? 0 : (size_t)BIP_WSMEM);
+}
+
+static __device__ __forceinline__ void bip_cp16(void *dst, const void *src, int bytes) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void bip_cp_commit(void) {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void bip_cp_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* One 128-input step (st) of the warp's 8 rows [n0, n0 + 8) into its buffer (one group);
+ * rows past n and inputs past k are zero-filled (k % 8 == 0: a 16-byte piece is whole or
+ * out). */
+static __device__ __forceinline__ void bip_stage_b(const bf16 *w, bf16 *buf, int32_t n0, int32_t n,
+                                                   int32_t k, int32_t st, int lane) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int seg = lane + 32 * i, r = seg >> 4, piece = seg & 15;
+        const int32_t kk = st * 128 + 8 * piece, col = n0 + r;
+        const bool ok = col < n && kk < k;
+        bip_cp16(buf + r * BIP_WROW + 8 * piece, ok ? w + (size_t)col * k + kk : w, ok ? 16 : 0);
+    }
+    bip_cp_commit();
 }
 
 template <bool E4M3>
@@ -437,7 +474,7 @@ template <bool E4M3>
 static __global__ void __launch_bounds__(BIP_THREADS, 3)
     bip_gemm_kernel(const bf16 *w, const uint8_t *codes, const float *row_scale, const bf16 *x,
                     float *y, int32_t m, int32_t n, int32_t k) {
-    extern __shared__ __align__(16) bf16 bip_xs[]; /* [m][k + 8] */
+    extern __shared__ __align__(16) bf16 bip_xs[]; /* [m][k + 8], then (bf16) the weights */
     __shared__ float red[BI_K_SLICES][BIP_TILES][32][2];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int slice = warp % BI_K_SLICES, tile = warp / BI_K_SLICES;
@@ -447,7 +484,18 @@ static __global__ void __launch_bounds__(BIP_THREADS, 3)
     const int32_t s0 = min(steps, slice * per), s1 = min(steps, s0 + per);
     const int32_t ldx = k + 8;
     uint32_t bc[8][2], bn[8][2];
-    if (s0 < s1) bip_load_b<E4M3>(w, codes, col, live, k, s0 * 128, q, bc); /* weights only */
+    bf16 *wbuf = bip_xs + (((size_t)m * ldx * sizeof(bf16) + 15) & ~(size_t)15) / sizeof(bf16) +
+                 (size_t)warp * BIP_STAGES * 8 * BIP_WROW;
+    if constexpr (!E4M3) { /* the weights depend on no earlier kernel */
+#pragma unroll
+        for (int i = 0; i < BIP_STAGES - 1; i++)
+            if (s0 + i < s1)
+                bip_stage_b(w, wbuf + i * 8 * BIP_WROW, n0, n, k, s0 + i, lane);
+            else
+                bip_cp_commit();
+    } else if (s0 < s1) {
+        bip_load_b<E4M3>(w, codes, col, live, k, s0 * 128, q, bc);
+    }
     pdl_wait(); /* x comes from an earlier kernel */
     for (int32_t i = threadIdx.x; i < m * (k / 8); i += blockDim.x) {
         const int32_t r = i / (k / 8), c = i % (k / 8);
@@ -458,7 +506,25 @@ static __global__ void __launch_bounds__(BIP_THREADS, 3)
     const bool row = g < m;
     const bf16 *xr = bip_xs + (size_t)g * ldx + 2 * q;
     for (int32_t st = s0; st < s1; st++) {
-        if (st + 1 < s1) bip_load_b<E4M3>(w, codes, col, live, k, (st + 1) * 128, q, bn);
+        const bf16 *wb = wbuf + ((st - s0) % BIP_STAGES) * 8 * BIP_WROW + g * BIP_WROW + 2 * q;
+        if constexpr (!E4M3) {
+            bip_cp_wait<BIP_STAGES - 2>(); /* this step's group is in */
+            __syncwarp(); /* ... for every lane, and the buffer refilled below is read out */
+            const int32_t ahead = st + BIP_STAGES - 1;
+            if (ahead < s1)
+                bip_stage_b(w, wbuf + ((ahead - s0) % BIP_STAGES) * 8 * BIP_WROW, n0, n, k, ahead,
+                            lane);
+            else
+                bip_cp_commit();
+#pragma unroll
+            for (int c = 0; c < 8; c++) {
+                const bool hi = st * 128 + 16 * c + 8 < k;
+                bc[c][0] = *(const uint32_t *)(wb + 16 * c);
+                bc[c][1] = hi ? *(const uint32_t *)(wb + 16 * c + 8) : 0u;
+            }
+        } else if (st + 1 < s1) {
+            bip_load_b<E4M3>(w, codes, col, live, k, (st + 1) * 128, q, bn);
+        }
 #pragma unroll
         for (int c = 0; c < 8; c++) {
             const int32_t kc = st * 128 + 16 * c;
@@ -467,9 +533,11 @@ static __global__ void __launch_bounds__(BIP_THREADS, 3)
                            a2 = row && kc + 8 < k ? *(const uint32_t *)(xr + kc + 8) : 0u;
             bis_mma(acc, a0, 0u, a2, 0u, bc[c][0], bc[c][1]);
         }
+        if constexpr (E4M3) {
 #pragma unroll
-        for (int c = 0; c < 8; c++)
-            bc[c][0] = bn[c][0], bc[c][1] = bn[c][1];
+            for (int c = 0; c < 8; c++)
+                bc[c][0] = bn[c][0], bc[c][1] = bn[c][1];
+        }
     }
     red[slice][tile][lane][0] = acc[0];
     red[slice][tile][lane][1] = acc[1];
@@ -495,7 +563,8 @@ static int bis_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t
         return bis_launch<4, 2, 8, 3, E4M3>(w, x, y, m, n, k, stream);
     if (variant == GPTOSS_BI_GEMM_SPLIT && m <= BIP_MAX_ROWS && k % 8 == 0) {
         const unsigned blocks = (unsigned)((n + 8 * BIP_TILES - 1) / (8 * BIP_TILES));
-        launch_pdl(bip_gemm_kernel<E4M3>, dim3(blocks), dim3(BIP_THREADS), bip_smem(m, k), stream,
+        launch_pdl(bip_gemm_kernel<E4M3>, dim3(blocks), dim3(BIP_THREADS), bip_smem(m, k, E4M3),
+                   stream,
                    (const bf16 *)w.w_bf16, (const uint8_t *)w.w_e4m3, (const float *)w.row_scale, x,
                    y, m, n, k);
         return 0;
@@ -517,7 +586,7 @@ int gptoss_cuda_bi_gemm_variant(gptoss_cuda_dense_weight w, const bf16 *x, float
     if (variant == GPTOSS_BI_GEMM_WIDE && !d->gemm_wide)
         return gptoss_cuda_bi_gemm(w, x, y, m, n, k, stream); /* the same results */
     if (variant == GPTOSS_BI_GEMM_SPLIT &&
-        (m > BIP_MAX_ROWS || bip_smem(m, k) > (size_t)d->split_smem))
+        (m > BIP_MAX_ROWS || bip_smem(m, k, !w.w_bf16) > (size_t)d->split_smem))
         variant = GPTOSS_BI_GEMM_SKINNY; /* the same results */
     return w.w_bf16 ? bis_gemm<false>(w, x, y, m, n, k, variant, stream)
                     : bis_gemm<true>(w, x, y, m, n, k, variant, stream);
@@ -825,9 +894,9 @@ cudaError_t gptoss_cuda_bi_prepare(void) {
     /* the split shape: its rows whole, up to BIP_MAX_ROWS of the widest input the GPU allows */
     bi_dev[dev].split_smem = 0;
     for (int32_t kmax = 8192; kmax >= 1024 && !bi_dev[dev].split_smem; kmax /= 2)
-        if (BI_SET(bip_gemm_kernel<false>, bip_smem(BIP_MAX_ROWS, kmax)) &&
-            BI_SET(bip_gemm_kernel<true>, bip_smem(BIP_MAX_ROWS, kmax)))
-            bi_dev[dev].split_smem = (int)bip_smem(BIP_MAX_ROWS, kmax);
+        if (BI_SET(bip_gemm_kernel<false>, bip_smem(BIP_MAX_ROWS, kmax, false)) &&
+            BI_SET(bip_gemm_kernel<true>, bip_smem(BIP_MAX_ROWS, kmax, true)))
+            bi_dev[dev].split_smem = (int)bip_smem(BIP_MAX_ROWS, kmax, false);
     bi_dev[dev].moe_wide =
         BI_SET((bim_moe_kernel<true, 4, 4, false>), (bim_shape<4, 4>::smem(BI_MOE_MAX_WIDTH))) &&
         BI_SET((bim_moe_kernel<false, 4, 4, false>), (bim_shape<4, 4>::smem(BI_MOE_MAX_WIDTH)));
