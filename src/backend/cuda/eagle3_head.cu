@@ -45,13 +45,7 @@ gptoss_status gptoss_cuda_capture_prepare(gptoss_cuda_state *s, int32_t T, bool 
             cap *= 2;
         CUDA_TRY(cudaStreamSynchronize(s->stream), "previous step");
         gptoss_cuda_graphs_clear(s); /* they copy into the old buffer */
-        cudaFree(s->capture_dev);
-        cudaFreeHost(s->capture_host);
-        cudaFreeHost(s->capture_staging);
-        free(s->capture_order);
-        s->capture_dev = NULL;
-        s->capture_host = s->capture_staging = NULL;
-        s->capture_cap = 0;
+        gptoss_cuda_capture_free(s);
         s->capture_order = (int32_t *)malloc((size_t)cap * sizeof(int32_t));
         if (!s->capture_order)
             return gptoss_set_error(error, GPTOSS_ERR_OUT_OF_MEMORY, "out of host memory");
