@@ -564,9 +564,8 @@ static int bis_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int32_t
     if (variant == GPTOSS_BI_GEMM_SPLIT && m <= BIP_MAX_ROWS && k % 8 == 0) {
         const unsigned blocks = (unsigned)((n + 8 * BIP_TILES - 1) / (8 * BIP_TILES));
         launch_pdl(bip_gemm_kernel<E4M3>, dim3(blocks), dim3(BIP_THREADS), bip_smem(m, k, E4M3),
-                   stream,
-                   (const bf16 *)w.w_bf16, (const uint8_t *)w.w_e4m3, (const float *)w.row_scale, x,
-                   y, m, n, k);
+                   stream, (const bf16 *)w.w_bf16, (const uint8_t *)w.w_e4m3,
+                   (const float *)w.row_scale, x, y, m, n, k);
         return 0;
     }
     if (m <= 16) return bis_launch<1, 1, 2, 6, E4M3>(w, x, y, m, n, k, stream);
