@@ -418,6 +418,8 @@ typedef struct gptoss_engine_stats {
     uint64_t draft_seq_steps;
     double draft_seconds; /* engine-thread time in the draft source (proposing and, for a draft
                              head, reading each step's hidden states) */
+    uint64_t draft_proposed_tokens; /* drafts the source proposed; the step-cost rule verifies
+                                       draft_tokens of them */
     gptoss_latency_histogram ttft; /* submit -> first token of choice 0 */
     gptoss_latency_histogram itl;  /* between consecutive tokens of a choice */
     bool draining;

@@ -483,6 +483,7 @@ static void attach_drafts(gptoss_engine *e) {
     for (int32_t i = 0; i < n; i++) {
         const gptoss_seq *seq = e->draft_owners[i];
         const gptoss_request *r = seq->user;
+        e->local.draft_proposed_tokens += (uint64_t)e->draft_seqs[i].n_out;
         e->draft_counts[i] = e->draft_seqs[i].n_out;
         e->draft_p[i] = gptoss_spec_acceptance(&r->spec[seq->index]);
     }

@@ -529,8 +529,9 @@ static void test_step_cost_rule(void **state) {
 
 /* The step-cost rule on a backend whose step time grows with its tokens (compute-bound): after
  * measuring both widths it stops verifying drafts that are right 70% of the time (1 + 0.7 +
- * ... + 0.7^4 = 2.8 tokens for 5 times the cost); on one whose step time does not
- * (memory-bound) it keeps verifying them. Outputs stay exact either way. */
+ * ... + 0.7^4 = 2.8 tokens for 5 times the cost), and stops asking the source for them; on one
+ * whose step time does not (memory-bound) it keeps verifying them. Outputs stay exact either
+ * way. */
 static void test_step_cost_switch(void **state) {
     (void)state;
     job *j = calloc(1, sizeof *j);
@@ -553,6 +554,12 @@ static void test_step_cost_switch(void **state) {
     if (st.draft_seq_steps > 10)
         fail_msg("compute-bound: %llu of %llu steps drafted",
                  (unsigned long long)st.draft_seq_steps, (unsigned long long)st.steps);
+    /* ... and the source is not asked for the drafts no step would verify (a draft head would
+     * spend a forward per round on them): only the steps the rule lets draft propose */
+    if (st.draft_proposed_tokens > 4 * 8)
+        fail_msg("compute-bound: %llu drafts proposed, %llu verified",
+                 (unsigned long long)st.draft_proposed_tokens,
+                 (unsigned long long)st.draft_tokens);
     sleep_us_per_step = 8000, sleep_us_per_token = 0;
     st = run_fresh(&s, j, 1);
     assert_memory_equal(j->out[0], j->replay, 48 * sizeof(int32_t));
