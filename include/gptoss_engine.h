@@ -420,8 +420,8 @@ typedef struct gptoss_engine_stats {
                              head, reading each step's hidden states) */
     uint64_t draft_proposed_tokens; /* drafts the source proposed; the step-cost rule verifies
                                        draft_tokens of them */
-    gptoss_latency_histogram ttft; /* submit -> first token of choice 0 */
-    gptoss_latency_histogram itl;  /* between consecutive tokens of a choice */
+    gptoss_latency_histogram ttft;  /* submit -> first token of choice 0 */
+    gptoss_latency_histogram itl;   /* between consecutive tokens of a choice */
     bool draining;
 } gptoss_engine_stats;
 

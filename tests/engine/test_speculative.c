@@ -558,8 +558,7 @@ static void test_step_cost_switch(void **state) {
      * spend a forward per round on them): only the steps the rule lets draft propose */
     if (st.draft_proposed_tokens > 4 * 8)
         fail_msg("compute-bound: %llu drafts proposed, %llu verified",
-                 (unsigned long long)st.draft_proposed_tokens,
-                 (unsigned long long)st.draft_tokens);
+                 (unsigned long long)st.draft_proposed_tokens, (unsigned long long)st.draft_tokens);
     sleep_us_per_step = 8000, sleep_us_per_token = 0;
     st = run_fresh(&s, j, 1);
     assert_memory_equal(j->out[0], j->replay, 48 * sizeof(int32_t));
