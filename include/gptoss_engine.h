@@ -146,7 +146,7 @@ typedef struct gptoss_engine_options {
 } gptoss_engine_options;
 
 /* Defaults: 16-token pages, 256 pages, 64 seqs, 2048 tokens/step, max_model_len 8192,
- * queue 1024, prefix cache on, no drafting (draft options at their defaults, kind NONE), no
+ * queue 4096, prefix cache on, no drafting (draft options at their defaults, kind NONE), no
  * forward function (the caller must set one). */
 gptoss_engine_options gptoss_engine_options_default(void);
 

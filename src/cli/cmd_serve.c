@@ -126,7 +126,7 @@ done:
 int gptoss_cmd_serve(int argc, char **argv) {
     const char *served_name = NULL, *shape = NULL, *tokenizer_path = NULL;
     gptoss_server_options so = gptoss_server_options_default();
-    int64_t max_num_seqs = 0, max_batched = 2048, kv_blocks = 0, max_queue = 1024,
+    int64_t max_num_seqs = 0, max_batched = 2048, kv_blocks = 0, max_queue = 4096,
             max_body = (int64_t)so.max_body_bytes, port = so.port, drain_s = 60, max_model_len = 0,
             idle_s = so.connection_timeout_s, admit_headroom = -1, data_parallel = 1,
             max_connections = so.max_connections, max_connections_per_ip = 0,
@@ -236,7 +236,7 @@ int gptoss_cmd_serve(int argc, char **argv) {
          .value = "N",
          .lo = 1,
          .hi = 1 << 20,
-         .help = "waiting requests before 429 (default 1024)",
+         .help = "waiting requests before 429 (default 4096)",
          .error = "--max-queue needs an integer in [1, 1048576]"},
         {.name = "max-body-bytes",
          .kind = CLI_INT,

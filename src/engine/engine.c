@@ -54,7 +54,7 @@ gptoss_engine_options gptoss_engine_options_default(void) {
     o.max_num_seqs = 64;
     o.max_num_batched_tokens = 2048;
     o.max_model_len = 8192;
-    o.max_queue_len = 1024;
+    o.max_queue_len = 4096;
     o.enable_prefix_cache = true;
     o.admit_headroom = 1;
     o.draft = gptoss_draft_options_default();
