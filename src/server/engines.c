@@ -134,6 +134,11 @@ void server_engine_stats(gptoss_server *s, gptoss_engine_stats *sum) {
             sum->requests_finished[r] += st.requests_finished[r];
         sum->preemptions += st.preemptions;
         sum->steps += st.steps;
+        sum->draft_tokens += st.draft_tokens;
+        sum->draft_accepted_tokens += st.draft_accepted_tokens;
+        sum->draft_seq_steps += st.draft_seq_steps;
+        sum->draft_seconds += st.draft_seconds;
+        sum->draft_proposed_tokens += st.draft_proposed_tokens;
         add_histogram(&sum->ttft, &st.ttft);
         add_histogram(&sum->itl, &st.itl);
         sum->draining = sum->draining || st.draining;

@@ -2,7 +2,7 @@
 # test_serve_metrics.sh - GET /metrics passes promtool's checks and lint rules (metrics_lint.mjs,
 # itself checked against a bad exposition first), before and after traffic and with a model
 # name that needs escaping; the request histograms count what was served: three completions
-# of 5 prompt and 4 generated tokens each.
+# of 5 prompt and 4 generated tokens each; and with --draft ngram, the draft tokens verified.
 . "$(dirname "$0")/serve_lib.sh"
 make_tiny
 lint() { node "$here/metrics_lint.mjs"; }
@@ -45,5 +45,23 @@ done
 awk -v e="$(val gptoss_e2e_request_latency_seconds_sum)" -v t="$(val gptoss_time_per_output_token_seconds_sum)" \
   'BEGIN { exit !(e >= 3 * t) }' || fail "e2e sum $(val gptoss_e2e_request_latency_seconds_sum) < 3 x tpot sum"
 stop_server "$m_pid" m
+
+# speculative decoding's counters, summed over the engines: greedy text from the tiny random
+# model soon repeats its tokens, and an n-gram draft comes from any token seen before (the
+# tiny model's continuations are fixed: these prompts give a few verified drafts)
+start_server d --draft ngram || exit 1
+d_pid=$pid url="http://127.0.0.1:$port"
+for p in "[11,12,13,11,12,13]" "[5,6,7,8,9,10,11,12]" "[200,201,202]"; do
+  code=$(curl -s -m $((60 * slow)) -o "$work/d.json" -w '%{http_code}' "$url/v1/completions" -H 'Content-Type: application/json' \
+    -d "{\"model\":\"tiny\",\"prompt\":$p,\"max_tokens\":64,\"ignore_eos\":true,\"temperature\":0}")
+  [ "$code" = 200 ] || fail "completion with --draft ngram: $code $(cat "$work/d.json")"
+done
+curl -s -m 10 "$url/metrics" >"$work/m1.txt"
+lint <"$work/m1.txt" || fail "/metrics with drafting fails the lint (above)"
+drafted=$(val gptoss_spec_decode_num_draft_tokens_total)
+accepted=$(val gptoss_spec_decode_num_accepted_tokens_total)
+awk -v d="$drafted" -v a="$accepted" 'BEGIN { exit !(d > 0 && a >= 0 && a <= d) }' ||
+  fail "draft tokens verified $drafted, accepted $accepted (expected some verified)"
+stop_server "$d_pid" d
 
 finish
