@@ -377,7 +377,6 @@ static void head_check(gptoss_backend *cuda, const gptoss_eagle3_head *head, int
         for (int i = 0; i < timed_rounds + 3; i++) {
             spec[0] = (row_spec){0, (int32_t)(next_u64() % (uint64_t)c->vocab_size),
                                  kind ? aux : NULL, true};
-            gpu.logits[0] = 0;
             gptoss_eagle3_row row = {.kv = &gpu.kv[0],
                                      .position = gpu.kv[0].start + gpu.kv[0].n,
                                      .token = spec[0].token,

@@ -300,6 +300,15 @@ typedef struct job {
     int32_t n_out;
 } job;
 
+/* The request's tokens into the job, then the request released. */
+static void collect(job *j, gptoss_request *req) {
+    gptoss_engine_event ev;
+    j->n_out = 0;
+    while (gptoss_request_next_event(req, &ev, 60000) == 1)
+        if (ev.token_id >= 0 && j->n_out < MAX_OUT) j->out[j->n_out++] = ev.token_id;
+    gptoss_request_release(req);
+}
+
 static gptoss_engine_stats run_engine(gptoss_model *model, const char *head_dir, int max_seqs,
                                       job *jobs, gptoss_status *create_status, char *message) {
     const gptoss_config *c = gptoss_model_config(model);
@@ -346,24 +355,10 @@ static gptoss_engine_stats run_engine(gptoss_model *model, const char *head_dir,
         if (gptoss_engine_submit(e, jobs[i].prompt, jobs[i].n_prompt, &p, NULL, &req[i], &err) !=
             GPTOSS_OK)
             fail_msg("submit: %s", err.message);
-        if (max_seqs == 1) { /* batch 1: one request at a time */
-            gptoss_engine_event ev;
-            jobs[i].n_out = 0;
-            while (gptoss_request_next_event(req[i], &ev, 60000) == 1)
-                if (ev.token_id >= 0 && jobs[i].n_out < MAX_OUT)
-                    jobs[i].out[jobs[i].n_out++] = ev.token_id;
-            gptoss_request_release(req[i]);
-            req[i] = NULL;
-        }
+        if (max_seqs == 1) collect(&jobs[i], req[i]); /* batch 1: one request at a time */
     }
-    for (int i = 0; i < n_jobs() && max_seqs > 1; i++) {
-        gptoss_engine_event ev;
-        jobs[i].n_out = 0;
-        while (gptoss_request_next_event(req[i], &ev, 60000) == 1)
-            if (ev.token_id >= 0 && jobs[i].n_out < MAX_OUT)
-                jobs[i].out[jobs[i].n_out++] = ev.token_id;
-        gptoss_request_release(req[i]);
-    }
+    for (int i = 0; i < n_jobs() && max_seqs > 1; i++)
+        collect(&jobs[i], req[i]);
     for (int i = 0; i < 2000; i++) {
         gptoss_engine_get_stats(e, &st);
         if (st.n_running == 0 && st.n_waiting == 0) break;
