@@ -177,7 +177,8 @@ struct moe_case_weights {
     std::vector<void *> allocs;
 };
 
-static moe_case_weights moe_weights(int32_t E, int32_t H, int32_t I) {
+/* mma_range: every scale byte in [118, 128], where the mma GEMM's fp16 scaling is exact */
+static moe_case_weights moe_weights(int32_t E, int32_t H, int32_t I, bool mma_range = false) {
     std::vector<uint8_t> gub((size_t)E * 2 * I * H / 2), gus((size_t)E * 2 * I * (H / 32));
     std::vector<uint8_t> dnb((size_t)E * H * I / 2), dns((size_t)E * H * (I / 32));
     std::vector<float> gubias((size_t)E * 2 * I), dnbias((size_t)E * H);
@@ -186,7 +187,8 @@ static moe_case_weights moe_weights(int32_t E, int32_t H, int32_t I) {
     for (auto &v : dnb)
         v = (uint8_t)rnd_int(256);
     for (auto &v : gus) /* 2^-9 .. 2^2, and now and then 2^3 (lo != 1 there) */
-        v = (uint8_t)(rnd_int(50) == 0 ? 130 : 118 + rnd_int(12));
+        v = (uint8_t)(rnd_int(50) == 0 ? (mma_range ? 128 : 130)
+                                       : 118 + rnd_int(mma_range ? 11 : 12));
     for (auto &v : dns)
         v = (uint8_t)(118 + rnd_int(10));
     for (auto &v : gubias)
@@ -379,6 +381,106 @@ static void pair_case(const moe_case_weights &mw, int32_t T, int32_t K, bool ske
     cudaFree(d_topk), cudaFree(d_t), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y);
 }
 
+/* ---- experts: the sliced mma GEMM against the dense pair kernel --------------------------- */
+
+/* T tokens' experts (as pair_case) through the dense pair kernel in launches of at most 64
+ * tokens (the reference: each pair alone in its block) and through the sliced mma GEMM over
+ * routes of 8-, 16- and 32-row tiles: y bit for bit, h (by sorted row there) bit for bit, rows
+ * of -1 slots never written; and y near the WMMA path's (another arithmetic: bf16 weights,
+ * one sum per output), so that the two cannot agree on something wrong. */
+static void dense_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew, bool masked) {
+    gptoss_cuda_moe_weights w = mw.w;
+    w.mma_ok = true; /* scales 118..128 and inputs within 1: the fp16 form is exact */
+    char name[160];
+    if (!gptoss_moe_bi_mma_ok(&w)) {
+        printf("dense_case: the TMA pair kernel does not run here, skipped\n");
+        return;
+    }
+    const int32_t E = w.n_experts, H = w.hidden, I = w.intermediate, P = T * K;
+    std::vector<int32_t> topk = random_topk(T, K, E, skew);
+    if (masked)
+        for (int32_t p = 0; p < P; p += 3)
+            topk[(size_t)p] = -1;
+    std::vector<uint16_t> act((size_t)T * H);
+    for (auto &v : act)
+        v = f2bf(rnd_nz(1.0f));
+    int32_t *d_topk = dev_upload(topk);
+    bf16 *d_t = (bf16 *)dev_upload(act);
+    void *route_mem = nullptr;
+    CK(cudaMalloc(&route_mem, gptoss_cuda_route_bytes(P, E)));
+    gptoss_cuda_route route;
+    gptoss_cuda_route_bind(route_mem, P, E, &route);
+    __half *d_h = dev_poisoned<__half>((size_t)P * I);
+    float *d_y = dev_poisoned<float>((size_t)P * H);
+    for (int32_t t0 = 0; t0 < T; t0 += 64) {
+        const int32_t n = std::min<int32_t>(64, T - t0);
+        gptoss_moe_pair_dense(&w, d_t + (size_t)t0 * H, d_topk + (size_t)t0 * K, n * K, K,
+                              d_h + (size_t)t0 * K * I, d_y + (size_t)t0 * K * H, 0);
+    }
+    CK(cudaGetLastError());
+    std::vector<__half> h_ref = dev_download(d_h, (size_t)P * I);
+    std::vector<float> y_ref = dev_download(d_y, (size_t)P * H);
+    /* the WMMA path on the unmasked pairs (its rows of -1 slots are left alone too) */
+    gptoss_cuda_moe_route(d_topk, T, K, E, GPTOSS_MOE_WMMA_GEMM, &route, 0);
+    bf16 *d_hw = dev_poisoned<bf16>((size_t)P * I);
+    CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
+    gptoss_cuda_moe(&w, d_t, T, K, d_topk, &route, d_hw, d_y, GPTOSS_MOE_WMMA_GEMM, 0);
+    std::vector<float> y_wmma = dev_download(d_y, (size_t)P * H);
+    bool finite = true, untouched = true;
+    double worst = 0.0;
+    for (int32_t p = 0; p < P; p++) {
+        double row_max = 0.0, row_err = 0.0;
+        for (int32_t j = 0; j < H; j++) {
+            const float v = y_ref[(size_t)p * H + j];
+            uint32_t bits;
+            memcpy(&bits, &v, 4);
+            if (topk[(size_t)p] < 0) {
+                untouched = untouched && bits == 0xffffffffu;
+                continue;
+            }
+            finite = finite && std::isfinite(v);
+            row_max = std::max(row_max, (double)std::fabs(y_wmma[(size_t)p * H + j]));
+            row_err = std::max(row_err, (double)std::fabs(v - y_wmma[(size_t)p * H + j]));
+        }
+        if (row_max > 0.0) worst = std::max(worst, row_err / row_max);
+    }
+    snprintf(name, sizeof name,
+             "pair dense E %d H %d T %d%s%s: y finite, -1 slots not written, max err / row max "
+             "%.2e against WMMA <= 1e-3",
+             (int)E, (int)H, (int)T, skew ? " skew" : "", masked ? " masked" : "", worst);
+    check_true(name, finite && untouched && worst <= 1e-3);
+    for (int32_t rows : {32, 16, 8}) {
+        gptoss_cuda_moe_route_rows(d_topk, T, K, E, rows, &route, 0);
+        CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(__half)));
+        CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
+        gptoss_moe_mma_gemm_sliced(&w, d_t, &route, T, K, d_h, d_y, 0);
+        CK(cudaGetLastError());
+        std::vector<__half> h = dev_download(d_h, (size_t)P * I);
+        std::vector<float> y = dev_download(d_y, (size_t)P * H);
+        std::vector<int32_t> offsets = dev_download(route.expert_offsets, (size_t)E + 1);
+        std::vector<int32_t> sorted_pair = dev_download(route.sorted_pair, (size_t)P);
+        bool h_same = true, y_same = true;
+        for (int32_t pos = 0; pos < offsets[(size_t)E]; pos++) {
+            const int32_t p = sorted_pair[(size_t)pos];
+            h_same = h_same && memcmp(&h[(size_t)pos * I], &h_ref[(size_t)p * I],
+                                      (size_t)I * sizeof(__half)) == 0;
+        }
+        /* rows of -1 slots: the GEMM keeps its fp16 copy of t in y until down writes it, so
+         * they hold that (the weighted sum skips them); only the pairs' rows are compared */
+        for (int32_t p = 0; p < P; p++)
+            if (topk[(size_t)p] >= 0)
+                y_same = y_same && memcmp(&y[(size_t)p * H], &y_ref[(size_t)p * H],
+                                          (size_t)H * sizeof(float)) == 0;
+        snprintf(name, sizeof name,
+                 "mma sliced (%d-row tiles) E %d H %d I %d T %d%s%s: h, y bitwise pair dense's",
+                 (int)rows, (int)E, (int)H, (int)I, (int)T, skew ? " skew" : "",
+                 masked ? " masked" : "");
+        check_true(name, h_same && y_same);
+    }
+    cudaFree(d_topk), cudaFree(d_t), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_hw),
+        cudaFree(d_y);
+}
+
 /* ---- attention: the tensor-core kernel, by tile and by token ------------------------------ */
 
 /* Launches the tensor-core attention (tiles of 16 tokens, or one token per block) for the
@@ -525,6 +627,18 @@ int main(void) {
             moe_case(small, T, 4, T == 70);
         pair_case(small, 70, 4, true, true);
         for (void *p : small.allocs)
+            cudaFree(p);
+        moe_case_weights big_mma = moe_weights(16, 2880, 2880, true);
+        for (int32_t T : {1, 3, 9, 64, 200})
+            dense_case(big_mma, T, 4, false, false);
+        dense_case(big_mma, 40, 4, true, false); /* 40 pairs of expert 0: two 32-row tiles */
+        dense_case(big_mma, 33, 4, false, true); /* tensor parallelism: -1 slots skipped */
+        for (void *p : big_mma.allocs)
+            cudaFree(p);
+        /* widths that end in a partial window (k 2880: 90 groups), and in a partial slice */
+        moe_case_weights small_mma = moe_weights(16, 256, 192, true);
+        dense_case(small_mma, 70, 4, true, true);
+        for (void *p : small_mma.allocs)
             cudaFree(p);
     }
     attention_case(0);

@@ -1263,7 +1263,8 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path,
     char name[96];
     snprintf(name, sizeof name, "moe %s T=%d H=%d I=%d E=%d pattern=%d%s",
              used_path == 6   ? "wgmma"
-             : used_path == 5 ? (gptoss_cuda_moe_pair_kernel() == 3   ? "pair-fp8"
+             : used_path == 5 ? (gptoss_cuda_moe_pair_kernel() == 4   ? "pair-dense"
+                                 : gptoss_cuda_moe_pair_kernel() == 3 ? "pair-fp8"
                                  : gptoss_cuda_moe_pair_kernel() == 2 ? "pair-tma"
                                                                       : "pair-wide")
              : used_path == 4 ? "mma"
@@ -2158,15 +2159,17 @@ int main(int argc, char **argv) {
 
     if (want("moe") || want("pair")) {
         /* path 5: one decode token on the tensor cores (the default for one token), with each
-         * of its kernels: TMA (the default from compute capability 9.0) and wide (elsewhere) */
+         * of its kernels: dense TMA (the default from compute capability 9.0; its sparse form
+         * for the case whose scales pass 2^1), TMA, FP8 and wide
+         * (elsewhere) */
         const gptoss_cuda_caps *caps = gptoss_cuda_caps_current();
         gptoss_cuda_moe_set_pair_kernel(0);
         test_moe(1, 64, 64, 4, 4, 0, 5); /* prepares the MoE kernels, which decides the default */
         char nm[96];
         snprintf(nm, sizeof nm, "moe pair kernel by default on sm_%d: %s", (int)caps->sm,
-                 gptoss_cuda_moe_pair_kernel() == 2 ? "tma" : "wide");
-        check_true(nm, gptoss_cuda_moe_pair_kernel() == (caps->tma ? 2 : 1));
-        for (int kernel : {3, 2, 1}) {
+                 gptoss_cuda_moe_pair_kernel() == 4 ? "dense" : "wide");
+        check_true(nm, gptoss_cuda_moe_pair_kernel() == (caps->tma ? 4 : 1));
+        for (int kernel : {4, 3, 2, 1}) {
             gptoss_cuda_moe_set_pair_kernel(kernel);
             if (gptoss_cuda_moe_pair_kernel() != kernel)
                 continue; /* not on this GPU (FP8: sm_90a; TMA: sm_90+) */

@@ -140,9 +140,10 @@ void gptoss_cuda_device_log_paths(const gptoss_cuda_device *dev, const gptoss_co
                  !dev->attn_decode ? "scalar"
                  : wide            ? "tensor cores (4/8 warps)"
                                    : "tensor cores (4 warps)",
-                 pair == GPTOSS_MOE_PAIR_FP8   ? "fp8"
-                 : pair == GPTOSS_MOE_PAIR_TMA ? "tma"
-                                               : "wide",
+                 pair == GPTOSS_MOE_PAIR_FP8     ? "fp8"
+                 : pair == GPTOSS_MOE_PAIR_TMA   ? "tma"
+                 : pair == GPTOSS_MOE_PAIR_DENSE ? "dense"
+                                                 : "wide",
                  kc->moe_wg_ok ? "wgmma+mma" : "mma", (int)kc->moe_mma_max_tile,
                  fp8_layers ? "e4m3" : "off", kv_fp8 ? "e4m3" : "bf16");
 }

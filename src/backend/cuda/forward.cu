@@ -499,21 +499,35 @@ static gptoss_status enqueue_step(gptoss_cuda_state *s, const cuda_step_key *key
                      : T <= s->tuning.bi_moe_max ? GPTOSS_BI_MOE_SMALL
                      : s->tuning.bi_moe_wide     ? GPTOSS_BI_MOE_WIDE
                                                  : -1;
-        /* batch-invariant on the pair mma's arithmetic where it runs: the TMA pair kernel for
-         * small steps, the grouped kernel over a route beyond (bitwise the same per pair) */
-        const bool bi_pair =
-            s->batch_invariant && s->tuning.bi_moe_pair && gptoss_moe_pair_grouped_ok(&L->moe);
-        const bool bi_pair_small = bi_pair && T <= s->tuning.bi_moe_pair_tokens;
-        if (bi_pair) bi_moe = -1;
+        /* batch-invariant on the mma GEMM's arithmetic where it is exact and runs (the dense
+         * pair kernel for small steps, the sliced GEMM over a route beyond), else on the pair
+         * mma's (the TMA pair kernel, the grouped kernel beyond); bitwise the same per pair
+         * within either */
+        const bool bi_mma =
+            s->batch_invariant && s->tuning.bi_moe_mma && gptoss_moe_bi_mma_ok(&L->moe);
+        const bool bi_pair = !bi_mma && s->batch_invariant && s->tuning.bi_moe_pair &&
+                             gptoss_moe_pair_grouped_ok(&L->moe);
+        const bool bi_pair_small = (bi_pair || bi_mma) && T <= s->tuning.bi_moe_pair_tokens;
+        if (bi_pair || bi_mma) bi_moe = -1;
         const bool bi_pairs = bi_moe == GPTOSS_BI_MOE_PAIRS;
-        if (bi_pair && !bi_pair_small)
+        if (bi_mma && !bi_pair_small)
+            gptoss_cuda_moe_route_rows(w->topk_idx, T, K, L->moe.n_experts,
+                                       gptoss_moe_mma_sliced_tile_rows(T, K, L->moe.n_experts),
+                                       &route, k);
+        else if (bi_pair && !bi_pair_small)
             gptoss_cuda_moe_route_rows(w->topk_idx, T, K, L->moe.n_experts, BI_PAIR_ROUTE_ROWS,
                                        &route, k);
-        else if (!bi_pair && !bi_pairs && moe_path != GPTOSS_MOE_PAIR_GEMV &&
+        else if (!bi_pair && !bi_mma && !bi_pairs && moe_path != GPTOSS_MOE_PAIR_GEMV &&
                  moe_path != GPTOSS_MOE_PAIR_MMA) /* the pair paths need none */
             gptoss_cuda_moe_route(w->topk_idx, T, K, L->moe.n_experts, moe_path, &route, k);
         MARK(PART_SMALL);
-        if (!ABLATED(MOE) && bi_pair) {
+        if (!ABLATED(MOE) && bi_mma) {
+            if (bi_pair_small)
+                gptoss_moe_pair_dense(&L->moe, w->t, w->topk_idx, T * K, K, (__half *)w->h, w->y,
+                                      k);
+            else
+                gptoss_moe_mma_gemm_sliced(&L->moe, w->t, &route, T, K, (__half *)w->h, w->y, k);
+        } else if (!ABLATED(MOE) && bi_pair) {
             if (bi_pair_small)
                 gptoss_moe_pair_tma(&L->moe, w->t, w->topk_idx, T * K, K, (__half *)w->h, w->y, k);
             else

@@ -41,7 +41,7 @@ static const knob knobs[] = {
      "auto=0 route_gemv=1 wmma_gemm=2 pair_gemv=3 mma_gemm=4 pair_mma=5 wgmma_gemm=6 0=0 1=1 2=2 "
      "3=3 4=4 5=5 6=6"},
     {"moe_pair_kernel", "GPTOSS_CUDA_MOE_PAIR_KERNEL", KIND_NAMED, FIELD(moe_pair_kernel), 0, 0,
-     "auto=0 wide=1 tma=2 fp8=3"},
+     "auto=0 wide=1 tma=2 fp8=3 dense=4"},
     {"moe_pair_tokens", "GPTOSS_CUDA_MOE_PAIR_TOKENS", KIND_INT, FIELD(moe_pair_tokens), 0, 1 << 20,
      NULL},
     {"moe_inflight", "GPTOSS_CUDA_MOE_INFLIGHT", KIND_INT, FIELD(moe_inflight), 0, 1 << 20, NULL},
@@ -55,6 +55,7 @@ static const knob knobs[] = {
     {"bi_moe_pairs", "GPTOSS_CUDA_BI_MOE_PAIRS", KIND_INT, FIELD(bi_moe_pairs), 0, 64, NULL},
     {"bi_moe_wide", "GPTOSS_CUDA_BI_MOE_WIDE", KIND_BOOL, FIELD(bi_moe_wide), 0, 0, NULL},
     {"bi_moe_pair", "GPTOSS_CUDA_BI_MOE_PAIR", KIND_BOOL, FIELD(bi_moe_pair), 0, 0, NULL},
+    {"bi_moe_mma", "GPTOSS_CUDA_BI_MOE_MMA", KIND_BOOL, FIELD(bi_moe_mma), 0, 0, NULL},
     {"bi_moe_pair_tokens", "GPTOSS_CUDA_BI_MOE_PAIR_TOKENS", KIND_INT, FIELD(bi_moe_pair_tokens), 0,
      64, NULL},
     {"profile", "GPTOSS_CUDA_PROFILE", KIND_BOOL, FIELD(profile), 0, 0, NULL},
@@ -102,6 +103,7 @@ void gptoss_cuda_tuning_default(gptoss_cuda_tuning *t) {
     t->bi_dense_wide = true;
     t->bi_dense_split = 8;
     t->bi_moe_pair = true;
+    t->bi_moe_mma = true;
     t->bi_moe_pair_tokens = 8;
 }
 

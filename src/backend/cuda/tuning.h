@@ -38,7 +38,8 @@
  *                                                        wmma_gemm, pair_gemv, mma_gemm, pair_mma,
  *                                                        wgmma_gemm (1..6)
  *  moe_pair_kernel   GPTOSS_CUDA_MOE_PAIR_KERNEL   auto  path 5 kernel: auto, wide (the one older
- *                                                        GPUs run), tma or fp8 (sm_90a)
+ *                                                        GPUs run), tma, fp8 (sm_90a) or dense
+ *                                                        (tma with the mma GEMM's arithmetic)
  *  moe_pair_tokens   GPTOSS_CUDA_MOE_PAIR_TOKENS   0     path 5 for steps of up to N tokens (0: the
  *                                                        rule by pairs per expert)
  *  moe_inflight      GPTOSS_CUDA_MOE_INFLIGHT      3     path 5 TMA copies in flight per SM (0: no
@@ -87,12 +88,14 @@ enum {
     GPTOSS_CUDA_GEMV_KERNEL_LD = 1,
     GPTOSS_CUDA_GEMV_KERNEL_TMA = 2
 };
-/* moe_pair_kernel: also the values gptoss_cuda_moe_pair_kernel returns (1 wide, 2 TMA, 3 FP8) */
+/* moe_pair_kernel: also the values gptoss_cuda_moe_pair_kernel returns (1 wide, 2 TMA, 3 FP8,
+ * 4 dense) */
 enum {
     GPTOSS_CUDA_PAIR_KERNEL_AUTO = 0,
     GPTOSS_CUDA_PAIR_KERNEL_WIDE = 1,
     GPTOSS_CUDA_PAIR_KERNEL_TMA = 2,
-    GPTOSS_CUDA_PAIR_KERNEL_FP8 = 3
+    GPTOSS_CUDA_PAIR_KERNEL_FP8 = 3,
+    GPTOSS_CUDA_PAIR_KERNEL_DENSE = 4
 };
 
 typedef struct gptoss_cuda_tuning {
@@ -128,7 +131,11 @@ typedef struct gptoss_cuda_tuning {
      * gptoss_moe_pair_grouped): the pair kernel for steps of up to bi_moe_pair_tokens tokens
      * (GPTOSS_CUDA_BI_MOE_PAIR_TOKENS, default 8, 0..64), the grouped kernel beyond. Its bits
      * differ from the WMMA arithmetic's (each is batch-invariant); the other bi_moe knobs then
-     * apply only where it does not run. */
+     * apply only where it does not run. bi_moe_mma (GPTOSS_CUDA_BI_MOE_MMA, default 1) goes
+     * before it where the mma GEMM is exact (w->mma_ok): the mma GEMM's arithmetic with K in
+     * the pair kernel's slices, the dense pair kernel for steps of up to bi_moe_pair_tokens
+     * tokens and the sliced GEMM beyond (gptoss_moe_mma_gemm_sliced), whose prefill multiplies 8
+     * tokens per MMA where the pair arithmetic multiplies one. */
     int bi_dense_max;
     bool bi_dense_wide;
     int bi_dense_split; /* steps of up to this many rows (GPTOSS_CUDA_BI_DENSE_SPLIT, default 8,
@@ -137,6 +144,7 @@ typedef struct gptoss_cuda_tuning {
     int bi_moe_pairs;
     bool bi_moe_wide;
     bool bi_moe_pair;
+    bool bi_moe_mma;
     int bi_moe_pair_tokens;
     bool profile;
     bool step_timing;

@@ -46,6 +46,13 @@
  * by L2 -> SM traffic (75% of L2 throughput, DRAM 20%): every row block re-reads the token
  * tile and every token tile re-reads the weights. 192-row blocks cut the token re-reads by a
  * third, and B is copied through L1 (cp.async.ca) for the co-resident block on the same tokens.
+ *
+ * SLICED (the batch-invariant mode's experts for steps of many tokens): the K blocks fall into
+ * the MOE_PAIR_TMA_K_SLICES slices of the TMA pair kernel (ceil(blocks / slices) each), every
+ * slice summed from zero and the slice sums added in order, so that each output is bitwise
+ * what the pair kernel's dense form (pair_mma.cu, pair_tma_products_dense) writes for that pair
+ * alone. The sum inside a slice is already the same: per output the same chain of MMAs on the
+ * same operands, and an MMA's column depends on its own B column only.
  */
 /* t [n_rows, k] bf16 -> out [n_rows, k] fp16 in the mma layout; one 8-value chunk per thread. */
 static __global__ void mma_convert_kernel(const bf16 *t, int64_t n_chunks, __half *out) {
@@ -74,7 +81,7 @@ template <int BN> struct mma_cfg {
     }
 };
 
-template <bool GATE_UP, int BN>
+template <bool GATE_UP, int BN, bool SLICED = false>
 static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN>::MIN_BLOCKS)
     moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
                    const __half *act, int32_t k_in, int32_t n_out_rows, gptoss_cuda_route route,
@@ -155,14 +162,15 @@ static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN>::MIN_BLOCK
         }
     };
 
-    float acc[2][NF][4];
+    float acc[2][NF][4], tot[2][NF][4]; /* tot: SLICED's finished slices */
 #pragma unroll
     for (int f = 0; f < 2; f++)
 #pragma unroll
         for (int n = 0; n < NF; n++)
 #pragma unroll
             for (int c = 0; c < 4; c++)
-                acc[f][n][c] = 0.0f;
+                acc[f][n][c] = tot[f][n][c] = 0.0f;
+    const int slice_kb = (n_kb + MOE_PAIR_TMA_K_SLICES - 1) / MOE_PAIR_TMA_K_SLICES;
 
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
@@ -220,8 +228,27 @@ static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN>::MIN_BLOCK
                 }
             }
         }
+        if (SLICED && ((kb + 1) % slice_kb == 0 || kb + 1 == n_kb)) {
+#pragma unroll
+            for (int f = 0; f < 2; f++)
+#pragma unroll
+                for (int n = 0; n < NF; n++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        tot[f][n][c] += acc[f][n][c];
+                        acc[f][n][c] = 0.0f;
+                    }
+        }
         __syncthreads();
     }
+    if (SLICED)
+#pragma unroll
+        for (int f = 0; f < 2; f++)
+#pragma unroll
+            for (int n = 0; n < NF; n++)
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    acc[f][n][c] = tot[f][n][c];
 
     /* epilogue: acc[f][n] = rows (g, g + 8) of m-frag f x tokens (2q, 2q + 1) of n-frag n */
     const float *ebias = bias + (size_t)e * n_out_rows;
@@ -285,24 +312,25 @@ int32_t gptoss_moe_mma_tile_rows(int32_t n_tokens, int32_t k_top, int32_t n_expe
     return bn;
 }
 
-template <int BN>
+template <int BN, bool SLICED>
 static void launch_mma(const gptoss_cuda_moe_weights *w, const __half *t16, int32_t n_pairs,
                        const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream) {
     int32_t H = w->hidden, I = w->intermediate;
     int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, BN);
-    launch_pdl(moe_mma_kernel<true, BN>,
+    launch_pdl(moe_mma_kernel<true, BN, SLICED>,
                dim3((2 * I + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles),
                dim3(MOE_MMA_THREADS), mma_cfg<BN>::smem(H / 32), stream, w->gate_up_blocks,
                w->gate_up_scales, w->gate_up_bias, t16, H, 2 * I, *route, w->swiglu_limit,
                w->swiglu_alpha, h, (float *)nullptr);
-    launch_pdl(moe_mma_kernel<false, BN>,
+    launch_pdl(moe_mma_kernel<false, BN, SLICED>,
                dim3((H + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles),
                dim3(MOE_MMA_THREADS), mma_cfg<BN>::smem(I / 32), stream, w->down_blocks,
                w->down_scales, w->down_bias, (const __half *)h, I, H, *route, w->swiglu_limit,
                w->swiglu_alpha, (__half *)nullptr, y);
 }
 
-void gptoss_moe_mma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
+template <bool SLICED>
+static void mma_gemm_run(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
                          int32_t k_top, const gptoss_cuda_route *route, __half *h, float *y,
                          cudaStream_t stream) {
     int32_t n_pairs = n_tokens * k_top;
@@ -312,21 +340,42 @@ void gptoss_moe_mma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_
                chunks, t16);
     switch (route->tile_rows) {
     case 8:
-        launch_mma<8>(w, t16, n_pairs, route, h, y, stream);
+        launch_mma<8, SLICED>(w, t16, n_pairs, route, h, y, stream);
         break;
     case 16:
-        launch_mma<16>(w, t16, n_pairs, route, h, y, stream);
+        launch_mma<16, SLICED>(w, t16, n_pairs, route, h, y, stream);
         break;
     case 32:
-        launch_mma<32>(w, t16, n_pairs, route, h, y, stream);
+        launch_mma<32, SLICED>(w, t16, n_pairs, route, h, y, stream);
         break;
     case 64:
-        launch_mma<64>(w, t16, n_pairs, route, h, y, stream);
+        launch_mma<64, SLICED>(w, t16, n_pairs, route, h, y, stream);
         break;
     default:
-        launch_mma<128>(w, t16, n_pairs, route, h, y, stream);
+        launch_mma<128, SLICED>(w, t16, n_pairs, route, h, y, stream);
         break;
     }
+}
+
+void gptoss_moe_mma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
+                         int32_t k_top, const gptoss_cuda_route *route, __half *h, float *y,
+                         cudaStream_t stream) {
+    mma_gemm_run<false>(w, t, n_tokens, k_top, route, h, y, stream);
+}
+
+/* SLICED keeps a second set of accumulators: 64- and 128-row tiles spill (ptxas: 264 and 948
+ * bytes of stores per thread), so its tiles stop at 32 rows. */
+#define MMA_SLICED_MAX_TILE 32
+int32_t gptoss_moe_mma_sliced_tile_rows(int32_t n_tokens, int32_t k_top, int32_t n_experts) {
+    const int32_t bn = gptoss_moe_mma_tile_rows(n_tokens, k_top, n_experts);
+    return bn < MMA_SLICED_MAX_TILE ? bn : MMA_SLICED_MAX_TILE;
+}
+
+void gptoss_moe_mma_gemm_sliced(const gptoss_cuda_moe_weights *w, const bf16 *t,
+                                const gptoss_cuda_route *route, int32_t n_tokens, int32_t k_top,
+                                __half *h, float *y, cudaStream_t stream) {
+    if (route->tile_rows > MMA_SLICED_MAX_TILE) return; /* not a route of this kernel's */
+    mma_gemm_run<true>(w, t, n_tokens, k_top, route, h, y, stream);
 }
 
 /* Raises the kernels' dynamic shared-memory limits for widths up to `widest`, tile by tile
@@ -343,6 +392,12 @@ cudaError_t gptoss_moe_mma_gemm_prepare(int32_t widest) {
                                       mma_cfg<BN>::smem(widest / 32));                             \
     if (err == cudaSuccess)                                                                        \
         err = gptoss_cuda_kernel_smem((const void *)moe_mma_kernel<false, BN>,                     \
+                                      mma_cfg<BN>::smem(widest / 32));                             \
+    if (err == cudaSuccess)                                                                        \
+        err = gptoss_cuda_kernel_smem((const void *)moe_mma_kernel<true, BN, true>,                \
+                                      mma_cfg<BN>::smem(widest / 32));                             \
+    if (err == cudaSuccess)                                                                        \
+        err = gptoss_cuda_kernel_smem((const void *)moe_mma_kernel<false, BN, true>,               \
                                       mma_cfg<BN>::smem(widest / 32));                             \
     if (err == cudaSuccess) kc->moe_mma_max_tile = BN;
     RAISE_MMA(8)

@@ -35,10 +35,12 @@ enum gptoss_moe_path {
 
 /* The kernels of GPTOSS_MOE_PAIR_MMA (GPTOSS_CUDA_MOE_PAIR_KERNEL=wide|tma|fp8). */
 enum gptoss_moe_pair_kernel {
-    GPTOSS_MOE_PAIR_DEFAULT = 0, /* TMA where it runs, else wide */
+    GPTOSS_MOE_PAIR_DEFAULT = 0, /* DENSE where TMA runs, else wide */
     GPTOSS_MOE_PAIR_WIDE = 1,    /* 16-byte register loads, any GPU */
     GPTOSS_MOE_PAIR_TMA = 2,     /* bulk copies into shared memory, sm_90+ */
     GPTOSS_MOE_PAIR_FP8 = 3,     /* wgmma on e4m3, sm_90a; not the default */
+    GPTOSS_MOE_PAIR_DENSE = 4,   /* TMA with the mma GEMM's arithmetic (gptoss_moe_pair_dense)
+                                    where w->mma_ok, else TMA; the default on sm_90+ */
 };
 
 /* A path from its number ("0".."6") or name ("route_gemv", "wmma_gemm", "pair_gemv",
@@ -133,6 +135,26 @@ void gptoss_moe_pair_tma(const gptoss_cuda_moe_weights *w, const bf16 *t, const 
 void gptoss_moe_pair_grouped(const gptoss_cuda_moe_weights *w, const bf16 *t,
                              const gptoss_cuda_route *route, int32_t n_tokens, int32_t k_top,
                              __half *h, float *y, cudaStream_t stream);
+
+/*
+ * The batch-invariant experts on the mma GEMM's arithmetic (codes scaled in fp16, one chain of
+ * MMAs per K slice, the MOE_PAIR_TMA_K_SLICES slice sums added in order): gptoss_moe_pair_dense
+ * one block per (16-row tile, pair) like gptoss_moe_pair_tma (steps of a few tokens, no route;
+ * h by pair), gptoss_moe_mma_gemm_sliced the mma GEMM over a route from
+ * gptoss_cuda_moe_route_rows with gptoss_moe_mma_sliced_tile_rows rows per tile (h by sorted
+ * row). Each pair's y row is bitwise the same from either, whatever else the step holds; the
+ * GEMM runs prefill at the mma path's speed, where the pair arithmetic above multiplies one
+ * token per MMA. Only where gptoss_moe_bi_mma_ok (w->mma_ok, the TMA pair kernel runs here and
+ * the mma GEMM's tiles fit).
+ */
+bool gptoss_moe_bi_mma_ok(const gptoss_cuda_moe_weights *w);
+void gptoss_moe_pair_dense(const gptoss_cuda_moe_weights *w, const bf16 *t, const int32_t *topk_idx,
+                           int32_t n_pairs, int32_t k_top, __half *h, float *y,
+                           cudaStream_t stream);
+int32_t gptoss_moe_mma_sliced_tile_rows(int32_t n_tokens, int32_t k_top, int32_t n_experts);
+void gptoss_moe_mma_gemm_sliced(const gptoss_cuda_moe_weights *w, const bf16 *t,
+                                const gptoss_cuda_route *route, int32_t n_tokens, int32_t k_top,
+                                __half *h, float *y, cudaStream_t stream);
 
 /*
  * Decides w->mma_ok: GPTOSS_MOE_MMA_GEMM dequantizes to fp16 (code * 2^(s-127) exactly) and feeds
