@@ -316,6 +316,7 @@ static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew
 static void pair_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew, bool masked) {
     gptoss_cuda_moe_weights w = mw.w;
     w.pair_mma_ok = true; /* scales 118..130 and inputs within 1: the fp16 form is exact */
+    w.masked_slots = masked;
     char name[160];
     if (!gptoss_moe_pair_grouped_ok(&w)) {
         printf("pair_case: the TMA pair kernel does not run here, skipped\n");
@@ -391,6 +392,7 @@ static void pair_case(const moe_case_weights &mw, int32_t T, int32_t K, bool ske
 static void dense_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew, bool masked) {
     gptoss_cuda_moe_weights w = mw.w;
     w.mma_ok = true; /* scales 118..128 and inputs within 1: the fp16 form is exact */
+    w.masked_slots = masked;
     char name[160];
     if (!gptoss_moe_bi_mma_ok(&w)) {
         printf("dense_case: the TMA pair kernel does not run here, skipped\n");

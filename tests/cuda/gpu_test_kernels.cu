@@ -1158,8 +1158,8 @@ static void test_moe(int T, int H, int I, int E, int K, int pattern, int path,
     CK(gptoss_cuda_moe_prepare(H, I));
     bf16 *d_h = dev_poisoned<bf16>((size_t)T * K * I);
     float *d_y = dev_poisoned<float>((size_t)T * K * H);
-    gptoss_cuda_moe_weights w = {d_gub, d_gus, d_gubias, d_dnb,  d_dns, d_dnbias, E,
-                                 H,     I,     7.0f,     1.702f, false, false,    false};
+    gptoss_cuda_moe_weights w = {d_gub, d_gus, d_gubias, d_dnb, d_dns, d_dnbias, E,    H,
+                                 I,     7.0f,  1.702f,   false, false, false,    false};
     unsigned *d_scratch = dev_poisoned<unsigned>(4);
     CK(gptoss_cuda_moe_check_mma(&w, nullptr, d_scratch, 0));
     /* path 4 is exact only for scale bytes in [104, 128]: wide scales must turn it down */

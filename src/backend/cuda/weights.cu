@@ -352,6 +352,7 @@ gptoss_status gptoss_cuda_weights_alloc(gptoss_cuda_state *s, gptoss_error *erro
         ALLOC_DEV(m->down_scales, EM * H * (I / 32), "expert down scales");
         ALLOC(m->down_bias, EM * H * 4, "expert down bias");
         m->n_experts = (int32_t)EM;
+        m->masked_slots = (int32_t)EM < c->n_experts;
         m->hidden = (int32_t)H;
         m->intermediate = (int32_t)I;
         m->swiglu_limit = (float)c->swiglu_limit;

@@ -53,14 +53,19 @@ static __global__ void residual_rmsnorm_kernel(
     if (moe_y) {
         const float *wr = moe_weight + (size_t)r * k_top, *yr = moe_y + (size_t)r * k_top * hidden;
         float sum[RMSNORM_MAX_PER_THREAD] = {0.0f, 0.0f, 0.0f, 0.0f};
+        /* a slot of weight 0 (another GPU's expert) has a row nobody wrote: its value is
+         * replaced by 0 after the load, not skipped before it, so that no load waits for the
+         * weight's */
 #pragma unroll 4
         for (int k = 0; k < k_top; k++) {
             const float wk = wr[k];
-            if (wk == 0.0f) continue; /* another GPU's expert: its row was not written */
 #pragma unroll
             for (int c = 0; c < RMSNORM_MAX_PER_THREAD; c++) {
                 int j = threadIdx.x + c * RMSNORM_THREADS;
-                if (j < hidden) sum[c] += wk * yr[(size_t)k * hidden + j];
+                if (j < hidden) {
+                    const float yv = yr[(size_t)k * hidden + j];
+                    sum[c] = fmaf(wk, wk != 0.0f ? yv : 0.0f, sum[c]);
+                }
             }
         }
 #pragma unroll

@@ -107,12 +107,25 @@ static __device__ __forceinline__ void pair_window_dot(const uint32_t (&pa)[4][4
         d[i] = d1[i] + d2[i];
 }
 
-/* Both: ca / cb the lane's group codes of rows a and b. */
+/* Both, each word converted just before its two MMAs (the same operations and order as
+ * pair_window_convert then pair_window_dot, so the same bits): ca / cb the lane's group codes
+ * of rows a and b. */
 static __device__ __forceinline__ void pair_window_mma(uint4 ca, uint4 cb, const uint4 (&b)[4],
                                                        float (&d)[4]) {
-    uint32_t pa[4][4], pb[4][4];
-    pair_window_convert(ca, cb, pa, pb);
-    pair_window_dot(pa, pb, b, d);
+    const uint32_t wa[4] = {ca.x, ca.y, ca.z, ca.w}, wb[4] = {cb.x, cb.y, cb.z, cb.w};
+    float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        float(&dd)[4] = w < 2 ? d1 : d2;
+        uint32_t pa[4], pb[4];
+        mma_fp4_pairs(wa[w], pa);
+        mma_fp4_pairs(wb[w], pb);
+        mma_f16(dd, pa[0], pb[0], pa[1], pb[1], b[w].x, b[w].y);
+        mma_f16(dd, pa[2], pb[2], pa[3], pb[3], b[w].z, b[w].w);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        d[i] = d1[i] + d2[i];
 }
 
 /* One window of the wide kernel: pair_window_mma, then the column scales; s4 the scale bytes
@@ -521,7 +534,7 @@ static __global__ void __launch_bounds__(MOE_PAIR_TMA_K_SLICES * 32)
     moe_pair_tma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
                         const void *act, const int32_t *topk_idx, int32_t k_top, int32_t k_in,
                         int32_t n_out_rows, float limit, float alpha, __half *h_out, float *y_out,
-                        int32_t inflight) {
+                        int32_t inflight, bool masked) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) uint8_t pt_smem[];
     __shared__ __align__(8) uint64_t bar;
@@ -537,8 +550,8 @@ static __global__ void __launch_bounds__(MOE_PAIR_TMA_K_SLICES * 32)
 #ifdef GPTOSS_MOE_TRACE
     unsigned long long tr_start = globaltimer_ns(), tr_issue = 0, tr_wait = 0, tr_land = 0;
 #endif
-    if (!GATE_UP && topk_idx[pair] < 0) { /* another GPU's expert */
-        pdl_wait();                       /* no block exits before its wait (ptx.cuh) */
+    if (!GATE_UP && masked && topk_idx[pair] < 0) { /* another GPU's expert */
+        pdl_wait();                                 /* no block exits before its wait (ptx.cuh) */
         return;
     }
     const unsigned sm = inflight > 0 ? sm_id() % MOE_PAIR_LIMIT_MAX_SMS : 0u;
@@ -573,7 +586,7 @@ static __global__ void __launch_bounds__(MOE_PAIR_TMA_K_SLICES * 32)
         (i == 0 ? (uint4 *)(sc + scale_bytes) : xs + (k_in >> 3) + i - 1)[0] =
             make_uint4(0, 0, 0, 0);
     pdl_wait(); /* gate_up: topk_idx from the router; both: the input */
-    if (GATE_UP && topk_idx[pair] < 0) return; /* another GPU's expert */
+    if (GATE_UP && masked && topk_idx[pair] < 0) return; /* another GPU's expert */
 #ifdef GPTOSS_MOE_TRACE
     tr_wait = globaltimer_ns();
 #endif
@@ -897,7 +910,7 @@ static __global__ void __launch_bounds__(MOE_PAIR_FP8_K_SLICES * 32, 7)
     moe_pair_fp8_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
                         const void *act, const int32_t *topk_idx, int32_t k_top, int32_t k_in,
                         int32_t n_out_rows, float limit, float alpha, __half *h_out, float *y_out,
-                        int32_t inflight) {
+                        int32_t inflight, bool masked) {
 #ifdef GPTOSS_WGMMA
     extern __shared__ __align__(128) uint8_t pf_smem[];
     __shared__ __align__(8) uint64_t bar;
@@ -911,8 +924,8 @@ static __global__ void __launch_bounds__(MOE_PAIR_FP8_K_SLICES * 32, 7)
     const pair_fp8_layout lay = pair_fp8_parts(k_in);
     uint8_t *codes = pf_smem, *sc = pf_smem + lay.scales, *bt = pf_smem + lay.bt;
     const uint32_t bar_s = (uint32_t)__cvta_generic_to_shared(&bar);
-    if (!GATE_UP && topk_idx[pair] < 0) { /* another GPU's expert */
-        pdl_wait();                       /* no block exits before its wait (ptx.cuh) */
+    if (!GATE_UP && masked && topk_idx[pair] < 0) { /* another GPU's expert */
+        pdl_wait();                                 /* no block exits before its wait (ptx.cuh) */
         return;
     }
     const unsigned sm = inflight > 0 ? sm_id() % MOE_PAIR_LIMIT_MAX_SMS : 0u;
@@ -939,7 +952,7 @@ static __global__ void __launch_bounds__(MOE_PAIR_FP8_K_SLICES * 32, 7)
     /* the 16 bytes after the scales are read past the last row's groups (see above) */
     if (threadIdx.x < 4) ((uint32_t *)(sc + scale_bytes))[threadIdx.x] = 0u;
     pdl_wait(); /* gate_up: topk_idx from the router; both: the input */
-    if (GATE_UP && topk_idx[pair] < 0) return; /* another GPU's expert */
+    if (GATE_UP && masked && topk_idx[pair] < 0) return; /* another GPU's expert */
     if (GATE_UP && threadIdx.x == 0) issue();
     if (EARLY_BIAS && GATE_UP)
         bv = pair_bias<true>(bias, topk_idx[pair], n_out_rows, 1, tile, n_tiles);
@@ -1071,19 +1084,19 @@ static void pair_mma_launch(const uint8_t *blocks, const uint8_t *scales, const 
                                                   : moe_pair_fp8_kernel<GATE_UP, false>,
                    dim3(tiles, n_pairs), dim3(MOE_PAIR_FP8_K_SLICES * 32), pair_fp8_smem(k_in),
                    stream, blocks, scales, bias, act, topk_idx, k_top, k_in, n_out, w->swiglu_limit,
-                   w->swiglu_alpha, h, y, pair_tma_inflight());
+                   w->swiglu_alpha, h, y, pair_tma_inflight(), w->masked_slots);
     else if (kernel == GPTOSS_MOE_PAIR_TMA && dense)
         launch_pdl(n_pairs <= GPTOSS_MOE_PAIR_MAX ? moe_pair_tma_kernel<GATE_UP, true, true>
                                                   : moe_pair_tma_kernel<GATE_UP, false, true>,
                    dim3(tiles, n_pairs), dim3(MOE_PAIR_TMA_K_SLICES * 32), pair_tma_smem(k_in),
                    stream, blocks, scales, bias, act, topk_idx, k_top, k_in, n_out, w->swiglu_limit,
-                   w->swiglu_alpha, h, y, pair_tma_inflight());
+                   w->swiglu_alpha, h, y, pair_tma_inflight(), w->masked_slots);
     else if (kernel == GPTOSS_MOE_PAIR_TMA)
         launch_pdl(n_pairs <= GPTOSS_MOE_PAIR_MAX ? moe_pair_tma_kernel<GATE_UP, true>
                                                   : moe_pair_tma_kernel<GATE_UP, false>,
                    dim3(tiles, n_pairs), dim3(MOE_PAIR_TMA_K_SLICES * 32), pair_tma_smem(k_in),
                    stream, blocks, scales, bias, act, topk_idx, k_top, k_in, n_out, w->swiglu_limit,
-                   w->swiglu_alpha, h, y, pair_tma_inflight());
+                   w->swiglu_alpha, h, y, pair_tma_inflight(), w->masked_slots);
     else
         launch_pdl(moe_pair_wide_kernel<GATE_UP>,
                    dim3((tiles + MOE_PAIR_WIDE_TILES_PER_BLOCK - 1) / MOE_PAIR_WIDE_TILES_PER_BLOCK,
