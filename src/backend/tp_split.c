@@ -5,6 +5,7 @@
 
 #include "util/error.h"
 
+#include <stdio.h>
 #include <string.h>
 
 gptoss_status gptoss_tp_check_options(int32_t tp_size, gptoss_backend_kind kind,
@@ -56,6 +57,27 @@ gptoss_status gptoss_tp_check_job(const gptoss_config *c, int32_t tp_size, int32
                                 (int)device, (int)(device + local - 1), (int)n_devices,
                                 n_devices == 1 ? "is" : "are");
     return gptoss_tp_check_config(c, tp_size, 0, tp_size, error); /* the split itself */
+}
+
+gptoss_status gptoss_dp_engine_devices(int32_t n_engines, int32_t tp_size, int32_t device,
+                                       int32_t n_devices, int32_t *first, gptoss_error *error) {
+    if (tp_size < 1) tp_size = 1;
+    if (n_engines < 1)
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "data parallel size %d: at least one engine", (int)n_engines);
+    const int64_t need = (int64_t)n_engines * tp_size;
+    if (device < 0 || device + need > n_devices) {
+        char per[64] = "";
+        if (tp_size > 1)
+            snprintf(per, sizeof per, " of %d GPUs each (tensor parallel)", (int)tp_size);
+        return gptoss_set_error(error, GPTOSS_ERR_INVALID_ARGUMENT,
+                                "data parallel size %d%s needs GPUs %d..%lld, but %d %s visible",
+                                (int)n_engines, per, (int)device, (long long)(device + need - 1),
+                                (int)n_devices, n_devices == 1 ? "is" : "are");
+    }
+    for (int32_t i = 0; first && i < n_engines; i++)
+        first[i] = device + i * tp_size;
+    return GPTOSS_OK;
 }
 
 gptoss_tp_slice gptoss_tp_rank_slice(const gptoss_config *c, int32_t tp_size, int32_t rank) {

@@ -51,6 +51,13 @@ gptoss_status gptoss_tp_check_config(const gptoss_config *config, int32_t tp_siz
 gptoss_status gptoss_tp_check_job(const gptoss_config *config, int32_t tp_size, int32_t n_procs,
                                   int32_t device, int32_t n_devices, gptoss_error *error);
 
+/* Data parallelism over engines of tp_size GPUs each (1: one GPU each): engine i takes devices
+ * [device + i * tp_size, device + (i + 1) * tp_size). Checks that the n_engines * tp_size GPUs
+ * from `device` are among the n_devices visible, and writes engine i's first device into
+ * first[i] (first may be NULL). */
+gptoss_status gptoss_dp_engine_devices(int32_t n_engines, int32_t tp_size, int32_t device,
+                                       int32_t n_devices, int32_t *first, gptoss_error *error);
+
 /* Rank `rank`'s share of a config that passed gptoss_tp_check_config, the MoE by whole experts. */
 gptoss_tp_slice gptoss_tp_rank_slice(const gptoss_config *config, int32_t tp_size, int32_t rank);
 

@@ -4,17 +4,19 @@
  * Owns: the serve command line, the order of start-up (listen first so /health can say 503
  * while weights load, then model, tokenizer, backends, engines, ready) and the SIGTERM drain.
  * With --data-parallel-size N it creates N backends over the one loaded model (the host
- * mapping is shared; each GPU gets its own copy of the weights) and N engines, which the
- * server routes between (src/server/router.h). In a tensor-parallel job of several processes
- * (one per node: --nnodes, Slurm or Open MPI) process 0 serves as usual over the GPUs of every
- * process, and the others only follow its steps (serve_follower). KV sizing is
- * engine/kv_plan.c's; the HTTP work itself is src/server. This file must stay a thin driver.
+ * mapping is shared; each GPU, or each group of --tensor-parallel-size GPUs, gets its own copy
+ * of the weights) and N engines, which the server routes between (src/server/router.h). In a
+ * tensor-parallel job of several processes (one per node: --nnodes, Slurm or Open MPI) process 0
+ * serves as usual over the GPUs of every process, and the others only follow its steps
+ * (serve_follower). KV sizing is engine/kv_plan.c's; the HTTP work itself is src/server. This file
+ * must stay a thin driver.
  */
 #include "cli.h"
 #include "options.h"
 #include "draft_options.h"
 
 #include "backend/tp_net.h"
+#include "backend/tp_split.h"
 #include "chat/chat.h"
 #include "gptoss_engine.h"
 #include "engine/kv_plan.h"
@@ -272,9 +274,11 @@ int gptoss_cmd_serve(int argc, char **argv) {
          .lo = 1,
          .hi = MAX_DATA_PARALLEL,
          .help = "N engines, each with its own copy of the model: CUDA\n"
-                 "on devices --device..--device+N-1, CPU with -t/N\n"
-                 "threads each; requests go to the engine that holds\n"
-                 "their prefix, else the least loaded (default 1)",
+                 "on devices --device..--device+N-1 (with\n"
+                 "--tensor-parallel-size T each engine a group of T:\n"
+                 "N x T GPUs), CPU with -t/N threads each; requests go\n"
+                 "to the engine that holds their prefix, else the\n"
+                 "least loaded (default 1)",
          .error = "--data-parallel-size needs an integer in [1, 64]"},
         {.name = "nnodes",
          .kind = CLI_INT,
@@ -439,17 +443,16 @@ int gptoss_cmd_serve(int argc, char **argv) {
                          "(%d) of those it sees, so give each its own (CUDA_VISIBLE_DEVICES)",
                          place.local_world_size, bo.device);
     }
-    if (n_dp > 1 && bo.tensor_parallel_size > 1)
-        return cli_usage_error("serve", "--data-parallel-size and --tensor-parallel-size cannot be "
-                                        "combined yet; choose one");
+    /* engine i's devices: one GPU, or with tensor parallelism a group of them
+     * (gptoss_dp_engine_devices) */
+    int32_t engine_device[MAX_DATA_PARALLEL];
+    for (int32_t i = 0; i < n_dp; i++)
+        engine_device[i] = bo.device;
     if (bo.kind == GPTOSS_BACKEND_CUDA && n_dp > 1) {
-        int32_t visible = gptoss_cuda_device_count();
-        if (bo.device + n_dp > visible)
-            return cli_usage_error("serve",
-                                   "--data-parallel-size %d needs GPUs %d..%d, but %d %s visible "
-                                   "(CUDA_VISIBLE_DEVICES applies)",
-                                   n_dp, bo.device, bo.device + n_dp - 1, visible,
-                                   visible == 1 ? "is" : "are");
+        gptoss_error derr = {0};
+        if (gptoss_dp_engine_devices(n_dp, bo.tensor_parallel_size, bo.device,
+                                     gptoss_cuda_device_count(), engine_device, &derr) != GPTOSS_OK)
+            return cli_usage_error("serve", "%s (CUDA_VISIBLE_DEVICES applies)", derr.message);
     }
     if (bo.kind == GPTOSS_BACKEND_CPU && n_dp > 1) { /* -t is the total over the engines */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -565,14 +568,13 @@ int gptoss_cmd_serve(int argc, char **argv) {
     }
     bo.progress = print_progress;
     gptoss_engine_options eo = gptoss_engine_options_default();
-    int32_t device0 = bo.device;
     bool kv_capped = false;
     for (int32_t i = 0; i < n_dp; i++) {
         /* One model load (the host mapping), one backend per device: each uploads its own
          * copy of the weights (random weights from the same seed, so every engine serves the
          * same model) and sizes its own KV pool. */
         gptoss_backend_options bo_i = bo;
-        bo_i.device = device0 + i;
+        bo_i.device = engine_device[i];
         gptoss_status st = model ? gptoss_backend_create(model, &bo_i, &backends[i], &err)
                                  : gptoss_backend_create_random(c, &bo_i, 1, &backends[i], &err);
         if (cli_stderr_is_tty()) fprintf(stderr, "\n");
@@ -606,6 +608,9 @@ int gptoss_cmd_serve(int argc, char **argv) {
             snprintf(where, sizeof where,
                      "tensor parallel over %d GPUs in %d processes: ", bo_i.tensor_parallel_size,
                      place.world_size);
+        else if (bo_i.tensor_parallel_size > 1 && n_dp > 1) /* the KV MiB: the group's GPUs */
+            snprintf(where, sizeof where, "engine %d, tensor parallel over GPUs %d..%d: ", i,
+                     bo_i.device, bo_i.device + bo_i.tensor_parallel_size - 1);
         else if (bo_i.tensor_parallel_size > 1) /* the KV MiB below: all the GPUs together */
             snprintf(where, sizeof where, "tensor parallel over GPUs %d..%d: ", bo_i.device,
                      bo_i.device + bo_i.tensor_parallel_size - 1);

@@ -157,6 +157,33 @@ static void test_job_checks(void **state) {
     assert_non_null(strstr(e.message, "needs GPUs 0..3, but 2 are visible"));
 }
 
+/* Data parallel engines of tensor-parallel groups: engine i's first GPU, and the GPUs the whole
+ * set needs against those visible. */
+static void test_dp_engine_devices(void **state) {
+    (void)state;
+    gptoss_error e = {0};
+    int32_t first[4] = {-1, -1, -1, -1};
+    assert_int_equal(gptoss_dp_engine_devices(2, 2, 0, 4, first, &e), GPTOSS_OK);
+    assert_int_equal(first[0], 0);
+    assert_int_equal(first[1], 2);
+    assert_int_equal(gptoss_dp_engine_devices(4, 2, 0, 8, first, &e), GPTOSS_OK);
+    assert_int_equal(first[3], 6);
+    assert_int_equal(gptoss_dp_engine_devices(3, 1, 1, 4, first, &e), GPTOSS_OK);
+    assert_int_equal(first[0], 1);
+    assert_int_equal(first[2], 3);
+    assert_int_equal(gptoss_dp_engine_devices(2, 0, 0, 2, first, &e), GPTOSS_OK); /* 0 reads 1 */
+    assert_int_equal(first[1], 1);
+    assert_int_equal(gptoss_dp_engine_devices(2, 2, 0, 3, first, &e), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(e.message, "of 2 GPUs each (tensor parallel) needs GPUs 0..3, but 3 "
+                                      "are visible"));
+    assert_int_equal(gptoss_dp_engine_devices(2, 4, 1, 8, NULL, &e), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(e.message, "needs GPUs 1..8, but 8 are visible"));
+    assert_int_equal(gptoss_dp_engine_devices(2, 1, 0, 1, NULL, &e), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(e.message, "data parallel size 2 needs GPUs 0..1, but 1 is visible"));
+    assert_int_equal(gptoss_dp_engine_devices(0, 1, 0, 1, NULL, &e), GPTOSS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(gptoss_dp_engine_devices(1, 2, -1, 4, NULL, &e), GPTOSS_ERR_INVALID_ARGUMENT);
+}
+
 static void test_copy_columns(void **state) {
     (void)state;
     const size_t rows = 7, cols = 24;
@@ -227,7 +254,7 @@ int main(void) {
         cmocka_unit_test(test_slices_cover_the_model), cmocka_unit_test(test_config_refusals),
         cmocka_unit_test(test_option_checks),          cmocka_unit_test(test_job_checks),
         cmocka_unit_test(test_copy_columns),           cmocka_unit_test(test_moe_rows),
-        cmocka_unit_test(test_copy_row_slices),
+        cmocka_unit_test(test_copy_row_slices),        cmocka_unit_test(test_dp_engine_devices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
