@@ -536,13 +536,19 @@ typedef struct job_arg {
     int steps_run;
 } job_arg;
 
-static const gptoss_config *tiny(void) {
-    static gptoss_config c;
-    static bool made;
+/* The tiny preset, made once: process 0 and the followers' threads ask for it at the same
+ * time (a lazy fill here once let a follower read a half-made config: a HELLO of 0 layers). */
+static gptoss_config tiny_config;
+static bool tiny_made;
+static void tiny_make(void) {
     gptoss_error e = {0};
-    if (!made) assert_int_equal(gptoss_config_preset("tiny", &c, &e), GPTOSS_OK);
-    made = true;
-    return &c;
+    tiny_made = gptoss_config_preset("tiny", &tiny_config, &e) == GPTOSS_OK;
+}
+static const gptoss_config *tiny(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, tiny_make);
+    assert_true(tiny_made);
+    return &tiny_config;
 }
 
 static gptoss_tp_net_hello hello_of(const job_arg *a) {
