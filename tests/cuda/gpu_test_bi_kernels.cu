@@ -306,6 +306,56 @@ static void moe_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew
     cudaFree(d_topk), cudaFree(d_t), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y);
 }
 
+/* The inputs of pair_case and dense_case: T tokens' top-k (masked: every third slot -1), their
+ * activations, a route's memory, and h and y poisoned, then `reference` (the TMA or the dense
+ * pair kernel) run in launches of at most 64 tokens, each pair alone in its block; h_ref and y_ref
+ * what it wrote. */
+typedef void (*pair_kernel_fn)(const gptoss_cuda_moe_weights *, const bf16 *, const int32_t *,
+                               int32_t, int32_t, __half *, float *, cudaStream_t);
+struct pair_inputs {
+    std::vector<int32_t> topk;
+    int32_t *d_topk;
+    bf16 *d_t;
+    void *route_mem;
+    gptoss_cuda_route route;
+    __half *d_h;
+    float *d_y;
+    std::vector<__half> h_ref;
+    std::vector<float> y_ref;
+};
+static pair_inputs pair_inputs_run(const gptoss_cuda_moe_weights &w, int32_t T, int32_t K,
+                                   bool skew, bool masked, pair_kernel_fn reference) {
+    const int32_t E = w.n_experts, H = w.hidden, I = w.intermediate, P = T * K;
+    pair_inputs in;
+    in.topk = random_topk(T, K, E, skew);
+    if (masked)
+        for (int32_t p = 0; p < P; p += 3)
+            in.topk[(size_t)p] = -1;
+    std::vector<uint16_t> act((size_t)T * H);
+    for (auto &v : act)
+        v = f2bf(rnd_nz(1.0f));
+    in.d_topk = dev_upload(in.topk);
+    in.d_t = (bf16 *)dev_upload(act);
+    in.route_mem = nullptr;
+    CK(cudaMalloc(&in.route_mem, gptoss_cuda_route_bytes(P, E)));
+    gptoss_cuda_route_bind(in.route_mem, P, E, &in.route);
+    in.d_h = dev_poisoned<__half>((size_t)P * I);
+    in.d_y = dev_poisoned<float>((size_t)P * H);
+    for (int32_t t0 = 0; t0 < T; t0 += 64) {
+        const int32_t n = std::min<int32_t>(64, T - t0);
+        reference(&w, in.d_t + (size_t)t0 * H, in.d_topk + (size_t)t0 * K, n * K, K,
+                  in.d_h + (size_t)t0 * K * I, in.d_y + (size_t)t0 * K * H, 0);
+    }
+    CK(cudaGetLastError());
+    in.h_ref = dev_download(in.d_h, (size_t)P * I);
+    in.y_ref = dev_download(in.d_y, (size_t)P * H);
+    return in;
+}
+static void pair_inputs_free(pair_inputs &in) {
+    cudaFree(in.d_topk), cudaFree(in.d_t), cudaFree(in.route_mem), cudaFree(in.d_h),
+        cudaFree(in.d_y);
+}
+
 /* ---- experts: the grouped pair kernel against the TMA pair kernel ------------------------- */
 
 /* T tokens' experts (K distinct each; skew: expert 0 in every token; masked: every third slot
@@ -323,29 +373,15 @@ static void pair_case(const moe_case_weights &mw, int32_t T, int32_t K, bool ske
         return;
     }
     const int32_t E = w.n_experts, H = w.hidden, I = w.intermediate, P = T * K;
-    std::vector<int32_t> topk = random_topk(T, K, E, skew);
-    if (masked)
-        for (int32_t p = 0; p < P; p += 3)
-            topk[(size_t)p] = -1;
-    std::vector<uint16_t> act((size_t)T * H);
-    for (auto &v : act)
-        v = f2bf(rnd_nz(1.0f));
-    int32_t *d_topk = dev_upload(topk);
-    bf16 *d_t = (bf16 *)dev_upload(act);
-    void *route_mem = nullptr;
-    CK(cudaMalloc(&route_mem, gptoss_cuda_route_bytes(P, E)));
-    gptoss_cuda_route route;
-    gptoss_cuda_route_bind(route_mem, P, E, &route);
-    __half *d_h = dev_poisoned<__half>((size_t)P * I);
-    float *d_y = dev_poisoned<float>((size_t)P * H);
-    for (int32_t t0 = 0; t0 < T; t0 += 64) {
-        const int32_t n = std::min<int32_t>(64, T - t0);
-        gptoss_moe_pair_tma(&w, d_t + (size_t)t0 * H, d_topk + (size_t)t0 * K, n * K, K,
-                            d_h + (size_t)t0 * K * I, d_y + (size_t)t0 * K * H, 0);
-    }
-    CK(cudaGetLastError());
-    std::vector<__half> h_ref = dev_download(d_h, (size_t)P * I);
-    std::vector<float> y_ref = dev_download(d_y, (size_t)P * H);
+    pair_inputs in = pair_inputs_run(w, T, K, skew, masked, gptoss_moe_pair_tma);
+    const std::vector<int32_t> &topk = in.topk;
+    gptoss_cuda_route &route = in.route;
+    int32_t *d_topk = in.d_topk;
+    bf16 *d_t = in.d_t;
+    __half *d_h = in.d_h;
+    float *d_y = in.d_y;
+    const std::vector<__half> &h_ref = in.h_ref;
+    const std::vector<float> &y_ref = in.y_ref;
     bool finite = true, untouched = true;
     for (int32_t p = 0; p < P; p++)
         for (int32_t j = 0; j < H; j++) {
@@ -379,7 +415,7 @@ static void pair_case(const moe_case_weights &mw, int32_t T, int32_t K, bool ske
                  masked ? " masked" : "");
         check_true(name, h_same && memcmp(y.data(), y_ref.data(), y.size() * sizeof(float)) == 0);
     }
-    cudaFree(d_topk), cudaFree(d_t), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_y);
+    pair_inputs_free(in);
 }
 
 /* ---- experts: the sliced mma GEMM against the dense pair kernel --------------------------- */
@@ -399,29 +435,15 @@ static void dense_case(const moe_case_weights &mw, int32_t T, int32_t K, bool sk
         return;
     }
     const int32_t E = w.n_experts, H = w.hidden, I = w.intermediate, P = T * K;
-    std::vector<int32_t> topk = random_topk(T, K, E, skew);
-    if (masked)
-        for (int32_t p = 0; p < P; p += 3)
-            topk[(size_t)p] = -1;
-    std::vector<uint16_t> act((size_t)T * H);
-    for (auto &v : act)
-        v = f2bf(rnd_nz(1.0f));
-    int32_t *d_topk = dev_upload(topk);
-    bf16 *d_t = (bf16 *)dev_upload(act);
-    void *route_mem = nullptr;
-    CK(cudaMalloc(&route_mem, gptoss_cuda_route_bytes(P, E)));
-    gptoss_cuda_route route;
-    gptoss_cuda_route_bind(route_mem, P, E, &route);
-    __half *d_h = dev_poisoned<__half>((size_t)P * I);
-    float *d_y = dev_poisoned<float>((size_t)P * H);
-    for (int32_t t0 = 0; t0 < T; t0 += 64) {
-        const int32_t n = std::min<int32_t>(64, T - t0);
-        gptoss_moe_pair_dense(&w, d_t + (size_t)t0 * H, d_topk + (size_t)t0 * K, n * K, K,
-                              d_h + (size_t)t0 * K * I, d_y + (size_t)t0 * K * H, 0);
-    }
-    CK(cudaGetLastError());
-    std::vector<__half> h_ref = dev_download(d_h, (size_t)P * I);
-    std::vector<float> y_ref = dev_download(d_y, (size_t)P * H);
+    pair_inputs in = pair_inputs_run(w, T, K, skew, masked, gptoss_moe_pair_dense);
+    const std::vector<int32_t> &topk = in.topk;
+    gptoss_cuda_route &route = in.route;
+    int32_t *d_topk = in.d_topk;
+    bf16 *d_t = in.d_t;
+    __half *d_h = in.d_h;
+    float *d_y = in.d_y;
+    const std::vector<__half> &h_ref = in.h_ref;
+    const std::vector<float> &y_ref = in.y_ref;
     /* the WMMA path on the unmasked pairs (its rows of -1 slots are left alone too) */
     gptoss_cuda_moe_route(d_topk, T, K, E, GPTOSS_MOE_WMMA_GEMM, &route, 0);
     bf16 *d_hw = dev_poisoned<bf16>((size_t)P * I);
@@ -479,8 +501,8 @@ static void dense_case(const moe_case_weights &mw, int32_t T, int32_t K, bool sk
                  masked ? " masked" : "");
         check_true(name, h_same && y_same);
     }
-    cudaFree(d_topk), cudaFree(d_t), cudaFree(route_mem), cudaFree(d_h), cudaFree(d_hw),
-        cudaFree(d_y);
+    cudaFree(d_hw);
+    pair_inputs_free(in);
 }
 
 /* ---- attention: the tensor-core kernel, by tile and by token ------------------------------ */
