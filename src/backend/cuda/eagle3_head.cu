@@ -534,16 +534,13 @@ static gptoss_status head_forward(void *state, gptoss_eagle3_row *rows, int32_t 
                                     (int)(kv->start + kv->n + ahead), (int)row->token);
         st = kv_reserve(x, kv, kv->n + ahead + 1, error);
         if (st) return st;
+        meta[GPTOSS_E3_WRITE * n + r] = kv->n + ahead; /* kv_reserve keeps n */
     }
     for (int32_t r = 0; r < n; r++) {
         gptoss_eagle3_row *row = &rows[r];
-        int32_t ahead = 0;
-        for (int32_t q = 0; q < r; q++)
-            ahead += rows[q].kv == row->kv;
         meta[GPTOSS_E3_TOKEN * n + r] = row->token;
         meta[GPTOSS_E3_POSITION * n + r] = row->position;
-        meta[GPTOSS_E3_WRITE * n + r] = row->kv->n + ahead;
-        meta[GPTOSS_E3_CTX * n + r] = row->kv->n + ahead + 1;
+        meta[GPTOSS_E3_CTX * n + r] = meta[GPTOSS_E3_WRITE * n + r] + 1;
         if (row->aux) {
             memcpy(x->h_aux + (size_t)n_aux * 3 * H, row->aux, (size_t)3 * H * sizeof(float));
             meta[GPTOSS_E3_AUX_ROW * n + r] = n_aux++;
