@@ -48,7 +48,9 @@ static void test_defaults(void **state) {
     assert_int_equal(t.moe_wg_min, 24);
     assert_int_equal(t.moe_max_tile, 64);
     assert_int_equal(t.moe_tile_pct, 125);
-    assert_int_equal(t.bi_dense_max, 128);
+    assert_int_equal(t.bi_dense_max, 16);
+    assert_int_equal(t.bi_dense_large, 1);
+    assert_int_equal(t.bi_moe_tile, 64);
     assert_int_equal(t.bi_moe_max, 64);
     assert_true(t.bi_moe_wide && t.bi_dense_wide);
     assert_int_equal(t.bi_moe_pairs, 1);

@@ -8,7 +8,8 @@
  * accumulation of exact bf16 products: relative L2 under 1e-5), then the same rows again in
  * launches of 1, 2, 7, 63, 64, 65 and 130 rows starting at other offsets, every row equal bit
  * for bit to the 300-row launch; the skinny variant's 300-row launch bit for bit the same, and
- * the skinny and wide variants in launches of every size 1..300 bit for bit to that.
+ * the skinny, wide, split and large variants (each large tile, and the tile chosen by the
+ * GPU's SMs) in launches of every size 1..300 bit for bit to that.
  *
  * The experts kernels (gptoss_cuda_bi_moe, three launch shapes) against the WMMA path on the
  * same route, h and y bit for bit, and against each other: steps of 1..512 tokens, an expert in
@@ -16,14 +17,17 @@
  *
  * The tensor-core attention (full and sliding windows): each query's output bitwise the same by
  * token, in chunks, beside another sequence and as a decode token. The router logits against a
- * host reference and across launch sizes. Exits 1 on failure.
+ * host reference and across launch sizes. Last, timings (not checks): the dense GEMM's shapes
+ * past 128 rows and cuBLAS on the 120b projection and lm_head widths. Exits 1 on failure.
  */
 #include "backend/cuda/kernels/attention_tc.h"
 #include "backend/cuda/kernels/batch_invariant.h"
 #include "backend/kv_fp8.h"
 #include "gpu_test_util.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cublas_v2.h>
 
 #define ROWS 300
 
@@ -33,6 +37,27 @@ static const int32_t row_counts[] = {1, 2, 7, 63, 64, 65, 130};
 static bool rows_equal(const std::vector<float> &full, const std::vector<float> &part, int32_t r0,
                        int32_t m, int32_t n) {
     return memcmp(full.data() + (size_t)r0 * n, part.data(), (size_t)m * n * sizeof(float)) == 0;
+}
+
+static const char *bi_variant_name(int variant) {
+    switch (variant) {
+    case GPTOSS_BI_GEMM_SKINNY:
+        return "skinny";
+    case GPTOSS_BI_GEMM_WIDE:
+        return "wide";
+    case GPTOSS_BI_GEMM_SPLIT:
+        return "split";
+    case GPTOSS_BI_GEMM_LARGE:
+        return "large";
+    case GPTOSS_BI_GEMM_LARGE_128:
+        return "large 128x128";
+    case GPTOSS_BI_GEMM_LARGE_64:
+        return "large 64x128";
+    case GPTOSS_BI_GEMM_LARGE_64N64:
+        return "large 64x64";
+    default:
+        return "tile";
+    }
 }
 
 static void gemm_case(int32_t n, int32_t k, bool e4m3) {
@@ -105,10 +130,10 @@ static void gemm_case(int32_t n, int32_t k, bool e4m3) {
     snprintf(name, sizeof name, "bi_gemm skinny %s n %d k %d, %d rows bitwise the tile kernel's",
              e4m3 ? "e4m3" : "bf16", (int)n, (int)k, ROWS);
     check_true(name, same && rows_equal(full, sk_full, 0, ROWS, n));
-    for (int variant : {GPTOSS_BI_GEMM_SKINNY, GPTOSS_BI_GEMM_WIDE, GPTOSS_BI_GEMM_SPLIT}) {
-        const char *vname = variant == GPTOSS_BI_GEMM_WIDE    ? "wide"
-                            : variant == GPTOSS_BI_GEMM_SPLIT ? "split"
-                                                              : "skinny";
+    for (int variant :
+         {GPTOSS_BI_GEMM_SKINNY, GPTOSS_BI_GEMM_WIDE, GPTOSS_BI_GEMM_SPLIT, GPTOSS_BI_GEMM_LARGE,
+          GPTOSS_BI_GEMM_LARGE_128, GPTOSS_BI_GEMM_LARGE_64, GPTOSS_BI_GEMM_LARGE_64N64}) {
+        const char *vname = bi_variant_name(variant);
         /* the split shape takes up to 8 rows (larger launches are the skinny one's) */
         const int32_t max_m = variant == GPTOSS_BI_GEMM_SPLIT ? 12 : ROWS;
         same = true;
@@ -422,7 +447,7 @@ static void pair_case(const moe_case_weights &mw, int32_t T, int32_t K, bool ske
 
 /* T tokens' experts (as pair_case) through the dense pair kernel in launches of at most 64
  * tokens (the reference: each pair alone in its block) and through the sliced mma GEMM over
- * routes of 8-, 16- and 32-row tiles: y bit for bit, h (by sorted row there) bit for bit, rows
+ * routes of 8- to 128-row tiles: y bit for bit, h (by sorted row there) bit for bit, rows
  * of -1 slots never written; and y near the WMMA path's (another arithmetic: bf16 weights,
  * one sum per output), so that the two cannot agree on something wrong. */
 static void dense_case(const moe_case_weights &mw, int32_t T, int32_t K, bool skew, bool masked) {
@@ -473,7 +498,12 @@ static void dense_case(const moe_case_weights &mw, int32_t T, int32_t K, bool sk
              "%.2e against WMMA <= 1e-3",
              (int)E, (int)H, (int)T, skew ? " skew" : "", masked ? " masked" : "", worst);
     check_true(name, finite && untouched && worst <= 1e-3);
-    for (int32_t rows : {32, 16, 8}) {
+    /* every tile height the GEMM has (the backend caps them at bi_moe_tile) */
+    gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
+    const int saved_cap = kc->moe_bi_max_tile;
+    kc->moe_bi_max_tile = 128;
+    for (int32_t rows : {128, 64, 32, 16, 8}) {
+        if (rows > kc->moe_mma_max_tile) continue; /* its shared memory was not granted */
         gptoss_cuda_moe_route_rows(d_topk, T, K, E, rows, &route, 0);
         CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(__half)));
         CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
@@ -501,6 +531,7 @@ static void dense_case(const moe_case_weights &mw, int32_t T, int32_t K, bool sk
                  masked ? " masked" : "");
         check_true(name, h_same && y_same);
     }
+    kc->moe_bi_max_tile = saved_cap;
     cudaFree(d_hw);
     pair_inputs_free(in);
 }
@@ -612,7 +643,101 @@ static void attention_case(int32_t window) {
     cudaFree(dk), cudaFree(dv), cudaFree(dsk), cudaFree(dt);
 }
 
-int main(void) {
+/* Fills n bf16 values of magnitude up to `scale` from a hash of the index: the timings' gigabyte
+ * of lm_head weights without a host loop. */
+static __global__ void fill_random_bf16(bf16 *p, size_t n, float scale, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
+        p[i] = __float2bfloat16(scale * ((float)(h & 0xffffff) / 8388608.0f - 1.0f));
+    }
+}
+
+/* Median milliseconds of 9 runs of fn (after 2 untimed ones). */
+template <typename F> static float median_ms(F fn) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    fn(), fn();
+    std::vector<float> ts;
+    for (int r = 0; r < 9; r++) {
+        CK(cudaEventRecord(a, 0));
+        fn();
+        CK(cudaEventRecord(b, 0));
+        CK(cudaEventSynchronize(b));
+        float t = 0;
+        CK(cudaEventElapsedTime(&t, a, b));
+        ts.push_back(t);
+    }
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2];
+}
+
+/* The dense GEMM's launch shapes for steps past 128 rows against cuBLAS (bf16 in, fp32 out) on
+ * the 120b QKV, O and lm_head widths: printed, not checked. */
+static void gemm_timing(void) {
+    static const int32_t shapes[][3] = {/* n, k, rows */
+                                        {5120, 2880, 32},   {2880, 4096, 32},   {5120, 2880, 64},
+                                        {2880, 4096, 64},   {5120, 2880, 128},  {2880, 4096, 128},
+                                        {5120, 2880, 256},  {2880, 4096, 256},  {5120, 2880, 2048},
+                                        {2880, 4096, 2048}, {201088, 2880, 64}, {201088, 2880, 128},
+                                        {201088, 2880, 256}};
+    size_t w_max = 0, x_max = 0, y_max = 0;
+    for (const auto &s : shapes) {
+        w_max = std::max(w_max, (size_t)s[0] * s[1]);
+        x_max = std::max(x_max, (size_t)s[2] * s[1]);
+        y_max = std::max(y_max, (size_t)s[2] * s[0]);
+    }
+    bf16 *dw = nullptr, *dx = nullptr;
+    float *dy = nullptr;
+    if (cudaMalloc(&dw, w_max * 2) != cudaSuccess || cudaMalloc(&dx, x_max * 2) != cudaSuccess ||
+        cudaMalloc(&dy, y_max * 4) != cudaSuccess) {
+        printf("timing: skipped (no memory)\n");
+        cudaFree(dw), cudaFree(dx), cudaFree(dy);
+        (void)cudaGetLastError();
+        return;
+    }
+    fill_random_bf16<<<1024, 256>>>(dw, w_max, 0.05f, 1u);
+    fill_random_bf16<<<1024, 256>>>(dx, x_max, 1.0f, 2u);
+    CK(cudaDeviceSynchronize());
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) h = nullptr;
+    gptoss_cuda_dense_weight wt = {};
+    wt.w_bf16 = dw;
+    printf("timing (ms, median of 9; TFLOPS):\n");
+    for (const auto &s : shapes) {
+        const int32_t n = s[0], k = s[1], m = s[2];
+        const double flop = 2.0 * m * n * k;
+        printf("  m %5d n %6d k %4d:", (int)m, (int)n, (int)k);
+        for (int v : {GPTOSS_BI_GEMM_SKINNY, GPTOSS_BI_GEMM_WIDE, GPTOSS_BI_GEMM_LARGE_128,
+                      GPTOSS_BI_GEMM_LARGE_64, GPTOSS_BI_GEMM_LARGE_64N64, GPTOSS_BI_GEMM_LARGE}) {
+            float ms =
+                median_ms([&] { (void)gptoss_cuda_bi_gemm_variant(wt, dx, dy, m, n, k, v, 0); });
+            printf("  %s %.3f (%.0f)", bi_variant_name(v), ms, flop / ms * 1e-9);
+        }
+        if (h) {
+            const float one = 1.0f, zero = 0.0f;
+            float ms = median_ms([&] {
+                (void)cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, dw, CUDA_R_16BF, k,
+                                   dx, CUDA_R_16BF, k, &zero, dy, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT);
+            });
+            printf("  cublas %.3f (%.0f)", ms, flop / ms * 1e-9);
+        }
+        printf("\n");
+    }
+    if (h) cublasDestroy(h);
+    cudaFree(dw), cudaFree(dx), cudaFree(dy);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "timing") == 0) { /* the timings alone */
+        open_device();
+        gemm_timing();
+        return 0;
+    }
     open_device();
     /* 20b QKV and O (k 2880 ends in half a 128-input step, 4096 in whole ones), short partial
      * k-steps (200, 72), widths that end in a partial column tile */
@@ -671,6 +796,7 @@ int main(void) {
     router_case(32, 2880);
     router_case(128, 2880);
     router_case(8, 128);
+    gemm_timing();
     int failed = 0;
     for (const result &r : results)
         failed += !r.ok;

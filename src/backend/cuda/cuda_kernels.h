@@ -58,7 +58,8 @@ typedef struct gptoss_cuda_kernel_ctx {
     int moe_inflight;           /* tuning: TMA copies in flight per SM (0: no limit) */
     bool moe_inflight_report;   /* tuning: print the waits that gave up at exit */
     int moe_wg_min, moe_pair_tokens, moe_max_tile, moe_tile_pct; /* tuning (tuning.h) */
-    int n_sms; /* multiprocessors (the pair GEMV's grid) */
+    int moe_bi_max_tile; /* tuning: the sliced mma GEMM's tallest route tile (bi_moe_tile) */
+    int n_sms;           /* multiprocessors (the pair GEMV's grid) */
 } gptoss_cuda_kernel_ctx;
 
 struct gptoss_cuda_tuning;

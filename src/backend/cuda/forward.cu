@@ -49,8 +49,10 @@ static gptoss_status gemm_bf16(gptoss_cuda_state *s, gptoss_cuda_dense_weight wt
         return gptoss_cuda_bi_gemm_variant(wt, x, y, m, n, k,
                                            m <= s->tuning.bi_dense_split ? GPTOSS_BI_GEMM_SPLIT
                                            : m <= s->tuning.bi_dense_max ? GPTOSS_BI_GEMM_SKINNY
-                                           : s->tuning.bi_dense_wide     ? GPTOSS_BI_GEMM_WIDE
-                                                                         : GPTOSS_BI_GEMM_TILE,
+                                           : s->tuning.bi_dense_large > 0
+                                               ? GPTOSS_BI_GEMM_LARGE - 1 + s->tuning.bi_dense_large
+                                           : s->tuning.bi_dense_wide ? GPTOSS_BI_GEMM_WIDE
+                                                                     : GPTOSS_BI_GEMM_TILE,
                                            s->stream) == 0
                    ? GPTOSS_OK
                    : gptoss_set_error(error, GPTOSS_ERR_UNSUPPORTED,

@@ -118,12 +118,13 @@ typedef struct gptoss_cuda_tuning {
     int moe_max_tile;
     int moe_tile_pct;
     /* batch-invariant mode (gptoss_backend_options.batch_invariant): steps of up to
-     * bi_dense_max rows (GPTOSS_CUDA_BI_DENSE_MAX, default 128, 0..65536; 0 never) take the skinny
-     * dense GEMM, larger ones its wide form (bi_dense_wide, GPTOSS_CUDA_BI_DENSE_WIDE, default 1;
-     * 0: the 64x64 WMMA tiles), steps of up to bi_moe_max tokens (GPTOSS_CUDA_BI_MOE_MAX, default
-     * 64, 0..65536) the streaming expert kernel (kernels/batch_invariant.cu; up to bi_moe_pairs
-     * tokens, GPTOSS_CUDA_BI_MOE_PAIRS, default 1, 0..64, one block row per (token, expert)
-     * pair without the route kernel), larger ones its wide
+     * bi_dense_max rows (GPTOSS_CUDA_BI_DENSE_MAX, default 16, 0..65536; 0 never) take the skinny
+     * dense GEMM, larger ones the large GEMM (bi_dense_large below; bf16 weights) or else its
+     * wide form (bi_dense_wide, GPTOSS_CUDA_BI_DENSE_WIDE, default 1; 0: the 64x64 WMMA tiles; e4m3
+     * weights take the skinny GEMM up to 128 rows there), steps of up to bi_moe_max tokens
+     * (GPTOSS_CUDA_BI_MOE_MAX, default 64, 0..65536) the streaming expert kernel
+     * (kernels/batch_invariant.cu; up to bi_moe_pairs tokens, GPTOSS_CUDA_BI_MOE_PAIRS, default 1,
+     * 0..64, one block row per (token, expert) pair without the route kernel), larger ones its wide
      * form (bi_moe_wide, GPTOSS_CUDA_BI_MOE_WIDE, default 1; 0: the WMMA path); the others the
      * tile kernels. The results are the same either way; only the time differs.
      * bi_moe_pair (GPTOSS_CUDA_BI_MOE_PAIR, default 1) runs the experts on the pair mma's
@@ -140,12 +141,17 @@ typedef struct gptoss_cuda_tuning {
     bool bi_dense_wide;
     int bi_dense_split; /* steps of up to this many rows (GPTOSS_CUDA_BI_DENSE_SPLIT, default 8,
                            0..8; 0 never) take the split dense GEMM (a warp per input slice) */
+    int bi_dense_large; /* past bi_dense_max rows, bf16 weights: the large dense GEMM's tiles
+                           (GPTOSS_CUDA_BI_DENSE_LARGE: off=0, auto=1 (default), 128=2, 64=3,
+                           64x64=4; off leaves bi_dense_wide to choose) */
     int bi_moe_max;
     int bi_moe_pairs;
     bool bi_moe_wide;
     bool bi_moe_pair;
     bool bi_moe_mma;
     int bi_moe_pair_tokens;
+    int bi_moe_tile; /* the sliced mma GEMM's tallest route tile (GPTOSS_CUDA_BI_MOE_TILE, default
+                        64, 8..128; also capped by the mma GEMM's own limits) */
     bool profile;
     bool step_timing;
     int ablate;

@@ -24,13 +24,19 @@ int gptoss_cuda_bi_gemm(gptoss_cuda_dense_weight w, const bf16 *x, float *y, int
 
 /* The GEMM's launch shapes, every one with the same results row for row: 64x64 WMMA tiles (the
  * first form), 16 columns and up to 64 rows per block with deep weight streaming (for
- * decode-sized steps; any m works, every 64 rows re-reading the weights), or 64 x 128 tiles
- * on a 3-stage pipeline (prefill). */
+ * decode-sized steps; any m works, every 64 rows re-reading the weights), 64 x 128 tiles
+ * on a 3-stage pipeline, or the large tiles below (prefill and big batches). */
 enum {
     GPTOSS_BI_GEMM_TILE = 0,
     GPTOSS_BI_GEMM_SKINNY = 1,
     GPTOSS_BI_GEMM_WIDE = 2,
-    GPTOSS_BI_GEMM_SPLIT = 3 /* up to 8 rows: a warp per input slice (decode); else SKINNY */
+    GPTOSS_BI_GEMM_SPLIT = 3, /* up to 8 rows: a warp per input slice (decode); else SKINNY */
+    /* many rows, bf16 weights (e4m3 ones take WIDE): ldmatrix-fed tiles of 128 x 128, 64 x 128
+     * or 64 x 64 outputs, LARGE choosing by the number of blocks against the GPU's SMs */
+    GPTOSS_BI_GEMM_LARGE = 4,
+    GPTOSS_BI_GEMM_LARGE_128 = 5,
+    GPTOSS_BI_GEMM_LARGE_64 = 6,
+    GPTOSS_BI_GEMM_LARGE_64N64 = 7
 };
 
 /* gptoss_cuda_bi_gemm with the launch shape chosen: bitwise the same outputs. */

@@ -364,17 +364,22 @@ void gptoss_moe_mma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_
 }
 
 /* SLICED keeps a second set of accumulators: 64- and 128-row tiles spill (ptxas: 264 and 948
- * bytes of stores per thread), so its tiles stop at 32 rows. */
-#define MMA_SLICED_MAX_TILE 32
+ * bytes of stores per thread), yet 64 measured faster than 32 (fewer weight re-reads); its tiles
+ * stop at kc->moe_bi_max_tile rows (the bi_moe_tile knob; 32 where nobody set it). */
+static int32_t mma_sliced_max_tile(void) {
+    const int32_t t = gptoss_cuda_kernel_ctx_current()->moe_bi_max_tile;
+    return t >= 8 ? t : 32;
+}
 int32_t gptoss_moe_mma_sliced_tile_rows(int32_t n_tokens, int32_t k_top, int32_t n_experts) {
-    const int32_t bn = gptoss_moe_mma_tile_rows(n_tokens, k_top, n_experts);
-    return bn < MMA_SLICED_MAX_TILE ? bn : MMA_SLICED_MAX_TILE;
+    const int32_t bn = gptoss_moe_mma_tile_rows(n_tokens, k_top, n_experts),
+                  cap = mma_sliced_max_tile();
+    return bn < cap ? bn : cap;
 }
 
 void gptoss_moe_mma_gemm_sliced(const gptoss_cuda_moe_weights *w, const bf16 *t,
                                 const gptoss_cuda_route *route, int32_t n_tokens, int32_t k_top,
                                 __half *h, float *y, cudaStream_t stream) {
-    if (route->tile_rows > MMA_SLICED_MAX_TILE) return; /* not a route of this kernel's */
+    if (route->tile_rows > mma_sliced_max_tile()) return; /* not a route of this kernel's */
     mma_gemm_run<true>(w, t, n_tokens, k_top, route, h, y, stream);
 }
 
