@@ -852,11 +852,78 @@ static __global__ void __launch_bounds__(BI_ROUTER_WARPS * 32)
     if (lane == 0) logits[(size_t)t * n_experts + e] = sum;
 }
 
+/* The same sums for many tokens: a block of 8 warps scores 16 tokens x 16 experts, each warp 4
+ * tokens x 8 experts at once, so a lane's loads of one 4-input chunk feed 32 sums instead of
+ * one (the one-output kernel reads every token's row once per expert). Per output, lane l
+ * still adds chunks l, l + 32, ... in input order with the same fmaf chain, and the butterfly
+ * is the same: bitwise the one-output kernel's. Rows past n_tokens and experts past n_experts
+ * read row 0 and are not written. */
+#define BIR_TOKENS 16
+#define BIR_EXPERTS 16
+#define BIR_MIN_TOKENS 128 /* steps of fewer tokens keep the one-output kernel's wider grid */
+static __global__ void __launch_bounds__(256)
+    bi_router_tiled_kernel(const float *x, const float *w, int32_t n_tokens, int32_t n_experts,
+                           int32_t hidden, float *logits) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int32_t t0 = blockIdx.x * BIR_TOKENS + 4 * (warp >> 1),
+                  e0 = blockIdx.y * BIR_EXPERTS + 8 * (warp & 1);
+    const float4 *xr[4], *wr[8];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        xr[i] = (const float4 *)(x + (size_t)(t0 + i < n_tokens ? t0 + i : 0) * hidden);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        wr[j] = (const float4 *)(w + (size_t)(e0 + j < n_experts ? e0 + j : 0) * hidden);
+    pdl_wait(); /* x comes from the norm */
+    float acc[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            acc[i][j] = 0.0f;
+    for (int32_t c = lane; c < hidden / 4; c += 32) {
+        float4 a[4], b[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            a[i] = xr[i][c];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            b[j] = __ldg(wr[j] + c);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                acc[i][j] = fmaf(a[i].x, b[j].x, acc[i][j]);
+                acc[i][j] = fmaf(a[i].y, b[j].y, acc[i][j]);
+                acc[i][j] = fmaf(a[i].z, b[j].z, acc[i][j]);
+                acc[i][j] = fmaf(a[i].w, b[j].w, acc[i][j]);
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float sum = acc[i][j];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (lane == 8 * i + j && t0 + i < n_tokens && e0 + j < n_experts)
+                logits[(size_t)(t0 + i) * n_experts + e0 + j] = sum;
+        }
+}
+
 int gptoss_cuda_bi_router_logits(const float *x, const float *w, int32_t n_tokens,
                                  int32_t n_experts, int32_t hidden, float *logits,
                                  cudaStream_t stream) {
     if (n_tokens <= 0 || n_experts <= 0) return 0;
     if (hidden <= 0 || hidden % 4 != 0 || ((uintptr_t)x | (uintptr_t)w) % 16 != 0) return -1;
+    if (n_tokens >= BIR_MIN_TOKENS) {
+        dim3 grid((unsigned)((n_tokens + BIR_TOKENS - 1) / BIR_TOKENS),
+                  (unsigned)((n_experts + BIR_EXPERTS - 1) / BIR_EXPERTS));
+        launch_pdl(bi_router_tiled_kernel, grid, dim3(256), 0, stream, x, w, n_tokens, n_experts,
+                   hidden, logits);
+        return 0;
+    }
     dim3 grid((unsigned)n_tokens, (unsigned)((n_experts + BI_ROUTER_WARPS - 1) / BI_ROUTER_WARPS));
     launch_pdl(bi_router_logits_kernel, grid, dim3(BI_ROUTER_WARPS * 32), 0, stream, x, w,
                n_experts, hidden, logits);

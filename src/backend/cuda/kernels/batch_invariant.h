@@ -63,7 +63,8 @@ int gptoss_cuda_bi_moe(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t 
 cudaError_t gptoss_cuda_bi_prepare(void);
 
 /* logits[t, e] = sum_h x[t, h] * w[e, h] in fp32 (no bias), one warp per output: lane l adds
- * the 4-input chunks l, l + 32, ... in order, then a fixed butterfly over the lanes. Returns 0,
+ * the 4-input chunks l, l + 32, ... in order, then a fixed butterfly over the lanes (steps of
+ * 128+ tokens: each warp 32 outputs at once, the same sums). Returns 0,
  * or -1 (nothing launched) unless hidden % 4 == 0 and x, w are 16-byte aligned. */
 int gptoss_cuda_bi_router_logits(const float *x, const float *w, int32_t n_tokens,
                                  int32_t n_experts, int32_t hidden, float *logits,
