@@ -744,10 +744,12 @@ static __global__ void __launch_bounds__(bil_shape<BM, BN, WM, WN, S, TOT_SMEM>:
             }
 }
 
-/* The large GEMM's tiles (GPTOSS_BI_GEMM_LARGE_*): 128 x 128 outputs on 8 warps of 64 x 32,
- * 64 x 128 on 4 warps of 64 x 32, 64 x 64 on 4 warps of 32 x 32; 4 stages each. */
+/* The large GEMM's tiles (GPTOSS_BI_GEMM_LARGE_*): 128 x 128 outputs on 8 warps of 64 x 32 (4
+ * stages, one block an SM), 64 x 128 on 4 warps of 64 x 32 (3 stages: 113 KB, two blocks an SM;
+ * with 4 stages only one fitted, and a 2048-row step took 0.45 ms instead of 0.31), 64 x 64 on
+ * 4 warps of 32 x 32 (4 stages, three blocks an SM). */
 #define BIL_T128 128, 128, 64, 32, 4, true
-#define BIL_T64 64, 128, 64, 32, 4, true
+#define BIL_T64 64, 128, 64, 32, 3, true
 #define BIL_T64N64 64, 64, 32, 32, 4, false
 
 template <int BM, int BN, int WM, int WN, int S, bool TOT_SMEM>
@@ -761,13 +763,15 @@ static int bil_launch(const bf16 *w, const bf16 *x, float *y, int32_t m, int32_t
     return 0;
 }
 
-/* GPTOSS_BI_GEMM_LARGE: the largest tile that still gives every SM two blocks' worth of work
- * (the 128 x 128 tile runs one block an SM, the others two). */
+/* GPTOSS_BI_GEMM_LARGE: 64-row tiles for up to 64 rows, else 128 x 128 where that makes two
+ * blocks for every SM; then 64 x 128 where that does, else 64 x 64 (H100, gpu_test_bi_kernels
+ * timing: lm_head at 64 rows 0.49 ms on 64 x 128 against 0.62 on 128 x 128; the 120b QKV at 256
+ * rows 0.060-0.065 on any of them; 2048 rows 0.27 on 128 x 128, 0.31 on 64 x 128). */
 static int bil_pick(int32_t m, int32_t n, int n_sms) {
     const int64_t t128 = (int64_t)((m + 127) / 128) * ((n + 127) / 128);
     const int64_t t64 = (int64_t)((m + 63) / 64) * ((n + 127) / 128);
-    if (t128 >= 2 * (int64_t)n_sms) return GPTOSS_BI_GEMM_LARGE_128;
-    if (t64 >= 4 * (int64_t)n_sms) return GPTOSS_BI_GEMM_LARGE_64;
+    if (m > 64 && t128 >= 2 * (int64_t)n_sms) return GPTOSS_BI_GEMM_LARGE_128;
+    if (t64 >= 2 * (int64_t)n_sms) return GPTOSS_BI_GEMM_LARGE_64;
     return GPTOSS_BI_GEMM_LARGE_64N64;
 }
 
