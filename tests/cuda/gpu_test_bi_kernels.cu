@@ -500,38 +500,44 @@ static void dense_case(const moe_case_weights &mw, int32_t T, int32_t K, bool sk
     check_true(name, finite && untouched && worst <= 1e-3);
     /* every tile height the GEMM has (the backend caps them at bi_moe_tile) */
     gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
-    const int saved_cap = kc->moe_bi_max_tile;
+    const int saved_cap = kc->moe_bi_max_tile, saved_stage_kb = kc->moe_mma_stage_kb;
     kc->moe_bi_max_tile = 128;
-    for (int32_t rows : {128, 64, 32, 16, 8}) {
-        if (rows > kc->moe_mma_max_tile) continue; /* its shared memory was not granted */
-        gptoss_cuda_moe_route_rows(d_topk, T, K, E, rows, &route, 0);
-        CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(__half)));
-        CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
-        gptoss_moe_mma_gemm_sliced(&w, d_t, &route, T, K, d_h, d_y, 0);
-        CK(cudaGetLastError());
-        std::vector<__half> h = dev_download(d_h, (size_t)P * I);
-        std::vector<float> y = dev_download(d_y, (size_t)P * H);
-        std::vector<int32_t> offsets = dev_download(route.expert_offsets, (size_t)E + 1);
-        std::vector<int32_t> sorted_pair = dev_download(route.sorted_pair, (size_t)P);
-        bool h_same = true, y_same = true;
-        for (int32_t pos = 0; pos < offsets[(size_t)E]; pos++) {
-            const int32_t p = sorted_pair[(size_t)pos];
-            h_same = h_same && memcmp(&h[(size_t)pos * I], &h_ref[(size_t)p * I],
-                                      (size_t)I * sizeof(__half)) == 0;
+    /* and each depth of its pipeline stages (1..3 K blocks; the tall tiles keep 1) */
+    for (int kps : {1, 2, 3})
+        for (int32_t rows : {128, 64, 32, 16, 8}) {
+            if (rows > kc->moe_mma_max_tile) continue; /* its shared memory was not granted */
+            if (kps > 1 && rows > 32) continue;        /* one depth only */
+            kc->moe_mma_stage_kb = kps;
+            gptoss_cuda_moe_route_rows(d_topk, T, K, E, rows, &route, 0);
+            CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(__half)));
+            CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
+            gptoss_moe_mma_gemm_sliced(&w, d_t, &route, T, K, d_h, d_y, 0);
+            CK(cudaGetLastError());
+            std::vector<__half> h = dev_download(d_h, (size_t)P * I);
+            std::vector<float> y = dev_download(d_y, (size_t)P * H);
+            std::vector<int32_t> offsets = dev_download(route.expert_offsets, (size_t)E + 1);
+            std::vector<int32_t> sorted_pair = dev_download(route.sorted_pair, (size_t)P);
+            bool h_same = true, y_same = true;
+            for (int32_t pos = 0; pos < offsets[(size_t)E]; pos++) {
+                const int32_t p = sorted_pair[(size_t)pos];
+                h_same = h_same && memcmp(&h[(size_t)pos * I], &h_ref[(size_t)p * I],
+                                          (size_t)I * sizeof(__half)) == 0;
+            }
+            /* rows of -1 slots: the GEMM keeps its fp16 copy of t in y until down writes it, so
+             * they hold that (the weighted sum skips them); only the pairs' rows are compared */
+            for (int32_t p = 0; p < P; p++)
+                if (topk[(size_t)p] >= 0)
+                    y_same = y_same && memcmp(&y[(size_t)p * H], &y_ref[(size_t)p * H],
+                                              (size_t)H * sizeof(float)) == 0;
+            snprintf(name, sizeof name,
+                     "mma sliced (%d-row tiles, %d K blocks a stage) E %d H %d I %d T %d%s%s: h, y "
+                     "bitwise pair dense's",
+                     (int)rows, kps, (int)E, (int)H, (int)I, (int)T, skew ? " skew" : "",
+                     masked ? " masked" : "");
+            check_true(name, h_same && y_same);
         }
-        /* rows of -1 slots: the GEMM keeps its fp16 copy of t in y until down writes it, so
-         * they hold that (the weighted sum skips them); only the pairs' rows are compared */
-        for (int32_t p = 0; p < P; p++)
-            if (topk[(size_t)p] >= 0)
-                y_same = y_same && memcmp(&y[(size_t)p * H], &y_ref[(size_t)p * H],
-                                          (size_t)H * sizeof(float)) == 0;
-        snprintf(name, sizeof name,
-                 "mma sliced (%d-row tiles) E %d H %d I %d T %d%s%s: h, y bitwise pair dense's",
-                 (int)rows, (int)E, (int)H, (int)I, (int)T, skew ? " skew" : "",
-                 masked ? " masked" : "");
-        check_true(name, h_same && y_same);
-    }
     kc->moe_bi_max_tile = saved_cap;
+    kc->moe_mma_stage_kb = saved_stage_kb;
     cudaFree(d_hw);
     pair_inputs_free(in);
 }

@@ -2153,6 +2153,23 @@ int main(int argc, char **argv) {
             test_moe(T, 160, 96, 8, 2, 2, 4);
         test_moe(4096, 64, 64, 4, 4, 1, 4);
         test_moe(1, 4096, 4096, 8, 4, 0, 4);
+        /* the decode-sized tiles (8 to 32 rows) with each depth of stage forced: 1, 2 and 3 K
+         * blocks (the moe_mma_stage_kb knob; above, the rule's), with a last stage partly or
+         * wholly past K (H = 160: 2 K blocks, I = 96: 1) */
+        gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
+        const int saved_stage_kb = kc->moe_mma_stage_kb;
+        for (int kps : {1, 2, 3}) {
+            kc->moe_mma_stage_kb = kps;
+            printf("  mma path, %d K blocks per stage:\n", kps);
+            for (int T : {8, 33, 111})
+                test_moe(T, 2880, 2880, 32, 4, T % 3, 4);
+            test_moe(87, 2880, 2880, 128, 4, 1, 4);
+            for (int T : {7, 65, 333})
+                test_moe(T, 256, 192, 16, 4, T % 3, 4);
+            for (int T : {3, 129})
+                test_moe(T, 160, 96, 8, 2, 2, 4);
+        }
+        kc->moe_mma_stage_kb = saved_stage_kb;
         test_moe(300, 256, 192, 16, 4, 0, 4,
                  true); /* scales past 2^1: path 4 declines, another runs */
     }

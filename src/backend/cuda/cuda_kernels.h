@@ -50,6 +50,9 @@ typedef struct gptoss_cuda_kernel_ctx {
     int32_t moe_prepared_width; /* the mma kernels' shared-memory limits cover widths up to this */
     int32_t moe_mma_max_tile;   /* the tallest mma GEMM route tile whose shared memory fits (8..128;
                                  * 32 with 99 KB per block, as on an RTX 4090) */
+    int8_t moe_mma_kps_fit[5];  /* per mma GEMM tile height (8, 16, 32, 64, 128): the most K blocks
+                                 * a pipeline stage may hold with its shared memory granted */
+    int moe_mma_stage_kb;       /* tuning: K blocks per stage wanted (moe_mma_stage_kb; 0 rule) */
     bool moe_wg_ok;             /* the wgmma GEMM runs here (sm_90, its shared memory granted) */
     bool moe_pair_tma_ok;       /* the pair mma's TMA kernel runs here */
     bool moe_pair_group_ok;     /* ... and its grouped form (kernels/moe/moe.h) */

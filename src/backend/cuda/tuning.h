@@ -51,6 +51,10 @@
  *                                                        also capped by what shared memory holds)
  *  moe_tile_pct      GPTOSS_CUDA_MOE_TILE_PCT      125   path 4 tiles grow while under pct% of the
  *                                                        average rows per expert (50..800)
+ *  moe_mma_stage_kb  GPTOSS_CUDA_MOE_MMA_STAGE_KB  0     path 4 K blocks (64 code bytes a row) per
+ *                                                        pipeline stage, 1..3 (route tiles of up
+ *                                                        to 16 rows take 3, of 32 take 2), 0: by
+ *                                                        tile height (8 rows 3, 32 rows 2, else 1)
  *  profile           GPTOSS_CUDA_PROFILE           0     time every served step's components (no
  *                                                        graphs), totals printed when the backend
  *                                                        is freed
@@ -117,6 +121,7 @@ typedef struct gptoss_cuda_tuning {
     int moe_wg_min;
     int moe_max_tile;
     int moe_tile_pct;
+    int moe_mma_stage_kb;
     /* batch-invariant mode (gptoss_backend_options.batch_invariant): steps of up to
      * bi_dense_max rows (GPTOSS_CUDA_BI_DENSE_MAX, default 16, 0..65536; 0 never) take the skinny
      * dense GEMM, larger ones the large GEMM (bi_dense_large below; bf16 weights) or else its

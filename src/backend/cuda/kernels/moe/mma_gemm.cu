@@ -68,25 +68,41 @@ static __global__ void mma_convert_kernel(const bf16 *t, int64_t n_chunks, __hal
     *(uint4 *)(out + i * 8) = *(const uint4 *)o;
 }
 
-template <int BN> struct mma_cfg {
-    static constexpr int STAGES = BN >= 64 ? 3 : 4;
-    static constexpr int MIN_BLOCKS = BN >= 128 ? 1 : 2; /* per SM: caps registers at 168 */
-    static constexpr int A_BYTES = MOE_MMA_BLOCK_ROWS * 64;
-    static constexpr int B_BYTES = BN * 256;
+/* KPS: K blocks (of 128 inputs, 64 code bytes a row) per pipeline stage. A stage of one block
+ * copies 64 bytes of each of 192 rows 1440 bytes apart, which the memory serves at about 2/3 of
+ * its rate (bench/moe-stream.cu: 2.05 TB/s on an H100 against 3.09 for whole 16-row slabs); two
+ * or three blocks a stage copy 128 or 192 bytes a row (2.69 and about 2.8 TB/s there). Stages:
+ * with one K block 4 (3 from 64-row tiles), else as many (2 or 3) as keep two blocks an SM at the
+ * gpt-oss width (2880 inputs: 17 KB of scale bytes; an SM has 228 KB, 1 KB of it per block
+ * reserved). */
+template <int BN, int KPS> struct mma_cfg {
+    static constexpr int A_BYTES = MOE_MMA_BLOCK_ROWS * 64 * KPS;
+    static constexpr int B_BYTES = BN * 256 * KPS;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr int FIXED_2880 = MOE_MMA_BLOCK_ROWS * 90 + 2 * BN * 4 + 1024;
+    static constexpr int STAGES = KPS == 1                                     ? (BN >= 64 ? 3 : 4)
+                                  : 3 * STAGE_BYTES + FIXED_2880 <= 114 * 1024 ? 3
+                                                                               : 2;
+    static constexpr int MIN_BLOCKS = BN >= 128 ? 1 : 2; /* per SM: caps registers at 168 */
     static size_t smem(int n_groups) {
         return (size_t)STAGES * STAGE_BYTES +
                (((size_t)MOE_MMA_BLOCK_ROWS * n_groups + 15) & ~(size_t)15) +
                2 * BN * sizeof(int32_t);
     }
+    /* where piece j (0..KPS-1) of fragment row f sits in its stage row of 64 * KPS bytes: rows
+     * a multiple of 128 bytes long alternate the order of their pieces, so that the two rows
+     * one 8-lane phase of a 16-byte load reads (f and f + 1) fall in different bank halves */
+    static __device__ __forceinline__ int piece(int f, int j) {
+        return KPS % 2 == 0 ? j ^ (f & 1) : j;
+    }
 };
 
-template <bool GATE_UP, int BN, bool SLICED = false>
-static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN>::MIN_BLOCKS)
+template <bool GATE_UP, int BN, bool SLICED = false, int KPS = 1>
+static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN, KPS>::MIN_BLOCKS)
     moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
                    const __half *act, int32_t k_in, int32_t n_out_rows, gptoss_cuda_route route,
                    float limit, float alpha, __half *h_out, float *y_out) {
-    typedef mma_cfg<BN> C;
+    typedef mma_cfg<BN, KPS> C;
     constexpr int NF = BN / 8;
     extern __shared__ __align__(16) uint8_t mma_smem[];
     uint8_t *s_scale = mma_smem + C::STAGES * C::STAGE_BYTES;
@@ -141,24 +157,30 @@ static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN>::MIN_BLOCK
             (size_t)(row0 + min(local_row(a_f + (MOE_MMA_BLOCK_ROWS / 4) * i), n_valid_rows - 1)) *
                 row_bytes +
             a_j * 16;
-    const int n_kb = (n_groups + 3) >> 2;
+    const int n_kb = (n_groups + 3) >> 2, n_st = (n_kb + KPS - 1) / KPS;
     __syncthreads(); /* s_src before the first B copies */
 
-    auto issue = [&](int kb) {
-        uint8_t *sa = mma_smem + (kb % C::STAGES) * C::STAGE_BYTES;
-        uint8_t *sb = sa + C::A_BYTES;
-        int grp_a = kb * 4 + a_j;
+    auto issue = [&](int st) {
+        uint8_t *sa = mma_smem + (st % C::STAGES) * C::STAGE_BYTES;
+        uint8_t *sb0 = sa + C::A_BYTES;
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            cp_async16(sa + (a_f + (MOE_MMA_BLOCK_ROWS / 4) * i) * 64 + a_j * 16,
-                       grp_a < n_groups ? a_src[i] + (size_t)kb * 64 : eb, grp_a < n_groups);
+        for (int j = 0; j < KPS; j++) {
+            const int kb = st * KPS + j, grp_a = kb * 4 + a_j;
 #pragma unroll
-        for (int c = tid; c < BN * 16; c += MOE_MMA_THREADS) {
-            int r = c >> 4, b_j = (c >> 2) & 3, b_w = c & 3, grp_b = kb * 4 + b_j;
-            bool ok = grp_b < n_groups && r < n_rows;
-            const __half *src = ok ? act + (size_t)s_src[r] * k_in + grp_b * 32 + b_w * 8 : act;
-            /* cached in L1: the blocks beside this one on the SM work on the same tokens */
-            cp_async16_ca(sb + r * 256 + (((b_w * 4 + b_j) ^ ((r & 1) * 4)) * 16), src, ok);
+            for (int i = 0; i < 4; i++) {
+                const int f = a_f + (MOE_MMA_BLOCK_ROWS / 4) * i;
+                cp_async16(sa + f * 64 * KPS + C::piece(f, j) * 64 + a_j * 16,
+                           grp_a < n_groups ? a_src[i] + (size_t)kb * 64 : eb, grp_a < n_groups);
+            }
+            uint8_t *sb = sb0 + j * BN * 256;
+#pragma unroll
+            for (int c = tid; c < BN * 16; c += MOE_MMA_THREADS) {
+                int r = c >> 4, b_j = (c >> 2) & 3, b_w = c & 3, grp_b = kb * 4 + b_j;
+                bool ok = grp_b < n_groups && r < n_rows;
+                const __half *src = ok ? act + (size_t)s_src[r] * k_in + grp_b * 32 + b_w * 8 : act;
+                /* cached in L1: the blocks beside this one on the SM work on the same tokens */
+                cp_async16_ca(sb + r * 256 + (((b_w * 4 + b_j) ^ ((r & 1) * 4)) * 16), src, ok);
+            }
         }
     };
 
@@ -174,7 +196,7 @@ static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN>::MIN_BLOCK
 
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
-        if (s < n_kb) issue(s);
+        if (s < n_st) issue(s);
         cp_async_commit();
     }
     /* this thread's fragment rows: r = 2 * mfrag + half, row g (half 0) or g + 8 (half 1) */
@@ -185,59 +207,66 @@ static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN>::MIN_BLOCK
         srow[r] = local_row(frow[r]) * n_groups;
     }
 
-    for (int kb = 0; kb < n_kb; kb++) {
-        if (kb + C::STAGES - 1 < n_kb) issue(kb + C::STAGES - 1);
+    for (int st = 0; st < n_st; st++) {
+        if (st + C::STAGES - 1 < n_st) issue(st + C::STAGES - 1);
         cp_async_commit();
         cp_async_wait<C::STAGES - 1>();
         __syncthreads();
-        const uint8_t *sa = mma_smem + (kb % C::STAGES) * C::STAGE_BYTES;
-        const uint8_t *sb = sa + C::A_BYTES;
-        const int grp = kb * 4 + q;
-        uint4 araw[4];
-        uint32_t mult[4];
+        const uint8_t *sa0 = mma_smem + (st % C::STAGES) * C::STAGE_BYTES;
 #pragma unroll
-        for (int r = 0; r < 4; r++) {
-            araw[r] = *(const uint4 *)(sa + frow[r] * 64 + q * 16);
-            uint32_t sc = grp < n_groups ? s_scale[srow[r] + grp] : 127u;
-            mult[r] = ((sc - 98u) << 10) * 0x00010001u; /* fp16x2 2^(s - 113) */
-        }
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            uint32_t R[4][4];
+        for (int j = 0; j < KPS; j++) {
+            const int kb = st * KPS + j;
+            if (KPS > 1 && kb >= n_kb) break;
+            const uint8_t *sb = sa0 + C::A_BYTES + j * BN * 256;
+            const int grp = kb * 4 + q;
+            uint4 araw[4];
+            uint32_t mult[4];
 #pragma unroll
             for (int r = 0; r < 4; r++) {
-                uint32_t word = w == 0   ? araw[r].x
-                                : w == 1 ? araw[r].y
-                                : w == 2 ? araw[r].z
-                                         : araw[r].w;
-                mma_fp4_pairs(word, R[r]);
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    R[r][i] = hmul2_u32(R[r][i], mult[r]);
+                araw[r] =
+                    *(const uint4 *)(sa0 + frow[r] * 64 * KPS + C::piece(frow[r], j) * 64 + q * 16);
+                uint32_t sc = grp < n_groups ? s_scale[srow[r] + grp] : 127u;
+                mult[r] = ((sc - 98u) << 10) * 0x00010001u; /* fp16x2 2^(s - 113) */
             }
 #pragma unroll
-            for (int n = 0; n < NF; n++) {
-                const int row = n * 8 + g;
-                uint4 b = *(const uint4 *)(sb + row * 256 + (((w * 4 + q) ^ ((g & 1) * 4)) * 16));
+            for (int w = 0; w < 4; w++) {
+                uint32_t R[4][4];
 #pragma unroll
-                for (int f = 0; f < 2; f++) {
-                    mma_f16(acc[f][n], R[2 * f][0], R[2 * f + 1][0], R[2 * f][1], R[2 * f + 1][1],
-                            b.x, b.y);
-                    mma_f16(acc[f][n], R[2 * f][2], R[2 * f + 1][2], R[2 * f][3], R[2 * f + 1][3],
-                            b.z, b.w);
+                for (int r = 0; r < 4; r++) {
+                    uint32_t word = w == 0   ? araw[r].x
+                                    : w == 1 ? araw[r].y
+                                    : w == 2 ? araw[r].z
+                                             : araw[r].w;
+                    mma_fp4_pairs(word, R[r]);
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        R[r][i] = hmul2_u32(R[r][i], mult[r]);
+                }
+#pragma unroll
+                for (int n = 0; n < NF; n++) {
+                    const int row = n * 8 + g;
+                    uint4 b =
+                        *(const uint4 *)(sb + row * 256 + (((w * 4 + q) ^ ((g & 1) * 4)) * 16));
+#pragma unroll
+                    for (int f = 0; f < 2; f++) {
+                        mma_f16(acc[f][n], R[2 * f][0], R[2 * f + 1][0], R[2 * f][1],
+                                R[2 * f + 1][1], b.x, b.y);
+                        mma_f16(acc[f][n], R[2 * f][2], R[2 * f + 1][2], R[2 * f][3],
+                                R[2 * f + 1][3], b.z, b.w);
+                    }
                 }
             }
-        }
-        if (SLICED && ((kb + 1) % slice_kb == 0 || kb + 1 == n_kb)) {
+            if (SLICED && ((kb + 1) % slice_kb == 0 || kb + 1 == n_kb)) {
 #pragma unroll
-            for (int f = 0; f < 2; f++)
+                for (int f = 0; f < 2; f++)
 #pragma unroll
-                for (int n = 0; n < NF; n++)
+                    for (int n = 0; n < NF; n++)
 #pragma unroll
-                    for (int c = 0; c < 4; c++) {
-                        tot[f][n][c] += acc[f][n][c];
-                        acc[f][n][c] = 0.0f;
-                    }
+                        for (int c = 0; c < 4; c++) {
+                            tot[f][n][c] += acc[f][n][c];
+                            acc[f][n][c] = 0.0f;
+                        }
+            }
         }
         __syncthreads();
     }
@@ -312,21 +341,57 @@ int32_t gptoss_moe_mma_tile_rows(int32_t n_tokens, int32_t k_top, int32_t n_expe
     return bn;
 }
 
+template <int BN, bool SLICED, int KPS>
+static void launch_mma_kps(const gptoss_cuda_moe_weights *w, const __half *t16, int32_t n_pairs,
+                           const gptoss_cuda_route *route, __half *h, float *y,
+                           cudaStream_t stream) {
+    typedef mma_cfg<BN, KPS> C;
+    int32_t H = w->hidden, I = w->intermediate;
+    int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, BN);
+    launch_pdl(moe_mma_kernel<true, BN, SLICED, KPS>,
+               dim3((2 * I + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles),
+               dim3(MOE_MMA_THREADS), C::smem(H / 32), stream, w->gate_up_blocks, w->gate_up_scales,
+               w->gate_up_bias, t16, H, 2 * I, *route, w->swiglu_limit, w->swiglu_alpha, h,
+               (float *)nullptr);
+    launch_pdl(moe_mma_kernel<false, BN, SLICED, KPS>,
+               dim3((H + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles),
+               dim3(MOE_MMA_THREADS), C::smem(I / 32), stream, w->down_blocks, w->down_scales,
+               w->down_bias, (const __half *)h, I, H, *route, w->swiglu_limit, w->swiglu_alpha,
+               (__half *)nullptr, y);
+}
+
+/* The K blocks per stage a tile height can take (mma_cfg: 1 for the tall tiles, which run
+ * prefill near the tensor cores' rate rather than the memory's) and the index of its height in
+ * kc->moe_mma_kps_fit. */
+static constexpr int mma_kps_max(int bn) {
+    return bn <= 16 ? 3 : bn == 32 ? 2 : 1;
+}
+static int mma_bn_index(int bn) {
+    return bn == 8 ? 0 : bn == 16 ? 1 : bn == 32 ? 2 : bn == 64 ? 3 : 4;
+}
+
+/* K blocks per stage by tile height when the moe_mma_stage_kb knob leaves it to the rule (0).
+ * Measured on an H100 (bench -b, 120b and 20b, depth 512; bench/CUDA.md, "MoE mma GEMM: K blocks
+ * per stage"). */
+static int mma_kps_rule(int bn) {
+    return bn == 8 ? 3 : bn == 32 ? 2 : 1;
+}
+
 template <int BN, bool SLICED>
 static void launch_mma(const gptoss_cuda_moe_weights *w, const __half *t16, int32_t n_pairs,
                        const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream) {
-    int32_t H = w->hidden, I = w->intermediate;
-    int32_t tiles = gptoss_cuda_route_tiles(n_pairs, w->n_experts, BN);
-    launch_pdl(moe_mma_kernel<true, BN, SLICED>,
-               dim3((2 * I + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles),
-               dim3(MOE_MMA_THREADS), mma_cfg<BN>::smem(H / 32), stream, w->gate_up_blocks,
-               w->gate_up_scales, w->gate_up_bias, t16, H, 2 * I, *route, w->swiglu_limit,
-               w->swiglu_alpha, h, (float *)nullptr);
-    launch_pdl(moe_mma_kernel<false, BN, SLICED>,
-               dim3((H + MOE_MMA_BLOCK_ROWS - 1) / MOE_MMA_BLOCK_ROWS, tiles),
-               dim3(MOE_MMA_THREADS), mma_cfg<BN>::smem(I / 32), stream, w->down_blocks,
-               w->down_scales, w->down_bias, (const __half *)h, I, H, *route, w->swiglu_limit,
-               w->swiglu_alpha, (__half *)nullptr, y);
+    const gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
+    const int want = kc->moe_mma_stage_kb > 0 ? kc->moe_mma_stage_kb : mma_kps_rule(BN),
+              fit = kc->moe_mma_kps_fit[mma_bn_index(BN)];
+    const int kps = want < fit ? want : fit;
+    if (kps >= 3 && mma_kps_max(BN) >= 3)
+        launch_mma_kps<BN, SLICED, (mma_kps_max(BN) >= 3 ? 3 : 1)>(w, t16, n_pairs, route, h, y,
+                                                                   stream);
+    else if (kps >= 2 && mma_kps_max(BN) >= 2)
+        launch_mma_kps<BN, SLICED, (mma_kps_max(BN) >= 2 ? 2 : 1)>(w, t16, n_pairs, route, h, y,
+                                                                   stream);
+    else
+        launch_mma_kps<BN, SLICED, 1>(w, t16, n_pairs, route, h, y, stream);
 }
 
 template <bool SLICED>
@@ -387,24 +452,45 @@ void gptoss_moe_mma_gemm_sliced(const gptoss_cuda_moe_weights *w, const bf16 *t,
  * while they fit (the tall tiles need 102 KB (64 rows) and 153 KB (128) at width 2880, more
  * than an RTX 4090's 99 KB per block), and records the tallest in the current context; the
  * tile rule stays under it. Fails only when not even the 8-row tile fits. */
+template <int BN, int KPS> static cudaError_t mma_raise(int32_t widest) {
+    const size_t bytes = mma_cfg<BN, KPS>::smem(widest / 32);
+    cudaError_t err =
+        gptoss_cuda_kernel_smem((const void *)moe_mma_kernel<true, BN, false, KPS>, bytes);
+    if (err == cudaSuccess)
+        err = gptoss_cuda_kernel_smem((const void *)moe_mma_kernel<false, BN, false, KPS>, bytes);
+    if (err == cudaSuccess)
+        err = gptoss_cuda_kernel_smem((const void *)moe_mma_kernel<true, BN, true, KPS>, bytes);
+    if (err == cudaSuccess)
+        err = gptoss_cuda_kernel_smem((const void *)moe_mma_kernel<false, BN, true, KPS>, bytes);
+    return err;
+}
+
+/* The K blocks per stage whose shared memory fits for tile height BN (at least 1 when the
+ * height itself fits, which err says). */
+template <int BN> static int mma_raise_kps(int32_t widest) {
+    int fit = 1;
+    if (mma_kps_max(BN) >= 2 &&
+        mma_raise<BN, (mma_kps_max(BN) >= 2 ? 2 : 1)>(widest) == cudaSuccess)
+        fit = 2;
+    if (fit == 2 && mma_kps_max(BN) >= 3 &&
+        mma_raise<BN, (mma_kps_max(BN) >= 3 ? 3 : 1)>(widest) == cudaSuccess)
+        fit = 3;
+    (void)cudaGetLastError(); /* a refused depth is not an error */
+    return fit;
+}
+
 cudaError_t gptoss_moe_mma_gemm_prepare(int32_t widest) {
     cudaError_t err = cudaSuccess;
     gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
     kc->moe_mma_max_tile = 0;
+    for (int i = 0; i < 5; i++)
+        kc->moe_mma_kps_fit[i] = 1;
 #define RAISE_MMA(BN)                                                                              \
-    if (err == cudaSuccess)                                                                        \
-        err = gptoss_cuda_kernel_smem((const void *)moe_mma_kernel<true, BN>,                      \
-                                      mma_cfg<BN>::smem(widest / 32));                             \
-    if (err == cudaSuccess)                                                                        \
-        err = gptoss_cuda_kernel_smem((const void *)moe_mma_kernel<false, BN>,                     \
-                                      mma_cfg<BN>::smem(widest / 32));                             \
-    if (err == cudaSuccess)                                                                        \
-        err = gptoss_cuda_kernel_smem((const void *)moe_mma_kernel<true, BN, true>,                \
-                                      mma_cfg<BN>::smem(widest / 32));                             \
-    if (err == cudaSuccess)                                                                        \
-        err = gptoss_cuda_kernel_smem((const void *)moe_mma_kernel<false, BN, true>,               \
-                                      mma_cfg<BN>::smem(widest / 32));                             \
-    if (err == cudaSuccess) kc->moe_mma_max_tile = BN;
+    if (err == cudaSuccess) err = mma_raise<BN, 1>(widest);                                        \
+    if (err == cudaSuccess) {                                                                      \
+        kc->moe_mma_max_tile = BN;                                                                 \
+        kc->moe_mma_kps_fit[mma_bn_index(BN)] = mma_raise_kps<BN>(widest);                         \
+    }
     RAISE_MMA(8)
     RAISE_MMA(16)
     RAISE_MMA(32)
