@@ -207,11 +207,13 @@ static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN, KPS>::MIN_
         srow[r] = local_row(frow[r]) * n_groups;
     }
 
+    /* one barrier a stage: past it, stage st has landed for every thread and every thread is
+     * done with stage st - 1, whose buffer the next copies then refill */
     for (int st = 0; st < n_st; st++) {
+        cp_async_wait<C::STAGES - 2>();
+        __syncthreads();
         if (st + C::STAGES - 1 < n_st) issue(st + C::STAGES - 1);
         cp_async_commit();
-        cp_async_wait<C::STAGES - 1>();
-        __syncthreads();
         const uint8_t *sa0 = mma_smem + (st % C::STAGES) * C::STAGE_BYTES;
 #pragma unroll
         for (int j = 0; j < KPS; j++) {
@@ -268,7 +270,6 @@ static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN, KPS>::MIN_
                         }
             }
         }
-        __syncthreads();
     }
     if (SLICED)
 #pragma unroll
