@@ -33,10 +33,11 @@
  * steps. The input t is converted to fp16 in that layout by mma_convert_kernel; gate_up
  * writes h in it directly (rounded to bf16 first, as every other path stores h).
  *
- * Shared memory per stage: A 192 rows x 64 bytes (codes, rows in fragment order), B BN rows x
- * 256 bytes (chunk (word w, group j) of token row r at chunk (4w + j) ^ (r & 1) * 4, so the
- * eight lanes of a 16-byte load phase cover all 32 banks). cp.async fills STAGES - 1 blocks
- * ahead; the scale bytes of the block's rows for the whole K range are loaded once up front.
+ * Shared memory per stage of KPS K blocks (mma_cfg): A 192 rows x 64 KPS bytes (codes, rows in
+ * fragment order, the K blocks of a row side by side), then per K block B BN rows x 256 bytes
+ * (chunk (word w, group j) of token row r at chunk (4w + j) ^ (r & 1) * 4, so the eight lanes of
+ * a 16-byte load phase cover all 32 banks). cp.async fills STAGES - 1 stages ahead, one barrier
+ * a stage; the scale bytes of the block's rows for the whole K range are loaded once up front.
  *
  * gate_up: fragment row g of m-frag f is the gate row of unit u = 96 * bx + 16 * warp + 8 * f + g
  * and row g + 8 its up row, so each thread ends with gate and up of the same (unit, token) and
