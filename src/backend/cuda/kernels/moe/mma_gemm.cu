@@ -98,6 +98,18 @@ template <int BN, int KPS> struct mma_cfg {
     }
 };
 
+/* Two blocks an SM (228 KB of shared memory) at the gpt-oss width for every deeper stage the
+ * launcher can pick: a change that breaks this halves the warps that hide the copies' latency. */
+template <int BN, int KPS> constexpr bool mma_two_blocks_2880() {
+    return 2 * (mma_cfg<BN, KPS>::STAGES * mma_cfg<BN, KPS>::STAGE_BYTES +
+                mma_cfg<BN, KPS>::FIXED_2880) <=
+           228 * 1024;
+}
+static_assert(mma_two_blocks_2880<8, 2>() && mma_two_blocks_2880<8, 3>() &&
+                  mma_two_blocks_2880<16, 2>() && mma_two_blocks_2880<16, 3>() &&
+                  mma_two_blocks_2880<32, 2>(),
+              "a deeper mma GEMM stage no longer leaves room for two blocks an SM");
+
 template <bool GATE_UP, int BN, bool SLICED = false, int KPS = 1>
 static __global__ void __launch_bounds__(MOE_MMA_THREADS, mma_cfg<BN, KPS>::MIN_BLOCKS)
     moe_mma_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
