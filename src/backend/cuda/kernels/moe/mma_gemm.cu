@@ -398,14 +398,11 @@ static void launch_mma(const gptoss_cuda_moe_weights *w, const __half *t16, int3
     const int want = kc->moe_mma_stage_kb > 0 ? kc->moe_mma_stage_kb : mma_kps_rule(BN),
               fit = kc->moe_mma_kps_fit[mma_bn_index(BN)];
     const int kps = want < fit ? want : fit;
-    if (kps >= 3 && mma_kps_max(BN) >= 3)
-        launch_mma_kps<BN, SLICED, (mma_kps_max(BN) >= 3 ? 3 : 1)>(w, t16, n_pairs, route, h, y,
-                                                                   stream);
-    else if (kps >= 2 && mma_kps_max(BN) >= 2)
-        launch_mma_kps<BN, SLICED, (mma_kps_max(BN) >= 2 ? 2 : 1)>(w, t16, n_pairs, route, h, y,
-                                                                   stream);
-    else
-        launch_mma_kps<BN, SLICED, 1>(w, t16, n_pairs, route, h, y, stream);
+    if constexpr (mma_kps_max(BN) >= 3)
+        if (kps >= 3) return launch_mma_kps<BN, SLICED, 3>(w, t16, n_pairs, route, h, y, stream);
+    if constexpr (mma_kps_max(BN) >= 2)
+        if (kps >= 2) return launch_mma_kps<BN, SLICED, 2>(w, t16, n_pairs, route, h, y, stream);
+    launch_mma_kps<BN, SLICED, 1>(w, t16, n_pairs, route, h, y, stream);
 }
 
 template <bool SLICED>
@@ -483,12 +480,10 @@ template <int BN, int KPS> static cudaError_t mma_raise(int32_t widest) {
  * height itself fits, which err says). */
 template <int BN> static int mma_raise_kps(int32_t widest) {
     int fit = 1;
-    if (mma_kps_max(BN) >= 2 &&
-        mma_raise<BN, (mma_kps_max(BN) >= 2 ? 2 : 1)>(widest) == cudaSuccess)
-        fit = 2;
-    if (fit == 2 && mma_kps_max(BN) >= 3 &&
-        mma_raise<BN, (mma_kps_max(BN) >= 3 ? 3 : 1)>(widest) == cudaSuccess)
-        fit = 3;
+    if constexpr (mma_kps_max(BN) >= 2)
+        if (mma_raise<BN, 2>(widest) == cudaSuccess) fit = 2;
+    if constexpr (mma_kps_max(BN) >= 3)
+        if (fit == 2 && mma_raise<BN, 3>(widest) == cudaSuccess) fit = 3;
     (void)cudaGetLastError(); /* a refused depth is not an error */
     return fit;
 }
