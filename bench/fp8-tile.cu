@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
+#include "event-timer.cuh"
 #define CK(x) do { cudaError_t e = (x); if (e) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
 
 static const float kE2M1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
@@ -235,25 +236,6 @@ static double max_rel(const std::vector<float> &got, const std::vector<double> &
   return worst;
 }
 
-template <typename F>
-static double time_ms(F launch) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int r = 0; r < 9; r++) {
-    CK(cudaEventRecord(a));
-    launch();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float t;
-    CK(cudaEventElapsedTime(&t, a, b));
-    if (r >= 2) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 int main() {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -330,8 +312,8 @@ int main() {
   const double ea = max_rel(ga, ra, A_ROWS), eb = max_rel(gb, rb, B_ROWS);
 
   // timing: every SM full of blocks, 4 waves, 32 passes per block
-  const double ta = time_ms([&] { tile_fp16<<<a_blocks, A_WARPS * 32, a_smem>>>(d_ac, d_as, d_axs, passes, d_out); });
-  const double tb = time_ms([&] { tile_fp8<<<b_blocks, 128, b_smem>>>(d_bc, d_bs, d_bt, passes, d_out); });
+  const double ta = bench_median_ms([&] { tile_fp16<<<a_blocks, A_WARPS * 32, a_smem>>>(d_ac, d_as, d_axs, passes, d_out); }, 9, 2);
+  const double tb = bench_median_ms([&] { tile_fp8<<<b_blocks, 128, b_smem>>>(d_bc, d_bs, d_bt, passes, d_out); }, 9, 2);
   CK(cudaGetLastError());
   const double na = ta * 1e6 * sms / ((double)a_blocks * passes), nb = tb * 1e6 * sms / ((double)b_blocks * passes);
   printf("device: %s, %d SMs\n", prop.name, sms);

@@ -18,6 +18,7 @@
 #include <vector>
 #include <cuda_runtime.h>
 #include "backend/cuda/kernels/ptx.cuh"
+#include "event-timer.cuh"
 #define CK(x)                                                                                      \
     do {                                                                                           \
         cudaError_t e = (x);                                                                       \
@@ -123,24 +124,6 @@ __global__ void shares(const uint8_t *w, const int *experts, unsigned *sink) {
     if (acc == 0x12345678u) *sink = acc;
 }
 
-template <typename F> static float time_ms(F launch) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    std::vector<float> t;
-    for (int r = 0; r < 11; r++) {
-        CK(cudaEventRecord(a));
-        launch();
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        if (r >= 2) t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
-
 int main(void) {
     const size_t bytes = (size_t)N_EXP * ROWS * ROW_BYTES;
     uint8_t *w;
@@ -164,13 +147,13 @@ int main(void) {
         printf("| %-18s | %7.3f | %6.0f |\n", name, ms, moved / (ms * 1e-3) / 1e9);
     };
     printf("| order | ms | GB/s |\n| --- | ---: | ---: |\n");
-    report("shares", time_ms([&] { shares<<<grid, 256>>>(w, experts, sink); }));
+    report("shares", bench_median_ms([&] { shares<<<grid, 256>>>(w, experts, sink); }, 11, 2));
 #define ROWSC(C, S)                                                                                \
     {                                                                                              \
         const size_t smem = (size_t)S * BLOCK_ROWS * C;                                            \
         CK(cudaFuncSetAttribute(rows<C, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); \
         report("rows " #C " stages " #S,                                                           \
-               time_ms([&] { rows<C, S><<<grid, 192, smem>>>(w, experts, sink); }));               \
+               bench_median_ms([&] { rows<C, S><<<grid, 192, smem>>>(w, experts, sink); }, 11, 2));               \
     }
     ROWSC(64, 3)
     ROWSC(64, 4)
@@ -185,7 +168,7 @@ int main(void) {
     {                                                                                              \
         const size_t smem = (size_t)S * 16 * ROW_BYTES;                                            \
         CK(cudaFuncSetAttribute(slab<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); \
-        report("slab slots " #S, time_ms([&] { slab<S><<<grid, 192, smem>>>(w, experts, sink); })); \
+        report("slab slots " #S, bench_median_ms([&] { slab<S><<<grid, 192, smem>>>(w, experts, sink); }, 11, 2)); \
     }
     SLAB(1)
     SLAB(2)

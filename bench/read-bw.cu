@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <vector>
 #include <cuda_runtime.h>
+#include "event-timer.cuh"
 #define CK(x) do { cudaError_t e = (x); if (e) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
 
 template <int U>
@@ -50,22 +51,9 @@ int main() {
   CK(cudaMemset(p, 1, bytes));
   int sms;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
   auto run = [&](const char *name, int bpsm, int th, int u, auto launch) {
-    std::vector<float> t;
-    for (int r = 0; r < 7; r++) {
-      CK(cudaEventRecord(a));
-      launch();
-      CK(cudaEventRecord(b));
-      CK(cudaEventSynchronize(b));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, a, b));
-      t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    printf("| %s | %d x %d | %d | %.3f | %.0f |\n", name, bpsm, th, u, t[3], bytes / t[3] / 1e6);
+    const float ms = bench_median_ms(launch, 7, 0);
+    printf("| %s | %d x %d | %d | %.3f | %.0f |\n", name, bpsm, th, u, ms, bytes / ms / 1e6);
   };
   printf("| order | blocks per SM x threads | loads in flight | ms | GB/s |\n| --- | --- | ---: | ---: | ---: |\n");
   for (int bpsm : {2, 4, 8})
