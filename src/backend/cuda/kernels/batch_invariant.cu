@@ -598,9 +598,7 @@ static __global__ void __launch_bounds__(BI_ROUTER_WARPS * 32)
         sum = fmaf(a.z, b.z, sum);
         sum = fmaf(a.w, b.w, sum);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    sum = warp_sum(sum);
     if (lane == 0) logits[(size_t)t * n_experts + e] = sum;
 }
 
@@ -655,10 +653,7 @@ static __global__ void __launch_bounds__(256)
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float sum = acc[i][j];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            const float sum = warp_sum(acc[i][j]);
             if (lane == 8 * i + j && t0 + i < n_tokens && e0 + j < n_experts)
                 logits[(size_t)(t0 + i) * n_experts + e0 + j] = sum;
         }
