@@ -117,21 +117,7 @@ static __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, 
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
                  "r"(src_bytes));
 }
-static __device__ __forceinline__ void cp_async_commit(void) {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-/* Waits until at most N of this thread's committed copy groups are still in flight. */
-template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-/* Four 8x8 bf16 matrices from shared memory; lanes 8i..8i+7 give the row addresses of matrix
- * i, and lane l receives row l/4, columns 2(l%4), 2(l%4)+1 of each (one register each). */
-static __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
+/* cp_async_commit, cp_async_wait and ldmatrix_x4: ptx.cuh. */
 /* The same, transposed: lane l receives rows 2(l%4), 2(l%4)+1 of column l/4 (V as B operand). */
 static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"

@@ -249,14 +249,14 @@ static __global__ void __launch_bounds__(WARPS * 32)
     for (int s = 0; s < S - 1; s++) {
         if (s < steps)
             bis_load_b<BN, TH, E4M3>(bis_smem + s * STAGE + A_BYTES, w, codes, n, k, n0, s);
-        bis_commit();
+        cp_async_commit();
     }
     pdl_wait(); /* x comes from an earlier kernel */
 #pragma unroll
     for (int s = 0; s < S - 1; s++)
         if (s < steps) bis_load_a<TH>((bf16 *)(bis_smem + s * STAGE), x, k, m0, rows, s);
-    bis_commit();
-    bis_wait<0>();
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
 
     float acc[MT][NT][4];
@@ -289,7 +289,7 @@ static __global__ void __launch_bounds__(WARPS * 32)
             bis_load_b<BN, TH, E4M3>(st + A_BYTES, w, codes, n, k, n0, next);
             bis_load_a<TH>((bf16 *)st, x, k, m0, rows, next);
         }
-        bis_commit();
+        cp_async_commit();
         const unsigned char *st = bis_smem + (i % S) * STAGE;
         const bf16 *as = (const bf16 *)st;
         const int32_t k0 = i * BIS_BK;
@@ -327,7 +327,7 @@ static __global__ void __launch_bounds__(WARPS * 32)
                     bis_mma(acc[t][u], a0, a1, a2, a3, b[u][0], b[u][1]);
             }
         }
-        bis_wait<S - 2>();
+        cp_async_wait<S - 2>();
         __syncthreads();
     }
     fold();
@@ -783,7 +783,7 @@ static __global__ void __launch_bounds__(BIM_WARPS * 32)
 #pragma unroll 1
         for (int s = 0; s < S - 1; s++) {
             if (s < steps) load(s);
-            bis_commit();
+            cp_async_commit();
         }
         float acc[MT][NT][4];
 #pragma unroll
@@ -793,8 +793,8 @@ static __global__ void __launch_bounds__(BIM_WARPS * 32)
                 acc[t][u][0] = acc[t][u][1] = acc[t][u][2] = acc[t][u][3] = 0.0f;
         for (int i = 0; i < steps; i++) {
             if (i + S - 1 < steps) load(i + S - 1);
-            bis_commit();
-            bis_wait<S - 1>(); /* this step's copies have landed */
+            cp_async_commit();
+            cp_async_wait<S - 1>(); /* this step's copies have landed */
             __syncthreads();
             const unsigned char *st = bim_smem + (i % S) * sh::STAGE;
             const bf16 *as = (const bf16 *)st;
@@ -835,7 +835,7 @@ static __global__ void __launch_bounds__(BIM_WARPS * 32)
             }
             __syncthreads(); /* before the next iteration's copies overwrite a stage */
         }
-        bis_wait<0>();
+        cp_async_wait<0>();
 #pragma unroll
         for (int t = 0; t < MT; t++)
 #pragma unroll

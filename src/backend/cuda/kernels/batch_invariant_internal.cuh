@@ -1,7 +1,7 @@
 /*
  * batch_invariant_internal.cuh - what the batch-invariant GEMM's launch shapes share
  * (batch_invariant.cu, batch_invariant_large.cu): the fixed K slices every output sums in, the
- * m16n8k16 product and the cp.async steps; and the large GEMM's entry points.
+ * m16n8k16 product and the cp.async copies (groups: ptx.cuh); and the large GEMM's entry points.
  */
 #ifndef GPTOSS_CUDA_BATCH_INVARIANT_INTERNAL_CUH
 #define GPTOSS_CUDA_BATCH_INVARIANT_INTERNAL_CUH
@@ -38,12 +38,6 @@ static __device__ __forceinline__ void bis_cp(void *dst, const void *src, int by
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(SIZE),
                      "r"(bytes));
-}
-static __device__ __forceinline__ void bis_commit(void) {
-    asm volatile("cp.async.commit_group;");
-}
-template <int N> static __device__ __forceinline__ void bis_wait(void) {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
 /* The large GEMM (batch_invariant_large.cu), bf16 weights: variant one of

@@ -34,12 +34,6 @@ template <int BM, int BN, int WM, int WN, int S, bool TOT_SMEM> struct bil_shape
     static_assert(WM % 16 == 0 && WN % 16 == 0 && BM % WM == 0 && BN % WN == 0, "warp tiles");
 };
 
-static __device__ __forceinline__ void bil_ldsm4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
 /* ROWS rows of src (rows r0.. of a matrix of `limit` rows, k inputs each) for the 64 inputs
  * from k0 into a stage: 16-byte copies, zeros past limit and k. A thread copies the same 8
  * inputs of rows THREADS / 8 apart. */
@@ -77,7 +71,7 @@ static __global__ void __launch_bounds__(bil_shape<BM, BN, WM, WN, S, TOT_SMEM>:
     for (int s = 0; s < S - 1; s++) {
         if (s < steps)
             bil_load<BN, TH>(smem + s * sh::STAGE_ELEMS + sh::A_ELEMS, w, n0, n, k, s * BIL_BK);
-        bis_commit();
+        cp_async_commit();
     }
     pdl_wait(); /* x comes from an earlier kernel */
     /* a group per stage: step i's inputs are group S - 1 + i, as in the loop, so waiting for
@@ -85,7 +79,7 @@ static __global__ void __launch_bounds__(bil_shape<BM, BN, WM, WN, S, TOT_SMEM>:
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if (s < steps) bil_load<BM, TH>(smem + s * sh::STAGE_ELEMS, x, m0, m, k, s * BIL_BK);
-        bis_commit();
+        cp_async_commit();
     }
 
     float acc[MT][NT][4], tot[TOT_SMEM ? 1 : MT][TOT_SMEM ? 1 : NT][4];
@@ -131,18 +125,18 @@ static __global__ void __launch_bounds__(bil_shape<BM, BN, WM, WN, S, TOT_SMEM>:
 #pragma unroll
         for (int u = 0; u < NT; u += 2) {
             uint32_t r[4];
-            bil_ldsm4(r, st + b_off + (uint32_t)((8 * u * BIL_LD + kk) * 2));
+            ldmatrix_x4(r, st + b_off + (uint32_t)((8 * u * BIL_LD + kk) * 2));
             bfr[buf][u][0] = r[0], bfr[buf][u][1] = r[1];
             bfr[buf][u + 1][0] = r[2], bfr[buf][u + 1][1] = r[3];
         }
 #pragma unroll
         for (int t = 0; t < MT; t++)
-            bil_ldsm4(af[buf][t], st + a_off + (uint32_t)((16 * t * BIL_LD + kk) * 2));
+            ldmatrix_x4(af[buf][t], st + a_off + (uint32_t)((16 * t * BIL_LD + kk) * 2));
     };
     for (int32_t i = 0; i < steps; i++) {
         const int32_t k0 = i * BIL_BK;
         if (i > 0 && k0 % slice_inputs == 0) fold(false);
-        bis_wait<S - 2>();
+        cp_async_wait<S - 2>();
         __syncthreads();
         const int32_t next = i + S - 1;
         if (next < steps) {
@@ -150,7 +144,7 @@ static __global__ void __launch_bounds__(bil_shape<BM, BN, WM, WN, S, TOT_SMEM>:
             bil_load<BN, TH>(nst + sh::A_ELEMS, w, n0, n, k, next * BIL_BK);
             bil_load<BM, TH>(nst, x, m0, m, k, next * BIL_BK);
         }
-        bis_commit();
+        cp_async_commit();
         const uint32_t st = smem_base + (uint32_t)((i % S) * sh::STAGE_ELEMS * 2);
         frags(0, st, 0);
 #pragma unroll
@@ -165,7 +159,7 @@ static __global__ void __launch_bounds__(bil_shape<BM, BN, WM, WN, S, TOT_SMEM>:
                             af[c & 1][t][3], bfr[c & 1][u][0], bfr[c & 1][u][1]);
         }
     }
-    bis_wait<0>();
+    cp_async_wait<0>();
     fold(true);
 #pragma unroll
     for (int t = 0; t < MT; t++)

@@ -105,6 +105,23 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+/* cp.async groups: closes this thread's copies issued since the last commit into a group; waits
+ * until at most N of its committed groups are still in flight. */
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;");
+}
+template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+/* Four 8x8 16-bit matrices from shared memory; lanes 8i..8i+7 give the row addresses of matrix
+ * i, and lane l receives row l/4, columns 2(l%4), 2(l%4)+1 of each (one register each). */
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
 template <typename... KArgs, typename... Args>
 static inline void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                               cudaStream_t stream, Args... args) {

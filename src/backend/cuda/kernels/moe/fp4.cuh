@@ -95,12 +95,6 @@ static __device__ __forceinline__ void cp_async16_ca(void *smem, const void *gme
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem),
                  "r"(valid ? 16 : 0));
 }
-static __device__ __forceinline__ void cp_async_commit(void) {
-    asm volatile("cp.async.commit_group;");
-}
-template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
 
 /* Position of value j (0..7) of a chunk in the mma layout. */
 static __device__ __forceinline__ int mma_pos(int j) {
