@@ -548,7 +548,10 @@ static void test_step_cost_switch(void **state) {
                       .max_seqs = 1,
                       .cooldown = 1000,
                       .weigh_cost = true};
-    sleep_us_per_step = 0, sleep_us_per_token = 5000;
+    /* Sleeps long enough that a busy machine's scheduling noise (a few ms on a loaded CI
+     * runner under the sanitizers) cannot flip either decision: a 1-token step would have to
+     * look 1.8x slower than it is, or a 5-token one 1.8x slower than a 1-token one. */
+    sleep_us_per_step = 0, sleep_us_per_token = 15000;
     gptoss_engine_stats st = run_fresh(&s, j, 1);
     assert_memory_equal(j->out[0], j->replay, 48 * sizeof(int32_t));
     if (st.draft_seq_steps > 10)
@@ -559,7 +562,7 @@ static void test_step_cost_switch(void **state) {
     if (st.draft_proposed_tokens > 4 * 8)
         fail_msg("compute-bound: %llu drafts proposed, %llu verified",
                  (unsigned long long)st.draft_proposed_tokens, (unsigned long long)st.draft_tokens);
-    sleep_us_per_step = 8000, sleep_us_per_token = 0;
+    sleep_us_per_step = 25000, sleep_us_per_token = 0;
     st = run_fresh(&s, j, 1);
     assert_memory_equal(j->out[0], j->replay, 48 * sizeof(int32_t));
     if (st.draft_seq_steps * 10 < (st.steps - 1) * 6)
