@@ -49,6 +49,7 @@ static void test_defaults(void **state) {
     assert_int_equal(t.moe_max_tile, 64);
     assert_int_equal(t.moe_tile_pct, 125);
     assert_int_equal(t.moe_mma_stage_kb, 0); /* by tile height */
+    assert_false(t.moe_mma_slab);
     assert_int_equal(t.bi_dense_max, 16);
     assert_int_equal(t.bi_dense_large, 1);
     assert_int_equal(t.bi_moe_tile, 64);
@@ -71,7 +72,7 @@ static void test_string(void **state) {
                                 "attn_decode=false,gemv_kernel=ld,moe_pair_kernel=fp8,"
                                 "adc_warps=8,router_fused_max=0,moe_inflight=1,graphs=no,"
                                 "moe_path=route_gemv,bi_dense_max=0,bi_moe_max=300,"
-                                "bi_moe_wide=0,moe_mma_stage_kb=3",
+                                "bi_moe_wide=0,moe_mma_stage_kb=3,moe_mma_slab=on",
                                 &err),
         GPTOSS_OK);
     assert_int_equal(t.gemv, GPTOSS_CUDA_GEMV_ALL);
@@ -90,6 +91,7 @@ static void test_string(void **state) {
     assert_int_equal(t.bi_moe_max, 300);
     assert_false(t.bi_moe_wide);
     assert_int_equal(t.moe_mma_stage_kb, 3);
+    assert_true(t.moe_mma_slab);
     /* untouched keys keep their defaults */
     assert_true(t.qkv_rope && t.pdl);
     assert_int_equal(t.moe_tile_pct, 125);
@@ -128,6 +130,7 @@ static void test_errors(void **state) {
     expect_error("router_fused_max=65", "router_fused_max=65", "[0, 64]");
     expect_error("moe_max_tile=4", "moe_max_tile=4", "[8, 128]");
     expect_error("moe_mma_stage_kb=4", "moe_mma_stage_kb=4", "[0, 3]");
+    expect_error("moe_mma_slab=2", "moe_mma_slab=2", "0 or 1");
     expect_error("gemv_kernel=fast", "gemv_kernel=fast", "one of auto, ld, tma");
     expect_error("adc_warps=6", "adc_warps=6", "one of 0, 4, 8");
     expect_error("graphs=2", "graphs=2", "0 or 1");

@@ -501,13 +501,17 @@ static void dense_case(const moe_case_weights &mw, int32_t T, int32_t K, bool sk
     /* every tile height the GEMM has (the backend caps them at bi_moe_tile) */
     gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
     const int saved_cap = kc->moe_bi_max_tile, saved_stage_kb = kc->moe_mma_stage_kb;
+    const bool saved_slab = kc->moe_mma_slab;
     kc->moe_bi_max_tile = 128;
-    /* and each depth of its pipeline stages (1..3 K blocks; the tall tiles keep 1) */
-    for (int kps : {1, 2, 3})
+    /* and each depth of its pipeline stages (1..3 K blocks; the tall tiles keep 1); depth 0
+     * here: the 8-row tiles on the slab kernel (moe_mma_slab), where it runs */
+    for (int kps : {1, 2, 3, 0})
         for (int32_t rows : {128, 64, 32, 16, 8}) {
             if (rows > kc->moe_mma_max_tile) continue; /* its shared memory was not granted */
             if (kps > 1 && rows > 32) continue;        /* one depth only */
+            if (kps == 0 && (rows != 8 || !kc->moe_slab_ok)) continue;
             kc->moe_mma_stage_kb = kps;
+            kc->moe_mma_slab = kps == 0;
             gptoss_cuda_moe_route_rows(d_topk, T, K, E, rows, &route, 0);
             CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(__half)));
             CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
@@ -529,15 +533,21 @@ static void dense_case(const moe_case_weights &mw, int32_t T, int32_t K, bool sk
                 if (topk[(size_t)p] >= 0)
                     y_same = y_same && memcmp(&y[(size_t)p * H], &y_ref[(size_t)p * H],
                                               (size_t)H * sizeof(float)) == 0;
+            char how[48];
+            if (kps == 0)
+                snprintf(how, sizeof how, "slab kernel");
+            else
+                snprintf(how, sizeof how, "%d K blocks a stage", kps);
             snprintf(name, sizeof name,
-                     "mma sliced (%d-row tiles, %d K blocks a stage) E %d H %d I %d T %d%s%s: h, y "
-                     "bitwise pair dense's",
-                     (int)rows, kps, (int)E, (int)H, (int)I, (int)T, skew ? " skew" : "",
+                     "mma sliced (%d-row tiles, %s) E %d H %d I %d T %d%s%s: h, y bitwise pair "
+                     "dense's",
+                     (int)rows, how, (int)E, (int)H, (int)I, (int)T, skew ? " skew" : "",
                      masked ? " masked" : "");
             check_true(name, h_same && y_same);
         }
     kc->moe_bi_max_tile = saved_cap;
     kc->moe_mma_stage_kb = saved_stage_kb;
+    kc->moe_mma_slab = saved_slab;
     cudaFree(d_hw);
     pair_inputs_free(in);
 }

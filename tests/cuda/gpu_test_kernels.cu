@@ -9,8 +9,8 @@
  * case and a summary table last; exits 1 on any failure.
  *
  *   gpu_test_kernels [SECTION,...]   sections: norm rope attention kvfp8 router gemv fp8 moe pair
- * wgmma summary (wgmma: only the MoE cases of path 6, also part of moe) (default: all; a subset
- * re-checks one kernel family in less time)
+ * wgmma slab summary (wgmma: only the MoE cases of path 6, slab: only those of the slab kernel,
+ * both also part of moe) (default: all; a subset re-checks one kernel family in less time)
  */
 #include "backend/cuda/kernels/attention_tc.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -1873,7 +1873,7 @@ static void test_logits_summary(int rows, int V, int n_top, int mode) {
 }
 
 static const char *const kSections[] = {"norm", "rope", "attention", "kvfp8", "router", "gemv",
-                                        "fp8",  "moe",  "pair",      "wgmma", "summary"};
+                                        "fp8",  "moe",  "pair",      "wgmma", "slab",   "summary"};
 static const char *g_sections = NULL; /* comma-separated list from the command line, NULL = all */
 
 static bool want(const char *section) {
@@ -2171,6 +2171,33 @@ int main(int argc, char **argv) {
         kc->moe_mma_stage_kb = saved_stage_kb;
         test_moe(300, 256, 192, 16, 4, 0, 4,
                  true); /* scales past 2^1: path 4 declines, another runs */
+    }
+
+    if (want("moe") || want("slab")) {
+        /* the 8-row tiles on the slab kernel (moe_mma_slab, sm_90): a few rows per expert at
+         * the real widths (T 87 of 128 experts is the 120b 64-sequence step's load), partial
+         * K windows (H = 160: 5 groups, I = 96: 3), a last block of fewer slabs (160 rows: 10
+         * of 12; 2880: 180 = 15 x 12), and the widest rows (4096) */
+        gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
+        const bool saved_slab = kc->moe_mma_slab;
+        kc->moe_mma_slab = true;
+        const gptoss_cuda_caps *caps = gptoss_cuda_caps_current();
+        test_moe(1, 64, 64, 4, 4, 0, 4); /* prepares the MoE kernels */
+        char nm[96];
+        snprintf(nm, sizeof nm, "moe slab kernel runs on sm_%d: %s (expected where TMA is)",
+                 (int)caps->sm, kc->moe_slab_ok ? "yes" : "no");
+        check_true(nm, kc->moe_slab_ok == caps->tma);
+        printf("  mma path, 8-row tiles on the slab kernel:\n");
+        for (int T : {1, 2, 3, 8, 13})
+            test_moe(T, 2880, 2880, 32, 4, T % 3, 4);
+        for (int T : {5, 64, 87})
+            test_moe(T, 2880, 2880, 128, 4, T % 2, 4);
+        for (int T : {1, 7, 9})
+            test_moe(T, 256, 192, 16, 4, T % 3, 4);
+        for (int T : {1, 3, 6})
+            test_moe(T, 160, 96, 8, 2, 2, 4);
+        test_moe(1, 4096, 4096, 8, 4, 0, 4);
+        kc->moe_mma_slab = saved_slab;
     }
 
     if (want("moe") || want("pair")) {

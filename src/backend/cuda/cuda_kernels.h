@@ -53,6 +53,8 @@ typedef struct gptoss_cuda_kernel_ctx {
     int8_t moe_mma_kps_fit[5];  /* per mma GEMM tile height (8, 16, 32, 64, 128): the most K blocks
                                  * a pipeline stage may hold with its shared memory granted */
     int moe_mma_stage_kb;       /* tuning: K blocks per stage wanted (moe_mma_stage_kb; 0 rule) */
+    bool moe_mma_slab;          /* tuning: 8-row tiles on the slab kernel (moe_mma_slab) */
+    bool moe_slab_ok;           /* the slab kernel runs here (kernels/moe/slab_gemm.cu) */
     bool moe_wg_ok;             /* the wgmma GEMM runs here (sm_90, its shared memory granted) */
     bool moe_pair_tma_ok;       /* the pair mma's TMA kernel runs here */
     bool moe_pair_group_ok;     /* ... and its grouped form (kernels/moe/moe.h) */

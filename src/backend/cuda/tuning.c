@@ -50,6 +50,7 @@ static const knob knobs[] = {
     {"moe_tile_pct", "GPTOSS_CUDA_MOE_TILE_PCT", KIND_INT, FIELD(moe_tile_pct), 50, 800, NULL},
     {"moe_mma_stage_kb", "GPTOSS_CUDA_MOE_MMA_STAGE_KB", KIND_INT, FIELD(moe_mma_stage_kb), 0, 3,
      NULL},
+    {"moe_mma_slab", "GPTOSS_CUDA_MOE_MMA_SLAB", KIND_BOOL, FIELD(moe_mma_slab), 0, 0, NULL},
     {"bi_dense_max", "GPTOSS_CUDA_BI_DENSE_MAX", KIND_INT, FIELD(bi_dense_max), 0, 65536, NULL},
     {"bi_dense_wide", "GPTOSS_CUDA_BI_DENSE_WIDE", KIND_BOOL, FIELD(bi_dense_wide), 0, 0, NULL},
     {"bi_dense_split", "GPTOSS_CUDA_BI_DENSE_SPLIT", KIND_INT, FIELD(bi_dense_split), 0, 8, NULL},
@@ -99,6 +100,7 @@ void gptoss_cuda_tuning_default(gptoss_cuda_tuning *t) {
     t->moe_max_tile = 64;
     t->moe_tile_pct = 125;
     t->moe_mma_stage_kb = 0;
+    t->moe_mma_slab = false;
     t->device_profile = -1;
     /* the skinny GEMM up to 16 rows, the large one beyond: 120b batch-invariant decode (H100,
      * tg32) at 24 / 48 / 128 sequences 1,167 / 1,739 / 3,613 tok/s against 1,141 / 1,692 /

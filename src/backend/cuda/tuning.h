@@ -55,6 +55,10 @@
  *                                                        pipeline stage, 1..3 (route tiles of up
  *                                                        to 16 rows take 3, of 32 take 2), 0: by
  *                                                        tile height (8 rows 3, 32 rows 2, else 1)
+ *  moe_mma_slab      GPTOSS_CUDA_MOE_MMA_SLAB      0     path 4's 8-row route tiles (and the
+ *                                                        batch-invariant sliced GEMM's) on the
+ *                                                        slab kernel (sm_90; whole 16-row slabs
+ *                                                        by bulk copies): 1 on
  *  profile           GPTOSS_CUDA_PROFILE           0     time every served step's components (no
  *                                                        graphs), totals printed when the backend
  *                                                        is freed
@@ -122,6 +126,7 @@ typedef struct gptoss_cuda_tuning {
     int moe_max_tile;
     int moe_tile_pct;
     int moe_mma_stage_kb;
+    bool moe_mma_slab;
     /* batch-invariant mode (gptoss_backend_options.batch_invariant): steps of up to
      * bi_dense_max rows (GPTOSS_CUDA_BI_DENSE_MAX, default 16, 0..65536; 0 never) take the skinny
      * dense GEMM, larger ones the large GEMM (bi_dense_large below; bf16 weights) or else its

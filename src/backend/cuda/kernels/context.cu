@@ -28,6 +28,7 @@ void gptoss_cuda_kernel_ctx_init(gptoss_cuda_kernel_ctx *kc, const gptoss_cuda_t
     kc->moe_tile_pct = tuning->moe_tile_pct;
     kc->moe_bi_max_tile = tuning->bi_moe_tile;
     kc->moe_mma_stage_kb = tuning->moe_mma_stage_kb;
+    kc->moe_mma_slab = tuning->moe_mma_slab;
 }
 
 cudaError_t gptoss_cuda_query_caps(int ordinal, gptoss_cuda_caps *caps, char *name,

@@ -200,6 +200,7 @@ cudaError_t gptoss_cuda_moe_prepare(int32_t hidden, int32_t intermediate) {
     gptoss_cuda_kernel_ctx *kc = gptoss_cuda_kernel_ctx_current();
     if (err == cudaSuccess)
         kc->moe_prepared_width = widest; /* the mma kernels' shared-memory limits */
+    if (err == cudaSuccess) (void)gptoss_moe_slab_prepare(widest);
     /* GPTOSS_MOE_WGMMA_GEMM: where the context's capabilities have wgmma (compute capability
      * 9.0, its kernels are built for sm_90a alone; not under a lower profile), and only where
      * the shared memory is granted; otherwise the other paths run */

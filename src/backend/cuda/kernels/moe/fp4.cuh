@@ -85,6 +85,34 @@ static __device__ __forceinline__ void mma_f16(float c[4], uint32_t a0, uint32_t
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/*
+ * One window of the dense MoE arithmetic (the mma GEMM's, which the batch-invariant kernels share
+ * bit for bit): a lane's group of weight rows a and b (codes wa4 / wb4, scale bytes sa / sb;
+ * zero codes and 127 for a group past the row), each code times 2^(s - 113) in fp16 before the
+ * MMAs (the fp16 codes are code * 2^-14; exact for scale bytes in [104, 128]), against b[w], the
+ * token chunk that word w multiplies. The MMAs chain into acc in the GEMM's order: word, then k
+ * half.
+ */
+static __device__ __forceinline__ void mma_dense_window(uint4 wa4, uint4 wb4, uint32_t sa,
+                                                        uint32_t sb, const uint4 (&b)[4],
+                                                        float (&acc)[4]) {
+    const uint32_t ma2 = ((sa - 98u) << 10) * 0x00010001u, mb2 = ((sb - 98u) << 10) * 0x00010001u;
+    const uint32_t wa[4] = {wa4.x, wa4.y, wa4.z, wa4.w}, wb[4] = {wb4.x, wb4.y, wb4.z, wb4.w};
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        uint32_t pa[4], pb[4];
+        mma_fp4_pairs(wa[w], pa);
+        mma_fp4_pairs(wb[w], pb);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            pa[i] = hmul2_u32(pa[i], ma2);
+            pb[i] = hmul2_u32(pb[i], mb2);
+        }
+        mma_f16(acc, pa[0], pb[0], pa[1], pb[1], b[w].x, b[w].y);
+        mma_f16(acc, pa[2], pb[2], pa[3], pb[3], b[w].z, b[w].w);
+    }
+}
+
 static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
     uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem),

@@ -414,6 +414,9 @@ static void mma_gemm_run(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_
     int64_t chunks = (int64_t)n_tokens * w->hidden / 8;
     launch_pdl(mma_convert_kernel, dim3((unsigned)((chunks + 255) / 256)), dim3(256), 0, stream, t,
                chunks, t16);
+    /* 8-row tiles by whole slabs where asked for: bitwise the sliced form's (slab_gemm.cu) */
+    if (gptoss_moe_slab_wanted(route))
+        return gptoss_moe_slab_gemm(w, t16, n_pairs, route, h, y, stream);
     switch (route->tile_rows) {
     case 8:
         launch_mma<8, SLICED>(w, t16, n_pairs, route, h, y, stream);

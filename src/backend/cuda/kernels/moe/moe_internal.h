@@ -31,6 +31,13 @@ cudaError_t gptoss_moe_mma_gemm_prepare(int32_t widest);
 void gptoss_moe_mma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,
                          int32_t k_top, const gptoss_cuda_route *route, __half *h, float *y,
                          cudaStream_t stream);
+/* slab_gemm.cu: prepare says whether the kernel runs here (sm_90 code, shared memory granted
+ * for widths up to widest); wanted: the route's tiles are the kernel's and the moe_mma_slab knob
+ * asks for it there; gemm: both projections, t16 the mma GEMM's converted input */
+bool gptoss_moe_slab_prepare(int32_t widest);
+bool gptoss_moe_slab_wanted(const gptoss_cuda_route *route);
+void gptoss_moe_slab_gemm(const gptoss_cuda_moe_weights *w, const __half *t16, int32_t n_pairs,
+                          const gptoss_cuda_route *route, __half *h, float *y, cudaStream_t stream);
 /* wgmma_gemm.cu: true when the kernels got their shared memory */
 bool gptoss_moe_wgmma_gemm_prepare(int32_t widest);
 void gptoss_moe_wgmma_gemm(const gptoss_cuda_moe_weights *w, const bf16 *t, int32_t n_tokens,

@@ -470,28 +470,11 @@ pair_tma_products_dense(const uint8_t *codes, const uint8_t *sc, const uint4 *xs
     for (int W = w0; W < w1; W++) {
         const bool in = 4 * W + q < n_groups;
         const uint4 zero = make_uint4(0, 0, 0, 0);
-        const uint4 wa4 = in ? *(const uint4 *)(ca + 64 * W) : zero,
-                    wb4 = in ? *(const uint4 *)(cb + 64 * W) : zero;
-        /* fp16x2 2^(s - 113): the codes are code * 2^-14 */
-        const uint32_t ma = ((in ? (uint32_t)sa[4 * W] : 127u) - 98u) << 10,
-                       mb = ((in ? (uint32_t)sb[4 * W] : 127u) - 98u) << 10;
-        const uint32_t ma2 = ma * 0x00010001u, mb2 = mb * 0x00010001u;
-        const uint32_t wa[4] = {wa4.x, wa4.y, wa4.z, wa4.w}, wb[4] = {wb4.x, wb4.y, wb4.z, wb4.w};
         const uint4 *xp = xs + 16 * W + 4 * q;
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            uint32_t pa[4], pb[4];
-            mma_fp4_pairs(wa[w], pa);
-            mma_fp4_pairs(wb[w], pb);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                pa[i] = hmul2_u32(pa[i], ma2);
-                pb[i] = hmul2_u32(pb[i], mb2);
-            }
-            const uint4 b = xp[w];
-            mma_f16(acc, pa[0], pb[0], pa[1], pb[1], b.x, b.y);
-            mma_f16(acc, pa[2], pb[2], pa[3], pb[3], b.z, b.w);
-        }
+        const uint4 b[4] = {xp[0], xp[1], xp[2], xp[3]};
+        mma_dense_window(in ? *(const uint4 *)(ca + 64 * W) : zero,
+                         in ? *(const uint4 *)(cb + 64 * W) : zero, in ? (uint32_t)sa[4 * W] : 127u,
+                         in ? (uint32_t)sb[4 * W] : 127u, b, acc);
     }
     acc0 = acc[0];
     acc1 = acc[2];
