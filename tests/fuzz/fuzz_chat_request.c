@@ -10,7 +10,7 @@
 #include "chat/chat.h"
 #include "server/output_constraint.h"
 #include "server/request_params.h"
-#include "tokenizer/tokenizer.h"
+#include "fuzz_support.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -19,22 +19,10 @@
 
 static gptoss_tokenizer *tokenizer;
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    const char *path = getenv("GPTOSS_TOKENIZER_JSON");
-    if (!path) {
-        fprintf(stderr, "set GPTOSS_TOKENIZER_JSON to a tokenizer.json\n");
-        exit(2);
-    }
-    gptoss_error err = {0};
-    if (gptoss_tokenizer_load(path, &tokenizer, &err) != GPTOSS_OK) {
-        fprintf(stderr, "loading %s: %s\n", path, err.message);
-        exit(2);
-    }
+    tokenizer = fuzz_load_tokenizer();
     return 0;
 }
 
@@ -75,16 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     gptoss_chat_prompt prompt = {0};
     gptoss_error err = {0};
     if (gptoss_chat_prompt_from_request(tokenizer, req, &options, &prompt, &err) == GPTOSS_OK) {
-        if (prompt.tokens.n < 2) abort();
-        for (size_t i = 0; i < prompt.tokens.n; i++)
-            if (prompt.tokens.ids[i] < 0 || prompt.tokens.ids[i] >= vocab) abort();
-        if (prompt.tokens.ids[prompt.tokens.n - 2] !=
-            gptoss_tokenizer_special_id(tokenizer, "<|start|>"))
-            abort();
-        size_t n = 0;
-        const char *last =
-            gptoss_tokenizer_token_bytes(tokenizer, prompt.tokens.ids[prompt.tokens.n - 1], &n);
-        if (!last || n != 9 || memcmp(last, "assistant", 9) != 0) abort();
+        fuzz_check_prompt(tokenizer, prompt.tokens.ids, prompt.tokens.n);
     } else if (err.message[0] == '\0') {
         abort();
     }

@@ -9,7 +9,7 @@
  * $GPTOSS_TOKENIZER_JSON.
  */
 #include "structured/json_schema.h"
-#include "tokenizer/tokenizer.h"
+#include "fuzz_support.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -22,21 +22,13 @@ static int32_t n_vocab;
 static uint32_t *mask, *mask2;
 static int32_t *allowed;
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    const char *path = getenv("GPTOSS_TOKENIZER_JSON");
-    if (!path) {
-        fprintf(stderr, "set GPTOSS_TOKENIZER_JSON to a tokenizer.json\n");
-        exit(2);
-    }
+    tokenizer = fuzz_load_tokenizer();
     gptoss_error err = {0};
-    if (gptoss_tokenizer_load(path, &tokenizer, &err) != GPTOSS_OK ||
-        gptoss_json_vocab_create(tokenizer, &vocab, &err) != GPTOSS_OK) {
-        fprintf(stderr, "loading %s: %s\n", path, err.message);
+    if (gptoss_json_vocab_create(tokenizer, &vocab, &err) != GPTOSS_OK) {
+        fprintf(stderr, "the JSON vocabulary: %s\n", err.message);
         exit(2);
     }
     n_vocab = gptoss_tokenizer_n_vocab(tokenizer);

@@ -8,7 +8,7 @@
  */
 #include "chat/chat.h"
 #include "server/responses_input.h"
-#include "tokenizer/tokenizer.h"
+#include "fuzz_support.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -17,22 +17,10 @@
 
 static gptoss_tokenizer *tokenizer;
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    const char *path = getenv("GPTOSS_TOKENIZER_JSON");
-    if (!path) {
-        fprintf(stderr, "set GPTOSS_TOKENIZER_JSON to a tokenizer.json\n");
-        exit(2);
-    }
-    gptoss_error err = {0};
-    if (gptoss_tokenizer_load(path, &tokenizer, &err) != GPTOSS_OK) {
-        fprintf(stderr, "loading %s: %s\n", path, err.message);
-        exit(2);
-    }
+    tokenizer = fuzz_load_tokenizer();
     return 0;
 }
 
@@ -45,19 +33,10 @@ static void render(const json_t *items, const char *instructions) {
     gptoss_openai_chat_options options = {0};
     gptoss_chat_prompt prompt = {0};
     gptoss_error err = {0};
-    if (gptoss_chat_prompt_from_request(tokenizer, req, &options, &prompt, &err) == GPTOSS_OK) {
-        size_t n = 0;
-        const char *last = prompt.tokens.n >= 2
-                               ? gptoss_tokenizer_token_bytes(
-                                     tokenizer, prompt.tokens.ids[prompt.tokens.n - 1], &n)
-                               : NULL;
-        if (!last || n != 9 || memcmp(last, "assistant", 9) != 0 ||
-            prompt.tokens.ids[prompt.tokens.n - 2] !=
-                gptoss_tokenizer_special_id(tokenizer, "<|start|>"))
-            abort();
-    } else if (err.message[0] == '\0') {
+    if (gptoss_chat_prompt_from_request(tokenizer, req, &options, &prompt, &err) == GPTOSS_OK)
+        fuzz_check_prompt(tokenizer, prompt.tokens.ids, prompt.tokens.n);
+    else if (err.message[0] == '\0')
         abort();
-    }
     gptoss_chat_prompt_free(&prompt);
     json_decref(req);
 }

@@ -3,7 +3,7 @@
  * special tokens parsed or not (first byte decides), and the invariant that decoding gives
  * the input back exactly. The tokenizer is loaded once from $GPTOSS_TOKENIZER_JSON.
  */
-#include "tokenizer/tokenizer.h"
+#include "fuzz_support.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,22 +11,10 @@
 
 static gptoss_tokenizer *tokenizer;
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    const char *path = getenv("GPTOSS_TOKENIZER_JSON");
-    if (!path) {
-        fprintf(stderr, "set GPTOSS_TOKENIZER_JSON to a tokenizer.json\n");
-        exit(2);
-    }
-    gptoss_error err = {0};
-    if (gptoss_tokenizer_load(path, &tokenizer, &err) != GPTOSS_OK) {
-        fprintf(stderr, "loading %s: %s\n", path, err.message);
-        exit(2);
-    }
+    tokenizer = fuzz_load_tokenizer();
     return 0;
 }
 
