@@ -17,15 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static gptoss_tokenizer *tokenizer;
-
-int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    (void)argc;
-    (void)argv;
-    tokenizer = fuzz_load_tokenizer();
-    return 0;
-}
-
 /* The parameter checks of the endpoint; false with fe filled on a refusal. */
 static bool read_params(const json_t *req, int32_t vocab, request_params *params, field_error *fe) {
     bool ok = request_params_parse(req, vocab, 8, params, fe);

@@ -9,6 +9,7 @@
  * $GPTOSS_TOKENIZER_JSON.
  */
 #include "structured/json_schema.h"
+#define FUZZ_OWN_INIT
 #include "fuzz_support.h"
 
 #include <jansson.h>

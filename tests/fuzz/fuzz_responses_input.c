@@ -15,15 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static gptoss_tokenizer *tokenizer;
-
-int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    (void)argc;
-    (void)argv;
-    tokenizer = fuzz_load_tokenizer();
-    return 0;
-}
-
 /* The items as the endpoint renders them: instructions first when given. */
 static void render(const json_t *items, const char *instructions) {
     json_t *messages = responses_items_to_messages(instructions, items);

@@ -1,7 +1,9 @@
 /*
  * fuzz_support.h - what the libFuzzer targets of tests/fuzz/ share: the tokenizer they load once
  * from $GPTOSS_TOKENIZER_JSON (run-fuzzers.sh sets it), and the check every rendered chat prompt
- * must pass. Header-only (each target is one translation unit).
+ * must pass. Header-only (each target is one translation unit). Unless a target defines
+ * FUZZ_OWN_INIT before including it, this header also defines the target's LLVMFuzzerInitialize,
+ * which loads `tokenizer`.
  */
 #ifndef GPTOSS_TESTS_FUZZ_SUPPORT_H
 #define GPTOSS_TESTS_FUZZ_SUPPORT_H
@@ -44,5 +46,16 @@ static inline void fuzz_check_prompt(const gptoss_tokenizer *tokenizer, const in
     const char *last = gptoss_tokenizer_token_bytes(tokenizer, ids[n - 1], &len);
     if (!last || len != 9 || memcmp(last, "assistant", 9) != 0) abort();
 }
+
+#ifndef FUZZ_OWN_INIT
+static gptoss_tokenizer *tokenizer;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+    tokenizer = fuzz_load_tokenizer();
+    return 0;
+}
+#endif
 
 #endif

@@ -11,15 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static gptoss_tokenizer *tokenizer;
-
-int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    (void)argc;
-    (void)argv;
-    tokenizer = fuzz_load_tokenizer();
-    return 0;
-}
-
 /* Whether s[0..n) is valid UTF-8 (written independently of the library's helper). */
 static bool valid_utf8(const unsigned char *s, size_t n) {
     size_t i = 0;

@@ -9,15 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static gptoss_tokenizer *tokenizer;
-
-int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    (void)argc;
-    (void)argv;
-    tokenizer = fuzz_load_tokenizer();
-    return 0;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
     bool special = data[0] & 1;
