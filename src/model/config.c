@@ -458,7 +458,9 @@ char *gptoss_config_to_json(const gptoss_config *c) {
     json_object_set_new(root, "architectures", arch);
     json_object_set_new(root, "attention_bias", json_true());
     json_object_set_new(root, "attention_dropout", json_real(0.0));
-    json_object_set_new(root, "eos_token_id", json_integer(c->eos_token_id));
+    /* absent ids (-1) as null, which the parser reads back as absent */
+    json_object_set_new(root, "eos_token_id",
+                        c->eos_token_id >= 0 ? json_integer(c->eos_token_id) : json_null());
     json_object_set_new(root, "experts_per_token", json_integer(c->n_experts_per_token));
     json_object_set_new(root, "head_dim", json_integer(c->head_dim));
     json_object_set_new(root, "hidden_act", json_string("silu"));
@@ -480,7 +482,8 @@ char *gptoss_config_to_json(const gptoss_config *c) {
     json_object_set_new(root, "num_key_value_heads", json_integer(c->n_kv_heads));
     json_object_set_new(root, "num_local_experts", json_integer(c->n_experts));
     json_object_set_new(root, "output_router_logits", json_false());
-    json_object_set_new(root, "pad_token_id", json_integer(c->pad_token_id));
+    json_object_set_new(root, "pad_token_id",
+                        c->pad_token_id >= 0 ? json_integer(c->pad_token_id) : json_null());
     json_t *quant = json_object();
     json_t *skip = json_array();
     json_array_append_new(skip, json_string("model.layers.*.self_attn"));

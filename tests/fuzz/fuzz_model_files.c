@@ -1,13 +1,16 @@
 /*
  * fuzz_model_files.c - libFuzzer target: the text a checkpoint folder brings besides its tensor
- * bytes. The bytes up to the first 0 byte are a config.json (gptoss_config_parse: an accepted
- * config must pass gptoss_config_validate again), those after it a safetensors header against a
+ * bytes. The bytes up to the first 0 byte are a config.json, read as a model's (an accepted
+ * config must validate again and write itself back as text that parses to the same config) and
+ * as an EAGLE3 head's (the same round trip; its target boundaries in range), those after it a
+ * safetensors header against a
  * data buffer whose size the first 8 of them give (gptoss_st_parse_header: every accepted
  * tensor's byte range must lie in the buffer, hold exactly its shape times its dtype size, and
  * overlap no other unless empty). Every refusal must say why.
  */
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "model/eagle3.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -48,17 +51,58 @@ static void check_header(const uint8_t *p, size_t n) {
     gptoss_st_free_tensors(tensors, n_tensors);
 }
 
+/* The text as a model's config.json: accepted, it validates again and writes itself back as
+ * text that parses to the same config. */
+static void check_config(const char *text, size_t n) {
+    gptoss_config config, again;
+    memset(&config, 0, sizeof config);
+    memset(&again, 0, sizeof again);
+    gptoss_error err = {0};
+    if (gptoss_config_parse(text, n, &config, &err) != GPTOSS_OK) {
+        if (err.message[0] == '\0') abort();
+        return;
+    }
+    if (gptoss_config_validate(&config, &err) != GPTOSS_OK) abort();
+    char *json = gptoss_config_to_json(&config);
+    if (!json) return; /* out of memory */
+    if (gptoss_config_parse(json, strlen(json), &again, &err) != GPTOSS_OK ||
+        memcmp(&config, &again, sizeof config) != 0)
+        abort();
+    free(json);
+}
+
+/* The same text as an EAGLE3 head's config.json: accepted, it round-trips the same way, and
+ * its boundaries for a 36-layer target are refused with a reason or lie in [0, 36]. */
+static void check_eagle3_config(const char *text, size_t n) {
+    gptoss_eagle3_config config, again;
+    memset(&config, 0, sizeof config);
+    memset(&again, 0, sizeof again);
+    gptoss_error err = {0};
+    if (gptoss_eagle3_config_parse(text, n, &config, &err) != GPTOSS_OK) {
+        if (err.message[0] == '\0') abort();
+        return;
+    }
+    char *json = gptoss_eagle3_config_to_json(&config);
+    if (!json) return;
+    if (gptoss_eagle3_config_parse(json, strlen(json), &again, &err) != GPTOSS_OK ||
+        memcmp(&config, &again, sizeof config) != 0)
+        abort();
+    free(json);
+    int32_t b[GPTOSS_EAGLE3_N_AUX];
+    gptoss_error berr = {0};
+    if (gptoss_eagle3_boundaries(&config, 36, b, &berr) == GPTOSS_OK) {
+        for (int i = 0; i < GPTOSS_EAGLE3_N_AUX; i++)
+            if (b[i] < 0 || b[i] > 36) abort();
+    } else if (berr.message[0] == '\0') {
+        abort();
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *zero = memchr(data, 0, size);
     const size_t n_config = zero ? (size_t)(zero - data) : size;
-    gptoss_config config;
-    gptoss_error err = {0};
-    if (gptoss_config_parse((const char *)data, n_config, &config, &err) == GPTOSS_OK) {
-        gptoss_error again = {0};
-        if (gptoss_config_validate(&config, &again) != GPTOSS_OK) abort();
-    } else if (err.message[0] == '\0') {
-        abort();
-    }
+    check_config((const char *)data, n_config);
+    check_eagle3_config((const char *)data, n_config);
     if (zero) check_header(zero + 1, size - n_config - 1);
     return 0;
 }

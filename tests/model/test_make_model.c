@@ -2,12 +2,16 @@
  * test_make_model.c - `make-model` is deterministic (two runs with one seed are byte-identical,
  * another seed differs), writes the published layout, and its values have the distributions
  * random_init.h documents (checked against the MXFP4 and bf16 definitions, not our reader).
+ * Also the config.json it writes: a config read from a file without token ids writes itself
+ * back as one that reads as the same config.
  */
 #include "model_fixture.h"
 #include "test_support.h"
 
+#include "model/config.h"
 #include "model/weights.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,10 +124,37 @@ static void test_distributions(void **state) {
     free(dir);
 }
 
+/* eos_token_id and pad_token_id are optional; written back, absent ids must stay readable
+ * (they were written as -1, which the reader refuses). */
+static void test_config_without_token_ids(void **state) {
+    (void)state;
+    gptoss_config c, back;
+    gptoss_error err = {0};
+    assert_int_equal(gptoss_config_preset("tiny", &c, &err), GPTOSS_OK);
+    c.eos_token_id = -1;
+    c.pad_token_id = -1;
+    char *json = gptoss_config_to_json(&c);
+    assert_non_null(json);
+    json_error_t jerr;
+    json_t *root = json_loads(json, 0, &jerr);
+    assert_non_null(root);
+    assert_true(json_is_null(json_object_get(root, "eos_token_id")));
+    assert_true(json_is_null(json_object_get(root, "pad_token_id")));
+    json_decref(root);
+    if (gptoss_config_parse(json, strlen(json), &back, &err) != GPTOSS_OK)
+        fail_msg("%s", err.message);
+    assert_int_equal(back.eos_token_id, -1);
+    assert_int_equal(back.pad_token_id, -1);
+    assert_int_equal(back.n_layers, c.n_layers);
+    assert_int_equal(back.vocab_size, c.vocab_size);
+    free(json);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_seed_same_bytes),
         cmocka_unit_test(test_distributions),
+        cmocka_unit_test(test_config_without_token_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
