@@ -55,6 +55,17 @@ static __host__ __device__ __forceinline__ slab_layout slab_parts(int32_t k_in) 
     return l;
 }
 
+/* Two blocks an SM (228 KB of shared memory, 1 KB of it reserved per block) at the gpt-oss
+ * width: the dynamic part above plus the kernel's static arrays (barriers, slice sums, biases,
+ * row indices). A change that breaks this halves the copies in flight. */
+constexpr uint32_t slab_static_bytes = SLAB_BUFS * 8 +
+                                       2 * SLAB_WARPS * SLAB_ROWS * SLAB_TOKENS * 4 +
+                                       SLAB_PER_BLOCK * SLAB_ROWS * 4 + 2 * SLAB_TOKENS * 4;
+constexpr uint32_t slab_dynamic_bytes_2880 =
+    SLAB_BUFS * (SLAB_ROWS * 17 * 90) + SLAB_TOKENS * 256 * ((90 + 3) / 4);
+static_assert(2 * (slab_dynamic_bytes_2880 + slab_static_bytes + 1024) <= 228 * 1024,
+              "the slab kernel no longer fits two blocks an SM at width 2880");
+
 template <bool GATE_UP>
 static __global__ void __launch_bounds__(SLAB_WARPS * 32, 2)
     moe_slab_kernel(const uint8_t *blocks, const uint8_t *scales, const float *bias,
