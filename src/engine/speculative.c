@@ -61,21 +61,26 @@ void gptoss_spec_costs_record(gptoss_spec_costs *c, int32_t width, double second
     if (++c->n_recorded >= GPTOSS_SPEC_COST_REFRESH) {
         c->n_recorded = 0;
         for (int32_t w = 0; w <= GPTOSS_SPEC_MAX_WIDTH; w++)
-            if (c->samples[w] > 1) c->samples[w] = 1; /* the next sample counts again */
+            if (c->samples[w] > 1) c->samples[w] = 1; /* the next two samples decide again */
     }
-    if (c->samples[width] == 0) {
-        c->samples[width] = 1; /* a first sample: warm-up, not kept */
+    switch (c->samples[width]) {
+    case 0: /* a first sample: warm-up, not kept */
+        break;
+    case 1: /* the first kept: a candidate */
+        c->seconds[width] = (float)seconds;
+        break;
+    case 2: /* the lower of two, so that one step slowed by something else does not decide */
+        if ((float)seconds < c->seconds[width]) c->seconds[width] = (float)seconds;
+        break;
+    default:
+        c->seconds[width] = 0.8f * c->seconds[width] + 0.2f * (float)seconds;
         return;
     }
-    if (c->samples[width] == 1)
-        c->seconds[width] = (float)seconds;
-    else
-        c->seconds[width] = 0.8f * c->seconds[width] + 0.2f * (float)seconds;
-    c->samples[width] = 2;
+    c->samples[width]++;
 }
 
 static float cost_of(const gptoss_spec_costs *c, int32_t width) {
-    if (width < 1 || width > GPTOSS_SPEC_MAX_WIDTH || c->samples[width] < 2) return -1.0f;
+    if (width < 1 || width > GPTOSS_SPEC_MAX_WIDTH || c->samples[width] < 3) return -1.0f;
     return c->seconds[width];
 }
 

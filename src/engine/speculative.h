@@ -50,15 +50,16 @@ void gptoss_spec_seq_update(const gptoss_draft_options *o, gptoss_spec_state *st
 /*
  * What drafting costs, measured: the seconds of a decode step (every token of it has a logits
  * row) by its width in tokens, a moving average per width. A width's first sample is dropped
- * (it may include one-time work such as capturing a CUDA graph), and every
- * GPTOSS_SPEC_COST_REFRESH recorded steps all widths are sampled again, so one slow step
- * does not rule a width out for good.
+ * (it may include one-time work such as capturing a CUDA graph), the average starts from the
+ * lower of the next two (a step slowed by something else, such as a busy host, does not
+ * decide), and every GPTOSS_SPEC_COST_REFRESH recorded steps all widths are sampled again, so
+ * one slow step does not rule a width out for good.
  */
 #define GPTOSS_SPEC_MAX_WIDTH 1024
 #define GPTOSS_SPEC_COST_REFRESH 512
 
 typedef struct gptoss_spec_costs {
-    float seconds[GPTOSS_SPEC_MAX_WIDTH + 1]; /* by width; valid where samples >= 2 */
+    float seconds[GPTOSS_SPEC_MAX_WIDTH + 1]; /* by width; valid where samples >= 3 */
     uint8_t samples[GPTOSS_SPEC_MAX_WIDTH + 1];
     int32_t n_recorded;
 } gptoss_spec_costs;

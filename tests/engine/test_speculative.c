@@ -501,9 +501,11 @@ static void test_step_cost_rule(void **state) {
     gptoss_spec_costs_record(c, 5, 0.005);
     assert_int_equal(gptoss_spec_best_cap(c, 1, four, half, 1), 4); /* first sample: warm-up */
     gptoss_spec_costs_record(c, 5, 0.005);
+    assert_int_equal(gptoss_spec_best_cap(c, 1, four, half, 1), 4); /* one kept: not yet */
+    gptoss_spec_costs_record(c, 5, 0.005);
     assert_int_equal(gptoss_spec_best_cap(c, 1, four, half, 1), 0); /* now measure without */
-    gptoss_spec_costs_record(c, 1, 0.001);
-    gptoss_spec_costs_record(c, 1, 0.001);
+    for (int i = 0; i < 3; i++)
+        gptoss_spec_costs_record(c, 1, 0.001);
     /* Compute-bound: 5 tokens cost 5x; 1 + 0.5 + 0.25 + ... < 5: no drafts. */
     assert_int_equal(gptoss_spec_best_cap(c, 1, four, half, 1), 0);
     /* Memory-bound: 5 tokens cost 1.1x: all four. */
@@ -516,6 +518,15 @@ static void test_step_cost_rule(void **state) {
         gptoss_spec_costs_record(c, 2, 0.0012);
     }
     assert_int_equal(gptoss_spec_best_cap(c, 1, four, half, 1), 1);
+    /* One slow step among the first samples does not decide: 5 tokens at 1.1x once measured
+     * at 50x (something else held the host), then at 1.1x; 1 token alike. All four drafts. */
+    memset(c, 0, sizeof *c);
+    const double five[] = {0.0011, 0.05, 0.0011}, one[] = {0.001, 0.001, 0.03};
+    for (int i = 0; i < 3; i++) {
+        gptoss_spec_costs_record(c, 5, five[i]);
+        gptoss_spec_costs_record(c, 1, one[i]);
+    }
+    assert_int_equal(gptoss_spec_best_cap(c, 1, four, half, 1), 4);
     free(c);
     /* Acceptance: 3 accepted of 3, then 1 of 3 (2 judged: the third says nothing). */
     gptoss_spec_state st = gptoss_spec_state_init();
