@@ -383,6 +383,21 @@ static void pair_inputs_free(pair_inputs &in) {
 
 /* ---- experts: the grouped pair kernel against the TMA pair kernel ------------------------- */
 
+/* A routed expert launch (the grouped pair kernel, the sliced mma GEMM) of in's tokens over a
+ * route of `rows`-row tiles, into h and y poisoned first; returns both. */
+template <typename Launch>
+static void routed_run(Launch launch, const gptoss_cuda_moe_weights &w, pair_inputs &in, int32_t T,
+                       int32_t K, int32_t rows, std::vector<__half> &h, std::vector<float> &y) {
+    const int32_t P = T * K;
+    gptoss_cuda_moe_route_rows(in.d_topk, T, K, w.n_experts, rows, &in.route, 0);
+    CK(cudaMemset(in.d_h, 0xff, (size_t)P * w.intermediate * sizeof(__half)));
+    CK(cudaMemset(in.d_y, 0xff, (size_t)P * w.hidden * sizeof(float)));
+    launch(&w, in.d_t, &in.route, T, K, in.d_h, in.d_y, (cudaStream_t)0);
+    CK(cudaGetLastError());
+    h = dev_download(in.d_h, (size_t)P * w.intermediate);
+    y = dev_download(in.d_y, (size_t)P * w.hidden);
+}
+
 /* T tokens' experts (K distinct each; skew: expert 0 in every token; masked: every third slot
  * -1, another GPU's expert under tensor parallelism) through the TMA pair kernel in launches
  * of at most 64 tokens (the reference: each pair alone in its block) and through the grouped
@@ -400,11 +415,6 @@ static void pair_case(const moe_case_weights &mw, int32_t T, int32_t K, bool ske
     const int32_t E = w.n_experts, H = w.hidden, I = w.intermediate, P = T * K;
     pair_inputs in = pair_inputs_run(w, T, K, skew, masked, gptoss_moe_pair_tma);
     const std::vector<int32_t> &topk = in.topk;
-    gptoss_cuda_route &route = in.route;
-    int32_t *d_topk = in.d_topk;
-    bf16 *d_t = in.d_t;
-    __half *d_h = in.d_h;
-    float *d_y = in.d_y;
     const std::vector<__half> &h_ref = in.h_ref;
     const std::vector<float> &y_ref = in.y_ref;
     bool finite = true, untouched = true;
@@ -422,13 +432,9 @@ static void pair_case(const moe_case_weights &mw, int32_t T, int32_t K, bool ske
              (int)E, (int)H, (int)T, skew ? " skew" : "", masked ? " masked" : "");
     check_true(name, finite && untouched);
     for (int32_t rows : {16, 8}) {
-        gptoss_cuda_moe_route_rows(d_topk, T, K, E, rows, &route, 0);
-        CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(__half)));
-        CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
-        gptoss_moe_pair_grouped(&w, d_t, &route, T, K, d_h, d_y, 0);
-        CK(cudaGetLastError());
-        std::vector<__half> h = dev_download(d_h, (size_t)P * I);
-        std::vector<float> y = dev_download(d_y, (size_t)P * H);
+        std::vector<__half> h;
+        std::vector<float> y;
+        routed_run(gptoss_moe_pair_grouped, w, in, T, K, rows, h, y);
         bool h_same = true;
         for (int32_t p = 0; p < P; p++)
             if (topk[(size_t)p] >= 0)
@@ -465,7 +471,6 @@ static void dense_case(const moe_case_weights &mw, int32_t T, int32_t K, bool sk
     gptoss_cuda_route &route = in.route;
     int32_t *d_topk = in.d_topk;
     bf16 *d_t = in.d_t;
-    __half *d_h = in.d_h;
     float *d_y = in.d_y;
     const std::vector<__half> &h_ref = in.h_ref;
     const std::vector<float> &y_ref = in.y_ref;
@@ -512,13 +517,9 @@ static void dense_case(const moe_case_weights &mw, int32_t T, int32_t K, bool sk
             if (kps == 0 && (rows != 8 || !kc->moe_slab_ok)) continue;
             kc->moe_mma_stage_kb = kps;
             kc->moe_mma_slab = kps == 0;
-            gptoss_cuda_moe_route_rows(d_topk, T, K, E, rows, &route, 0);
-            CK(cudaMemset(d_h, 0xff, (size_t)P * I * sizeof(__half)));
-            CK(cudaMemset(d_y, 0xff, (size_t)P * H * sizeof(float)));
-            gptoss_moe_mma_gemm_sliced(&w, d_t, &route, T, K, d_h, d_y, 0);
-            CK(cudaGetLastError());
-            std::vector<__half> h = dev_download(d_h, (size_t)P * I);
-            std::vector<float> y = dev_download(d_y, (size_t)P * H);
+            std::vector<__half> h;
+            std::vector<float> y;
+            routed_run(gptoss_moe_mma_gemm_sliced, w, in, T, K, rows, h, y);
             std::vector<int32_t> offsets = dev_download(route.expert_offsets, (size_t)E + 1);
             std::vector<int32_t> sorted_pair = dev_download(route.sorted_pair, (size_t)P);
             bool h_same = true, y_same = true;
