@@ -1,8 +1,9 @@
 /*
  * gpu_test_util.h - host helpers shared by the GPU test programs (tests/cuda/gpu_test_*.cu):
  * CUDA error checks, a xorshift generator of never-zero values, bf16 conversions, device
- * upload / poisoned buffers / download, and the relative-L2 result bookkeeping. Define
- * GPU_TEST_SEED before including it to give a program its own random stream.
+ * upload / poisoned buffers / download, the relative-L2 result bookkeeping and its report, and
+ * the command line's choice of sections. Define GPU_TEST_SEED before including it to give a
+ * program its own random stream.
  */
 #ifndef GPTOSS_GPU_TEST_UTIL_H
 #define GPTOSS_GPU_TEST_UTIL_H
@@ -145,6 +146,64 @@ static inline void check_true(const char *name, bool ok) {
     r.rel_l2 = 0, r.max_abs = 0, r.tol = 0, r.ok = ok;
     printf("%-64s %s\n", r.name, ok ? "ok" : "FAIL");
     results.push_back(r);
+}
+
+/* Every case as a table row, then "PROGRAM: N cases, F failed" as the last line (what
+ * scripts/gpu-check records). Returns the exit status: 1 when a case failed. */
+static inline int report_results(const char *program, const char *what) {
+    int failed = 0;
+    printf("\n| %s case | rel_l2 | tol | result |\n|---|---|---|---|\n", what);
+    for (const result &r : results) {
+        printf("| %s | %.2e | %.0e | %s |\n", r.name, r.rel_l2, r.tol, r.ok ? "ok" : "FAIL");
+        failed += !r.ok;
+    }
+    printf("\n%s: %zu cases, %d failed\n", program, results.size(), failed);
+    return failed ? 1 : 0;
+}
+
+/* ---- sections: a subset re-checks one kernel family in less time ---------------------- */
+
+static const char *g_sections = NULL; /* comma-separated list from the command line, NULL = all */
+
+/* Whether the command line asked for `section` (all of them when it named none). */
+static inline bool want(const char *section) {
+    if (!g_sections) return true;
+    size_t n = strlen(section);
+    for (const char *p = g_sections; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, section, n) == 0) return true;
+        p += len + (end ? 1 : 0);
+    }
+    return false;
+}
+
+/* Reads `PROGRAM [SECTION,...]`: 0 to go on, 2 (the exit status) after help or an unknown
+ * name, which must not pass by running nothing. */
+static inline int select_sections(int argc, char **argv, const char *program,
+                                  const char *const *names, int n_names) {
+    if (argc > 2 || (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))) {
+        fprintf(stderr, "usage: %s [SECTION,...]\nsections:", program);
+        for (int i = 0; i < n_names; i++)
+            fprintf(stderr, " %s", names[i]);
+        fprintf(stderr, "\n");
+        return 2;
+    }
+    if (argc < 2) return 0;
+    for (const char *p = argv[1]; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        bool known = false;
+        for (int i = 0; i < n_names; i++)
+            known = known || (strlen(names[i]) == len && strncmp(p, names[i], len) == 0);
+        if (!known) {
+            fprintf(stderr, "%s: unknown section '%.*s' (see --help)\n", program, (int)len, p);
+            return 2;
+        }
+        p += len + (end ? 1 : 0);
+    }
+    g_sections = argv[1];
+    return 0;
 }
 
 #endif
