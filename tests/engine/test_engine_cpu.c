@@ -183,8 +183,8 @@ static gptoss_engine_stats run(case_ *cases, int n, run_options ro) {
     return s;
 }
 
-/* Under ASan the CPU backend is ~40x slower: fewer requests keep the suite within minutes
- * (the full counts run in the normal build). */
+/* Under the sanitizers these cases run about 6x slower: fewer requests keep the suite within
+ * minutes (the full counts run in the normal build). */
 static bool sanitized(void) {
     const char *v = getenv("GPTOSS_SANITIZE");
     return v && strcmp(v, "1") == 0;

@@ -12,11 +12,11 @@ start_server s || exit 1
 s_pid=$pid
 url="http://127.0.0.1:$port"
 # 54 schemas of the client's own, and 18 of the matcher's test generator (every keyword); a
-# sanitizer build (several times slower on the CPU backend, each new automaton state's mask walk
-# most of all) sends 3 and 3, which still cover every effort, and leaves the rest to the
-# release run
+# sanitizer build (each new automaton state's mask walk over the vocabulary several times
+# slower) sends 12 and 6, which still cover every effort, and leaves the rest to the release
+# run
 n_own=54 n_walk=18
-[ "$slow" -gt 1 ] && n_own=3 n_walk=3
+[ "$slow" -gt 1 ] && n_own=12 n_walk=6
 node "$src/tests/structured/json_schema_walks.mjs" gen "$work/walk_schemas.json" $n_walk 7 || fail "schema generator"
 timeout $((300 * slow)) node "$here/test_serve_structured.mjs" "$url" tiny $n_own "$work/walk_schemas.json" ||
   fail "structured output client"
