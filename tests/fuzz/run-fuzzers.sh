@@ -4,8 +4,9 @@
 # or finds a crash, leak, sanitizer error or timeout.
 #
 # usage: tests/fuzz/run-fuzzers.sh BUILD_DIR [SECONDS_PER_TARGET (default 30)]
-# Environment passed to the targets: GPTOSS_TOKENIZER_JSON (default: the real gpt-oss
-# tokenizer.json from node_modules). Crash reproducers are left in BUILD_DIR/fuzz-artifacts.
+# Environment: GPTOSS_TOKENIZER_JSON, passed to the targets (default: the real gpt-oss
+# tokenizer.json from node_modules); FUZZ_JOBS, targets run at once (default: the number of
+# cores). Crash reproducers are left in BUILD_DIR/fuzz-artifacts.
 set -uo pipefail
 build=${1:?usage: tests/fuzz/run-fuzzers.sh BUILD_DIR [SECONDS_PER_TARGET]}
 seconds=${2:-30}
@@ -31,18 +32,32 @@ cmake --build "$build" -j"$jobs" --target "${targets[@]}" || { echo "run-fuzzers
 
 artifacts="$build/fuzz-artifacts"
 mkdir -p "$artifacts"
-failed=()
-for t in "${targets[@]}"; do
-  corpus="$build/fuzz-corpus/$t"
+# run_one TARGET: one target for $seconds, its log in BUILD_DIR/TARGET.log, its status in .rc
+run_one() {
+  local t=$1 corpus="$build/fuzz-corpus/$1" exe="$build/tests/$1" seeds=()
   mkdir -p "$corpus"
   # Seed corpus: tests/fuzz/corpus/<target>/ when present (optional).
-  seeds=()
   [ -d "$root/tests/fuzz/corpus/$t" ] && seeds+=("$root/tests/fuzz/corpus/$t")
-  exe="$build/tests/$t"
   [ -x "$exe" ] || exe="$build/$t"
+  "$exe" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=4096 -max_len=65536 \
+    -artifact_prefix="$artifacts/$t-" -print_final_stats=1 "$corpus" "${seeds[@]}" >"$build/$t.log" 2>&1
+  echo $? >"$build/$t.rc"
+}
+# One target per core at a time (each is single-threaded): the same seconds each, less waiting.
+run_jobs=${FUZZ_JOBS:-$(nproc)}
+echo "running ${#targets[@]} targets for ${seconds}s each, $run_jobs at a time"
+running=0
+for t in "${targets[@]}"; do
+  rm -f "$build/$t.rc"
+  run_one "$t" &
+  running=$((running + 1))
+  if [ "$running" -ge "$run_jobs" ]; then wait -n; running=$((running - 1)); fi
+done
+wait
+failed=()
+for t in "${targets[@]}"; do
   echo "== $t (${seconds}s)"
-  if "$exe" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=4096 -max_len=65536 \
-      -artifact_prefix="$artifacts/$t-" -print_final_stats=1 "$corpus" "${seeds[@]}" >"$build/$t.log" 2>&1; then
+  if [ "$(cat "$build/$t.rc" 2>/dev/null)" = 0 ]; then
     grep -E "^stat::number_of_executed_units|^#[0-9]+.*DONE" "$build/$t.log" | tail -2
   else
     echo "run-fuzzers: $t FAILED; last lines of $build/$t.log:"
