@@ -23,6 +23,12 @@ static gptoss_status get_int(json_t *root, const char *field, bool required, int
         if (required)
             return gptoss_set_error(error, GPTOSS_ERR_MODEL,
                                     "config.json: required field \"%s\" is missing", field);
+        /* a default derived from other fields must lie in the range too */
+        if (fallback < lo || fallback > hi)
+            return gptoss_set_error(error, GPTOSS_ERR_MODEL,
+                                    "config.json: \"%s\" is absent and its default from the "
+                                    "other fields, %lld, is outside [%lld, %lld]",
+                                    field, (long long)fallback, (long long)lo, (long long)hi);
         *out = (int32_t)fallback;
         return GPTOSS_OK;
     }

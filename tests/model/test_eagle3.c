@@ -209,6 +209,10 @@ static void test_loader_refuses_bad_heads(void **state) {
                         "draft_vocab_size");
     expect_config_error(good, "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3",
                         "num_key_value_heads");
+    /* head_dim absent: its default, hidden_size / num_attention_heads (64 / 64 = 1), is held
+     * to head_dim's range like a written one (the later key wins in the parser) */
+    expect_config_error(good, "\"head_dim\": 16", "\"head_dim\": null, \"num_attention_heads\": 64",
+                        "\"head_dim\" is absent and its default from the other fields, 1");
     expect_config_error(good, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act");
     expect_config_error(good, "\"hidden_act\": \"silu\"",
                         "\"hidden_act\": \"silu\", \"norm_before_fc\": true", "norm_before_fc");
